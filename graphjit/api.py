@@ -1,0 +1,438 @@
+"""``@graphjit.graphed``: trace, key, warm up, capture, verify and replay a function.
+
+See ``ARCHITECTURE.md`` for the semantics.  In short: each distinct input signature (see
+:mod:`graphjit.keys`) gets its own CUDA graph, captured at its first call (inside
+``capture_scope()`` if one is active) and replayed afterwards.  Anything that cannot be graphed runs
+the traced function instead, and the reason is counted in :meth:`GraphedFunction.stats` and logged
+once; ``strict=True`` (or ``GRAPHJIT_STRICT=1``) raises instead.
+
+Restrictions (as for any CUDA graph):
+
+* Tensors the function closes over (weights, caches held as attributes) are captured by address.
+  After replacing them (loading new weights, say) call :meth:`GraphedFunction.reset`.
+* Python side effects and Python values computed inside the function run only during warmup and
+  capture; a replay re-runs the GPU work only.  ``verify`` catches outputs that depend on them.
+* The function must not synchronise the CPU with the GPU (``.item()``, ``.numpy()``, printing a
+  tensor); such a key falls back with that reason.
+* Graphs capture inference: a key whose outputs require grad runs uncaptured (use
+  :func:`graphjit.graphed_layer` for training).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+import wrapt
+
+from . import backends, env
+from . import scope as scope_mod
+from .backends.base import Backend
+from .buffers import InputMoved, collect_tensors
+from .capture import BuildRequest, KeyEntry, build
+from .errors import BackendError, BucketOverflowError, CaptureError, ConfigError, SignatureError
+from .keys import BucketsArg, CallSignature, Signer
+from .stats import FunctionStats, KeyStats, State
+
+log = logging.getLogger("graphjit")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+BACKENDS = ("auto", "paddle", "torch")
+TRACERS = ("auto", "sot", "ast", "eager", "compile")
+OUTPUTS = ("copy", "alias")
+POOLS = ("shared", "private")
+DEFAULT_MAX_GRAPHS = 64
+
+
+@dataclass(frozen=True)
+class Options:
+    """The validated options of one graphed function."""
+
+    backend: str = "auto"
+    tracer: str = "auto"
+    buckets: BucketsArg = None
+    warmup: int = 2
+    max_graphs: int | None = None
+    outputs: str = "copy"
+    verify: bool | None = None
+    pool: str = "shared"
+    strict: bool | None = None
+
+
+def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(f"{name}={value!r}: expected one of {', '.join(repr(a) for a in allowed)}")
+
+
+def _validate(o: Options) -> None:
+    _check_choice("backend", o.backend, BACKENDS)
+    _check_choice("tracer", o.tracer, TRACERS)
+    _check_choice("outputs", o.outputs, OUTPUTS)
+    _check_choice("pool", o.pool, POOLS)
+    if isinstance(o.warmup, bool) or not isinstance(o.warmup, int) or o.warmup < 1:
+        raise ConfigError(f"warmup={o.warmup!r}: expected an integer >= 1 (graphjit needs one eager run to find "
+                          "in-place mutations and to verify the capture)")
+    if o.max_graphs is not None and (isinstance(o.max_graphs, bool) or not isinstance(o.max_graphs, int)
+                                     or o.max_graphs < 1):
+        raise ConfigError(f"max_graphs={o.max_graphs!r}: expected an integer >= 1 or None")
+    for name in ("verify", "strict"):
+        value = getattr(o, name)
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"{name}={value!r}: expected True, False or None (None: from GRAPHJIT_{name.upper()})")
+    if o.backend == "paddle" and o.tracer == "compile":
+        raise ConfigError("tracer='compile' is a torch tracer; paddle tracers are 'sot', 'ast' and 'eager'")
+    if o.backend == "torch" and o.tracer in ("sot", "ast"):
+        raise ConfigError(f"tracer={o.tracer!r} is a paddle tracer; torch tracers are 'eager' and 'compile'")
+
+
+class _State:
+    """Per-function state: options, keys, graphs, stats.  Shared by every binding of the wrapper."""
+
+    def __init__(self, fn: Callable[..., Any], options: Options) -> None:
+        self.fn = fn
+        self.options = options
+        self.name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+        self.signer = Signer(fn, options.buckets, options.backend, self.name)
+        self.stats = FunctionStats(self.name)
+        self.entries: dict[tuple[Any, ...], KeyEntry] = {}
+        self.failed: dict[tuple[Any, ...], str] = {}
+        self.lock = threading.RLock()
+        self.traced: dict[str, Callable[..., Any]] = {}
+        self.pools: dict[tuple[str, str], Any] = {}
+        self.said: set[str] = set()
+        self.handed_out: list[Any] = []
+        self.poison_backend: Backend | None = None
+        # A Layer/Module instance is traced through its class's forward (to_static must not replace
+        # the instance's forward); a plain callable object through itself.
+        self.self_call = None
+        if not inspect.isfunction(fn) and not inspect.ismethod(fn) and hasattr(type(fn), "forward"):
+            self.self_call = fn
+
+    # -- helpers --------------------------------------------------------------------------
+    def say_once(self, level: int, topic: str, msg: str, *args: Any) -> None:
+        if topic not in self.said:
+            self.said.add(topic)
+            log.log(level, msg, *args)
+
+    def strict(self) -> bool:
+        return env.settings().strict if self.options.strict is None else self.options.strict
+
+    def verify(self) -> bool:
+        return env.settings().verify if self.options.verify is None else self.options.verify
+
+    def max_graphs(self) -> int:
+        if self.options.max_graphs is not None:
+            return self.options.max_graphs
+        return env.settings().max_graphs or DEFAULT_MAX_GRAPHS
+
+    def pick_backend(self, sig: CallSignature) -> Backend:
+        if sig.backend is not None:
+            if self.options.backend != "auto" and sig.backend.name != self.options.backend:
+                raise SignatureError(f"{self.name}: backend={self.options.backend!r} but the call passed "
+                                     f"{sig.backend.name} tensors ({sig.paths[0]})")
+            return sig.backend
+        if self.options.backend != "auto":
+            return backends.get(self.options.backend)
+        present = backends.imported()
+        if len(present) == 1:
+            return backends.get(present[0])
+        raise SignatureError(f"{self.name}: the call passed no tensors, so the framework cannot be told from the "
+                             f"arguments ({'both paddle and torch are' if present else 'neither paddle nor torch is'} "
+                             "imported); pass backend='paddle' or backend='torch' to graphed()")
+
+    def tracer_name(self, backend: Backend) -> str:
+        tracer = self.options.tracer
+        if tracer == "auto":
+            return backend.default_tracer
+        if tracer not in backend.tracers:
+            raise BackendError(f"{self.name}: tracer={tracer!r} does not apply to {backend.name} tensors; "
+                               f"{backend.name} tracers are {', '.join(backend.tracers)}")
+        return tracer
+
+    def traced_for(self, backend: Backend) -> Callable[..., Any]:
+        """The traced callable (created at the first call, never at decoration)."""
+        t = self.traced.get(backend.name)
+        if t is None:
+            with self.lock:
+                t = self.traced.get(backend.name)
+                if t is None:
+                    target = type(self.self_call).forward if self.self_call is not None else self.fn
+                    t = backend.trace(target, self.tracer_name(backend))
+                    self.traced[backend.name] = t
+                    if env.settings().debug:
+                        log.debug("graphjit %s: traced with %s/%s", self.name, backend.name, self.tracer_name(backend))
+        return t
+
+    def pool_for(self, backend: Backend, device: str) -> Any:
+        if self.options.pool == "private":
+            return None
+        active = scope_mod.current()
+        if active is not None:
+            return active.pool_for(backend, device)
+        key = (backend.name, device)
+        if key not in self.pools:
+            self.pools[key] = backend.new_pool(device)
+        return self.pools[key]
+
+    def label(self, backend: Backend, sig: CallSignature) -> str:
+        parts = []
+        for path, t in zip(sig.paths, sig.tensors):
+            name = path.replace("argument ", "").strip("'")
+            parts.append(f"{name}{list(backend.shape(t))}")
+        pads = {p.leaf: p for p in sig.pads}
+        for leaf, p in pads.items():
+            parts[leaf] += f"->{p.dim}:{p.padded}"
+        if sig.tensors:
+            meta = backend.meta_key(sig.tensors[0])
+            parts.append(f"{str(meta[1]).replace('paddle.', '').replace('torch.', '')}@{backend.device_str(sig.tensors[0])}")
+        others = len(sig.key) - 1 - len(sig.tensors)
+        if others > 0:
+            parts.append(f"+{others} non-tensor")
+        return " ".join(parts) if parts else "()"
+
+    # -- the call -------------------------------------------------------------------------
+    def call(self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        settings = env.settings()
+        if settings.disable:
+            self.stats.disabled_calls += 1
+            return wrapped(*args, **kwargs)
+        self.stats.calls += 1
+        if self.handed_out:
+            self.poison_previous()
+        sig = self.signer.sign(instance, args, kwargs)
+        entry = self.entries.get(sig.key)
+        if entry is not None:
+            copy = self.options.outputs == "copy"
+            check = not copy and settings.check_outputs
+            with self.lock:
+                try:
+                    result = entry.replay(sig, copy or check)
+                except InputMoved as moved:
+                    return self.recapture(entry, moved.leaf, sig, wrapped, instance, args, kwargs)
+            if settings.debug:
+                self.debug_replay(entry, sig, result)
+            if check:
+                self.hand_out(entry, result)
+            return result
+        return self.slow(sig, wrapped, instance, args, kwargs)
+
+    def run_traced(self, backend: Backend, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        traced = self.traced_for(backend)
+        if self.self_call is not None:
+            return traced(self.self_call, *args, **kwargs)
+        if instance is not None:
+            return traced(instance, *args, **kwargs)
+        return traced(*args, **kwargs)
+
+    def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+        self.stats.fallback(reason)
+        return self.run_traced(backend, instance, args, kwargs)
+
+    def slow(self, sig: CallSignature, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+        backend = self.pick_backend(sig)
+        tracer = self.tracer_name(backend)
+        failed = self.failed.get(sig.key)
+        if failed is not None:
+            return self.fallback(failed, backend, instance, args, kwargs)
+        devices = sorted({backend.device_str(t) for t in sig.tensors})
+        if len(devices) > 1:
+            reason = f"inputs on several devices ({', '.join(devices)})"
+            self.say_once(logging.WARNING, reason, "graphjit %s: %s; running uncaptured", self.name, reason)
+            return self.fallback(reason, backend, instance, args, kwargs)
+        device = devices[0] if devices else ("cuda:0" if backend.graphs_unavailable("cuda:0") is None else "cpu")
+        unavailable = backend.graphs_unavailable(device)
+        if unavailable is not None:
+            self.say_once(logging.INFO, "nocuda:" + unavailable, "graphjit %s: no CUDA graph (%s); running the %s %s "
+                          "function", self.name, unavailable, backend.name, tracer)
+            return self.fallback("no CUDA graphs: " + unavailable, backend, instance, args, kwargs)
+        if sig.overflow is not None:
+            if self.strict():
+                raise BucketOverflowError(f"{self.name}: {sig.overflow} (strict mode)")
+            self.say_once(logging.WARNING, "overflow:" + sig.overflow, "graphjit %s: %s; running uncaptured",
+                          self.name, sig.overflow)
+            return self.fallback("larger than every bucket", backend, instance, args, kwargs)
+        with self.lock:
+            entry = self.entries.get(sig.key)
+            if entry is not None:
+                return entry.replay(sig, self.options.outputs == "copy")
+            if len(self.entries) >= self.max_graphs():
+                msg = (f"max_graphs={self.max_graphs()} graphs already captured; new input signatures run uncaptured "
+                       "(use buckets= to pad dims to fewer sizes, or raise max_graphs)")
+                if self.strict():
+                    raise CaptureError(f"{self.name}: {msg}", reason="max_graphs reached")
+                self.say_once(logging.WARNING, "max_graphs", "graphjit %s: %s", self.name, msg)
+                return self.fallback("max_graphs reached", backend, instance, args, kwargs)
+            return self.capture_key(backend, device, sig, instance, args, kwargs, frozenset())
+
+    def capture_key(self, backend: Backend, device: str, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any], no_adopt: frozenset[int]) -> Any:
+        settings = env.settings()
+        st = self.stats.keys.get(sig.key)
+        if st is None:
+            st = KeyStats(label=self.label(backend, sig))
+            self.stats.keys[sig.key] = st
+        traced = self.traced_for(backend)
+        tracer = self.tracer_name(backend)
+        original = type(self.self_call).forward if self.self_call is not None else self.fn
+        capture_fn = backend.capture_callable(traced, original, tracer)
+        call_args = args
+        if self.self_call is not None:
+            call_args = (self.self_call,) + tuple(args)
+        elif instance is not None:
+            call_args = (instance,) + tuple(args)
+        req = BuildRequest(
+            fn_name=self.name, backend=backend, device=device, traced=traced, capture_fn=capture_fn,
+            args=call_args, kwargs=kwargs, sig=sig, stats=st, warmup=self.options.warmup, verify=self.verify(),
+            copy_outputs=self.options.outputs == "copy" or settings.check_outputs,
+            pool=self.pool_for(backend, device), dump_dir=settings.dump_dir, debug=settings.debug,
+            no_adopt=no_adopt)
+        active = scope_mod.current()
+        try:
+            entry, result = build(req)
+        except CaptureError as exc:
+            self.failed[sig.key] = exc.reason
+            st.state = State.FALLBACK
+            st.reason = str(exc)
+            if active is not None:
+                active.note_capture(self.name, st.label, 0.0, ok=False, reason=exc.reason)
+            if self.strict():
+                raise
+            self.say_once(logging.WARNING, "fail:" + exc.reason, "graphjit %s [%s]: %s; running uncaptured",
+                          self.name, st.label, exc)
+            return self.fallback(exc.reason, backend, instance, args, kwargs)
+        self.entries[sig.key] = entry
+        if active is not None:
+            active.note_capture(self.name, st.label, st.capture_ms, ok=True)
+        if settings.check_outputs and self.options.outputs == "alias":
+            self.hand_out(entry, result)
+        return result
+
+    def recapture(self, entry: KeyEntry, leaf: int, sig: CallSignature, wrapped: Callable[..., Any], instance: Any,
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        backend = entry.inputs.backend
+        path = sig.paths[leaf] if leaf < len(sig.paths) else f"input {leaf}"
+        self.say_once(logging.INFO, f"moved:{leaf}",
+                      "graphjit %s: %s is updated in place and arrived at a new address; recapturing with a "
+                      "graphjit-owned buffer that is copied in and back each call (pass the same tensor every "
+                      "call to avoid the copies)", self.name, path)
+        del self.entries[sig.key]
+        entry.release()
+        entry.stats.reason = f"recaptured: {path} moved"
+        device = backend.device_str(sig.tensors[0])
+        return self.capture_key(backend, device, sig, instance, args, kwargs, entry.no_adopt | {leaf})
+
+    def hand_out(self, entry: KeyEntry, result: Any) -> None:
+        b = entry.inputs.backend
+        self.poison_backend = b
+        types = b.tensor_types()
+        self.handed_out = collect_tensors(result, lambda x: isinstance(x, types))
+
+    def poison_previous(self) -> None:
+        b = self.poison_backend
+        handed, self.handed_out = self.handed_out, []
+        if b is not None:
+            for t in handed:
+                b.poison_(t)
+
+    def debug_replay(self, entry: KeyEntry, sig: CallSignature, result: Any) -> None:
+        b = entry.inputs.backend
+        types = b.tensor_types()
+        log.debug("graphjit %s [%s]: replay %d inputs=%s outputs=%s", self.name, entry.stats.label,
+                  entry.stats.replays, ",".join(b.fingerprint(t) for t in sig.tensors),
+                  ",".join(b.fingerprint(t) for t in collect_tensors(result, lambda x: isinstance(x, types))))
+
+    def reset(self) -> None:
+        with self.lock:
+            for e in self.entries.values():
+                e.release()
+            self.entries.clear()
+            self.failed.clear()
+            self.stats.keys.clear()
+            self.said.clear()
+            self.handed_out = []
+
+
+class BoundGraphedFunction(wrapt.BoundFunctionWrapper):  # type: ignore[misc]
+    """A graphed method bound to an instance; ``stats()``/``reset()`` act on the whole function."""
+
+    def stats(self) -> dict[str, Any]:
+        return self._self_parent.stats()
+
+    def reset(self) -> None:
+        self._self_parent.reset()
+
+    def report(self) -> str:
+        return self._self_parent.report()
+
+
+class GraphedFunction(wrapt.FunctionWrapper):  # type: ignore[misc]
+    """The object ``@graphed`` returns: calls like the function, plus :meth:`stats` and :meth:`reset`.
+
+    Name, docstring, signature and method binding of the wrapped function are kept (wrapt).
+    """
+
+    __bound_function_wrapper__ = BoundGraphedFunction
+
+    def __init__(self, wrapped: Callable[..., Any], options: Options) -> None:
+        state = _State(wrapped, options)
+        super().__init__(wrapped, state.call)
+        self._self_state = state
+
+    def stats(self) -> dict[str, Any]:
+        """Counters per key: state, captures, replays, fallbacks and their reasons, capture ms, pool bytes."""
+        return self._self_state.stats.as_dict()
+
+    def report(self) -> str:
+        """:meth:`stats` as a short table."""
+        return self._self_state.stats.report()
+
+    def reset(self) -> None:
+        """Drop every captured graph and fallback decision (call after replacing weights)."""
+        self._self_state.reset()
+
+    @property
+    def graphjit_options(self) -> Options:
+        return self._self_state.options
+
+
+@overload
+def graphed(fn: F) -> F: ...
+
+
+@overload
+def graphed(fn: None = None, *, backend: str = ..., tracer: str = ..., buckets: BucketsArg = ..., warmup: int = ...,
+            max_graphs: int | None = ..., outputs: str = ..., verify: bool | None = ..., pool: str = ...,
+            strict: bool | None = ...) -> Callable[[F], F]: ...
+
+
+def graphed(fn: Callable[..., Any] | None = None, *, backend: str = "auto", tracer: str = "auto",
+            buckets: BucketsArg = None, warmup: int = 2, max_graphs: int | None = None, outputs: str = "copy",
+            verify: bool | None = None, pool: str = "shared", strict: bool | None = None) -> Any:
+    """Capture ``fn`` into CUDA graphs keyed on its input signature, and replay them.
+
+    Usable bare (``@graphed``) or with options (``@graphed(buckets=...)``).  Options are validated
+    here (``ConfigError`` naming the option); nothing is traced or run until the first call.
+    See the module docstring for what a graph cannot capture.
+    """
+    options = Options(backend=backend, tracer=tracer, buckets=buckets, warmup=warmup, max_graphs=max_graphs,
+                      outputs=outputs, verify=verify, pool=pool, strict=strict)
+    _validate(options)
+    if fn is None:
+        return functools.partial(_decorate, options=options)
+    return _decorate(fn, options)
+
+
+def _decorate(fn: Callable[..., Any], options: Options) -> GraphedFunction:
+    if not callable(fn):
+        raise ConfigError(f"graphed() needs a function or callable, got {type(fn).__name__}")
+    if isinstance(fn, GraphedFunction):
+        raise ConfigError(f"{getattr(fn, '__qualname__', fn)!r} is already graphed")
+    return GraphedFunction(fn, options)

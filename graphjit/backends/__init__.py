@@ -1,0 +1,74 @@
+"""Backend registry: picks the framework from the tensors of a call, imports it only on demand.
+
+These modules are the only place where graphjit imports paddle or torch.  Detection by type looks
+only at frameworks the program already imported (``sys.modules``), so graphjit never imports a
+framework the user did not.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from typing import Any
+
+from ..errors import BackendError
+from .base import Backend, GraphHandle
+
+NAMES = ("paddle", "torch")
+_MODULES = {"paddle": ".paddle", "torch": ".torch"}
+_CLASSES = {"paddle": "PaddleBackend", "torch": "TorchBackend"}
+
+_lock = threading.Lock()
+_instances: dict[str, Backend] = {}
+_by_type: dict[type, Backend | None] = {}
+
+
+def get(name: str) -> Backend:
+    """The backend called ``name``; raises :class:`BackendError` if it is unknown or not installed."""
+    backend = _instances.get(name)
+    if backend is not None:
+        return backend
+    if name not in _MODULES:
+        raise BackendError(f"backend={name!r} is unknown; expected one of 'auto', " + ", ".join(repr(n) for n in NAMES))
+    with _lock:
+        if name not in _instances:
+            try:
+                module = importlib.import_module(_MODULES[name], __name__)
+            except ImportError as exc:
+                raise BackendError(
+                    f"backend={name!r} needs the {name} package, which cannot be imported ({exc}); "
+                    f"install it (pip install 'graphjit[{name}-cpu]' or the GPU build)") from exc
+            _instances[name] = getattr(module, _CLASSES[name])()
+        return _instances[name]
+
+
+def for_type(tp: type) -> Backend | None:
+    """The backend whose tensor class ``tp`` is (or derives from), or None for a non-tensor type."""
+    try:
+        return _by_type[tp]
+    except KeyError:
+        pass
+    found: Backend | None = None
+    for name in NAMES:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        tensor_cls = getattr(module, "Tensor", None)
+        if isinstance(tensor_cls, type) and issubclass(tp, tensor_cls):
+            found = get(name)
+            break
+    _by_type[tp] = found
+    return found
+
+
+def imported() -> list[str]:
+    """Names of the frameworks the program has imported."""
+    return [n for n in NAMES if n in sys.modules]
+
+
+def is_tensor(obj: Any) -> bool:
+    return for_type(type(obj)) is not None
+
+
+__all__ = ["Backend", "GraphHandle", "NAMES", "for_type", "get", "imported", "is_tensor"]

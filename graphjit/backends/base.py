@@ -1,0 +1,158 @@
+"""The backend protocol: everything graphjit's core needs from a tensor framework.
+
+The core (``api``, ``keys``, ``buffers``, ``capture``, ``scope``) never imports paddle or torch; it
+talks to a :class:`Backend`.  A backend is small on purpose: tensor metadata and copies, the tracer,
+a graph capture that is always ended, and a graph handle to replay.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+
+class GraphHandle(abc.ABC):
+    """One captured CUDA graph.  ``replay`` launches it on the stream it was captured for."""
+
+    pool_bytes: int = 0
+
+    @abc.abstractmethod
+    def replay(self) -> None: ...
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Free the graph (its executable and, if private, its memory pool)."""
+
+    def dump(self, path: Path) -> None:  # pragma: no cover - backend specific
+        """Write a Graphviz dot file of the graph (only if the capture asked for it)."""
+
+
+class Backend(abc.ABC):
+    """What graphjit's core needs from one framework.
+
+    Guarantees every implementation gives:
+
+    * :meth:`capture` always ends the capture it began, also when the captured function raises or
+      synchronises; afterwards no stream of this process is left capturing.
+    * :meth:`meta_key` is cheap (it is on the replay hot path) and hashable.
+    * Nothing here changes the framework's global state beyond the call (grad mode, streams and
+      debug modes are restored on exit).
+    """
+
+    name: str = "base"
+    tracers: tuple[str, ...] = ("eager",)
+    default_tracer: str = "eager"
+
+    # -- tensors ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def tensor_types(self) -> tuple[type, ...]:
+        """The tensor classes of this framework (subclasses included by the caller's check)."""
+
+    @abc.abstractmethod
+    def meta_key(self, t: Any) -> tuple[Any, ...]:
+        """``(shape, dtype, device, requires_grad)`` of ``t``, hashable, as cheap as possible."""
+
+    @abc.abstractmethod
+    def shape(self, t: Any) -> tuple[int, ...]: ...
+
+    @abc.abstractmethod
+    def data_ptr(self, t: Any) -> int: ...
+
+    @abc.abstractmethod
+    def device_str(self, t: Any) -> str:
+        """``"cpu"`` or ``"cuda:N"`` (``gpu:N`` is spelled ``cuda:N`` for every framework)."""
+
+    @abc.abstractmethod
+    def requires_grad(self, t: Any) -> bool: ...
+
+    @abc.abstractmethod
+    def is_floating(self, t: Any) -> bool: ...
+
+    @abc.abstractmethod
+    def nbytes(self, t: Any) -> int: ...
+
+    @abc.abstractmethod
+    def empty(self, shape: Sequence[int], like: Any) -> Any:
+        """A new uninitialised tensor of ``like``'s dtype and device with ``shape``."""
+
+    @abc.abstractmethod
+    def zero_(self, t: Any) -> None: ...
+
+    @abc.abstractmethod
+    def clone(self, t: Any) -> Any:
+        """A new tensor with ``t``'s contents, detached from autograd."""
+
+    @abc.abstractmethod
+    def copy_(self, dst: Any, src: Any) -> None:
+        """Copy ``src`` into ``dst`` (same shape and dtype; checked by the caller)."""
+
+    def copy_many(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
+        """Copy pairwise; backends override this with a batched launch where they have one."""
+        for d, s in zip(dsts, srcs):
+            self.copy_(d, s)
+
+    @abc.abstractmethod
+    def narrow(self, t: Any, dim: int, start: int, length: int) -> Any:
+        """A view of ``t`` from ``start`` to ``start + length`` along ``dim`` (shares memory)."""
+
+    @abc.abstractmethod
+    def poison_(self, t: Any) -> None:
+        """Fill ``t`` with NaN (floating) or the smallest integer (integral); bool is left as is."""
+
+    @abc.abstractmethod
+    def equal(self, a: Any, b: Any) -> bool:
+        """Exact equality of contents, NaN equal to NaN (used to detect in-place mutation)."""
+
+    @abc.abstractmethod
+    def rel_error(self, a: Any, b: Any) -> float:
+        """``||a - b|| / ||b||`` computed in float64; ``inf`` when NaN positions differ."""
+
+    @abc.abstractmethod
+    def fingerprint(self, t: Any) -> str:
+        """A short hash of the contents (for GRAPHJIT_DEBUG logs)."""
+
+    # -- tracing, devices, graphs ---------------------------------------------------------
+    @abc.abstractmethod
+    def trace(self, fn: Callable[..., Any], tracer: str) -> Callable[..., Any]:
+        """Wrap ``fn`` with ``tracer``; the translation itself happens at the first call."""
+
+    @abc.abstractmethod
+    def graphs_unavailable(self, device: str) -> str | None:
+        """``None`` if CUDA graphs can be captured for tensors on ``device``, else the reason."""
+
+    @abc.abstractmethod
+    def grad_enabled(self) -> bool: ...
+
+    @abc.abstractmethod
+    def new_pool(self, device: str) -> Any:
+        """A memory-pool handle several graphs can share (``None`` if the framework has none)."""
+
+    def device_guard(self, device: str) -> contextlib.AbstractContextManager[Any]:
+        """Make ``device`` current for the duration of the block."""
+        return contextlib.nullcontext()
+
+    def warmup_guard(self, device: str) -> contextlib.AbstractContextManager[Any]:
+        """Where warmup runs (a side stream for torch); synchronised on exit."""
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def sync_check(self) -> Iterator[None]:
+        """Raise :class:`~graphjit.errors.CaptureError` if the block synchronises CPU and GPU."""
+        yield
+
+    @abc.abstractmethod
+    def capture(self, fn: Callable[[], Any], device: str, pool: Any,
+                debug: bool) -> tuple[GraphHandle, Any]:
+        """Capture ``fn()`` into a graph.  The capture is ended on every path."""
+
+    @abc.abstractmethod
+    def synchronize(self, device: str) -> None: ...
+
+    def capture_callable(self, traced: Callable[..., Any], original: Callable[..., Any],
+                         tracer: str) -> Callable[..., Any]:
+        """What runs inside the capture.  Backends may pick ``original`` where capturing the
+        traced form is known to be unsafe; the choice is documented in the support matrix."""
+        return traced

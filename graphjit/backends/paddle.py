@@ -1,0 +1,302 @@
+"""PaddlePaddle backend: ``paddle.device.cuda.graphs.CUDAGraph`` capture, tracers sot/ast/eager.
+
+Written against the public API of both generations: 2.6 (``CUDAGraph(place, mode)``, a private
+memory pool per graph) and 3.x (``CUDAGraph(place, mode, pool_id)``, shared pools through
+``core.CUDAGraph.gen_new_memory_pool_id``).  Comparisons, fingerprints and mutation checks run in
+numpy on the host: they are off the hot path, and they stay right on GPUs for which a Paddle build
+ships no kernels (paddlepaddle-gpu 2.6.2 on Hopper computes elementwise ops wrong there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paddle
+
+from ..errors import BackendError, CaptureError
+from .base import Backend, GraphHandle
+
+log = logging.getLogger("graphjit")
+
+_SYNC_HINT = (
+    "the function synchronises the CPU with the GPU (for example .numpy(), .item(), .tolist(), "
+    "float(tensor), print(tensor), or Python control flow on a tensor value); a CUDA graph cannot "
+    "contain that. Move the sync out of the graphed function or keep the value a tensor."
+)
+
+# Tensor methods that copy device memory to the host and so synchronise; patched (for the calling
+# thread only) during the last warmup so that a sync is reported before any capture begins.
+_SYNC_METHODS = ("numpy", "item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu")
+
+# run_program (the op that executes to_static programs) refuses to run inside a capture unless these
+# are set; Paddle raises a clear error for each otherwise.
+_CAPTURE_FLAGS = {"FLAGS_new_executor_use_cuda_graph": True, "FLAGS_sync_nccl_allreduce": False}
+
+
+class PaddleGraph(GraphHandle):
+    def __init__(self, graph: Any, pool_bytes: int) -> None:
+        self._graph = graph
+        self.pool_bytes = pool_bytes
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+    def reset(self) -> None:
+        self._graph.reset()
+
+    def dump(self, path: Path) -> None:
+        # Paddle writes one dot file per graph into a folder.
+        self._graph.print_to_dot_files(str(path.with_suffix("")))
+
+
+def _to_numpy(t: Any) -> np.ndarray:
+    arr = np.asarray(t.detach().numpy() if hasattr(t, "detach") else t.numpy())
+    if t.dtype == paddle.bfloat16:  # numpy has no bfloat16: Paddle hands back the raw uint16 bits
+        arr = (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr
+
+
+class PaddleBackend(Backend):
+    name = "paddle"
+    tracers = ("sot", "ast", "eager")
+    default_tracer = "sot"
+
+    def __init__(self) -> None:
+        self._unavailable: dict[str, str | None] = {}
+        self._sync_thread = threading.local()
+        self._flags_set = False
+        from paddle.device.cuda import graphs as _graphs
+
+        self._graphs = _graphs
+        params = inspect.signature(_graphs.CUDAGraph.__init__).parameters
+        core_graph = getattr(_graphs, "CoreCUDAGraph", None)
+        self.shared_pools = "pool_id" in params and hasattr(core_graph, "gen_new_memory_pool_id")
+
+    # -- tensors ---------------------------------------------------------------------------
+    def tensor_types(self) -> tuple[type, ...]:
+        return (paddle.Tensor,)
+
+    def meta_key(self, t: Any) -> tuple[Any, ...]:
+        return (tuple(t.shape), t.dtype, t.place, not t.stop_gradient)
+
+    def shape(self, t: Any) -> tuple[int, ...]:
+        return tuple(t.shape)
+
+    def data_ptr(self, t: Any) -> int:
+        return int(t.data_ptr())
+
+    def device_str(self, t: Any) -> str:
+        place = t.place
+        if place.is_gpu_place():
+            return f"cuda:{place.gpu_device_id()}"
+        return "cpu" if place.is_cpu_place() else str(place)
+
+    def requires_grad(self, t: Any) -> bool:
+        return not t.stop_gradient
+
+    def is_floating(self, t: Any) -> bool:
+        return bool(t.is_floating_point())
+
+    def nbytes(self, t: Any) -> int:
+        return int(t.numel()) * int(t.element_size())
+
+    def empty(self, shape: Sequence[int], like: Any) -> Any:
+        out = paddle.empty(list(shape), dtype=like.dtype)
+        if out.place != like.place:
+            out = out._copy_to(like.place, False)
+        return out
+
+    def zero_(self, t: Any) -> None:
+        with paddle.no_grad():
+            t.zero_()
+
+    def clone(self, t: Any) -> Any:
+        out = self.empty(self.shape(t), t)
+        out.copy_(t, False)
+        out.stop_gradient = True
+        return out
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        with paddle.no_grad():
+            dst.copy_(src, False)
+
+    def narrow(self, t: Any, dim: int, start: int, length: int) -> Any:
+        view = paddle.slice(t, axes=[dim], starts=[start], ends=[start + length])
+        if start == 0 and view.data_ptr() != t.data_ptr():
+            raise BackendError(f"paddle {paddle.__version__}: slicing does not return a view here; "
+                               "buckets need views (remove buckets= or upgrade Paddle)")
+        return view
+
+    def poison_(self, t: Any) -> None:
+        arr = _to_numpy(t)
+        if np.issubdtype(arr.dtype, np.floating) and t.dtype != paddle.bfloat16:
+            arr = np.full_like(arr, np.nan)
+        elif t.dtype == paddle.bfloat16:
+            arr = np.full(arr.shape, 0x7FC0, dtype=np.uint16)
+        elif np.issubdtype(arr.dtype, np.integer):
+            arr = np.full_like(arr, np.iinfo(arr.dtype).min)
+        else:
+            return
+        t.copy_(paddle.to_tensor(arr, place=t.place), False)
+
+    def equal(self, a: Any, b: Any) -> bool:
+        x, y = _to_numpy(a), _to_numpy(b)
+        return x.shape == y.shape and bool(np.array_equal(x, y, equal_nan=np.issubdtype(x.dtype, np.floating)))
+
+    def rel_error(self, a: Any, b: Any) -> float:
+        x, y = _to_numpy(a), _to_numpy(b)
+        if x.shape != y.shape:
+            return float("inf")
+        if not np.issubdtype(x.dtype, np.floating):
+            return 0.0 if np.array_equal(x, y) else float("inf")
+        x64, y64 = x.astype(np.float64), y.astype(np.float64)
+        if not np.array_equal(np.isnan(x64), np.isnan(y64)):
+            return float("inf")
+        x64, y64 = np.nan_to_num(x64, nan=0.0), np.nan_to_num(y64, nan=0.0)
+        denom = float(np.linalg.norm(y64))
+        err = float(np.linalg.norm(x64 - y64))
+        if denom == 0.0:
+            return 0.0 if err == 0.0 else float("inf")
+        return err / denom
+
+    def fingerprint(self, t: Any) -> str:
+        return hashlib.blake2b(np.ascontiguousarray(_to_numpy(t)).tobytes(), digest_size=6).hexdigest()
+
+    # -- tracing ---------------------------------------------------------------------------
+    def trace(self, fn: Callable[..., Any], tracer: str) -> Callable[..., Any]:
+        if tracer == "eager":
+            return fn
+        if tracer == "sot":
+            return paddle.jit.to_static(fn, full_graph=False)
+        if tracer == "ast":
+            return paddle.jit.to_static(fn, full_graph=True)
+        raise BackendError(f"tracer={tracer!r} is not a paddle tracer; expected one of {self.tracers}")
+
+    # -- devices and graphs ----------------------------------------------------------------
+    def graphs_unavailable(self, device: str) -> str | None:
+        if device in self._unavailable:
+            return self._unavailable[device]
+        reason: str | None = None
+        if not paddle.is_compiled_with_cuda():
+            reason = f"paddle {paddle.__version__} is a CPU build"
+        elif not self._graphs.is_cuda_graph_supported():
+            reason = f"paddle {paddle.__version__} was built without CUDA graph support"
+        elif paddle.device.cuda.device_count() == 0:
+            reason = "paddle sees no CUDA device"
+        elif not device.startswith("cuda"):
+            reason = f"inputs are on {device}; CUDA graphs need GPU tensors"
+        self._unavailable[device] = reason
+        return reason
+
+    def grad_enabled(self) -> bool:
+        return bool(paddle.is_grad_enabled())
+
+    def new_pool(self, device: str) -> Any:
+        if not self.shared_pools:
+            return None
+        return self._graphs.CoreCUDAGraph.gen_new_memory_pool_id()
+
+    def _ensure_flags(self) -> None:
+        if self._flags_set:
+            return
+        wanted = {}
+        for name, value in _CAPTURE_FLAGS.items():
+            with contextlib.suppress(Exception):
+                if paddle.get_flags([name])[name] != value:
+                    wanted[name] = value
+        if wanted:
+            paddle.set_flags(wanted)
+            log.info("graphjit: set %s so that to_static programs can run inside a CUDA graph capture",
+                     ", ".join(f"{k}={int(v)}" for k, v in wanted.items()))
+        self._flags_set = True
+
+    @contextlib.contextmanager
+    def sync_check(self) -> Iterator[None]:
+        me = threading.get_ident()
+        saved: dict[str, Any] = {}
+        hits: list[str] = []
+
+        def guard(name: str, original: Any) -> Any:
+            def patched(self_: Any, *args: Any, **kwargs: Any) -> Any:
+                if threading.get_ident() == me and self_.place.is_gpu_place():
+                    hits.append(name)
+                    raise CaptureError(f"{_SYNC_HINT} (called Tensor.{name} on a GPU tensor)",
+                                       reason="CPU-GPU sync inside the function")
+                return original(self_, *args, **kwargs)
+            return patched
+
+        for name in _SYNC_METHODS:
+            original = getattr(paddle.Tensor, name, None)
+            if original is None:
+                continue
+            try:
+                setattr(paddle.Tensor, name, guard(name, original))
+                saved[name] = original
+            except (TypeError, AttributeError):
+                continue
+        try:
+            yield
+        except Exception as exc:
+            if hits and not isinstance(exc, CaptureError):
+                raise CaptureError(f"{_SYNC_HINT} (called Tensor.{hits[0]} on a GPU tensor)",
+                                   reason="CPU-GPU sync inside the function") from exc
+            raise
+        finally:
+            for name, original in saved.items():
+                setattr(paddle.Tensor, name, original)
+
+    def capture(self, fn: Callable[[], Any], device: str, pool: Any,
+                debug: bool) -> tuple[GraphHandle, Any]:
+        self._ensure_flags()
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        kwargs = {"pool_id": pool} if (pool is not None and self.shared_pools) else {}
+        graph = self._graphs.CUDAGraph(place=paddle.CUDAPlace(index), mode="thread_local", **kwargs)
+        before = _reserved(index)
+        graph.capture_begin()
+        try:
+            out = fn()
+        except BaseException as exc:
+            ended = _end_quietly(graph)
+            text = str(exc).strip().splitlines()
+            first = text[-1] if text else type(exc).__name__
+            if isinstance(exc, CaptureError):
+                raise
+            raise CaptureError(
+                f"capture failed: {first[:300]}. Usual causes: {_SYNC_HINT}"
+                + ("" if ended else " (ending the capture failed too)"),
+                reason="capture failed: " + first[:120]) from exc
+        try:
+            graph.capture_end()
+        except Exception as exc:
+            text = str(exc).strip().splitlines()
+            first = text[-1] if text else type(exc).__name__
+            raise CaptureError(f"capture failed at capture_end: {first[:300]}. Usual causes: {_SYNC_HINT}",
+                               reason="capture failed: " + first[:120]) from exc
+        return PaddleGraph(graph, max(0, _reserved(index) - before)), out
+
+    def synchronize(self, device: str) -> None:
+        if device.startswith("cuda"):
+            paddle.device.cuda.synchronize(int(device.split(":", 1)[1]) if ":" in device else 0)
+
+
+def _end_quietly(graph: Any) -> bool:
+    try:
+        graph.capture_end()
+        return True
+    except Exception as exc:  # the capture was invalidated; ending it is what matters
+        log.debug("graphjit: capture_end after a failed capture raised: %s", exc)
+        return False
+
+
+def _reserved(index: int) -> int:
+    with contextlib.suppress(Exception):
+        return int(paddle.device.cuda.memory_reserved(index))
+    return 0

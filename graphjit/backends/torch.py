@@ -1,0 +1,253 @@
+"""PyTorch backend: torch.cuda.CUDAGraph capture on a side stream, tracers ``eager`` and ``compile``.
+
+Capture follows the rules ``torch/cuda/graphs.py`` documents: warmup on a side stream, capture with
+``capture_error_mode="thread_local"`` into a pool shared by the graphs of one function (or scope),
+replay on the current stream.  ``tracer="compile"`` wraps the function with ``torch.compile`` with
+Inductor's own CUDA graphs switched off, so that graphjit owns the one graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import BackendError, CaptureError
+from .base import Backend, GraphHandle
+
+log = logging.getLogger("graphjit")
+
+_SYNC_HINT = (
+    "the function synchronises the CPU with the GPU (for example .item(), .cpu(), .tolist(), "
+    "print(tensor), torch.nonzero, or Python control flow on a tensor value); a CUDA graph cannot "
+    "contain that. Move the sync out of the graphed function or make the value a tensor."
+)
+
+
+class TorchGraph(GraphHandle):
+    def __init__(self, graph: Any, pool_bytes: int) -> None:
+        self._graph = graph
+        self.pool_bytes = pool_bytes
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+    def reset(self) -> None:
+        self._graph.reset()
+
+    def dump(self, path: Path) -> None:
+        self._graph.debug_dump(str(path))
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    tracers = ("eager", "compile")
+    default_tracer = "eager"
+
+    def __init__(self) -> None:
+        self._streams: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._unavailable: dict[str, str | None] = {}
+
+    # -- tensors ---------------------------------------------------------------------------
+    def tensor_types(self) -> tuple[type, ...]:
+        return (torch.Tensor,)
+
+    def meta_key(self, t: Any) -> tuple[Any, ...]:
+        return (t.shape, t.dtype, t.device, t.requires_grad)
+
+    def shape(self, t: Any) -> tuple[int, ...]:
+        return tuple(t.shape)
+
+    def data_ptr(self, t: Any) -> int:
+        return int(t.data_ptr())
+
+    def device_str(self, t: Any) -> str:
+        d = t.device
+        return "cpu" if d.type == "cpu" else f"{d.type}:{d.index if d.index is not None else 0}"
+
+    def requires_grad(self, t: Any) -> bool:
+        return bool(t.requires_grad)
+
+    def is_floating(self, t: Any) -> bool:
+        return bool(t.is_floating_point() or t.is_complex())
+
+    def nbytes(self, t: Any) -> int:
+        return int(t.numel() * t.element_size())
+
+    def empty(self, shape: Sequence[int], like: Any) -> Any:
+        return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
+
+    def zero_(self, t: Any) -> None:
+        with torch.no_grad():
+            t.zero_()
+
+    def clone(self, t: Any) -> Any:
+        return t.detach().clone(memory_format=torch.contiguous_format)
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        with torch.no_grad():
+            dst.copy_(src)
+
+    def copy_many(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
+        if len(dsts) == 1:
+            with torch.no_grad():
+                dsts[0].copy_(srcs[0])
+            return
+        with torch.no_grad():
+            torch._foreach_copy_(list(dsts), list(srcs))
+
+    def narrow(self, t: Any, dim: int, start: int, length: int) -> Any:
+        return t.narrow(dim, start, length)
+
+    def poison_(self, t: Any) -> None:
+        with torch.no_grad():
+            if t.is_floating_point() or t.is_complex():
+                t.fill_(float("nan"))
+            elif t.dtype != torch.bool:
+                t.fill_(torch.iinfo(t.dtype).min)
+
+    def equal(self, a: Any, b: Any) -> bool:
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.is_floating_point() or a.is_complex():
+            return bool(torch.equal(torch.nan_to_num(a.detach(), nan=0.0), torch.nan_to_num(b.detach(), nan=0.0))
+                        and torch.equal(torch.isnan(a), torch.isnan(b)))
+        return bool(torch.equal(a, b))
+
+    def rel_error(self, a: Any, b: Any) -> float:
+        if a.shape != b.shape:
+            return float("inf")
+        if not (a.is_floating_point() or a.is_complex()):
+            return 0.0 if torch.equal(a, b) else float("inf")
+        a64, b64 = a.detach().double(), b.detach().double()
+        if not torch.equal(torch.isnan(a64), torch.isnan(b64)):
+            return float("inf")
+        a64, b64 = torch.nan_to_num(a64, nan=0.0), torch.nan_to_num(b64, nan=0.0)
+        denom = float(torch.linalg.vector_norm(b64))
+        err = float(torch.linalg.vector_norm(a64 - b64))
+        if denom == 0.0:
+            return 0.0 if err == 0.0 else float("inf")
+        return err / denom
+
+    def fingerprint(self, t: Any) -> str:
+        data = t.detach().contiguous().cpu()
+        raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+        return hashlib.blake2b(raw, digest_size=6).hexdigest()
+
+    # -- tracing ---------------------------------------------------------------------------
+    def trace(self, fn: Callable[..., Any], tracer: str) -> Callable[..., Any]:
+        if tracer == "eager":
+            return fn
+        if tracer == "compile":
+            # Inductor's own CUDA graphs off: graphjit captures the compiled kernels itself.
+            return torch.compile(fn, options={"triton.cudagraphs": False})
+        raise BackendError(f"tracer={tracer!r} is not a torch tracer; expected one of {self.tracers}")
+
+    # -- devices and graphs ----------------------------------------------------------------
+    def graphs_unavailable(self, device: str) -> str | None:
+        if device in self._unavailable:
+            return self._unavailable[device]
+        reason: str | None = None
+        if not torch.backends.cuda.is_built():
+            reason = f"torch {torch.__version__} is a CPU build"
+        elif not torch.cuda.is_available():
+            reason = "torch sees no CUDA device"
+        elif not device.startswith("cuda"):
+            reason = f"inputs are on {device}; CUDA graphs need CUDA tensors"
+        self._unavailable[device] = reason
+        return reason
+
+    def grad_enabled(self) -> bool:
+        return bool(torch.is_grad_enabled())
+
+    def new_pool(self, device: str) -> Any:
+        with torch.cuda.device(_index(device)):
+            return torch.cuda.graph_pool_handle()
+
+    def device_guard(self, device: str) -> contextlib.AbstractContextManager[Any]:
+        if device.startswith("cuda"):
+            return torch.cuda.device(_index(device))
+        return contextlib.nullcontext()
+
+    def _side_stream(self, device: str) -> Any:
+        with self._lock:
+            s = self._streams.get(device)
+            if s is None:
+                s = torch.cuda.Stream(device=_index(device))
+                self._streams[device] = s
+            return s
+
+    @contextlib.contextmanager
+    def warmup_guard(self, device: str) -> Iterator[None]:
+        side = self._side_stream(device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            yield
+        torch.cuda.current_stream().wait_stream(side)
+        side.synchronize()
+
+    @contextlib.contextmanager
+    def sync_check(self) -> Iterator[None]:
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        except RuntimeError as exc:
+            if "synchronizing" in str(exc):
+                raise CaptureError(f"{_SYNC_HINT} (torch: {str(exc).splitlines()[0]})",
+                                   reason="CPU-GPU sync inside the function") from exc
+            raise
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+
+    def capture(self, fn: Callable[[], Any], device: str, pool: Any,
+                debug: bool) -> tuple[GraphHandle, Any]:
+        graph = torch.cuda.CUDAGraph()
+        if debug:
+            graph.enable_debug_mode()
+        stream = self._side_stream(device)
+        before = torch.cuda.memory_reserved(_index(device))
+        try:
+            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                out = fn()
+        except BaseException as exc:
+            self._end_capture(graph, stream)
+            text = str(exc)
+            if "capturing" in text or "capture" in text.lower():
+                raise CaptureError(
+                    f"capture failed: {text.splitlines()[0] if text else type(exc).__name__}. "
+                    f"Usual causes: {_SYNC_HINT}",
+                    reason="capture failed: " + (text.splitlines()[0][:120] if text else type(exc).__name__),
+                ) from exc
+            raise
+        torch.cuda.current_stream().wait_stream(stream)
+        pool_bytes = max(0, torch.cuda.memory_reserved(_index(device)) - before)
+        return TorchGraph(graph, pool_bytes), out
+
+    def _end_capture(self, graph: Any, stream: Any) -> None:
+        """Make sure ``stream`` is no longer capturing (torch normally ended it already)."""
+        with torch.cuda.stream(stream):
+            if torch.cuda.is_current_stream_capturing():
+                with contextlib.suppress(Exception):
+                    graph.capture_end()
+            still = torch.cuda.is_current_stream_capturing()
+        if still:  # pragma: no cover - would be a torch bug; never silently continue
+            raise CaptureError("the capture stream is still capturing after a failed capture; "
+                               "the process cannot use CUDA safely any more", reason="stream left capturing")
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+
+    def synchronize(self, device: str) -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(_index(device))
+
+
+def _index(device: str) -> int:
+    return int(device.split(":", 1)[1]) if ":" in device else 0

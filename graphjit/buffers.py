@@ -1,0 +1,163 @@
+"""Static buffers of one captured graph: its tensor inputs and its outputs.
+
+Inputs.  A graph reads its inputs from fixed addresses.  For each tensor input graphjit keeps one
+static buffer and copies the caller's tensor into it only when the caller's tensor is somewhere else
+(a different address, or a smaller size of a bucketed dimension).  An input that the function
+mutates in place (a KV cache) is *adopted*: the caller's own tensor is the static buffer, so a decode
+loop that passes the same cache every step copies nothing and sees its cache updated exactly as
+eager would.  If an adopted input later arrives at another address, :class:`InputMoved` is raised
+and the key is captured again with a graphjit-owned buffer, which is then copied in and copied back
+on every call (the caller's tensor is never left stale, and the previously adopted tensor is never
+written to again).
+
+Outputs.  ``outputs="copy"`` returns fresh tensors; ``outputs="alias"`` returns the graph's static
+output tensors (views, when bucket padding is sliced off), valid until the next call of the function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .backends.base import Backend
+from .keys import Pad, rebuild
+
+
+class InputMoved(Exception):
+    """An adopted (in-place mutated) input arrived at a new address: the key must be recaptured."""
+
+    def __init__(self, leaf: int) -> None:
+        super().__init__(leaf)
+        self.leaf = leaf
+
+
+def real_view(backend: Backend, static: Any, real: Sequence[int], full: Sequence[int]) -> Any:
+    """The part of a padded ``static`` buffer that holds a tensor of shape ``real``."""
+    view = static
+    for dim, (r, f) in enumerate(zip(real, full)):
+        if r != f:
+            view = backend.narrow(view, dim, 0, r)
+    return view
+
+
+class StaticInputs:
+    """The static input buffers of one key, and the copies in and back around each replay."""
+
+    def __init__(self, backend: Backend, statics: list[Any], adopted: list[bool], mutated: list[bool],
+                 bucketed: set[int]) -> None:
+        self.backend = backend
+        self.statics = statics
+        self.ptrs = [backend.data_ptr(s) for s in statics]
+        self.shapes = [backend.shape(s) for s in statics]
+        self.adopted = adopted
+        self.adopted_idx = [i for i, a in enumerate(adopted) if a]
+        self.mutated_idx = [i for i, m in enumerate(mutated) if m]
+        self.mutated = mutated
+        self.bucketed = [i in bucketed for i in range(len(statics))]
+        self.any_bucketed = bool(bucketed)
+        self.last_real: dict[int, tuple[int, ...]] = {}
+        self.copies = 0
+        self.copy_backs = 0
+
+    def load(self, tensors: Sequence[Any]) -> None:
+        """Bring the caller's tensors into the static buffers (hot path).
+
+        Raises :class:`InputMoved` (before copying anything) if an adopted input moved.
+        """
+        b = self.backend
+        ptr = b.data_ptr
+        for i in self.adopted_idx:
+            if ptr(tensors[i]) != self.ptrs[i]:
+                raise InputMoved(i)
+        dsts: list[Any] = []
+        srcs: list[Any] = []
+        statics, ptrs = self.statics, self.ptrs
+        for i, t in enumerate(tensors):
+            if self.any_bucketed and self.bucketed[i]:
+                real = b.shape(t)
+                if real != self.shapes[i]:
+                    self._load_padded(i, t, real)
+                    continue
+                self.last_real.pop(i, None)
+            if ptr(t) != ptrs[i]:
+                dsts.append(statics[i])
+                srcs.append(t)
+        if dsts:
+            b.copy_many(dsts, srcs)
+            self.copies += len(dsts)
+
+    def _load_padded(self, i: int, t: Any, real: tuple[int, ...]) -> None:
+        b = self.backend
+        static = self.statics[i]
+        src = b.clone(t) if b.data_ptr(t) == self.ptrs[i] else t
+        if self.last_real.get(i) != real or self.mutated[i]:
+            b.zero_(static)  # padding rows must not carry data of an earlier, larger call
+            self.last_real[i] = real
+        b.copy_(real_view(b, static, real, self.shapes[i]), src)
+        self.copies += 1
+
+    def store_back(self, tensors: Sequence[Any]) -> None:
+        """Copy in-place mutations from owned static buffers back into the caller's tensors."""
+        b = self.backend
+        for i in self.mutated_idx:
+            if self.adopted[i]:
+                continue
+            t = tensors[i]
+            real = b.shape(t)
+            if b.data_ptr(t) == self.ptrs[i] and real == self.shapes[i]:
+                continue
+            b.copy_(t, real_view(b, self.statics[i], real, self.shapes[i]))
+            self.copy_backs += 1
+
+
+class StaticOutputs:
+    """The output structure of one graph: static output tensors plus any constant non-tensor leaves."""
+
+    def __init__(self, backend: Backend, obj: Any, is_tensor: Callable[[Any], bool],
+                 bucket_dims: set[tuple[int, int]]) -> None:
+        self.backend = backend
+        self.obj = obj
+        self.is_tensor = is_tensor
+        self.single = is_tensor(obj)
+        self.tensors: list[Any] = [obj] if self.single else collect_tensors(obj, is_tensor)
+        self.slice_dims: list[list[tuple[int, int]]] = []
+        for t in self.tensors:
+            shape = backend.shape(t)
+            self.slice_dims.append([(d, n) for d, n in enumerate(shape) if (d, n) in bucket_dims])
+
+    def result(self, pads: Sequence[Pad], copy: bool) -> Any:
+        """The call's return value: copies (or views) of the static outputs, padding sliced off."""
+        b = self.backend
+        padmap: dict[tuple[int, int], int] = {}
+        for p in pads:
+            padmap.setdefault((p.dim, p.padded), p.real)
+        out = []
+        for t, dims in zip(self.tensors, self.slice_dims):
+            v = t
+            if padmap and dims:
+                for d, n in dims:
+                    real = padmap.get((d, n))
+                    if real is not None:
+                        v = b.narrow(v, d, 0, real)
+            out.append(b.clone(v) if copy else v)
+        if self.single:
+            return out[0]
+        return rebuild(self.obj, out, self.is_tensor)
+
+
+def collect_tensors(obj: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
+    """The tensor leaves of ``obj`` in the order :func:`graphjit.keys.rebuild` replaces them."""
+    found: list[Any] = []
+
+    def walk(x: Any) -> None:
+        if is_tensor(x):
+            found.append(x)
+        elif isinstance(x, (list, tuple)):
+            for e in x:
+                walk(e)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+
+    walk(obj)
+    return found

@@ -1,0 +1,169 @@
+"""Every ``GRAPHJIT_*`` environment variable, read in one place and documented in one table.
+
+The variables are read once, lazily, the first time graphjit needs them; :func:`refresh` reads them
+again (tests and long-running programs that change ``os.environ`` call it).  A malformed value raises
+:class:`~graphjit.errors.ConfigError` naming the variable and the values it accepts.
+
+``VARIABLES`` is the single source of the README's table (``python -m graphjit env`` prints it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: its name, its kind, its default and what it does."""
+
+    name: str
+    kind: str  # "bool" | "int" | "str" | "path" | "choice:a|b|c"
+    default: str
+    doc: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("GRAPHJIT_DISABLE", "bool", "0",
+             "Call the original function: no tracing, no capture, no swap of all_reduce."),
+    Variable("GRAPHJIT_DEBUG", "bool", "0",
+             "Log every state change (warmup, capture, verify, replay, fallback) at DEBUG level, "
+             "with fingerprints of inputs and outputs."),
+    Variable("GRAPHJIT_STRICT", "bool", "0",
+             "Raise instead of falling back (capture failure, bucket overflow, max_graphs). "
+             "A decorator's strict= overrides it."),
+    Variable("GRAPHJIT_VERIFY", "bool", "1",
+             "After each capture replay once and compare with the eager warmup result. "
+             "A decorator's verify= overrides it."),
+    Variable("GRAPHJIT_CHECK_OUTPUTS", "bool", "0",
+             "With outputs=\"alias\": poison (NaN / minimum integer) the outputs of the previous call "
+             "before the next one, so that a stale read shows up."),
+    Variable("GRAPHJIT_DUMP_DIR", "path", "",
+             "Write a Graphviz dot file per captured graph into this folder."),
+    Variable("GRAPHJIT_MAX_GRAPHS", "int", "",
+             "Default for max_graphs (graphs per function); a decorator's max_graphs= overrides it."),
+    Variable("GRAPHJIT_CUSTOM_AR", "bool", "1",
+             "0: never use the custom all-reduce, always the framework's collective."),
+    Variable("GRAPHJIT_AR_ALGO", "choice:auto|1shot|2shot|nccl", "auto",
+             "Custom all-reduce algorithm; auto picks by size and world size."),
+    Variable("GRAPHJIT_AR_MAX_BYTES", "int", "",
+             "Default max_bytes of collectives.init (bytes; larger tensors use the framework's collective)."),
+    Variable("GRAPHJIT_CACHE_DIR", "path", "~/.cache/graphjit",
+             "Where compiled csrc libraries (keyed by source hash and GPU architecture) are kept."),
+    Variable("GRAPHJIT_NVCC", "path", "",
+             "The nvcc to build csrc with (default: nvcc on PATH, then $CUDA_HOME/bin/nvcc)."),
+)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The parsed values of every variable in :data:`VARIABLES`."""
+
+    disable: bool
+    debug: bool
+    strict: bool
+    verify: bool
+    check_outputs: bool
+    dump_dir: Path | None
+    max_graphs: int | None
+    custom_ar: bool
+    ar_algo: str
+    ar_max_bytes: int | None
+    cache_dir: Path
+    nvcc: str | None
+
+
+def _raw(name: str) -> str:
+    default = next(v.default for v in VARIABLES if v.name == name)
+    return os.environ.get(name, default).strip()
+
+
+def _bool(name: str) -> bool:
+    value = _raw(name).lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={os.environ.get(name)!r}: expected 0 or 1 (also true/false, yes/no, on/off)")
+
+
+def _int(name: str) -> int | None:
+    value = _raw(name)
+    if not value:
+        return None
+    try:
+        number = int(value, 0)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r}: expected a whole number, e.g. {name}=64") from None
+    if number < 0:
+        raise ConfigError(f"{name}={value!r}: expected a number >= 0")
+    return number
+
+
+def _choice(name: str) -> str:
+    kind = next(v.kind for v in VARIABLES if v.name == name)
+    allowed = kind.split(":", 1)[1].split("|")
+    value = _raw(name).lower()
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r}: expected one of {', '.join(allowed)}")
+    return value
+
+
+def _read() -> Settings:
+    dump = _raw("GRAPHJIT_DUMP_DIR")
+    return Settings(
+        disable=_bool("GRAPHJIT_DISABLE"),
+        debug=_bool("GRAPHJIT_DEBUG"),
+        strict=_bool("GRAPHJIT_STRICT"),
+        verify=_bool("GRAPHJIT_VERIFY"),
+        check_outputs=_bool("GRAPHJIT_CHECK_OUTPUTS"),
+        dump_dir=Path(dump).expanduser() if dump else None,
+        max_graphs=_int("GRAPHJIT_MAX_GRAPHS"),
+        custom_ar=_bool("GRAPHJIT_CUSTOM_AR"),
+        ar_algo=_choice("GRAPHJIT_AR_ALGO"),
+        ar_max_bytes=_int("GRAPHJIT_AR_MAX_BYTES"),
+        cache_dir=Path(_raw("GRAPHJIT_CACHE_DIR")).expanduser(),
+        nvcc=_raw("GRAPHJIT_NVCC") or None,
+    )
+
+
+_lock = threading.Lock()
+_settings: Settings | None = None
+
+
+def settings() -> Settings:
+    """The current settings, read from the environment on first use (cheap afterwards)."""
+    global _settings
+    current = _settings
+    if current is None:
+        with _lock:
+            if _settings is None:
+                _settings = _read()
+            current = _settings
+    return current
+
+
+def refresh() -> Settings:
+    """Read every variable again (after ``os.environ`` changed) and return the new settings."""
+    global _settings
+    with _lock:
+        _settings = _read()
+        return _settings
+
+
+def table_markdown() -> str:
+    """The README's environment-variable table, generated from :data:`VARIABLES`."""
+    rows = ["| variable | values | default | effect |", "| --- | --- | --- | --- |"]
+    for v in VARIABLES:
+        values = {"bool": "0 / 1", "int": "integer", "path": "path", "str": "text"}.get(
+            v.kind, v.kind.split(":", 1)[-1].replace("|", " / "))
+        default = v.default if v.default else "unset"
+        rows.append(f"| `{v.name}` | {values} | {default} | {v.doc} |")
+    return "\n".join(rows)

@@ -1,0 +1,70 @@
+"""Exception classes raised by graphjit.
+
+Every error graphjit raises on purpose derives from :class:`GraphjitError`, so a caller can catch the
+library's errors without catching unrelated ones.  Where an error is about a bad argument it also
+derives from the matching builtin (``TypeError`` or ``ValueError``), so code written against the
+builtins keeps working.  Messages name the argument (or the function) at fault, what was expected,
+and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class GraphjitError(Exception):
+    """Base class of every exception graphjit raises on purpose."""
+
+
+class ConfigError(GraphjitError, ValueError):
+    """A decorator option, an environment variable or a bucket specification is invalid."""
+
+
+class SignatureError(GraphjitError, TypeError):
+    """An argument of a graphed call cannot be part of a graph key.
+
+    Raised for unhashable non-tensor arguments, tensors of two frameworks in one call, and
+    arguments a bucket names that are missing from the call.
+    """
+
+
+class BucketOverflowError(GraphjitError, ValueError):
+    """A bucketed dimension is larger than every bucket size (raised in strict mode only)."""
+
+
+class BackendError(GraphjitError, RuntimeError):
+    """The requested framework backend is unknown, not installed, or cannot do what was asked."""
+
+
+class CaptureError(GraphjitError, RuntimeError):
+    """Warmup, capture or verification of a CUDA graph failed.
+
+    Outside strict mode graphjit records the reason in ``stats()`` and runs the key uncaptured;
+    in strict mode this error is raised instead.  The capture has always been ended (no stream is
+    left capturing) by the time this is raised.
+    """
+
+    def __init__(self, message: str, reason: str = "capture failed") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class VerifyError(CaptureError):
+    """A freshly captured graph, replayed once, did not reproduce the eager result."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="verify failed")
+
+
+class StaleOutputError(GraphjitError, RuntimeError):
+    """An output of an earlier replay was used after the graph overwrote it."""
+
+
+__all__ = [
+    "BackendError",
+    "BucketOverflowError",
+    "CaptureError",
+    "ConfigError",
+    "GraphjitError",
+    "SignatureError",
+    "StaleOutputError",
+    "VerifyError",
+]

@@ -1,0 +1,307 @@
+"""The key of a call: which captured graph, if any, can serve it.
+
+A key holds the tree structure of the positional and keyword arguments and, for each leaf:
+
+* a tensor: shape (after bucket padding), dtype, device and whether it requires grad;
+* any other value: its type and the value itself, which must be hashable (a new value is a new
+  key, because the graph froze the old one).
+
+Bucket padding: a dimension listed in ``buckets`` is rounded up to the next bucket size, so calls of
+nearby sizes share one graph.  A size beyond the largest bucket is reported in
+:attr:`CallSignature.overflow` (the caller runs it uncaptured, or raises in strict mode).
+
+The cost of :meth:`Signer.sign` is on the replay hot path: a few hundred nanoseconds per tensor.
+"""
+
+from __future__ import annotations
+
+import bisect
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import backends
+from .backends.base import Backend
+from .errors import ConfigError, SignatureError
+
+_SCALARS = (int, float, bool, str, bytes, type(None), complex)
+
+BucketsArg = Mapping[str | int, Mapping[int, Sequence[int]]] | None
+
+
+@dataclass(frozen=True)
+class Pad:
+    """A bucketed dimension of one tensor leaf: its real size and the size it is padded to."""
+
+    leaf: int
+    dim: int
+    real: int
+    padded: int
+
+
+@dataclass
+class CallSignature:
+    """What :meth:`Signer.sign` found in one call."""
+
+    key: tuple[Any, ...]
+    tensors: list[Any]
+    backend: Backend | None
+    pads: tuple[Pad, ...] = ()
+    overflow: str | None = None
+    paths: list[str] = field(default_factory=list)
+    bucketed: tuple[tuple[int, int, int], ...] = ()  # (leaf, dim, padded size) of every bucketed dim
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    label: str
+    index: int | None  # an explicit positional index (self excluded)
+    position: int | None  # the parameter's position in the signature (self included)
+    name: str | None
+    dims: tuple[tuple[int, tuple[int, ...]], ...]
+
+
+class Signer:
+    """Computes :class:`CallSignature` for calls of one function.
+
+    Refuses (``ConfigError``, at decoration time) bucket specifications that name a parameter the
+    function does not have, a dimension that is not a non-negative integer, or sizes that are not
+    positive integers.  Refuses (``SignatureError``, at call time) unhashable non-tensor arguments,
+    tensors of two frameworks in one call, and bucketed arguments that are missing, not tensors, or
+    have fewer dimensions than the bucket names.
+    """
+
+    def __init__(self, fn: Callable[..., Any], buckets: BucketsArg, backend: str, fn_name: str) -> None:
+        self.fn_name = fn_name
+        self.forced_backend = backend
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            sig = None
+        self._positional: list[str] = []
+        self._has_var_pos = self._has_var_kw = False
+        self._names: set[str] = set()
+        if sig is not None:
+            for p in sig.parameters.values():
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                    self._positional.append(p.name)
+                if p.kind is p.VAR_POSITIONAL:
+                    self._has_var_pos = True
+                elif p.kind is p.VAR_KEYWORD:
+                    self._has_var_kw = True
+                else:
+                    self._names.add(p.name)
+        self.buckets = self._parse_buckets(buckets, sig is not None)
+        # Positions of bucketed arguments in a plain call and in a method call (self not in args).
+        self._bucket_pos: dict[bool, dict[int, _Bucket]] = {False: {}, True: {}}
+        for b in self.buckets:
+            if b.index is not None:
+                self._bucket_pos[False][b.index] = self._bucket_pos[True][b.index] = b
+            elif b.position is not None:
+                self._bucket_pos[False][b.position] = b
+                if b.position > 0:
+                    self._bucket_pos[True][b.position - 1] = b
+        self._bucket_by_name = {b.name: b for b in self.buckets if b.name is not None}
+
+    # -- decoration-time validation -------------------------------------------------------
+    def _parse_buckets(self, buckets: BucketsArg, known: bool) -> tuple[_Bucket, ...]:
+        if buckets is None:
+            return ()
+        if not isinstance(buckets, Mapping):
+            raise ConfigError(f"{self.fn_name}: buckets must be a dict {{argument: {{dim: [sizes]}}}}, "
+                              f"got {type(buckets).__name__}")
+        params = self._positional
+        out = []
+        for target, dims in buckets.items():
+            index: int | None = None
+            position: int | None = None
+            name: str | None = None
+            if isinstance(target, bool) or not isinstance(target, (str, int)):
+                raise ConfigError(f"{self.fn_name}: buckets key {target!r} must be a parameter name or a "
+                                  "positional index")
+            if isinstance(target, int):
+                if target < 0:
+                    raise ConfigError(f"{self.fn_name}: buckets key {target} must be a positional index >= 0")
+                if known and not self._has_var_pos and target >= len(params):
+                    raise ConfigError(f"{self.fn_name}: buckets names positional argument {target}, but the "
+                                      f"function takes {len(params)} positional arguments ({', '.join(params)})")
+                index = target
+            else:
+                if known and target not in self._names and not self._has_var_kw:
+                    raise ConfigError(f"{self.fn_name}: buckets names argument {target!r}, which the function "
+                                      f"does not have; its parameters are: {', '.join(sorted(self._names))}")
+                name = target
+                position = params.index(target) if target in params else None
+            if not isinstance(dims, Mapping) or not dims:
+                raise ConfigError(f"{self.fn_name}: buckets[{target!r}] must be a non-empty dict "
+                                  f"{{dim: [sizes]}}, got {dims!r}")
+            parsed = []
+            for dim, sizes in dims.items():
+                if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+                    raise ConfigError(f"{self.fn_name}: buckets[{target!r}] dim {dim!r} must be an integer >= 0")
+                if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or not sizes:
+                    raise ConfigError(f"{self.fn_name}: buckets[{target!r}][{dim}] must be a non-empty list "
+                                      f"of sizes, got {sizes!r}")
+                if any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in sizes):
+                    raise ConfigError(f"{self.fn_name}: buckets[{target!r}][{dim}] sizes must be positive "
+                                      f"integers, got {list(sizes)!r}")
+                parsed.append((dim, tuple(sorted(set(sizes)))))
+            label = repr(target)
+            out.append(_Bucket(label, index, position, name, tuple(sorted(parsed))))
+        return tuple(out)
+
+    # -- call time ------------------------------------------------------------------------
+    def arg_label(self, index: int, method: bool = False) -> str:
+        params = self._positional[1:] if method else self._positional
+        if index < len(params):
+            return f"argument {params[index]!r}"
+        return f"positional argument {index}"
+
+    def sign(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
+        tensors: list[Any] = []
+        paths: list[str] = []
+        state = _WalkState(self)
+        pads: list[Pad] = []
+        bucketed: list[tuple[int, int, int]] = []
+        overflow: str | None = None
+        parts: list[Any] = [len(args)]
+        method = instance is not None
+        by_pos = self._bucket_pos[method]
+        for i, a in enumerate(args):
+            bucket = by_pos.get(i) if self.buckets else None
+            label = self.arg_label(i, method)
+            if bucket is not None:
+                entry, ovf = self._bucketed(a, bucket, label, tensors, paths, pads, bucketed, state)
+                overflow = overflow or ovf
+            else:
+                entry = state.leaf(a, label, tensors, paths)
+            parts.append(entry)
+        if kwargs:
+            for name in sorted(kwargs):
+                a = kwargs[name]
+                bucket = self._bucket_by_name.get(name) if self.buckets else None
+                label = f"argument {name!r}"
+                if bucket is not None:
+                    entry, ovf = self._bucketed(a, bucket, label, tensors, paths, pads, bucketed, state)
+                    overflow = overflow or ovf
+                else:
+                    entry = state.leaf(a, label, tensors, paths)
+                parts.append((name, entry))
+        if self.buckets:
+            for b in self.buckets:
+                passed = any(by_pos.get(i) is b for i in range(len(args))) or (b.name is not None and b.name in kwargs)
+                if not passed:
+                    raise SignatureError(f"{self.fn_name}: buckets names argument {b.label}, which this call did "
+                                         "not pass; pass it (as a tensor) or remove it from buckets=")
+        if instance is not None:
+            parts.append(("self", id(instance)))
+        return CallSignature(tuple(parts), tensors, state.backend, tuple(pads), overflow, paths, tuple(bucketed))
+
+    def _bucketed(self, a: Any, bucket: _Bucket, label: str, tensors: list[Any], paths: list[str],
+                  pads: list[Pad], bucketed: list[tuple[int, int, int]],
+                  state: _WalkState) -> tuple[Any, str | None]:
+        backend = backends.for_type(type(a))
+        if backend is None:
+            raise SignatureError(f"{self.fn_name}: buckets names {label}, which must be a tensor, but the call "
+                                 f"passed {type(a).__name__}")
+        state.use(backend, label)
+        shape = backend.shape(a)
+        padded = list(shape)
+        overflow = None
+        for dim, sizes in bucket.dims:
+            if dim >= len(shape):
+                raise SignatureError(f"{self.fn_name}: buckets names dim {dim} of {label}, but it has "
+                                     f"{len(shape)} dims (shape {list(shape)})")
+            n = shape[dim]
+            at = bisect.bisect_left(sizes, n)
+            if at == len(sizes):
+                overflow = (f"{label} dim {dim} is {n}, larger than the largest bucket {sizes[-1]}; "
+                            f"add a larger size to buckets[{bucket.label}][{dim}]")
+                continue
+            padded[dim] = sizes[at]
+            bucketed.append((len(tensors), dim, sizes[at]))
+            if sizes[at] != n:
+                pads.append(Pad(len(tensors), dim, n, sizes[at]))
+        meta = backend.meta_key(a)
+        tensors.append(a)
+        paths.append(label)
+        return (tuple(padded),) + tuple(meta[1:]), overflow
+
+
+class _WalkState:
+    __slots__ = ("signer", "backend", "backend_label")
+
+    def __init__(self, signer: Signer) -> None:
+        self.signer = signer
+        self.backend: Backend | None = None
+        self.backend_label = ""
+
+    def use(self, backend: Backend, label: str) -> None:
+        if self.backend is None:
+            self.backend, self.backend_label = backend, label
+        elif backend is not self.backend:
+            raise SignatureError(
+                f"{self.signer.fn_name}: {self.backend_label} is a {self.backend.name} tensor but {label} is a "
+                f"{backend.name} tensor; one graphed call takes tensors of one framework only")
+
+    def leaf(self, x: Any, label: str, tensors: list[Any], paths: list[str]) -> Any:
+        tp = type(x)
+        if tp in _SCALARS:
+            return (tp, x)
+        backend = backends.for_type(tp)
+        if backend is not None:
+            if backend is not self.backend:
+                self.use(backend, label)
+            tensors.append(x)
+            paths.append(label)
+            return backend.meta_key(x)
+        if isinstance(x, (tuple, list)):
+            return (tp, tuple(self.leaf(e, f"{label}[{i}]", tensors, paths) for i, e in enumerate(x)))
+        if isinstance(x, dict):
+            items = []
+            for k, v in x.items():
+                try:
+                    hash(k)
+                except TypeError:
+                    raise SignatureError(f"{self.signer.fn_name}: {label} has an unhashable key {k!r}") from None
+                items.append((k, self.leaf(v, f"{label}[{k!r}]", tensors, paths)))
+            return (tp, tuple(items))
+        try:
+            hash(x)
+        except TypeError:
+            raise SignatureError(
+                f"{self.signer.fn_name}: {label} is a {tp.__module__}.{tp.__qualname__}, which is neither a "
+                "tensor nor hashable. graphjit keys graphs on non-tensor arguments by value: pass a tensor "
+                "(it becomes a graph input), a hashable value (a new value captures a new graph), or close "
+                "over the object instead of passing it") from None
+        return (tp, x)
+
+
+def rebuild(obj: Any, tensors: Sequence[Any], is_tensor: Callable[[Any], bool]) -> Any:
+    """``obj`` with its tensor leaves replaced, in :meth:`Signer.sign` order, by ``tensors``."""
+    it = iter(tensors)
+
+    def walk(x: Any) -> Any:
+        if is_tensor(x):
+            return next(it)
+        if isinstance(x, list):
+            return [walk(e) for e in x]
+        if isinstance(x, tuple):
+            items = [walk(e) for e in x]
+            return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+        if isinstance(x, dict):
+            return type(x)((k, walk(v)) for k, v in x.items())
+        return x
+
+    return walk(obj)
+
+
+def rebuild_call(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Sequence[Any],
+                 is_tensor: Callable[[Any], bool]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Positional and keyword arguments with their tensors replaced (same order as ``sign``)."""
+    ordered = list(args) + [kwargs[k] for k in sorted(kwargs)]
+    rebuilt = rebuild(ordered, tensors, is_tensor)
+    new_args = tuple(rebuilt[: len(args)])
+    new_kwargs = dict(zip(sorted(kwargs), rebuilt[len(args):]))
+    return new_args, {k: new_kwargs[k] for k in kwargs}

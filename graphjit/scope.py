@@ -1,0 +1,139 @@
+"""``capture_scope``: ahead-of-time capture with one memory pool, deferred warmup and progress.
+
+Inside ``with graphjit.capture_scope():`` the first call of each key of every graphed function
+traces, warms up and captures right there (as it would outside), but:
+
+* all graphs captured in the scope share one memory pool per device (replaying them in any order is
+  safe: graphjit keeps every graph's outputs alive, so no capture reuses another's outputs);
+* collectives are in capture mode (:func:`collective_mode`), so that tracing and warmup see the same
+  collective path as the captured graph will (the FastDeploy lesson: tracing before the scope froze
+  the eager branch into the program);
+* progress is logged, one line per capture (``progress=True``), with ``k/total`` when ``total`` is given.
+
+Scopes nest; the outermost one owns the pool.  Nothing is traced or warmed up at decoration time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+log = logging.getLogger("graphjit")
+
+_lock = threading.Lock()
+_stack: list[CaptureScope] = []
+_tls = threading.local()
+
+
+class CaptureScope:
+    """One ``capture_scope`` block: its pools, its counters and its progress log."""
+
+    def __init__(self, progress: bool = True, total: int | None = None, name: str = "capture_scope") -> None:
+        if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
+            from .errors import ConfigError
+
+            raise ConfigError(f"capture_scope(total={total!r}): expected the number of captures to expect (int >= 0)")
+        self.progress = progress
+        self.total = total
+        self.name = name
+        self.captures = 0
+        self.failures = 0
+        self.capture_ms = 0.0
+        self.started = 0.0
+        self._pools: dict[tuple[str, str], Any] = {}
+        self.parent: CaptureScope | None = None
+
+    def pool_for(self, backend: Any, device: str) -> Any:
+        """The shared memory pool of this scope (of its outermost parent) for ``backend`` on ``device``."""
+        root = self
+        while root.parent is not None:
+            root = root.parent
+        key = (backend.name, device)
+        with _lock:
+            if key not in root._pools:
+                root._pools[key] = backend.new_pool(device)
+            return root._pools[key]
+
+    def note_capture(self, function: str, key: str, ms: float, ok: bool, reason: str | None = None) -> None:
+        """Count one capture attempt and log a progress line."""
+        self.captures += 1
+        self.capture_ms += ms
+        if not ok:
+            self.failures += 1
+        if self.progress:
+            count = f"{self.captures}/{self.total}" if self.total else f"{self.captures}"
+            elapsed = time.perf_counter() - self.started
+            eta = ""
+            if self.total and self.captures < self.total and self.captures:
+                eta = f", about {elapsed / self.captures * (self.total - self.captures):.1f} s left"
+            status = f"{ms:.1f} ms" if ok else f"not captured ({reason})"
+            log.info("graphjit %s [%s] %s %s: %s%s", self.name, count, function, key, status, eta)
+
+    def stats(self) -> dict[str, Any]:
+        return {"captures": self.captures, "failures": self.failures, "capture_ms": round(self.capture_ms, 3),
+                "seconds": round(time.perf_counter() - self.started, 3) if self.started else 0.0}
+
+    def __enter__(self) -> CaptureScope:
+        with _lock:
+            self.parent = _stack[-1] if _stack else None
+            _stack.append(self)
+        self.started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _lock:
+            if self in _stack:
+                _stack.remove(self)
+        if self.progress:
+            s = self.stats()
+            log.info("graphjit %s: %d captures (%d not captured) in %.2f s, %.1f ms capturing",
+                     self.name, s["captures"], s["failures"], s["seconds"], s["capture_ms"])
+
+
+def capture_scope(progress: bool = True, total: int | None = None) -> CaptureScope:
+    """Capture graphs ahead of time: see the module docstring for what the scope changes."""
+    return CaptureScope(progress=progress, total=total)
+
+
+def current() -> CaptureScope | None:
+    """The innermost active capture scope, or None."""
+    return _stack[-1] if _stack else None
+
+
+def in_capture_scope() -> bool:
+    """True inside ``capture_scope()`` (user code may branch on it, e.g. to skip a debug print)."""
+    return bool(_stack)
+
+
+@contextlib.contextmanager
+def graphed_call(phase: str) -> Iterator[None]:
+    """Mark the calling thread as inside a graphed call (``phase``: "warmup", "capture" or "replay")."""
+    previous = getattr(_tls, "phase", None)
+    _tls.phase = phase
+    try:
+        yield
+    finally:
+        _tls.phase = previous
+
+
+def phase() -> str | None:
+    """The graphed-call phase of this thread ("warmup", "capture", "replay"), or None."""
+    return getattr(_tls, "phase", None)
+
+
+def collective_mode() -> str | None:
+    """How a collective called now should behave.
+
+    ``"capture"`` while a graph is being captured on this thread, ``"graphed"`` inside a graphed
+    call's warmup or inside a capture scope, ``None`` otherwise (plain eager code).
+    """
+    p = phase()
+    if p == "capture":
+        return "capture"
+    if p is not None or _stack:
+        return "graphed"
+    return None

@@ -1,0 +1,101 @@
+"""Counters and reasons: what happened to each graph key of a graphed function.
+
+``GraphedFunction.stats()`` returns :meth:`FunctionStats.as_dict`, a plain JSON-serialisable dict, so
+that it can be logged, asserted on in tests, or dumped next to a benchmark.  Fallbacks are never
+silent: every call that did not replay a graph is counted under a reason string.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class State(str, Enum):
+    """Lifecycle of one key: WARMUP -> CAPTURE -> (verify) -> REPLAY, or FALLBACK after a failure."""
+
+    NEW = "new"
+    WARMUP = "warmup"
+    CAPTURE = "capture"
+    REPLAY = "replay"
+    FALLBACK = "fallback"  # runs uncaptured from now on; ``reason`` says why
+    EAGER = "eager"  # no CUDA graphs on this machine or backend: the traced function runs
+
+
+@dataclass
+class KeyStats:
+    """Counters of one graph key (one input signature)."""
+
+    label: str
+    state: State = State.NEW
+    warmups: int = 0
+    captures: int = 0
+    replays: int = 0
+    uncaptured: int = 0
+    capture_ms: float = 0.0
+    pool_bytes: int = 0
+    input_copies: int = 0
+    copy_backs: int = 0
+    reason: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.label,
+            "state": self.state.value,
+            "warmups": self.warmups,
+            "captures": self.captures,
+            "replays": self.replays,
+            "uncaptured_calls": self.uncaptured,
+            "capture_ms": round(self.capture_ms, 3),
+            "pool_bytes": self.pool_bytes,
+            "input_copies": self.input_copies,
+            "copy_backs": self.copy_backs,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class FunctionStats:
+    """Counters of one graphed function, over all its keys."""
+
+    name: str
+    calls: int = 0
+    disabled_calls: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)
+    keys: dict[Any, KeyStats] = field(default_factory=dict)
+
+    def fallback(self, reason: str) -> None:
+        """Count one call that ran without a graph, under ``reason``."""
+        self.fallbacks[reason] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        keys = [k.as_dict() for k in self.keys.values()]
+        return {
+            "function": self.name,
+            "calls": self.calls,
+            "disabled_calls": self.disabled_calls,
+            "graphs": sum(1 for k in self.keys.values() if k.state is State.REPLAY),
+            "captures": sum(k.captures for k in self.keys.values()),
+            "replays": sum(k.replays for k in self.keys.values()),
+            "fallbacks": dict(self.fallbacks),
+            "pool_bytes": max((k.pool_bytes for k in self.keys.values()), default=0),
+            "keys": keys,
+        }
+
+    def report(self) -> str:
+        """A short human-readable table of the counters (for logs and the command line)."""
+        d = self.as_dict()
+        lines = [f"{self.name}: {d['calls']} calls, {d['graphs']} graphs, {d['replays']} replays"]
+        for reason, n in sorted(self.fallbacks.items(), key=lambda item: -item[1]):
+            lines.append(f"  fallback x{n}: {reason}")
+        for k in keys_sorted(self.keys.values()):
+            lines.append(
+                f"  [{k.state.value:8s}] {k.label}  captures={k.captures} replays={k.replays}"
+                f" capture_ms={k.capture_ms:.1f}" + (f"  reason: {k.reason}" if k.reason else ""))
+        return "\n".join(lines)
+
+
+def keys_sorted(keys: Any) -> list[KeyStats]:
+    return sorted(keys, key=lambda k: k.label)
