@@ -1,0 +1,40 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+# Both create .venv (CPU builds of paddlepaddle 3.3.1 and torch 2.13.0) on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint test-gpu bench-dispatch clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "paddlepaddle==3.3.1" "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[test,bench]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/decode_loop.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check graphjit tests examples
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q -m "not gpu" tests
+
+# On the GPU machine: runs from the source tree, installs nothing (python3 there has torch;
+# Paddle through the kit: `. /tmp/pdc/env.sh && make test-gpu-paddle`).
+test-gpu:
+	PYTHONPATH=. python3 -m pytest -q -m "gpu and not paddle" tests -p no:cacheprovider
+
+test-gpu-paddle:
+	PYTHONPATH=.:$$PYTHONPATH $$PY311 -m pytest -q -m "gpu and paddle" tests -p no:cacheprovider
+
+bench-dispatch: $(STAMP)
+	$(PY) -m graphjit bench dispatch
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
