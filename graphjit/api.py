@@ -190,7 +190,8 @@ class _State:
             parts[leaf] += f"->{p.dim}:{p.padded}"
         if sig.tensors:
             meta = backend.meta_key(sig.tensors[0])
-            parts.append(f"{str(meta[1]).replace('paddle.', '').replace('torch.', '')}@{backend.device_str(sig.tensors[0])}")
+            dtype = str(meta[1]).replace("paddle.", "").replace("torch.", "")
+            parts.append(f"{dtype}@{backend.device_str(sig.tensors[0])}")
         others = len(sig.key) - 1 - len(sig.tensors)
         if others > 0:
             parts.append(f"+{others} non-tensor")
@@ -285,9 +286,9 @@ class _State:
         capture_fn = backend.capture_callable(traced, original, tracer)
         call_args = args
         if self.self_call is not None:
-            call_args = (self.self_call,) + tuple(args)
+            call_args = (self.self_call, *args)
         elif instance is not None:
-            call_args = (instance,) + tuple(args)
+            call_args = (instance, *args)
         req = BuildRequest(
             fn_name=self.name, backend=backend, device=device, traced=traced, capture_fn=capture_fn,
             args=call_args, kwargs=kwargs, sig=sig, stats=st, warmup=self.options.warmup, verify=self.verify(),

@@ -75,7 +75,7 @@ class BuildRequest:
 class KeyEntry:
     """A captured graph of one key, with its static inputs and outputs."""
 
-    __slots__ = ("graph", "inputs", "outputs", "stats", "no_adopt")
+    __slots__ = ("graph", "inputs", "no_adopt", "outputs", "stats")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
                  no_adopt: frozenset[int]) -> None:

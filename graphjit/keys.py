@@ -226,11 +226,11 @@ class Signer:
         meta = backend.meta_key(a)
         tensors.append(a)
         paths.append(label)
-        return (tuple(padded),) + tuple(meta[1:]), overflow
+        return (tuple(padded), *meta[1:]), overflow
 
 
 class _WalkState:
-    __slots__ = ("signer", "backend", "backend_label")
+    __slots__ = ("backend", "backend_label", "signer")
 
     def __init__(self, signer: Signer) -> None:
         self.signer = signer

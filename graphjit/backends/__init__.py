@@ -71,4 +71,4 @@ def is_tensor(obj: Any) -> bool:
     return for_type(type(obj)) is not None
 
 
-__all__ = ["Backend", "GraphHandle", "NAMES", "for_type", "get", "imported", "is_tensor"]
+__all__ = ["NAMES", "Backend", "GraphHandle", "for_type", "get", "imported", "is_tensor"]

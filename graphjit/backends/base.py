@@ -26,8 +26,9 @@ class GraphHandle(abc.ABC):
     def reset(self) -> None:
         """Free the graph (its executable and, if private, its memory pool)."""
 
-    def dump(self, path: Path) -> None:  # pragma: no cover - backend specific
+    def dump(self, path: Path) -> None:
         """Write a Graphviz dot file of the graph (only if the capture asked for it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot write graph dumps")
 
 
 class Backend(abc.ABC):

@@ -72,6 +72,7 @@ DEFAULTS = dict(
     env={},
     exit="os_exit",
     reset_between=True,
+    recover=False,
 )
 
 VARIANTS: dict[str, dict] = {
@@ -138,11 +139,25 @@ VARIANTS: dict[str, dict] = {
     "runprog_ast_mode": dict(kind="runprog", fn="ast"),
     "runprog_sot_mode": dict(kind="runprog", fn="sot"),
     "runprog_wrap_cuda_graph": dict(kind="runprog", fn="wrap_cuda_graph"),
+    # ---- explicit teardown order, then a normal interpreter exit
+    "eager_safe_teardown_normal_exit": dict(fn="eager", after="safe_teardown", exit="normal"),
+    "ast_param_safe_teardown_normal_exit": dict(fn="ast", weights="param", after="safe_teardown",
+                                                exit="normal"),
+    "sot_const_safe_teardown_normal_exit": dict(fn="sot", after="safe_teardown", exit="normal"),
+    "sot_param_safe_teardown_normal_exit": dict(fn="sot", weights="param", after="safe_teardown",
+                                                exit="normal"),
+    "sot_param_keep_normal_exit": dict(fn="sot", weights="param", exit="normal"),
+    "sot_param_reset": dict(fn="sot", weights="param", after="reset"),
+    "sot_param_reset_then_del_out": dict(fn="sot", weights="param", after="reset_then_del_out"),
+    # ---- SOT's default MIN_GRAPH_SIZE=10: graphs this small are not compiled, run eagerly
+    "sot_const_min10": dict(fn="sot", env={"MIN_GRAPH_SIZE": "10"}),
     # ---- capture broken by a sync (.numpy()) inside
     "sync_fail_tl": dict(kind="sync_fail", fn="eager", exit="normal"),
     "sync_fail_global": dict(kind="sync_fail", fn="eager", mode="global", exit="normal"),
     "sync_fail_relaxed": dict(kind="sync_fail", fn="eager", mode="relaxed", exit="normal"),
     "sync_fail_tl_os_exit": dict(kind="sync_fail", fn="eager"),
+    "sync_fail_tl_recover": dict(kind="sync_fail", fn="eager", recover=True),
+    "sync_fail_sot": dict(kind="sync_fail", fn="sot", warmups=2, recover=True),
 }
 
 CHILD_TIMEOUT_S = 60
@@ -153,27 +168,24 @@ M, K, H, N = 8, 64, 64, 32  # x [M,K] @ w1 [K,H] @ w2 [H,N]
 # Child
 # --------------------------------------------------------------------------------------------
 G: dict = {}  # weights etc. for the probe functions (set by the child)
+# The probe functions below use the module globals `paddle` and `psdb`, which the child binds
+# after importing Paddle: an `import` statement inside a function makes SOT 2.6.2 give up on it.
+paddle = None
+psdb = None
 
 
 def body_plain(x):
-    import paddle
-
     h = paddle.matmul(x, G["W1"])
     return paddle.matmul(h, G["W2"])
 
 
 def body_break(x):
-    import paddle
-    from paddle.jit.sot import psdb
-
     h = paddle.matmul(x, G["W1"])
     psdb.breakgraph()
     return paddle.matmul(h, G["W2"])
 
 
 def body_branch(x):
-    import paddle
-
     h = paddle.matmul(x, G["W1"])
     if G["FLAG"] and x.shape[0] == M:  # guarded Python-side branch
         h = paddle.matmul(h, G["EYE"])
@@ -215,6 +227,23 @@ def _err(e):
     return s[:600]
 
 
+def _finish(cfg, code):
+    """exit='os_exit': leave right here, while the child's locals (graphs, captured outputs) are
+    alive, so their teardown order cannot crash the process; exit='normal': return, so the
+    locals are freed by Python and the interpreter shuts down normally."""
+    if cfg["exit"] == "os_exit":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def body_numpy(x):
+    h = paddle.matmul(x, G["W1"])
+    G["seen"] = h.numpy()  # a device->host sync (a graph break under SOT)
+    return paddle.matmul(h, G["W2"])
+
+
 def _child(name, result_path):
     import numpy as np
 
@@ -229,7 +258,9 @@ def _child(name, result_path):
     except Exception:
         pass
     rec.stage("import")
+    global paddle, psdb
     import paddle
+    from paddle.jit.sot import psdb
     import paddle.device.cuda.graphs  # noqa: F401  (not imported by `import paddle` in 2.6.2)
 
     rec.set(paddle_version=paddle.__version__, python=sys.version.split()[0], fake_graph=fake)
@@ -498,22 +529,26 @@ def _child(name, result_path):
         ok = all(r is True for r in results)
         rec.set(runprog_results=results, capture_ok=None, replay_ok=ok,
                 status="ok" if ok else "wrong")
-        return 0 if ok else 3
+        return _finish(cfg, 0 if ok else 3)
 
     # ================================================================ sync_fail
     if kind == "sync_fail":
         rec.stage("sync_setup")
         xs = paddle.to_tensor(ints(M, K))
-        body(xs).numpy()
+        fsync = body_numpy if fnk == "eager" else paddle.jit.to_static(body_numpy,
+                                                                        full_graph=False)
+        for _i in range(cfg["warmups"]):
+            xw = ints(M, K)
+            copy_in(xs, xw)
+            rec.event("warmup_ok_%d" % _i, close(fsync(xs), ref(xw))[0])
+        rec.set(sot_sirs_before=sot_sir_count())
         g = new_graph(cfg["mode"])
         rec.stage("sync_capture_begin")
         g.capture_begin()
         rec.set(capturing_inside=capturing_state())
         rec.stage("sync_call_with_numpy")
         try:
-            h = paddle.matmul(xs, w1)
-            _ = h.numpy()
-            out = paddle.matmul(h, w2)
+            out = fsync(xs)
             rec.event("numpy_in_capture", "no error")
         except Exception as e:
             rec.event("numpy_in_capture", _err(e))
@@ -524,6 +559,15 @@ def _child(name, result_path):
         except Exception as e:
             rec.event("capture_end", _err(e))
         rec.set(capturing_after_fail=capturing_state())
+        if cfg.get("recover") and not fake:
+            # try to get Paddle out of the capturing state: end the capture once more
+            rec.stage("sync_recover_end_capture_again")
+            try:
+                core.CUDAGraph.end_capture()
+                rec.event("end_capture_again", "no error")
+            except Exception as e:
+                rec.event("end_capture_again", _err(e))
+            rec.set(capturing_after_recover=capturing_state())
         rec.stage("sync_after_eager")
         try:
             xe = ints(M, K)
@@ -552,7 +596,7 @@ def _child(name, result_path):
         cap_ok = ev.get("numpy_in_capture") == "no error" and ev.get("capture_end") == "no error"
         rec.set(capture_ok=cap_ok, replay_ok=ok, status="recovered" if ok else "not recovered")
         rec.stage("exit_" + cfg["exit"])
-        return 0 if ok else 4
+        return _finish(cfg, 0 if ok else 4)
 
     # ================================================================ capture / recapture
     x = paddle.to_tensor(ints(M, K))
@@ -584,13 +628,13 @@ def _child(name, result_path):
             except Exception as e2:
                 rec.event("capture_end_after_error", _err(e2))
             rec.set(status="capture raised")
-            return 5
+            return _finish(cfg, 5)
         rec.stage("capture_end")
         try:
             g.capture_end()
         except Exception as e:
             rec.set(capture_ok=False, capture_error=_err(e), status="capture_end raised")
-            return 6
+            return _finish(cfg, 6)
         g.bind(lambda: fn(x), out)
         rec.set(capture_ok=True, sot_sirs_after=sot_sir_count())
 
@@ -655,6 +699,20 @@ def _child(name, result_path):
             del out
             g.reset()
             rec.event("reset", "ok")
+        elif after == "safe_teardown":
+            # drop everything that may live in the graph's memory pool, then the graph
+            import gc
+
+            del out
+            try:
+                del post
+            except NameError:
+                pass
+            gc.collect()
+            g.reset()
+            del g
+            gc.collect()
+            rec.event("safe_teardown", "ok")
         elif after == "reset_then_del_out":
             g.reset()
             rec.stage("del_out_after_reset")
@@ -680,7 +738,7 @@ def _child(name, result_path):
 
     rec.set(status="ok" if replay_ok else "wrong")
     rec.stage("exit_" + cfg["exit"])
-    return 0 if replay_ok else 3
+    return _finish(cfg, 0 if replay_ok else 3)
 
 
 def child_main(name, result_path):
@@ -716,6 +774,7 @@ def run_variant(name, tmpdir, timeout):
     cfg.update(VARIANTS[name])
     result_path = os.path.join(tmpdir, name + ".json")
     env = dict(os.environ)
+    env.setdefault("MIN_GRAPH_SIZE", "0")
     env.update(cfg["env"])
     env["PYTHONUNBUFFERED"] = "1"
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--result", result_path]
@@ -768,6 +827,13 @@ def run_variant(name, tmpdir, timeout):
             "capture_end raised" if ev.get("capture_end") != "no error" else "no error raised")
     else:
         res["outcome"] = "rc=%s %s(stage=%s)" % (rc, res.get("status"), res.get("stage"))
+    if str(cfg.get("fn", "")).startswith(("sot", "eager_calls_sot", "wrap")) or \
+            cfg.get("kind") == "runprog":
+        ns = [res.get(k) for k in ("sot_sirs_before", "sot_sirs_after", "sot_sirs")]
+        ns = [n for n in ns if isinstance(n, int)]
+        if ns:
+            n = max(ns)
+            res["outcome"] += " [SOT subgraphs: %d]" % n
     return res
 
 
@@ -782,12 +848,12 @@ def _fmt(v):
 
 
 def print_table(results):
-    hdr = f"{'variant':30s} {'outcome':42s} {'capture':8s} {'replay':7s} {'post':5s} {'rc':>5s}"
+    hdr = f"{'variant':38s} {'outcome':42s} {'capture':8s} {'replay':7s} {'post':5s} {'rc':>5s}"
     print(hdr)
     print("-" * len(hdr))
     for r in results:
         post = r.get("post_call_ok")
-        print(f"{r['name']:30s} {r.get('outcome', '?')[:42]:42s} {_fmt(r.get('capture_ok')):8s} "
+        print(f"{r['name']:38s} {r.get('outcome', '?')[:42]:42s} {_fmt(r.get('capture_ok')):8s} "
               f"{_fmt(r.get('replay_ok')):7s} {_fmt(post):5s} {str(r.get('returncode')):>5s}")
 
 

@@ -1,0 +1,186 @@
+"""GPU tests, Paddle: real CUDA graphs on the GPU machine, through the Paddle GPU kit.
+
+The kit's paddlepaddle-gpu 2.6.2 has no Hopper code for most kernels: on an H200 only matmul,
+copies and NCCL compute right.  So these functions use only ``paddle.matmul`` and copies, inputs come
+from numpy, and every result is checked with numpy, never with Paddle's own reductions.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import graphjit
+
+pytestmark = [pytest.mark.gpu, pytest.mark.paddle]
+
+paddle = pytest.importorskip("paddle")
+
+TF32 = 5e-3  # cuBLAS may use TF32 for fp32 matmul; replays are compared with eager exactly
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def T(a: np.ndarray):
+    return paddle.to_tensor(np.ascontiguousarray(a, dtype=np.float32), place=paddle.CUDAPlace(0))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def make_chain(rng, h=128, layers=3):
+    ws_np = [rng.standard_normal((h, h)).astype(np.float32) / np.sqrt(h) for _ in range(layers)]
+    ws = [T(w) for w in ws_np]
+
+    def chain(x, y):
+        h_ = x
+        for w in ws:
+            h_ = paddle.matmul(h_, w)
+        return paddle.matmul(h_, y)
+
+    def ref(x, y):
+        h_ = x.astype(np.float64)
+        for w in ws_np:
+            h_ = h_ @ w
+        return h_ @ y
+
+    return chain, ref
+
+
+@pytest.mark.parametrize("tracer", ["eager", "ast", "sot"])
+def test_tracers_capture_and_replay_on_new_inputs(rng, tracer):
+    chain, ref = make_chain(rng)
+    step = graphjit.graphed(chain, tracer=tracer)
+    with paddle.no_grad():
+        for i in range(6):
+            x_np = rng.standard_normal((8, 128)).astype(np.float32)
+            y_np = rng.standard_normal((128, 16)).astype(np.float32)
+            x, y = T(x_np), T(y_np)
+            got = step(x, y).numpy()
+            assert rel(got, ref(x_np, y_np)) < TF32, (tracer, i)
+            assert rel(got, chain(x, y).numpy()) < 1e-6, (tracer, i)  # same kernels as eager
+    s = step.stats()
+    assert s["graphs"] == 1 and s["replays"] == 6 and not s["fallbacks"], s
+
+
+def test_outputs_copy_are_fresh_and_alias_are_static(rng):
+    chain, ref = make_chain(rng, layers=1)
+    copy_step = graphjit.graphed(chain, tracer="eager")
+    alias_step = graphjit.graphed(chain, tracer="eager", outputs="alias")
+    with paddle.no_grad():
+        xs = [rng.standard_normal((4, 128)).astype(np.float32) for _ in range(2)]
+        y_np = rng.standard_normal((128, 8)).astype(np.float32)
+        y = T(y_np)
+        c1, c2 = copy_step(T(xs[0]), y), copy_step(T(xs[1]), y)
+        assert rel(c1.numpy(), ref(xs[0], y_np)) < TF32 and rel(c2.numpy(), ref(xs[1], y_np)) < TF32
+        a1 = alias_step(T(xs[0]), y)
+        a2 = alias_step(T(xs[1]), y)
+        assert a1.data_ptr() == a2.data_ptr()
+        assert rel(a1.numpy(), ref(xs[1], y_np)) < TF32
+
+
+def test_alias_poisoning_with_check_outputs(rng, monkeypatch):
+    monkeypatch.setenv("GRAPHJIT_CHECK_OUTPUTS", "1")
+    graphjit.refresh_env()
+    chain, _ = make_chain(rng, layers=1)
+    step = graphjit.graphed(chain, tracer="eager", outputs="alias")
+    y = T(rng.standard_normal((128, 8)))
+    with paddle.no_grad():
+        a = step(T(rng.standard_normal((4, 128))), y)
+        b = step(T(rng.standard_normal((4, 128))), y)
+    assert np.isnan(a.numpy()).all() and not np.isnan(b.numpy()).any()
+
+
+def test_in_place_copy_into_input_is_kept(rng):
+    """A matmul written into an input in place (copy-only ops): the caller's tensor ends as eager's."""
+    w_np = rng.standard_normal((32, 32)).astype(np.float32) / 6
+    w = T(w_np)
+
+    def step_fn(x, state):
+        new = paddle.matmul(state, w)
+        state.copy_(new, False)  # in-place update of an input
+        return paddle.matmul(x, new)
+
+    step = graphjit.graphed(step_fn, tracer="eager")
+    state_np = rng.standard_normal((4, 32)).astype(np.float32)
+    state = T(state_np)
+    with paddle.no_grad():
+        for _ in range(5):
+            x_np = rng.standard_normal((4, 4)).astype(np.float32)
+            out = step(T(x_np), state).numpy()
+            state_np = state_np.astype(np.float64) @ w_np
+            assert rel(state.numpy(), state_np) < TF32
+            assert rel(out, x_np @ state_np) < TF32
+        other_np = rng.standard_normal((4, 32)).astype(np.float32)
+        other = T(other_np)
+        x_np = rng.standard_normal((4, 4)).astype(np.float32)
+        out = step(T(x_np), other).numpy()  # the state arrives at a new address
+        want = other_np.astype(np.float64) @ w_np
+        assert rel(other.numpy(), want) < TF32 and rel(out, x_np @ want) < TF32
+        assert rel(state.numpy(), state_np) < TF32  # the first state was not touched
+    assert step.stats()["captures"] == 2
+
+
+def test_sync_falls_back_and_process_exits_cleanly():
+    code = textwrap.dedent("""
+        import os, sys, numpy as np, paddle, graphjit
+        def f(x):
+            _ = x.numpy()          # a CPU-GPU sync
+            return paddle.matmul(x, x)
+        step = graphjit.graphed(f, tracer="eager")
+        a = np.eye(4, dtype=np.float32) * 2
+        x = paddle.to_tensor(a, place=paddle.CUDAPlace(0))
+        with paddle.no_grad():
+            for _ in range(2):
+                assert np.allclose(step(x).numpy(), a @ a)
+            s = step.stats()
+            print("FALLBACKS", s["fallbacks"], flush=True)
+            assert s["fallbacks"] == {"CPU-GPU sync inside the function": 2}, s
+            g = graphjit.graphed(lambda x: paddle.matmul(x, x), tracer="eager")
+            for _ in range(3):
+                assert np.allclose(g(x).numpy(), a @ a)
+            assert g.stats()["replays"] == 3, g.stats()
+            from graphjit.backends import get
+            try:
+                get("paddle").capture(lambda: x.numpy(), "cuda:0", None, False)
+                print("NO_ERROR", flush=True)
+            except graphjit.CaptureError as e:
+                print("CAPTURE_ERROR", e.reason, flush=True)
+            assert np.allclose(g(x).numpy(), a @ a)
+        print("CLEAN", flush=True)
+        sys.stdout.flush()
+        os._exit(0)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "CLEAN" in r.stdout and "CAPTURE_ERROR" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+def test_verify_catches_a_stale_output(rng):
+    """The weight is picked by a Python counter: the graph freezes the pick made at capture."""
+    ws_np = [np.eye(8, dtype=np.float32) * k for k in (1.0, 2.0)]
+    ws = [T(w) for w in ws_np]
+    counter = {"n": 0}
+
+    def frozen(x):
+        counter["n"] += 1
+        return paddle.matmul(x, ws[counter["n"] % 2])
+
+    step = graphjit.graphed(frozen, tracer="eager")
+    x_np = rng.standard_normal((2, 8)).astype(np.float32)
+    with paddle.no_grad():
+        out = step(T(x_np)).numpy()
+    assert rel(out, x_np @ ws_np[counter["n"] % 2]) < 1e-6  # the call itself returns the eager result
+    key = step.stats()["keys"][0]
+    assert key["state"] == "fallback" and "verify failed" in key["reason"], key

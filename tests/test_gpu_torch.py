@@ -1,0 +1,341 @@
+"""GPU tests, torch: real CUDA graphs on the GPU machine (make test-gpu).  Skipped without CUDA."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import graphjit
+
+pytestmark = [pytest.mark.gpu, pytest.mark.torch]
+
+torch = pytest.importorskip("torch")
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.fixture
+def dev():
+    return torch.device("cuda", 0)
+
+
+def mlp_weights(dev, h=256, layers=4, dtype=torch.float32):
+    g = torch.Generator(device="cpu").manual_seed(0)
+    return [(torch.randn(h, h, generator=g) / h**0.5).to(dev, dtype) for _ in range(layers)]
+
+
+def test_replay_equals_eager_on_fresh_inputs(dev):
+    ws = mlp_weights(dev)
+
+    def body(x, y):
+        h = x
+        for w in ws:
+            h = torch.nn.functional.silu(h @ w) + h
+        return h * y.sum(), (h - y).abs().amax(dim=-1)
+
+    step = graphjit.graphed(body)
+    with torch.no_grad():
+        for i in range(12):
+            x = torch.randn(8, 256, device=dev)
+            y = torch.randn(8, 256, device=dev)
+            got = step(x, y)
+            want = body(x, y)
+            assert rel(got[0], want[0]) < 1e-5 and rel(got[1], want[1]) < 1e-5, i
+    s = step.stats()
+    assert s["captures"] == 1 and s["replays"] == 12 and s["graphs"] == 1, s
+    assert not s["fallbacks"], s
+    assert s["keys"][0]["input_copies"] >= 2 * 11  # new tensors every call: copied in
+
+
+def test_inputs_are_copied_into_owned_buffers(dev):
+    w = torch.randn(64, 64, device=dev)
+    step = graphjit.graphed(lambda x: x @ w)
+    x = torch.randn(4, 64, device=dev)
+    with torch.no_grad():
+        step(x)
+        for _ in range(5):
+            x.copy_(torch.randn(4, 64, device=dev))
+            # x is not the static buffer (graphjit owns it), so it is copied; the static buffer itself is not
+            assert rel(step(x), x @ w) < 1e-6
+    key = step.stats()["keys"][0]
+    assert key["input_copies"] == 5 and key["replays"] == 6
+
+
+def test_buckets_pad_and_slice(dev):
+    w = torch.randn(32, 16, device=dev)
+
+    @graphjit.graphed(buckets={"x": {0: [4, 8, 16]}})
+    def step(x):
+        return torch.tanh(x @ w), x.sum()  # the sum sees zero padding, so it stays exact
+
+    with torch.no_grad():
+        for n in [3, 4, 5, 8, 1, 16, 7, 2, 3]:
+            x = torch.randn(n, 32, device=dev)
+            y, s = step(x)
+            assert y.shape == (n, 16)
+            assert rel(y, torch.tanh(x @ w)) < 1e-5
+            assert abs(float(s) - float(x.sum())) < 1e-3
+        big = torch.randn(17, 32, device=dev)
+        assert rel(step(big)[0], torch.tanh(big @ w)) < 1e-5
+    s = step.stats()
+    assert s["graphs"] == 3, s  # 4, 8, 16
+    assert s["fallbacks"] == {"larger than every bucket": 1}, s
+
+
+def test_kv_cache_decode_matches_eager_over_100_steps(dev):
+    """A decode step that writes into a KV cache in place, batch size varying by bucket."""
+    torch.manual_seed(0)
+    H, T, B = 64, 128, 16
+    wq = torch.randn(H, H, device=dev) / H**0.5
+    wo = torch.randn(H, H, device=dev) / H**0.5
+
+    def decode(x, cache, pos):  # pos: a 1-element int tensor (a graph input, not a Python int)
+        k = x @ wq
+        cache.index_copy_(1, pos, k.unsqueeze(1))  # write this step's key into the cache, in place
+        att = torch.softmax(torch.einsum("bh,bth->bt", x, cache) / H**0.5, dim=-1)
+        return torch.einsum("bt,bth->bh", att, cache) @ wo
+
+    step = graphjit.graphed(decode, buckets={"x": {0: [1, 2, 4, 8, 16]}, "cache": {0: [1, 2, 4, 8, 16]}})
+    cache_g = torch.zeros(B, T, H, device=dev)
+    cache_e = cache_g.clone()
+    sizes = [1, 3, 8, 16, 5, 2, 16, 7, 4, 12]
+    with torch.no_grad():
+        for t in range(100):
+            bs = sizes[t % len(sizes)]
+            x = torch.randn(bs, H, device=dev)
+            pos = torch.tensor([t % T], device=dev)
+            got = step(x, cache_g[:bs], pos)
+            want = decode(x, cache_e[:bs], pos)
+            assert rel(got, want) < 1e-5, t
+            assert torch.equal(cache_g, cache_e), t
+    s = step.stats()
+    assert s["graphs"] >= 5 and not s["fallbacks"], s
+
+
+def test_kv_cache_same_tensor_is_adopted_then_moves(dev):
+    """Same cache every call: updated in place with no copies; a new cache: recaptured, still exact."""
+    H = 32
+    w = torch.randn(H, H, device=dev)
+
+    def step_fn(x, cache):
+        cache.mul_(0.5).add_(x @ w)
+        return cache.sum(dim=0)
+
+    step = graphjit.graphed(step_fn)
+    cache_g = torch.randn(4, H, device=dev)
+    cache_e = cache_g.clone()
+    with torch.no_grad():
+        for _ in range(10):
+            x = torch.randn(4, H, device=dev)
+            assert rel(step(x, cache_g), step_fn(x, cache_e)) < 1e-5
+            assert torch.allclose(cache_g, cache_e, rtol=1e-5, atol=1e-5)
+        key = step.stats()["keys"][0]
+        assert key["copy_backs"] == 0  # adopted: the graph writes the caller's cache directly
+        other_g = torch.randn(4, H, device=dev)
+        other_e = other_g.clone()
+        snapshot = cache_g.clone()
+        for _ in range(10):
+            x = torch.randn(4, H, device=dev)
+            assert rel(step(x, other_g), step_fn(x, other_e)) < 1e-5
+            assert torch.allclose(other_g, other_e, rtol=1e-5, atol=1e-5)
+        assert torch.equal(cache_g, snapshot)  # the first cache is never written again
+        for _ in range(3):  # and back to the first cache: copied in and back, still exact
+            x = torch.randn(4, H, device=dev)
+            assert rel(step(x, cache_g), step_fn(x, cache_e)) < 1e-5
+            assert torch.allclose(cache_g, cache_e, rtol=1e-5, atol=1e-5)
+    s = step.stats()
+    assert s["captures"] == 2 and s["keys"][0]["copy_backs"] >= 13, s
+
+
+def test_alias_outputs_are_poisoned_with_check_outputs(dev, monkeypatch):
+    monkeypatch.setenv("GRAPHJIT_CHECK_OUTPUTS", "1")
+    graphjit.refresh_env()
+    w = torch.randn(16, 16, device=dev)
+    step = graphjit.graphed(lambda x: x @ w, outputs="alias")
+    with torch.no_grad():
+        a = step(torch.randn(2, 16, device=dev))
+        a2 = step(torch.randn(2, 16, device=dev))
+        assert torch.isnan(a).all(), "the previous call's output must be poisoned"
+        assert not torch.isnan(a2).any()
+
+
+def test_alias_outputs_are_the_static_buffers(dev):
+    w = torch.randn(16, 16, device=dev)
+    step = graphjit.graphed(lambda x: x @ w, outputs="alias")
+    with torch.no_grad():
+        x1, x2 = torch.randn(2, 16, device=dev), torch.randn(2, 16, device=dev)
+        a = step(x1)
+        b = step(x2)
+        assert a.data_ptr() == b.data_ptr()
+        assert rel(a, x2 @ w) < 1e-6  # overwritten by the second call: that is what alias means
+
+
+def test_verify_catches_a_stale_output(dev):
+    counter = {"n": 0}
+
+    def leaky(x):
+        counter["n"] += 1
+        return x * counter["n"]  # a Python value the graph freezes at capture
+
+    step = graphjit.graphed(leaky)
+    x = torch.randn(8, device=dev)
+    with torch.no_grad():
+        out = step(x)
+        assert rel(out, x * counter["n"]) < 1e-6  # the call itself still returns the eager result
+    s = step.stats()
+    assert s["keys"][0]["state"] == "fallback" and "verify failed" in s["keys"][0]["reason"], s
+    with pytest.raises(graphjit.VerifyError, match="verify failed"):
+        graphjit.graphed(leaky, strict=True)(x)
+
+
+def test_outputs_requiring_grad_fall_back(dev):
+    lin = torch.nn.Linear(8, 8).to(dev)
+    step = graphjit.graphed(lambda x: lin(x))
+    out = step(torch.randn(2, 8, device=dev))
+    assert out.requires_grad
+    assert step.stats()["fallbacks"] == {"outputs require grad": 1}
+
+
+def test_capture_scope_shares_a_pool_and_counts(dev, gj_log):
+    w = torch.randn(64, 64, device=dev)
+    step = graphjit.graphed(lambda x: torch.relu(x @ w), buckets={0: {0: [1, 2, 4, 8]}})
+    with torch.no_grad(), graphjit.capture_scope(total=4) as scope:
+        for bs in [8, 4, 2, 1]:
+            step(torch.zeros(bs, 64, device=dev))
+    assert scope.stats()["captures"] == 4 and scope.stats()["failures"] == 0
+    assert "[4/4]" in gj_log.text
+    with torch.no_grad():
+        for bs in [1, 3, 8]:
+            x = torch.randn(bs, 64, device=dev)
+            assert rel(step(x), torch.relu(x @ w)) < 1e-5
+    assert step.stats()["captures"] == 4
+
+
+def test_sync_inside_falls_back_and_process_exits_cleanly():
+    code = textwrap.dedent("""
+        import logging, sys, torch, graphjit
+        logging.basicConfig(level=logging.WARNING)
+        def f(x):
+            if x.sum().item() > 0:      # a CPU-GPU sync
+                return x * 2
+            return x * 3
+        step = graphjit.graphed(f)
+        x = torch.ones(4, device="cuda")
+        with torch.no_grad():
+            for _ in range(3):
+                assert torch.equal(step(x), x * 2)
+        s = step.stats()
+        print("REASON", list(s["fallbacks"]))
+        assert s["fallbacks"] == {"CPU-GPU sync inside the function": 3}, s
+        # a graph still captures fine afterwards (no stream left capturing)
+        g = graphjit.graphed(lambda x: x + 1)
+        for _ in range(3):
+            assert torch.equal(g(x), x + 1)
+        assert g.stats()["replays"] == 3, g.stats()
+        # the raw capture path: a sync during capture itself ends the capture
+        from graphjit.backends import get
+        b = get("torch")
+        try:
+            b.capture(lambda: x.sum().item(), "cuda:0", None, False)
+        except graphjit.CaptureError as e:
+            print("CAPTURE_ERROR", e.reason)
+        with torch.cuda.stream(torch.cuda.Stream()):
+            assert not torch.cuda.is_current_stream_capturing()
+        assert torch.equal(g(x), x + 1)
+        torch.cuda.synchronize()
+        print("CLEAN")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "CLEAN" in r.stdout and "CAPTURE_ERROR capture failed" in r.stdout, r.stdout + r.stderr
+
+
+def test_strict_mode_raises_on_sync(dev):
+    step = graphjit.graphed(lambda x: x * float(x.sum()), strict=True)
+    with pytest.raises(graphjit.CaptureError, match="synchronises the CPU with the GPU"):
+        step(torch.ones(4, device=dev))
+
+
+def test_max_graphs_then_uncaptured(dev):
+    step = graphjit.graphed(lambda x: x + 1, max_graphs=2)
+    for n in [1, 2, 3, 4]:
+        x = torch.randn(n, device=dev)
+        assert torch.equal(step(x), x + 1)
+    s = step.stats()
+    assert s["graphs"] == 2 and s["fallbacks"] == {"max_graphs reached": 2}, s
+
+
+def test_module_method_two_instances(dev):
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 32)
+
+        @graphjit.graphed
+        def forward(self, x):
+            return torch.relu(self.lin(x))
+
+    a, b = Block().to(dev), Block().to(dev)
+    x = torch.randn(4, 32, device=dev)
+    with torch.no_grad():
+        for _ in range(3):
+            assert rel(a(x), torch.relu(a.lin(x))) < 1e-5
+            assert rel(b(x), torch.relu(b.lin(x))) < 1e-5
+    assert Block.forward.stats()["graphs"] == 2
+
+
+def test_threads_share_a_function(dev):
+    import threading
+
+    w = torch.randn(64, 64, device=dev)
+    step = graphjit.graphed(lambda x: x @ w)
+    errors = []
+
+    def worker(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        with torch.no_grad():
+            for _ in range(50):
+                x = torch.randn(4, 64, device=dev, generator=g)
+                if rel(step(x), x @ w) > 1e-5:
+                    errors.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert not errors
+    assert step.stats()["graphs"] == 1
+
+
+def test_tracer_compile_equals_eager(dev):
+    ws = mlp_weights(dev, h=128, layers=2)
+
+    def body(x):
+        for w in ws:
+            x = torch.nn.functional.silu(x @ w) + x
+        return x
+
+    step = graphjit.graphed(body, tracer="compile")
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(4, 128, device=dev)
+            assert rel(step(x), body(x)) < 1e-4
+    assert step.stats()["graphs"] == 1, step.stats()
+
+
+def test_dump_dir_writes_a_dot_file(dev, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHJIT_DUMP_DIR", str(tmp_path))
+    graphjit.refresh_env()
+    step = graphjit.graphed(lambda x: x * 2 + 1)
+    step(torch.randn(8, device=dev))
+    assert list(tmp_path.glob("*.dot")), list(tmp_path.iterdir())
