@@ -21,6 +21,7 @@ from .errors import (
     GraphjitError,
     SignatureError,
     StaleOutputError,
+    UnrecoverableCaptureError,
     VerifyError,
 )
 from .scope import CaptureScope, capture_scope, in_capture_scope
@@ -40,6 +41,7 @@ __all__ = [
     "Options",
     "SignatureError",
     "StaleOutputError",
+    "UnrecoverableCaptureError",
     "VerifyError",
     "__version__",
     "capture_scope",

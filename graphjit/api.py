@@ -35,7 +35,14 @@ from . import scope as scope_mod
 from .backends.base import Backend
 from .buffers import InputMoved, collect_tensors
 from .capture import BuildRequest, KeyEntry, build
-from .errors import BackendError, BucketOverflowError, CaptureError, ConfigError, SignatureError
+from .errors import (
+    BackendError,
+    BucketOverflowError,
+    CaptureError,
+    ConfigError,
+    SignatureError,
+    UnrecoverableCaptureError,
+)
 from .keys import BucketsArg, CallSignature, Signer
 from .stats import FunctionStats, KeyStats, State
 
@@ -216,6 +223,11 @@ class _State:
                     result = entry.replay(sig, copy or check)
                 except InputMoved as moved:
                     return self.recapture(entry, moved.leaf, sig, wrapped, instance, args, kwargs)
+                except Exception as exc:
+                    poisoned = entry.inputs.backend.poisoned
+                    if poisoned is not None:
+                        raise UnrecoverableCaptureError(f"{self.name}: {poisoned}") from exc
+                    raise
             if settings.debug:
                 self.debug_replay(entry, sig, result)
             if check:
@@ -239,6 +251,8 @@ class _State:
     def slow(self, sig: CallSignature, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> Any:
         backend = self.pick_backend(sig)
+        if backend.poisoned is not None:
+            raise UnrecoverableCaptureError(f"{self.name}: {backend.poisoned}")
         tracer = self.tracer_name(backend)
         failed = self.failed.get(sig.key)
         if failed is not None:
@@ -304,7 +318,7 @@ class _State:
             st.reason = str(exc)
             if active is not None:
                 active.note_capture(self.name, st.label, 0.0, ok=False, reason=exc.reason)
-            if self.strict():
+            if self.strict() or isinstance(exc, UnrecoverableCaptureError):
                 raise
             self.say_once(logging.WARNING, "fail:" + exc.reason, "graphjit %s [%s]: %s; running uncaptured",
                           self.name, st.label, exc)

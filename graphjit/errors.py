@@ -54,6 +54,18 @@ class VerifyError(CaptureError):
         super().__init__(message, reason="verify failed")
 
 
+class UnrecoverableCaptureError(CaptureError):
+    """A capture failed in a way the framework cannot recover from in this process.
+
+    paddlepaddle 2.6 stays in capture mode after a capture that a CPU-GPU sync invalidated: every
+    later GPU call in the process fails.  graphjit raises this (also outside strict mode, since no
+    fallback can run) and refuses further captures; restart the process after fixing the function.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="framework left in capture mode")
+
+
 class StaleOutputError(GraphjitError, RuntimeError):
     """An output of an earlier replay was used after the graph overwrote it."""
 
@@ -66,5 +78,6 @@ __all__ = [
     "GraphjitError",
     "SignatureError",
     "StaleOutputError",
+    "UnrecoverableCaptureError",
     "VerifyError",
 ]

@@ -46,6 +46,8 @@ class Backend(abc.ABC):
     name: str = "base"
     tracers: tuple[str, ...] = ("eager",)
     default_tracer: str = "eager"
+    poisoned: str | None = None
+    """Set when the framework cannot run GPU work any more in this process (the reason, for users)."""
 
     # -- tensors ---------------------------------------------------------------------------
     @abc.abstractmethod

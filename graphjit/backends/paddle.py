@@ -10,9 +10,11 @@ ships no kernels (paddlepaddle-gpu 2.6.2 on Hopper computes elementwise ops wron
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import inspect
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ..errors import BackendError, CaptureError
+from ..errors import BackendError, CaptureError, UnrecoverableCaptureError
 from .base import Backend, GraphHandle
 
 log = logging.getLogger("graphjit")
@@ -34,7 +36,14 @@ _SYNC_HINT = (
 
 # Tensor methods that copy device memory to the host and so synchronise; patched (for the calling
 # thread only) during the last warmup so that a sync is reported before any capture begins.
-_SYNC_METHODS = ("numpy", "item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu")
+_SYNC_METHODS = ("numpy", "item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "__array__",
+                 "__str__", "__repr__", "__format__")
+
+_LIVE: list[Any] = []  # every graph captured in this process (kept alive; see PaddleGraph)
+
+# Module-level functions that synchronise (or copy from the host synchronously) when called on the
+# GPU; patched like _SYNC_METHODS.  A capture they invalidate cannot be recovered in Paddle 2.6.
+_SYNC_FUNCTIONS = (("paddle", "to_tensor"), ("paddle.device", "synchronize"), ("paddle.device.cuda", "synchronize"))
 
 # run_program (the op that executes to_static programs) refuses to run inside a capture unless these
 # are set; Paddle raises a clear error for each otherwise.
@@ -42,15 +51,27 @@ _CAPTURE_FLAGS = {"FLAGS_new_executor_use_cuda_graph": True, "FLAGS_sync_nccl_al
 
 
 class PaddleGraph(GraphHandle):
+    """A Paddle graph that is never destroyed while the process runs.
+
+    Paddle frees a graph's memory pool when the graph is reset or destroyed, and a tensor of that
+    pool (a graph output, an intermediate autograd or run_program kept) freed afterwards crashes
+    Paddle's allocator (SIGSEGV or heap corruption; seen with paddlepaddle-gpu 2.6.2, also at
+    interpreter exit, when Python frees objects in arbitrary order).  So graphjit takes one extra
+    reference to every Paddle graph it captures: :meth:`reset` stops using the graph, and its memory
+    stays reserved until the process ends.
+    """
+
     def __init__(self, graph: Any, pool_bytes: int) -> None:
         self._graph = graph
         self.pool_bytes = pool_bytes
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(graph))  # immortal: see the class docstring
+        _LIVE.append(graph)
 
     def replay(self) -> None:
         self._graph.replay()
 
     def reset(self) -> None:
-        self._graph.reset()
+        """Stop using the graph (its memory pool is kept: see the class docstring)."""
 
     def dump(self, path: Path) -> None:
         # Paddle writes one dot file per graph into a folder.
@@ -73,7 +94,7 @@ class PaddleBackend(Backend):
         self._unavailable: dict[str, str | None] = {}
         self._sync_thread = threading.local()
         self._flags_set = False
-        from paddle.device.cuda import graphs as _graphs
+        import paddle.device.cuda.graphs as _graphs  # not imported by `import paddle` in 2.6
 
         self._graphs = _graphs
         params = inspect.signature(_graphs.CUDAGraph.__init__).parameters
@@ -191,6 +212,13 @@ class PaddleBackend(Backend):
             reason = f"paddle {paddle.__version__} was built without CUDA graph support"
         elif paddle.device.cuda.device_count() == 0:
             reason = "paddle sees no CUDA device"
+        elif _flag("FLAGS_allocator_strategy", "auto_growth") != "auto_growth":
+            reason = ("FLAGS_allocator_strategy is not auto_growth, which Paddle's CUDA graphs need; "
+                      "unset it or set FLAGS_allocator_strategy=auto_growth before starting")
+        elif not _flag("FLAGS_use_stream_safe_cuda_allocator", True):
+            reason = ("FLAGS_use_stream_safe_cuda_allocator is off; Paddle runs to_static programs in a "
+                      "capture only with it on: unset it")
+
         elif not device.startswith("cuda"):
             reason = f"inputs are on {device}; CUDA graphs need GPU tensors"
         self._unavailable[device] = reason
@@ -233,6 +261,15 @@ class PaddleBackend(Backend):
                 return original(self_, *args, **kwargs)
             return patched
 
+        def guard_fn(name: str, original: Any) -> Any:
+            def patched(*args: Any, **kwargs: Any) -> Any:
+                if threading.get_ident() == me:
+                    hits.append(name)
+                    raise CaptureError(f"{_SYNC_HINT} (called {name} inside the function)",
+                                       reason="CPU-GPU sync inside the function")
+                return original(*args, **kwargs)
+            return patched
+
         for name in _SYNC_METHODS:
             original = getattr(paddle.Tensor, name, None)
             if original is None:
@@ -242,16 +279,25 @@ class PaddleBackend(Backend):
                 saved[name] = original
             except (TypeError, AttributeError):
                 continue
+        modules: list[tuple[Any, str, Any]] = []
+        for module_name, attr in _SYNC_FUNCTIONS:
+            module = sys.modules.get(module_name)
+            original = getattr(module, attr, None) if module is not None else None
+            if original is not None:
+                setattr(module, attr, guard_fn(f"{module_name}.{attr}", original))
+                modules.append((module, attr, original))
         try:
             yield
         except Exception as exc:
             if hits and not isinstance(exc, CaptureError):
-                raise CaptureError(f"{_SYNC_HINT} (called Tensor.{hits[0]} on a GPU tensor)",
+                raise CaptureError(f"{_SYNC_HINT} (called {hits[0]} inside the function)",
                                    reason="CPU-GPU sync inside the function") from exc
             raise
         finally:
             for name, original in saved.items():
                 setattr(paddle.Tensor, name, original)
+            for module, attr, original in modules:
+                setattr(module, attr, original)
 
     def capture(self, fn: Callable[[], Any], device: str, pool: Any,
                 debug: bool) -> tuple[GraphHandle, Any]:
@@ -267,6 +313,7 @@ class PaddleBackend(Backend):
             ended = _end_quietly(graph)
             text = str(exc).strip().splitlines()
             first = text[-1] if text else type(exc).__name__
+            self._check_not_capturing(first)
             if isinstance(exc, CaptureError):
                 raise
             raise CaptureError(
@@ -278,9 +325,22 @@ class PaddleBackend(Backend):
         except Exception as exc:
             text = str(exc).strip().splitlines()
             first = text[-1] if text else type(exc).__name__
+            self._check_not_capturing(first)
             raise CaptureError(f"capture failed at capture_end: {first[:300]}. Usual causes: {_SYNC_HINT}",
                                reason="capture failed: " + first[:120]) from exc
         return PaddleGraph(graph, max(0, _reserved(index) - before)), out
+
+    def _check_not_capturing(self, cause: str) -> None:
+        """After a failed capture: if Paddle is still in capture mode, nothing on the GPU can run again."""
+        capturing = getattr(paddle.base.core, "is_cuda_graph_capturing", None)
+        if capturing is not None and capturing():
+            self.poisoned = (f"an earlier capture failed ({cause[:200]}) and paddle {paddle.__version__} stayed in "
+                             "capture mode; every GPU call in this process now fails. Restart the process")
+            raise UnrecoverableCaptureError(
+                f"paddle {paddle.__version__} cannot recover from this failed CUDA graph capture: it stays in "
+                f"capture mode and every later GPU call in this process fails (cause: {cause[:300]}). "
+                f"Fix the function ({_SYNC_HINT}) and restart the process; exit with os._exit() to avoid a "
+                "crash at interpreter exit.")
 
     def synchronize(self, device: str) -> None:
         if device.startswith("cuda"):
@@ -300,3 +360,10 @@ def _reserved(index: int) -> int:
     with contextlib.suppress(Exception):
         return int(paddle.device.cuda.memory_reserved(index))
     return 0
+
+
+def _flag(name: str, default: Any) -> Any:
+    try:
+        return paddle.get_flags([name])[name]
+    except Exception:  # a flag this Paddle does not have
+        return default

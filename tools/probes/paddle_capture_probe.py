@@ -15,6 +15,16 @@ return garbage), so the probe functions use ONLY ``paddle.matmul`` and copies, i
 valued float32 (exact under TF32 too) made with ``paddle.to_tensor`` from numpy, and results are
 checked with numpy against a float64 reference -- never with Paddle reductions.
 
+Children get MIN_GRAPH_SIZE=0 (unless a variant sets it): SOT 2.6.2 runs subgraphs of fewer than
+10 ops eagerly by default, which would make every 'sot_*' variant test eager code. The outcome
+column shows how many subgraphs SOT really compiled. With exit='os_exit' (the default) a child
+leaves through os._exit while its graphs and captured outputs are still alive; freeing those in
+the wrong order (graph before outputs) is itself a crash that the 'reset_then_del_out',
+'del_graph' and '*_normal_exit' variants measure on purpose.
+
+GPU run (paddle-gpu-kit, see notes/paddle-sot-capture.md):
+    . /tmp/pdc/env.sh && PYTHONUNBUFFERED=1 timeout 500 $PY311 tools/probes/paddle_capture_probe.py
+
 Usage:
     python paddle_capture_probe.py                 # run all variants
     python paddle_capture_probe.py --list          # list variants

@@ -1,0 +1,102 @@
+"""``python -m graphjit``: the command line.
+
+    python -m graphjit env                       # the GRAPHJIT_* variables (markdown table)
+    python -m graphjit bench dispatch [--iters N --repeats R --backend auto|torch|paddle]
+    python -m graphjit bench decode [--backend torch|paddle --layers 8,32 --hidden 1024 --batch 1,8 ...]
+
+Every ``bench`` writes a JSON file and a PNG plot under ``--out`` (default ``benchmarks/results``)
+and prints a short table.  Benchmarks live in :mod:`graphjit.bench` (one module each, registered in
+``graphjit.bench.REGISTRY``); other commands are added to :data:`COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    from . import env
+
+    print(env.table_markdown(), flush=True)
+    return 0
+
+
+def _add_env(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("env", help="print the GRAPHJIT_* environment variables (markdown table)",
+                       description="Print every GRAPHJIT_* environment variable, its values, default and effect.")
+    p.set_defaults(handler=_cmd_env)
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from . import bench
+    from .bench import common
+
+    p = sub.add_parser("bench", help="run a benchmark (JSON plus a PNG plot)",
+                       description="Run a benchmark; results go to --out as JSON plus a PNG plot.")
+    names = p.add_subparsers(dest="benchmark", metavar="{" + ",".join(bench.REGISTRY) + "}")
+    names.required = True
+    for b in bench.REGISTRY.values():
+        module = b.load()
+        q = names.add_parser(b.name, help=b.help, description=(module.__doc__ or b.help).strip().splitlines()[0])
+        module.add_arguments(q)
+        common.add_common_arguments(q)
+        q.set_defaults(handler=module.run)
+
+
+# Top-level commands: (name, function that adds its parser).  Adding one is a line here.
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_bench, _add_env]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m graphjit",
+                                     description="graphjit: automatic, safe CUDA graphs for Paddle and PyTorch.")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log graphjit's decisions (-v: info, -vv: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose <= 0 else (logging.INFO if verbose == 1 else logging.DEBUG)
+    logger = logging.getLogger("graphjit")
+    logger.setLevel(level)
+    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.NullHandler)
+               for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        logger.addHandler(handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (``--hard-exit`` ends the process instead)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    _setup_logging(args.verbose)
+    try:
+        code = int(handler(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        code = 130
+    if getattr(args, "hard_exit", False):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Benchmarks behind ``python -m graphjit bench NAME``.
+
+Each benchmark is a module of this package with two functions:
+
+* ``add_arguments(parser)``: its own options (the command line adds ``--out``, ``--tag`` and
+  ``--hard-exit`` to every benchmark, see :func:`graphjit.bench.common.add_common_arguments`);
+* ``run(args) -> int``: run it, write ``JSON`` + ``PNG`` under ``--out``, print a short table, return
+  the exit status.
+
+Modules here import torch/paddle only inside functions, so building the command line costs nothing.
+Adding a benchmark is one module plus one :func:`register` line below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One ``bench`` subcommand: its name, the module that implements it and a one-line help."""
+
+    name: str
+    module: str
+    help: str
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+
+REGISTRY: dict[str, Benchmark] = {}
+
+
+def register(name: str, module: str, help: str) -> Benchmark:
+    """Add a ``bench`` subcommand (``module`` must define ``add_arguments`` and ``run``)."""
+    if name in REGISTRY:
+        raise ValueError(f"benchmark {name!r} is already registered ({REGISTRY[name].module})")
+    bench = Benchmark(name, module, help)
+    REGISTRY[name] = bench
+    return bench
+
+
+register("decode", "graphjit.bench.decode",
+         "decode step (L x matmul/silu/add/RMSNorm): eager vs raw CUDA graph vs @graphed vs compile (needs a GPU)")
+register("dispatch", "graphjit.bench.dispatch",
+         "host cost of graphjit's key path per call (Signer.sign, @graphed on CPU) against a direct call")
+
+__all__ = ["REGISTRY", "Benchmark", "register"]

@@ -1,0 +1,311 @@
+"""What every benchmark shares: common options, output paths, environment info, JSON, plots, tables.
+
+Nothing here imports a framework; :func:`environment` describes only the frameworks the benchmark
+already imported (``sys.modules``), plus the installed versions read from package metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = Path("benchmarks") / "results"
+SCHEMA_VERSION = 1
+
+
+# -- command line ---------------------------------------------------------------------------------
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options every ``bench`` subcommand takes."""
+    g = parser.add_argument_group("output")
+    g.add_argument("--out", default=None, metavar="PATH",
+                   help=f"folder for the JSON and PNG (default: {DEFAULT_OUT}); a path ending in .json names the "
+                        "JSON file itself (the PNG goes next to it)")
+    g.add_argument("--tag", default=None,
+                   help="short machine tag used in the file name (default: this host's name, sanitised)")
+    g.add_argument("--no-plot", action="store_true", help="write the JSON only")
+    g.add_argument("--hard-exit", action="store_true",
+                   help="end the process with os._exit(status) after flushing output (Paddle can hang at "
+                        "interpreter exit on some GPU machines)")
+
+
+def int_list(text: str) -> list[int]:
+    """``"8,32"`` -> ``[8, 32]`` (argparse type)."""
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def sanitize_tag(text: str | None) -> str:
+    """A string safe for a file name: letters, digits, ``.``, ``_`` and ``-``."""
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", text or "").strip("-.")
+    return tag[:64] or "unknown"
+
+
+def machine_tag(args: argparse.Namespace) -> str:
+    return sanitize_tag(args.tag if args.tag else platform.node())
+
+
+def today() -> str:
+    return _dt.date.today().isoformat()
+
+
+def output_paths(out: str | None, default_name: str) -> tuple[Path, Path]:
+    """``(json_path, png_path)``: ``out`` is a folder, or a ``.json`` file path; folders are created."""
+    base = Path(out) if out else DEFAULT_OUT
+    json_path = base if base.suffix.lower() == ".json" else base / default_name
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    return json_path, json_path.with_suffix(".png")
+
+
+# -- environment ----------------------------------------------------------------------------------
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit(start: Path | None = None) -> str | None:
+    """The short commit of HEAD of the checkout holding graphjit (or ``start``), read from ``.git``
+    directly, like ``git rev-parse --short HEAD`` but without running a subprocess; None if there
+    is no checkout (an installed package, a copied tree)."""
+    here = (start or Path(__file__)).resolve()
+    for folder in [here, *here.parents]:
+        dot = folder / ".git"
+        if dot.exists():
+            break
+    else:
+        return None
+    try:
+        git_dir = dot
+        if dot.is_file():  # a worktree or submodule: "gitdir: PATH"
+            text = dot.read_text().strip()
+            if not text.startswith("gitdir:"):
+                return None
+            git_dir = (folder / text.split(":", 1)[1].strip()).resolve()
+        common = git_dir
+        if (git_dir / "commondir").is_file():
+            common = (git_dir / (git_dir / "commondir").read_text().strip()).resolve()
+        head = (git_dir / "HEAD").read_text().strip()
+        sha: str | None = None
+        if head.startswith("ref:"):
+            ref = head.split(":", 1)[1].strip()
+            for base in (git_dir, common):
+                if (base / ref).is_file():
+                    sha = (base / ref).read_text().strip()
+                    break
+            else:
+                packed = common / "packed-refs"
+                if packed.is_file():
+                    for line in packed.read_text().splitlines():
+                        parts = line.split()
+                        if len(parts) == 2 and parts[1] == ref:
+                            sha = parts[0]
+                            break
+        else:
+            sha = head
+    except OSError:
+        return None
+    if not sha or not re.fullmatch(r"[0-9a-f]{40,64}", sha):
+        return None
+    return sha[:7]
+
+
+def _torch_info() -> dict[str, Any]:
+    torch = sys.modules["torch"]
+    info: dict[str, Any] = {"version": torch.__version__, "cuda": getattr(torch.version, "cuda", None)}
+    try:
+        info["cuda_available"] = bool(torch.cuda.is_available())
+        if info["cuda_available"]:
+            idx = torch.cuda.current_device()
+            info["gpu"] = torch.cuda.get_device_name(idx)
+            info["gpu_count"] = torch.cuda.device_count()
+            info["capability"] = ".".join(str(v) for v in torch.cuda.get_device_capability(idx))
+            info["cudnn"] = torch.backends.cudnn.version()
+    except Exception as exc:  # describing the machine must never fail the benchmark
+        info["error"] = error_text(exc)
+    return info
+
+
+def _paddle_info() -> dict[str, Any]:
+    paddle = sys.modules["paddle"]
+    info: dict[str, Any] = {"version": paddle.__version__}
+    try:
+        info["compiled_with_cuda"] = bool(paddle.is_compiled_with_cuda())
+        if info["compiled_with_cuda"]:
+            info["cuda"] = paddle.version.cuda()
+            count = paddle.device.cuda.device_count()
+            info["gpu_count"] = count
+            if count:
+                info["gpu"] = paddle.device.cuda.get_device_name()
+    except Exception as exc:
+        info["error"] = error_text(exc)
+    return info
+
+
+def environment() -> dict[str, Any]:
+    """Python, platform, CPU count, package versions, git commit, and the imported frameworks' devices."""
+    from .. import __version__
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "node": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "graphjit": __version__,
+        "git_commit": git_commit(),
+        "packages": {name: _dist_version(name) for name in
+                     ("torch", "paddlepaddle", "paddlepaddle-gpu", "numpy", "matplotlib", "triton", "wrapt")},
+    }
+    if "torch" in sys.modules:
+        env["torch"] = _torch_info()
+    if "paddle" in sys.modules:
+        env["paddle"] = _paddle_info()
+    return env
+
+
+def header(benchmark: str, args: argparse.Namespace, tag: str) -> dict[str, Any]:
+    return {
+        "benchmark": benchmark,
+        "schema": SCHEMA_VERSION,
+        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "tag": tag,
+        "argv": list(getattr(args, "argv", []) or sys.argv[1:]),
+    }
+
+
+# -- results --------------------------------------------------------------------------------------
+def error_text(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 500 characters)."""
+    msg = str(exc).strip().splitlines()
+    first = next((line for line in msg if line.strip()), "")
+    return f"{type(exc).__name__}: {first}"[:500]
+
+
+def traceback_tail(exc: BaseException, lines: int = 12) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def median(values: Sequence[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def clean(obj: Any) -> Any:
+    """JSON-safe copy: NaN/inf become strings, unknown objects their ``str``."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    return str(obj)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` atomically (a crash mid-benchmark leaves the previous complete write)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(clean(data), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def bar_plot(path: Path, title: str, groups: Sequence[str], series: dict[str, Sequence[float | None]],
+             ylabel: str, notes: Sequence[str] = ()) -> str | None:
+    """Grouped bar chart (one group per entry of ``groups``, one bar per series) written to ``path``
+    with matplotlib's Agg canvas.  Returns None on success, else why no plot was written."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        return f"matplotlib is not importable ({exc}); pip install 'graphjit[bench]'"
+    try:
+        names = list(series)
+        n = max(1, len(names))
+        width = 0.8 / n
+        fig = Figure(figsize=(max(6.0, 1.2 + len(groups) * (0.45 * n + 0.5)), 4.8), layout="constrained")
+        ax = fig.subplots()
+        top = max((v for vals in series.values() for v in vals if v is not None), default=1.0)
+        for j, name in enumerate(names):
+            xs, ys = [], []
+            for i, v in enumerate(series[name]):
+                x = i - 0.4 + width * (j + 0.5)
+                if v is None:
+                    ax.text(x, top * 0.01, "n/a", ha="center", va="bottom", rotation=90, fontsize=7, color="grey")
+                    continue
+                xs.append(x)
+                ys.append(v)
+            bars = ax.bar(xs, ys, width=width * 0.95, label=name, color=f"C{j % 10}")
+            ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], fontsize=6, rotation=90, padding=2)
+        ax.set_xticks(range(len(groups)), list(groups))
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(0, top * 1.18)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7, ncol=min(n, 3))
+        if notes:
+            fig.text(0.01, 0.005, "  ".join(notes), fontsize=6, color="dimgrey", va="bottom")
+        fig.savefig(path, dpi=120)
+    except Exception as exc:  # a plot is a convenience; the JSON is the result
+        return error_text(exc)
+    return None
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain fixed-width table."""
+    text_rows = [[_cell(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in text_rows)) if text_rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    sep = "  ".join("-" * w for w in widths)
+    body = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in text_rows]
+    return "\n".join([line, sep, *body])
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def say(*parts: Any) -> None:
+    """print + flush (benchmarks run for minutes; output must show up as it happens)."""
+    print(*parts, flush=True)
+
+
+def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one variant; an exception becomes ``{"status": "error", "error": ..., "traceback": ...}``."""
+    try:
+        return fn()
+    except Exception as exc:
+        return {"status": "error", "error": error_text(exc), "traceback": traceback_tail(exc)}

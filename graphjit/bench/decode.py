@@ -1,0 +1,942 @@
+"""``python -m graphjit bench decode``: a decode step, eager against CUDA graphs, for torch or paddle.
+
+The step is ``L`` layers of ``x = RMSNorm(x + silu(x @ W))`` at hidden size ``H`` and batch ``B``
+(weights closed over, as in a model).  Per configuration, in one process, each variant is built,
+checked once against eager on two inputs (relative errors recorded), then timed: CUDA events
+around ``--iters`` back-to-back calls with fixed inputs, median of ``--repeats``, microseconds per
+step.
+
+torch variants:  ``eager``; ``raw_graph`` (``torch.cuda.CUDAGraph`` captured by hand as the torch
+docs show: side-stream warmup, capture, then ``static_x.copy_(x); graph.replay()`` per step);
+``graphed`` and ``graphed_alias`` (``@graphjit.graphed``, tracer eager, outputs copy / alias);
+``compile_reduce_overhead`` (``torch.compile(mode="reduce-overhead")``, steady state);
+``graphed_compile`` (``@graphjit.graphed(tracer="compile")``).
+
+paddle variants: ``eager``; ``raw_graph`` (``paddle.device.cuda.graphs.CUDAGraph`` by hand);
+``graphed`` (tracer eager), ``graphed_ast``, ``graphed_sot`` (last: capturing around SOT has crashed
+Paddle 2.6.2).  On GPU, paddle results are marked ``numerics_unverified`` (paddlepaddle-gpu 2.6.2
+computes elementwise ops wrong on Hopper) and timed with host clocks around a device synchronise.
+
+Also measured once per run: the host cost of one call with 4 tensor inputs whose GPU work is tiny,
+for ``@graphed`` against a raw ``graph.replay()``.  Every variant runs under try/except: a failure
+is recorded in the JSON (rewritten after every variant), never fatal.  Without a CUDA GPU the
+benchmark refuses to run unless ``--allow-cpu`` (a tiny smoke run for CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import common
+from .common import say
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "torch": ("eager", "raw_graph", "graphed", "graphed_alias", "compile_reduce_overhead", "graphed_compile"),
+    "paddle": ("eager", "raw_graph", "graphed", "graphed_ast", "graphed_sot"),
+}
+# Variants that need torch.compile: skipped by default on CPU (Inductor's C++ build takes tens of seconds).
+COMPILE_VARIANTS = ("compile_reduce_overhead", "graphed_compile")
+NEEDS_CUDA = ("raw_graph", "compile_reduce_overhead")
+
+TARGETS = {
+    "graphed_vs_raw": 1.10,  # @graphed step time / raw graph replay step time
+    "graphed_compile_vs_reduce_overhead": 1.0,  # graphed(tracer="compile") / torch.compile reduce-overhead
+    "host_graphed_us": 15.0,  # host cost of one @graphed call with 4 tensor inputs
+}
+
+GPU_DEFAULTS = {"layers": [8, 32], "hidden": [1024], "batch": [1, 8], "iters": 200, "repeats": 5, "warmup": 5,
+                "host_iters": 500, "host_repeats": 10}
+CPU_DEFAULTS = {"layers": [2], "hidden": [64], "batch": [2], "iters": 5, "repeats": 2, "warmup": 1,
+                "host_iters": 50, "host_repeats": 3}
+
+DTYPES = ("bf16", "fp16", "fp32")
+EPS = 1e-6
+HOST_SHAPE = (8, 256)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("decode")
+    g.add_argument("--backend", choices=tuple(VARIANTS), default="torch", help="framework (default torch)")
+    g.add_argument("--layers", type=common.int_list, default=None,
+                   help=f"layer counts, comma-separated (default {_csv(GPU_DEFAULTS['layers'])}; "
+                        f"--allow-cpu on CPU: {_csv(CPU_DEFAULTS['layers'])})")
+    g.add_argument("--hidden", type=common.int_list, default=None,
+                   help=f"hidden sizes (default {_csv(GPU_DEFAULTS['hidden'])}; "
+                        f"CPU smoke {_csv(CPU_DEFAULTS['hidden'])})")
+    g.add_argument("--batch", type=common.int_list, default=None,
+                   help=f"batch sizes (default {_csv(GPU_DEFAULTS['batch'])}; CPU smoke {_csv(CPU_DEFAULTS['batch'])})")
+    g.add_argument("--dtype", choices=DTYPES, default=None, help="default bf16 for torch, fp32 for paddle")
+    g.add_argument("--iters", type=common.positive_int, default=None,
+                   help=f"back-to-back steps per timed repeat (default {GPU_DEFAULTS['iters']})")
+    g.add_argument("--repeats", type=common.positive_int, default=None,
+                   help=f"timed repeats, median reported (default {GPU_DEFAULTS['repeats']})")
+    g.add_argument("--warmup", type=common.positive_int, default=None,
+                   help=f"untimed steps per variant before timing (default {GPU_DEFAULTS['warmup']})")
+    g.add_argument("--host-iters", type=common.positive_int, default=None,
+                   help=f"calls per repeat for the host-cost measurement (default {GPU_DEFAULTS['host_iters']})")
+    g.add_argument("--variants", default=None,
+                   help="comma-separated subset of: " + "; ".join(f"{k}: {','.join(v)}" for k, v in VARIANTS.items()))
+    g.add_argument("--no-host-cost", action="store_true", help="skip the host-cost measurement")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--allow-cpu", action="store_true",
+                   help="without a CUDA GPU, run a tiny smoke version on the CPU (for CI) instead of refusing")
+
+
+def _csv(values: list[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+# -- helpers shared by the backends -------------------------------------------------------------
+def _graphed_status(stats: dict[str, Any], on_gpu: bool) -> tuple[str, dict[str, Any]]:
+    """``("ok" | "fallback", details)`` from ``GraphedFunction.stats()``."""
+    captured = bool(stats.get("graphs"))
+    fallbacks = stats.get("fallbacks") or {}
+    reasons = [k.get("reason") for k in stats.get("keys", []) if k.get("reason")]
+    details: dict[str, Any] = {"captured": captured, "stats": stats}
+    if fallbacks or reasons:
+        details["fallback_reasons"] = sorted(set(fallbacks) | set(reasons))
+    if on_gpu and (not captured or fallbacks):
+        return "fallback", details
+    if not on_gpu:
+        details["note"] = "no CUDA: graphjit ran the traced function (its no-CUDA path)"
+    return "ok", details
+
+
+def _errors_entry(errs: list[tuple[float, float]], tol: float) -> dict[str, Any]:
+    rel = max(e[0] for e in errs)
+    mx = max(e[1] for e in errs)
+    return {"rel_error": rel, "max_rel_error": mx, "tolerance": tol, "correct": bool(rel <= tol)}
+
+
+def _tolerance(dtype: str, variant: str) -> float:
+    """Norm-wise relative error allowed against eager.  Same kernels (graphs) differ at most by a
+    cuBLAS algorithm choice; compiled variants fuse and round differently."""
+    compiled = "compile" in variant
+    if dtype == "fp32":
+        return 1e-3 if compiled else 1e-4
+    return 6e-2 if compiled else 2e-2
+
+
+class _Runner:
+    """One backend: builds a configuration's step, runs each variant, measures host cost."""
+
+    name = "base"
+    timer = "host"
+
+    def __init__(self, args: argparse.Namespace, on_gpu: bool) -> None:
+        self.args = args
+        self.on_gpu = on_gpu
+
+    # Subclasses implement these.
+    def build(self, layers: int, hidden: int, batch: int) -> None: ...
+    def variant(self, name: str) -> dict[str, Any]: ...
+    def host_cost(self) -> dict[str, Any]: ...
+    def teardown(self) -> None: ...
+
+
+# -- torch ------------------------------------------------------------------------------------------
+class _TorchRunner(_Runner):
+    name = "torch"
+
+    def __init__(self, args: argparse.Namespace, on_gpu: bool) -> None:
+        super().__init__(args, on_gpu)
+        import torch
+
+        self.torch = torch
+        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+        self.timer = "cuda_events" if on_gpu else "host"
+        dynamo = getattr(torch, "_dynamo", None)
+        if dynamo is not None:  # one process compiles many configurations of the same code object
+            for attr in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                         "accumulated_recompile_limit"):
+                if hasattr(dynamo.config, attr):
+                    setattr(dynamo.config, attr, max(256, getattr(dynamo.config, attr)))
+        self.no_grad = torch.no_grad()
+        self.no_grad.__enter__()
+
+    def teardown(self) -> None:
+        self.no_grad.__exit__(None, None, None)
+
+    def sync(self) -> None:
+        if self.on_gpu:
+            self.torch.cuda.synchronize()
+
+    def build(self, layers: int, hidden: int, batch: int) -> None:
+        torch = self.torch
+        self.step = None
+        self._free()
+        gen = torch.Generator(device="cpu").manual_seed(self.args.seed)
+        dev, dt = self.device, self.dtype
+        params = []
+        for _ in range(layers):
+            w = (torch.randn(hidden, hidden, generator=gen) / math.sqrt(hidden)).to(dev, dt)
+            g = (1.0 + 0.1 * torch.randn(hidden, generator=gen)).to(dev, dt)
+            params.append((w, g))
+        self.x = torch.randn(batch, hidden, generator=gen).to(dev, dt)
+        self.x2 = torch.randn(batch, hidden, generator=gen).to(dev, dt)
+        silu = torch.nn.functional.silu
+        rsqrt = torch.rsqrt
+
+        def step(x: Any) -> Any:
+            for w, g in params:
+                x = x + silu(x @ w)  # matmul, activation, residual add
+                xf = x.float()  # RMSNorm in fp32, as models do
+                x = (xf * rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * g
+            return x
+
+        self.step = step
+        self.ref = [step(self.x).clone(), step(self.x2).clone()]
+        self.sync()
+
+    def _free(self) -> None:
+        import gc
+
+        gc.collect()
+        if self.on_gpu:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.empty_cache()
+
+    def _err(self, got: Any, want: Any) -> tuple[float, float]:
+        torch = self.torch
+        a, b = got.detach().double(), want.detach().double()
+        if a.shape != b.shape:
+            return math.inf, math.inf
+        if not torch.equal(torch.isnan(a), torch.isnan(b)):
+            return math.inf, math.inf
+        a, b = torch.nan_to_num(a), torch.nan_to_num(b)
+        diff = a - b
+        nb, mb = float(torch.linalg.vector_norm(b)), float(b.abs().max()) if b.numel() else 0.0
+        rel = float(torch.linalg.vector_norm(diff)) / nb if nb else (0.0 if not diff.any() else math.inf)
+        mx = float(diff.abs().max()) / mb if mb else (0.0 if not diff.any() else math.inf)
+        return rel, mx
+
+    def _check(self, call: Callable[[Any], Any], name: str) -> dict[str, Any]:
+        """Outputs on the second input, then the first (timing then uses the first)."""
+        errs = []
+        for inp, ref in ((self.x2, self.ref[1]), (self.x, self.ref[0])):
+            out = call(inp).clone()
+            self.sync()
+            errs.append(self._err(out, ref))
+        return _errors_entry(errs, _tolerance(self.args.dtype, name))
+
+    def _time(self, call: Callable[[], Any]) -> dict[str, Any]:
+        torch, args = self.torch, self.args
+        for _ in range(args.warmup):
+            call()
+        self.sync()
+        samples, host = [], []
+        perf = time.perf_counter_ns
+        for _ in range(args.repeats):
+            if self.on_gpu:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                t0 = perf()
+                for _ in range(args.iters):
+                    call()
+                t1 = perf()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) * 1e3 / args.iters)
+            else:
+                t0 = perf()
+                for _ in range(args.iters):
+                    call()
+                t1 = perf()
+                samples.append((t1 - t0) / 1e3 / args.iters)
+            host.append((t1 - t0) / 1e3 / args.iters)
+        return {"us_per_step": common.median(samples), "samples_us": samples,
+                "host_us_per_step": common.median(host), "timer": self.timer}
+
+    def _raw_capture(self, fn: Callable[..., Any], *static: Any) -> tuple[Any, Any]:
+        """A graph of ``fn(*static)`` captured by hand, as the torch docs show."""
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(*static)
+        torch.cuda.synchronize()
+        return graph, out
+
+    def variant(self, name: str) -> dict[str, Any]:
+        import graphjit
+
+        torch, step, x = self.torch, self.step, self.x
+        if name in NEEDS_CUDA and not self.on_gpu:
+            return {"status": "skipped", "reason": "needs a CUDA GPU"}
+        t0 = time.perf_counter()
+        extra: dict[str, Any] = {}
+        status = "ok"
+        keep: list[Any] = []
+        if name == "eager":
+            check = self._check(step, name)
+
+            def run() -> Any:
+                return step(x)
+        elif name == "raw_graph":
+            static_x = x.clone()
+            graph, static_out = self._raw_capture(step, static_x)
+            keep.append(graph)
+
+            def replay(inp: Any) -> Any:
+                static_x.copy_(inp)
+                graph.replay()
+                return static_out
+
+            check = self._check(replay, name)
+            extra["loop"] = "static_x.copy_(x); graph.replay()"
+
+            def run() -> Any:
+                return replay(x)
+        elif name in ("graphed", "graphed_alias", "graphed_compile"):
+            if name == "graphed_compile":
+                torch._dynamo.reset()
+            opts: dict[str, Any] = {"outputs": "alias"} if name == "graphed_alias" else {}
+            if name == "graphed_compile":
+                opts["tracer"] = "compile"
+            fn = graphjit.graphed(step, **opts)
+            keep.append(fn)
+            check = self._check(fn, name)
+            status, extra = _graphed_status(fn.stats(), self.on_gpu)
+            extra["options"] = opts or {"outputs": "copy", "tracer": "eager"}
+
+            def run() -> Any:
+                return fn(x)
+        elif name == "compile_reduce_overhead":
+            torch._dynamo.reset()
+            compiled = torch.compile(step, mode="reduce-overhead")
+            mark = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+
+            def call(inp: Any) -> Any:
+                if mark is not None:
+                    mark()
+                return compiled(inp)
+
+            for _ in range(3):  # warmup run, record, first replay (cudagraph trees)
+                call(x)
+            check = self._check(call, name)
+
+            def run() -> Any:
+                return call(x)
+        else:
+            raise ValueError(f"unknown torch variant {name!r}")
+        self.sync()
+        setup_s = time.perf_counter() - t0
+        result = {"status": status, "setup_s": setup_s, **check, **self._time(run), **extra}
+        if status == "ok" and name.startswith("graphed"):  # stats again: the timed calls must have replayed
+            status, more = _graphed_status(keep[0].stats(), self.on_gpu)
+            result.update(more, status=status)
+        for obj in keep:
+            if hasattr(obj, "reset"):
+                obj.reset()
+        del keep
+        self._free()
+        return result
+
+    def host_cost(self) -> dict[str, Any]:
+        import graphjit
+
+        torch, args = self.torch, self.args
+        inputs = [torch.randn(*HOST_SHAPE, device=self.device).to(self.dtype) for _ in range(4)]
+
+        def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
+            return a + b + c + d
+
+        calls: dict[str, Callable[[], Any]] = {"eager": lambda: tiny(*inputs)}
+        keep: list[Any] = []
+        out: dict[str, Any] = {"shape": list(HOST_SHAPE), "n_inputs": 4, "function": "a + b + c + d",
+                               "iters": args.host_iters, "repeats": args.host_repeats, "us": {}, "errors": {}}
+        if self.on_gpu:
+            try:
+                statics = [t.clone() for t in inputs]
+                graph, _ = self._raw_capture(tiny, *statics)
+                keep.append(graph)
+                calls["raw_replay"] = graph.replay
+            except Exception as exc:
+                out["errors"]["raw_replay"] = common.error_text(exc)
+        for label, opts in (("graphed", {}), ("graphed_alias", {"outputs": "alias"})):
+            fn = graphjit.graphed(tiny, **opts)
+            keep.append(fn)
+            calls[label] = (lambda fn=fn: fn(*inputs))
+        perf = time.perf_counter_ns
+        for label, call in calls.items():
+            try:
+                for _ in range(20):
+                    call()
+                self.sync()
+                samples = []
+                for _ in range(args.host_repeats):
+                    t0 = perf()
+                    for _ in range(args.host_iters):
+                        call()
+                    t1 = perf()
+                    self.sync()
+                    samples.append((t1 - t0) / 1e3 / args.host_iters)
+                out["us"][label] = common.median(samples)
+                out.setdefault("samples_us", {})[label] = samples
+            except Exception as exc:
+                out["errors"][label] = common.error_text(exc)
+        for obj in keep:
+            if hasattr(obj, "stats"):
+                status, details = _graphed_status(obj.stats(), self.on_gpu)
+                out.setdefault("graphed_status", {})[obj.graphjit_options.outputs] = {
+                    "status": status, "captured": details["captured"],
+                    "fallback_reasons": details.get("fallback_reasons", [])}
+            if hasattr(obj, "reset"):
+                obj.reset()
+        self._free()
+        return out
+
+
+# -- paddle -----------------------------------------------------------------------------------------
+class _PaddleRunner(_Runner):
+    name = "paddle"
+
+    def __init__(self, args: argparse.Namespace, on_gpu: bool) -> None:
+        super().__init__(args, on_gpu)
+        import paddle
+
+        self.paddle = paddle
+        paddle.set_device("gpu" if on_gpu else "cpu")
+        self.dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[args.dtype]
+        self.timer = "host_sync" if on_gpu else "host"
+        self.no_grad = paddle.no_grad()
+        self.no_grad.__enter__()
+
+    def teardown(self) -> None:
+        self.no_grad.__exit__(None, None, None)
+
+    def sync(self) -> None:
+        if self.on_gpu:
+            self.paddle.device.cuda.synchronize()
+
+    def _tensor(self, array: Any) -> Any:
+        # to_tensor from numpy: paddle's randn (and casts) compute garbage on some GPUs.
+        t = self.paddle.to_tensor(array.astype("float32"))
+        t.stop_gradient = True
+        return t if self.dtype == "float32" else t.astype(self.dtype)
+
+    def build(self, layers: int, hidden: int, batch: int) -> None:
+        import numpy as np
+
+        paddle = self.paddle
+        self.step = None
+        self._free()
+        rng = np.random.default_rng(self.args.seed)
+        params = [(self._tensor(rng.standard_normal((hidden, hidden)) / math.sqrt(hidden)),
+                   self._tensor(1.0 + 0.1 * rng.standard_normal((hidden,)))) for _ in range(layers)]
+        self.x = self._tensor(rng.standard_normal((batch, hidden)))
+        self.x2 = self._tensor(rng.standard_normal((batch, hidden)))
+        silu = paddle.nn.functional.silu
+        cast = self.dtype != "float32"
+        dtype = self.dtype
+
+        def step(x: Any) -> Any:
+            for w, g in params:
+                x = x + silu(paddle.matmul(x, w))
+                xf = x.astype("float32") if cast else x
+                xf = xf * paddle.rsqrt((xf * xf).mean(axis=-1, keepdim=True) + EPS)
+                x = (xf.astype(dtype) if cast else xf) * g
+            return x
+
+        self.step = step
+        self.ref = [self._np(step(self.x)), self._np(step(self.x2))]
+        self.sync()
+
+    def _free(self) -> None:
+        import gc
+
+        gc.collect()
+        if self.on_gpu:
+            self.sync()
+            try:
+                self.paddle.device.cuda.empty_cache()
+            except Exception:  # best effort
+                pass
+
+    def _np(self, t: Any) -> Any:
+        import numpy as np
+
+        arr = np.asarray(t.numpy())
+        if arr.dtype == np.uint16 and "bfloat16" in str(t.dtype):
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        return arr.astype(np.float64)
+
+    def _check(self, call: Callable[[Any], Any], name: str) -> dict[str, Any]:
+        import numpy as np
+
+        errs = []
+        for inp, ref in ((self.x2, self.ref[1]), (self.x, self.ref[0])):
+            got = self._np(call(inp))
+            if got.shape != ref.shape or not np.array_equal(np.isnan(got), np.isnan(ref)):
+                errs.append((math.inf, math.inf))
+                continue
+            got, want = np.nan_to_num(got), np.nan_to_num(ref)
+            diff = got - want
+            nb, mb = float(np.linalg.norm(want)), float(np.abs(want).max()) if want.size else 0.0
+            rel = float(np.linalg.norm(diff)) / nb if nb else (0.0 if not diff.any() else math.inf)
+            mx = float(np.abs(diff).max()) / mb if mb else (0.0 if not diff.any() else math.inf)
+            errs.append((rel, mx))
+        return _errors_entry(errs, _tolerance(self.args.dtype, name))
+
+    def _time(self, call: Callable[[], Any]) -> dict[str, Any]:
+        args = self.args
+        for _ in range(args.warmup):
+            call()
+        self.sync()
+        samples, host = [], []
+        perf = time.perf_counter_ns
+        for _ in range(args.repeats):
+            t0 = perf()
+            for _ in range(args.iters):
+                call()
+            t1 = perf()
+            self.sync()
+            t2 = perf()
+            samples.append((t2 - t0) / 1e3 / args.iters)
+            host.append((t1 - t0) / 1e3 / args.iters)
+        return {"us_per_step": common.median(samples), "samples_us": samples,
+                "host_us_per_step": common.median(host), "timer": self.timer}
+
+    def _raw_capture(self, fn: Callable[..., Any], *static: Any) -> tuple[Any, Any]:
+        paddle = self.paddle
+        from paddle.device.cuda.graphs import CUDAGraph
+
+        for _ in range(2):
+            fn(*static)
+        self.sync()
+        graph = CUDAGraph(place=paddle.CUDAPlace(paddle.device.cuda.current_device()
+                                                 if hasattr(paddle.device.cuda, "current_device") else 0),
+                          mode="thread_local")
+        graph.capture_begin()
+        try:
+            out = fn(*static)
+        finally:
+            graph.capture_end()  # never leave the stream capturing
+        self.sync()
+        return graph, out
+
+    def variant(self, name: str) -> dict[str, Any]:
+        import graphjit
+
+        step, x = self.step, self.x
+        if name in NEEDS_CUDA and not self.on_gpu:
+            return {"status": "skipped", "reason": "needs a CUDA GPU"}
+        t0 = time.perf_counter()
+        extra: dict[str, Any] = {}
+        status = "ok"
+        keep: list[Any] = []
+        if name == "eager":
+            check = self._check(step, name)
+
+            def run() -> Any:
+                return step(x)
+        elif name == "raw_graph":
+            static_x = x.clone()
+            graph, static_out = self._raw_capture(step, static_x)
+            keep.append(graph)
+
+            def replay(inp: Any) -> Any:
+                static_x.copy_(inp, False)
+                graph.replay()
+                return static_out
+
+            check = self._check(replay, name)
+            extra["loop"] = "static_x.copy_(x, False); graph.replay()"
+
+            def run() -> Any:
+                return replay(x)
+        elif name in ("graphed", "graphed_ast", "graphed_sot"):
+            tracer = {"graphed": "eager", "graphed_ast": "ast", "graphed_sot": "sot"}[name]
+            fn = graphjit.graphed(step, backend="paddle", tracer=tracer)
+            keep.append(fn)
+            check = self._check(fn, name)
+            status, extra = _graphed_status(fn.stats(), self.on_gpu)
+            extra["options"] = {"tracer": tracer}
+
+            def run() -> Any:
+                return fn(x)
+        else:
+            raise ValueError(f"unknown paddle variant {name!r}")
+        self.sync()
+        setup_s = time.perf_counter() - t0
+        result = {"status": status, "setup_s": setup_s, **check, **self._time(run), **extra}
+        if status == "ok" and name.startswith("graphed"):
+            status, more = _graphed_status(keep[0].stats(), self.on_gpu)
+            result.update(more, status=status)
+        for obj in keep:
+            if hasattr(obj, "reset"):
+                try:
+                    obj.reset()
+                except Exception as exc:
+                    result["reset_error"] = common.error_text(exc)
+        del keep
+        self._free()
+        return result
+
+    def host_cost(self) -> dict[str, Any]:
+        import numpy as np
+
+        import graphjit
+
+        args = self.args
+        rng = np.random.default_rng(self.args.seed + 1)
+        inputs = [self._tensor(rng.standard_normal(HOST_SHAPE)) for _ in range(4)]
+
+        def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
+            return a + b + c + d
+
+        calls: dict[str, Callable[[], Any]] = {"eager": lambda: tiny(*inputs)}
+        keep: list[Any] = []
+        out: dict[str, Any] = {"shape": list(HOST_SHAPE), "n_inputs": 4, "function": "a + b + c + d",
+                               "iters": args.host_iters, "repeats": args.host_repeats, "us": {}, "errors": {}}
+        if self.on_gpu:
+            try:
+                statics = [t.clone() for t in inputs]
+                graph, _ = self._raw_capture(tiny, *statics)
+                keep.append(graph)
+                calls["raw_replay"] = graph.replay
+            except Exception as exc:
+                out["errors"]["raw_replay"] = common.error_text(exc)
+        fn = graphjit.graphed(tiny, backend="paddle", tracer="eager")
+        keep.append(fn)
+        calls["graphed"] = lambda: fn(*inputs)
+        perf = time.perf_counter_ns
+        for label, call in calls.items():
+            try:
+                for _ in range(20):
+                    call()
+                self.sync()
+                samples = []
+                for _ in range(args.host_repeats):
+                    t0 = perf()
+                    for _ in range(args.host_iters):
+                        call()
+                    t1 = perf()
+                    self.sync()
+                    samples.append((t1 - t0) / 1e3 / args.host_iters)
+                out["us"][label] = common.median(samples)
+                out.setdefault("samples_us", {})[label] = samples
+            except Exception as exc:
+                out["errors"][label] = common.error_text(exc)
+        status, details = _graphed_status(fn.stats(), self.on_gpu)
+        out["graphed_status"] = {"copy": {"status": status, "captured": details["captured"],
+                                          "fallback_reasons": details.get("fallback_reasons", [])}}
+        for obj in keep:
+            if hasattr(obj, "reset"):
+                try:
+                    obj.reset()
+                except Exception as exc:
+                    out["errors"]["reset"] = common.error_text(exc)
+        self._free()
+        return out
+
+
+RUNNERS: dict[str, type[_Runner]] = {"torch": _TorchRunner, "paddle": _PaddleRunner}
+
+
+# -- GPU detection ----------------------------------------------------------------------------------
+def gpu_unavailable(backend: str) -> str | None:
+    """None when ``backend`` sees a CUDA GPU, else why not (imports the framework)."""
+    if backend == "torch":
+        import torch
+
+        if not torch.backends.cuda.is_built():
+            return f"torch {torch.__version__} is a CPU build"
+        if not torch.cuda.is_available():
+            return f"torch {torch.__version__} sees no CUDA device"
+        return None
+    import paddle
+
+    if not paddle.is_compiled_with_cuda():
+        return f"paddle {paddle.__version__} is a CPU build"
+    if paddle.device.cuda.device_count() == 0:
+        return f"paddle {paddle.__version__} sees no CUDA device"
+    return None
+
+
+# -- ratios and summary -----------------------------------------------------------------------------
+def _us(variants: dict[str, Any], name: str) -> float | None:
+    v = variants.get(name) or {}
+    return v.get("us_per_step") if v.get("status") == "ok" else None
+
+
+def _ratio(num: float | None, den: float | None, target: float | None = None) -> dict[str, Any] | None:
+    if num is None or den is None or not den:
+        return None
+    value = num / den
+    out: dict[str, Any] = {"value": value}
+    if target is not None:
+        out.update(target=target, met=bool(value <= target))
+    return out
+
+
+def config_ratios(backend: str, variants: dict[str, Any]) -> dict[str, Any]:
+    raw = _us(variants, "raw_graph")
+    eager = _us(variants, "eager")
+    ratios: dict[str, Any] = {}
+    graphed_names = [n for n in VARIANTS[backend] if n.startswith("graphed")]
+    for n in graphed_names:
+        if n == "graphed_compile":
+            continue
+        key = "graphed_vs_raw" if n == "graphed" else f"{n}_vs_raw"
+        ratios[key] = _ratio(_us(variants, n), raw, TARGETS["graphed_vs_raw"])
+    if backend == "torch":
+        ratios["graphed_compile_vs_reduce_overhead"] = _ratio(
+            _us(variants, "graphed_compile"), _us(variants, "compile_reduce_overhead"),
+            TARGETS["graphed_compile_vs_reduce_overhead"])
+    ratios["speedup_vs_eager"] = {n: eager / us for n in VARIANTS[backend]
+                                  if n != "eager" and (us := _us(variants, n)) and eager}
+    return {k: v for k, v in ratios.items() if v is not None}
+
+
+def host_ratios(host: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
+    """Ratios of the host-cost measurement; targets are judged on a GPU only (on CPU the graphed
+    call takes the no-CUDA path, which is not what the target is about)."""
+    us = host.get("us", {})
+    out: dict[str, Any] = {}
+    if "graphed" in us and "raw_replay" in us:
+        out["graphed_vs_raw_replay"] = _ratio(us["graphed"], us["raw_replay"])
+    if "graphed" in us:
+        out["host_graphed_us"] = {"value": us["graphed"]}
+        if on_gpu:
+            out["host_graphed_us"].update(target=TARGETS["host_graphed_us"],
+                                          met=bool(us["graphed"] <= TARGETS["host_graphed_us"]))
+        if "raw_replay" in us:
+            out["graphed_minus_raw_replay_us"] = {"value": us["graphed"] - us["raw_replay"]}
+    return out
+
+
+# -- the command ------------------------------------------------------------------------------------
+def _resolve(args: argparse.Namespace, on_gpu: bool) -> None:
+    defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
+    for key in ("layers", "hidden", "batch", "iters", "repeats", "warmup", "host_iters"):
+        if getattr(args, key) is None:
+            setattr(args, key, defaults[key])
+    args.host_repeats = defaults["host_repeats"]
+    if args.dtype is None:
+        args.dtype = "bf16" if args.backend == "torch" else "fp32"
+
+
+def _pick_variants(args: argparse.Namespace, on_gpu: bool) -> tuple[list[str], dict[str, str]]:
+    known = VARIANTS[args.backend]
+    skipped: dict[str, str] = {}
+    if args.variants:
+        wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
+        unknown = [v for v in wanted if v not in known]
+        if unknown:
+            raise ValueError(f"unknown {args.backend} variant(s) {', '.join(unknown)}; "
+                             f"expected some of {', '.join(known)}")
+        return [v for v in known if v in wanted], skipped
+    chosen = []
+    for v in known:
+        if not on_gpu and v in COMPILE_VARIANTS:
+            skipped[v] = "torch.compile on CPU takes tens of seconds; name it in --variants to include it"
+        else:
+            chosen.append(v)
+    return chosen, skipped
+
+
+def run(args: argparse.Namespace) -> int:
+    faulthandler.enable()  # a crash inside a framework prints where it happened
+    try:
+        reason = gpu_unavailable(args.backend)
+    except ImportError as exc:
+        print(f"graphjit bench decode: --backend {args.backend} needs {args.backend}, which cannot be imported "
+              f"({exc})", file=sys.stderr, flush=True)
+        return 1
+    on_gpu = reason is None
+    if not on_gpu and not args.allow_cpu:
+        print(f"graphjit bench decode: needs a CUDA GPU ({reason}); run it on a GPU machine, or pass --allow-cpu "
+              "for a tiny CPU smoke run", file=sys.stderr, flush=True)
+        return 1
+    _resolve(args, on_gpu)
+    try:
+        variants, skipped = _pick_variants(args, on_gpu)
+    except ValueError as exc:
+        print(f"graphjit bench decode: {exc}", file=sys.stderr, flush=True)
+        return 2
+    tag = common.machine_tag(args)
+    json_path, png_path = common.output_paths(args.out, f"decode_{args.backend}_{tag}.json")
+    numerics_unverified = args.backend == "paddle" and on_gpu
+
+    data = common.header("decode", args, tag)
+    data.update({
+        "backend": args.backend,
+        "device": "cuda" if on_gpu else "cpu",
+        "smoke": not on_gpu,
+        "numerics_unverified": numerics_unverified,
+        "config": {
+            "layers": args.layers, "hidden": args.hidden, "batch": args.batch, "dtype": args.dtype,
+            "iters": args.iters, "repeats": args.repeats, "warmup": args.warmup, "variants": variants,
+            "skipped_variants": skipped,
+            "step": "L x [x = x + silu(x @ W); x = RMSNorm(x) * g] (RMSNorm in fp32), weights closed over",
+            "timer": {"torch": "cuda_events" if on_gpu else "host",
+                      "paddle": "host_sync" if on_gpu else "host"}[args.backend],
+            "error_metrics": "rel_error = ||out - eager|| / ||eager|| (max over 2 inputs); "
+                             "max_rel_error = max|out - eager| / max|eager|",
+        },
+        "targets": TARGETS,
+        "env": common.environment(),
+        "configs": [],
+        "host_cost": None,
+        "complete": False,
+    })
+    if numerics_unverified:
+        data["numerics_note"] = ("paddlepaddle-gpu 2.6.2 has no sm_90 code for its elementwise kernels; on Hopper "
+                                 "they return garbage, so the outputs compared here are not trustworthy: timings only")
+    say(f"decode [{args.backend}, {data['device']}, {args.dtype}]: layers={_csv(args.layers)} "
+        f"hidden={_csv(args.hidden)} batch={_csv(args.batch)} variants={','.join(variants)} -> {json_path}")
+
+    runner: _Runner | None = None
+    try:
+        runner = RUNNERS[args.backend](args, on_gpu)
+        data["env"] = common.environment()  # now with the framework's device info
+    except Exception as exc:
+        data["error"] = common.error_text(exc)
+        data["traceback"] = common.traceback_tail(exc)
+        common.write_json(json_path, data)
+        say(f"decode: could not start the {args.backend} backend: {data['error']}")
+        return 1
+
+    for layers in args.layers:
+        for hidden in args.hidden:
+            for batch in args.batch:
+                _run_config(runner, data, json_path, variants, layers, hidden, batch)
+
+    if not args.no_host_cost:
+        say("decode: host cost of one call (4 tensor inputs, tiny GPU work) ...")
+        host = common.guarded(runner.host_cost)
+        host["ratios"] = host_ratios(host, on_gpu)
+        data["host_cost"] = host
+        common.write_json(json_path, data)
+    try:
+        runner.teardown()
+    except Exception:  # nothing left to measure
+        pass
+
+    data["summary"] = _summary(data)
+    data["complete"] = True
+    plot_note = None if args.no_plot else _plot(data, png_path)
+    data["plot"] = None if (args.no_plot or plot_note) else png_path.name
+    if plot_note:
+        data["plot_error"] = plot_note
+    common.write_json(json_path, data)
+    _print_table(data)
+    say(f"wrote {json_path}" + (f" and {png_path}" if data["plot"] else ""))
+    if plot_note:
+        say(f"no plot: {plot_note}")
+    return 0 if data["summary"]["ok"] else 1
+
+
+def _run_config(runner: _Runner, data: dict[str, Any], json_path: Path, variants: list[str], layers: int,
+                hidden: int, batch: int) -> None:
+    label = f"L{layers} H{hidden} B{batch}"
+    cfg: dict[str, Any] = {"label": label, "layers": layers, "hidden": hidden, "batch": batch,
+                           "dtype": data["config"]["dtype"], "variants": {}}
+    data["configs"].append(cfg)
+    say(f"decode: {label}: building the step ...")
+    built = common.guarded(lambda: (runner.build(layers, hidden, batch), {"status": "ok"})[1])
+    if built.get("status") != "ok":
+        cfg["error"] = built.get("error")
+        cfg["traceback"] = built.get("traceback")
+        common.write_json(json_path, data)
+        say(f"decode: {label}: build failed: {cfg['error']}")
+        return
+    for name in variants:
+        say(f"decode: {label}: {name} ...")
+        result = common.guarded(lambda name=name: runner.variant(name))
+        cfg["variants"][name] = result
+        cfg["ratios"] = config_ratios(data["backend"], cfg["variants"])
+        common.write_json(json_path, data)  # a crash later keeps what was measured so far
+        if result.get("status") == "ok":
+            say(f"decode: {label}: {name}: {result['us_per_step']:.1f} us/step, rel_error {result['rel_error']:.2g}"
+                + ("" if result.get("correct", True) else " (ABOVE TOLERANCE)"))
+        else:
+            say(f"decode: {label}: {name}: {result.get('status')}: "
+                f"{result.get('error') or result.get('reason') or result.get('fallback_reasons')}")
+
+
+def _summary(data: dict[str, Any]) -> dict[str, Any]:
+    problems: list[str] = []
+    check_numerics = not data["numerics_unverified"]
+    targets: dict[str, list[bool]] = {}
+    for cfg in data["configs"]:
+        if cfg.get("error"):
+            problems.append(f"{cfg['label']}: {cfg['error']}")
+        for name, v in cfg["variants"].items():
+            status = v.get("status")
+            if status in ("error", "fallback"):
+                problems.append(f"{cfg['label']} {name}: {status}: {v.get('error') or v.get('fallback_reasons')}")
+            elif check_numerics and v.get("correct") is False:
+                problems.append(f"{cfg['label']} {name}: rel_error {v.get('rel_error')} above {v.get('tolerance')}")
+        for key, r in cfg.get("ratios", {}).items():
+            if isinstance(r, dict) and "met" in r:
+                targets.setdefault(key, []).append(r["met"])
+    host = data.get("host_cost") or {}
+    if host.get("status") == "error":
+        problems.append(f"host cost: {host.get('error')}")
+    for key, r in (host.get("ratios") or {}).items():
+        if "met" in r:
+            targets.setdefault(key, []).append(r["met"])
+    return {"ok": not problems, "problems": problems,
+            "targets_met": {k: all(v) for k, v in targets.items()}}
+
+
+def _plot(data: dict[str, Any], png_path: Path) -> str | None:
+    configs = [c for c in data["configs"] if c.get("variants")]
+    if not configs:
+        return "nothing was measured"
+    names = data["config"]["variants"]
+    series = {n: [_us(c["variants"], n) for c in configs] for n in names}
+    gpu = (data["env"].get(data["backend"]) or {}).get("gpu") or data["device"]
+    title = f"decode step, {data['backend']} {data['config']['dtype']}, {gpu} ({data['tag']})"
+    notes = []
+    if data["numerics_unverified"]:
+        notes.append("numerics unverified (timings only)")
+    if data["smoke"]:
+        notes.append("CPU smoke run: not a measurement")
+    return common.bar_plot(png_path, title, [c["label"] for c in configs], series, "microseconds per step (median)",
+                           notes)
+
+
+def _print_table(data: dict[str, Any]) -> None:
+    names = data["config"]["variants"]
+    rows = []
+    for cfg in data["configs"]:
+        row: list[Any] = [cfg["label"]]
+        for n in names:
+            v = cfg["variants"].get(n) or {}
+            row.append(v.get("us_per_step") if v.get("status") == "ok" else (v.get("status") or "-"))
+        r = cfg.get("ratios", {})
+        row.append((r.get("graphed_vs_raw") or {}).get("value"))
+        if data["backend"] == "torch":
+            row.append((r.get("graphed_compile_vs_reduce_overhead") or {}).get("value"))
+        rows.append(row)
+    headers = ["config", *names, "graphed/raw"]
+    if data["backend"] == "torch":
+        headers.append("gcompile/ro")
+    say(f"\ndecode step, microseconds ({data['backend']}, {data['device']}, {data['config']['dtype']})")
+    say(common.format_table(headers, rows))
+    host = data.get("host_cost") or {}
+    if host.get("us"):
+        say("host cost per call (us): " + ", ".join(f"{k} {v:.2f}" for k, v in host["us"].items()))
+    summary = data["summary"]
+    if summary["targets_met"]:
+        say("targets met: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in summary["targets_met"].items()))
+    for p in summary["problems"]:
+        say(f"problem: {p}")
+    if data["numerics_unverified"]:
+        say("numerics unverified on this machine: timings only")
