@@ -183,10 +183,13 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
                         for i in every if mutated[i]}
 
         # Static buffers: adopt in-place mutated inputs (the caller's tensor is the buffer).
+        # Bucketed inputs are never adopted: a later call of the same key may be padded, and padding
+        # writes the whole static buffer.
+        bucketed_leaves = {leaf for (leaf, _dim, _size) in sig.bucketed}
         statics: list[Any] = []
         adopted: list[bool] = []
         for i, t in enumerate(tensors):
-            adopt = (mutated[i] and i not in req.no_adopt and i not in padded_leaves and i not in shared)
+            adopt = (mutated[i] and i not in req.no_adopt and i not in bucketed_leaves and i not in shared)
             statics.append(t if adopt else work[i])
             adopted.append(adopt)
         restore([i for i in every if mutated[i]])  # pristine again; for adopted inputs a snapshot
