@@ -42,13 +42,16 @@ def rng():
     return np.random.default_rng(0)
 
 
+_W: dict[str, list] = {}  # module level: Paddle 2.6's AST tracer cannot see closure variables
+
+
 def make_chain(rng, h=128, layers=3):
     ws_np = [rng.standard_normal((h, h)).astype(np.float32) / np.sqrt(h) for _ in range(layers)]
-    ws = [T(w) for w in ws_np]
+    _W["chain"] = [T(w) for w in ws_np]
 
     def chain(x, y):
         h_ = x
-        for w in ws:
+        for w in _W["chain"]:
             h_ = paddle.matmul(h_, w)
         return paddle.matmul(h_, y)
 
@@ -200,19 +203,21 @@ def test_verify_catches_a_stale_output(rng):
     x_np = rng.standard_normal((2, 8)).astype(np.float32)
     with paddle.no_grad():
         out = step(T(x_np)).numpy()
-    assert rel(out, x_np @ ws_np[counter["n"] % 2]) < 1e-6  # the call itself returns the eager result
+    assert rel(out, x_np @ ws_np[counter["n"] % 2]) < TF32  # the call itself returns the eager result
     key = step.stats()["keys"][0]
     assert key["state"] == "fallback" and "verify failed" in key["reason"], key
 
 
-def test_normal_interpreter_exit_after_captures():
+def test_normal_interpreter_exit_after_captures(tmp_path):
     """Graphs and their outputs alive at exit: Paddle must not crash while Python tears down."""
     code = textwrap.dedent("""
         import numpy as np, paddle, graphjit
-        w = paddle.to_tensor(np.eye(16, dtype=np.float32) * 2, place=paddle.CUDAPlace(0))
+        W = paddle.to_tensor(np.eye(16, dtype=np.float32) * 2, place=paddle.CUDAPlace(0))
+        def f(x):
+            return paddle.matmul(paddle.matmul(x, W), W)
         outs = []
         for tracer in ("eager", "ast", "sot"):
-            step = graphjit.graphed(lambda x: paddle.matmul(paddle.matmul(x, w), w), tracer=tracer)
+            step = graphjit.graphed(f, tracer=tracer)
             for _ in range(3):
                 x = paddle.to_tensor(np.ones((4, 16), np.float32), place=paddle.CUDAPlace(0))
                 outs.append(step(x))
@@ -222,6 +227,8 @@ def test_normal_interpreter_exit_after_captures():
         print("DONE", flush=True)
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    script = tmp_path / "exit_after_captures.py"  # a file: the AST tracer reads the function's source
+    script.write_text(code)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
     assert "DONE" in r.stdout, r.stdout + r.stderr[-3000:]
     assert r.returncode == 0, f"exit code {r.returncode}: " + r.stderr[-3000:]

@@ -106,7 +106,8 @@ class PaddleBackend(Backend):
         return (paddle.Tensor,)
 
     def meta_key(self, t: Any) -> tuple[Any, ...]:
-        return (tuple(t.shape), t.dtype, t.place, not t.stop_gradient)
+        # str(place): Place objects of paddle 2.6 hash by identity, a new one per access
+        return (tuple(t.shape), t.dtype, str(t.place), not t.stop_gradient)
 
     def shape(self, t: Any) -> tuple[int, ...]:
         return tuple(t.shape)
