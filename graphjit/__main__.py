@@ -12,10 +12,12 @@ and prints a short table.  Benchmarks live in :mod:`graphjit.bench` (one module 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -43,13 +45,14 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     names.required = True
     for b in bench.REGISTRY.values():
         module = b.load()
-        q = names.add_parser(b.name, help=b.help, description=(module.__doc__ or b.help).strip().splitlines()[0])
+        q = names.add_parser(b.name, help=b.help, description=b.help)
         module.add_arguments(q)
         common.add_common_arguments(q)
         q.set_defaults(handler=module.run)
 
 
-# Top-level commands: (name, function that adds its parser).  Adding one is a line here.
+# Top-level commands: each entry adds one subparser (with set_defaults(handler=...)).  Adding a command is a
+# function and a line here; adding a benchmark is a line in graphjit.bench.REGISTRY.
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_bench, _add_env]
 
 
@@ -64,15 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(verbose: int) -> None:
-    level = logging.WARNING if verbose <= 0 else (logging.INFO if verbose == 1 else logging.DEBUG)
+@contextlib.contextmanager
+def _logging(verbose: int) -> Iterator[None]:
+    """Show graphjit's log on stderr for the duration of the command (warnings by default)."""
     logger = logging.getLogger("graphjit")
-    logger.setLevel(level)
-    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.NullHandler)
-               for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-        logger.addHandler(handler)
+    level = logging.WARNING if verbose <= 0 else (logging.INFO if verbose == 1 else logging.DEBUG)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("graphjit %(levelname)s: %(message)s"))
+    handler.setLevel(level)
+    previous = logger.level
+    if logger.getEffectiveLevel() > level or logger.level == logging.NOTSET:
+        logger.setLevel(level)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -84,12 +95,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 2
-    _setup_logging(args.verbose)
     try:
-        code = int(handler(args) or 0)
+        with _logging(args.verbose):
+            code = int(handler(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         code = 130
+    except Exception:  # a bug in a command: show it, and still reach the --hard-exit below
+        traceback.print_exc()
+        code = 1
     if getattr(args, "hard_exit", False):
         sys.stdout.flush()
         sys.stderr.flush()

@@ -136,7 +136,8 @@ class _State:
     def max_graphs(self) -> int:
         if self.options.max_graphs is not None:
             return self.options.max_graphs
-        return env.settings().max_graphs or DEFAULT_MAX_GRAPHS
+        from_env = env.settings().max_graphs
+        return DEFAULT_MAX_GRAPHS if from_env is None else from_env
 
     def pick_backend(self, sig: CallSignature) -> Backend:
         if sig.backend is not None:
@@ -213,50 +214,87 @@ class _State:
         self.stats.calls += 1
         if self.handed_out:
             self.poison_previous()
-        sig = self.signer.sign(instance, args, kwargs)
+        try:
+            sig = self.signer.sign(instance, args, kwargs)
+        except SignatureError:
+            if backends.translating():  # a to_static translation re-applied this decorator: not a call
+                return wrapped(*args, **kwargs)
+            raise
         entry = self.entries.get(sig.key)
         if entry is not None:
-            copy = self.options.outputs == "copy"
-            check = not copy and settings.check_outputs
-            with self.lock:
-                try:
-                    result = entry.replay(sig, copy or check)
-                except InputMoved as moved:
-                    return self.recapture(entry, moved.leaf, sig, wrapped, instance, args, kwargs)
-                except Exception as exc:
-                    poisoned = entry.inputs.backend.poisoned
-                    if poisoned is not None:
-                        raise UnrecoverableCaptureError(f"{self.name}: {poisoned}") from exc
-                    raise
-            if settings.debug:
-                self.debug_replay(entry, sig, result)
-            if check:
-                self.hand_out(entry, result)
-            return result
-        return self.slow(sig, wrapped, instance, args, kwargs)
+            return self.replay(entry, sig, settings, wrapped, instance, args, kwargs)
+        if backends.translating():
+            return wrapped(*args, **kwargs)
+        return self.slow(sig, settings, wrapped, instance, args, kwargs)
+
+    def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, wrapped: Callable[..., Any],
+               instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        copy = self.options.outputs == "copy"
+        check = not copy and settings.check_outputs
+        with self.lock:
+            try:
+                result = entry.replay(sig, copy or check)
+            except InputMoved as moved:
+                return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)
+            except Exception as exc:
+                poisoned = entry.inputs.backend.poisoned
+                if poisoned is not None:
+                    raise UnrecoverableCaptureError(f"{self.name}: {poisoned}") from exc
+                raise
+        if settings.debug:
+            self.debug_replay(entry, sig, result)
+        if check:
+            self.hand_out(entry, result)
+        return result
+
+    def bind(self, fn: Callable[..., Any], instance: Any) -> Callable[..., Any]:
+        """``fn`` bound to the instance of a method call (or to the graphed Layer/Module object).
+
+        The tracer wraps the unbound function once; binding goes through the descriptor protocol, as
+        Python binds methods (Paddle's StaticFunction caches one translation per instance there).
+        """
+        owner = self.self_call if self.self_call is not None else instance
+        if owner is None:
+            return fn
+        return fn.__get__(owner, type(owner))  # type: ignore[no-any-return]
 
     def run_traced(self, backend: Backend, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        traced = self.traced_for(backend)
-        if self.self_call is not None:
-            return traced(self.self_call, *args, **kwargs)
-        if instance is not None:
-            return traced(instance, *args, **kwargs)
-        return traced(*args, **kwargs)
+        fn = self.bind(self.traced_for(backend), instance)
+        with backend.traced_call_guard():  # Paddle's translators are not thread-safe
+            return fn(*args, **kwargs)
 
     def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
+                 kwargs: dict[str, Any], key: tuple[Any, ...] | None = None) -> Any:
+        """Run the traced function uncaptured, counted under ``reason`` (and under the key, if any)."""
         self.stats.fallback(reason)
+        if key is not None:
+            st = self.stats.keys.get(key)
+            if st is not None:
+                st.uncaptured += 1
         return self.run_traced(backend, instance, args, kwargs)
 
-    def slow(self, sig: CallSignature, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> Any:
+    def key_stats(self, backend: Backend, sig: CallSignature) -> KeyStats:
+        st = self.stats.keys.get(sig.key)
+        if st is None:
+            st = KeyStats(label=self.label(backend, sig))
+            self.stats.keys[sig.key] = st
+        return st
+
+    def slow(self, sig: CallSignature, settings: env.Settings, wrapped: Callable[..., Any], instance: Any,
+             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         backend = self.pick_backend(sig)
         if backend.poisoned is not None:
             raise UnrecoverableCaptureError(f"{self.name}: {backend.poisoned}")
-        tracer = self.tracer_name(backend)
+        if sig.overflow is not None:  # a bad call on every machine, so checked before the no-CUDA fallback
+            if self.strict():
+                raise BucketOverflowError(f"{self.name}: {sig.overflow} (strict mode)")
+            self.say_once(logging.WARNING, "overflow:" + sig.overflow, "graphjit %s: %s; running uncaptured",
+                          self.name, sig.overflow)
+            return self.fallback("larger than every bucket", backend, instance, args, kwargs)
         failed = self.failed.get(sig.key)
         if failed is not None:
-            return self.fallback(failed, backend, instance, args, kwargs)
+            return self.fallback(failed, backend, instance, args, kwargs, sig.key)
+        tracer = self.tracer_name(backend)
         devices = sorted({backend.device_str(t) for t in sig.tensors})
         if len(devices) > 1:
             reason = f"inputs on several devices ({', '.join(devices)})"
@@ -267,17 +305,16 @@ class _State:
         if unavailable is not None:
             self.say_once(logging.INFO, "nocuda:" + unavailable, "graphjit %s: no CUDA graph (%s); running the %s %s "
                           "function", self.name, unavailable, backend.name, tracer)
-            return self.fallback("no CUDA graphs: " + unavailable, backend, instance, args, kwargs)
-        if sig.overflow is not None:
-            if self.strict():
-                raise BucketOverflowError(f"{self.name}: {sig.overflow} (strict mode)")
-            self.say_once(logging.WARNING, "overflow:" + sig.overflow, "graphjit %s: %s; running uncaptured",
-                          self.name, sig.overflow)
-            return self.fallback("larger than every bucket", backend, instance, args, kwargs)
+            reason = "no CUDA graphs: " + unavailable
+            with self.lock:
+                st = self.key_stats(backend, sig)
+                st.state, st.reason = State.EAGER, reason
+                self.failed[sig.key] = reason
+            return self.fallback(reason, backend, instance, args, kwargs, sig.key)
         with self.lock:
             entry = self.entries.get(sig.key)
-            if entry is not None:
-                return entry.replay(sig, self.options.outputs == "copy")
+            if entry is not None:  # another thread captured this key meanwhile
+                return self.replay(entry, sig, settings, wrapped, instance, args, kwargs)
             if len(self.entries) >= self.max_graphs():
                 msg = (f"max_graphs={self.max_graphs()} graphs already captured; new input signatures run uncaptured "
                        "(use buckets= to pad dims to fewer sizes, or raise max_graphs)")
@@ -290,22 +327,15 @@ class _State:
     def capture_key(self, backend: Backend, device: str, sig: CallSignature, instance: Any, args: tuple[Any, ...],
                     kwargs: dict[str, Any], no_adopt: frozenset[int]) -> Any:
         settings = env.settings()
-        st = self.stats.keys.get(sig.key)
-        if st is None:
-            st = KeyStats(label=self.label(backend, sig))
-            self.stats.keys[sig.key] = st
+        st = self.key_stats(backend, sig)
         traced = self.traced_for(backend)
         tracer = self.tracer_name(backend)
         original = type(self.self_call).forward if self.self_call is not None else self.fn
         capture_fn = backend.capture_callable(traced, original, tracer)
-        call_args = args
-        if self.self_call is not None:
-            call_args = (self.self_call, *args)
-        elif instance is not None:
-            call_args = (instance, *args)
         req = BuildRequest(
-            fn_name=self.name, backend=backend, device=device, traced=traced, capture_fn=capture_fn,
-            args=call_args, kwargs=kwargs, sig=sig, stats=st, warmup=self.options.warmup, verify=self.verify(),
+            fn_name=self.name, backend=backend, device=device, traced=self.bind(traced, instance),
+            capture_fn=self.bind(capture_fn, instance), args=args, kwargs=kwargs, sig=sig, stats=st,
+            warmup=self.options.warmup, verify=self.verify(),
             copy_outputs=self.options.outputs == "copy" or settings.check_outputs,
             pool=self.pool_for(backend, device), dump_dir=settings.dump_dir, debug=settings.debug,
             no_adopt=no_adopt)
@@ -322,7 +352,7 @@ class _State:
                 raise
             self.say_once(logging.WARNING, "fail:" + exc.reason, "graphjit %s [%s]: %s; running uncaptured",
                           self.name, st.label, exc)
-            return self.fallback(exc.reason, backend, instance, args, kwargs)
+            return self.fallback(exc.reason, backend, instance, args, kwargs, sig.key)
         self.entries[sig.key] = entry
         if active is not None:
             active.note_capture(self.name, st.label, st.capture_ms, ok=True)
@@ -330,8 +360,8 @@ class _State:
             self.hand_out(entry, result)
         return result
 
-    def recapture(self, entry: KeyEntry, leaf: int, sig: CallSignature, wrapped: Callable[..., Any], instance: Any,
-                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def recapture(self, entry: KeyEntry, leaf: int, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
         backend = entry.inputs.backend
         path = sig.paths[leaf] if leaf < len(sig.paths) else f"input {leaf}"
         self.say_once(logging.INFO, f"moved:{leaf}",
@@ -448,6 +478,6 @@ def graphed(fn: Callable[..., Any] | None = None, *, backend: str = "auto", trac
 def _decorate(fn: Callable[..., Any], options: Options) -> GraphedFunction:
     if not callable(fn):
         raise ConfigError(f"graphed() needs a function or callable, got {type(fn).__name__}")
-    if isinstance(fn, GraphedFunction):
+    if isinstance(fn, (GraphedFunction, BoundGraphedFunction)):
         raise ConfigError(f"{getattr(fn, '__qualname__', fn)!r} is already graphed")
     return GraphedFunction(fn, options)

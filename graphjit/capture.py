@@ -159,7 +159,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
                 if k:
                     restore([i for i in every if mutated[i]])
                 check = b.sync_check() if k == req.warmup - 1 else contextlib.nullcontext()
-                with check:
+                with check, b.traced_call_guard():
                     out = req.traced(*wargs, **wkwargs)
                 st.warmups += 1
                 if k == 0:
@@ -197,7 +197,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         st.state = State.CAPTURE
         sargs, skwargs = rebuild_call(req.args, req.kwargs, statics, is_tensor)
         t_cap = time.perf_counter()
-        with scope.graphed_call("capture"):
+        with scope.graphed_call("capture"), b.traced_call_guard():
             graph, static_out = b.capture(lambda: req.capture_fn(*sargs, **skwargs), req.device, req.pool,
                                           debug=req.dump_dir is not None)
         capture_ms = (time.perf_counter() - t_cap) * 1e3

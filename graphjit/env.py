@@ -99,7 +99,7 @@ def _bool(name: str) -> bool:
     raise ConfigError(f"{name}={os.environ.get(name)!r}: expected 0 or 1 (also true/false, yes/no, on/off)")
 
 
-def _int(name: str) -> int | None:
+def _int(name: str, minimum: int = 0) -> int | None:
     value = _raw(name)
     if not value:
         return None
@@ -107,8 +107,8 @@ def _int(name: str) -> int | None:
         number = int(value, 0)
     except ValueError:
         raise ConfigError(f"{name}={value!r}: expected a whole number, e.g. {name}=64") from None
-    if number < 0:
-        raise ConfigError(f"{name}={value!r}: expected a number >= 0")
+    if number < minimum:
+        raise ConfigError(f"{name}={value!r}: expected a number >= {minimum}")
     return number
 
 
@@ -130,10 +130,10 @@ def _read() -> Settings:
         verify=_bool("GRAPHJIT_VERIFY"),
         check_outputs=_bool("GRAPHJIT_CHECK_OUTPUTS"),
         dump_dir=Path(dump).expanduser() if dump else None,
-        max_graphs=_int("GRAPHJIT_MAX_GRAPHS"),
+        max_graphs=_int("GRAPHJIT_MAX_GRAPHS", minimum=1),
         custom_ar=_bool("GRAPHJIT_CUSTOM_AR"),
         ar_algo=_choice("GRAPHJIT_AR_ALGO"),
-        ar_max_bytes=_int("GRAPHJIT_AR_MAX_BYTES"),
+        ar_max_bytes=_int("GRAPHJIT_AR_MAX_BYTES", minimum=16),
         cache_dir=Path(_raw("GRAPHJIT_CACHE_DIR")).expanduser(),
         nvcc=_raw("GRAPHJIT_NVCC") or None,
     )

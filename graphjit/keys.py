@@ -49,8 +49,18 @@ class CallSignature:
     backend: Backend | None
     pads: tuple[Pad, ...] = ()
     overflow: str | None = None
-    paths: list[str] = field(default_factory=list)
+    labels: list[tuple[Any, ...]] = field(default_factory=list)  # raw, formatted on demand by .paths
     bucketed: tuple[tuple[int, int, int], ...] = ()  # (leaf, dim, padded size) of every bucketed dim
+    signer: Signer | None = None
+    _paths: list[str] | None = None
+
+    @property
+    def paths(self) -> list[str]:
+        """Human-readable names of the tensor leaves ("argument 'x'", "argument 'kv'[1]", ...)."""
+        if self._paths is None:
+            fmt = self.signer.describe if self.signer is not None else str
+            self._paths = [fmt(label) for label in self.labels]
+        return self._paths
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,17 @@ class Signer:
                 self._bucket_pos[False][b.position] = b
                 if b.position > 0:
                     self._bucket_pos[True][b.position - 1] = b
-        self._bucket_by_name = {b.name: b for b in self.buckets if b.name is not None}
+        # By keyword: a named bucket, or an index bucket whose parameter is passed by name.
+        self._bucket_by_name: dict[bool, dict[str, _Bucket]] = {False: {}, True: {}}
+        params = self._positional
+        for b in self.buckets:
+            if b.name is not None:
+                self._bucket_by_name[False][b.name] = self._bucket_by_name[True][b.name] = b
+            elif b.index is not None:
+                if b.index < len(params):
+                    self._bucket_by_name[False][params[b.index]] = b
+                if b.index + 1 < len(params):
+                    self._bucket_by_name[True][params[b.index + 1]] = b
 
     # -- decoration-time validation -------------------------------------------------------
     def _parse_buckets(self, buckets: BucketsArg, known: bool) -> tuple[_Bucket, ...]:
@@ -152,71 +172,85 @@ class Signer:
         return tuple(out)
 
     # -- call time ------------------------------------------------------------------------
-    def arg_label(self, index: int, method: bool = False) -> str:
-        params = self._positional[1:] if method else self._positional
-        if index < len(params):
-            return f"argument {params[index]!r}"
-        return f"positional argument {index}"
+    def describe(self, label: tuple[Any, ...]) -> str:
+        """Format a raw leaf label ``(method, position-or-name, *subscripts)`` for messages."""
+        method, where, *subs = label
+        if isinstance(where, str):
+            text = f"argument {where!r}"
+        else:
+            params = self._positional[1:] if method else self._positional
+            text = f"argument {params[where]!r}" if where < len(params) else f"positional argument {where}"
+        return text + "".join(f"[{s!r}]" for s in subs)
 
     def sign(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
         tensors: list[Any] = []
-        paths: list[str] = []
-        state = _WalkState(self)
+        labels: list[tuple[Any, ...]] = []
+        method = instance is not None
+        state = _WalkState(self, method)
+        parts: list[Any] = [len(args)]
+        if not self.buckets:
+            leaf = state.leaf
+            for i, a in enumerate(args):
+                parts.append(leaf(a, (method, i), tensors, labels))
+            if kwargs:
+                for name in sorted(kwargs):
+                    parts.append((name, leaf(kwargs[name], (method, name), tensors, labels)))
+            if method:
+                parts.append(("self", id(instance)))
+            return CallSignature(tuple(parts), tensors, state.backend, (), None, labels, (), self)
         pads: list[Pad] = []
         bucketed: list[tuple[int, int, int]] = []
         overflow: str | None = None
-        parts: list[Any] = [len(args)]
-        method = instance is not None
         by_pos = self._bucket_pos[method]
+        by_name = self._bucket_by_name[method]
+        seen: set[int] = set()
         for i, a in enumerate(args):
-            bucket = by_pos.get(i) if self.buckets else None
-            label = self.arg_label(i, method)
+            bucket = by_pos.get(i)
             if bucket is not None:
-                entry, ovf = self._bucketed(a, bucket, label, tensors, paths, pads, bucketed, state)
+                seen.add(id(bucket))
+                entry, ovf = self._bucketed(a, bucket, (method, i), tensors, labels, pads, bucketed, state)
                 overflow = overflow or ovf
             else:
-                entry = state.leaf(a, label, tensors, paths)
+                entry = state.leaf(a, (method, i), tensors, labels)
             parts.append(entry)
-        if kwargs:
-            for name in sorted(kwargs):
-                a = kwargs[name]
-                bucket = self._bucket_by_name.get(name) if self.buckets else None
-                label = f"argument {name!r}"
-                if bucket is not None:
-                    entry, ovf = self._bucketed(a, bucket, label, tensors, paths, pads, bucketed, state)
-                    overflow = overflow or ovf
-                else:
-                    entry = state.leaf(a, label, tensors, paths)
-                parts.append((name, entry))
-        if self.buckets:
-            for b in self.buckets:
-                passed = any(by_pos.get(i) is b for i in range(len(args))) or (b.name is not None and b.name in kwargs)
-                if not passed:
-                    raise SignatureError(f"{self.fn_name}: buckets names argument {b.label}, which this call did "
-                                         "not pass; pass it (as a tensor) or remove it from buckets=")
-        if instance is not None:
+        for name in sorted(kwargs):
+            a = kwargs[name]
+            bucket = by_name.get(name)
+            if bucket is not None:
+                seen.add(id(bucket))
+                entry, ovf = self._bucketed(a, bucket, (method, name), tensors, labels, pads, bucketed, state)
+                overflow = overflow or ovf
+            else:
+                entry = state.leaf(a, (method, name), tensors, labels)
+            parts.append((name, entry))
+        for b in self.buckets:
+            if id(b) not in seen:
+                raise SignatureError(f"{self.fn_name}: buckets names argument {b.label}, which this call did "
+                                     "not pass; pass it (as a tensor) or remove it from buckets=")
+        if method:
             parts.append(("self", id(instance)))
-        return CallSignature(tuple(parts), tensors, state.backend, tuple(pads), overflow, paths, tuple(bucketed))
+        return CallSignature(tuple(parts), tensors, state.backend, tuple(pads), overflow, labels, tuple(bucketed),
+                             self)
 
-    def _bucketed(self, a: Any, bucket: _Bucket, label: str, tensors: list[Any], paths: list[str],
-                  pads: list[Pad], bucketed: list[tuple[int, int, int]],
+    def _bucketed(self, a: Any, bucket: _Bucket, label: tuple[Any, ...], tensors: list[Any],
+                  labels: list[tuple[Any, ...]], pads: list[Pad], bucketed: list[tuple[int, int, int]],
                   state: _WalkState) -> tuple[Any, str | None]:
         backend = backends.for_type(type(a))
         if backend is None:
-            raise SignatureError(f"{self.fn_name}: buckets names {label}, which must be a tensor, but the call "
-                                 f"passed {type(a).__name__}")
+            raise SignatureError(f"{self.fn_name}: buckets names {self.describe(label)}, which must be a tensor, but "
+                                 f"the call passed {type(a).__name__}")
         state.use(backend, label)
         shape = backend.shape(a)
         padded = list(shape)
         overflow = None
         for dim, sizes in bucket.dims:
             if dim >= len(shape):
-                raise SignatureError(f"{self.fn_name}: buckets names dim {dim} of {label}, but it has "
+                raise SignatureError(f"{self.fn_name}: buckets names dim {dim} of {self.describe(label)}, but it has "
                                      f"{len(shape)} dims (shape {list(shape)})")
             n = shape[dim]
             at = bisect.bisect_left(sizes, n)
             if at == len(sizes):
-                overflow = (f"{label} dim {dim} is {n}, larger than the largest bucket {sizes[-1]}; "
+                overflow = (f"{self.describe(label)} dim {dim} is {n}, larger than the largest bucket {sizes[-1]}; "
                             f"add a larger size to buckets[{bucket.label}][{dim}]")
                 continue
             padded[dim] = sizes[at]
@@ -225,27 +259,29 @@ class Signer:
                 pads.append(Pad(len(tensors), dim, n, sizes[at]))
         meta = backend.meta_key(a)
         tensors.append(a)
-        paths.append(label)
+        labels.append(label)
         return (tuple(padded), *meta[1:]), overflow
 
 
 class _WalkState:
-    __slots__ = ("backend", "backend_label", "signer")
+    __slots__ = ("backend", "backend_label", "method", "signer")
 
-    def __init__(self, signer: Signer) -> None:
+    def __init__(self, signer: Signer, method: bool) -> None:
         self.signer = signer
+        self.method = method
         self.backend: Backend | None = None
-        self.backend_label = ""
+        self.backend_label: tuple[Any, ...] = ()
 
-    def use(self, backend: Backend, label: str) -> None:
+    def use(self, backend: Backend, label: tuple[Any, ...]) -> None:
         if self.backend is None:
             self.backend, self.backend_label = backend, label
         elif backend is not self.backend:
+            d = self.signer.describe
             raise SignatureError(
-                f"{self.signer.fn_name}: {self.backend_label} is a {self.backend.name} tensor but {label} is a "
+                f"{self.signer.fn_name}: {d(self.backend_label)} is a {self.backend.name} tensor but {d(label)} is a "
                 f"{backend.name} tensor; one graphed call takes tensors of one framework only")
 
-    def leaf(self, x: Any, label: str, tensors: list[Any], paths: list[str]) -> Any:
+    def leaf(self, x: Any, label: tuple[Any, ...], tensors: list[Any], labels: list[tuple[Any, ...]]) -> Any:
         tp = type(x)
         if tp in _SCALARS:
             return (tp, x)
@@ -254,26 +290,28 @@ class _WalkState:
             if backend is not self.backend:
                 self.use(backend, label)
             tensors.append(x)
-            paths.append(label)
+            labels.append(label)
             return backend.meta_key(x)
         if isinstance(x, (tuple, list)):
-            return (tp, tuple(self.leaf(e, f"{label}[{i}]", tensors, paths) for i, e in enumerate(x)))
+            return (tp, tuple(self.leaf(e, (*label, i), tensors, labels) for i, e in enumerate(x)))
         if isinstance(x, dict):
             items = []
             for k, v in x.items():
                 try:
                     hash(k)
                 except TypeError:
-                    raise SignatureError(f"{self.signer.fn_name}: {label} has an unhashable key {k!r}") from None
-                items.append((k, self.leaf(v, f"{label}[{k!r}]", tensors, paths)))
+                    raise SignatureError(f"{self.signer.fn_name}: {self.signer.describe(label)} has an unhashable "
+                                         f"key {k!r}") from None
+                # (type, key): {True: v} and {1: v} are equal dict keys in Python but different calls
+                items.append(((type(k), k), self.leaf(v, (*label, k), tensors, labels)))
             return (tp, tuple(items))
         try:
             hash(x)
         except TypeError:
             raise SignatureError(
-                f"{self.signer.fn_name}: {label} is a {tp.__module__}.{tp.__qualname__}, which is neither a "
-                "tensor nor hashable. graphjit keys graphs on non-tensor arguments by value: pass a tensor "
-                "(it becomes a graph input), a hashable value (a new value captures a new graph), or close "
+                f"{self.signer.fn_name}: {self.signer.describe(label)} is a {tp.__module__}.{tp.__qualname__}, "
+                "which is neither a tensor nor hashable. graphjit keys graphs on non-tensor arguments by value: pass "
+                "a tensor (it becomes a graph input), a hashable value (a new value captures a new graph), or close "
                 "over the object instead of passing it") from None
         return (tp, x)
 

@@ -62,6 +62,15 @@ def for_type(tp: type) -> Backend | None:
     return found
 
 
+def translating() -> bool:
+    """True while an instantiated backend's framework is translating code (e.g. Paddle's AST
+    to_static re-running a function's decorators in static mode)."""
+    for backend in _instances.values():
+        if backend.translating():
+            return True
+    return False
+
+
 def imported() -> list[str]:
     """Names of the frameworks the program has imported."""
     return [n for n in NAMES if n in sys.modules]

@@ -141,6 +141,14 @@ class Backend(abc.ABC):
         """Where warmup runs (a side stream for torch); synchronised on exit."""
         return contextlib.nullcontext()
 
+    def translating(self) -> bool:
+        """True while the framework translates code to a static program (not a real call)."""
+        return False
+
+    def traced_call_guard(self) -> contextlib.AbstractContextManager[Any]:
+        """Held around calls of the traced function (Paddle serialises its translators)."""
+        return contextlib.nullcontext()
+
     @contextlib.contextmanager
     def sync_check(self) -> Iterator[None]:
         """Raise :class:`~graphjit.errors.CaptureError` if the block synchronises CPU and GPU."""

@@ -39,6 +39,7 @@ _SYNC_HINT = (
 _SYNC_METHODS = ("numpy", "item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "__array__",
                  "__str__", "__repr__", "__format__")
 
+_TRACE_LOCK = threading.RLock()  # SOT and AST translation are not thread-safe: one traced call at a time
 _LIVE: list[Any] = []  # every graph captured in this process (kept alive; see PaddleGraph)
 
 # Module-level functions that synchronise (or copy from the host synchronously) when called on the
@@ -201,6 +202,12 @@ class PaddleBackend(Backend):
         if tracer == "ast":
             return paddle.jit.to_static(fn, full_graph=True)
         raise BackendError(f"tracer={tracer!r} is not a paddle tracer; expected one of {self.tracers}")
+
+    def translating(self) -> bool:
+        return not paddle.in_dynamic_mode()
+
+    def traced_call_guard(self) -> contextlib.AbstractContextManager[Any]:
+        return _TRACE_LOCK
 
     # -- devices and graphs ----------------------------------------------------------------
     def graphs_unavailable(self, device: str) -> str | None:

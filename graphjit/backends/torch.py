@@ -54,6 +54,7 @@ class TorchBackend(Backend):
         self._streams: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._unavailable: dict[str, str | None] = {}
+        self._anchors: list[Any] = []  # one empty graph per shared pool, never reset (see new_pool)
 
     # -- tensors ---------------------------------------------------------------------------
     def tensor_types(self) -> tuple[type, ...]:
@@ -168,8 +169,22 @@ class TorchBackend(Backend):
         return bool(torch.is_grad_enabled())
 
     def new_pool(self, device: str) -> Any:
+        """A pool handle several graphs share, pinned by an empty anchor graph.
+
+        torch frees a private pool once every graph captured into it was reset, and a later capture
+        into that handle then fails an allocator assertion (and leaves torch's RNG state believing
+        a capture is under way).  An empty graph captured into the pool and never reset keeps the
+        pool alive, so graphjit may reset and recapture any of its graphs safely.
+        """
         with torch.cuda.device(_index(device)):
-            return torch.cuda.graph_pool_handle()
+            pool = torch.cuda.graph_pool_handle()
+            anchor = torch.cuda.CUDAGraph()
+            stream = self._side_stream(device)
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.graph(anchor, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                pass
+            self._anchors.append(anchor)
+            return pool
 
     def device_guard(self, device: str) -> contextlib.AbstractContextManager[Any]:
         if device.startswith("cuda"):

@@ -182,6 +182,7 @@ def environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "graphjit": __version__,
         "git_commit": git_commit(),
+        "graphjit_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("GRAPHJIT_")},
         "packages": {name: _dist_version(name) for name in
                      ("torch", "paddlepaddle", "paddlepaddle-gpu", "numpy", "matplotlib", "triton", "wrapt")},
     }
@@ -264,7 +265,7 @@ def bar_plot(path: Path, title: str, groups: Sequence[str], series: dict[str, Se
                 xs.append(x)
                 ys.append(v)
             bars = ax.bar(xs, ys, width=width * 0.95, label=name, color=f"C{j % 10}")
-            ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], fontsize=6, rotation=90, padding=2)
+            ax.bar_label(bars, labels=[f"{y:.4g}" for y in ys], fontsize=6, rotation=90, padding=2)
         ax.set_xticks(range(len(groups)), list(groups))
         ax.set_ylabel(ylabel)
         ax.set_ylim(0, top * 1.18)

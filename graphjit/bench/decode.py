@@ -26,6 +26,7 @@ benchmark refuses to run unless ``--allow-cpu`` (a tiny smoke run for CI).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import math
 import sys
@@ -109,6 +110,12 @@ def _graphed_status(stats: dict[str, Any], on_gpu: bool) -> tuple[str, dict[str,
     return "ok", details
 
 
+def _timing(samples: list[float], host: list[float], timer: str) -> dict[str, Any]:
+    med = common.median(samples)
+    return {"us_per_step": med, "samples_us": samples, "spread": (max(samples) - min(samples)) / med if med else None,
+            "host_us_per_step": common.median(host), "timer": timer}
+
+
 def _errors_entry(errs: list[tuple[float, float]], tol: float) -> dict[str, Any]:
     rel = max(e[0] for e in errs)
     mx = max(e[1] for e in errs)
@@ -133,6 +140,10 @@ class _Runner:
     def __init__(self, args: argparse.Namespace, on_gpu: bool) -> None:
         self.args = args
         self.on_gpu = on_gpu
+
+    def unusable(self) -> str | None:
+        """Why the framework cannot run anything more in this process (a failed capture), or None."""
+        return None
 
     # Subclasses implement these.
     def build(self, layers: int, hidden: int, batch: int) -> None: ...
@@ -180,6 +191,15 @@ class _TorchRunner(_Runner):
             w = (torch.randn(hidden, hidden, generator=gen) / math.sqrt(hidden)).to(dev, dt)
             g = (1.0 + 0.1 * torch.randn(hidden, generator=gen)).to(dev, dt)
             params.append((w, g))
+        self.static_weights = False
+        mark = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
+        if mark is not None and self.on_gpu:
+            # Weights are parameters in a real model: tell torch.compile's CUDA graphs (cudagraph
+            # trees) that their addresses are fixed, or reduce-overhead copies every weight each call.
+            for w, g in params:
+                mark(w)
+                mark(g)
+            self.static_weights = True
         self.x = torch.randn(batch, hidden, generator=gen).to(dev, dt)
         self.x2 = torch.randn(batch, hidden, generator=gen).to(dev, dt)
         silu = torch.nn.functional.silu
@@ -252,8 +272,7 @@ class _TorchRunner(_Runner):
                 t1 = perf()
                 samples.append((t1 - t0) / 1e3 / args.iters)
             host.append((t1 - t0) / 1e3 / args.iters)
-        return {"us_per_step": common.median(samples), "samples_us": samples,
-                "host_us_per_step": common.median(host), "timer": self.timer}
+        return _timing(samples, host, self.timer)
 
     def _raw_capture(self, fn: Callable[..., Any], *static: Any) -> tuple[Any, Any]:
         """A graph of ``fn(*static)`` captured by hand, as the torch docs show."""
@@ -324,9 +343,14 @@ class _TorchRunner(_Runner):
                     mark()
                 return compiled(inp)
 
+            skips_before = _cudagraph_skips(torch)
             for _ in range(3):  # warmup run, record, first replay (cudagraph trees)
                 call(x)
             check = self._check(call, name)
+            extra["weights_marked_static"] = self.static_weights
+            extra["cudagraph_skips"] = _cudagraph_skips(torch) - skips_before
+            if extra["cudagraph_skips"]:
+                extra["note"] = "Inductor skipped its CUDA graphs (see TORCH_LOGS=perf_hints); this is not graph replay"
 
             def run() -> Any:
                 return call(x)
@@ -370,6 +394,14 @@ class _TorchRunner(_Runner):
             fn = graphjit.graphed(tiny, **opts)
             keep.append(fn)
             calls[label] = (lambda fn=fn: fn(*inputs))
+        # Parts of the graphed call, for the breakdown: the key, the input copies, the output copy.
+        from graphjit.keys import Signer
+
+        signer = Signer(tiny, None, "auto", "tiny")
+        targets = [t.clone() for t in inputs]
+        calls["part_sign"] = lambda: signer.sign(None, tuple(inputs), {})
+        calls["part_copy_inputs"] = lambda: torch._foreach_copy_(targets, inputs)
+        calls["part_clone_output"] = lambda: inputs[0].clone()
         perf = time.perf_counter_ns
         for label, call in calls.items():
             try:
@@ -385,6 +417,7 @@ class _TorchRunner(_Runner):
                     self.sync()
                     samples.append((t1 - t0) / 1e3 / args.host_iters)
                 out["us"][label] = common.median(samples)
+                out.setdefault("min_us", {})[label] = min(samples)
                 out.setdefault("samples_us", {})[label] = samples
             except Exception as exc:
                 out["errors"][label] = common.error_text(exc)
@@ -412,8 +445,26 @@ class _PaddleRunner(_Runner):
         paddle.set_device("gpu" if on_gpu else "cpu")
         self.dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[args.dtype]
         self.timer = "host_sync" if on_gpu else "host"
+        # Paddle 2.6 crashes when a tensor of a graph's pool is freed after the graph was reset or
+        # destroyed (also at interpreter exit): every graph, its inputs and outputs and every
+        # graphed function stay referenced here until the process ends (use --hard-exit).
+        self.alive: list[Any] = []
         self.no_grad = paddle.no_grad()
         self.no_grad.__enter__()
+
+    def unusable(self) -> str | None:
+        try:
+            from graphjit import backends
+
+            poisoned = backends.get("paddle").poisoned
+            if poisoned:
+                return poisoned
+            capturing = getattr(self.paddle.base.core, "is_cuda_graph_capturing", None)
+            if self.on_gpu and capturing is not None and capturing():
+                return "paddle is still in capture mode after a failed capture; no GPU call can run in this process"
+        except Exception:
+            return None
+        return None
 
     def teardown(self) -> None:
         self.no_grad.__exit__(None, None, None)
@@ -461,10 +512,6 @@ class _PaddleRunner(_Runner):
         gc.collect()
         if self.on_gpu:
             self.sync()
-            try:
-                self.paddle.device.cuda.empty_cache()
-            except Exception:  # best effort
-                pass
 
     def _np(self, t: Any) -> Any:
         import numpy as np
@@ -507,8 +554,7 @@ class _PaddleRunner(_Runner):
             t2 = perf()
             samples.append((t2 - t0) / 1e3 / args.iters)
             host.append((t1 - t0) / 1e3 / args.iters)
-        return {"us_per_step": common.median(samples), "samples_us": samples,
-                "host_us_per_step": common.median(host), "timer": self.timer}
+        return _timing(samples, host, self.timer)
 
     def _raw_capture(self, fn: Callable[..., Any], *static: Any) -> tuple[Any, Any]:
         paddle = self.paddle
@@ -520,11 +566,13 @@ class _PaddleRunner(_Runner):
         graph = CUDAGraph(place=paddle.CUDAPlace(paddle.device.cuda.current_device()
                                                  if hasattr(paddle.device.cuda, "current_device") else 0),
                           mode="thread_local")
+        self.alive.append((graph, static))
         graph.capture_begin()
         try:
             out = fn(*static)
         finally:
             graph.capture_end()  # never leave the stream capturing
+        self.alive.append(out)
         self.sync()
         return graph, out
 
@@ -546,7 +594,6 @@ class _PaddleRunner(_Runner):
         elif name == "raw_graph":
             static_x = x.clone()
             graph, static_out = self._raw_capture(step, static_x)
-            keep.append(graph)
 
             def replay(inp: Any) -> Any:
                 static_x.copy_(inp, False)
@@ -576,13 +623,7 @@ class _PaddleRunner(_Runner):
         if status == "ok" and name.startswith("graphed"):
             status, more = _graphed_status(keep[0].stats(), self.on_gpu)
             result.update(more, status=status)
-        for obj in keep:
-            if hasattr(obj, "reset"):
-                try:
-                    obj.reset()
-                except Exception as exc:
-                    result["reset_error"] = common.error_text(exc)
-        del keep
+        self.alive.extend(keep)  # never reset: see __init__
         self._free()
         return result
 
@@ -606,7 +647,6 @@ class _PaddleRunner(_Runner):
             try:
                 statics = [t.clone() for t in inputs]
                 graph, _ = self._raw_capture(tiny, *statics)
-                keep.append(graph)
                 calls["raw_replay"] = graph.replay
             except Exception as exc:
                 out["errors"]["raw_replay"] = common.error_text(exc)
@@ -628,20 +668,24 @@ class _PaddleRunner(_Runner):
                     self.sync()
                     samples.append((t1 - t0) / 1e3 / args.host_iters)
                 out["us"][label] = common.median(samples)
+                out.setdefault("min_us", {})[label] = min(samples)
                 out.setdefault("samples_us", {})[label] = samples
             except Exception as exc:
                 out["errors"][label] = common.error_text(exc)
         status, details = _graphed_status(fn.stats(), self.on_gpu)
         out["graphed_status"] = {"copy": {"status": status, "captured": details["captured"],
                                           "fallback_reasons": details.get("fallback_reasons", [])}}
-        for obj in keep:
-            if hasattr(obj, "reset"):
-                try:
-                    obj.reset()
-                except Exception as exc:
-                    out["errors"]["reset"] = common.error_text(exc)
+        self.alive.extend(keep)  # never reset: see __init__
         self._free()
         return out
+
+
+def _cudagraph_skips(torch: Any) -> int:
+    """How often Inductor has refused to use CUDA graphs so far (0 if torch does not count it)."""
+    try:
+        return int(torch._dynamo.utils.counters["inductor"]["cudagraph_skips"])
+    except Exception:
+        return 0
 
 
 RUNNERS: dict[str, type[_Runner]] = {"torch": _TorchRunner, "paddle": _PaddleRunner}
@@ -750,7 +794,9 @@ def _pick_variants(args: argparse.Namespace, on_gpu: bool) -> tuple[list[str], d
 
 
 def run(args: argparse.Namespace) -> int:
-    faulthandler.enable()  # a crash inside a framework prints where it happened
+    if not faulthandler.is_enabled():  # a crash inside a framework prints where it happened
+        with contextlib.suppress(Exception):
+            faulthandler.enable(file=sys.__stderr__)
     try:
         reason = gpu_unavailable(args.backend)
     except ImportError as exc:
@@ -782,7 +828,8 @@ def run(args: argparse.Namespace) -> int:
             "layers": args.layers, "hidden": args.hidden, "batch": args.batch, "dtype": args.dtype,
             "iters": args.iters, "repeats": args.repeats, "warmup": args.warmup, "variants": variants,
             "skipped_variants": skipped,
-            "step": "L x [x = x + silu(x @ W); x = RMSNorm(x) * g] (RMSNorm in fp32), weights closed over",
+            "step": "L x [x = x + silu(x @ W); x = RMSNorm(x) * g] (RMSNorm in fp32), weights closed over "
+                    "(torch on GPU: marked static with torch._dynamo.mark_static_address, as parameters are)",
             "timer": {"torch": "cuda_events" if on_gpu else "host",
                       "paddle": "host_sync" if on_gpu else "host"}[args.backend],
             "error_metrics": "rel_error = ||out - eager|| / ||eager|| (max over 2 inputs); "
@@ -816,10 +863,15 @@ def run(args: argparse.Namespace) -> int:
             for batch in args.batch:
                 _run_config(runner, data, json_path, variants, layers, hidden, batch)
 
-    if not args.no_host_cost:
+    dead = runner.unusable()
+    if dead:
+        data["host_cost"] = {"status": "skipped", "reason": f"not run: {dead}"}
+    elif not args.no_host_cost:
         say("decode: host cost of one call (4 tensor inputs, tiny GPU work) ...")
         host = common.guarded(runner.host_cost)
         host["ratios"] = host_ratios(host, on_gpu)
+        if host.get("us"):
+            say("decode: host cost (us): " + ", ".join(f"{k} {v:.2f}" for k, v in host["us"].items()))
         data["host_cost"] = host
         common.write_json(json_path, data)
     try:
@@ -838,6 +890,8 @@ def run(args: argparse.Namespace) -> int:
     say(f"wrote {json_path}" + (f" and {png_path}" if data["plot"] else ""))
     if plot_note:
         say(f"no plot: {plot_note}")
+    if args.backend == "paddle" and on_gpu and not args.hard_exit:
+        say("note: paddle keeps every captured graph alive; pass --hard-exit if the process hangs or crashes at exit")
     return 0 if data["summary"]["ok"] else 1
 
 
@@ -856,6 +910,10 @@ def _run_config(runner: _Runner, data: dict[str, Any], json_path: Path, variants
         say(f"decode: {label}: build failed: {cfg['error']}")
         return
     for name in variants:
+        dead = runner.unusable()
+        if dead:
+            cfg["variants"][name] = {"status": "skipped", "reason": f"not run: {dead}"}
+            continue
         say(f"decode: {label}: {name} ...")
         result = common.guarded(lambda name=name: runner.variant(name))
         cfg["variants"][name] = result

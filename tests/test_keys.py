@@ -1,0 +1,198 @@
+"""Graph keys: what makes two calls share a graph (graphjit.keys.Signer), on real CPU tensors."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import graphjit
+from graphjit.keys import Signer, rebuild_call
+
+HAS_PADDLE = importlib.util.find_spec("paddle") is not None
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+if HAS_PADDLE:
+    import paddle
+if HAS_TORCH:
+    import torch
+
+
+def fn(x, y=None, scale=1.0, opts=None):
+    return x
+
+
+def signer(f=fn, buckets=None) -> Signer:
+    return Signer(f, buckets, "auto", getattr(f, "__name__", "f"))
+
+
+def key(*args, **kwargs):
+    return signer().sign(None, args, kwargs).key
+
+
+# -- paddle -------------------------------------------------------------------------------
+
+
+@pytest.mark.paddle
+def test_paddle_same_shape_and_dtype_is_the_same_key():
+    a = paddle.ones([2, 3])
+    b = paddle.zeros([2, 3])  # other contents, other tensor object, other address
+    assert a.data_ptr() != b.data_ptr()
+    assert key(a) == key(b)
+    assert hash(key(a)) == hash(key(b))
+
+
+@pytest.mark.paddle
+def test_paddle_new_shape_dtype_or_stop_gradient_is_a_new_key():
+    base = paddle.ones([2, 3], dtype="float32")
+    assert key(base) != key(paddle.ones([3, 2], dtype="float32"))
+    assert key(base) != key(paddle.ones([2, 3, 1], dtype="float32"))
+    assert key(base) != key(paddle.ones([2, 3], dtype="float16"))
+    assert key(base) != key(paddle.ones([2, 3], dtype="int64"))
+    trainable = paddle.ones([2, 3], dtype="float32")
+    trainable.stop_gradient = False
+    assert key(base) != key(trainable)
+
+
+@pytest.mark.paddle
+def test_paddle_signature_collects_tensors_in_order_with_paths():
+    a, b = paddle.ones([1]), paddle.ones([2])
+    sig = signer().sign(None, (a,), {"opts": {"k": [b, 3]}})
+    assert [t is a for t in sig.tensors] == [True, False]
+    assert sig.tensors[1] is b
+    assert sig.paths == ["argument 'x'", "argument 'opts'['k'][0]"]
+    assert sig.backend is not None and sig.backend.name == "paddle"
+    assert sig.pads == () and sig.overflow is None
+
+
+# -- torch --------------------------------------------------------------------------------
+
+
+@pytest.mark.torch
+def test_torch_same_shape_and_dtype_is_the_same_key():
+    a, b = torch.ones(2, 3), torch.randn(2, 3)
+    assert key(a) == key(b)
+
+
+@pytest.mark.torch
+def test_torch_new_shape_dtype_or_requires_grad_is_a_new_key():
+    base = torch.ones(2, 3)
+    assert key(base) != key(torch.ones(3, 2))
+    assert key(base) != key(torch.ones(2, 3, dtype=torch.float64))
+    assert key(base) != key(torch.ones(2, 3, dtype=torch.int32))
+    assert key(base) != key(torch.ones(2, 3, requires_grad=True))
+
+
+@pytest.mark.torch
+def test_non_tensor_values_are_part_of_the_key():
+    x = torch.ones(2)
+    assert key(x, None, 2.0) == key(x, None, 2.0)
+    assert key(x, None, 2.0) != key(x, None, 3.0)
+    assert key(x, opts="a") != key(x, opts="b")
+    assert key(x, opts=None) != key(x, opts="None")
+    assert key(x, opts=(1, 2)) == key(x, opts=(1, 2))
+    assert key(x, opts=(1, 2)) != key(x, opts=(2, 1))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("a", "b"), [(True, 1), (1, 1.0), (True, 1.0), (False, 0), (0, 0.0)])
+def test_bool_int_and_float_values_are_different_keys(a, b):
+    x = torch.ones(2)
+    assert a == b and hash(a) == hash(b)  # Python considers them equal; a graph that froze one must not serve the other
+    assert key(x, scale=a) != key(x, scale=b)
+    assert key(x, None, a) != key(x, None, b)
+    assert key(x, opts=[a]) != key(x, opts=[b])
+    assert key(x, opts={"k": a}) != key(x, opts={"k": b})
+
+
+@pytest.mark.torch
+def test_bool_and_int_dict_keys_are_different_keys():
+    x = torch.ones(2)
+    assert key(x, opts={True: "v"}) != key(x, opts={1: "v"})
+
+
+@pytest.mark.torch
+def test_kwargs_order_does_not_matter():
+    x, y = torch.ones(2), torch.ones(3)
+    assert key(x, y=y, scale=2.0) == key(x, scale=2.0, y=y)
+    sig1 = signer().sign(None, (), {"x": x, "y": y})
+    sig2 = signer().sign(None, (), {"y": y, "x": x})
+    assert sig1.key == sig2.key
+    assert [id(t) for t in sig1.tensors] == [id(t) for t in sig2.tensors]  # same leaf order, so same buffers
+
+
+@pytest.mark.torch
+def test_positional_and_keyword_passing_are_distinguished_consistently():
+    x, y = torch.ones(2), torch.ones(3)
+    assert key(x, y) == key(x, y)
+    assert key(x, y=y) == key(x, y=y)
+    assert key(x, y) != key(x)
+
+
+@pytest.mark.torch
+def test_nested_tuples_lists_and_dicts_of_tensors():
+    a, b, c = torch.ones(2), torch.ones(3), torch.ones(4)
+    nested = ((a, [b]), {"k": c, "n": 3})
+    same = ((torch.zeros(2), [torch.zeros(3)]), {"k": torch.zeros(4), "n": 3})
+    assert key(a, opts=nested) == key(a, opts=same)
+    sig = signer().sign(None, (a,), {"opts": nested})
+    assert len(sig.tensors) == 4
+    assert sig.paths[1:] == ["argument 'opts'[0][0]", "argument 'opts'[0][1][0]", "argument 'opts'[1]['k']"]
+    # a change anywhere inside the tree is a new key
+    assert key(a, opts=nested) != key(a, opts=((a, [torch.ones(5)]), {"k": c, "n": 3}))
+    assert key(a, opts=nested) != key(a, opts=((a, [b]), {"k": c, "n": 4}))
+    assert key(a, opts=nested) != key(a, opts=((a, [b, b]), {"k": c, "n": 3}))
+    # the container type is part of the structure
+    assert key(a, opts=[b, c]) != key(a, opts=(b, c))
+    assert key(a, opts={"k": b}) != key(a, opts={"j": b})
+
+
+@pytest.mark.torch
+def test_rebuild_call_puts_tensors_back_where_sign_found_them():
+    a, b, c = torch.ones(1), torch.ones(2), torch.ones(3)
+    args, kwargs = (a, [b, 1]), {"z": {"k": c}, "y": 5}
+    sig = signer(lambda *args, **kw: None).sign(None, args, kwargs)
+    new = [torch.full_like(t, 7.0) for t in sig.tensors]
+    args2, kwargs2 = rebuild_call(args, kwargs, new, lambda t: isinstance(t, torch.Tensor))
+    assert list(kwargs2) == ["z", "y"]  # the caller's keyword order is kept
+    assert args2[0] is new[0] and args2[1][0] is new[1] and args2[1][1] == 1
+    assert kwargs2["z"]["k"] is new[2] and kwargs2["y"] == 5
+
+
+@pytest.mark.torch
+def test_method_calls_key_on_the_instance():
+    class Box:
+        def step(self, x):
+            return x
+
+    s = Signer(Box.step, None, "auto", "Box.step")
+    b1, b2 = Box(), Box()
+    x = torch.ones(2)
+    assert s.sign(b1, (x,), {}).key == s.sign(b1, (torch.zeros(2),), {}).key
+    assert s.sign(b1, (x,), {}).key != s.sign(b2, (x,), {}).key
+
+
+# -- refusals -------------------------------------------------------------------------------
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("bad", [{1, 2}, bytearray(b"ab"), [1, {2}]])
+def test_unhashable_non_tensor_argument_names_the_argument(bad):
+    with pytest.raises(graphjit.SignatureError, match=r"argument 'opts'.*neither a tensor nor hashable"):
+        key(torch.ones(2), opts=bad)
+
+
+@pytest.mark.torch
+def test_unhashable_positional_argument_is_named_by_parameter():
+    with pytest.raises(graphjit.SignatureError, match=r"fn: argument 'scale' is a builtins.set"):
+        key(torch.ones(2), None, {1})
+
+
+@pytest.mark.paddle
+@pytest.mark.torch
+def test_tensors_of_both_frameworks_in_one_call_are_refused():
+    with pytest.raises(graphjit.SignatureError,
+                       match=r"argument 'x' is a paddle tensor but argument 'y' is a torch tensor"):
+        key(paddle.ones([2]), torch.ones(2))
+    with pytest.raises(graphjit.SignatureError,
+                       match=r"argument 'x' is a torch tensor but argument 'opts'\[1\] is a paddle tensor"):
+        key(torch.ones(2), opts=[torch.ones(1), paddle.ones([1])])
