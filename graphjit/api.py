@@ -40,10 +40,11 @@ from .errors import (
     BucketOverflowError,
     CaptureError,
     ConfigError,
+    GraphjitError,
     SignatureError,
     UnrecoverableCaptureError,
 )
-from .keys import BucketsArg, CallSignature, Signer
+from .keys import BucketsArg, CallSignature, Signer, rebuild_call
 from .stats import FunctionStats, KeyStats, State
 
 log = logging.getLogger("graphjit")
@@ -374,6 +375,15 @@ class _State:
         device = backend.device_str(sig.tensors[0])
         return self.capture_key(backend, device, sig, instance, args, kwargs, entry.no_adopt | {leaf})
 
+    def static_inputs(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        sig = self.signer.sign(instance, args, kwargs)
+        entry = self.entries.get(sig.key)
+        if entry is None:
+            raise GraphjitError(f"{self.name}: no graph is captured for these arguments yet; call the function once "
+                                "with them (or inside graphjit.capture_scope()) first")
+        b = entry.inputs.backend
+        return rebuild_call(args, kwargs, entry.inputs.statics, lambda x: isinstance(x, b.tensor_types()))
+
     def hand_out(self, entry: KeyEntry, result: Any) -> None:
         b = entry.inputs.backend
         self.poison_backend = b
@@ -417,6 +427,9 @@ class BoundGraphedFunction(wrapt.BoundFunctionWrapper):  # type: ignore[misc]
     def report(self) -> str:
         return self._self_parent.report()
 
+    def static_inputs(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return self._self_parent._self_state.static_inputs(self._self_instance, args, kwargs)
+
 
 class GraphedFunction(wrapt.FunctionWrapper):  # type: ignore[misc]
     """The object ``@graphed`` returns: calls like the function, plus :meth:`stats` and :meth:`reset`.
@@ -442,6 +455,16 @@ class GraphedFunction(wrapt.FunctionWrapper):  # type: ignore[misc]
     def reset(self) -> None:
         """Drop every captured graph and fallback decision (call after replacing weights)."""
         self._self_state.reset()
+
+    def static_inputs(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The graph's own input buffers for a call like ``fn(*args, **kwargs)``, as ``(args, kwargs)``.
+
+        Write the next call's data into these tensors and call the function with them: an input
+        already at its static address is not copied (the zero-copy path for decode loops, like the
+        persistent input buffers of vLLM's model runner).  Buffers of bucketed arguments have the
+        padded size.  Raises ``GraphjitError`` if no graph is captured for this signature yet.
+        """
+        return self._self_state.static_inputs(None, args, kwargs)
 
     @property
     def graphjit_options(self) -> Options:

@@ -18,14 +18,15 @@ from __future__ import annotations
 import bisect
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import backends
 from .backends.base import Backend
 from .errors import ConfigError, SignatureError
 
-_SCALARS = (int, float, bool, str, bytes, type(None), complex)
+_SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))
+_MISSING = object()
 
 BucketsArg = Mapping[str | int, Mapping[int, Sequence[int]]] | None
 
@@ -40,19 +41,23 @@ class Pad:
     padded: int
 
 
-@dataclass
 class CallSignature:
-    """What :meth:`Signer.sign` found in one call."""
+    """What :meth:`Signer.sign` found in one call (a slotted class: it is built on every call)."""
 
-    key: tuple[Any, ...]
-    tensors: list[Any]
-    backend: Backend | None
-    pads: tuple[Pad, ...] = ()
-    overflow: str | None = None
-    labels: list[tuple[Any, ...]] = field(default_factory=list)  # raw, formatted on demand by .paths
-    bucketed: tuple[tuple[int, int, int], ...] = ()  # (leaf, dim, padded size) of every bucketed dim
-    signer: Signer | None = None
-    _paths: list[str] | None = None
+    __slots__ = ("_paths", "backend", "bucketed", "key", "labels", "overflow", "pads", "signer", "tensors")
+
+    def __init__(self, key: tuple[Any, ...], tensors: list[Any], backend: Backend | None, pads: tuple[Pad, ...] = (),
+                 overflow: str | None = None, labels: list[tuple[Any, ...]] | None = None,
+                 bucketed: tuple[tuple[int, int, int], ...] = (), signer: Signer | None = None) -> None:
+        self.key = key
+        self.tensors = tensors
+        self.backend = backend
+        self.pads = pads  # bucketed dims of this call that are padded: real < padded
+        self.overflow = overflow
+        self.labels = labels if labels is not None else []  # raw; formatted on demand by .paths
+        self.bucketed = bucketed  # (leaf, dim, padded size) of every bucketed dim
+        self.signer = signer
+        self._paths: list[str] | None = None
 
     @property
     def paths(self) -> list[str]:
@@ -188,10 +193,22 @@ class Signer:
         method = instance is not None
         state = _WalkState(self, method)
         parts: list[Any] = [len(args)]
-        if not self.buckets:
+        if not self.buckets:  # the hot path: tensors and scalars inline, containers through leaf()
             leaf = state.leaf
+            by_type = backends.cached_type_lookup
+            scalars = _SCALARS
             for i, a in enumerate(args):
-                parts.append(leaf(a, (method, i), tensors, labels))
+                tp = type(a)
+                if tp in scalars:
+                    parts.append((tp, a))
+                    continue
+                b = by_type(tp, _MISSING)
+                if b is not _MISSING and b is not None and b is state.backend:
+                    tensors.append(a)
+                    labels.append((method, i))
+                    parts.append(b.meta_key(a))
+                else:
+                    parts.append(leaf(a, (method, i), tensors, labels))
             if kwargs:
                 for name in sorted(kwargs):
                     parts.append((name, leaf(kwargs[name], (method, name), tensors, labels)))

@@ -333,9 +333,27 @@ def test_tracer_compile_equals_eager(dev):
     assert step.stats()["graphs"] == 1, step.stats()
 
 
-def test_dump_dir_writes_a_dot_file(dev, tmp_path, monkeypatch):
+def test_dump_dir_writes_a_dot_file(dev, tmp_path, monkeypatch, gj_log):
     monkeypatch.setenv("GRAPHJIT_DUMP_DIR", str(tmp_path))
     graphjit.refresh_env()
     step = graphjit.graphed(lambda x: x * 2 + 1)
     step(torch.randn(8, device=dev))
-    assert list(tmp_path.glob("*.dot")), list(tmp_path.iterdir())
+    assert step.stats()["graphs"] == 1, step.stats()
+    assert list(tmp_path.glob("*.dot")), (list(tmp_path.iterdir()), [r.getMessage() for r in gj_log.records])
+
+
+def test_static_inputs_are_not_copied(dev):
+    w = torch.randn(64, 64, device=dev)
+    step = graphjit.graphed(lambda x, y: x @ w + y)
+    with torch.no_grad():
+        x, y = torch.randn(4, 64, device=dev), torch.randn(4, 64, device=dev)
+        step(x, y)
+        (sx, sy), _ = step.static_inputs(x, y)
+        for _ in range(5):
+            sx.copy_(torch.randn(4, 64, device=dev))
+            sy.copy_(torch.randn(4, 64, device=dev))
+            assert rel(step(sx, sy), sx @ w + sy) < 1e-5
+    key = step.stats()["keys"][0]
+    assert key["input_copies"] == 0 and key["replays"] == 6, key
+    with pytest.raises(graphjit.GraphjitError, match="no graph is captured"):
+        step.static_inputs(torch.randn(3, 64, device=dev), y)

@@ -43,6 +43,10 @@ def get(name: str) -> Backend:
         return _instances[name]
 
 
+cached_type_lookup = _by_type.get
+"""``cached_type_lookup(tp, default)``: the backend of an already seen type, without the slow path."""
+
+
 def for_type(tp: type) -> Backend | None:
     """The backend whose tensor class ``tp`` is (or derives from), or None for a non-tensor type."""
     try:

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -217,7 +218,9 @@ class TorchBackend(Backend):
             yield
             return
         previous = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("error")
+        with warnings.catch_warnings():  # torch warns that the sync debug mode is a prototype
+            warnings.simplefilter("ignore")
+            torch.cuda.set_sync_debug_mode("error")
         try:
             yield
         except RuntimeError as exc:
