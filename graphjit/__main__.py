@@ -1,6 +1,7 @@
 """``python -m graphjit``: the command line.
 
     python -m graphjit env                       # the GRAPHJIT_* variables (markdown table)
+    python -m graphjit doctor [--framework paddle|torch|all] [--collectives] [--json PATH]
     python -m graphjit bench dispatch [--iters N --repeats R --backend auto|torch|paddle]
     python -m graphjit bench decode [--backend torch|paddle --layers 8,32 --hidden 1024 --batch 1,8 ...]
 
@@ -35,6 +36,17 @@ def _add_env(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_cmd_env)
 
 
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    from . import doctor
+
+    p = sub.add_parser("doctor", help="check what works on this machine (GPUs, builds, capture) and why not",
+                       description="Check Python, the frameworks and their builds, the GPUs, a tiny capture and "
+                                   "replay per framework, Paddle's capture flags, nvcc, P2P/NVLink and CUDA IPC. "
+                                   "Exits non-zero when something you asked for cannot work.")
+    doctor.add_arguments(p)
+    p.set_defaults(handler=doctor.run)
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from . import bench
     from .bench import common
@@ -53,7 +65,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 # Top-level commands: each entry adds one subparser (with set_defaults(handler=...)).  Adding a command is a
 # function and a line here; adding a benchmark is a line in graphjit.bench.REGISTRY.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_bench, _add_env]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_bench, _add_doctor, _add_env]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,158 @@
+"""A tensor-parallel MLP on 2 processes, graphed with ``@graphjit.graphed`` (torch.distributed).
+
+Megatron-style: the first linear is split by columns (each rank holds FFN/world columns of W1 and
+b1), the second by rows (each rank holds the matching FFN/world rows of W2), so each rank computes a
+partial output and one ``all_reduce`` (SUM) completes it; b2 is added after the reduce.  Every rank
+then checks its result against a single-process reference computed with the full weights.
+
+With 2 GPUs the processes use NCCL and each captures its step (matmuls and the all-reduce) into a
+CUDA graph; otherwise they use gloo on the CPU and graphjit runs the function uncaptured (one log
+line per rank says "no CUDA graph ...").  Weights are closed over: a graph uses them by address.
+
+    python examples/tp_mlp.py [--steps 5] [--world-size 2] [--backend auto|gloo|nccl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+BATCH, HIDDEN, FFN = 8, 128, 512
+
+
+def full_weights(torch):
+    """The unsplit weights, identical on every rank (same seed), in float64 for the reference."""
+    g = torch.Generator().manual_seed(0)
+    w1 = torch.randn(HIDDEN, FFN, generator=g, dtype=torch.float64) / HIDDEN**0.5
+    b1 = torch.randn(FFN, generator=g, dtype=torch.float64) * 0.1
+    w2 = torch.randn(FFN, HIDDEN, generator=g, dtype=torch.float64) / FFN**0.5
+    b2 = torch.randn(HIDDEN, generator=g, dtype=torch.float64) * 0.1
+    return w1, b1, w2, b2
+
+
+def step_input(torch, step: int):
+    """The same activations on every rank (tensor parallelism splits weights, not the batch)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(BATCH, HIDDEN, generator=g, dtype=torch.float64)
+
+
+def reference(torch, x, weights):
+    w1, b1, w2, b2 = weights
+    return torch.nn.functional.gelu(x @ w1 + b1) @ w2 + b2
+
+
+def worker(rank: int, world: int, backend: str, init_file: str, steps: int) -> None:
+    """One rank.  Ends the process with os._exit (after flushing) so that no teardown can hang it."""
+    code = 1
+    try:
+        logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(message)s", stream=sys.stdout)
+        code = run_rank(rank, world, backend, init_file, steps)
+    except BaseException:
+        traceback.print_exc()
+        print(f"[rank {rank}] FAILED", flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+def run_rank(rank: int, world: int, backend: str, init_file: str, steps: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    import graphjit
+
+    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+
+    full = full_weights(torch)
+    shard = FFN // world
+    cols = slice(rank * shard, (rank + 1) * shard)
+    w1, b1, w2, b2 = full
+    # This rank's shards, float32 on its device: W1/b1 by columns, W2 by rows, b2 whole.
+    w1_r = w1[:, cols].float().contiguous().to(device)
+    b1_r = b1[cols].float().contiguous().to(device)
+    w2_r = w2[cols, :].float().contiguous().to(device)
+    b2_r = b2.float().to(device)
+
+    @graphjit.graphed
+    def tp_mlp(x):
+        h = torch.nn.functional.gelu(x @ w1_r + b1_r)  # column-parallel: this rank's FFN/world features
+        y = h @ w2_r  # row-parallel: a partial sum of the output
+        dist.all_reduce(y)  # SUM over ranks completes it
+        return y + b2_r
+
+    worst = 0.0
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for s in range(steps):
+            x64 = step_input(torch, s)
+            out = tp_mlp(x64.float().to(device))
+            want = reference(torch, x64, full)
+            err = float((out.double().cpu() - want).norm() / want.norm())
+            worst = max(worst, err)
+    elapsed = time.perf_counter() - t0
+    ok = worst < 1e-5
+    print(f"[rank {rank}] {backend} on {device}: {steps} steps in {elapsed:.2f} s; max relative difference vs the "
+          f"single-process reference: {worst:.2e} ({'ok' if ok else 'MISMATCH'})", flush=True)
+    if rank == 0:
+        print(tp_mlp.report(), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if ok else 3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--world-size", type=int, default=2, help=f"processes (FFN={FFN} must divide by it)")
+    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                        help="auto: nccl when there is a GPU per process, else gloo on the CPU")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the processes")
+    args = parser.parse_args()
+    if FFN % args.world_size:
+        parser.error(f"--world-size must divide {FFN}")
+
+    import torch
+    import torch.multiprocessing as mp
+
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= args.world_size else "gloo"
+    if backend == "nccl" and torch.cuda.device_count() < args.world_size:
+        parser.error(f"--backend nccl needs {args.world_size} GPUs, this machine has {torch.cuda.device_count()}")
+
+    ctx = mp.get_context("spawn")  # a fresh interpreter per rank (CUDA cannot be forked)
+    with tempfile.TemporaryDirectory(prefix="graphjit-tp-") as tmp:
+        init_file = str(Path(tmp) / "rendezvous")  # a FileStore: no port to pick, no race
+        procs = [ctx.Process(target=worker, args=(r, args.world_size, backend, init_file, args.steps))
+                 for r in range(args.world_size)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + args.timeout
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        codes = []
+        for r, p in enumerate(procs):
+            if p.is_alive():  # a rank hung (a peer died mid-collective, say): stop the ones we started
+                print(f"rank {r} did not finish within {args.timeout:.0f} s; stopping it", file=sys.stderr)
+                p.kill()
+                p.join(10)
+            codes.append(p.exitcode)
+    if any(c != 0 for c in codes):
+        print(f"tp_mlp: FAILED (exit codes per rank: {codes})", file=sys.stderr)
+        return 1
+    print(f"tp_mlp: {args.world_size} ranks, graphed result matches the single-process reference")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
