@@ -442,6 +442,23 @@ class _TorchRunner(_Runner):
 
 
 # -- paddle -----------------------------------------------------------------------------------------
+# The Paddle step lives at module level and reads its weights from a module-level dict: Paddle's AST
+# tracer re-executes the function's source and cannot see closure variables.
+_PADDLE_STEP: dict[str, Any] = {}
+
+
+def _paddle_step(x: Any) -> Any:
+    import paddle
+
+    state = _PADDLE_STEP
+    for w, g in state["params"]:
+        x = x + paddle.nn.functional.silu(paddle.matmul(x, w))
+        xf = x.astype("float32") if state["cast"] else x
+        xf = xf * paddle.rsqrt((xf * xf).mean(axis=-1, keepdim=True) + EPS)
+        x = (xf.astype(state["dtype"]) if state["cast"] else xf) * g
+    return x
+
+
 class _PaddleRunner(_Runner):
     name = "paddle"
 
@@ -490,7 +507,6 @@ class _PaddleRunner(_Runner):
     def build(self, layers: int, hidden: int, batch: int) -> None:
         import numpy as np
 
-        paddle = self.paddle
         self.step = None
         self._free()
         rng = np.random.default_rng(self.args.seed)
@@ -498,18 +514,8 @@ class _PaddleRunner(_Runner):
                    self._tensor(1.0 + 0.1 * rng.standard_normal((hidden,)))) for _ in range(layers)]
         self.x = self._tensor(rng.standard_normal((batch, hidden)))
         self.x2 = self._tensor(rng.standard_normal((batch, hidden)))
-        silu = paddle.nn.functional.silu
-        cast = self.dtype != "float32"
-        dtype = self.dtype
-
-        def step(x: Any) -> Any:
-            for w, g in params:
-                x = x + silu(paddle.matmul(x, w))
-                xf = x.astype("float32") if cast else x
-                xf = xf * paddle.rsqrt((xf * xf).mean(axis=-1, keepdim=True) + EPS)
-                x = (xf.astype(dtype) if cast else xf) * g
-            return x
-
+        _PADDLE_STEP.update(params=params, cast=self.dtype != "float32", dtype=self.dtype)
+        step = _paddle_step
         self.step = step
         self.ref = [self._np(step(self.x)), self._np(step(self.x2))]
         self.sync()
