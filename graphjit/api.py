@@ -191,9 +191,8 @@ class _State:
 
     def label(self, backend: Backend, sig: CallSignature) -> str:
         parts = []
-        for path, t in zip(sig.paths, sig.tensors):
-            name = path.replace("argument ", "").strip("'")
-            parts.append(f"{name}{list(backend.shape(t))}")
+        for label, t in zip(sig.labels, sig.tensors):
+            parts.append(f"{self.signer.short(label)}{list(backend.shape(t))}")
         pads = {p.leaf: p for p in sig.pads}
         for leaf, p in pads.items():
             parts[leaf] += f"->{p.dim}:{p.padded}"

@@ -187,6 +187,14 @@ class Signer:
             text = f"argument {params[where]!r}" if where < len(params) else f"positional argument {where}"
         return text + "".join(f"[{s!r}]" for s in subs)
 
+    def short(self, label: tuple[Any, ...]) -> str:
+        """A compact name for a leaf label (``x``, ``kv[1]``, ``args[3]``) for stats and logs."""
+        method, where, *subs = label
+        if not isinstance(where, str):
+            params = self._positional[1:] if method else self._positional
+            where = params[where] if where < len(params) else f"args[{where}]"
+        return str(where) + "".join(f"[{s!r}]" for s in subs)
+
     def sign(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
         tensors: list[Any] = []
         labels: list[tuple[Any, ...]] = []
