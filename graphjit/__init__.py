@@ -15,6 +15,7 @@ from .api import GraphedFunction, Options, graphed
 from .env import refresh as refresh_env
 from .errors import (
     BackendError,
+    BackwardOrderError,
     BucketOverflowError,
     CaptureError,
     ConfigError,
@@ -22,9 +23,11 @@ from .errors import (
     SignatureError,
     StaleOutputError,
     UnrecoverableCaptureError,
+    UnsupportedOutputError,
     VerifyError,
 )
 from .scope import CaptureScope, capture_scope, in_capture_scope
+from .training import graphed_layer
 
 __version__ = "0.1.0"
 
@@ -32,6 +35,7 @@ logging.getLogger("graphjit").addHandler(logging.NullHandler())
 
 __all__ = [
     "BackendError",
+    "BackwardOrderError",
     "BucketOverflowError",
     "CaptureError",
     "CaptureScope",
@@ -42,10 +46,12 @@ __all__ = [
     "SignatureError",
     "StaleOutputError",
     "UnrecoverableCaptureError",
+    "UnsupportedOutputError",
     "VerifyError",
     "__version__",
     "capture_scope",
     "graphed",
+    "graphed_layer",
     "in_capture_scope",
     "refresh_env",
 ]

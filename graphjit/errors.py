@@ -70,8 +70,22 @@ class StaleOutputError(GraphjitError, RuntimeError):
     """An output of an earlier replay was used after the graph overwrote it."""
 
 
+class BackwardOrderError(GraphjitError, RuntimeError):
+    """A backward of a :func:`graphjit.graphed_layer` ran out of order.
+
+    Graphed layers run the backwards of outstanding micro-batches in the order their forwards ran
+    (first in, first out), as 1F1B and interleaved pipeline schedules do.  The message names the
+    micro-batch whose backward was expected.
+    """
+
+
+class UnsupportedOutputError(GraphjitError, TypeError):
+    """A graphed layer returned something other than tensors in (nested) tuples, lists and dicts."""
+
+
 __all__ = [
     "BackendError",
+    "BackwardOrderError",
     "BucketOverflowError",
     "CaptureError",
     "ConfigError",
@@ -79,5 +93,6 @@ __all__ = [
     "SignatureError",
     "StaleOutputError",
     "UnrecoverableCaptureError",
+    "UnsupportedOutputError",
     "VerifyError",
 ]

@@ -1,0 +1,205 @@
+"""torch glue of :func:`graphjit.graphed_layer`: the ``nn.Module`` wrapper and the autograd Function.
+
+The state machine (keys, slots, FIFO queue, capture and verify) is framework-neutral and lives in
+:mod:`graphjit.training`; this module gives it torch's autograd:
+
+* the backward graph is ``torch.autograd.grad(outputs, inputs + parameters, grad_outputs)`` captured
+  right after the forward graph, on the backend's side stream, into the slot's pool (never
+  ``.backward()``: ``AccumulateGrad`` must not run inside a capture);
+* the layer's trainable parameters are inputs of :class:`_GraphedStep`, so torch's own
+  ``AccumulateGrad`` stores their gradients (and runs their hooks) exactly as in eager mode.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..training import Glue, GraphedLayerCore, MicroBatch
+from . import get
+
+_MAX_NODES = 200_000  # bound on the autograd-graph walk of stray_leaves
+
+
+class _GraphedStep(torch.autograd.Function):
+    """One graphed micro-batch: forward replays the slot's forward graph, backward its backward graph."""
+
+    @staticmethod
+    def forward(ctx: Any, core: GraphedLayerCore, mb: MicroBatch, *tensors: Any) -> tuple[Any, ...]:  # type: ignore[override]
+        outs, nondiff = core.forward_replay(mb, tensors[: mb.n_inputs])
+        ctx.graphjit = (core, mb)
+        mb.watch(ctx)
+        if nondiff:
+            ctx.mark_non_differentiable(*nondiff)
+        return tuple(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:  # type: ignore[override]
+        core, mb = ctx.graphjit
+        return (None, None, *core.backward_replay(mb, grads))
+
+
+try:
+    torch.is_autocast_enabled("cuda")
+    _AUTOCAST_TAKES_DEVICE = True
+except TypeError:  # torch < 2.4
+    _AUTOCAST_TAKES_DEVICE = False
+
+
+def _autocast_key() -> tuple[Any, ...]:
+    """Autocast state of CUDA (part of the key: the captured kernels depend on it)."""
+    if _AUTOCAST_TAKES_DEVICE:
+        if torch.is_autocast_enabled("cuda"):
+            return ("autocast", torch.get_autocast_dtype("cuda"))
+        return ()
+    if torch.is_autocast_enabled():
+        return ("autocast", torch.get_autocast_gpu_dtype())
+    return ()
+
+
+class TorchGlue(Glue):
+    def __init__(self, layer: torch.nn.Module) -> None:
+        self.backend = get("torch")
+        self.layer = layer
+
+    def call_layer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self.layer(*args, **kwargs)
+
+    def run_layer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with torch.enable_grad():
+            return self.layer(*args, **kwargs)
+
+    def mode_key(self) -> tuple[Any, ...]:
+        return (bool(self.layer.training), *_autocast_key())
+
+    def trainable_params(self) -> list[Any]:
+        return [p for p in self.layer.parameters() if p.requires_grad]
+
+    def static_input(self, t: Any) -> Any:
+        s = t.detach().clone()
+        if t.requires_grad:
+            s.requires_grad_(True)
+        return s
+
+    def grad(self, outputs: Sequence[Any], targets: Sequence[Any], grad_outputs: Sequence[Any]) -> list[Any]:
+        if not targets:
+            return []
+        return list(torch.autograd.grad(tuple(outputs), tuple(targets), grad_outputs=tuple(grad_outputs),
+                                        allow_unused=True))
+
+    def apply(self, core: GraphedLayerCore, mb: MicroBatch, tensors: Sequence[Any]) -> tuple[Any, ...]:
+        return _GraphedStep.apply(core, mb, *tensors)  # type: ignore[no-any-return]
+
+    def detach(self, t: Any) -> Any:
+        return t.detach()
+
+    def may_keep_grad(self, p: Any) -> bool:
+        # AccumulateGrad keeps (steals) the incoming tensor only when .grad is None; otherwise it adds
+        # it into .grad in place, so the graph's buffer can be handed over without a copy.
+        return p.grad is None
+
+    def copy_input_grad(self, t: Any) -> bool:
+        # A leaf's gradient may become its .grad (stolen by AccumulateGrad); a non-leaf's flows on to
+        # its grad_fn (retain_grad() stores a clone), so the graph's buffer is handed over as is.
+        return bool(t.is_leaf)
+
+    def snapshot(self) -> Any:
+        with torch.no_grad():
+            buffers = [(b, b.detach().clone()) for b in self.layer.buffers()]
+        cpu_rng = torch.get_rng_state()
+        cuda_rng = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            cuda_rng = (torch.cuda.current_device(), torch.cuda.get_rng_state())
+        return buffers, cpu_rng, cuda_rng
+
+    def restore(self, snap: Any) -> None:
+        buffers, cpu_rng, cuda_rng = snap
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng[1], cuda_rng[0])
+
+    def stray_leaves(self, outputs: Sequence[Any], targets: Sequence[Any]) -> list[str]:
+        wanted = {id(t) for t in targets}
+        seen: set[int] = set()
+        keep: list[Any] = []  # holds the nodes visited, so that their ids stay unique during the walk
+        stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+        stray: list[str] = []
+        while stack and len(seen) < _MAX_NODES:
+            fn = stack.pop()
+            if fn is None or id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            keep.append(fn)
+            variable = getattr(fn, "variable", None)
+            if variable is not None:  # an AccumulateGrad node: a leaf that requires grad
+                if id(variable) not in wanted:
+                    stray.append(f"a {tuple(variable.shape)} {str(variable.dtype).replace('torch.', '')} tensor")
+                continue
+            for nxt, _ in fn.next_functions:
+                if nxt is not None:
+                    stack.append(nxt)
+        return stray
+
+    def hooks(self) -> list[str]:
+        found = []
+        for name, m in self.layer.named_modules():
+            if any(getattr(m, attr, None) for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                                         "_backward_pre_hooks")):
+                found.append(name or type(m).__name__)
+        return found
+
+    def default_device(self) -> str | None:
+        for p in self.layer.parameters():
+            return self.backend.device_str(p)
+        return None
+
+
+class GraphedModule(torch.nn.Module):
+    """The ``torch.nn.Module`` :func:`graphjit.graphed_layer` returns: calls like the wrapped module
+    (``self.layer``), whose parameters, buffers and train/eval mode it shares."""
+
+    def __init__(self, layer: torch.nn.Module, options: dict[str, Any]) -> None:
+        super().__init__()
+        self.layer = layer
+        core = GraphedLayerCore(TorchGlue(layer), f"graphed_layer({type(layer).__name__})", **options)
+        object.__setattr__(self, "_graphjit_core", core)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._graphjit_core.call(args, kwargs)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters per input signature (warmups, captures = slots recorded, replays, backward replays,
+        fallbacks and their reasons, capture ms, pool bytes) and the layer's micro-batch counts."""
+        return self._graphjit_core.stats_dict()
+
+    def report(self) -> str:
+        return self._graphjit_core.report()
+
+    def reset(self) -> None:
+        """Drop every graph (after replacing parameter tensors); refused while micro-batches wait."""
+        self._graphjit_core.reset()
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # .to(), .cuda(), .half() ... move or replace the parameters the graphs captured by address.
+        out = super()._apply(fn, *args, **kwargs)
+        core = self.__dict__.get("_graphjit_core")
+        if core is not None:
+            core.reset()
+        return out
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        """A copy of the wrapped layer, graphed anew with the same options (graphs are not copied)."""
+        new = type(self)(copy.deepcopy(self.layer, memo), dict(self._graphjit_core.options))
+        memo[id(self)] = new
+        return new
+
+    def extra_repr(self) -> str:
+        c = self._graphjit_core
+        return f"warmup={c.warmup}, max_in_flight={c.max_in_flight}, outputs={c.outputs!r}"

@@ -1,0 +1,360 @@
+"""``python -m graphjit bench train``: one training step, eager against ``graphjit.graphed_layer`` (torch).
+
+A step is ``zero_grad(set_to_none=True)``, forward, MSE loss, backward and ``SGD.step()``.  Models:
+
+* ``mlp``:   ``--layers`` x [Linear(H, 4H), GELU, Linear(4H, H)] at batch ``--batch``;
+* ``block``: ``--layers`` pre-LayerNorm transformer blocks (causal attention written with matmuls,
+  4 heads, GELU MLP) at hidden ``H`` on ``--batch`` sequences of ``--seq`` tokens.
+
+Variants: ``eager``; ``graphed`` (the whole model wrapped by ``graphed_layer``, outputs copied) and
+``graphed_alias`` (``outputs="alias"``).  Per model, first a correctness check: eager and graphed
+copies of one initial model train side by side for ``--check-steps`` steps on the same data, and the
+largest relative difference of the losses and of the final parameters is recorded.  Then each variant
+is timed on its own: ``--warmup`` untimed steps (graphed_layer's warmup and capture happen there), then
+CUDA events around ``--steps`` back-to-back steps, median over ``--repeats`` (microseconds per step);
+the host time per step is recorded too.  Writes ``train_torch_<tag>.json`` and a PNG bar plot.
+
+Without a CUDA GPU the benchmark refuses to run unless ``--allow-cpu`` (a tiny smoke run for CI, in
+which graphed_layer takes its no-CUDA path: the model runs eagerly).  Paddle is not measured: the
+GPU kit's paddlepaddle-gpu 2.6.2 computes elementwise kernels wrong on Hopper, so no Paddle training
+step there means anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from typing import Any
+
+from . import common
+from .common import say
+
+MODELS = ("mlp", "block")
+VARIANTS = ("eager", "graphed", "graphed_alias")
+DTYPES = ("fp32", "bf16")
+GPU_DEFAULTS = {"batch": 32, "hidden": 512, "layers": 4, "seq": 128, "steps": 100, "repeats": 5, "warmup": 10,
+                "check_steps": 20}
+CPU_DEFAULTS = {"batch": 4, "hidden": 16, "layers": 2, "seq": 8, "steps": 3, "repeats": 2, "warmup": 5,
+                "check_steps": 6}
+GRAPHED_WARMUP = 3  # graphed_layer's own eager steps before it records the graphs
+TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}  # largest relative loss/parameter difference counted as correct
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("train")
+    g.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
+    g.add_argument("--batch", type=common.positive_int, default=None,
+                   help=f"batch size (default {GPU_DEFAULTS['batch']}; CPU smoke {CPU_DEFAULTS['batch']})")
+    g.add_argument("--hidden", type=common.positive_int, default=None,
+                   help=f"hidden size H (default {GPU_DEFAULTS['hidden']}; CPU smoke {CPU_DEFAULTS['hidden']}); "
+                        "block: a multiple of 4")
+    g.add_argument("--layers", type=common.positive_int, default=None,
+                   help=f"MLP layers / transformer blocks (default {GPU_DEFAULTS['layers']})")
+    g.add_argument("--seq", type=common.positive_int, default=None,
+                   help=f"tokens per sequence for the block (default {GPU_DEFAULTS['seq']})")
+    g.add_argument("--dtype", choices=DTYPES, default="fp32", help="parameter and data type (default fp32)")
+    g.add_argument("--steps", type=common.positive_int, default=None,
+                   help=f"timed steps per repeat (default {GPU_DEFAULTS['steps']})")
+    g.add_argument("--repeats", type=common.positive_int, default=None,
+                   help=f"timed repeats, median reported (default {GPU_DEFAULTS['repeats']})")
+    g.add_argument("--warmup", type=common.positive_int, default=None,
+                   help=f"untimed steps per variant before timing (default {GPU_DEFAULTS['warmup']}; at least "
+                        f"{GRAPHED_WARMUP + 1} so that graphed variants are timed replaying)")
+    g.add_argument("--check-steps", type=common.positive_int, default=None,
+                   help=f"steps of the eager-vs-graphed correctness check (default {GPU_DEFAULTS['check_steps']})")
+    g.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--allow-cpu", action="store_true",
+                   help="without a CUDA GPU, run a tiny smoke version on the CPU (for CI) instead of refusing")
+
+
+# -- models ---------------------------------------------------------------------------------------
+def build_model(torch: Any, kind: str, layers: int, hidden: int, seq: int) -> Any:
+    nn = torch.nn
+    if kind == "mlp":
+        mods: list[Any] = []
+        for _ in range(layers):
+            mods += [nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden)]
+        return nn.Sequential(*mods)
+
+    class Block(nn.Module):
+        def __init__(self, heads: int = 4) -> None:
+            super().__init__()
+            self.heads = heads
+            self.ln1 = nn.LayerNorm(hidden)
+            self.qkv = nn.Linear(hidden, 3 * hidden)
+            self.proj = nn.Linear(hidden, hidden)
+            self.ln2 = nn.LayerNorm(hidden)
+            self.fc1 = nn.Linear(hidden, 4 * hidden)
+            self.fc2 = nn.Linear(4 * hidden, hidden)
+            self.register_buffer("causal", torch.ones(seq, seq, dtype=torch.bool).tril(), persistent=False)
+
+        def forward(self, x: Any) -> Any:
+            b, t, c = x.shape
+            hd = c // self.heads
+            q, k, v = self.qkv(self.ln1(x)).split(c, dim=-1)
+            q, k, v = (z.reshape(b, t, self.heads, hd).transpose(1, 2) for z in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * hd ** -0.5
+            att = att.masked_fill(~self.causal[:t, :t], float("-inf")).softmax(dim=-1)
+            y = (att @ v).transpose(1, 2).reshape(b, t, c)
+            x = x + self.proj(y)
+            return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+    if hidden % 4:
+        raise ValueError(f"--hidden {hidden}: the block needs a multiple of 4 (4 attention heads)")
+    return nn.Sequential(*[Block() for _ in range(layers)])
+
+
+class _Bench:
+    def __init__(self, args: argparse.Namespace, on_gpu: bool) -> None:
+        import torch
+
+        self.torch = torch
+        self.args = args
+        self.on_gpu = on_gpu
+        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+        self.timer = "cuda_events" if on_gpu else "host"
+
+    def sync(self) -> None:
+        if self.on_gpu:
+            self.torch.cuda.synchronize()
+
+    def model(self, kind: str) -> Any:
+        torch = self.torch
+        torch.manual_seed(self.args.seed)
+        m = build_model(torch, kind, self.args.layers, self.args.hidden, self.args.seq)
+        return m.to(self.device, self.dtype)
+
+    def data(self, kind: str, n: int) -> list[tuple[Any, Any]]:
+        """``n`` batches of a learnable target (``y = tanh(x @ A)``, ``A`` fixed)."""
+        torch = self.torch
+        a = self.args
+        shape = (a.batch, a.hidden) if kind == "mlp" else (a.batch, a.seq, a.hidden)
+        gen = torch.Generator().manual_seed(a.seed + 1)
+        proj = torch.randn(a.hidden, a.hidden, generator=gen) / a.hidden ** 0.5
+        out = []
+        for _ in range(n):
+            x = torch.randn(*shape, generator=gen)
+            out.append((x.to(self.device, self.dtype), torch.tanh(x @ proj).to(self.device, self.dtype)))
+        return out
+
+    def wrap(self, model: Any, variant: str) -> Any:
+        import graphjit
+
+        if variant == "eager":
+            return model
+        return graphjit.graphed_layer(model, warmup=GRAPHED_WARMUP,
+                                      outputs="alias" if variant == "graphed_alias" else "copy")
+
+    def stepper(self, model: Any) -> Any:
+        torch = self.torch
+        opt = torch.optim.SGD(model.parameters(), lr=self.args.lr)
+        mse = torch.nn.functional.mse_loss
+
+        def step(x: Any, y: Any) -> Any:
+            opt.zero_grad(set_to_none=True)
+            loss = mse(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step
+
+    # -- the correctness check ------------------------------------------------------------------
+    def check(self, kind: str) -> dict[str, Any]:
+        torch = self.torch
+        n = self.args.check_steps
+        data = self.data(kind, n)
+        eager = self.model(kind)
+        graphed = self.wrap(copy.deepcopy(eager), "graphed")
+        step_e, step_g = self.stepper(eager), self.stepper(graphed)
+        loss_e, loss_g = [], []
+        for x, y in data:
+            loss_e.append(step_e(x, y).detach().float())
+            loss_g.append(step_g(x, y).detach().float())
+        le, lg = torch.stack(loss_e).double().cpu(), torch.stack(loss_g).double().cpu()
+        loss_rel = float(((lg - le).abs() / le.abs().clamp_min(1e-30)).max())
+        param_rel = 0.0
+        for p, q in zip(eager.parameters(), graphed.layer.parameters()):
+            a, b = q.detach().double(), p.detach().double()
+            param_rel = max(param_rel, float((a - b).norm() / b.norm().clamp_min(1e-30)))
+        tol = TOLERANCE[self.args.dtype]
+        stats = graphed.stats()
+        return {"steps": n, "loss_first": float(le[0]), "loss_last": float(le[-1]), "max_loss_rel_diff": loss_rel,
+                "max_param_rel_diff": param_rel, "tolerance": tol,
+                "correct": bool(loss_rel <= tol and param_rel <= tol),
+                "graphed_stats": {k: stats.get(k) for k in ("captures", "replays", "backward_replays", "fallbacks")}}
+
+    # -- timing ---------------------------------------------------------------------------------
+    def time_variant(self, kind: str, variant: str) -> dict[str, Any]:
+        torch = self.torch
+        a = self.args
+        model = self.wrap(self.model(kind), variant)
+        step = self.stepper(model)
+        (x, y), = self.data(kind, 1)
+        for _ in range(a.warmup):
+            step(x, y)
+        self.sync()
+        samples, host = [], []
+        for _ in range(a.repeats):
+            if self.on_gpu:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
+                start.record()
+                for _ in range(a.steps):
+                    step(x, y)
+                end.record()
+                t_host = time.perf_counter() - t0
+                end.synchronize()
+                samples.append(start.elapsed_time(end) * 1e3 / a.steps)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(a.steps):
+                    step(x, y)
+                t_host = time.perf_counter() - t0
+                samples.append(t_host * 1e6 / a.steps)
+            host.append(t_host * 1e6 / a.steps)
+        med = common.median(samples)
+        out: dict[str, Any] = {"status": "ok", "us_per_step": med, "samples_us": samples,
+                               "host_us_per_step": common.median(host), "timer": self.timer,
+                               "spread": (max(samples) - min(samples)) / med if med else None}
+        if variant != "eager":
+            stats = model.stats()
+            out["stats"] = {k: stats.get(k) for k in ("calls", "graphs", "captures", "replays", "backward_replays",
+                                                     "fallbacks", "pool_bytes")}
+            out["captured"] = bool(stats.get("graphs"))
+            if self.on_gpu and (not stats.get("graphs") or stats.get("fallbacks")):
+                out["status"] = "fallback"
+            elif not self.on_gpu:
+                out["note"] = "no CUDA: graphed_layer ran the model eagerly (its no-CUDA path)"
+        return out
+
+
+def gpu_unavailable() -> str | None:
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return f"torch {torch.__version__} is a CPU build"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device"
+    return None
+
+
+def _resolve(args: argparse.Namespace, on_gpu: bool) -> None:
+    defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        reason = gpu_unavailable()
+    except ImportError as exc:
+        print(f"graphjit bench train: needs torch, which cannot be imported ({exc})", file=sys.stderr,
+              flush=True)
+        return 1
+    on_gpu = reason is None
+    if not on_gpu and not args.allow_cpu:
+        print(f"graphjit bench train: needs a CUDA GPU ({reason}); run it on a GPU machine, or pass --allow-cpu "
+              "for a tiny CPU smoke run", file=sys.stderr, flush=True)
+        return 1
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown or not models:
+        print(f"graphjit bench train: unknown model(s) {', '.join(unknown) or '(none)'}; expected some of "
+              f"{', '.join(MODELS)}", file=sys.stderr, flush=True)
+        return 2
+    _resolve(args, on_gpu)
+    if args.warmup <= GRAPHED_WARMUP:
+        print(f"graphjit bench train: --warmup {args.warmup} must exceed graphed_layer's warmup "
+              f"({GRAPHED_WARMUP}), or the graphed variants are timed before their capture", file=sys.stderr,
+              flush=True)
+        return 2
+    tag = common.machine_tag(args)
+    json_path, png_path = common.output_paths(args.out, f"train_torch_{tag}.json")
+    data = common.header("train", args, tag)
+    data.update({
+        "backend": "torch",
+        "device": "cuda" if on_gpu else "cpu",
+        "smoke": not on_gpu,
+        "config": {"models": models, "variants": list(VARIANTS), "batch": args.batch, "hidden": args.hidden,
+                   "layers": args.layers, "seq": args.seq, "dtype": args.dtype, "steps": args.steps,
+                   "repeats": args.repeats, "warmup": args.warmup, "check_steps": args.check_steps, "lr": args.lr,
+                   "graphed_warmup": GRAPHED_WARMUP,
+                   "step": "zero_grad(set_to_none=True); loss = mse(model(x), y); loss.backward(); SGD.step()",
+                   "timer": "cuda_events" if on_gpu else "host"},
+        "env": common.environment(),
+        "results": {},
+        "complete": False,
+    })
+    say(f"train [torch, {data['device']}, {args.dtype}]: models={','.join(models)} batch={args.batch} "
+        f"hidden={args.hidden} layers={args.layers} seq={args.seq} -> {json_path}")
+    try:
+        bench = _Bench(args, on_gpu)
+        data["env"] = common.environment()  # now with torch's device info
+    except Exception as exc:
+        data["error"] = common.error_text(exc)
+        common.write_json(json_path, data)
+        say(f"train: could not start torch: {data['error']}")
+        return 1
+    for kind in models:
+        entry: dict[str, Any] = {"variants": {}}
+        data["results"][kind] = entry
+        say(f"train: {kind}: correctness check ({args.check_steps} steps eager vs graphed) ...")
+        entry["check"] = common.guarded(lambda kind=kind: bench.check(kind))
+        for variant in VARIANTS:
+            say(f"train: {kind}: {variant} ...")
+            entry["variants"][variant] = common.guarded(lambda kind=kind, variant=variant:
+                                                        bench.time_variant(kind, variant))
+            common.write_json(json_path, data)
+        eager = _us(entry, "eager")
+        entry["speedup_vs_eager"] = {v: eager / us for v in VARIANTS[1:] if (us := _us(entry, v)) and eager}
+    data["summary"] = _summary(data, on_gpu)
+    data["complete"] = True
+    plot_note = None
+    if not args.no_plot:
+        plot_note = common.bar_plot(
+            png_path, f"training step, eager vs graphed_layer (torch {args.dtype}, {data['device']}, {tag})", models,
+            {v: [_us(data["results"][m], v) for m in models] for v in VARIANTS}, "microseconds per step (median)",
+            notes=[f"batch {args.batch}, hidden {args.hidden}, layers {args.layers}, seq {args.seq}"])
+    data["plot"] = None if (args.no_plot or plot_note) else png_path.name
+    if plot_note:
+        data["plot_error"] = plot_note
+    common.write_json(json_path, data)
+
+    rows = []
+    for kind in models:
+        r = data["results"][kind]
+        chk = r.get("check", {})
+        rows.append([kind, _us(r, "eager"), _us(r, "graphed"), _us(r, "graphed_alias"),
+                     r["speedup_vs_eager"].get("graphed"), chk.get("max_loss_rel_diff"), chk.get("correct")])
+    say(common.format_table(["model", "eager us", "graphed us", "graphed alias us", "speedup", "loss rel diff",
+                             "correct"], rows))
+    say(f"wrote {json_path}" + (f" and {png_path}" if data["plot"] else ""))
+    if plot_note:
+        say(f"no plot: {plot_note}")
+    return 0 if data["summary"]["ok"] else 1
+
+
+def _us(entry: dict[str, Any], variant: str) -> float | None:
+    v = entry.get("variants", {}).get(variant) or {}
+    return v.get("us_per_step") if v.get("status") == "ok" else None
+
+
+def _summary(data: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
+    problems = []
+    for kind, r in data["results"].items():
+        chk = r.get("check", {})
+        if chk.get("status") == "error":
+            problems.append(f"{kind}: check failed to run: {chk.get('error')}")
+        elif not chk.get("correct"):
+            problems.append(f"{kind}: graphed differs from eager (loss {chk.get('max_loss_rel_diff')}, "
+                            f"parameters {chk.get('max_param_rel_diff')})")
+        for v, res in r.get("variants", {}).items():
+            if res.get("status") != "ok":
+                problems.append(f"{kind}/{v}: {res.get('status')}: {res.get('error') or res.get('stats')}")
+    return {"ok": not problems, "problems": problems}
