@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The Paddle half of the GPU proof, in one device call, after the kit was copied to /tmp/pdc
+# (../shared/tools/paddle-gpu-kit/README.md). Usage: bash tools/gpu_proof_paddle.sh "$OUT"
+set -u
+out=${1:?usage: gpu_proof_paddle.sh OUTDIR}
+log="$out/proof-paddle.log"
+{
+  bash /tmp/pdc/device-setup.sh 2>&1 | grep -v '^[WI][0-9]' | tail -2
+  . /tmp/pdc/env.sh
+  export PYTHONUNBUFFERED=1 PYTHONPATH=.:$PYTHONPATH MIN_GRAPH_SIZE=0
+  echo "== $(date -u +%FT%TZ) paddle GPU tests"
+  timeout 420 $PY311 -m pytest -q -m "gpu and paddle" tests -p no:cacheprovider -rfEs 2>&1 | grep -v '^[WI][0-9]' | tail -60
+  echo "== doctor (paddle)"
+  timeout 150 $PY311 -m graphjit doctor --framework paddle 2>&1 | grep -v '^[WI][0-9]' | tail -30
+  echo "== bench decode (paddle; timings only, numerics unverified on Hopper with 2.6.2)"
+  timeout 240 $PY311 -m graphjit bench decode --backend paddle --iters 50 --repeats 3 --out "$out" --tag h200 --hard-exit \
+    2>&1 | grep -v '^[WI][0-9]' | tail -25
+} > "$log" 2>&1
+tail -100 "$log"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The torch half of the GPU proof, in one device call: tests, doctor, benchmarks.
+# Usage on the GPU machine (repo root): bash tools/gpu_proof_torch.sh "$OUT"
+# Writes into OUT: proof-torch.log (everything printed), and the benchmarks' JSON and PNG files.
+set -u
+out=${1:?usage: gpu_proof_torch.sh OUTDIR}
+export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+log="$out/proof-torch.log"
+{
+  echo "== $(date -u +%FT%TZ) commit $(cat .git/HEAD 2>/dev/null) $(git rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  echo "== make test-gpu (torch)"
+  timeout 420 python3 -m pytest -q -m "gpu and not paddle" tests -p no:cacheprovider -rfEs 2>&1 | tail -60
+  echo "== doctor"
+  timeout 120 python3 -m graphjit doctor --framework torch 2>&1 | tail -40
+} > "$log" 2>&1
+{
+  echo "== bench decode (torch)"
+  timeout 420 python3 -m graphjit bench decode --backend torch --out "$out" --tag h200 2>&1 | tail -40
+  echo "== bench train (torch)"
+  timeout 240 python3 -m graphjit bench train --out "$out" --tag h200 2>&1 | tail -30
+  echo "== bench dispatch"
+  timeout 120 python3 -m graphjit bench dispatch --out "$out" --tag h200 2>&1 | tail -15
+} >> "$log" 2>&1
+tail -120 "$log"
