@@ -68,6 +68,19 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_bench, _add_doctor, _add_env]
 
 
+def _add_build(sub: argparse._SubParsersAction) -> None:
+    from .collectives import _lib
+
+    p = sub.add_parser("build", help="compile csrc (the custom all-reduce) ahead of time into GRAPHJIT_CACHE_DIR",
+                       description="Compile csrc/ with nvcc for each GPU architecture into the cache directory, "
+                                   "under a file lock, as collectives.init() would on first use.")
+    _lib.add_build_arguments(p)
+    p.set_defaults(handler=_lib.run_build)
+
+
+COMMANDS.append(_add_build)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m graphjit",
                                      description="graphjit: automatic, safe CUDA graphs for Paddle and PyTorch.")

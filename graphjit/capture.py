@@ -202,6 +202,8 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
                                           debug=req.dump_dir is not None)
         capture_ms = (time.perf_counter() - t_cap) * 1e3
         try:
+            for hook in scope.AFTER_CAPTURE:  # e.g. register captured all-reduce buffers on every rank
+                hook()
             bucket_dims = {(dim, size) for (_leaf, dim, size) in sig.bucketed}
             inputs = StaticInputs(b, statics, adopted, mutated, {leaf for (leaf, _d, _s) in sig.bucketed})
             outputs = StaticOutputs(b, static_out, is_tensor, bucket_dims)

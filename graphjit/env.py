@@ -47,20 +47,20 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("GRAPHJIT_MAX_GRAPHS", "int", "",
              "Default for max_graphs (graphs per function); a decorator's max_graphs= overrides it."),
     Variable("GRAPHJIT_CUSTOM_AR", "bool", "1",
-             "0: never use the custom all-reduce, always the framework's collective. "
-             "(Custom all-reduce: not in this release yet.)"),
+             "0: never use the custom all-reduce, always the framework's collective (calls are still counted "
+             "in collectives.stats())."),
     Variable("GRAPHJIT_AR_ALGO", "choice:auto|1shot|2shot|nccl", "auto",
-             "Custom all-reduce algorithm; auto picks by size and world size. "
-             "(Not in this release yet.)"),
+             "Custom all-reduce algorithm: auto picks one-shot or two-shot by size and world size; nccl always "
+             "uses the framework's collective. Read at each call (at capture for graphs): set it alike on every rank."),
     Variable("GRAPHJIT_AR_MAX_BYTES", "int", "",
-             "Default max_bytes of collectives.init (bytes; larger tensors use the framework's collective). "
-             "(Not in this release yet.)"),
+             "Default max_bytes of collectives.init (8 MiB if unset): the size of the staging and scratch buffers; "
+             "larger tensors use the framework's collective."),
     Variable("GRAPHJIT_CACHE_DIR", "path", "~/.cache/graphjit",
-             "Where compiled csrc libraries (keyed by source hash and GPU architecture) are kept. "
-             "(Not in this release yet.)"),
+             "Where compiled csrc libraries are kept, keyed by source hash and GPU architecture "
+             "(python -m graphjit build fills it ahead of time)."),
     Variable("GRAPHJIT_NVCC", "path", "",
-             "The nvcc to build csrc with (default: nvcc on PATH, then $CUDA_HOME/bin/nvcc). "
-             "(Not in this release yet.)"),
+             "The nvcc to build csrc with (default: nvcc on PATH, then $CUDA_HOME/bin/nvcc, then "
+             "/usr/local/cuda/bin/nvcc)."),
 )
 
 _TRUE = {"1", "true", "yes", "on"}

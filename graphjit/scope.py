@@ -16,10 +16,11 @@ Scopes nest; the outermost one owns the pool.  Nothing is traced or warmed up at
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger("graphjit")
@@ -27,6 +28,14 @@ log = logging.getLogger("graphjit")
 _lock = threading.Lock()
 _stack: list[CaptureScope] = []
 _tls = threading.local()
+_capture_ids = itertools.count(1)
+
+AFTER_CAPTURE: list[Callable[[], None]] = []
+"""Called, in order, on the capturing thread right after each successful capture of a graphed call
+(after the backend's capture returned, before the graph is replayed for the first time, verify's
+replay included).  :mod:`graphjit.collectives` registers the buffers of the all-reduces captured
+in that graph on every rank here.  A hook that raises fails the capture: the graph is dropped and
+the key falls back as for any capture failure.  Hooks must be cheap when they have nothing to do."""
 
 
 class CaptureScope:
@@ -114,6 +123,8 @@ def graphed_call(phase: str) -> Iterator[None]:
     """Mark the calling thread as inside a graphed call (``phase``: "warmup", "capture" or "replay")."""
     previous = getattr(_tls, "phase", None)
     _tls.phase = phase
+    if phase == "capture":
+        _tls.capture = next(_capture_ids)
     try:
         yield
     finally:
@@ -123,6 +134,11 @@ def graphed_call(phase: str) -> Iterator[None]:
 def phase() -> str | None:
     """The graphed-call phase of this thread ("warmup", "capture", "replay"), or None."""
     return getattr(_tls, "phase", None)
+
+
+def last_capture() -> int:
+    """A number identifying the most recent graphed-call capture begun on this thread (0: none yet)."""
+    return getattr(_tls, "capture", 0)
 
 
 def collective_mode() -> str | None:

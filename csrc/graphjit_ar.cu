@@ -1,0 +1,685 @@
+// graphjit custom all-reduce: the host side, an extern "C" API loaded with ctypes.
+//
+// Every function returns an int status (GJ_OK = 0) and never exits or throws; on failure the
+// message is available from gj_ar_last_error() on the same thread until that thread's next
+// failing call.  Ownership: the IPC-shared buffers (signal+scratch, staging) are allocated with
+// gj_ar_alloc and freed with gj_ar_free by the caller; a context maps the other ranks' buffers,
+// owns the device pointer table and closes every mapping it opened in gj_ar_destroy/gj_ar_reset.
+//
+// Pointer table: slot 0 holds the staging buffers of all ranks (eager calls copy their input
+// there).  Every all-reduce launched while the stream is being captured takes the next free slot
+// (no lookup by address: ranks must agree on slots by order, and an address seen before on one
+// rank may be new on another); its input address is kept in a pending list.  After the capture,
+// the caller exchanges the handles from gj_ar_pending_handles between ranks and calls
+// gj_ar_register_pending, which fills the slots.  A graph must not be replayed before that (the
+// kernel traps on an unfilled slot instead of reading garbage).  gj_ar_reset empties the table.
+//
+// Bounds checked here, whatever the caller checked: the input against the staging buffer (eager)
+// and the scratch buffer (both paths), the pointer table's capacity, 16-byte size and alignment,
+// the dtype, world size and algorithm codes, and the captured buffers' extent at registration.
+
+#include <cuda.h>  // enums and types of the driver API only; the entry point is looked up at run time
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "custom_all_reduce.cuh"
+
+#define GJ_EXPORT extern "C" __attribute__((visibility("default")))
+
+enum GjStatus : int {
+  GJ_OK = 0,
+  GJ_ERR_ARGUMENT = 1,     // a null pointer, a bad code, a negative size
+  GJ_ERR_CUDA = 2,         // a CUDA call failed (the message names it)
+  GJ_ERR_BOUNDS = 3,       // larger than the staging or scratch buffer, or beyond an allocation
+  GJ_ERR_TABLE_FULL = 4,   // no free slot in the pointer table
+  GJ_ERR_UNSUPPORTED = 5,  // dtype, world size, size or alignment the kernels do not handle
+  GJ_ERR_STATE = 6,        // calls in the wrong order (e.g. register with no pending buffers)
+};
+
+static constexpr int kAbiVersion = 1;
+static constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
+static_assert(kHandleBytes == 64, "cudaIpcMemHandle_t is expected to be 64 bytes");
+
+namespace {
+
+thread_local std::string t_last_error;
+
+int fail(int code, const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  t_last_error = buf;
+  return code;
+}
+
+int cuda_fail(cudaError_t e, const char* what) {
+  cudaGetLastError();  // clear a non-sticky error so that the next call starts clean
+  return fail(GJ_ERR_CUDA, "%s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+#define GJ_CUDA(call, what)                         \
+  do {                                              \
+    cudaError_t e_ = (call);                        \
+    if (e_ != cudaSuccess) return cuda_fail(e_, what); \
+  } while (0)
+
+// Make `device` current for the scope of an API call and restore the caller's device after it.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : device_(device) {
+    status_ = cudaGetDevice(&previous_);
+    if (status_ == cudaSuccess && previous_ != device_) status_ = cudaSetDevice(device_);
+  }
+  ~DeviceGuard() {
+    if (status_ == cudaSuccess && previous_ != device_) cudaSetDevice(previous_);
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int device_;
+  int previous_ = -1;
+  cudaError_t status_;
+};
+
+#define GJ_DEVICE(dev)                                                    \
+  DeviceGuard guard_(dev);                                                \
+  if (guard_.status() != cudaSuccess) return cuda_fail(guard_.status(), "selecting the device (cudaGetDevice/cudaSetDevice)")
+
+// cuPointerGetAttribute from the driver, looked up once (the library links no libcuda).
+using PointerAttrFn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+PointerAttrFn pointer_attr_fn(std::string* why) {
+  static std::once_flag once;
+  static PointerAttrFn fn = nullptr;
+  static std::string error;
+  std::call_once(once, [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* e = dlerror();
+      error = std::string("dlopen(libcuda.so.1) failed: ") + (e ? e : "unknown error");
+      return;
+    }
+    fn = reinterpret_cast<PointerAttrFn>(dlsym(lib, "cuPointerGetAttribute"));
+    if (fn == nullptr) error = "libcuda.so.1 has no cuPointerGetAttribute";
+  });
+  if (fn == nullptr && why != nullptr) *why = error;
+  return fn;
+}
+
+int pointer_attr(const void* ptr, CUpointer_attribute attr, void* out, const char* what) {
+  std::string why;
+  PointerAttrFn fn = pointer_attr_fn(&why);
+  if (fn == nullptr) return fail(GJ_ERR_CUDA, "%s: %s", what, why.c_str());
+  CUresult r = fn(out, attr, reinterpret_cast<CUdeviceptr>(ptr));
+  if (r != CUDA_SUCCESS) return fail(GJ_ERR_CUDA, "%s: cuPointerGetAttribute(%p) returned CUresult %d", what, ptr, (int)r);
+  return GJ_OK;
+}
+
+int element_size(int dtype) {
+  switch (dtype) {
+    case gjar::kFloat32: return 4;
+    case gjar::kFloat16: return 2;
+    case gjar::kBFloat16: return 2;
+    default: return 0;
+  }
+}
+
+bool world_supported(int world) { return world == 2 || world == 4 || world == 6 || world == 8; }
+
+int choose_algo(int world, long long bytes) {
+  // One-shot moves (world-1)*S bytes per rank with one synchronization; two-shot moves
+  // 2*(world-1)/world*S with two.  With 2 ranks two-shot saves no traffic at all.
+  if (world <= 2) return gjar::kOneShot;
+  if (world <= 4) return bytes < (512LL << 10) ? gjar::kOneShot : gjar::kTwoShot;
+  return bytes < (256LL << 10) ? gjar::kOneShot : gjar::kTwoShot;
+}
+
+int blocks_for(long long packs, int max_blocks) {
+  long long b = (packs + gjar::kThreads - 1) / gjar::kThreads;
+  if (b < 1) b = 1;
+  if (b > max_blocks) b = max_blocks;
+  return static_cast<int>(b);
+}
+
+struct Pending {
+  const void* ptr;
+  long long bytes;
+  int slot;
+};
+
+struct Context {
+  int rank = 0;
+  int world = 0;
+  int device = 0;
+  size_t scratch_bytes = 0;
+  size_t staging_bytes = 0;
+  int max_blocks = 36;
+  unsigned long long timeout_ns = 0;
+  gjar::Signal* signals[gjar::kMaxRanks] = {};
+  void* staging[gjar::kMaxRanks] = {};
+  std::vector<void*> peer_maps;                        // signal + staging mappings of the peers
+  std::unordered_map<std::string, char*> graph_maps;   // handle bytes -> mapped base (captured inputs)
+  gjar::RankPtrs* table = nullptr;                      // device, `capacity` slots
+  int capacity = 0;
+  int next_slot = 1;
+  std::vector<Pending> pending;
+  int* probe_result = nullptr;                          // device, kMaxRanks ints
+  std::mutex mu;
+};
+
+Context* as_ctx(void* p) { return static_cast<Context*>(p); }
+
+int close_graph_maps(Context* c) {
+  int status = GJ_OK;
+  for (auto& kv : c->graph_maps) {
+    cudaError_t e = cudaIpcCloseMemHandle(kv.second);
+    if (e != cudaSuccess && status == GJ_OK) status = cuda_fail(e, "cudaIpcCloseMemHandle (captured buffer)");
+  }
+  c->graph_maps.clear();
+  return status;
+}
+
+template <typename T, int W>
+cudaError_t launch_typed(const gjar::Params& p, int algo, int blocks, cudaStream_t stream) {
+  if (algo == gjar::kOneShot) {
+    gjar::one_shot_kernel<T, W><<<blocks, gjar::kThreads, 0, stream>>>(p);
+  } else {
+    gjar::two_shot_kernel<T, W><<<blocks, gjar::kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_world(const gjar::Params& p, int world, int algo, int blocks, cudaStream_t stream) {
+  switch (world) {
+    case 2: return launch_typed<T, 2>(p, algo, blocks, stream);
+    case 4: return launch_typed<T, 4>(p, algo, blocks, stream);
+    case 6: return launch_typed<T, 6>(p, algo, blocks, stream);
+    case 8: return launch_typed<T, 8>(p, algo, blocks, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// Load every kernel now.  With lazy module loading (the default since CUDA 12) a kernel is loaded
+// at its first launch; if that first launch happened while a stream is being captured, the load
+// would run inside the capture.  Asking for a kernel's attributes loads it.
+template <typename T, int W>
+cudaError_t preload_typed() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaFuncGetAttributes(&a, gjar::one_shot_kernel<T, W>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, gjar::two_shot_kernel<T, W>);
+  return e;
+}
+
+template <typename T>
+cudaError_t preload_worlds() {
+  cudaError_t e = preload_typed<T, 2>();
+  if (e == cudaSuccess) e = preload_typed<T, 4>();
+  if (e == cudaSuccess) e = preload_typed<T, 6>();
+  if (e == cudaSuccess) e = preload_typed<T, 8>();
+  return e;
+}
+
+cudaError_t preload_kernels() {
+  cudaFuncAttributes a;
+  cudaError_t e = preload_worlds<float>();
+  if (e == cudaSuccess) e = preload_worlds<__half>();
+  if (e == cudaSuccess) e = preload_worlds<__nv_bfloat16>();
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, gjar::probe_write_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, gjar::probe_read_kernel);
+  return e;
+}
+
+}  // namespace
+
+// ---- information ------------------------------------------------------------------------------
+GJ_EXPORT int gj_ar_abi_version(void) { return kAbiVersion; }
+
+GJ_EXPORT const char* gj_ar_last_error(void) { return t_last_error.c_str(); }
+
+GJ_EXPORT int gj_ar_limits(int* max_ranks, int* max_blocks, int* threads, long long* header_bytes, int* handle_bytes) {
+  if (!max_ranks || !max_blocks || !threads || !header_bytes || !handle_bytes)
+    return fail(GJ_ERR_ARGUMENT, "gj_ar_limits: null output pointer");
+  *max_ranks = gjar::kMaxRanks;
+  *max_blocks = gjar::kMaxBlocks;
+  *threads = gjar::kThreads;
+  *header_bytes = static_cast<long long>(gjar::kHeaderBytes);
+  *handle_bytes = kHandleBytes;
+  return GJ_OK;
+}
+
+GJ_EXPORT int gj_ar_choose_algo(int world, long long bytes, int* algo) {
+  if (algo == nullptr) return fail(GJ_ERR_ARGUMENT, "gj_ar_choose_algo: null output pointer");
+  if (!world_supported(world)) return fail(GJ_ERR_UNSUPPORTED, "world size %d is not supported (2, 4, 6 or 8)", world);
+  if (bytes < 0) return fail(GJ_ERR_ARGUMENT, "gj_ar_choose_algo: negative size %lld", bytes);
+  *algo = choose_algo(world, bytes);
+  return GJ_OK;
+}
+
+GJ_EXPORT int gj_ar_device_info(int device, char* pci_bus_id, int len, int* major, int* minor) {
+  if (!pci_bus_id || len < 16 || !major || !minor) return fail(GJ_ERR_ARGUMENT, "gj_ar_device_info: bad output buffers");
+  GJ_CUDA(cudaDeviceGetPCIBusId(pci_bus_id, len, device), "cudaDeviceGetPCIBusId");
+  GJ_CUDA(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute(major)");
+  GJ_CUDA(cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute(minor)");
+  return GJ_OK;
+}
+
+// Peer access between two devices visible to this process, by PCI bus id (-1 if one is not visible).
+GJ_EXPORT int gj_ar_can_access_peer(const char* pci_a, const char* pci_b, int* result) {
+  if (!pci_a || !pci_b || !result) return fail(GJ_ERR_ARGUMENT, "gj_ar_can_access_peer: null argument");
+  int a = -1, b = -1;
+  if (cudaDeviceGetByPCIBusId(&a, pci_a) != cudaSuccess || cudaDeviceGetByPCIBusId(&b, pci_b) != cudaSuccess) {
+    cudaGetLastError();
+    *result = -1;
+    return GJ_OK;
+  }
+  int can = 0;
+  GJ_CUDA(cudaDeviceCanAccessPeer(&can, a, b), "cudaDeviceCanAccessPeer");
+  *result = can;
+  return GJ_OK;
+}
+
+// 1 if `ptr` lies in memory that cudaIpcGetMemHandle can share (not VMM/cuMemCreate memory such
+// as PyTorch's expandable segments).  A driver query, safe while a stream is being captured.
+GJ_EXPORT int gj_ar_ipc_capable(const void* ptr, int* capable) {
+  if (!ptr || !capable) return fail(GJ_ERR_ARGUMENT, "gj_ar_ipc_capable: null argument");
+  int value = 0;
+  int rc = pointer_attr(ptr, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, &value, "gj_ar_ipc_capable");
+  if (rc != GJ_OK) return rc;
+  *capable = value ? 1 : 0;
+  return GJ_OK;
+}
+
+GJ_EXPORT int gj_ar_stream_capturing(void* stream, int* capturing) {
+  if (!capturing) return fail(GJ_ERR_ARGUMENT, "gj_ar_stream_capturing: null output pointer");
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  GJ_CUDA(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status), "cudaStreamIsCapturing");
+  *capturing = (status == cudaStreamCaptureStatusActive) ? 1 : (status == cudaStreamCaptureStatusNone ? 0 : 2);
+  return GJ_OK;
+}
+
+// ---- IPC-shared buffers -----------------------------------------------------------------------
+GJ_EXPORT int gj_ar_alloc(int device, long long bytes, void** ptr, void* handle) {
+  if (!ptr || !handle) return fail(GJ_ERR_ARGUMENT, "gj_ar_alloc: null output pointer");
+  if (bytes <= 0 || bytes % gjar::kPackBytes != 0)
+    return fail(GJ_ERR_ARGUMENT, "gj_ar_alloc: size %lld is not a positive multiple of 16 bytes", bytes);
+  GJ_DEVICE(device);
+  void* p = nullptr;
+  GJ_CUDA(cudaMalloc(&p, static_cast<size_t>(bytes)), "cudaMalloc");
+  cudaError_t e = cudaMemset(p, 0, static_cast<size_t>(bytes));
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaIpcGetMemHandle(static_cast<cudaIpcMemHandle_t*>(handle), p);
+  if (e != cudaSuccess) {
+    int rc = cuda_fail(e, "gj_ar_alloc (cudaMemset/cudaIpcGetMemHandle)");
+    cudaFree(p);
+    return rc;
+  }
+  *ptr = p;
+  return GJ_OK;
+}
+
+GJ_EXPORT int gj_ar_free(int device, void* ptr) {
+  if (!ptr) return GJ_OK;
+  GJ_DEVICE(device);
+  GJ_CUDA(cudaFree(ptr), "cudaFree");
+  return GJ_OK;
+}
+
+// ---- contexts ---------------------------------------------------------------------------------
+GJ_EXPORT int gj_ar_create(int rank, int world, int device, const void* signal_handles, void* own_signal,
+                           long long signal_bytes, const void* staging_handles, void* own_staging,
+                           long long staging_bytes, int table_capacity, int max_blocks, double timeout_s,
+                           void** ctx_out) {
+  if (!ctx_out) return fail(GJ_ERR_ARGUMENT, "gj_ar_create: null output pointer");
+  *ctx_out = nullptr;
+  if (!world_supported(world)) return fail(GJ_ERR_UNSUPPORTED, "world size %d is not supported (2, 4, 6 or 8)", world);
+  if (rank < 0 || rank >= world) return fail(GJ_ERR_ARGUMENT, "rank %d is not in [0, %d)", rank, world);
+  if (!signal_handles || !own_signal || !staging_handles || !own_staging)
+    return fail(GJ_ERR_ARGUMENT, "gj_ar_create: null buffer or handle array");
+  if (signal_bytes <= (long long)gjar::kHeaderBytes || (signal_bytes - (long long)gjar::kHeaderBytes) % gjar::kPackBytes)
+    return fail(GJ_ERR_ARGUMENT, "signal buffer of %lld bytes: expected %zu header bytes plus a scratch area that is a "
+                "positive multiple of 16 bytes", signal_bytes, gjar::kHeaderBytes);
+  if (staging_bytes <= 0 || staging_bytes % gjar::kPackBytes)
+    return fail(GJ_ERR_ARGUMENT, "staging buffer of %lld bytes: expected a positive multiple of 16", staging_bytes);
+  if (table_capacity < 2 || table_capacity > (1 << 24))
+    return fail(GJ_ERR_ARGUMENT, "pointer table capacity %d: expected 2 .. 16777216 slots", table_capacity);
+  if (max_blocks < 1 || max_blocks > gjar::kMaxBlocks)
+    return fail(GJ_ERR_ARGUMENT, "max_blocks %d: expected 1 .. %d", max_blocks, gjar::kMaxBlocks);
+  if (!(timeout_s >= 0.0)) return fail(GJ_ERR_ARGUMENT, "timeout %f s: expected >= 0 (0: none)", timeout_s);
+  if ((reinterpret_cast<uintptr_t>(own_signal) | reinterpret_cast<uintptr_t>(own_staging)) % 256)
+    return fail(GJ_ERR_ARGUMENT, "gj_ar_create: buffers must come from gj_ar_alloc (256-byte aligned)");
+  GJ_DEVICE(device);
+  GJ_CUDA(preload_kernels(), "loading the all-reduce kernels (was the library built for this GPU's architecture?)");
+
+  Context* c = new Context();
+  c->rank = rank;
+  c->world = world;
+  c->device = device;
+  c->scratch_bytes = static_cast<size_t>(signal_bytes) - gjar::kHeaderBytes;
+  c->staging_bytes = static_cast<size_t>(staging_bytes);
+  c->max_blocks = max_blocks;
+  c->timeout_ns = static_cast<unsigned long long>(timeout_s * 1e9);
+  c->capacity = table_capacity;
+
+  auto cleanup = [c](int rc) {
+    for (void* m : c->peer_maps) cudaIpcCloseMemHandle(m);
+    if (c->table) cudaFree(c->table);
+    if (c->probe_result) cudaFree(c->probe_result);
+    delete c;
+    return rc;
+  };
+  const char* sig_h = static_cast<const char*>(signal_handles);
+  const char* stg_h = static_cast<const char*>(staging_handles);
+  for (int r = 0; r < world; ++r) {
+    if (r == rank) {
+      c->signals[r] = static_cast<gjar::Signal*>(own_signal);
+      c->staging[r] = own_staging;
+      continue;
+    }
+    cudaIpcMemHandle_t h;
+    void* p = nullptr;
+    std::memcpy(&h, sig_h + r * kHandleBytes, kHandleBytes);
+    cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      int rc = cuda_fail(e, "cudaIpcOpenMemHandle (signal buffer of a peer)");
+      t_last_error += " [peer rank " + std::to_string(r) + "]";
+      return cleanup(rc);
+    }
+    c->peer_maps.push_back(p);
+    c->signals[r] = static_cast<gjar::Signal*>(p);
+    std::memcpy(&h, stg_h + r * kHandleBytes, kHandleBytes);
+    e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      int rc = cuda_fail(e, "cudaIpcOpenMemHandle (staging buffer of a peer)");
+      t_last_error += " [peer rank " + std::to_string(r) + "]";
+      return cleanup(rc);
+    }
+    c->peer_maps.push_back(p);
+    c->staging[r] = p;
+  }
+  cudaError_t e = cudaMalloc(&c->table, sizeof(gjar::RankPtrs) * static_cast<size_t>(table_capacity));
+  if (e == cudaSuccess) e = cudaMemset(c->table, 0, sizeof(gjar::RankPtrs) * static_cast<size_t>(table_capacity));
+  if (e == cudaSuccess) e = cudaMalloc(&c->probe_result, sizeof(int) * gjar::kMaxRanks);
+  if (e == cudaSuccess) {
+    gjar::RankPtrs slot0{};
+    for (int r = 0; r < world; ++r) slot0.ptr[r] = c->staging[r];
+    e = cudaMemcpy(c->table, &slot0, sizeof(slot0), cudaMemcpyHostToDevice);
+  }
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return cleanup(cuda_fail(e, "gj_ar_create (pointer table)"));
+  *ctx_out = c;
+  return GJ_OK;
+}
+
+GJ_EXPORT int gj_ar_destroy(void* ctx) {
+  if (!ctx) return GJ_OK;
+  Context* c = as_ctx(ctx);
+  int status = GJ_OK;
+  {
+    DeviceGuard guard(c->device);
+    cudaDeviceSynchronize();  // no kernel of ours may still use a mapping
+    status = close_graph_maps(c);
+    for (void* m : c->peer_maps) {
+      cudaError_t e = cudaIpcCloseMemHandle(m);
+      if (e != cudaSuccess && status == GJ_OK) status = cuda_fail(e, "cudaIpcCloseMemHandle (peer buffer)");
+    }
+    if (c->table) cudaFree(c->table);
+    if (c->probe_result) cudaFree(c->probe_result);
+  }
+  delete c;
+  return status;
+}
+
+// ---- the all-reduce ---------------------------------------------------------------------------
+// In place when in == out.  Not capturing: `in` is copied into the staging buffer (unless it is
+// the staging buffer) and the kernel reads the staging buffers of all ranks (slot 0).  Capturing:
+// zero copy; the launch takes the next pointer-table slot, registered after the capture.
+GJ_EXPORT int gj_ar_all_reduce(void* ctx, const void* in, void* out, long long numel, int dtype, int algo, void* stream) {
+  if (!ctx) return fail(GJ_ERR_ARGUMENT, "gj_ar_all_reduce: null context (collectives.init did not succeed)");
+  Context* c = as_ctx(ctx);
+  if (!in || !out) return fail(GJ_ERR_ARGUMENT, "gj_ar_all_reduce: null input or output pointer");
+  const int esize = element_size(dtype);
+  if (esize == 0) return fail(GJ_ERR_UNSUPPORTED, "dtype code %d is not supported (0 float32, 1 float16, 2 bfloat16)", dtype);
+  if (numel <= 0) return fail(GJ_ERR_ARGUMENT, "numel %lld: expected > 0", numel);
+  if (algo < gjar::kAuto || algo > gjar::kTwoShot) return fail(GJ_ERR_ARGUMENT, "algorithm code %d: expected 0 auto, 1 one-shot, 2 two-shot", algo);
+  const long long bytes = numel * esize;
+  if (bytes % gjar::kPackBytes) return fail(GJ_ERR_UNSUPPORTED, "%lld bytes is not a multiple of 16", bytes);
+  if ((reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out)) % gjar::kPackBytes)
+    return fail(GJ_ERR_UNSUPPORTED, "input %p or output %p is not 16-byte aligned", in, out);
+  const char* ib = static_cast<const char*>(in);
+  const char* ob = static_cast<const char*>(out);
+  if (ib != ob && ib < ob + bytes && ob < ib + bytes)
+    return fail(GJ_ERR_ARGUMENT, "input and output overlap without being the same buffer");
+  if (static_cast<unsigned long long>(bytes) > c->scratch_bytes)
+    return fail(GJ_ERR_BOUNDS, "%lld bytes exceed the scratch buffer (%zu bytes, max_bytes of collectives.init)",
+                bytes, c->scratch_bytes);
+  if (algo == gjar::kAuto) algo = choose_algo(c->world, bytes);
+  GJ_DEVICE(c->device);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  GJ_CUDA(cudaStreamIsCapturing(s, &capture), "cudaStreamIsCapturing");
+  if (capture == cudaStreamCaptureStatusInvalidated)
+    return fail(GJ_ERR_CUDA, "the stream's capture was invalidated before the all-reduce");
+
+  gjar::Params p{};
+  for (int r = 0; r < c->world; ++r) p.signals[r] = c->signals[r];
+  p.out = out;
+  p.packs = bytes / gjar::kPackBytes;
+  p.rank = c->rank;
+  p.timeout_ns = c->timeout_ns;
+  if (capture == cudaStreamCaptureStatusActive) {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->next_slot >= c->capacity)
+      return fail(GJ_ERR_TABLE_FULL, "the pointer table is full (%d slots, %d used by captured all-reduces): "
+                  "call collectives.reset() after dropping old graphs, or init with more slots",
+                  c->capacity, c->next_slot - 1);
+    const int slot = c->next_slot++;
+    c->pending.push_back(Pending{in, bytes, slot});
+    p.inputs = c->table + slot;
+    p.inplace = (in == out) ? 1 : 0;
+  } else {
+    if (static_cast<unsigned long long>(bytes) > c->staging_bytes)
+      return fail(GJ_ERR_BOUNDS, "%lld bytes exceed the staging buffer (%zu bytes)", bytes, c->staging_bytes);
+    if (in != c->staging[c->rank])
+      GJ_CUDA(cudaMemcpyAsync(c->staging[c->rank], in, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, s),
+              "cudaMemcpyAsync (input -> staging buffer)");
+    p.inputs = c->table;  // slot 0: the staging buffers
+    p.inplace = (out == c->staging[c->rank]) ? 1 : 0;
+  }
+  const long long work = (algo == gjar::kOneShot) ? p.packs : (p.packs + c->world - 1) / c->world;
+  const int blocks = blocks_for(work, c->max_blocks);
+  cudaError_t e = cudaErrorInvalidValue;
+  switch (dtype) {
+    case gjar::kFloat32: e = launch_world<float>(p, c->world, algo, blocks, s); break;
+    case gjar::kFloat16: e = launch_world<__half>(p, c->world, algo, blocks, s); break;
+    case gjar::kBFloat16: e = launch_world<__nv_bfloat16>(p, c->world, algo, blocks, s); break;
+  }
+  if (e != cudaSuccess) return cuda_fail(e, "all-reduce kernel launch");
+  return GJ_OK;
+}
+
+// ---- registration of captured inputs -----------------------------------------------------------
+GJ_EXPORT int gj_ar_pending(void* ctx, int* count) {
+  if (!ctx || !count) return fail(GJ_ERR_ARGUMENT, "gj_ar_pending: null argument");
+  Context* c = as_ctx(ctx);
+  std::lock_guard<std::mutex> lock(c->mu);
+  *count = static_cast<int>(c->pending.size());
+  return GJ_OK;
+}
+
+GJ_EXPORT int gj_ar_slots(void* ctx, int* used, int* capacity) {
+  if (!ctx || !used || !capacity) return fail(GJ_ERR_ARGUMENT, "gj_ar_slots: null argument");
+  Context* c = as_ctx(ctx);
+  std::lock_guard<std::mutex> lock(c->mu);
+  *used = c->next_slot;
+  *capacity = c->capacity;
+  return GJ_OK;
+}
+
+// Forget the first `count` pending entries (captures that failed: their slots stay used until reset).
+GJ_EXPORT int gj_ar_drop_pending(void* ctx, int count) {
+  if (!ctx) return fail(GJ_ERR_ARGUMENT, "gj_ar_drop_pending: null context");
+  Context* c = as_ctx(ctx);
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (count < 0 || count > static_cast<int>(c->pending.size()))
+    return fail(GJ_ERR_ARGUMENT, "gj_ar_drop_pending: %d of %zu pending entries", count, c->pending.size());
+  c->pending.erase(c->pending.begin(), c->pending.begin() + count);
+  return GJ_OK;
+}
+
+// IPC handle of the allocation holding each pending input, and the input's offset in it.
+GJ_EXPORT int gj_ar_pending_handles(void* ctx, int count, void* handles, long long* offsets) {
+  if (!ctx || (count > 0 && (!handles || !offsets))) return fail(GJ_ERR_ARGUMENT, "gj_ar_pending_handles: null argument");
+  Context* c = as_ctx(ctx);
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (count != static_cast<int>(c->pending.size()))
+    return fail(GJ_ERR_STATE, "gj_ar_pending_handles: asked for %d entries, %zu are pending", count, c->pending.size());
+  GJ_DEVICE(c->device);
+  char* out = static_cast<char*>(handles);
+  for (int i = 0; i < count; ++i) {
+    const Pending& pe = c->pending[i];
+    void* base = nullptr;
+    size_t size = 0;
+    int capable = 0;
+    int rc = pointer_attr(pe.ptr, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, &capable, "captured input");
+    if (rc != GJ_OK) return rc;
+    if (!capable)
+      return fail(GJ_ERR_UNSUPPORTED, "captured all-reduce input %p is in memory that CUDA IPC cannot share "
+                  "(VMM memory, e.g. PyTorch expandable_segments)", pe.ptr);
+    rc = pointer_attr(pe.ptr, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, &base, "captured input");
+    if (rc != GJ_OK) return rc;
+    rc = pointer_attr(pe.ptr, CU_POINTER_ATTRIBUTE_RANGE_SIZE, &size, "captured input");
+    if (rc != GJ_OK) return rc;
+    const long long offset = static_cast<const char*>(pe.ptr) - static_cast<const char*>(base);
+    if (offset < 0 || static_cast<unsigned long long>(offset + pe.bytes) > size)
+      return fail(GJ_ERR_BOUNDS, "captured all-reduce input %p (%lld bytes) extends beyond its allocation "
+                  "(%p, %zu bytes)", pe.ptr, pe.bytes, base, size);
+    GJ_CUDA(cudaIpcGetMemHandle(reinterpret_cast<cudaIpcMemHandle_t*>(out + i * kHandleBytes), base),
+            "cudaIpcGetMemHandle (captured input)");
+    offsets[i] = offset;
+  }
+  return GJ_OK;
+}
+
+// handles: world * count * 64 bytes, rank-major; offsets: world * count.  Fills the slots of the
+// pending entries, in order, with the matching entry of every rank, then clears the pending list.
+GJ_EXPORT int gj_ar_register_pending(void* ctx, int count, const void* handles, const long long* offsets, void* stream) {
+  if (!ctx || (count > 0 && (!handles || !offsets))) return fail(GJ_ERR_ARGUMENT, "gj_ar_register_pending: null argument");
+  Context* c = as_ctx(ctx);
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (count != static_cast<int>(c->pending.size()))
+    return fail(GJ_ERR_STATE, "gj_ar_register_pending: %d entries given, %zu pending on rank %d (ranks captured "
+                "different all-reduces)", count, c->pending.size(), c->rank);
+  GJ_DEVICE(c->device);
+  const char* hs = static_cast<const char*>(handles);
+  std::vector<gjar::RankPtrs> rows(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    gjar::RankPtrs& row = rows[i];
+    std::memset(&row, 0, sizeof(row));
+    for (int r = 0; r < c->world; ++r) {
+      if (r == c->rank) {
+        row.ptr[r] = c->pending[i].ptr;
+        continue;
+      }
+      const long long off = offsets[static_cast<size_t>(r) * count + i];
+      if (off < 0) return fail(GJ_ERR_ARGUMENT, "negative offset %lld from rank %d", off, r);
+      std::string key(hs + (static_cast<size_t>(r) * count + i) * kHandleBytes, kHandleBytes);
+      auto it = c->graph_maps.find(key);
+      char* base = nullptr;
+      if (it != c->graph_maps.end()) {
+        base = it->second;
+      } else {
+        cudaIpcMemHandle_t h;
+        std::memcpy(&h, key.data(), kHandleBytes);
+        void* p = nullptr;
+        cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+        if (e != cudaSuccess) {
+          int rc = cuda_fail(e, "cudaIpcOpenMemHandle (captured input of a peer)");
+          t_last_error += " [peer rank " + std::to_string(r) + "]";
+          return rc;
+        }
+        base = static_cast<char*>(p);
+        c->graph_maps.emplace(std::move(key), base);
+      }
+      row.ptr[r] = base + off;
+    }
+  }
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  for (int i = 0; i < count; ++i)
+    GJ_CUDA(cudaMemcpyAsync(c->table + c->pending[i].slot, &rows[i], sizeof(gjar::RankPtrs), cudaMemcpyHostToDevice, s),
+            "cudaMemcpyAsync (pointer table)");
+  GJ_CUDA(cudaStreamSynchronize(s), "cudaStreamSynchronize (pointer table)");
+  c->pending.clear();
+  return GJ_OK;
+}
+
+// Free every captured slot (graphs that used them must not be replayed again) and close the
+// mappings of captured inputs.  Slot 0 (staging) stays.
+GJ_EXPORT int gj_ar_reset(void* ctx) {
+  if (!ctx) return fail(GJ_ERR_ARGUMENT, "gj_ar_reset: null context");
+  Context* c = as_ctx(ctx);
+  std::lock_guard<std::mutex> lock(c->mu);
+  GJ_DEVICE(c->device);
+  GJ_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize (reset)");
+  if (c->capacity > 1)
+    GJ_CUDA(cudaMemset(c->table + 1, 0, sizeof(gjar::RankPtrs) * static_cast<size_t>(c->capacity - 1)),
+            "cudaMemset (pointer table)");
+  GJ_CUDA(cudaDeviceSynchronize(), "cudaDeviceSynchronize (reset)");
+  int rc = close_graph_maps(c);
+  c->pending.clear();
+  c->next_slot = 1;
+  return rc;
+}
+
+// ---- probe ------------------------------------------------------------------------------------
+GJ_EXPORT int gj_ar_probe_write(void* ctx, unsigned token, void* stream) {
+  if (!ctx) return fail(GJ_ERR_ARGUMENT, "gj_ar_probe_write: null context");
+  Context* c = as_ctx(ctx);
+  GJ_DEVICE(c->device);
+  gjar::ProbeParams p{};
+  for (int r = 0; r < c->world; ++r) p.signals[r] = c->signals[r];
+  p.rank = c->rank;
+  p.world = c->world;
+  p.token = token;
+  p.result = c->probe_result;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  gjar::probe_write_kernel<<<1, 32, 0, s>>>(p);
+  GJ_CUDA(cudaGetLastError(), "probe write kernel launch");
+  GJ_CUDA(cudaStreamSynchronize(s), "probe write");
+  return GJ_OK;
+}
+
+// ok_mask: bit r set if rank r's probe value arrived in this rank's buffer.
+GJ_EXPORT int gj_ar_probe_check(void* ctx, unsigned token, void* stream, int* ok_mask) {
+  if (!ctx || !ok_mask) return fail(GJ_ERR_ARGUMENT, "gj_ar_probe_check: null argument");
+  Context* c = as_ctx(ctx);
+  GJ_DEVICE(c->device);
+  gjar::ProbeParams p{};
+  for (int r = 0; r < c->world; ++r) p.signals[r] = c->signals[r];
+  p.rank = c->rank;
+  p.world = c->world;
+  p.token = token;
+  p.result = c->probe_result;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  GJ_CUDA(cudaMemsetAsync(c->probe_result, 0, sizeof(int) * gjar::kMaxRanks, s), "cudaMemsetAsync (probe)");
+  gjar::probe_read_kernel<<<1, 32, 0, s>>>(p);
+  GJ_CUDA(cudaGetLastError(), "probe read kernel launch");
+  int host[gjar::kMaxRanks] = {};
+  GJ_CUDA(cudaMemcpyAsync(host, c->probe_result, sizeof(host), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync (probe)");
+  GJ_CUDA(cudaStreamSynchronize(s), "probe read");
+  int mask = 0;
+  for (int r = 0; r < c->world; ++r)
+    if (host[r]) mask |= 1 << r;
+  *ok_mask = mask;
+  return GJ_OK;
+}

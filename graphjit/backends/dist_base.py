@@ -1,0 +1,153 @@
+"""The distributed-backend protocol: what :mod:`graphjit.collectives` needs from a framework.
+
+:mod:`graphjit.collectives` (the custom all-reduce and the swap of ``all_reduce``) never imports
+paddle or torch; it talks to a :class:`DistBackend`.  ``torch_dist`` and ``paddle_dist`` implement
+it; :func:`load` imports one of them on demand (and so the framework, which the program has
+imported already when it calls ``collectives.init``).
+
+Everything here is about one call of the framework's ``all_reduce`` or one process group:
+parsing the call the way the original parses it, describing the tensor (pointer, size, dtype,
+layout), the process group (rank, size, exchanging small Python objects), streams and capture
+state, and building the value the original would return.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from collections.abc import Hashable
+from typing import Any, NamedTuple
+
+from ..errors import BackendError
+
+
+class Call(NamedTuple):
+    """One parsed ``all_reduce`` call."""
+
+    tensor: Any
+    op: Any
+    group: Any
+    flag: bool
+    """torch: ``async_op``; paddle: ``sync_op``."""
+
+
+class TensorInfo(NamedTuple):
+    """What eligibility needs to know about a tensor (cheap to build on every call)."""
+
+    dtype: str  # "float32", "float16", "bfloat16", or the framework's name of any other dtype
+    numel: int
+    nbytes: int
+    ptr: int
+    contiguous: bool
+    device: str  # "cpu" or "cuda:N"
+
+
+class DistBackend(abc.ABC):
+    """One framework's process groups, streams and ``all_reduce``."""
+
+    name: str = "base"
+    flag_name: str = "async_op"
+
+    # -- the function the swap wraps ---------------------------------------------------------
+    @abc.abstractmethod
+    def wrap_target(self) -> tuple[Any, str]:
+        """``(module, attribute)`` of the public ``all_reduce`` to wrap."""
+
+    def mark_graph_break(self, fn: Any) -> str | None:
+        """Tell the framework's tracer to run ``fn`` eagerly (a graph break); returns what was done."""
+        return None
+
+    # -- process groups --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def initialized(self) -> bool: ...
+
+    @abc.abstractmethod
+    def resolve_group(self, group: Any) -> Any:
+        """The group a call with ``group`` runs on (``None``: the default group)."""
+
+    @abc.abstractmethod
+    def group_key(self, group: Any) -> Hashable:
+        """A key that is equal for the same process group (after :meth:`resolve_group`)."""
+
+    @abc.abstractmethod
+    def rank(self, group: Any) -> int: ...
+
+    @abc.abstractmethod
+    def world_size(self, group: Any) -> int: ...
+
+    @abc.abstractmethod
+    def all_gather_object(self, obj: Any, group: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (a collective: every rank of ``group`` must call it)."""
+
+    # -- calls -----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def parse_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
+        """The call's arguments as the original binds them, or None if this is not a plain call."""
+
+    @abc.abstractmethod
+    def is_sum(self, op: Any) -> bool: ...
+
+    @abc.abstractmethod
+    def tensor_info(self, t: Any) -> TensorInfo | None:
+        """None if ``t`` is not a (dense) tensor of this framework."""
+
+    @abc.abstractmethod
+    def result(self, call: Call) -> Any:
+        """What the original returns for ``call`` once the result is in ``call.tensor``."""
+
+    def static_mode(self) -> bool:
+        """True while the framework builds a static program (the call is recorded, not run)."""
+        return False
+
+    # -- devices and streams ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def cuda_unavailable(self) -> str | None:
+        """None if the framework can run CUDA work here, else the reason."""
+
+    @abc.abstractmethod
+    def current_device(self) -> int: ...
+
+    @abc.abstractmethod
+    def capability(self, device: int) -> tuple[int, int]: ...
+
+    @abc.abstractmethod
+    def current_stream(self, device: int) -> int:
+        """The raw ``cudaStream_t`` the framework launches work on now (0: legacy default)."""
+
+    @abc.abstractmethod
+    def capturing(self) -> bool:
+        """True while the current stream (torch) or the framework (Paddle) captures a CUDA graph."""
+
+    @abc.abstractmethod
+    def synchronize(self, device: int) -> None: ...
+
+    @abc.abstractmethod
+    def from_numpy(self, array: Any, device: int) -> Any:
+        """A new tensor on GPU ``device`` with the contents of the numpy ``array`` (a plain copy)."""
+
+    @abc.abstractmethod
+    def to_numpy(self, t: Any) -> Any:
+        """A numpy copy of ``t`` (float32 for bfloat16)."""
+
+
+_MODULES = {"torch": ".torch_dist", "paddle": ".paddle_dist"}
+_instances: dict[str, DistBackend] = {}
+
+
+def load(name: str) -> DistBackend:
+    """The distributed backend of framework ``name`` ("torch" or "paddle")."""
+    backend = _instances.get(name)
+    if backend is not None:
+        return backend
+    if name not in _MODULES:
+        raise BackendError(f"backend={name!r}: expected 'torch' or 'paddle'")
+    try:
+        module = importlib.import_module(_MODULES[name], __package__)
+    except ImportError as exc:
+        raise BackendError(f"backend={name!r} needs {name}, which cannot be imported ({exc})") from exc
+    backend = module.Dist()
+    _instances[name] = backend
+    return backend
+
+
+__all__ = ["Call", "DistBackend", "TensorInfo", "load"]

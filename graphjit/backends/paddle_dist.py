@@ -1,0 +1,166 @@
+"""PaddlePaddle side of graphjit's collectives: ``paddle.distributed`` groups, tensors, streams.
+
+The swap wraps ``paddle.distributed.all_reduce`` (the attribute of the ``paddle.distributed``
+package).  ``all_reduce(tensor, op=ReduceOp.SUM, group=None, sync_op=True)`` returns a task in
+dynamic mode; the custom path returns a task-like object that is already complete (``wait()``
+returns True at once: the kernel was enqueued on the calculation stream, which is where Paddle's
+own synchronous all-reduce leaves the result too).
+
+SOT (``paddle.jit.to_static(full_graph=False)``): Paddle's SOT treats ``paddle.distributed.all_reduce``
+as a Paddle API and would record it into its static program, where the swap cannot reach it.
+graphjit registers the wrapper as a graph-break function instead (``mark_graph_break``): SOT
+compiles the code before the call into one subgraph, runs the call eagerly (the swap sees real
+tensors and can launch the custom kernel, also inside a capture), and resumes translating after
+it.  In AST mode (``full_graph=True``) or any static program the call is recorded as Paddle's
+own collective op and the swap passes it through (reason "static mode").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from .dist_base import Call, DistBackend, TensorInfo
+
+_DTYPES = {paddle.float32: "float32", paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
+_NAMES = ("tensor", "op", "group", "sync_op")
+
+
+class CompletedTask:
+    """What the custom path returns in place of Paddle's task: the work is already enqueued."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def is_sync(self) -> bool:
+        return True
+
+
+class Dist(DistBackend):
+    name = "paddle"
+    flag_name = "sync_op"
+
+    def wrap_target(self) -> tuple[Any, str]:
+        return dist, "all_reduce"
+
+    def mark_graph_break(self, fn: Any) -> str | None:
+        try:
+            from paddle.jit.sot.utils.paddle_api_config import add_break_graph_function
+        except ImportError:
+            return None
+        add_break_graph_function(fn)
+        return "registered with SOT as a graph break"
+
+    # -- process groups ----------------------------------------------------------------------
+    def initialized(self) -> bool:
+        return bool(dist.is_initialized())
+
+    def resolve_group(self, group: Any) -> Any:
+        if group is not None:
+            return group
+        from paddle.distributed.collective import _get_global_group
+
+        return _get_global_group()
+
+    def group_key(self, group: Any) -> Hashable:
+        return ("paddle", int(self.resolve_group(group).id))
+
+    def rank(self, group: Any) -> int:
+        return int(self.resolve_group(group).rank)
+
+    def world_size(self, group: Any) -> int:
+        return int(self.resolve_group(group).nranks)
+
+    def all_gather_object(self, obj: Any, group: Any) -> list[Any]:
+        out: list[Any] = []
+        dist.all_gather_object(out, obj, group=group)
+        return out
+
+    # -- calls ---------------------------------------------------------------------------------
+    def parse_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
+        n = len(args)
+        if n > 4 or (kwargs and any(k not in _NAMES or _NAMES.index(k) < n for k in kwargs)):
+            return None
+        tensor = args[0] if n > 0 else kwargs.get("tensor")
+        op = args[1] if n > 1 else kwargs.get("op", dist.ReduceOp.SUM)
+        group = args[2] if n > 2 else kwargs.get("group")
+        flag = args[3] if n > 3 else kwargs.get("sync_op", True)
+        if tensor is None:
+            return None
+        return Call(tensor, op, group, bool(flag))
+
+    def is_sum(self, op: Any) -> bool:
+        return bool(op == dist.ReduceOp.SUM)
+
+    def tensor_info(self, t: Any) -> TensorInfo | None:
+        if not isinstance(t, paddle.Tensor):
+            return None
+        place = t.place
+        if place.is_gpu_place():
+            device = f"cuda:{place.gpu_device_id()}"
+        else:
+            device = "cpu" if place.is_cpu_place() else str(place)
+        numel = math.prod(t.shape)  # Tensor.numel() is a tensor in some Paddle versions
+        contiguous = bool(t.is_contiguous()) if hasattr(t, "is_contiguous") else True
+        dtype = _DTYPES.get(t.dtype) or str(t.dtype).replace("paddle.", "")
+        return TensorInfo(dtype, numel, numel * int(t.element_size()), int(t.data_ptr()), contiguous, device)
+
+    def result(self, call: Call) -> Any:
+        return CompletedTask()
+
+    def static_mode(self) -> bool:
+        return not paddle.in_dynamic_mode()
+
+    # -- devices and streams ---------------------------------------------------------------------
+    def cuda_unavailable(self) -> str | None:
+        if not paddle.is_compiled_with_cuda():
+            return f"paddle {paddle.__version__} is a CPU build"
+        if paddle.device.cuda.device_count() == 0:
+            return "paddle sees no CUDA device"
+        return None
+
+    def current_device(self) -> int:
+        place = paddle.framework._current_expected_place()
+        if hasattr(place, "gpu_device_id"):
+            return int(place.gpu_device_id())
+        return int(str(paddle.device.get_device()).split(":")[-1])
+
+    def capability(self, device: int) -> tuple[int, int]:
+        major, minor = paddle.device.cuda.get_device_capability(device)
+        return int(major), int(minor)
+
+    def current_stream(self, device: int) -> int:
+        getter = getattr(paddle.device, "current_stream", None)
+        stream = getter(paddle.CUDAPlace(device)) if getter is not None else paddle.device.cuda.current_stream(device)
+        base = getattr(stream, "stream_base", stream)
+        handle = getattr(base, "cuda_stream", None)
+        if handle is None:
+            handle = base.raw_stream
+        return int(handle)
+
+    def capturing(self) -> bool:
+        probe = getattr(paddle.base.core, "is_cuda_graph_capturing", None)
+        return bool(probe()) if probe is not None else False
+
+    def synchronize(self, device: int) -> None:
+        paddle.device.cuda.synchronize(device)
+
+    def from_numpy(self, array: Any, device: int) -> Any:
+        return paddle.to_tensor(np.ascontiguousarray(array), place=paddle.CUDAPlace(device))
+
+    def to_numpy(self, t: Any) -> Any:
+        arr = np.asarray(t.numpy())
+        if t.dtype == paddle.bfloat16:  # numpy has no bfloat16: Paddle hands back the raw bits
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        return arr

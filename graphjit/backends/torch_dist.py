@@ -1,0 +1,164 @@
+"""PyTorch side of graphjit's collectives: ``torch.distributed`` groups, tensors, streams.
+
+The swap wraps ``torch.distributed.all_reduce`` (the attribute of the ``torch.distributed``
+package; code that did ``from torch.distributed import all_reduce`` before the swap keeps the
+original).  ``all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False)`` returns None, or a
+``Work`` when ``async_op=True``; the custom path returns the same: a Work that is already
+complete (the kernel was enqueued on the current stream, which is what ``Work.wait()`` orders the
+current stream after), built from a completed ``torch.futures.Future``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .dist_base import Call, DistBackend, TensorInfo
+
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_NAMES = ("tensor", "op", "group", "async_op")
+
+
+class _CompletedWork:
+    """Stand-in for ``dist.Work`` where torch cannot build one (or not now: during a capture)."""
+
+    def __init__(self, tensor: Any) -> None:
+        self._tensor = tensor
+        self._future: Any = None
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
+
+    def get_future(self) -> Any:
+        if self._future is None:
+            self._future = _future_of(self._tensor)
+        return self._future
+
+    def result(self) -> list[Any]:
+        return [self._tensor]
+
+    def synchronize(self) -> None:
+        return None
+
+
+def _future_of(t: Any) -> Any:
+    future = torch.futures.Future(devices=[t.device]) if t.is_cuda else torch.futures.Future()
+    future.set_result([t])
+    return future
+
+
+class Dist(DistBackend):
+    name = "torch"
+    flag_name = "async_op"
+
+    def wrap_target(self) -> tuple[Any, str]:
+        return dist, "all_reduce"
+
+    # -- process groups ----------------------------------------------------------------------
+    def initialized(self) -> bool:
+        return bool(dist.is_available() and dist.is_initialized())
+
+    def resolve_group(self, group: Any) -> Any:
+        return dist.group.WORLD if group is None else group
+
+    def group_key(self, group: Any) -> Hashable:
+        return ("torch", id(self.resolve_group(group)))
+
+    def rank(self, group: Any) -> int:
+        return int(dist.get_rank(self.resolve_group(group)))
+
+    def world_size(self, group: Any) -> int:
+        return int(dist.get_world_size(self.resolve_group(group)))
+
+    def all_gather_object(self, obj: Any, group: Any) -> list[Any]:
+        group = self.resolve_group(group)
+        out: list[Any] = [None] * self.world_size(group)
+        dist.all_gather_object(out, obj, group=group)
+        return out
+
+    # -- calls ---------------------------------------------------------------------------------
+    def parse_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
+        n = len(args)
+        if n > 4 or (kwargs and any(k not in _NAMES or _NAMES.index(k) < n for k in kwargs)):
+            return None
+        tensor = args[0] if n > 0 else kwargs.get("tensor")
+        op = args[1] if n > 1 else kwargs.get("op", dist.ReduceOp.SUM)
+        group = args[2] if n > 2 else kwargs.get("group")
+        flag = args[3] if n > 3 else kwargs.get("async_op", False)
+        if tensor is None:
+            return None
+        return Call(tensor, op, group, bool(flag))
+
+    def is_sum(self, op: Any) -> bool:
+        try:
+            return bool(op == dist.ReduceOp.SUM)
+        except Exception:  # a ReduceOp that does not compare (premul_sum with a tensor factor)
+            return False
+
+    def tensor_info(self, t: Any) -> TensorInfo | None:
+        if not isinstance(t, torch.Tensor) or t.is_sparse:
+            return None
+        d = t.device
+        device = "cpu" if d.type == "cpu" else f"{d.type}:{d.index if d.index is not None else 0}"
+        numel = t.numel()
+        return TensorInfo(_DTYPES.get(t.dtype) or str(t.dtype).replace("torch.", ""), numel,
+                          numel * t.element_size(), t.data_ptr(), t.is_contiguous(), device)
+
+    def result(self, call: Call) -> Any:
+        if not call.flag:
+            return None
+        t = call.tensor
+        make = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
+        # A device future records an event on the current stream: not while that stream captures.
+        if make is not None and not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+            try:
+                return make(_future_of(t))
+            except Exception:  # an older torch with another signature
+                pass
+        return _CompletedWork(t)
+
+    # -- devices and streams ---------------------------------------------------------------------
+    def cuda_unavailable(self) -> str | None:
+        if not torch.backends.cuda.is_built():
+            return f"torch {torch.__version__} is a CPU build"
+        if not torch.cuda.is_available():
+            return "torch sees no CUDA device"
+        return None
+
+    def current_device(self) -> int:
+        return int(torch.cuda.current_device())
+
+    def capability(self, device: int) -> tuple[int, int]:
+        major, minor = torch.cuda.get_device_capability(device)
+        return int(major), int(minor)
+
+    def current_stream(self, device: int) -> int:
+        return int(torch.cuda.current_stream(device).cuda_stream)
+
+    def capturing(self) -> bool:
+        return bool(torch.cuda.is_current_stream_capturing())
+
+    def synchronize(self, device: int) -> None:
+        torch.cuda.synchronize(device)
+
+    def from_numpy(self, array: Any, device: int) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(f"cuda:{device}")
+
+    def to_numpy(self, t: Any) -> Any:
+        t = t.detach()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        return t.cpu().numpy()

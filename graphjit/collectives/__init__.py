@@ -1,0 +1,45 @@
+"""graphjit's capture-safe custom all-reduce, and the swap of the frameworks' ``all_reduce``.
+
+>>> import graphjit.collectives
+>>> report = graphjit.collectives.init(group=None, max_bytes=8 << 20)   # on every rank
+>>> report.enabled, report.reason
+(True, None)
+
+From then on ``torch.distributed.all_reduce`` / ``paddle.distributed.all_reduce`` run graphjit's
+one-shot/two-shot CUDA kernel for eligible calls inside graphed calls and capture scopes (or for
+every call with ``scope="always"``), and the framework's collective for everything else;
+:func:`stats` counts both and says why.  See :mod:`.custom_ar` for the protocol and the fallback
+reasons, :mod:`.swap` for the wrapping, :mod:`._lib` for the build, ``csrc/`` for the kernels.
+
+Importing this package imports no framework and builds nothing.
+"""
+
+from __future__ import annotations
+
+from ._lib import BuildError, CollectiveError, build
+from .custom_ar import (
+    REASONS,
+    Report,
+    init,
+    register_graph_buffers,
+    reset,
+    reset_stats,
+    shutdown,
+    stats,
+    status,
+)
+
+__all__ = [
+    "REASONS",
+    "BuildError",
+    "CollectiveError",
+    "Report",
+    "build",
+    "init",
+    "register_graph_buffers",
+    "reset",
+    "reset_stats",
+    "shutdown",
+    "stats",
+    "status",
+]

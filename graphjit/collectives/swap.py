@@ -1,0 +1,93 @@
+"""The swap: ``paddle.distributed.all_reduce`` and ``torch.distributed.all_reduce``, wrapped once.
+
+:func:`install` replaces the framework's public ``all_reduce`` attribute with a ``wrapt``
+function wrapper (name, docstring, signature and ``inspect`` behaviour of the original are kept).
+The wrapper hands every call to :func:`graphjit.collectives.custom_ar.dispatch`, which either runs
+the custom kernel (eligible call, inside a graphed call or capture scope, or always with
+``scope="always"``) with the original's in-place semantics and return value, or calls the
+original with the caller's arguments unchanged, and counts why.
+
+* Installing twice is a no-op; :func:`uninstall` puts the original back.
+* Only the attribute is replaced: a module that did ``from torch.distributed import all_reduce``
+  before the swap keeps calling the original (and is not counted).  Call ``collectives.init`` early,
+  or call ``torch.distributed.all_reduce`` through the module.
+* Paddle SOT: the wrapper is registered as a graph-break function, so SOT runs the call eagerly
+  between two compiled subgraphs (see :mod:`graphjit.backends.paddle_dist`).  torch.compile
+  (``tracer="compile"``) likewise cannot trace into the wrapper and breaks the graph there.
+* ``GRAPHJIT_DISABLE=1``: the wrapper calls the original at once (counted as "disabled").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import wrapt
+
+from ..backends.dist_base import DistBackend
+from . import custom_ar
+
+log = logging.getLogger("graphjit")
+
+_lock = threading.Lock()
+_installed: dict[str, tuple[Any, str, Any, Any]] = {}  # name -> (module, attribute, original, wrapper)
+
+
+class SwappedAllReduce(wrapt.FunctionWrapper):  # type: ignore[misc]
+    """The wrapper graphjit puts in place of the framework's ``all_reduce``."""
+
+
+def _handler(dist: DistBackend) -> Any:
+    def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return custom_ar.dispatch(dist, wrapped, args, kwargs)
+
+    return handler
+
+
+def install(dist: DistBackend) -> bool:
+    """Wrap ``dist``'s ``all_reduce`` unless already wrapped; True if this call wrapped it."""
+    with _lock:
+        module, attr = dist.wrap_target()
+        current = getattr(module, attr)
+        if isinstance(current, SwappedAllReduce):
+            return False
+        wrapper = SwappedAllReduce(current, _handler(dist))
+        setattr(module, attr, wrapper)
+        _installed[dist.name] = (module, attr, current, wrapper)
+        note = dist.mark_graph_break(wrapper)
+        log.debug("graphjit: wrapped %s.%s%s", module.__name__, attr, f" ({note})" if note else "")
+        return True
+
+
+def uninstall(name: str | None = None) -> list[str]:
+    """Put the original ``all_reduce`` back (of ``name``, or of every framework); returns the names."""
+    done = []
+    with _lock:
+        for key in [name] if name else list(_installed):
+            entry = _installed.pop(key, None)
+            if entry is None:
+                continue
+            module, attr, original, wrapper = entry
+            if getattr(module, attr) is wrapper:
+                setattr(module, attr, original)
+            done.append(key)
+    return done
+
+
+def installed() -> list[str]:
+    """Names of the frameworks whose ``all_reduce`` is wrapped now."""
+    with _lock:
+        return [n for n, (module, attr, _orig, wrapper) in _installed.items() if getattr(module, attr) is wrapper]
+
+
+def original(name: str) -> Any:
+    """The framework's own ``all_reduce`` (whether or not it is wrapped)."""
+    entry = _installed.get(name)
+    if entry is not None:
+        return entry[2]
+    from ..backends.dist_base import load
+
+    module, attr = load(name).wrap_target()
+    fn = getattr(module, attr)
+    return fn.__wrapped__ if isinstance(fn, SwappedAllReduce) else fn
