@@ -229,6 +229,8 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             path = req.dump_dir / f"{_safe(req.fn_name)}-{abs(hash(sig.key)) % 10**8:08d}.dot"
             try:
                 graph.dump(path)
+                if not path.exists() and not path.with_suffix("").is_dir():
+                    raise RuntimeError("the framework wrote nothing")
                 log.info("graphjit %s: wrote %s", req.fn_name, path)
             except Exception as exc:  # a dump is a debugging aid; never fail the call for it
                 log.warning("graphjit %s: could not write the graph dump %s: %s", req.fn_name, path, exc)

@@ -154,6 +154,15 @@ class Glue(abc.ABC):
     def trainable_params(self) -> list[Any]:
         """The layer's parameters that require grad, in a fixed order."""
 
+    def begin_capture_params(self, params: list[Any]) -> list[Any]:
+        """The tensors the recorded graphs differentiate with respect to, one per parameter, in
+        ``params`` order; :meth:`run_layer` uses them until :meth:`end_capture_params`.  Default:
+        the parameters themselves."""
+        return params
+
+    def end_capture_params(self) -> None:  # noqa: B027 - an optional hook; the default has nothing to undo
+        """Back to the layer's own parameters."""
+
     @abc.abstractmethod
     def static_input(self, t: Any) -> Any:
         """A new leaf tensor with ``t``'s contents that requires grad exactly when ``t`` does."""
@@ -236,7 +245,7 @@ class Slot:
     """One forward graph and one backward graph with their static buffers and memory pool."""
 
     __slots__ = ("bwd", "diff_idx", "fwd", "grad_out", "grads", "in_ptrs", "in_targets", "index", "nondiff_idx",
-                 "out_flat", "out_obj", "owner", "params", "pool_bytes", "static_in")
+                 "out_flat", "out_obj", "owner", "params", "pool_bytes", "static_in", "targets")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -246,6 +255,7 @@ class Slot:
         self.in_ptrs: list[int] = []
         self.in_targets: list[int] = []  # positions of inputs that require grad
         self.params: list[Any] = []
+        self.targets: list[Any] = []  # what the backward graph differentiates (kept alive with the slot)
         self.out_obj: Any = None
         self.out_flat: list[Any] = []
         self.diff_idx: list[int] = []  # flat outputs that carry a gradient
@@ -529,14 +539,20 @@ class GraphedLayerCore:
             sargs, skwargs = rebuild_call(args, kwargs, static_in, self.is_tensor)
             in_targets = [i for i, t in enumerate(static_in) if b.requires_grad(t)]
             params = glue.trainable_params()
-            targets = [static_in[i] for i in in_targets] + params
+            # (a simulated capture re-runs the layer at each "replay", after the aliases are gone)
+            param_targets = params if self.simulate else glue.begin_capture_params(params)
+            targets = [static_in[i] for i in in_targets] + param_targets
             snap = glue.snapshot()
             try:
                 expected_out, expected_shape, expected_diff, expected_grads = self.side_warmup(
                     sargs, skwargs, targets, device, snap, st.label)
+            except BaseException:
+                glue.end_capture_params()
+                raise
             finally:
                 glue.restore(snap)
             b.synchronize(device)
+            slot.targets = targets  # keep the differentiated tensors alive with the slot
 
             holder: dict[str, Any] = {}
 
@@ -593,6 +609,8 @@ class GraphedLayerCore:
             except BaseException:
                 slot.release()
                 raise
+            finally:
+                glue.end_capture_params()
         st.captures += 1
         st.capture_ms += capture_ms
         st.pool_bytes += slot.pool_bytes

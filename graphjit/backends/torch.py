@@ -182,8 +182,10 @@ class TorchBackend(Backend):
             anchor = torch.cuda.CUDAGraph()
             stream = self._side_stream(device)
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.graph(anchor, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                pass
+            with warnings.catch_warnings():  # torch warns that the (intentionally) empty graph is empty
+                warnings.simplefilter("ignore")
+                with torch.cuda.graph(anchor, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                    pass
             self._anchors.append(anchor)
             return pool
 
@@ -233,7 +235,7 @@ class TorchBackend(Backend):
 
     def capture(self, fn: Callable[[], Any], device: str, pool: Any,
                 debug: bool) -> tuple[GraphHandle, Any]:
-        graph = torch.cuda.CUDAGraph()
+        graph = _new_graph(keep=debug)
         if debug:
             graph.enable_debug_mode()
         stream = self._side_stream(device)
@@ -271,6 +273,15 @@ class TorchBackend(Backend):
     def synchronize(self, device: str) -> None:
         if device.startswith("cuda"):
             torch.cuda.synchronize(_index(device))
+
+
+def _new_graph(keep: bool) -> Any:
+    """A CUDAGraph; ``keep``: keep the cudaGraph_t after instantiation so it can be dumped (torch
+    >= 2.6 frees it otherwise, and debug_dump then writes nothing)."""
+    if keep:
+        with contextlib.suppress(TypeError):
+            return torch.cuda.CUDAGraph(keep_graph=True)
+    return torch.cuda.CUDAGraph()
 
 
 def _index(device: str) -> int:

@@ -65,13 +65,35 @@ class TorchGlue(Glue):
     def __init__(self, layer: torch.nn.Module) -> None:
         self.backend = get("torch")
         self.layer = layer
+        self._aliases: dict[str, Any] | None = None
 
     def call_layer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self.layer(*args, **kwargs)
 
     def run_layer(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         with torch.enable_grad():
+            if self._aliases is not None:
+                return torch.func.functional_call(self.layer, self._aliases, args, kwargs)
             return self.layer(*args, **kwargs)
+
+    def begin_capture_params(self, params: list[Any]) -> list[Any]:
+        """Fresh leaf aliases of the trainable parameters (same storage), used while recording.
+
+        A parameter's AccumulateGrad node remembers the stream it was created on; eager steps before
+        the recording (and a previous step's loss, still referenced by the training loop) keep that
+        node alive on the default stream, and a backward captured on the side stream that reaches it
+        has to synchronise with the default stream, which invalidates the capture (seen with torch
+        2.11 on the H200).  Aliases get their nodes on the capture stream; they share the parameters'
+        storage, so the graphs read the values the optimizer writes.
+        """
+        named = [(n, p) for n, p in self.layer.named_parameters() if p.requires_grad]
+        if [p for _, p in named] != list(params):  # pragma: no cover - defensive: orders must agree
+            return params
+        self._aliases = {n: p.detach().requires_grad_(True) for n, p in named}
+        return list(self._aliases.values())
+
+    def end_capture_params(self) -> None:
+        self._aliases = None
 
     def mode_key(self) -> tuple[Any, ...]:
         return (bool(self.layer.training), *_autocast_key())
