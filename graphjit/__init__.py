@@ -10,6 +10,7 @@ See README.md for the API, the semantics and the environment variables.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 from .api import GraphedFunction, Options, graphed
 from .env import refresh as refresh_env
@@ -28,6 +29,9 @@ from .errors import (
 )
 from .scope import CaptureScope, capture_scope, in_capture_scope
 from .training import graphed_layer
+
+if TYPE_CHECKING:
+    from . import collectives
 
 __version__ = "0.1.0"
 
@@ -50,8 +54,19 @@ __all__ = [
     "VerifyError",
     "__version__",
     "capture_scope",
+    "collectives",
     "graphed",
     "graphed_layer",
     "in_capture_scope",
     "refresh_env",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``graphjit.collectives`` is imported on first use: it needs numpy, ctypes and friends (about
+    50 ms), which ``import graphjit`` does not pay for.  It imports no framework and builds nothing."""
+    if name == "collectives":
+        from importlib import import_module
+
+        return import_module(".collectives", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,17 +12,32 @@ mark (``pass`` / ``fail`` / ``skip``) and, under each failure, the fix in one li
   Hopper); Paddle's GPU runs happen in subprocesses (one per tracer: eager, sot), so a crash in
   Paddle cannot take the doctor down.  Paddle also gets its capture flags and a kernel check (does
   an elementwise add on the GPU compute right);
-* collectives: nvcc (``GRAPHJIT_NVCC``, ``PATH``, ``CUDA_HOME``) and its version, the csrc build
-  (the custom all-reduce is not in this release), the P2P / NVLink matrix between visible GPUs and a
-  CUDA IPC probe between two processes (best effort).
+* collectives (the custom all-reduce, :mod:`graphjit.collectives`):
+
+  - ``nvcc`` (``GRAPHJIT_NVCC``, ``PATH``, ``CUDA_HOME``, ``/usr/local/cuda``) and its version;
+  - ``csrc build``: compile-or-load the library for the architecture of this machine's GPUs, in
+    ``GRAPHJIT_CACHE_DIR`` (as :func:`graphjit.collectives.init` would on first use), and query GPU 0
+    through it.  Without a GPU there is no target architecture: the row is a ``skip`` (nothing is
+    compiled), except with ``--collectives``, which compiles csrc once for sm_90 into a temporary
+    directory (a few seconds) and loads it, to prove the toolchain;
+  - the P2P / NVLink matrix between visible GPUs and a CUDA IPC probe between two processes;
+  - ``custom all-reduce`` (``--collectives`` only; plain ``doctor`` never starts NCCL): two processes,
+    one per GPU (GPUs 0 and 1 as torch sees them), in a torch NCCL group run
+    :func:`graphjit.collectives.init` and custom all-reduces of 16 B to 8 MiB in float32, float16
+    and bfloat16 with the one-shot and two-shot kernels, eager and inside :func:`graphjit.graphed`
+    steps, each compared with NCCL's result (max abs diff, allowed one ulp of the largest value).
+    ``NCCL_NVLS_ENABLE`` is 0 in those processes unless set.  With fewer than 2 GPUs, or without
+    a CUDA build of torch, the row fails and says why.
 
 Exit status: 0 when everything asked for can work; 1 when a check that matters for what was asked
 fails (for instance a GPU that no installed framework can use, a capture that fails, a framework
-named with ``--framework`` that is not installed, or ``--collectives``, since the custom all-reduce
-is not in this release).  A CPU-only machine exits 0: graphjit then runs the traced function, and
-the summary line says so.  Failures of checks that only the custom all-reduce needs (P2P, NVLink,
-IPC, nvcc) and Paddle's kernel check are shown as ``fail`` but change the exit status only with
-``--collectives`` (respectively never); the last line says which failures count.
+named with ``--framework`` that is not installed, or, with ``--collectives``, a custom all-reduce
+that cannot be built or run here or that differs from NCCL; on a machine with fewer than 2 GPUs
+``--collectives`` always exits 1).  A CPU-only machine exits 0 without ``--collectives``: graphjit
+then runs the traced function, and the summary line says so.  Failures of checks that only the
+custom all-reduce needs (nvcc, csrc build, P2P, NVLink, IPC) and Paddle's kernel check are shown as
+``fail`` but change the exit status only with ``--collectives`` (respectively never); the last line
+says which failures count.
 
 ``--json PATH`` also writes every row (and the facts behind it) as JSON.  Frameworks are imported
 only inside the functions below, never when this module is imported.
@@ -45,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,7 +70,6 @@ from typing import Any
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 FRAMEWORKS = ("torch", "paddle")
 RESULT_MARK = "graphjit-doctor-result: "
-NOT_IN_RELEASE = "custom all-reduce: not in this release"
 ROOT = Path(__file__).resolve().parents[1]  # the folder holding the graphjit package (for subprocesses)
 
 
@@ -250,6 +265,11 @@ class _Context:
     gpus: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # framework -> devices it sees
     captures: dict[str, str] = field(default_factory=dict)  # "torch", "paddle eager", ... -> PASS/FAIL/SKIP
     disabled: bool = False
+    nvcc: str | None = None  # the nvcc the nvcc row found and ran
+    nvcc_version: tuple[int, int] | None = None
+    csrc: str = SKIP  # the csrc build row's status
+    csrc_fix: str | None = None
+    ar_summary: str | None = None  # the --collectives summary line
 
     def cuda_driver(self) -> _Driver:
         if self.driver is None:
@@ -784,7 +804,8 @@ def _paddle_cpu_fallback(ctx: _Context, paddle: Any) -> None:
 
 # -- collectives ------------------------------------------------------------------------------------
 def _find_nvcc() -> tuple[str | None, str, str | None]:
-    """(path, where it came from, problem): GRAPHJIT_NVCC, then PATH, then $CUDA_HOME/bin/nvcc."""
+    """(path, where it came from, problem): GRAPHJIT_NVCC, then PATH, then $CUDA_HOME/bin/nvcc, then
+    /usr/local/cuda/bin/nvcc (the order of :func:`graphjit.collectives._lib.find_nvcc`)."""
     from . import env
     from .errors import ConfigError
 
@@ -800,8 +821,8 @@ def _find_nvcc() -> tuple[str | None, str, str | None]:
     path = shutil.which("nvcc")
     if path:
         return path, "PATH", None
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        home = os.environ.get(var)
+    for var, home in (("CUDA_HOME", os.environ.get("CUDA_HOME")), ("CUDA_PATH", os.environ.get("CUDA_PATH")),
+                      ("/usr/local/cuda", "/usr/local/cuda")):
         if home:
             candidate = Path(home) / "bin" / "nvcc"
             if os.access(candidate, os.X_OK):
@@ -809,45 +830,205 @@ def _find_nvcc() -> tuple[str | None, str, str | None]:
     return None, "", None
 
 
+NVCC_FIX = ("install the CUDA toolkit (nvcc) or set GRAPHJIT_NVCC / CUDA_HOME; or run `python -m graphjit build "
+            "--arch {arch}` where nvcc exists and share GRAPHJIT_CACHE_DIR")
+
+
 def _check_collectives(ctx: _Context) -> None:
+    _check_nvcc(ctx)
+    _check_csrc(ctx)
+    _check_peers(ctx)
+    _check_custom_ar(ctx)
+
+
+def _check_nvcc(ctx: _Context) -> None:
     r = ctx.report
     blocking = ctx.collectives
-    needed = "needed only to build csrc (the custom all-reduce, not in this release)"
-
+    needed = "builds csrc (the custom all-reduce) once per GPU architecture"
     path, source, problem = _find_nvcc()
     if problem:
         r.add("collectives", "nvcc", FAIL, problem, "point GRAPHJIT_NVCC at nvcc (e.g. /usr/local/cuda/bin/nvcc) "
               "or unset it", blocking=blocking)
-    elif path is None:
-        r.add("collectives", "nvcc", SKIP, f"not found (GRAPHJIT_NVCC, PATH, CUDA_HOME); {needed}",
+        return
+    if path is None:
+        r.add("collectives", "nvcc", SKIP, f"not found (GRAPHJIT_NVCC, PATH, CUDA_HOME, /usr/local/cuda); {needed}: "
+              "without it only libraries built ahead of time (python -m graphjit build) load",
               "install the CUDA toolkit, or set GRAPHJIT_NVCC / CUDA_HOME", path=None)
+        return
+    proc = _run([path, "--version"], timeout=30)
+    m = re.search(r"release (\d+)\.(\d+), V([\w.]+)", proc.stdout if proc else "")
+    if not m:
+        r.add("collectives", "nvcc", FAIL, f"{path} (from {source}) did not report a version",
+              "check the CUDA toolkit installation (nvcc --version must work)", blocking=blocking, path=path)
+        return
+    version = (int(m.group(1)), int(m.group(2)))
+    ctx.nvcc, ctx.nvcc_version = path, version
+    drv = ctx.cuda_driver().version() if (ctx.smi or ctx.gpus) else None
+    text = f"CUDA {version[0]}.{version[1]} (V{m.group(3)}) at {path} (from {source}); {needed}"
+    data = {"path": path, "source": source, "version": f"{version[0]}.{version[1]}", "full": m.group(3)}
+    if drv and version[0] > drv[0]:
+        r.add("collectives", "nvcc", FAIL, text + f"; newer than the driver's CUDA {drv[0]}.{drv[1]}: "
+              "what it builds would not load", "use an nvcc that matches the driver (GRAPHJIT_NVCC) or update "
+              "the driver", blocking=blocking, **data)
     else:
-        proc = _run([path, "--version"], timeout=30)
-        m = re.search(r"release (\d+)\.(\d+), V([\w.]+)", proc.stdout if proc else "")
-        if not m:
-            r.add("collectives", "nvcc", FAIL, f"{path} (from {source}) did not report a version",
-                  "check the CUDA toolkit installation (nvcc --version must work)", blocking=blocking, path=path)
-        else:
-            version = (int(m.group(1)), int(m.group(2)))
-            drv = ctx.cuda_driver().version() if (ctx.smi or ctx.gpus) else None
-            text = f"CUDA {version[0]}.{version[1]} (V{m.group(3)}) at {path} (from {source}); {needed}"
-            data = {"path": path, "source": source, "version": f"{version[0]}.{version[1]}", "full": m.group(3)}
-            if drv and version[0] > drv[0]:
-                r.add("collectives", "nvcc", FAIL, text + f"; newer than the driver's CUDA {drv[0]}.{drv[1]}: "
-                      "what it builds would not load", "use an nvcc that matches the driver (GRAPHJIT_NVCC) or update "
-                      "the driver", blocking=blocking, **data)
-            else:
-                r.add("collectives", "nvcc", PASS, text, **data)
+        r.add("collectives", "nvcc", PASS, text, **data)
 
-    if importlib.util.find_spec("graphjit.collectives.custom_ar") is None:
-        r.add("collectives", "csrc build", FAIL if ctx.collectives else SKIP,
-              NOT_IN_RELEASE + "; all_reduce in graphed functions runs the framework's own (NCCL on GPUs)",
-              "drop --collectives and use the framework's all-reduce (NCCL is capturable); the custom all-reduce "
-              "(csrc/) comes in a later release" if ctx.collectives else None, blocking=True, available=False)
-    else:  # pragma: no cover - once csrc lands, this row checks its build
-        r.add("collectives", "csrc build", SKIP, "custom all-reduce present; this doctor does not check its build yet",
-              available=True)
 
+def _gpu_archs(ctx: _Context) -> list[str]:
+    """The architectures (sm_XX) of this machine's GPUs: a framework's view, else nvidia-smi's."""
+    from .collectives import _lib
+
+    caps = [d.get("capability") for devices in ctx.gpus.values() for d in devices]
+    if not caps and ctx.smi:
+        caps = [g.get("capability") for g in ctx.smi.get("gpus") or []]
+    archs: list[str] = []
+    for cap in caps:
+        with contextlib.suppress(Exception):
+            arch = _lib.normalize_arch(cap)
+            if arch not in archs:
+                archs.append(arch)
+    return archs
+
+
+def _cached_archs(sources: dict[str, bytes]) -> list[str]:
+    """Architectures with a library for the current sources in GRAPHJIT_CACHE_DIR (nothing is built)."""
+    from .collectives import _lib
+
+    found: list[str] = []
+    with contextlib.suppress(Exception):
+        for path in sorted(_lib.cache_dir().glob(f"{_lib.LIBRARY_PREFIX}-sm_*-*.so")):
+            arch = path.name.split("-")[1]
+            if arch not in found and _lib.library_path(arch, sources=sources) == path:
+                found.append(arch)
+    return found
+
+
+def _build_fix(message: str, arch: str) -> str:
+    if "nvcc was not found" in message:
+        return NVCC_FIX.format(arch=arch)
+    if "cache directory" in message or "lock" in message:
+        return "set GRAPHJIT_CACHE_DIR to a writable directory (or wait for the other build to finish)"
+    if "nvcc failed" in message or "did not finish" in message or "cannot run nvcc" in message:
+        return (f"use a CUDA toolkit whose nvcc supports {arch} (GRAPHJIT_NVCC), then `python -m graphjit build "
+                f"--arch {arch} --force`")
+    if "sources" in message:
+        return "reinstall graphjit (its wheel carries graphjit/csrc) or install it from a source checkout"
+    return f"delete the cached library and rebuild it: `python -m graphjit build --arch {arch} --force`"
+
+
+def _build_error_row(ctx: _Context, exc: BaseException, arch: str, what: str, **data: Any) -> None:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    ctx.csrc_fix = _build_fix(str(exc), arch)
+    ctx.report.add("collectives", "csrc build", FAIL, f"{what}: {first}"[:400], ctx.csrc_fix,
+                   blocking=ctx.collectives, lines=[line[:200] for line in lines[1:][-6:]], error=str(exc)[-4000:],
+                   **data)
+
+
+def _check_csrc(ctx: _Context) -> None:
+    """Compile-or-load the library for this machine's GPUs; without a GPU, say so (and, with --collectives,
+    compile it once into a temporary directory: a toolchain check)."""
+    r = ctx.report
+    ctx.csrc = FAIL
+    from .collectives import _lib
+
+    folder = _lib.csrc_dir()
+    if folder is None:
+        ctx.csrc_fix = _build_fix("sources", "sm_90")
+        r.add("collectives", "csrc build", FAIL, "the CUDA sources (csrc/graphjit_ar.cu, csrc/custom_all_reduce.cuh) "
+              "are not next to the graphjit package", ctx.csrc_fix, blocking=ctx.collectives)
+        return
+    sources = _lib.read_sources(folder)
+    cached = _cached_archs(sources)
+    archs = _gpu_archs(ctx)
+    facts: dict[str, Any] = {"sources": str(folder), "cached": cached, "nvcc": ctx.nvcc}
+    with contextlib.suppress(Exception):
+        facts["cache_dir"] = str(_lib.cache_dir())
+    where = f"GRAPHJIT_CACHE_DIR={facts.get('cache_dir', '?')}"
+    if not archs and ctx.system_gpus():
+        ctx.csrc = SKIP
+        r.add("collectives", "csrc build", SKIP, f"nvidia-smi lists {ctx.system_gpus()} GPU(s) but not their compute "
+              "capability, and no framework sees them: the build needs a target architecture",
+              "build for your GPUs explicitly: python -m graphjit build --arch sm_80 (or sm_90, ...)", **facts)
+        return
+    if not archs:
+        _csrc_without_gpu(ctx, cached, where, facts)
+        return
+    built: list[str] = []
+    t_all = time.perf_counter()
+    lib = None
+    for arch in archs:
+        existed = False
+        try:
+            existed = _lib.library_path(arch, sources=sources).is_file()
+            t0 = time.perf_counter()
+            path = _lib.build(arch, nvcc=ctx.nvcc, timeout=ctx.timeout, lock_timeout=ctx.timeout)
+            lib = _lib.Library(path)
+        except Exception as exc:
+            _build_error_row(ctx, exc, arch, f"{arch}: " + ("loading the cached library failed" if existed
+                                                            else "building failed"), **facts)
+            return
+        built.append(f"{arch} {'cached' if existed else f'built in {time.perf_counter() - t0:.1f} s'} ({path.name})")
+    facts["libraries"] = built
+    try:
+        pci, major, minor = lib.device_info(0)
+    except Exception as exc:
+        ctx.csrc_fix = ("update the NVIDIA driver to one that supports the CUDA version of nvcc, or set GRAPHJIT_NVCC "
+                        f"to an nvcc that matches the driver and rerun `python -m graphjit build --arch {archs[0]} "
+                        "--force`")
+        r.add("collectives", "csrc build", FAIL, f"{', '.join(built)}; but the library cannot query GPU 0: "
+              f"{_first_line(exc)}", ctx.csrc_fix, blocking=ctx.collectives, **facts)
+        return
+    ctx.csrc = PASS
+    r.add("collectives", "csrc build", PASS, f"{', '.join(built)} in {where}; loaded, GPU 0 is sm_{major}{minor} at "
+          f"{pci}", seconds=time.perf_counter() - t_all, **facts)
+
+
+def _csrc_without_gpu(ctx: _Context, cached: list[str], where: str, facts: dict[str, Any]) -> None:
+    r = ctx.report
+    from .collectives import _lib
+
+    have = f"; libraries built ahead of time for these sources: {', '.join(cached)}" if cached else ""
+    if not ctx.collectives:
+        ctx.csrc = SKIP
+        r.add("collectives", "csrc build", SKIP, f"no GPU: the build needs a target architecture, nothing compiled "
+              f"(sources at {facts['sources']}){have}", "`python -m graphjit build --arch sm_90` compiles it ahead of "
+              "time without a GPU; `python -m graphjit doctor --collectives` test-compiles it", **facts)
+        return
+    if ctx.nvcc is None:
+        if cached:  # a library built ahead of time: check that it loads (nothing to compile it with here)
+            try:
+                for arch in cached:
+                    _lib.Library(_lib.library_path(arch))
+            except Exception as exc:
+                _build_error_row(ctx, exc, arch, f"{arch}: loading the cached library failed", **facts)
+                return
+            ctx.csrc = PASS
+            r.add("collectives", "csrc build", PASS, f"no GPU and no nvcc here; the libraries built ahead of time "
+                  f"({', '.join(cached)}, {where}) load", **facts)
+            return
+        ctx.csrc_fix = NVCC_FIX.format(arch="sm_90")
+        r.add("collectives", "csrc build", FAIL, "no nvcc and no library built ahead of time: csrc cannot be built "
+              "here", ctx.csrc_fix, blocking=True, **facts)
+        return
+    arch = "sm_90" if (ctx.nvcc_version or (0, 0)) >= (11, 8) else "sm_80"
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="graphjit-doctor-csrc-") as tmp:
+        try:
+            path = _lib.build(arch, cache=tmp, nvcc=ctx.nvcc, timeout=ctx.timeout, lock_timeout=ctx.timeout)
+            abi = _lib.Library(path)._dll.gj_ar_abi_version()
+        except Exception as exc:
+            _build_error_row(ctx, exc, arch, f"test build for {arch} failed", **facts)
+            return
+    ctx.csrc = PASS
+    facts.update(test_arch=arch, seconds=time.perf_counter() - t0)
+    r.add("collectives", "csrc build", PASS, f"no GPU: compiled csrc for {arch} as a toolchain check in "
+          f"{facts['seconds']:.1f} s (temporary directory, deleted) and loaded it (ABI {abi}){have}", **facts)
+
+
+def _check_peers(ctx: _Context) -> None:
+    r = ctx.report
+    blocking = ctx.collectives
     count, names, access = _peer_matrix(ctx)
     if count == 0:
         for check in ("P2P access", "NVLink", "CUDA IPC"):
@@ -1027,6 +1208,367 @@ def _ipc(ctx: _Context) -> None:
               "read from GPU 1", probe=result)
 
 
+# -- the custom all-reduce on 2 GPUs, against NCCL (--collectives) ---------------------------------
+AR_MAX_BYTES = 8 << 20
+AR_SIZES = (16, 16 * 1001, 1 << 18, 1 << 21, AR_MAX_BYTES)
+"""Bytes per eager case: the smallest, an odd multiple of 16, and up to ``max_bytes``."""
+AR_GRAPHED = (("float32", 4096), ("bfloat16", 1 << 20))
+"""(dtype, elements) of the graphed steps (``y = 2x; all_reduce(y); y + 1``), 4 calls each."""
+
+_AR_PROBE = textwrap.dedent('''
+    """graphjit doctor: the custom all-reduce in a 2-process group, one process per GPU, against NCCL.
+
+    argv: RANK PORT OUT DEVICE(cuda|cpu) TIMEOUT.  "cpu" (tests of this script) runs the same steps in a gloo
+    group, where collectives.init turns the custom all-reduce off and every call runs the framework's own.
+    """
+    import json, os, sys, time, traceback
+    from datetime import timedelta
+
+    rank, port, out, kind, timeout = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
+    SIZES, GRAPHED, MAX_BYTES = %(sizes)r, %(graphed)r, %(max_bytes)d
+    result = {"rank": rank, "stage": "import torch", "cases": [], "done": False}
+
+    def save():
+        with open(out + ".tmp", "w") as f:
+            json.dump(result, f, default=str)
+        os.replace(out + ".tmp", out)
+
+    def finish(code):
+        save()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # no interpreter teardown: NCCL and the IPC mappings go with the process
+
+    try:
+        import torch
+        import torch.distributed as dist
+
+        gpu = kind == "cuda"
+        if gpu:
+            torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank) if gpu else torch.device("cpu")
+        sync = torch.cuda.synchronize if gpu else (lambda: None)
+        result["stage"] = "NCCL group" if gpu else "gloo group"
+        save()
+        dist.init_process_group("nccl" if gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=2, timeout=timedelta(seconds=timeout))
+        import graphjit
+        from graphjit import collectives, scope
+        from graphjit.collectives import swap
+
+        result["stage"] = "collectives.init"
+        save()
+        t0 = time.perf_counter()
+        report = collectives.init(max_bytes=MAX_BYTES, timeout_s=min(60.0, timeout), backend="torch")
+        result["init_s"] = round(time.perf_counter() - t0, 2)
+        result["report"] = report.as_dict()
+        save()
+        if gpu and not report.enabled:
+            result["done"] = True
+            finish(0)
+        nccl = swap.original("torch")  # the framework's own all_reduce (NCCL), unwrapped
+        user_algo = graphjit.env.settings().ar_algo  # GRAPHJIT_AR_ALGO, restored after the eager cases
+
+        def set_algo(algo):
+            os.environ.update(GRAPHJIT_AR_ALGO=algo)
+            graphjit.refresh_env()
+
+        def compare(case, got, ref):
+            diff = float((got.double() - ref.double()).abs().max())
+            scale = float(ref.double().abs().max())
+            case["max_abs_diff"] = max(case.get("max_abs_diff", 0.0), diff)
+            case["max_abs"] = max(case.get("max_abs", 0.0), scale)
+            case["tol"] = float(torch.finfo(got.dtype).eps) * case["max_abs"]  # one ulp of the largest value
+
+        def custom_count(what):
+            return collectives.stats()["custom"][what]
+
+        result["stage"] = "eager all-reduces"
+        for name in ("float32", "float16", "bfloat16"):
+            dtype = getattr(torch, name)
+            size = torch.empty((), dtype=dtype).element_size()
+            for algo in ("1shot", "2shot"):
+                set_algo(algo)
+                for nbytes in SIZES:
+                    g = torch.Generator(device=dev)
+                    g.manual_seed(1000 * rank + nbytes)
+                    x = torch.randn(nbytes // size, generator=g, device=dev).to(dtype)
+                    ref = x.clone()
+                    nccl(ref)
+                    got = x.clone()
+                    before = custom_count("eager")
+                    with scope.graphed_call("warmup"):  # inside a graphed call: the custom kernel's eager path
+                        dist.all_reduce(got)
+                    sync()
+                    case = {"mode": "eager", "dtype": name, "algo": algo, "bytes": nbytes, "calls": 1,
+                            "custom": custom_count("eager") - before == 1}
+                    compare(case, got, ref)
+                    result["cases"].append(case)
+        set_algo(user_algo)
+        result["stage"] = "graphed steps"
+        save()
+
+        def step(x):
+            y = x * 2.0
+            dist.all_reduce(y)
+            return y + 1.0
+
+        for name, numel in GRAPHED:
+            dtype = getattr(torch, name)
+            fn = graphjit.graphed(step)
+            before = custom_count("captured")
+            g = torch.Generator(device=dev)
+            g.manual_seed(7 + rank)
+            case = {"mode": "graphed", "dtype": name, "algo": user_algo,
+                    "bytes": numel * torch.empty((), dtype=dtype).element_size(), "calls": 4}
+            with torch.no_grad():
+                for _ in range(case["calls"]):
+                    x = torch.randn(numel, generator=g, device=dev).to(dtype)
+                    got = fn(x).clone()
+                    ref = x * 2.0
+                    nccl(ref)
+                    ref = ref + 1.0
+                    sync()
+                    compare(case, got, ref)
+            st = fn.stats()
+            case.update(graphs=st.get("graphs"), replays=st.get("replays"), fallbacks=st.get("fallbacks") or {},
+                        captured=custom_count("captured") - before)
+            case["custom"] = bool(case["captured"] >= 1 and case["replays"] and not case["fallbacks"])
+            result["cases"].append(case)
+        stats = collectives.stats()
+        result["fallbacks"], result["reasons"] = stats["fallbacks"], stats["reasons"]
+        result["stage"], result["done"] = "done", True
+        finish(0)
+    except BaseException as exc:
+        lines = [l for l in str(exc).strip().splitlines() if l.strip()]
+        result["error"] = (type(exc).__name__ + ": " + (lines[-1] if lines else ""))[:400]
+        result["traceback"] = traceback.format_exc()[-3000:]
+        finish(1)
+''') % {"sizes": AR_SIZES, "graphed": AR_GRAPHED, "max_bytes": AR_MAX_BYTES}
+
+_AR_DROP_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                "TORCHELASTIC_RUN_ID")
+
+_AR_FIXES = {
+    "disabled": "unset GRAPHJIT_CUSTOM_AR=0 and GRAPHJIT_DISABLE=1",
+    "nccl": "unset GRAPHJIT_AR_ALGO=nccl",
+    "topology": "the 2 GPUs need working P2P (see the P2P access and CUDA IPC rows; containers: --ipc=host); NCCL "
+                "still works",
+}
+_AR_DEBUG_FIX = ("rerun with GRAPHJIT_DEBUG=1 NCCL_DEBUG=INFO python -m graphjit -vv doctor --collectives and report "
+                 "the log; GRAPHJIT_CUSTOM_AR=0 keeps all_reduce on NCCL meanwhile")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_ar_pair(timeout: float, device: str = "cuda") -> tuple[list[dict[str, Any] | None], list[str], str | None]:
+    """Run :data:`_AR_PROBE` as ranks 0 and 1; (each rank's result or None, each rank's log tail, why not)."""
+    with tempfile.TemporaryDirectory(prefix="graphjit-doctor-ar-") as tmp:
+        script = Path(tmp) / "ar_probe.py"
+        script.write_text(_AR_PROBE)
+        environ = _child_env({"NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")})
+        for name in _AR_DROP_ENV:
+            environ.pop(name, None)
+        port = _free_port()
+        outs = [Path(tmp) / f"rank{r}.json" for r in range(2)]
+        logs = [Path(tmp) / f"rank{r}.log" for r in range(2)]
+        procs: list[subprocess.Popen[bytes]] = []
+        why = None
+        try:
+            for r in range(2):
+                with open(logs[r], "wb") as log:
+                    procs.append(subprocess.Popen([sys.executable, str(script), str(r), str(port), str(outs[r]), device,
+                                                   str(timeout)], stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
+                                                  env=environ))
+            deadline = time.monotonic() + timeout
+            grace: float | None = None  # one rank failed: the other gets a little longer, then is stopped
+            while any(p.poll() is None for p in procs):
+                now = time.monotonic()
+                if grace is None and any(p.returncode not in (None, 0) for p in procs):
+                    grace = now + 20
+                if now > deadline or (grace is not None and now > grace):
+                    why = (f"the 2 processes did not finish in {timeout:.0f} s" if now > deadline
+                           else "one process failed and the other did not finish")
+                    break
+                time.sleep(0.1)
+        except OSError as exc:
+            why = f"could not start the 2 processes ({exc})"
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(10)
+        results: list[dict[str, Any] | None] = []
+        tails: list[str] = []
+        for r in range(2):
+            data = None
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(outs[r].read_text())
+            if data is not None and r < len(procs):
+                data["returncode"] = procs[r].returncode
+            results.append(data)
+            tail = ""
+            with contextlib.suppress(OSError):
+                tail = logs[r].read_text(errors="replace")[-2000:]
+            tails.append(tail)
+    return results, tails, why
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def _ar_verdict(results: list[dict[str, Any] | None], tails: list[str], why: str | None
+                ) -> tuple[str, str, str | None, list[str], dict[str, Any]]:
+    """(status, result, fix, lines, data) of the custom all-reduce row from the 2 ranks' results."""
+    data: dict[str, Any] = {"ranks": results, "why": why}
+    stages = ", ".join(f"rank {r}: {res.get('stage') if res else 'no result'}" for r, res in enumerate(results))
+    log_lines = [f"rank {r}: {line.strip()[:200]}" for r, t in enumerate(tails) for line in t.strip().splitlines()[-3:]
+                 if line.strip()]
+    broken = [(r, res) for r, res in enumerate(results) if res is None or res.get("error") or not res.get("done")]
+    if why or broken:
+        detail = why or ""
+        for r, res in broken:
+            if res is None:
+                detail += f"{'; ' if detail else ''}rank {r} wrote no result"
+            elif res.get("error"):
+                detail += f"{'; ' if detail else ''}rank {r} failed in {res.get('stage')}: {res['error']}"
+        return FAIL, f"{detail or 'the probe did not finish'} ({stages})"[:600], _AR_DEBUG_FIX, log_lines, data
+    reports = [res.get("report") or {} for res in results if res]
+    off = next((rep for rep in reports if not rep.get("enabled")), None)
+    if off is not None:
+        key = off.get("reason_key") or "unavailable"
+        data["report"] = off
+        return (FAIL, f"collectives.init turned it off ({key}): {off.get('reason')}"[:600],
+                _AR_FIXES.get(key, _AR_DEBUG_FIX), [], data)
+    cases = [dict(c, rank=r) for r, res in enumerate(results) if res for c in res.get("cases", [])]
+    data["report"] = reports[0]
+    per_rank = f"{len(cases)} results ({len(cases) // max(len(results), 1)} cases x {len(results)} ranks)"
+    fell_back = [c for c in cases if not c.get("custom")]
+    wrong = [c for c in cases if not c.get("max_abs_diff", 0.0) <= c.get("tol", 0.0)]
+    worst = max((c.get("max_abs_diff", 0.0) for c in cases), default=0.0)
+    lines = []
+    for mode in ("eager", "graphed"):
+        for dtype in ("float32", "float16", "bfloat16"):
+            sel = [c for c in cases if c["mode"] == mode and c["dtype"] == dtype and c["rank"] == 0]
+            if not sel:
+                continue
+            every = [c for c in cases if c["mode"] == mode and c["dtype"] == dtype]
+            sizes = sorted({c["bytes"] for c in sel})
+            span = _size(sizes[0]) + (f" .. {_size(sizes[-1])}" if len(sizes) > 1 else "")
+            algos = "+".join(sorted({c["algo"] for c in sel}))
+            calls = sum(c["calls"] for c in sel)
+            extra = f", {sum(c.get('replays') or 0 for c in sel)} replays" if mode == "graphed" else ""
+            lines.append(f"{mode:8s} {dtype:9s} {calls:3d} call(s), {span} ({algos}{extra}): max abs diff "
+                         f"{max(c.get('max_abs_diff', 0.0) for c in every):.3g}")
+    if fell_back:
+        reasons = {k: v for res in results if res for k, v in (res.get("reasons") or {}).items()}
+        first = fell_back[0]
+        text = (f"{len(fell_back)} of {per_rank} ran NCCL instead of the custom kernel (first: "
+                f"{first['mode']} {first['dtype']} {_size(first['bytes'])}"
+                + (f", fallbacks {first.get('fallbacks')}" if first.get("fallbacks") else "") + ")"
+                + (f"; reasons: {'; '.join(f'{k}: {v}' for k, v in reasons.items())}" if reasons else ""))
+        fix = ("unset expandable_segments in PYTORCH_CUDA_ALLOC_CONF (CUDA IPC cannot share VMM memory)"
+               if "VMM memory" in reasons else _AR_DEBUG_FIX)
+        return FAIL, text[:600], fix, lines, data
+    if wrong:
+        c = max(wrong, key=lambda c: c["max_abs_diff"] / max(c["tol"], 1e-30))
+        return (FAIL, f"differs from NCCL in {len(wrong)} of {per_rank}; worst: {c['mode']} {c['dtype']} "
+                f"{c['algo']} {_size(c['bytes'])} on rank {c['rank']}: max abs diff {c['max_abs_diff']:.3g} "
+                f"(allowed {c['tol']:.3g})", "report this as a graphjit bug with the --json output; "
+                "GRAPHJIT_CUSTOM_AR=0 keeps all_reduce on NCCL meanwhile", lines, data)
+    eager = [c for c in cases if c["mode"] == "eager" and c["rank"] == 0]
+    graphed = [c for c in cases if c["mode"] == "graphed" and c["rank"] == 0]
+    sizes = sorted({c["bytes"] for c in eager})
+    rep = reports[0]
+    text = (f"{len(eager)} eager all-reduces ({_size(sizes[0])} to {_size(sizes[-1])}; float32, float16, "
+            f"bfloat16; one-shot and two-shot) and {len(graphed)} graphed steps "
+            f"({sum(c.get('replays') or 0 for c in graphed)} replays) ran the custom kernel and match NCCL "
+            f"(max abs diff {worst:.3g}); init {max(res.get('init_s', 0.0) for res in results if res):.1f} s, "
+            f"{rep.get('arch')}")
+    return PASS, text, None, lines, data
+
+
+def _torch_gpus(ctx: _Context) -> tuple[int, list[str], str | None]:
+    """(GPUs torch sees, their names, why torch cannot run the check) for --collectives."""
+    if ctx.gpus.get("torch"):
+        devices = ctx.gpus["torch"]
+        return len(devices), [d["name"] for d in devices], None
+    if importlib.util.find_spec("torch") is None:
+        return 0, [], "torch is not installed (the check runs through torch.distributed and NCCL)"
+    try:
+        import torch
+
+        if not (torch.backends.cuda.is_built() and torch.version.cuda):
+            return 0, [], f"torch {torch.__version__} is a CPU build"
+        if not torch.cuda.is_available():
+            return 0, [], f"torch {torch.__version__} sees no CUDA GPU"
+        n = torch.cuda.device_count()
+        return n, [torch.cuda.get_device_name(i) for i in range(n)], None
+    except Exception as exc:
+        return 0, [], f"torch cannot query the GPUs: {_first_line(exc)}"
+
+
+def _check_custom_ar(ctx: _Context) -> None:
+    r = ctx.report
+    check = "custom all-reduce"
+    if not ctx.collectives:
+        where = "this machine has no GPU; " if not ctx.system_gpus() and not ctx.gpus else ""
+        r.add("collectives", check, SKIP, f"not checked: {where}--collectives runs it in 2 processes on 2 GPUs and "
+              "compares it with NCCL", "python -m graphjit doctor --collectives (needs 2 GPUs on one node)")
+        return
+    from . import env
+    from .collectives import custom_ar
+
+    with contextlib.suppress(Exception):
+        off = custom_ar.check_settings(env.settings())
+        if off is not None:
+            ctx.ar_summary = f"the custom all-reduce is off: {off[1]}"
+            r.add("collectives", check, FAIL, f"off by setting ({off[0]}): {off[1]}", _AR_FIXES[off[0]], reason=off)
+            return
+    count, names, why = _torch_gpus(ctx)
+    gpus = ctx.system_gpus()
+    if why is not None or count < 2:
+        if why is None:
+            have = f"torch sees {count} ({_count_names(names)})" if count else "torch sees none"
+        elif gpus:
+            have = f"{why}, and nvidia-smi lists {gpus} GPU(s)"
+        else:
+            have = f"this machine has no GPU ({why})"
+        ctx.ar_summary = f"the custom all-reduce cannot be checked here: it needs 2 GPUs on one node; {have}"
+        fix = ("install a CUDA build of torch for your driver (the check runs through torch + NCCL; Paddle uses the "
+               "same library)" if why is not None and gpus >= 2 else
+               "run python -m graphjit doctor --collectives on a machine with 2+ NVIDIA GPUs (and a CUDA build of "
+               "torch)")
+        r.add("collectives", check, FAIL, f"needs 2 GPUs on one node, visible to torch: {have}", fix, gpus=count,
+              reason=why)
+        return
+    if ctx.csrc == FAIL:
+        ctx.ar_summary = "the custom all-reduce cannot run here: csrc does not build or load (see the fixes)"
+        r.add("collectives", check, FAIL, "not run: the csrc build failed (see above)", ctx.csrc_fix or NVCC_FIX.format(
+            arch="sm_90"))
+        return
+    t0 = time.perf_counter()
+    results, tails, why = _run_ar_pair(ctx.timeout)
+    status, text, fix, lines, data = _ar_verdict(results, tails, why)
+    pair = f"GPUs 0,1 of {count} ({_count_names(names[:2])})"
+    data["seconds"] = time.perf_counter() - t0
+    ctx.ar_summary = (f"the custom all-reduce matches NCCL on {pair}" if status == PASS
+                      else f"the custom all-reduce FAILS on {pair}: all_reduce runs the framework's collective (NCCL)"
+                      " until it is fixed")
+    r.add("collectives", check, status, f"{pair}, {text}", fix, lines=lines, **data)
+
+
 # -- summary, entry points --------------------------------------------------------------------------
 def _summarise(ctx: _Context) -> None:
     r = ctx.report
@@ -1054,9 +1596,8 @@ def _summarise(ctx: _Context) -> None:
         else:
             text += "capture not checked"
         lines.append(text)
-    if ctx.collectives:
-        lines.append(f"--collectives: {NOT_IN_RELEASE}; all_reduce inside graphed functions uses the "
-                     "framework's own collective")
+    if ctx.collectives and ctx.ar_summary:
+        lines.append(f"--collectives: {ctx.ar_summary}")
     r.summary = lines
 
 
@@ -1081,7 +1622,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--framework", choices=("all", *FRAMEWORKS), default="all",
                         help="which framework to check (default all: every installed one)")
     parser.add_argument("--collectives", action="store_true",
-                        help="also require the custom all-reduce (not in this release: exits non-zero)")
+                        help="also check the custom all-reduce: build csrc, run it in 2 processes on 2 GPUs and "
+                             "compare it with NCCL (exits non-zero when it cannot work here)")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON to PATH")
     parser.add_argument("--timeout", type=float, default=180.0, metavar="S",
                         help="seconds each probe subprocess may take (default 180)")

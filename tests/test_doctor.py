@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,7 +63,10 @@ def test_doctor_on_cpu_says_no_gpu_and_exits_0() -> None:
     assert rows and all(mark in ("pass", "fail", "skip") for mark, _ in rows), rows
     checks = {check: mark for mark, check in rows}
     assert checks["python"] == "pass" and checks["csrc build"] == "skip"
-    assert "custom all-reduce: not in this release" in proc.stdout
+    assert checks["custom all-reduce"] == "skip"  # plain doctor never starts NCCL processes
+    assert "not in this release" not in proc.stdout
+    assert "no GPU: the build needs a target architecture, nothing compiled" in proc.stdout
+    assert "--collectives" not in proc.stdout.splitlines()[1]
     for fw in INSTALLED:
         assert checks[f"{fw} build"] == "pass"
         assert checks[f"{fw} GPUs"] == "skip"
@@ -77,14 +81,225 @@ def test_doctor_on_cpu_says_no_gpu_and_exits_0() -> None:
     assert proc.stdout.rstrip().splitlines()[-1].startswith("exit status 0")
 
 
+@cpu_only
 @needs_framework
-def test_collectives_is_not_in_this_release(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["doctor", "--collectives", "--framework", INSTALLED[0]])
+def test_collectives_on_cpu_exits_1_and_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """--collectives without GPUs: the custom all-reduce row fails (it needs 2 GPUs on one node); with nvcc,
+    csrc is test-compiled for sm_90 into a temporary directory (the toolchain works), nothing is cached."""
+    monkeypatch.setenv("GRAPHJIT_CACHE_DIR", str(tmp_path / "cache"))
+    graphjit.env.refresh()
+    target = tmp_path / "doctor.json"
+    rc = main(["doctor", "--collectives", "--framework", INSTALLED[0], "--json", str(target)])
     out = capsys.readouterr().out
-    assert rc != 0
-    assert "custom all-reduce: not in this release" in out.splitlines()[1]
-    assert ("fail", "csrc build") in _table_rows(out)
-    assert "exit status 1" in out and "csrc build" in out.splitlines()[-1]
+    assert rc == 1
+    summary = out.splitlines()[1]
+    assert summary.startswith("--collectives: the custom all-reduce cannot be checked here: it needs 2 GPUs on one "
+                              "node; this machine has no GPU"), summary
+    rows = _table_rows(out)
+    assert ("fail", "custom all-reduce") in rows
+    assert "fix: run python -m graphjit doctor --collectives on a machine with 2+ NVIDIA GPUs" in out
+    last = out.rstrip().splitlines()[-2]  # the last line says "wrote PATH"
+    assert last.startswith("exit status 1") and "custom all-reduce" in last, last
+    data = json.loads(target.read_text())
+    by_check = {r["check"]: r for r in data["rows"]}
+    assert data["exit_code"] == 1 and data["options"]["collectives"] is True
+    ar = by_check["custom all-reduce"]
+    assert ar["status"] == "fail" and ar["blocking"] and "needs 2 GPUs on one node" in ar["result"]
+    csrc = by_check["csrc build"]
+    if doctor._find_nvcc()[0] is not None:
+        assert csrc["status"] == "pass", csrc
+        assert "compiled csrc for sm_90 as a toolchain check" in csrc["result"] and "(ABI 1)" in csrc["result"]
+        assert csrc["data"]["test_arch"] == "sm_90" and csrc["data"]["seconds"] < 120
+        assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").glob("*.so"))  # a temporary build
+    else:
+        assert csrc["status"] == "fail" and csrc["blocking"] and "GRAPHJIT_NVCC" in csrc["fix"]
+
+
+@cpu_only
+@needs_framework
+def test_csrc_row_without_nvcc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No nvcc, no GPU: plain doctor skips the build (exit 0); --collectives fails it with the fix, unless a
+    library built ahead of time for these sources is in GRAPHJIT_CACHE_DIR (then it is loaded)."""
+    from graphjit.collectives import _lib
+
+    monkeypatch.setenv("GRAPHJIT_NVCC", str(tmp_path / "no-such-nvcc"))
+    monkeypatch.setenv("GRAPHJIT_CACHE_DIR", str(tmp_path / "cache"))
+    graphjit.env.refresh()
+    plain = doctor.diagnose(INSTALLED[0])
+    rows = {r.check: r for r in plain.rows}
+    assert rows["nvcc"].status == "fail" and not rows["nvcc"].blocking
+    assert rows["csrc build"].status == "skip" and "python -m graphjit build --arch sm_90" in rows["csrc build"].fix
+    assert plain.exit_code == 0
+
+    report = doctor.diagnose(INSTALLED[0], collectives=True)
+    rows = {r.check: r for r in report.rows}
+    assert rows["nvcc"].status == "fail" and rows["nvcc"].blocking
+    csrc = rows["csrc build"]
+    assert csrc.status == "fail" and csrc.blocking and "no nvcc and no library built ahead of time" in csrc.result
+    assert "GRAPHJIT_NVCC" in csrc.fix and "python -m graphjit build --arch sm_90" in csrc.fix
+    assert rows["custom all-reduce"].status == "fail" and report.exit_code == 1
+
+    library = _lib.library_path("sm_90")  # as if `python -m graphjit build --arch sm_90` had run
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    monkeypatch.setattr(_lib, "Library", lambda path: object())
+    report = doctor.diagnose(INSTALLED[0], collectives=True)
+    csrc = next(r for r in report.rows if r.check == "csrc build")
+    assert csrc.status == "pass" and "built ahead of time (sm_90" in csrc.result, csrc.result
+    assert csrc.data["cached"] == ["sm_90"]
+
+
+class _FakeLibrary:
+    def __init__(self, path: Any) -> None:
+        self.path = path
+
+    def device_info(self, device: int) -> tuple[str, int, int]:
+        return "00000000:1B:00.0", 9, 0
+
+
+def _gpu_context(collectives: bool = False) -> doctor._Context:
+    ctx = doctor._Context(doctor.Report(), ("torch",), False, collectives, 60.0)
+    ctx.gpus["torch"] = [{"index": i, "name": "NVIDIA H200", "capability": "9.0", "memory_gib": 140.0}
+                         for i in range(2)]
+    return ctx
+
+
+def test_csrc_row_loads_or_builds_for_the_gpu_arch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With GPUs (faked): the library for their architecture is built (no nvcc here: a failure with the fix, blocking
+    only with --collectives) or loaded from the cache, and asked about GPU 0."""
+    from graphjit.collectives import _lib
+
+    monkeypatch.setenv("GRAPHJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHJIT_NVCC", str(tmp_path / "no-such-nvcc"))
+    graphjit.env.refresh()
+    for collectives in (False, True):
+        ctx = _gpu_context(collectives)
+        doctor._check_csrc(ctx)
+        row = ctx.report.rows[-1]
+        assert row.check == "csrc build" and row.status == "fail" and row.blocking == collectives
+        assert row.result.startswith("sm_90: building failed: nvcc was not found"), row.result
+        assert row.fix and "GRAPHJIT_NVCC" in row.fix and ctx.csrc == "fail" and ctx.csrc_fix == row.fix
+
+    library = _lib.library_path("sm_90")
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    monkeypatch.setattr(_lib, "Library", _FakeLibrary)
+    ctx = _gpu_context()
+    doctor._check_csrc(ctx)
+    row = ctx.report.rows[-1]
+    assert row.status == "pass" and ctx.csrc == "pass"
+    assert row.result.startswith(f"sm_90 cached ({library.name})")
+    assert "GPU 0 is sm_90 at 00000000:1B:00.0" in row.result
+
+
+def _rank_result(rank: int, **changes: Any) -> dict[str, Any]:
+    cases = [{"mode": "eager", "dtype": dt, "algo": algo, "bytes": b, "calls": 1, "custom": True,
+              "max_abs_diff": 0.0, "max_abs": 4.0, "tol": 4.0 * 2**-10}
+             for dt in ("float32", "float16", "bfloat16") for algo in ("1shot", "2shot") for b in doctor.AR_SIZES]
+    cases += [{"mode": "graphed", "dtype": dt, "algo": "auto", "bytes": n * 4, "calls": 4, "custom": True,
+               "max_abs_diff": 0.0, "max_abs": 9.0, "tol": 9.0 * 2**-7, "graphs": 1, "replays": 4, "captured": 1,
+               "fallbacks": {}} for dt, n in doctor.AR_GRAPHED]
+    result = {"rank": rank, "stage": "done", "done": True, "init_s": 1.5, "cases": cases, "fallbacks": {},
+              "reasons": {}, "report": {"enabled": True, "reason_key": None, "reason": None, "arch": "sm_90",
+                                        "rank": rank, "world_size": 2}}
+    result.update(changes)
+    return result
+
+
+def test_ar_verdict() -> None:
+    ok = [_rank_result(0), _rank_result(1)]
+    status, text, fix, lines, data = doctor._ar_verdict(ok, ["", ""], None)
+    assert status == "pass" and fix is None
+    assert text.startswith("30 eager all-reduces (16 B to 8 MiB; float32, float16, bfloat16; one-shot and two-shot)")
+    assert "2 graphed steps (8 replays) ran the custom kernel and match NCCL (max abs diff 0)" in text
+    assert lines[0].startswith("eager    float32    10 call(s), 16 B .. 8 MiB (1shot+2shot): max abs diff 0")
+    assert len(lines) == 5 and data["report"]["arch"] == "sm_90"
+
+    wrong = [_rank_result(0), _rank_result(1)]
+    wrong[1]["cases"][3]["max_abs_diff"] = 0.5
+    status, text, fix, _, _ = doctor._ar_verdict(wrong, ["", ""], None)
+    assert status == "fail" and "differs from NCCL in 1 of 64 results (32 cases x 2 ranks)" in text
+    assert "max abs diff 0.5" in text and "on rank 1" in text and fix and "bug" in fix
+
+    vmm = [_rank_result(0, reasons={"VMM memory": "captured tensor in VMM memory"}), _rank_result(1)]
+    vmm[0]["cases"][-1].update(custom=False, fallbacks={"VMM memory": 4})
+    status, text, fix, _, _ = doctor._ar_verdict(vmm, ["", ""], None)
+    assert status == "fail" and "ran NCCL instead of the custom kernel" in text and "expandable_segments" in fix
+
+    off = _rank_result(0)
+    off["report"].update(enabled=False, reason_key="topology", reason="rank 0: the P2P write probe failed")
+    status, text, fix, _, _ = doctor._ar_verdict([off, _rank_result(1)], ["", ""], None)
+    assert status == "fail" and text.startswith("collectives.init turned it off (topology): rank 0: the P2P")
+    assert fix and "P2P" in fix
+
+    hung = [_rank_result(0, stage="NCCL group", done=False), None]
+    status, text, fix, lines, _ = doctor._ar_verdict(hung, ["", "some NCCL error\n"], "the 2 processes did not "
+                                                     "finish in 180 s")
+    assert status == "fail" and "did not finish in 180 s; rank 1 wrote no result" in text
+    assert "rank 0: NCCL group" in text and lines == ["rank 1: some NCCL error"]
+    assert fix and "NCCL_DEBUG=INFO" in fix
+
+
+@needs_framework
+def test_collectives_with_two_gpus_runs_the_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wiring of --collectives on a 2-GPU machine (GPUs, csrc and the 2 processes faked); plain doctor
+    never starts them."""
+    calls: list[float] = []
+
+    def pair(timeout: float, device: str = "cuda") -> Any:
+        calls.append(timeout)
+        return [_rank_result(0), _rank_result(1)], ["", ""], None
+
+    def csrc(ctx: doctor._Context) -> None:
+        ctx.csrc = doctor.PASS
+        ctx.report.add("collectives", "csrc build", doctor.PASS, "faked")
+
+    monkeypatch.setattr(doctor, "_run_ar_pair", pair)
+    monkeypatch.setattr(doctor, "_check_csrc", csrc)
+    monkeypatch.setattr(doctor, "_torch_gpus", lambda ctx: (2, ["NVIDIA H200", "NVIDIA H200"], None))
+    plain = doctor.diagnose(INSTALLED[0])
+    assert not calls and next(r for r in plain.rows if r.check == "custom all-reduce").status == "skip"
+    report = doctor.diagnose(INSTALLED[0], collectives=True, timeout=77)
+    row = next(r for r in report.rows if r.check == "custom all-reduce")
+    assert calls == [77] and row.status == "pass", row.result
+    assert row.result.startswith("GPUs 0,1 of 2 (2 x NVIDIA H200), 30 eager all-reduces")
+    assert report.summary[-1] == "--collectives: the custom all-reduce matches NCCL on GPUs 0,1 of 2 (2 x NVIDIA H200)"
+    assert "max abs diff 0" in report.render()
+
+    monkeypatch.setattr(doctor, "_torch_gpus", lambda ctx: (1, ["NVIDIA H200"], None))
+    report = doctor.diagnose(INSTALLED[0], collectives=True)
+    row = next(r for r in report.rows if r.check == "custom all-reduce")
+    assert row.status == "fail"
+    assert "needs 2 GPUs on one node, visible to torch: torch sees 1 (NVIDIA H200)" in row.result
+    assert report.exit_code == 1 and len(calls) == 1
+
+
+def test_collectives_setting_off_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRAPHJIT_CUSTOM_AR", "0")
+    graphjit.env.refresh()
+    ctx = _gpu_context(collectives=True)
+    doctor._check_custom_ar(ctx)
+    row = ctx.report.rows[-1]
+    assert row.status == "fail" and "GRAPHJIT_CUSTOM_AR=0" in row.result and "unset GRAPHJIT_CUSTOM_AR" in row.fix
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+@pytest.mark.slow
+def test_ar_probe_script_runs_on_cpu() -> None:
+    """The 2-process probe, in a gloo group on the CPU: it starts, exchanges a port, runs every case and reports
+    (collectives.init turns the custom all-reduce off: CPU build; every call runs gloo and matches)."""
+    results, tails, why = doctor._run_ar_pair(120, "cpu")
+    assert why is None, (why, tails)
+    for rank, res in enumerate(results):
+        assert res is not None and res["done"] and res["returncode"] == 0, (res, tails[rank])
+        assert res["report"]["enabled"] is False and res["report"]["reason_key"] == "unavailable"
+        cases = res["cases"]
+        assert len(cases) == 3 * 2 * len(doctor.AR_SIZES) + len(doctor.AR_GRAPHED)
+        assert all(c["max_abs_diff"] == 0.0 and c["custom"] is False for c in cases), cases
+        assert res["fallbacks"].get("unavailable") == 3 * 2 * len(doctor.AR_SIZES)
+    status, text, fix, _, _ = doctor._ar_verdict(results, tails, why)
+    assert status == "fail" and text.startswith("collectives.init turned it off (unavailable)") and fix
 
 
 @needs_framework
@@ -101,7 +316,8 @@ def test_json_has_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert set(r) >= {"section", "check", "status", "result", "fix", "blocking", "data"}
         assert r["status"] in ("pass", "fail", "skip") and r["result"]
     checks = {r["check"] for r in rows}
-    assert {"python", "graphjit", "nvcc", "csrc build", "P2P access", "CUDA IPC", f"{INSTALLED[0]} build"} <= checks
+    assert {"python", "graphjit", "nvcc", "csrc build", "P2P access", "CUDA IPC", "custom all-reduce",
+            f"{INSTALLED[0]} build"} <= checks
     assert data["counts"]["pass"] + data["counts"]["fail"] + data["counts"]["skip"] == len(rows)
     other = {"torch": "paddle", "paddle": "torch"}[INSTALLED[0]]
     assert not any(r["section"] == other for r in rows)  # --framework filters
@@ -232,3 +448,74 @@ def test_ipc_probe_script_reports() -> None:
     result, why = doctor._run_child(doctor._IPC_PROBE, [], 120)
     assert result is not None, why
     assert isinstance(result.get("ok"), bool)
+
+
+# -- import and packaging ---------------------------------------------------------------------------
+def test_import_graphjit_exposes_collectives_lazily() -> None:
+    """``graphjit.collectives`` works after ``import graphjit`` but is imported on first use (numpy, ctypes: about
+    50 ms that ``import graphjit`` does not pay); it imports no framework."""
+    code = ("import sys, graphjit; before = 'graphjit.collectives' in sys.modules; c = graphjit.collectives; "
+            "print(before, c is sys.modules['graphjit.collectives'], 'collectives' in graphjit.__all__, "
+            "callable(c.init), sorted(m for m in ('torch', 'paddle') if m in sys.modules))")
+    environ = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environ,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True", "True", "True", "[]"]
+    with pytest.raises(AttributeError, match="no attribute 'no_such_thing'"):
+        graphjit.no_such_thing  # noqa: B018
+
+
+def _copy_source_tree(dest: Path) -> None:
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, dest / name)
+    for folder in ("graphjit", "csrc"):
+        shutil.copytree(ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+
+@pytest.mark.slow
+def test_wheel_ships_every_module_and_csrc(tmp_path: Path) -> None:
+    """The wheel holds every module of graphjit/ and the CUDA sources as graphjit/csrc, where an installed
+    graphjit finds them (same cache key as the checkout); the sdist holds csrc/ (built in a copy of the tree)."""
+    import tarfile
+    import zipfile
+
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("setuptools is not installed (needed to build the wheel offline)")
+    if importlib.util.find_spec("setuptools.command.bdist_wheel") is None and importlib.util.find_spec("wheel") is None:
+        pytest.skip("neither setuptools >= 70.1 nor wheel is installed (needed to build the wheel offline)")
+    src = tmp_path / "src"
+    src.mkdir()
+    _copy_source_tree(src)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                           str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    wheel = next((tmp_path / "dist").glob("graphjit-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        site = tmp_path / "site"
+        zf.extractall(site)
+    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "graphjit").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert sources <= names, f"missing from the wheel (add the subpackage to pyproject.toml): {sources - names}"
+    for name in ("graphjit_ar.cu", "custom_all_reduce.cuh"):
+        assert f"graphjit/csrc/{name}" in names
+        assert (site / "graphjit" / "csrc" / name).read_bytes() == (ROOT / "csrc" / name).read_bytes()
+
+    code = ("from graphjit.collectives import _lib; print(_lib.csrc_dir()); print(_lib.library_path('sm_90').name)")
+    environ = dict(os.environ, PYTHONPATH=str(site), GRAPHJIT_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environ,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    from graphjit.collectives import _lib
+
+    folder, name = proc.stdout.split()
+    assert Path(folder) == site / "graphjit" / "csrc"
+    assert name == _lib.library_path("sm_90", cache=tmp_path / "cache").name  # a checkout's build is reused
+
+    proc = subprocess.run([sys.executable, "-c", "from setuptools import build_meta as b; print(b.build_sdist('sd'))"],
+                          capture_output=True, text=True, timeout=300, cwd=src)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with tarfile.open(src / "sd" / proc.stdout.split()[-1]) as tf:
+        members = {m.split("/", 1)[1] for m in tf.getnames() if "/" in m}
+    assert {"csrc/graphjit_ar.cu", "csrc/custom_all_reduce.cuh", "graphjit/collectives/_lib.py"} <= members
