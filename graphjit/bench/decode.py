@@ -146,6 +146,31 @@ class _Runner:
         """Why the framework cannot run anything more in this process (a failed capture), or None."""
         return None
 
+    def time_host(self, calls: dict[str, Callable[[], Any]], out: dict[str, Any]) -> None:
+        """Host time per call of each of ``calls`` (median of repeats of back-to-back calls, the
+        device synchronised only between repeats), into ``out["us"]``, ``min_us``, ``samples_us``;
+        a call that raises is recorded under ``out["errors"]``."""
+        args = self.args
+        perf = time.perf_counter_ns
+        for label, call in calls.items():
+            try:
+                for _ in range(20):
+                    call()
+                self.sync()
+                samples = []
+                for _ in range(args.host_repeats):
+                    t0 = perf()
+                    for _ in range(args.host_iters):
+                        call()
+                    t1 = perf()
+                    self.sync()
+                    samples.append((t1 - t0) / 1e3 / args.host_iters)
+                out["us"][label] = common.median(samples)
+                out.setdefault("min_us", {})[label] = min(samples)
+                out.setdefault("samples_us", {})[label] = samples
+            except Exception as exc:
+                out["errors"][label] = common.error_text(exc)
+
     # Subclasses implement these.
     def build(self, layers: int, hidden: int, batch: int) -> None: ...
     def variant(self, name: str) -> dict[str, Any]: ...
@@ -410,25 +435,7 @@ class _TorchRunner(_Runner):
         calls["part_sign"] = lambda: signer.sign(None, tuple(inputs), {})
         calls["part_copy_inputs"] = lambda: torch._foreach_copy_(targets, inputs)
         calls["part_clone_output"] = lambda: inputs[0].clone()
-        perf = time.perf_counter_ns
-        for label, call in calls.items():
-            try:
-                for _ in range(20):
-                    call()
-                self.sync()
-                samples = []
-                for _ in range(args.host_repeats):
-                    t0 = perf()
-                    for _ in range(args.host_iters):
-                        call()
-                    t1 = perf()
-                    self.sync()
-                    samples.append((t1 - t0) / 1e3 / args.host_iters)
-                out["us"][label] = common.median(samples)
-                out.setdefault("min_us", {})[label] = min(samples)
-                out.setdefault("samples_us", {})[label] = samples
-            except Exception as exc:
-                out["errors"][label] = common.error_text(exc)
+        self.time_host(calls, out)
         for obj in keep:
             if hasattr(obj, "stats"):
                 status, details = _graphed_status(obj.stats(), self.on_gpu)
@@ -667,25 +674,7 @@ class _PaddleRunner(_Runner):
         fn = graphjit.graphed(tiny, backend="paddle", tracer="eager")
         keep.append(fn)
         calls["graphed"] = lambda: fn(*inputs)
-        perf = time.perf_counter_ns
-        for label, call in calls.items():
-            try:
-                for _ in range(20):
-                    call()
-                self.sync()
-                samples = []
-                for _ in range(args.host_repeats):
-                    t0 = perf()
-                    for _ in range(args.host_iters):
-                        call()
-                    t1 = perf()
-                    self.sync()
-                    samples.append((t1 - t0) / 1e3 / args.host_iters)
-                out["us"][label] = common.median(samples)
-                out.setdefault("min_us", {})[label] = min(samples)
-                out.setdefault("samples_us", {})[label] = samples
-            except Exception as exc:
-                out["errors"][label] = common.error_text(exc)
+        self.time_host(calls, out)
         status, details = _graphed_status(fn.stats(), self.on_gpu)
         out["graphed_status"] = {"copy": {"status": status, "captured": details["captured"],
                                           "fallback_reasons": details.get("fallback_reasons", [])}}
