@@ -222,13 +222,13 @@ class _State:
             raise
         entry = self.entries.get(sig.key)
         if entry is not None:
-            return self.replay(entry, sig, settings, wrapped, instance, args, kwargs)
+            return self.replay(entry, sig, settings, instance, args, kwargs)
         if backends.translating():
             return wrapped(*args, **kwargs)
-        return self.slow(sig, settings, wrapped, instance, args, kwargs)
+        return self.slow(sig, settings, instance, args, kwargs)
 
-    def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, wrapped: Callable[..., Any],
-               instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
+               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         copy = self.options.outputs == "copy"
         check = not copy and settings.check_outputs
         with self.lock:
@@ -280,8 +280,8 @@ class _State:
             self.stats.keys[sig.key] = st
         return st
 
-    def slow(self, sig: CallSignature, settings: env.Settings, wrapped: Callable[..., Any], instance: Any,
-             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def slow(self, sig: CallSignature, settings: env.Settings, instance: Any, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
         backend = self.pick_backend(sig)
         if backend.poisoned is not None:
             raise UnrecoverableCaptureError(f"{self.name}: {backend.poisoned}")
@@ -314,7 +314,7 @@ class _State:
         with self.lock:
             entry = self.entries.get(sig.key)
             if entry is not None:  # another thread captured this key meanwhile
-                return self.replay(entry, sig, settings, wrapped, instance, args, kwargs)
+                return self.replay(entry, sig, settings, instance, args, kwargs)
             if len(self.entries) >= self.max_graphs():
                 msg = (f"max_graphs={self.max_graphs()} graphs already captured; new input signatures run uncaptured "
                        "(use buckets= to pad dims to fewer sizes, or raise max_graphs)")

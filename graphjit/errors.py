@@ -66,10 +66,6 @@ class UnrecoverableCaptureError(CaptureError):
         super().__init__(message, reason="framework left in capture mode")
 
 
-class StaleOutputError(GraphjitError, RuntimeError):
-    """An output of an earlier replay was used after the graph overwrote it."""
-
-
 class BackwardOrderError(GraphjitError, RuntimeError):
     """A backward of a :func:`graphjit.graphed_layer` ran out of order.
 
@@ -91,7 +87,6 @@ __all__ = [
     "ConfigError",
     "GraphjitError",
     "SignatureError",
-    "StaleOutputError",
     "UnrecoverableCaptureError",
     "UnsupportedOutputError",
     "VerifyError",
