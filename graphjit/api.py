@@ -116,6 +116,7 @@ class _State:
         self.said: set[str] = set()
         self.handed_out: list[Any] = []
         self.poison_backend: Backend | None = None
+        self.copy_outputs = options.outputs == "copy"
         # A Layer/Module instance is traced through its class's forward (to_static must not replace
         # the instance's forward); a plain callable object through itself.
         self.self_call = None
@@ -229,7 +230,7 @@ class _State:
 
     def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        copy = self.options.outputs == "copy"
+        copy = self.copy_outputs
         check = not copy and settings.check_outputs
         with self.lock:
             try:

@@ -44,8 +44,9 @@ class StaticInputs:
     """The static input buffers of one key, and the copies in and back around each replay."""
 
     def __init__(self, backend: Backend, statics: list[Any], adopted: list[bool], mutated: list[bool],
-                 bucketed: set[int]) -> None:
+                 bucketed: set[int], grad_free: bool = False) -> None:
         self.backend = backend
+        self.grad_free = grad_free  # no input of this key requires grad (the key holds that flag)
         self.statics = statics
         self.ptrs = [backend.data_ptr(s) for s in statics]
         self.shapes = [backend.shape(s) for s in statics]
@@ -83,7 +84,7 @@ class StaticInputs:
                 dsts.append(statics[i])
                 srcs.append(t)
         if dsts:
-            b.copy_many(dsts, srcs)
+            b.copy_many(dsts, srcs, self.grad_free)
             self.copies += len(dsts)
 
     def _load_padded(self, i: int, t: Any, real: tuple[int, ...]) -> None:
@@ -128,6 +129,12 @@ class StaticOutputs:
     def result(self, pads: Sequence[Pad], copy: bool) -> Any:
         """The call's return value: copies (or views) of the static outputs, padding sliced off."""
         b = self.backend
+        if not pads:  # the common case: nothing to slice
+            if self.single:
+                t = self.tensors[0]
+                return b.clone(t) if copy else t
+            out = [b.clone(t) for t in self.tensors] if copy else list(self.tensors)
+            return rebuild(self.obj, out, self.is_tensor)
         padmap: dict[tuple[int, int], int] = {}
         for p in pads:
             padmap.setdefault((p.dim, p.padded), p.real)

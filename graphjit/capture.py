@@ -205,7 +205,8 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             for hook in scope.AFTER_CAPTURE:  # e.g. register captured all-reduce buffers on every rank
                 hook()
             bucket_dims = {(dim, size) for (_leaf, dim, size) in sig.bucketed}
-            inputs = StaticInputs(b, statics, adopted, mutated, {leaf for (leaf, _d, _s) in sig.bucketed})
+            inputs = StaticInputs(b, statics, adopted, mutated, {leaf for (leaf, _d, _s) in sig.bucketed},
+                                  grad_free=not any(b.requires_grad(t) for t in tensors))
             outputs = StaticOutputs(b, static_out, is_tensor, bucket_dims)
             graph.replay()
             if req.verify:

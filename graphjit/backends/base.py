@@ -92,8 +92,9 @@ class Backend(abc.ABC):
     def copy_(self, dst: Any, src: Any) -> None:
         """Copy ``src`` into ``dst`` (same shape and dtype; checked by the caller)."""
 
-    def copy_many(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
-        """Copy pairwise; backends override this with a batched launch where they have one."""
+    def copy_many(self, dsts: Sequence[Any], srcs: Sequence[Any], grad_free: bool = False) -> None:
+        """Copy pairwise; backends override this with a batched launch where they have one.
+        ``grad_free``: the caller guarantees that no source requires grad (a cheaper path)."""
         for d, s in zip(dsts, srcs):
             self.copy_(d, s)
 

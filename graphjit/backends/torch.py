@@ -35,6 +35,7 @@ class TorchGraph(GraphHandle):
     def __init__(self, graph: Any, pool_bytes: int) -> None:
         self._graph = graph
         self.pool_bytes = pool_bytes
+        self.replay = graph.replay  # type: ignore[method-assign]  # one call less on the hot path
 
     def replay(self) -> None:
         self._graph.replay()
@@ -91,19 +92,26 @@ class TorchBackend(Backend):
             t.zero_()
 
     def clone(self, t: Any) -> Any:
-        return t.detach().clone(memory_format=torch.contiguous_format)
+        if t.requires_grad:
+            t = t.detach()
+        return t.clone(memory_format=torch.contiguous_format)
 
     def copy_(self, dst: Any, src: Any) -> None:
         with torch.no_grad():
             dst.copy_(src)
 
-    def copy_many(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
-        if len(dsts) == 1:
-            with torch.no_grad():
+    def copy_many(self, dsts: Sequence[Any], srcs: Sequence[Any], grad_free: bool = False) -> None:
+        if grad_free:  # no source requires grad: no autograd to keep out (the guard costs ~1 us)
+            if len(dsts) == 1:
                 dsts[0].copy_(srcs[0])
+            else:
+                torch._foreach_copy_(list(dsts), list(srcs))
             return
         with torch.no_grad():
-            torch._foreach_copy_(list(dsts), list(srcs))
+            if len(dsts) == 1:
+                dsts[0].copy_(srcs[0])
+            else:
+                torch._foreach_copy_(list(dsts), list(srcs))
 
     def narrow(self, t: Any, dim: int, start: int, length: int) -> Any:
         return t.narrow(dim, start, length)
