@@ -203,7 +203,13 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         capture_ms = (time.perf_counter() - t_cap) * 1e3
         try:
             for hook in scope.AFTER_CAPTURE:  # e.g. register captured all-reduce buffers on every rank
-                hook()
+                try:
+                    hook()
+                except CaptureError:
+                    raise
+                except Exception as exc:  # a failed hook fails this capture, never the process
+                    raise CaptureError(f"{req.fn_name} {st.label}: after the capture, {hook!r} failed: {exc}",
+                                       reason="after-capture hook failed") from exc
             bucket_dims = {(dim, size) for (_leaf, dim, size) in sig.bucketed}
             inputs = StaticInputs(b, statics, adopted, mutated, {leaf for (leaf, _d, _s) in sig.bucketed},
                                   grad_free=not any(b.requires_grad(t) for t in tensors))
