@@ -4,6 +4,7 @@
     python -m graphjit doctor [--framework paddle|torch|all] [--collectives] [--json PATH]
     python -m graphjit bench dispatch [--iters N --repeats R --backend auto|torch|paddle]
     python -m graphjit bench decode [--backend torch|paddle --layers 8,32 --hidden 1024 --batch 1,8 ...]
+    python -m graphjit bench allreduce [--sizes 4K,1M,64M --dtype bf16 --variants ... --allow-cpu]
 
 Every ``bench`` writes a JSON file and a PNG plot under ``--out`` (default ``benchmarks/results``)
 and prints a short table.  Benchmarks live in :mod:`graphjit.bench` (one module each, registered in

@@ -42,6 +42,9 @@ def register(name: str, module: str, help: str) -> Benchmark:
     return bench
 
 
+register("allreduce", "graphjit.bench.allreduce",
+         "all-reduce on 2 GPUs (torch, NCCL): graphjit's custom 1shot/2shot/auto vs NCCL, eager and in a CUDA graph, "
+         "4 KiB-64 MiB")
 register("decode", "graphjit.bench.decode",
          "decode step (L x matmul/silu/add/RMSNorm): eager vs raw CUDA graph vs @graphed vs compile (needs a GPU)")
 register("dispatch", "graphjit.bench.dispatch",

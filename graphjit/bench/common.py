@@ -7,6 +7,7 @@ already imported (``sys.modules``), plus the installed versions read from packag
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import importlib.metadata
 import json
@@ -272,6 +273,54 @@ def bar_plot(path: Path, title: str, groups: Sequence[str], series: dict[str, Se
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7, ncol=min(n, 3))
         if notes:
+            fig.text(0.01, 0.005, "  ".join(notes), fontsize=6, color="dimgrey", va="bottom")
+        fig.savefig(path, dpi=120)
+    except Exception as exc:  # a plot is a convenience; the JSON is the result
+        return error_text(exc)
+    return None
+
+
+def line_plot(path: Path, title: str, x: Sequence[float], series: dict[str, Sequence[float | None]], xlabel: str,
+              ylabel: str, *, log_x: bool = False, log_y: bool = False, x_labels: Sequence[str] | None = None,
+              styles: dict[str, dict[str, Any]] | None = None, notes: Sequence[str] = ()) -> str | None:
+    """One line per series over ``x`` (None values leave a gap; a series with no value is left out),
+    written to ``path`` with matplotlib's Agg canvas.  ``styles[name]`` adds keyword arguments to
+    that series' ``ax.plot`` (``linestyle``, ``marker``, ``color``).  Returns None on success, else
+    why no plot was written."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        return f"matplotlib is not importable ({exc}); pip install 'graphjit[bench]'"
+    try:
+        fig = Figure(figsize=(9.0, 5.6), layout="constrained")
+        ax = fig.subplots()
+        drawn = 0
+        for j, (name, values) in enumerate(series.items()):
+            ys = [float("nan") if v is None else float(v) for v in values]
+            if all(v is None for v in values):
+                continue
+            kwargs: dict[str, Any] = {"marker": "o", "markersize": 3, "linewidth": 1.2, "color": f"C{j % 10}"}
+            kwargs.update((styles or {}).get(name, {}))
+            ax.plot(list(x), ys, label=name, **kwargs)
+            drawn += 1
+        if log_x:
+            ax.set_xscale("log", base=2)
+        if log_y:
+            ax.set_yscale("log")
+        if x_labels is not None:
+            from matplotlib.ticker import NullLocator
+
+            ax.set_xticks(list(x), list(x_labels), rotation=45, fontsize=7)
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", linewidth=0.3, alpha=0.6)
+        if drawn:
+            ax.legend(fontsize=7, ncol=2)
+        if notes:
+            with contextlib.suppress(Exception):  # keep the notes clear of the axis label (matplotlib >= 3.6)
+                fig.get_layout_engine().set(rect=(0, 0.03, 1, 0.97))
             fig.text(0.01, 0.005, "  ".join(notes), fontsize=6, color="dimgrey", va="bottom")
         fig.savefig(path, dpi=120)
     except Exception as exc:  # a plot is a convenience; the JSON is the result
