@@ -67,6 +67,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .procs import kill_all, supervise
+
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 FRAMEWORKS = ("torch", "paddle")
 RESULT_MARK = "graphjit-doctor-result: "
@@ -1386,25 +1388,15 @@ def _run_ar_pair(timeout: float, device: str = "cuda") -> tuple[list[dict[str, A
                     procs.append(subprocess.Popen([sys.executable, str(script), str(r), str(port), str(outs[r]), device,
                                                    str(timeout)], stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
                                                   env=environ))
-            deadline = time.monotonic() + timeout
-            grace: float | None = None  # one rank failed: the other gets a little longer, then is stopped
-            while any(p.poll() is None for p in procs):
-                now = time.monotonic()
-                if grace is None and any(p.returncode not in (None, 0) for p in procs):
-                    grace = now + 20
-                if now > deadline or (grace is not None and now > grace):
-                    why = (f"the 2 processes did not finish in {timeout:.0f} s" if now > deadline
-                           else "one process failed and the other did not finish")
-                    break
-                time.sleep(0.1)
+            # one rank failed: the other gets a little longer, then is stopped
+            stopped = supervise(procs, timeout, 20, grace_after="failure", poll_s=0.1)
+            if stopped is not None:
+                why = (f"the 2 processes did not finish in {timeout:.0f} s" if stopped[0] == "timeout"
+                       else "one process failed and the other did not finish")
         except OSError as exc:
             why = f"could not start the 2 processes ({exc})"
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        p.wait(10)
+            kill_all(procs)
         results: list[dict[str, Any] | None] = []
         tails: list[str] = []
         for r in range(2):

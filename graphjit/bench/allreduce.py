@@ -80,6 +80,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..procs import kill_all, supervise
 from . import common
 from .common import say
 
@@ -306,32 +307,17 @@ def _supervise(tmp: Path, timeout: float) -> tuple[list[int | None], str | None]
                 log = open(tmp / f"rank{rank}.log", "wb")  # closed below
                 logs.append(log)
                 procs.append(subprocess.Popen(cmd, env=environ, stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + timeout
-        grace: float | None = None
-        while True:
-            alive = [p.poll() is None for p in procs]  # a list: poll every worker, each time
-            if not any(alive):
-                break
-            now = time.monotonic()
-            if grace is None and not all(alive):
-                grace = now + GRACE_S
-            if now > deadline:
-                why = f"the 2 workers did not finish in {timeout:g} s (--timeout)"
-                break
-            if grace is not None and now > grace:
-                ended = next(r for r, p in enumerate(procs) if p.returncode is not None)
-                why = (f"rank {ended} ended (exit status {procs[ended].returncode}) and the other did not finish in "
-                       f"{GRACE_S:.0f} s")
-                break
-            time.sleep(0.05)
+        stopped = supervise(procs, timeout, GRACE_S, grace_after="any")
+        if stopped is not None and stopped[0] == "timeout":
+            why = f"the 2 workers did not finish in {timeout:g} s (--timeout)"
+        elif stopped is not None:
+            ended = stopped[1]
+            why = (f"rank {ended} ended (exit status {procs[ended].returncode}) and the other did not finish in "
+                   f"{GRACE_S:.0f} s")
     except OSError as exc:
         why = f"could not start the 2 workers ({exc})"
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(10)
+        kill_all(procs)
         for log in logs:
             log.close()
     codes: list[int | None] = [p.returncode if p.returncode is None or p.returncode >= 0 else None for p in procs]
