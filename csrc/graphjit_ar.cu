@@ -45,7 +45,7 @@ enum GjStatus : int {
   GJ_ERR_STATE = 6,        // calls in the wrong order (e.g. register with no pending buffers)
 };
 
-static constexpr int kAbiVersion = 1;
+static constexpr int kAbiVersion = 2;
 static constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
 static_assert(kHandleBytes == 64, "cudaIpcMemHandle_t is expected to be 64 bytes");
 
@@ -336,16 +336,14 @@ GJ_EXPORT int gj_ar_free(int device, void* ptr) {
 }
 
 // ---- contexts ---------------------------------------------------------------------------------
-GJ_EXPORT int gj_ar_create(int rank, int world, int device, const void* signal_handles, void* own_signal,
-                           long long signal_bytes, const void* staging_handles, void* own_staging,
-                           long long staging_bytes, int table_capacity, int max_blocks, double timeout_s,
-                           void** ctx_out) {
-  if (!ctx_out) return fail(GJ_ERR_ARGUMENT, "gj_ar_create: null output pointer");
-  *ctx_out = nullptr;
+namespace {
+
+// The checks shared by gj_ar_create and gj_ar_create_local (everything but the peers' buffers).
+int check_create_args(int rank, int world, long long signal_bytes, long long staging_bytes, int table_capacity,
+                      int max_blocks, double timeout_s, const void* own_signal, const void* own_staging) {
   if (!world_supported(world)) return fail(GJ_ERR_UNSUPPORTED, "world size %d is not supported (2, 4, 6 or 8)", world);
   if (rank < 0 || rank >= world) return fail(GJ_ERR_ARGUMENT, "rank %d is not in [0, %d)", rank, world);
-  if (!signal_handles || !own_signal || !staging_handles || !own_staging)
-    return fail(GJ_ERR_ARGUMENT, "gj_ar_create: null buffer or handle array");
+  if (!own_signal || !own_staging) return fail(GJ_ERR_ARGUMENT, "gj_ar_create: null buffer of this rank");
   if (signal_bytes <= (long long)gjar::kHeaderBytes || (signal_bytes - (long long)gjar::kHeaderBytes) % gjar::kPackBytes)
     return fail(GJ_ERR_ARGUMENT, "signal buffer of %lld bytes: expected %zu header bytes plus a scratch area that is a "
                 "positive multiple of 16 bytes", signal_bytes, gjar::kHeaderBytes);
@@ -358,9 +356,11 @@ GJ_EXPORT int gj_ar_create(int rank, int world, int device, const void* signal_h
   if (!(timeout_s >= 0.0)) return fail(GJ_ERR_ARGUMENT, "timeout %f s: expected >= 0 (0: none)", timeout_s);
   if ((reinterpret_cast<uintptr_t>(own_signal) | reinterpret_cast<uintptr_t>(own_staging)) % 256)
     return fail(GJ_ERR_ARGUMENT, "gj_ar_create: buffers must come from gj_ar_alloc (256-byte aligned)");
-  GJ_DEVICE(device);
-  GJ_CUDA(preload_kernels(), "loading the all-reduce kernels (was the library built for this GPU's architecture?)");
+  return GJ_OK;
+}
 
+Context* new_context(int rank, int world, int device, long long signal_bytes, long long staging_bytes,
+                     int table_capacity, int max_blocks, double timeout_s) {
   Context* c = new Context();
   c->rank = rank;
   c->world = world;
@@ -370,14 +370,53 @@ GJ_EXPORT int gj_ar_create(int rank, int world, int device, const void* signal_h
   c->max_blocks = max_blocks;
   c->timeout_ns = static_cast<unsigned long long>(timeout_s * 1e9);
   c->capacity = table_capacity;
+  return c;
+}
 
-  auto cleanup = [c](int rc) {
-    for (void* m : c->peer_maps) cudaIpcCloseMemHandle(m);
-    if (c->table) cudaFree(c->table);
-    if (c->probe_result) cudaFree(c->probe_result);
-    delete c;
-    return rc;
-  };
+int drop_context(Context* c, int rc) {
+  for (void* m : c->peer_maps) cudaIpcCloseMemHandle(m);
+  if (c->table) cudaFree(c->table);
+  if (c->probe_result) cudaFree(c->probe_result);
+  delete c;
+  return rc;
+}
+
+// The device pointer table (slot 0: every rank's staging buffer) and the probe result; then the
+// context is handed out.  On failure the context is dropped.
+int finish_context(Context* c, void** ctx_out) {
+  const size_t table_bytes = sizeof(gjar::RankPtrs) * static_cast<size_t>(c->capacity);
+  cudaError_t e = cudaMalloc(&c->table, table_bytes);
+  if (e == cudaSuccess) e = cudaMemset(c->table, 0, table_bytes);
+  if (e == cudaSuccess) e = cudaMalloc(&c->probe_result, sizeof(int) * gjar::kMaxRanks);
+  if (e == cudaSuccess) {
+    gjar::RankPtrs slot0{};
+    for (int r = 0; r < c->world; ++r) slot0.ptr[r] = c->staging[r];
+    e = cudaMemcpy(c->table, &slot0, sizeof(slot0), cudaMemcpyHostToDevice);
+  }
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return drop_context(c, cuda_fail(e, "gj_ar_create (pointer table)"));
+  *ctx_out = c;
+  return GJ_OK;
+}
+
+}  // namespace
+
+// One rank of a world of processes: the peers' signal and staging buffers arrive as IPC handles
+// (world * 64 bytes each, rank-major; this rank's entry is ignored) and are mapped here.
+GJ_EXPORT int gj_ar_create(int rank, int world, int device, const void* signal_handles, void* own_signal,
+                           long long signal_bytes, const void* staging_handles, void* own_staging,
+                           long long staging_bytes, int table_capacity, int max_blocks, double timeout_s,
+                           void** ctx_out) {
+  if (!ctx_out) return fail(GJ_ERR_ARGUMENT, "gj_ar_create: null output pointer");
+  *ctx_out = nullptr;
+  if (!signal_handles || !staging_handles) return fail(GJ_ERR_ARGUMENT, "gj_ar_create: null handle array");
+  int rc = check_create_args(rank, world, signal_bytes, staging_bytes, table_capacity, max_blocks, timeout_s,
+                             own_signal, own_staging);
+  if (rc != GJ_OK) return rc;
+  GJ_DEVICE(device);
+  GJ_CUDA(preload_kernels(), "loading the all-reduce kernels (was the library built for this GPU's architecture?)");
+
+  Context* c = new_context(rank, world, device, signal_bytes, staging_bytes, table_capacity, max_blocks, timeout_s);
   const char* sig_h = static_cast<const char*>(signal_handles);
   const char* stg_h = static_cast<const char*>(staging_handles);
   for (int r = 0; r < world; ++r) {
@@ -386,39 +425,56 @@ GJ_EXPORT int gj_ar_create(int rank, int world, int device, const void* signal_h
       c->staging[r] = own_staging;
       continue;
     }
-    cudaIpcMemHandle_t h;
-    void* p = nullptr;
-    std::memcpy(&h, sig_h + r * kHandleBytes, kHandleBytes);
-    cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
-    if (e != cudaSuccess) {
-      int rc = cuda_fail(e, "cudaIpcOpenMemHandle (signal buffer of a peer)");
-      t_last_error += " [peer rank " + std::to_string(r) + "]";
-      return cleanup(rc);
+    for (int which = 0; which < 2; ++which) {  // 0: signal+scratch, 1: staging
+      cudaIpcMemHandle_t h;
+      void* p = nullptr;
+      std::memcpy(&h, (which == 0 ? sig_h : stg_h) + r * kHandleBytes, kHandleBytes);
+      cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess) {
+        int code = cuda_fail(e, which == 0 ? "cudaIpcOpenMemHandle (signal buffer of a peer)"
+                                           : "cudaIpcOpenMemHandle (staging buffer of a peer)");
+        t_last_error += " [peer rank " + std::to_string(r) + "]";
+        return drop_context(c, code);
+      }
+      c->peer_maps.push_back(p);
+      if (which == 0) {
+        c->signals[r] = static_cast<gjar::Signal*>(p);
+      } else {
+        c->staging[r] = p;
+      }
     }
-    c->peer_maps.push_back(p);
-    c->signals[r] = static_cast<gjar::Signal*>(p);
-    std::memcpy(&h, stg_h + r * kHandleBytes, kHandleBytes);
-    e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
-    if (e != cudaSuccess) {
-      int rc = cuda_fail(e, "cudaIpcOpenMemHandle (staging buffer of a peer)");
-      t_last_error += " [peer rank " + std::to_string(r) + "]";
-      return cleanup(rc);
-    }
-    c->peer_maps.push_back(p);
-    c->staging[r] = p;
   }
-  cudaError_t e = cudaMalloc(&c->table, sizeof(gjar::RankPtrs) * static_cast<size_t>(table_capacity));
-  if (e == cudaSuccess) e = cudaMemset(c->table, 0, sizeof(gjar::RankPtrs) * static_cast<size_t>(table_capacity));
-  if (e == cudaSuccess) e = cudaMalloc(&c->probe_result, sizeof(int) * gjar::kMaxRanks);
-  if (e == cudaSuccess) {
-    gjar::RankPtrs slot0{};
-    for (int r = 0; r < world; ++r) slot0.ptr[r] = c->staging[r];
-    e = cudaMemcpy(c->table, &slot0, sizeof(slot0), cudaMemcpyHostToDevice);
+  return finish_context(c, ctx_out);
+}
+
+// One rank of a world whose ranks all live in this process (one context per rank): the buffers
+// of every rank are given as device pointers (`world` each, from gj_ar_alloc), nothing is mapped.
+// Used to run every rank of a world on one GPU, each on its own stream (the kernel tests do this
+// to check world sizes 2..8 on a single GPU), or several GPUs of one process with peer access
+// enabled.  The ranks' kernels spin on each other's flags, so all ranks of one call must be
+// resident at once: keep world * max_blocks within what the GPU(s) can run concurrently.
+GJ_EXPORT int gj_ar_create_local(int rank, int world, int device, void* const* signals, void* const* stagings,
+                                 long long signal_bytes, long long staging_bytes, int table_capacity, int max_blocks,
+                                 double timeout_s, void** ctx_out) {
+  if (!ctx_out) return fail(GJ_ERR_ARGUMENT, "gj_ar_create_local: null output pointer");
+  *ctx_out = nullptr;
+  if (!signals || !stagings) return fail(GJ_ERR_ARGUMENT, "gj_ar_create_local: null buffer array");
+  if (!world_supported(world)) return fail(GJ_ERR_UNSUPPORTED, "world size %d is not supported (2, 4, 6 or 8)", world);
+  if (rank < 0 || rank >= world) return fail(GJ_ERR_ARGUMENT, "rank %d is not in [0, %d)", rank, world);
+  int rc = check_create_args(rank, world, signal_bytes, staging_bytes, table_capacity, max_blocks, timeout_s,
+                             signals[rank], stagings[rank]);
+  if (rc != GJ_OK) return rc;
+  for (int r = 0; r < world; ++r)
+    if (!signals[r] || !stagings[r] || (reinterpret_cast<uintptr_t>(signals[r]) | reinterpret_cast<uintptr_t>(stagings[r])) % 256)
+      return fail(GJ_ERR_ARGUMENT, "gj_ar_create_local: buffer of rank %d is null or not from gj_ar_alloc", r);
+  GJ_DEVICE(device);
+  GJ_CUDA(preload_kernels(), "loading the all-reduce kernels (was the library built for this GPU's architecture?)");
+  Context* c = new_context(rank, world, device, signal_bytes, staging_bytes, table_capacity, max_blocks, timeout_s);
+  for (int r = 0; r < world; ++r) {
+    c->signals[r] = static_cast<gjar::Signal*>(signals[r]);
+    c->staging[r] = stagings[r];
   }
-  if (e == cudaSuccess) e = cudaDeviceSynchronize();
-  if (e != cudaSuccess) return cleanup(cuda_fail(e, "gj_ar_create (pointer table)"));
-  *ctx_out = c;
-  return GJ_OK;
+  return finish_context(c, ctx_out);
 }
 
 GJ_EXPORT int gj_ar_destroy(void* ctx) {
@@ -509,6 +565,21 @@ GJ_EXPORT int gj_ar_all_reduce(void* ctx, const void* in, void* out, long long n
 }
 
 // ---- registration of captured inputs -----------------------------------------------------------
+namespace {
+
+// Copy the rows of the pending entries into their slots and clear the pending list (c->mu held).
+int write_rows(Context* c, const std::vector<gjar::RankPtrs>& rows, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  for (size_t i = 0; i < rows.size(); ++i)
+    GJ_CUDA(cudaMemcpyAsync(c->table + c->pending[i].slot, &rows[i], sizeof(gjar::RankPtrs), cudaMemcpyHostToDevice, s),
+            "cudaMemcpyAsync (pointer table)");
+  GJ_CUDA(cudaStreamSynchronize(s), "cudaStreamSynchronize (pointer table)");
+  c->pending.clear();
+  return GJ_OK;
+}
+
+}  // namespace
+
 GJ_EXPORT int gj_ar_pending(void* ctx, int* count) {
   if (!ctx || !count) return fail(GJ_ERR_ARGUMENT, "gj_ar_pending: null argument");
   Context* c = as_ctx(ctx);
@@ -614,13 +685,34 @@ GJ_EXPORT int gj_ar_register_pending(void* ctx, int count, const void* handles, 
       row.ptr[r] = base + off;
     }
   }
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  for (int i = 0; i < count; ++i)
-    GJ_CUDA(cudaMemcpyAsync(c->table + c->pending[i].slot, &rows[i], sizeof(gjar::RankPtrs), cudaMemcpyHostToDevice, s),
-            "cudaMemcpyAsync (pointer table)");
-  GJ_CUDA(cudaStreamSynchronize(s), "cudaStreamSynchronize (pointer table)");
-  c->pending.clear();
-  return GJ_OK;
+  return write_rows(c, rows, stream);
+}
+
+// gj_ar_register_pending for a context of gj_ar_create_local: ptrs holds world * count device
+// pointers, rank-major (ptrs[r * count + i]: rank r's i-th captured input); this rank's own row
+// must repeat its pending inputs in capture order (a check that the ranks captured alike).
+GJ_EXPORT int gj_ar_register_local(void* ctx, int count, const void* const* ptrs, void* stream) {
+  if (!ctx || (count > 0 && !ptrs)) return fail(GJ_ERR_ARGUMENT, "gj_ar_register_local: null argument");
+  Context* c = as_ctx(ctx);
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (count != static_cast<int>(c->pending.size()))
+    return fail(GJ_ERR_STATE, "gj_ar_register_local: %d entries given, %zu pending on rank %d (ranks captured "
+                "different all-reduces)", count, c->pending.size(), c->rank);
+  GJ_DEVICE(c->device);
+  std::vector<gjar::RankPtrs> rows(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    std::memset(&rows[i], 0, sizeof(gjar::RankPtrs));
+    for (int r = 0; r < c->world; ++r) {
+      const void* p = ptrs[static_cast<size_t>(r) * count + i];
+      if (p == nullptr || reinterpret_cast<uintptr_t>(p) % gjar::kPackBytes)
+        return fail(GJ_ERR_ARGUMENT, "gj_ar_register_local: entry %d of rank %d is null or not 16-byte aligned", i, r);
+      if (r == c->rank && p != c->pending[i].ptr)
+        return fail(GJ_ERR_STATE, "gj_ar_register_local: entry %d of rank %d is %p, its capture recorded %p", i, r, p,
+                    c->pending[i].ptr);
+      rows[i].ptr[r] = p;
+    }
+  }
+  return write_rows(c, rows, stream);
 }
 
 // Free every captured slot (graphs that used them must not be replayed again) and close the
@@ -642,16 +734,25 @@ GJ_EXPORT int gj_ar_reset(void* ctx) {
 }
 
 // ---- probe ------------------------------------------------------------------------------------
-GJ_EXPORT int gj_ar_probe_write(void* ctx, unsigned token, void* stream) {
-  if (!ctx) return fail(GJ_ERR_ARGUMENT, "gj_ar_probe_write: null context");
-  Context* c = as_ctx(ctx);
-  GJ_DEVICE(c->device);
+namespace {
+
+gjar::ProbeParams probe_params(const Context* c, unsigned token) {
   gjar::ProbeParams p{};
   for (int r = 0; r < c->world; ++r) p.signals[r] = c->signals[r];
   p.rank = c->rank;
   p.world = c->world;
   p.token = token;
   p.result = c->probe_result;
+  return p;
+}
+
+}  // namespace
+
+GJ_EXPORT int gj_ar_probe_write(void* ctx, unsigned token, void* stream) {
+  if (!ctx) return fail(GJ_ERR_ARGUMENT, "gj_ar_probe_write: null context");
+  Context* c = as_ctx(ctx);
+  GJ_DEVICE(c->device);
+  const gjar::ProbeParams p = probe_params(c, token);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   gjar::probe_write_kernel<<<1, 32, 0, s>>>(p);
   GJ_CUDA(cudaGetLastError(), "probe write kernel launch");
@@ -664,12 +765,7 @@ GJ_EXPORT int gj_ar_probe_check(void* ctx, unsigned token, void* stream, int* ok
   if (!ctx || !ok_mask) return fail(GJ_ERR_ARGUMENT, "gj_ar_probe_check: null argument");
   Context* c = as_ctx(ctx);
   GJ_DEVICE(c->device);
-  gjar::ProbeParams p{};
-  for (int r = 0; r < c->world; ++r) p.signals[r] = c->signals[r];
-  p.rank = c->rank;
-  p.world = c->world;
-  p.token = token;
-  p.result = c->probe_result;
+  const gjar::ProbeParams p = probe_params(c, token);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   GJ_CUDA(cudaMemsetAsync(c->probe_result, 0, sizeof(int) * gjar::kMaxRanks, s), "cudaMemsetAsync (probe)");
   gjar::probe_read_kernel<<<1, 32, 0, s>>>(p);

@@ -115,6 +115,17 @@ def test_built_library_exports_the_c_api(compiled: dict[str, Any]) -> None:
     (lambda lib: lib.alloc(0, 1024), _lib.ERR_CUDA, "cuda"),  # no GPU/driver here: a CUDA error, with its name
     (lambda lib: lib.drop_pending(0, 1), _lib.ERR_ARGUMENT, "null context"),
     (lambda lib: lib.reset(0), _lib.ERR_ARGUMENT, "null context"),
+    (lambda lib: lib.create_local(0, 5, 0, [256] * 5, [512] * 5, 8192 + 1024, 1024, 64, 36, 1.0),
+     _lib.ERR_UNSUPPORTED, "world size 5"),
+    (lambda lib: lib.create_local(0, 2, 0, [256, 272], [512, 768], 8192 + 1024, 1024, 64, 36, 1.0),
+     _lib.ERR_ARGUMENT, "buffer of rank 1"),
+    (lambda lib: lib.create_local(0, 2, 0, [256, 0], [512, 768], 8192 + 1024, 1024, 64, 36, 1.0),
+     _lib.ERR_ARGUMENT, "buffer of rank 1"),
+    (lambda lib: lib.create_local(0, 2, 0, [256], [512], 8192 + 1024, 1024, 64, 36, 1.0),
+     _lib.ERR_ARGUMENT, "1 signal and 1 staging buffers for a world of 2"),
+    (lambda lib: lib.create_local(0, 2, 0, [256, 512], [768, 1024], 8192 + 1024, 1024, 64, 0, 1.0),
+     _lib.ERR_ARGUMENT, "max_blocks 0"),
+    (lambda lib: lib.register_local(0, [[256], [512]], 0), _lib.ERR_ARGUMENT, "null argument"),
 ])
 def test_c_api_errors_carry_a_code_and_a_message(compiled: dict[str, Any], call: Callable[[Any], Any], code: int,
                                                   words: str) -> None:
@@ -146,7 +157,7 @@ def test_cache_key_changes_with_sources_and_arch() -> None:
     edited["custom_all_reduce.cuh"] = sources["custom_all_reduce.cuh"] + b"\n// edited\n"
     assert _lib.cache_key(edited, "sm_90") != base
     edited = dict(sources)
-    edited["graphjit_ar.cu"] = sources["graphjit_ar.cu"].replace(b"kAbiVersion = 1", b"kAbiVersion = 2")
+    edited["graphjit_ar.cu"] = sources["graphjit_ar.cu"].replace(b"kAbiVersion = 2", b"kAbiVersion = 3")
     assert _lib.cache_key(edited, "sm_90") != base
     assert _lib.cache_key(sources, "sm_80") != base
     assert _lib.cache_key(sources, "sm_90", flags=["-O0"]) != base

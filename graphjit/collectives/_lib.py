@@ -42,7 +42,7 @@ from ..errors import GraphjitError
 
 log = logging.getLogger("graphjit")
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 SOURCES = ("custom_all_reduce.cuh", "graphjit_ar.cu")
 MAIN_SOURCE = "graphjit_ar.cu"
 LIBRARY_PREFIX = "graphjit_ar"
@@ -96,7 +96,7 @@ def nvcc_flags(arch: str) -> list[str]:
 
 
 def csrc_dir() -> Path | None:
-    """The folder with the CUDA sources: ``csrc/`` next to the package (source checkouts)."""
+    """The CUDA sources: ``csrc/`` beside the package (source checkouts) or ``graphjit/csrc`` (wheels)."""
     here = Path(__file__).resolve().parent
     for candidate in (here.parents[1] / "csrc", here.parent / "csrc"):
         if all((candidate / name).is_file() for name in SOURCES):
@@ -107,9 +107,10 @@ def csrc_dir() -> Path | None:
 def read_sources(folder: Path | None = None) -> dict[str, bytes]:
     folder = folder if folder is not None else csrc_dir()
     if folder is None:
-        raise BuildError("the CUDA sources (csrc/custom_all_reduce.cuh, csrc/graphjit_ar.cu) are not next to the "
-                         "graphjit package; install graphjit from a source checkout, or build the library there "
-                         "with `python -m graphjit build` and share GRAPHJIT_CACHE_DIR")
+        raise BuildError("the CUDA sources (graphjit/csrc/custom_all_reduce.cuh, graphjit/csrc/graphjit_ar.cu) are "
+                         "missing from this graphjit installation; reinstall graphjit (wheels and source checkouts "
+                         "carry them), or run `python -m graphjit build` where they exist and share "
+                         "GRAPHJIT_CACHE_DIR")
     return {name: (folder / name).read_bytes() for name in SOURCES}
 
 
@@ -290,6 +291,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "gj_ar_free": ([_c.c_int, _P], _c.c_int),
     "gj_ar_create": ([_c.c_int, _c.c_int, _c.c_int, _c.c_char_p, _P, _c.c_longlong, _c.c_char_p, _P, _c.c_longlong,
                       _c.c_int, _c.c_int, _c.c_double, _c.POINTER(_P)], _c.c_int),
+    "gj_ar_create_local": ([_c.c_int, _c.c_int, _c.c_int, _c.POINTER(_P), _c.POINTER(_P), _c.c_longlong,
+                            _c.c_longlong, _c.c_int, _c.c_int, _c.c_double, _c.POINTER(_P)], _c.c_int),
     "gj_ar_destroy": ([_P], _c.c_int),
     "gj_ar_all_reduce": ([_P, _P, _P, _c.c_longlong, _c.c_int, _c.c_int, _P], _c.c_int),
     "gj_ar_pending": ([_P, _c.POINTER(_c.c_int)], _c.c_int),
@@ -297,6 +300,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "gj_ar_drop_pending": ([_P, _c.c_int], _c.c_int),
     "gj_ar_pending_handles": ([_P, _c.c_int, _c.c_char_p, _c.POINTER(_c.c_longlong)], _c.c_int),
     "gj_ar_register_pending": ([_P, _c.c_int, _c.c_char_p, _c.POINTER(_c.c_longlong), _P], _c.c_int),
+    "gj_ar_register_local": ([_P, _c.c_int, _c.POINTER(_P), _P], _c.c_int),
     "gj_ar_reset": ([_P], _c.c_int),
     "gj_ar_probe_write": ([_P, _c.c_uint, _P], _c.c_int),
     "gj_ar_probe_check": ([_P, _c.c_uint, _P, _c.POINTER(_c.c_int)], _c.c_int),
@@ -393,6 +397,25 @@ class Library:
         self._check(rc, "gj_ar_create")
         return int(ctx.value or 0)
 
+    def create_local(self, rank: int, world: int, device: int, signals: Sequence[int], stagings: Sequence[int],
+                     signal_bytes: int, staging_bytes: int, slots: int, max_blocks: int, timeout_s: float) -> int:
+        """A context for rank ``rank`` of a world whose ranks all live in this process.
+
+        ``signals`` / ``stagings``: every rank's buffers from :meth:`alloc` (``world`` device
+        pointers each).  Every rank's kernel of one call must be resident at once (they wait for
+        each other): with all ranks on one GPU keep ``world * max_blocks`` below its SM count.
+        """
+        if len(signals) != world or len(stagings) != world:
+            raise CollectiveError(f"create_local: {len(signals)} signal and {len(stagings)} staging buffers for a "
+                                  f"world of {world} [{STATUS_NAMES[ERR_ARGUMENT]}]", code=ERR_ARGUMENT)
+        sig = (ctypes.c_void_p * world)(*signals)
+        stg = (ctypes.c_void_p * world)(*stagings)
+        ctx = ctypes.c_void_p()
+        rc = self._dll.gj_ar_create_local(rank, world, device, sig, stg, signal_bytes, staging_bytes, slots,
+                                          max_blocks, float(timeout_s), ctypes.byref(ctx))
+        self._check(rc, "gj_ar_create_local")
+        return int(ctx.value or 0)
+
     def destroy(self, ctx: int) -> None:
         self._check(self._dll.gj_ar_destroy(ctx), "gj_ar_destroy")
 
@@ -432,6 +455,14 @@ class Library:
         arr = (ctypes.c_longlong * max(len(flat), 1))(*flat)
         self._check(self._dll.gj_ar_register_pending(ctx, count, flat_handles, arr, stream or None),
                     "registering captured all-reduces")
+
+    def register_local(self, ctx: int, ptrs: Sequence[Sequence[int]], stream: int) -> None:
+        """``ptrs[r][i]``: rank r's i-th captured input (contexts of :meth:`create_local`)."""
+        count = len(ptrs[0]) if ptrs else 0
+        flat = [p for per_rank in ptrs for p in per_rank]
+        arr = (ctypes.c_void_p * max(len(flat), 1))(*flat)
+        self._check(self._dll.gj_ar_register_local(ctx, count, arr, stream or None),
+                    "registering captured all-reduces (local world)")
 
     def reset(self, ctx: int) -> None:
         self._check(self._dll.gj_ar_reset(ctx), "gj_ar_reset")

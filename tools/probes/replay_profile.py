@@ -1,0 +1,101 @@
+"""Where the host time of a replayed ``@graphed`` call goes (torch, one GPU).
+
+Times the parts of the replay path one by one (key, dict lookup, input copies, graph replay,
+output copy) against the whole call, for the default path (copies in and out), alias outputs and
+the zero-copy path (static_inputs + alias), then runs cProfile over the default path and lists
+the functions with the most own time per call.  Diagnostic only: the speed claims are made by
+``python -m graphjit bench decode`` (host-cost section).
+
+Usage (GPU machine, repo root): ``PYTHONPATH=. python3 tools/probes/replay_profile.py --out DIR``
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import graphjit
+
+
+def per_call_us(fn: Callable[[], Any], iters: int = 2000, repeats: int = 7) -> float:
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(iters):
+            fn()
+        t1 = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        samples.append((t1 - t0) / 1e3 / iters)
+    return round(statistics.median(samples), 3)
+
+
+def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
+    return a + b + c + d
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    inputs = [torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "us": {}}
+    us = result["us"]
+    us["eager"] = per_call_us(lambda: tiny(*inputs))
+
+    default = graphjit.graphed(tiny)
+    alias = graphjit.graphed(tiny, outputs="alias")
+    default(*inputs)
+    alias(*inputs)
+    static_args, _ = alias.static_inputs(*inputs)
+    us["graphed_default"] = per_call_us(lambda: default(*inputs))
+    us["graphed_alias"] = per_call_us(lambda: alias(*inputs))
+    us["graphed_static_alias"] = per_call_us(lambda: alias(*static_args))
+
+    state = default._self_state
+    sig = state.signer.sign(None, tuple(inputs), {})
+    entry = state.entries[sig.key]
+    us["part_sign"] = per_call_us(lambda: state.signer.sign(None, tuple(inputs), {}))
+    us["part_entries_get"] = per_call_us(lambda: state.entries.get(sig.key))
+    us["part_env_settings"] = per_call_us(graphjit.env.settings)
+    us["part_inputs_load"] = per_call_us(lambda: entry.inputs.load(sig.tensors))
+    us["part_graph_replay"] = per_call_us(entry.graph.replay)
+    us["part_outputs_copy"] = per_call_us(lambda: entry.outputs.result(sig.pads, True))
+    us["part_outputs_alias"] = per_call_us(lambda: entry.outputs.result(sig.pads, False))
+    us["part_entry_replay_copy"] = per_call_us(lambda: entry.replay(sig, True))
+    us["part_state_replay_copy"] = per_call_us(
+        lambda: state.replay(entry, sig, graphjit.env.settings(), None, tuple(inputs), {}))
+    parts = ("part_sign", "part_entries_get", "part_env_settings", "part_inputs_load", "part_graph_replay",
+             "part_outputs_copy")
+    us["sum_of_parts_default"] = round(sum(us[k] for k in parts), 3)
+    us["unexplained_default"] = round(us["graphed_default"] - us["sum_of_parts_default"], 3)
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20000):
+        default(*inputs)
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    result["profile_top"] = buf.getvalue()
+    text = json.dumps(result, indent=1)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "replay_profile.json").write_text(text)
+    print(json.dumps(us, indent=1))
+    print(result["profile_top"])
+
+
+if __name__ == "__main__":
+    main()
