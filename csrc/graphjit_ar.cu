@@ -452,7 +452,9 @@ GJ_EXPORT int gj_ar_create(int rank, int world, int device, const void* signal_h
 // Used to run every rank of a world on one GPU, each on its own stream (the kernel tests do this
 // to check world sizes 2..8 on a single GPU), or several GPUs of one process with peer access
 // enabled.  The ranks' kernels spin on each other's flags, so all ranks of one call must be
-// resident at once: keep world * max_blocks within what the GPU(s) can run concurrently.
+// resident at once: keep world * max_blocks within what the GPU(s) can run concurrently, and
+// launch every rank's call before any other kernel (with CUDA's lazy module loading, the first
+// launch of another kernel may wait for the running ones, and rank 0's would wait for rank 1's).
 GJ_EXPORT int gj_ar_create_local(int rank, int world, int device, void* const* signals, void* const* stagings,
                                  long long signal_bytes, long long staging_bytes, int table_capacity, int max_blocks,
                                  double timeout_s, void** ctx_out) {

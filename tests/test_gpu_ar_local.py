@@ -54,7 +54,14 @@ def lib() -> Any:
 
 
 class LocalWorld:
-    """Every rank of one world in this process, on one GPU, one stream per rank."""
+    """Every rank of one world in this process, on one GPU, one stream per rank.
+
+    One rule: launch every rank's all-reduce (or graph) of a call before launching anything else.
+    With lazy module loading (CUDA's default) the first launch of any other kernel may load its
+    module, and loading waits for the kernels already running: with rank 0's all-reduce running
+    and rank 1's not yet launched, that wait never ends (rank 0's watchdog traps after 30 s).
+    Separate processes, as in real use, have no such coupling.
+    """
 
     def __init__(self, lib: Any, world: int, max_bytes: int = MAX_BYTES, slots: int = 64) -> None:
         self.lib, self.world, self.device = lib, world, torch.cuda.current_device()
@@ -199,9 +206,11 @@ def test_graph_replays_with_changing_inputs_interleaved_with_eager_calls(world: 
             with torch.cuda.stream(world.streams[r]):
                 for j, buf in enumerate(bufs[r]):
                     torch.add(banks[j][k][r], shift, out=buf)
-        for r in range(n):
+        for r in range(n):  # every rank's replay is launched before anything else (see LocalWorld)
             with torch.cuda.stream(world.streams[r]):
                 graphs[r].replay()
+        for r in range(n):
+            with torch.cuda.stream(world.streams[r]):
                 for j, buf in enumerate(bufs[r]):
                     wrong[r] += (buf != refs[j][k] + n * shift).sum()
         if it % 97 == 96:

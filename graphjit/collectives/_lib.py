@@ -403,7 +403,9 @@ class Library:
 
         ``signals`` / ``stagings``: every rank's buffers from :meth:`alloc` (``world`` device
         pointers each).  Every rank's kernel of one call must be resident at once (they wait for
-        each other): with all ranks on one GPU keep ``world * max_blocks`` below its SM count.
+        each other): with all ranks on one GPU keep ``world * max_blocks`` below its SM count, and
+        launch every rank's call before any other kernel (lazy module loading may otherwise wait
+        for a running all-reduce that waits for a rank not launched yet).
         """
         if len(signals) != world or len(stagings) != world:
             raise CollectiveError(f"create_local: {len(signals)} signal and {len(stagings)} staging buffers for a "
