@@ -15,7 +15,8 @@ Reference: the inputs of all ranks summed in float32 in rank order, rounded once
 which is exactly what the kernels compute, so every comparison is bitwise, for float16 and
 bfloat16 too (and float32 inputs are integer-valued, so NCCL's order would give the same bits).
 
-Run on the GPU machine: ``PYTHONPATH=. python3 -m pytest -q tests/test_gpu_ar_local.py``.
+Run on the GPU machine: ``PYTHONPATH=. python3 -m pytest -q tests/test_gpu_ar_local.py`` (with
+``AR_LOCAL_OUT=DIR`` the counts land in ``DIR/ar_local.json``).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def sizes() -> list[int]:
 
 def record(key: str, value: Any) -> None:
     RESULTS[key] = value
-    out = os.environ.get("GRAPHJIT_TEST_OUT")
+    out = os.environ.get("AR_LOCAL_OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "ar_local.json").write_text(json.dumps(RESULTS, indent=1, sort_keys=True))
