@@ -55,6 +55,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("GRAPHJIT_AR_MAX_BYTES", "int", "",
              "Default max_bytes of collectives.init (8 MiB if unset): the size of the staging and scratch buffers; "
              "larger tensors use the framework's collective."),
+    Variable("GRAPHJIT_AR_SHARED_GPU", "bool", "0",
+             "Testing only: let ranks that share one GPU use the custom all-reduce (their kernels take turns on "
+             "the GPU, milliseconds per call), so that the multi-process path can be tested on a 1-GPU machine. "
+             "Set it alike on every rank; never in production."),
     Variable("GRAPHJIT_CACHE_DIR", "path", "~/.cache/graphjit",
              "Where compiled csrc libraries are kept, keyed by source hash and GPU architecture "
              "(python -m graphjit build fills it ahead of time)."),
@@ -81,6 +85,7 @@ class Settings:
     custom_ar: bool
     ar_algo: str
     ar_max_bytes: int | None
+    ar_shared_gpu: bool
     cache_dir: Path
     nvcc: str | None
 
@@ -134,6 +139,7 @@ def _read() -> Settings:
         custom_ar=_bool("GRAPHJIT_CUSTOM_AR"),
         ar_algo=_choice("GRAPHJIT_AR_ALGO"),
         ar_max_bytes=_int("GRAPHJIT_AR_MAX_BYTES", minimum=16),
+        ar_shared_gpu=_bool("GRAPHJIT_AR_SHARED_GPU"),
         cache_dir=Path(_raw("GRAPHJIT_CACHE_DIR")).expanduser(),
         nvcc=_raw("GRAPHJIT_NVCC") or None,
     )

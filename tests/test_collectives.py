@@ -359,6 +359,18 @@ def test_eligibility_of_topologies(what: str, pcis: list[str], p2p: Any, nvlink:
     assert (got[0] if got else None) == key, got
 
 
+def test_shared_gpu_is_allowed_only_when_asked() -> None:
+    """GRAPHJIT_AR_SHARED_GPU=1 (tests on one GPU): ranks on one GPU need no P2P between them."""
+    same = [PCI4[0], "00000000:1A:00.0"]
+    refused = topology.verdict(same, _matrix(2, False), _matrix(2, False))
+    assert refused is not None and "same GPU" in refused[1] and "GRAPHJIT_AR_SHARED_GPU" in refused[1]
+    assert topology.verdict(same, _matrix(2, False), _matrix(2, False), allow_shared=True) is None
+    # sharing does not excuse the other pairs: 4 ranks on 2 GPUs without P2P between the GPUs
+    four = [PCI4[0], PCI4[0], PCI4[1], PCI4[1]]
+    got = topology.verdict(four, _matrix(4, False), _matrix(4, True), allow_shared=True)
+    assert got is not None and got[0] == "topology" and "peer-to-peer" in got[1]
+
+
 def test_cuda_peer_access_fills_unknown_p2p() -> None:
     p2p = _matrix(2, None)
     filled = topology.merge_cuda_peer(p2p, PCI4[:2], lambda a, b: 0)

@@ -332,7 +332,11 @@ class Communicator:
     def _topology(self, pcis: list[str]) -> Reason | None:
         p2p, nvlink, problem = topology.nvml_matrices(pcis)
         p2p = topology.merge_cuda_peer(p2p, pcis, self.lib.can_access_peer)
-        return topology.verdict(pcis, p2p, nvlink, problem)
+        shared = env.settings().ar_shared_gpu
+        if shared and len(set(pcis)) < len(pcis):
+            log.warning("graphjit all-reduce: GRAPHJIT_AR_SHARED_GPU=1 and ranks share a GPU: the custom all-reduce "
+                        "runs for testing only (the ranks' kernels take turns on the GPU)")
+        return topology.verdict(pcis, p2p, nvlink, problem, allow_shared=shared)
 
     def _setup_buffers(self) -> None:
         lib, dev = self.lib, self.device

@@ -8,7 +8,8 @@ same GPUs, given by their PCI bus ids):
 * above 2 GPUs, every pair is connected by NVLink (NVML's per-pair NVLink P2P status, not the
   link state of each link: the latter reports false positives on some systems).  Over PCIe the
   one-shot algorithm's all-to-all reads are slower than NCCL's ring;
-* no two ranks share one GPU.
+* no two ranks share one GPU (unless ``GRAPHJIT_AR_SHARED_GPU=1``, for testing the multi-process
+  path on one GPU: ranks on the same GPU need no P2P between them, and their kernels take turns).
 
 A pair whose status cannot be read (no NVML, device not visible) counts as unknown: for 2 GPUs
 the write-and-verify probe at init decides, above 2 an unknown NVLink status is a "topology"
@@ -86,23 +87,34 @@ def merge_cuda_peer(p2p: Matrix, pci_ids: Sequence[str], can_access: Callable[[s
     return out
 
 
-def verdict(pci_ids: Sequence[str], p2p: Matrix, nvlink: Matrix, nvml_problem: str | None = None) -> Reason | None:
-    """None if these GPUs may run the custom all-reduce together, else ``("topology", why)``."""
+def _same_gpu(a: str, b: str) -> bool:
+    return a.lower().lstrip("0") == b.lower().lstrip("0")
+
+
+def verdict(pci_ids: Sequence[str], p2p: Matrix, nvlink: Matrix, nvml_problem: str | None = None,
+            allow_shared: bool = False) -> Reason | None:
+    """None if these GPUs may run the custom all-reduce together, else ``("topology", why)``.
+
+    ``allow_shared`` (``GRAPHJIT_AR_SHARED_GPU=1``, testing only): ranks may share a GPU; pairs of
+    ranks on one GPU need neither P2P nor NVLink.
+    """
     n = len(pci_ids)
-    seen: dict[str, int] = {}
-    for r, pci in enumerate(pci_ids):
-        key = pci.lower().lstrip("0")
-        if key in seen:
-            return "topology", f"ranks {seen[key]} and {r} use the same GPU ({pci})"
-        seen[key] = r
+    if not allow_shared:
+        for i in range(n):
+            for j in range(i):
+                if _same_gpu(pci_ids[i], pci_ids[j]):
+                    return "topology", (f"ranks {j} and {i} use the same GPU ({pci_ids[i]}); one GPU per rank "
+                                        "(GRAPHJIT_AR_SHARED_GPU=1 allows sharing, for tests only)")
     for i in range(n):
         for j in range(n):
-            if i != j and p2p[i][j] is False:
+            if i == j or _same_gpu(pci_ids[i], pci_ids[j]):
+                continue
+            if p2p[i][j] is False:
                 return "topology", f"no peer-to-peer access from GPU {pci_ids[i]} (rank {i}) to {pci_ids[j]} (rank {j})"
     if n > 2:
         for i in range(n):
             for j in range(n):
-                if i == j:
+                if i == j or _same_gpu(pci_ids[i], pci_ids[j]):
                     continue
                 if nvlink[i][j] is False:
                     return "topology", (f"GPUs {pci_ids[i]} (rank {i}) and {pci_ids[j]} (rank {j}) are not connected "
