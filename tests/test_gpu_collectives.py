@@ -17,9 +17,9 @@ Two modes, chosen by the GPUs visible:
   in a graph, the Python-level full-table fallback, the VMM mode) are skipped: gloo cannot run
   inside a capture.
 
-Every check runs in two worker processes (this file run as a script: ``python
-tests/test_gpu_collectives.py MODE RANK PORT OUT``), one per GPU, in one NCCL group.  A session
-fixture runs each mode once; the tests read its results.  Each worker section records its own
+Every check runs in two worker processes (this file run as a script, ``python
+tests/test_gpu_collectives.py RANK PORT OUT MODE``, launched by tests/multiproc.py), in one group.
+A session fixture runs each mode once; the tests read its results.  Each worker section records its own
 failures, so one broken section does not hide the others (unless the CUDA context is lost: then
 every later section reports the first error).  What is checked:
 
@@ -49,13 +49,8 @@ every later section reports the first error).  What is checked:
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import subprocess
 import sys
-import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,6 +60,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import multiproc  # noqa: E402  (tests/multiproc.py: this file also runs as a worker script)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch]
 
@@ -88,14 +85,7 @@ needs_gpu = pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU (2 for the 
 # ================================================================================================
 # the launcher and the session fixtures
 # ================================================================================================
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(mode: str, out_dir: Path, extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    port = _free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("GRAPHJIT_", "MASTER_", "PYTORCH_CUDA_ALLOC"))}
     environ["PYTHONPATH"] = str(ROOT) + os.pathsep + environ.get("PYTHONPATH", "")
     environ["GRAPHJIT_CACHE_DIR"] = os.environ.get("GRAPHJIT_CACHE_DIR", str(out_dir / "cache"))
@@ -104,29 +94,7 @@ def _run(mode: str, out_dir: Path, extra_env: dict[str, str] | None = None) -> l
     if SHARED:
         environ.update(GRAPHJIT_AR_SHARED_GPU="1", GJ_AR_TEST_SHARED="1")
     environ.update(extra_env or {})
-    outs = [out_dir / f"{mode}-{r}.json" for r in range(WORLD)]
-    logs = [out_dir / f"{mode}-{r}.log" for r in range(WORLD)]
-    procs = []
-    for r in range(WORLD):
-        with open(logs[r], "w") as log:
-            procs.append(subprocess.Popen([sys.executable, __file__, mode, str(r), str(port), str(outs[r])],
-                                          env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            tails = "\n".join(f"--- rank {r} ---\n{logs[r].read_text()[-3000:]}" for r in range(WORLD))
-            pytest.fail(f"the {mode} workers did not finish in {WORKER_TIMEOUT_S} s:\n{tails}")
-    results = []
-    for r in range(WORLD):
-        if not outs[r].is_file():
-            pytest.fail(f"rank {r} of {mode} wrote no result (exit {procs[r].returncode}):\n"
-                        f"{logs[r].read_text()[-6000:]}")
-        results.append(json.loads(outs[r].read_text()))
-    return results
+    return multiproc.launch(Path(__file__), WORLD, mode, out_dir, environ, WORKER_TIMEOUT_S, extra_args=[mode])
 
 
 @pytest.fixture(scope="session")
@@ -155,18 +123,7 @@ def _skip_if_unbuildable(results: list[dict[str, Any]]) -> None:
         pytest.skip(f"the custom all-reduce cannot be built here: {reason}")
 
 
-def _section(results: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    out = []
-    for r, res in enumerate(results):
-        if "fatal" in res:
-            pytest.fail(f"rank {r} crashed before section {name}:\n{res['fatal']}")
-        sec = res["sections"].get(name)
-        if sec is None:
-            pytest.fail(f"rank {r} did not run section {name} (earlier error: {res.get('first_error')})")
-        if "error" in sec:
-            pytest.fail(f"rank {r}, section {name} raised:\n{sec['error']}")
-        out.append(sec)
-    return out
+_section = multiproc.section
 
 
 # ================================================================================================
@@ -730,31 +687,8 @@ SECTIONS = {
 
 
 def _worker(argv: list[str]) -> None:
-    mode, rank, port, out = argv[0], int(argv[1]), int(argv[2]), Path(argv[3])
-    result: dict[str, Any] = {"sections": {}}
-    code = 0
-    try:
-        w = Worker(rank, port)
-        for name in SECTIONS[mode]:
-            t0 = time.perf_counter()
-            try:
-                sec = getattr(w, f"section_{name}")()
-            except BaseException:
-                sec = {"error": traceback.format_exc()}
-                result.setdefault("first_error", f"{name}: {sec['error'][-1500:]}")
-                code = 1
-            sec["seconds"] = round(time.perf_counter() - t0, 2)
-            result["sections"][name] = sec
-            out.write_text(json.dumps(result, default=str))
-            if name == "init" and not w.report.enabled:
-                break
-    except BaseException:
-        result["fatal"] = traceback.format_exc()
-        code = 1
-    out.write_text(json.dumps(result, default=str))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no interpreter teardown: NCCL and IPC mappings go with the process
+    rank, port, out, mode = int(argv[0]), int(argv[1]), Path(argv[2]), argv[3]
+    multiproc.run_worker(lambda: Worker(rank, port), SECTIONS[mode], out, enabled=lambda w: w.report.enabled)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,8 @@ group; a session fixture runs them once and the tests read their sections:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import socket
-import subprocess
 import sys
-import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +40,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import multiproc  # noqa: E402  (tests/multiproc.py: this file also runs as a worker script)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.paddle]
 
@@ -67,59 +64,20 @@ def _gpus() -> int:
 needs_two_gpus = pytest.mark.skipif(_gpus() < 2, reason="needs Paddle with 2 CUDA GPUs")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def paddle_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     if _gpus() < 2:
         pytest.skip("needs Paddle with 2 CUDA GPUs")
     out_dir = Path(os.environ.get("GJ_PADDLE_AR_OUT") or tmp_path_factory.mktemp("gpu-collectives-paddle"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("GRAPHJIT_", "PADDLE_", "FLAGS_selected"))}
     environ["PYTHONPATH"] = str(ROOT) + os.pathsep + environ.get("PYTHONPATH", "")
     environ["GRAPHJIT_CACHE_DIR"] = os.environ.get("GRAPHJIT_CACHE_DIR", str(out_dir / "cache"))
     environ.setdefault("MIN_GRAPH_SIZE", "0")
-    outs = [out_dir / f"paddle-{r}.json" for r in range(WORLD)]
-    logs = [out_dir / f"paddle-{r}.log" for r in range(WORLD)]
-    procs = []
-    for r in range(WORLD):
-        with open(logs[r], "w") as log:
-            procs.append(subprocess.Popen([sys.executable, __file__, str(r), str(port), str(outs[r])], env=environ,
-                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            tails = "\n".join(f"--- rank {r} ---\n{logs[r].read_text()[-3000:]}" for r in range(WORLD))
-            pytest.fail(f"the Paddle workers did not finish in {WORKER_TIMEOUT_S} s:\n{tails}")
-    results = []
-    for r in range(WORLD):
-        if not outs[r].is_file():
-            pytest.fail(f"rank {r} wrote no result (exit {procs[r].returncode}):\n{logs[r].read_text()[-6000:]}")
-        results.append(json.loads(outs[r].read_text()))
-    return results
+    return multiproc.launch(Path(__file__), WORLD, "paddle", out_dir, environ, WORKER_TIMEOUT_S)
 
 
-def _section(results: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    out = []
-    for r, res in enumerate(results):
-        if "fatal" in res:
-            pytest.fail(f"rank {r} crashed before section {name}:\n{res['fatal']}")
-        sec = res["sections"].get(name)
-        if sec is None:
-            pytest.fail(f"rank {r} did not run section {name} (earlier error: {res.get('first_error')})")
-        if "error" in sec:
-            pytest.fail(f"rank {r}, section {name} raised:\n{sec['error']}")
-        out.append(sec)
-    return out
+_section = multiproc.section
 
 
 @needs_two_gpus
@@ -392,30 +350,7 @@ SECTIONS = ["init", "sizes", "sot", "replays", "fallbacks", "mlp"]
 
 def _worker(argv: list[str]) -> None:
     rank, port, out = int(argv[0]), int(argv[1]), Path(argv[2])
-    result: dict[str, Any] = {"sections": {}}
-    code = 0
-    try:
-        w = Worker(rank, port)
-        for name in SECTIONS:
-            t0 = time.perf_counter()
-            try:
-                sec = getattr(w, f"section_{name}")()
-            except BaseException:
-                sec = {"error": traceback.format_exc()}
-                result.setdefault("first_error", f"{name}: {sec['error'][-1500:]}")
-                code = 1
-            sec["seconds"] = round(time.perf_counter() - t0, 2)
-            result["sections"][name] = sec
-            out.write_text(json.dumps(result, default=str))
-            if name == "init" and not w.report.enabled:
-                break
-    except BaseException:
-        result["fatal"] = traceback.format_exc()
-        code = 1
-    out.write_text(json.dumps(result, default=str))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # Paddle may hang at interpreter exit; NCCL and IPC mappings go with the process
+    multiproc.run_worker(lambda: Worker(rank, port), SECTIONS, out, enabled=lambda w: w.report.enabled)
 
 
 if __name__ == "__main__":
