@@ -40,7 +40,6 @@ _SYNC_METHODS = ("numpy", "item", "tolist", "__bool__", "__float__", "__int__", 
                  "__str__", "__repr__", "__format__")
 
 _TRACE_LOCK = threading.RLock()  # SOT and AST translation are not thread-safe: one traced call at a time
-_LIVE: list[Any] = []  # every graph captured in this process (kept alive; see PaddleGraph)
 
 # Module-level functions that synchronise (or copy from the host synchronously) when called on the
 # GPU; patched like _SYNC_METHODS.  A capture they invalidate cannot be recovered in Paddle 2.6.
@@ -65,8 +64,9 @@ class PaddleGraph(GraphHandle):
     def __init__(self, graph: Any, pool_bytes: int) -> None:
         self._graph = graph
         self.pool_bytes = pool_bytes
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(graph))  # immortal: see the class docstring
-        _LIVE.append(graph)
+        # One reference that is never released (not even at interpreter exit, when module globals
+        # are cleared): the graph outlives every tensor of its pool.
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(graph))
 
     def replay(self) -> None:
         self._graph.replay()
