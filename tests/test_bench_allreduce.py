@@ -143,7 +143,7 @@ def test_one_failed_worker_gets_the_other_stopped(tmp_path: Path, monkeypatch: p
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(fake))
     monkeypatch.setattr(ar, "GRACE_S", 0.5)
-    codes, why = ar._supervise(tmp_path, timeout=30)
+    codes, why = ar._supervise(tmp_path, timeout=30, world=2)
     assert codes == [None, 3] and why is not None and "rank 1 ended (exit status 3)" in why
     (tmp_path / "rank1.status.json").write_text(json.dumps({"rank": 1, "stage": "size 4 KiB", "error": "boom",
                                                              "failed_at": 1.0}))
@@ -254,3 +254,14 @@ def test_fallbacks_are_not_timings_and_are_problems() -> None:
     problems = ar.finalize(data)["summary"]["problems"]
     assert len(problems) == 2 and "fell back" in problems[0] and "differs from NCCL" in problems[1]
     assert "fb" in ar.table(data)
+
+
+def test_four_workers_one_fails_the_others_are_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "fake-python"
+    fake.write_text("#!/bin/sh\n"
+                    'if [ "$5" = "3" ]; then exit 4; fi\nexec sleep 60\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    monkeypatch.setattr(ar, "GRACE_S", 0.5)
+    codes, why = ar._supervise(tmp_path, timeout=30, world=4)
+    assert codes == [None, None, None, 4] and why is not None and "rank 3 ended (exit status 4)" in why

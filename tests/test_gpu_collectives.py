@@ -1,4 +1,4 @@
-"""The custom all-reduce in 2 processes (torch): results against the framework's collective, graphs,
+"""The custom all-reduce in 2 or more processes (torch): results against the framework's collective, graphs,
 replays, fallbacks.
 
 Run on the GPU machine: ``PYTHONPATH=. python3 -m pytest -q -m "gpu and not paddle" tests/test_gpu_collectives.py``.
@@ -7,7 +7,8 @@ is needed: without one the tests are skipped with init's reason.
 
 Two modes, chosen by the GPUs visible:
 
-* **2 GPUs or more**: one GPU per process, an NCCL group; the reference is NCCL.  This is the real
+* **2 GPUs or more**: one process per GPU (2, 4, 6 or 8 ranks: every visible GPU, rounded down),
+  an NCCL group; the reference is NCCL.  This is the real
   configuration (IPC over NVLink/PCIe, P2P, NCCL inside graphs).
 * **1 GPU** (shared mode): both processes on GPU 0 with ``GRAPHJIT_AR_SHARED_GPU=1`` and a gloo
   group (NCCL refuses two ranks on one GPU); the reference is gloo.  The custom all-reduce runs for
@@ -17,7 +18,7 @@ Two modes, chosen by the GPUs visible:
   in a graph, the Python-level full-table fallback, the VMM mode) are skipped: gloo cannot run
   inside a capture.
 
-Every check runs in two worker processes (this file run as a script, ``python
+Every check runs in one worker process per rank (this file run as a script, ``python
 tests/test_gpu_collectives.py RANK PORT OUT MODE``, launched by tests/multiproc.py), in one group.
 A session fixture runs each mode once; the tests read its results.  Each worker section records its own
 failures, so one broken section does not hide the others (unless the CUDA context is lost: then
@@ -65,7 +66,6 @@ import multiproc  # noqa: E402  (tests/multiproc.py: this file also runs as a wo
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch]
 
-WORLD = 2
 MAX_BYTES = 8 << 20
 WORKER_TIMEOUT_S = 900
 
@@ -78,6 +78,14 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _world() -> int:
+    """Ranks: every visible GPU (rounded down to 2, 4, 6 or 8); 2 on a 1-GPU machine (shared mode)."""
+    if os.environ.get("GJ_AR_TEST_WORLD"):  # the workers: what the launcher chose
+        return int(os.environ["GJ_AR_TEST_WORLD"])
+    return max([w for w in (2, 4, 6, 8) if w <= _gpus()] or [2])
+
+
+WORLD = _world()
 SHARED = _gpus() == 1  # both ranks on one GPU (see the module docstring)
 needs_gpu = pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU (2 for the real configuration)")
 
@@ -91,6 +99,7 @@ def _run(mode: str, out_dir: Path, extra_env: dict[str, str] | None = None) -> l
     environ["GRAPHJIT_CACHE_DIR"] = os.environ.get("GRAPHJIT_CACHE_DIR", str(out_dir / "cache"))
     if os.environ.get("GRAPHJIT_NVCC"):
         environ["GRAPHJIT_NVCC"] = os.environ["GRAPHJIT_NVCC"]
+    environ["GJ_AR_TEST_WORLD"] = str(WORLD)
     if SHARED:
         environ.update(GRAPHJIT_AR_SHARED_GPU="1", GJ_AR_TEST_SHARED="1")
     environ.update(extra_env or {})
@@ -581,7 +590,7 @@ class Worker:
     def section_mlp(self) -> dict[str, Any]:
         torch, dist = self.torch, self.dist
         failures: list[str] = []
-        hidden, ffn = 1024, 4096
+        hidden, ffn = 1024, 6144  # ffn divides by 2, 4, 6 and 8
         gen = torch.Generator(device=self.device)
         gen.manual_seed(1234)
         w1 = torch.randn(hidden, ffn, device=self.device, generator=gen) / hidden ** 0.5

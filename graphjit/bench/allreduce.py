@@ -1,6 +1,7 @@
-"""``python -m graphjit bench allreduce``: graphjit's custom all-reduce against NCCL on 2 GPUs.
+"""``python -m graphjit bench allreduce``: graphjit's custom all-reduce against NCCL on 2 (4, 6, 8) GPUs.
 
-Two worker processes (torch, one per GPU, one NCCL group; ``python -m graphjit.bench.allreduce
+One worker process per GPU (torch, one NCCL group, as many ranks as GPUs are visible, rounded down
+to 2, 4, 6 or 8, or ``--world-size``; ``python -m graphjit.bench.allreduce
 --worker CONFIG RANK``, started with :mod:`subprocess` by the command, rendezvous through a file in a
 temporary folder), sizes 4 KiB to 64 MiB in powers of two (``--sizes``), dtype bf16 (``--dtype``).
 
@@ -84,7 +85,7 @@ from ..procs import kill_all, supervise
 from . import common
 from .common import say
 
-WORLD = 2
+SUPPORTED_WORLDS = (2, 4, 6, 8)  # the custom kernel's world sizes
 KIB, MIB = 1 << 10, 1 << 20
 
 # name -> (implementation, algorithm, mode)
@@ -180,6 +181,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-cpu", action="store_true",
                    help="with fewer than 2 CUDA GPUs, run a tiny smoke version (2 gloo processes on the CPU, the "
                         "framework's all-reduce only) instead of refusing")
+    g.add_argument("--world-size", type=int, default=None, choices=SUPPORTED_WORLDS,
+                   help="processes, one GPU each (default: the most GPUs visible, rounded down to 2, 4, 6 or 8)")
 
 
 # -- the command: checks, the 2 workers, their supervision ------------------------------------------
@@ -223,7 +226,10 @@ def run(args: argparse.Namespace) -> int:
         gpus, seen = cuda_gpus()
     except ImportError as exc:
         return _fail(f"needs torch, which cannot be imported ({exc})")
-    on_gpu = gpus >= WORLD
+    world = args.world_size or max([w for w in SUPPORTED_WORLDS if w <= gpus] or [2])
+    on_gpu = gpus >= world
+    if args.world_size and gpus >= 2 and not on_gpu:
+        return _fail(f"--world-size {world}: {seen}", 2)
     if not on_gpu and not args.allow_cpu:
         return _fail(f"needs 2 GPUs on one node ({seen}); run it on a machine with 2 GPUs, or pass --allow-cpu for a "
                      "tiny CPU smoke run with 2 gloo processes")
@@ -250,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     data.update({
         "device": "cuda" if on_gpu else "cpu",
         "smoke": not on_gpu,
-        "world_size": WORLD,
+        "world_size": world,
         "config": {
             "sizes": args.sizes, "dtype": args.dtype, "torch_dtype": dtype_name, "variants": variants,
             "iters": args.iters, "repeats": args.repeats, "warmup": args.warmup, "ar_max_bytes": max_bytes,
@@ -258,10 +264,10 @@ def run(args: argparse.Namespace) -> int:
             "gpus_seen": seen, "rendezvous": "file", "timer": "cuda_events" if on_gpu else "host",
             "units": "microseconds per all-reduce",
             "eager_timing": "--iters back-to-back calls between two events, after one untimed all-reduce of the "
-                            "same kind; median of --repeats; max over the 2 ranks",
+                            "same kind; median of --repeats; max over the ranks",
             "graph_timing": "--iters all-reduces captured back to back into one CUDA graph, replayed once between "
                             "two events (us = event time / iters), after one untimed eager all-reduce of the same "
-                            "kind; median of --repeats; max over the 2 ranks",
+                            "kind; median of --repeats; max over the ranks",
             "custom": "graphjit.collectives.init(scope='always', max_bytes=ar_max_bytes); algorithm forced with "
                       "GRAPHJIT_AR_ALGO per variant; captured all-reduces registered with register_graph_buffers()",
             "symm": "torch.ops.symm_mem.two_shot_all_reduce_ on a torch.distributed._symmetric_memory buffer",
@@ -270,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         "results": [],
         "complete": False,
     })
-    say(f"allreduce [{data['device']}, {args.dtype}, {WORLD} ranks, {data['config']['backend']}]: "
+    say(f"allreduce [{data['device']}, {args.dtype}, {world} ranks, {data['config']['backend']}]: "
         f"{len(args.sizes)} sizes {size_label(args.sizes[0])}..{size_label(args.sizes[-1])}, "
         f"{len(variants)} variants, iters={args.iters} repeats={args.repeats} -> {json_path}")
     tmp = Path(tempfile.mkdtemp(prefix="graphjit-bench-ar-"))
@@ -280,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     (tmp / "config.json").write_text(json.dumps(cfg))
     keep = False
     try:
-        codes, why = _supervise(tmp, float(args.timeout))
+        codes, why = _supervise(tmp, float(args.timeout), world)
         keep = bool(why) or any(c != 0 for c in codes)
         return _after(cfg, codes, why)
     finally:
@@ -290,8 +296,8 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _supervise(tmp: Path, timeout: float) -> tuple[list[int | None], str | None]:
-    """Start the 2 workers (rank 0 writes to this process's stdout/stderr, rank 1 to a log) and wait for them,
+def _supervise(tmp: Path, timeout: float, world: int) -> tuple[list[int | None], str | None]:
+    """Start the workers (rank 0 writes to this process's stdout/stderr, the others to logs) and wait for them,
     at most ``timeout`` seconds; after one ended (failed, or finished first) the other gets :data:`GRACE_S`.
     Returns their exit codes (None: killed) and why they were stopped, if they were."""
     environ = child_environment()
@@ -299,7 +305,7 @@ def _supervise(tmp: Path, timeout: float) -> tuple[list[int | None], str | None]
     why = None
     logs = []
     try:
-        for rank in range(WORLD):
+        for rank in range(world):
             cmd = [sys.executable, "-m", "graphjit.bench.allreduce", "--worker", str(tmp / "config.json"), str(rank)]
             if rank == 0:
                 procs.append(subprocess.Popen(cmd, env=environ))
@@ -309,19 +315,19 @@ def _supervise(tmp: Path, timeout: float) -> tuple[list[int | None], str | None]
                 procs.append(subprocess.Popen(cmd, env=environ, stdout=log, stderr=subprocess.STDOUT))
         stopped = supervise(procs, timeout, GRACE_S, grace_after="any")
         if stopped is not None and stopped[0] == "timeout":
-            why = f"the 2 workers did not finish in {timeout:g} s (--timeout)"
+            why = f"the {world} workers did not finish in {timeout:g} s (--timeout)"
         elif stopped is not None:
             ended = stopped[1]
             why = (f"rank {ended} ended (exit status {procs[ended].returncode}) and the other did not finish in "
                    f"{GRACE_S:.0f} s")
     except OSError as exc:
-        why = f"could not start the 2 workers ({exc})"
+        why = f"could not start the {world} workers ({exc})"
     finally:
         kill_all(procs)
         for log in logs:
             log.close()
     codes: list[int | None] = [p.returncode if p.returncode is None or p.returncode >= 0 else None for p in procs]
-    codes += [None] * (WORLD - len(codes))
+    codes += [None] * (world - len(codes))
     return codes, why
 
 
@@ -330,7 +336,7 @@ def _after(cfg: dict[str, Any], codes: list[int | None], why: str | None) -> int
     tmp = Path(cfg["tmp"])
     json_path = Path(cfg["json_path"])
     statuses = []
-    for rank in range(WORLD):
+    for rank in range(len(codes)):
         st: dict[str, Any] = {"rank": rank, "exit_status": codes[rank]}
         with contextlib.suppress(OSError, ValueError):
             st.update(json.loads((tmp / f"rank{rank}.status.json").read_text()))
@@ -593,7 +599,7 @@ def plot(data: dict[str, Any], png_path: Path) -> str | None:
         styles["target (auto, graph)"] = {"color": "black", "linestyle": "none", "marker": "x", "markersize": 6}
     cfg = data.get("config", {})
     env = data.get("env", {}).get("torch", {})
-    title = (f"all-reduce, {WORLD} ranks, {cfg.get('dtype')}, {cfg.get('backend')} ({data.get('tag')}"
+    title = (f"all-reduce, {data.get('world_size')} ranks, {cfg.get('dtype')}, {cfg.get('backend')} ({data.get('tag')}"
              f"{', ' + env['gpu'] if env.get('gpu') else ''})")
     return common.line_plot(png_path, title, sizes, series, "message size", "microseconds per all-reduce (median)",
                             log_x=True, log_y=True, x_labels=[size_label(b).replace(" ", "") for b in sizes],
@@ -638,6 +644,7 @@ class _Worker:
 
         self.cfg, self.rank, self.status = cfg, rank, status
         self.data: dict[str, Any] = cfg["data"]
+        self.world = int(self.data["world_size"])
         c = self.data["config"]
         self.torch, self.dist = torch, dist
         self.gpu = bool(cfg["on_gpu"])
@@ -653,9 +660,9 @@ class _Worker:
         timeout = timedelta(seconds=float(cfg["collective_timeout"]))
         status.stage("process group")
         dist.init_process_group("nccl" if self.gpu else "gloo", init_method=f"file://{cfg['rendezvous']}",
-                                rank=rank, world_size=WORLD, timeout=timeout)
+                                rank=rank, world_size=self.world, timeout=timeout)
         # Verdicts and results go through gloo on the CPU: they still work when a GPU collective went wrong.
-        self.ctl = dist.new_group(list(range(WORLD)), backend="gloo", timeout=timeout)
+        self.ctl = dist.new_group(list(range(self.world)), backend="gloo", timeout=timeout)
         self.group_name = getattr(dist.group.WORLD, "group_name", None)
         status.stage("collectives.init")
         import graphjit
@@ -692,7 +699,7 @@ class _Worker:
             self.torch.cuda.synchronize()
 
     def agree(self, local: Any) -> list[Any]:
-        out: list[Any] = [None] * WORLD
+        out: list[Any] = [None] * self.world
         self.dist.all_gather_object(out, local, group=self.ctl)
         return out
 
@@ -732,7 +739,7 @@ class _Worker:
                 buf.fill_(float(self.rank + 1))
                 self.symm_op(buf, "sum", self.group_name)
                 self.sync()
-                local = None if bool((buf == float(WORLD * (WORLD + 1) // 2)).all()) else \
+                local = None if bool((buf == float(self.world * (self.world + 1) // 2)).all()) else \
                     "the 4 KiB probe returned a wrong sum"
                 del buf
             except Exception as exc:
@@ -777,14 +784,14 @@ class _Worker:
             x = torch.randn(n, generator=gen, device=self.device).to(self.dtype)
             ref = x.clone()
             self.nccl(ref)
-            parts = [torch.empty_like(x) for _ in range(WORLD)]
+            parts = [torch.empty_like(x) for _ in range(self.world)]
             self.dist.all_gather(parts, x)
-            exact = sum(p.double() for p in parts).to(self.dtype)  # correctly rounded sum of the 2 inputs
+            exact = sum(p.double() for p in parts).to(self.dtype)  # correctly rounded sum of the inputs
             del parts
             entry: dict[str, Any] = {"bytes": nbytes, "size": label, "numel": n, "variants": {}}
             if self.lib is not None:
                 with contextlib.suppress(Exception):
-                    entry["auto_algo"] = {1: "1shot", 2: "2shot"}.get(self.lib.choose_algo(WORLD, nbytes))
+                    entry["auto_algo"] = {1: "1shot", 2: "2shot"}.get(self.lib.choose_algo(self.world, nbytes))
             self.sbuf = None
             if self.symm_op is not None and any(VARIANTS[v][0] == "symm" for v in self.variants):
                 try:
