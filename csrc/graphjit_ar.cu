@@ -14,6 +14,11 @@
 // gj_ar_register_pending, which fills the slots.  A graph must not be replayed before that (the
 // kernel traps on an unfilled slot instead of reading garbage).  gj_ar_reset empties the table.
 //
+// Two kinds of context: gj_ar_create (one process per rank: the peers' buffers arrive as IPC
+// handles and are mapped here; captured inputs are registered by handle with
+// gj_ar_pending_handles + gj_ar_register_pending) and gj_ar_create_local (every rank of the world
+// in this process: buffers and captured inputs are plain device pointers, gj_ar_register_local).
+//
 // Bounds checked here, whatever the caller checked: the input against the staging buffer (eager)
 // and the scratch buffer (both paths), the pointer table's capacity, 16-byte size and alignment,
 // the dtype, world size and algorithm codes, and the captured buffers' extent at registration.
