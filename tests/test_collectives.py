@@ -956,6 +956,9 @@ def test_torch_swap_passes_calls_through_in_a_gloo_group(tmp_path: Path) -> None
         assert got["custom"] == {"eager": 0, "captured": 0}
         assert got["installed_twice"] is False and got["restored"] is True
         assert got["rank"] == rank
+        assert got["compile_breaks"] == ["Skip calling `torch.compiler.disable()`d function"], got["compile_breaks"]
+        assert got["compiled"]["dispatched"] == 3, "torch.compile bypassed the swap"
+        assert got["compiled"]["values"] == got["compiled_want"]
 
 
 @pytest.mark.paddle
@@ -983,7 +986,7 @@ def _torch_worker(rank: int, port: int) -> dict[str, Any]:
 
     original = dist.all_reduce
     report = collectives.init(backend="torch")
-    wrapped = dist.all_reduce is not original and isinstance(dist.all_reduce, swap.SwappedAllReduce)
+    wrapped = dist.all_reduce is not original and swap.swapped(dist.all_reduce) is not None
     out: dict[str, Any] = {"rank": rank, "report": report.as_dict(), "wrapped": wrapped,
                            "name": dist.all_reduce.__name__, "doc_kept": dist.all_reduce.__doc__ == original.__doc__,
                            "signature_kept": inspect.signature(dist.all_reduce) == inspect.signature(original)}
@@ -1015,6 +1018,27 @@ def _torch_worker(rank: int, port: int) -> dict[str, Any]:
     out["results"], out["returns"] = results, returns
     stats = collectives.stats()
     out["fallbacks"], out["custom"] = stats["fallbacks"], stats["custom"]
+
+    # torch.compile must not look through the swap (Dynamo would rewrite the call into a functional
+    # collective and bypass it): it breaks its graph at the call, and every call reaches dispatch.
+    def step(x: Any) -> Any:
+        y = torch.sin(x) * 2.0
+        dist.all_reduce(y)
+        return y + 1.0
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step)(torch.ones(4))
+    out["compile_breaks"] = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+    compiled = torch.compile(step, backend="eager")
+    before = collectives.stats()["fallbacks"].get("scope", 0)
+    got = []
+    for i in range(3):
+        got.append(round(float(compiled(torch.full((4,), 0.5 * (rank + 1 + i)))[0]), 5))
+    out["compiled"] = {"dispatched": collectives.stats()["fallbacks"].get("scope", 0) - before, "values": got}
+    out["compiled_want"] = [round(float(sum(torch.sin(torch.tensor(0.5 * (r + 1 + i))) * 2.0 for r in range(2))) + 1.0,
+                                  5) for i in range(3)]
     out["installed_twice"] = swap.install(load("torch"))
     swap.uninstall("torch")
     out["restored"] = dist.all_reduce is original

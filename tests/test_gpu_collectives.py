@@ -31,6 +31,8 @@ every later section reports the first error).  What is checked:
   of the exact sum; both ranks hold bitwise identical results.
 * ``graphed``: ``graphjit.graphed`` steps with all-reduces captured zero-copy, registered after the
   capture (automatically), replayed with new inputs, one-shot and two-shot.
+* ``compile``: a ``tracer="compile"`` step with an all-reduce: torch.compile breaks its graph at
+  the swapped call, the custom kernel is captured between the compiled parts.
 * ``manual``: a graph captured with ``torch.cuda.graph`` on a second group with ``scope="always"``,
   registered with ``collectives.register_graph_buffers``.
 * ``replays``: 10,000 replays of two graphs (one-shot float32, two-shot float16) with new inputs
@@ -161,6 +163,15 @@ def test_graphed_steps_capture_register_and_replay(main_run: list[dict[str, Any]
         assert sec["failures"] == [], f"rank {r}: {sec['failures'][:5]}"
         assert sec["captured"] >= 2 and sec["registrations"] >= 2, sec
         assert sec["fn_fallbacks"] == {}, sec["fn_fallbacks"]
+
+
+@needs_gpu
+def test_compiled_step_breaks_at_the_swapped_all_reduce(main_run: list[dict[str, Any]]) -> None:
+    """tracer="compile": torch.compile cannot trace into the swap, breaks the graph there, and the
+    custom kernel is captured between the compiled parts (not rewritten into a functional collective)."""
+    for r, sec in enumerate(_section(main_run, "compile")):
+        assert sec["failures"] == [], f"rank {r}: {sec['failures'][:5]}"
+        assert sec["captured"] >= 1 and sec["fn_fallbacks"] == {} and sec["graphs"] == 1, sec
 
 
 @needs_gpu
@@ -363,6 +374,30 @@ class Worker:
         s1 = self.stats()
         return {"failures": failures, "captured": s1["custom"]["captured"] - s0["custom"]["captured"],
                 "registrations": s1["registrations"] - s0["registrations"], "fn_fallbacks": fn_fallbacks}
+
+    def section_compile(self) -> dict[str, Any]:
+        torch, dist = self.torch, self.dist
+        failures: list[str] = []
+        s0 = self.stats()
+
+        def step(x: Any) -> Any:
+            y = torch.sin(x) * 2.0
+            dist.all_reduce(y)
+            return y + 1.0
+
+        g = self.graphjit.graphed(step, tracer="compile")
+        with torch.no_grad():
+            for i in range(5):
+                xs = [torch.full((4096,), 0.1 * (r + 1 + i), device=self.device) for r in range(WORLD)]
+                want = sum(torch.sin(x) * 2.0 for x in xs) + 1.0
+                out = g(xs[self.rank])
+                err = float((out - want).abs().max())
+                if not err <= 1e-5:
+                    failures.append(f"call {i}: max abs error {err:.3g}")
+        st = g.stats()
+        s1 = self.stats()
+        return {"failures": failures, "graphs": st.get("graphs"), "fn_fallbacks": st.get("fallbacks") or {},
+                "captured": s1["custom"]["captured"] - s0["custom"]["captured"]}
 
     def _ensure_sub(self) -> Any:
         if self.sub is None:
@@ -690,7 +725,8 @@ class Worker:
 
 
 SECTIONS = {
-    "main": ["init", "sizes", "graphed", "manual", "replays", "fallbacks", "c_api", "mlp", "scope", "reset"],
+    "main": ["init", "sizes", "graphed", "compile", "manual", "replays", "fallbacks", "c_api", "mlp", "scope",
+             "reset"],
     "vmm": ["init", "vmm"],
 }
 

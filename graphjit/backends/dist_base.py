@@ -53,6 +53,11 @@ class DistBackend(abc.ABC):
     def wrap_target(self) -> tuple[Any, str]:
         """``(module, attribute)`` of the public ``all_reduce`` to wrap."""
 
+    def publish(self, wrapper: Any) -> Any:
+        """What the swap puts in the framework's module for ``wrapper``.  Default: the wrapper itself;
+        a backend whose compiler would look through it returns a callable the compiler leaves alone."""
+        return wrapper
+
     def mark_graph_break(self, fn: Any) -> str | None:
         """Tell the framework's tracer to run ``fn`` eagerly (a graph break); returns what was done."""
         return None

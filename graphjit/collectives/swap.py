@@ -12,8 +12,11 @@ original with the caller's arguments unchanged, and counts why.
   before the swap keeps calling the original (and is not counted).  Call ``collectives.init`` early,
   or call ``torch.distributed.all_reduce`` through the module.
 * Paddle SOT: the wrapper is registered as a graph-break function, so SOT runs the call eagerly
-  between two compiled subgraphs (see :mod:`graphjit.backends.paddle_dist`).  torch.compile
-  (``tracer="compile"``) likewise cannot trace into the wrapper and breaks the graph there.
+  between two compiled subgraphs (see :mod:`graphjit.backends.paddle_dist`).
+* torch.compile (``tracer="compile"``): the attribute holds the wrapper passed through
+  ``torch.compiler.disable``, so Dynamo breaks its graph at the call instead of rewriting it into a
+  functional collective (see :mod:`graphjit.backends.torch_dist`); :func:`swapped` finds the
+  wrapper behind it.
 * ``GRAPHJIT_DISABLE=1``: the wrapper calls the original at once (counted as "disabled").
 """
 
@@ -31,11 +34,20 @@ from . import custom_ar
 log = logging.getLogger("graphjit")
 
 _lock = threading.Lock()
-_installed: dict[str, tuple[Any, str, Any, Any]] = {}  # name -> (module, attribute, original, wrapper)
+_installed: dict[str, tuple[Any, str, Any, Any]] = {}  # name -> (module, attribute, original, published)
 
 
 class SwappedAllReduce(wrapt.FunctionWrapper):  # type: ignore[misc]
     """The wrapper graphjit puts in place of the framework's ``all_reduce``."""
+
+
+def swapped(obj: Any) -> SwappedAllReduce | None:
+    """The swap's wrapper if ``obj`` is it or was published for it (``torch.distributed.all_reduce``
+    after :func:`install`), else None."""
+    if isinstance(obj, SwappedAllReduce):
+        return obj
+    inner = getattr(obj, "_graphjit_swap", None) if callable(obj) else None
+    return inner if isinstance(inner, SwappedAllReduce) else None
 
 
 def _handler(dist: DistBackend) -> Any:
@@ -50,12 +62,15 @@ def install(dist: DistBackend) -> bool:
     with _lock:
         module, attr = dist.wrap_target()
         current = getattr(module, attr)
-        if isinstance(current, SwappedAllReduce):
+        if swapped(current) is not None:
             return False
         wrapper = SwappedAllReduce(current, _handler(dist))
-        setattr(module, attr, wrapper)
-        _installed[dist.name] = (module, attr, current, wrapper)
-        note = dist.mark_graph_break(wrapper)
+        public = dist.publish(wrapper)
+        if public is not wrapper:
+            public._graphjit_swap = wrapper  # for swapped(); a plain attribute of the published function
+        setattr(module, attr, public)
+        _installed[dist.name] = (module, attr, current, public)
+        note = dist.mark_graph_break(public)
         log.debug("graphjit: wrapped %s.%s%s", module.__name__, attr, f" ({note})" if note else "")
         return True
 
@@ -90,4 +105,5 @@ def original(name: str) -> Any:
 
     module, attr = load(name).wrap_target()
     fn = getattr(module, attr)
-    return fn.__wrapped__ if isinstance(fn, SwappedAllReduce) else fn
+    wrapper = swapped(fn)
+    return wrapper.__wrapped__ if wrapper is not None else fn
