@@ -42,6 +42,21 @@ def test_paddle_same_shape_and_dtype_is_the_same_key():
 
 
 @pytest.mark.paddle
+def test_paddle_place_in_the_key_is_compared_by_value():
+    """Paddle 3.x Places hash by value (the key holds the Place); 2.6's by identity (the key holds its name)."""
+    from graphjit.backends import paddle as paddle_backend
+
+    b = paddle_backend.PaddleBackend()
+    t = paddle.ones([2])
+    place = b.meta_key(t)[2]
+    if paddle_backend._places_hash_by_value():
+        assert place == t.place and place is not t.place
+    else:
+        assert place == str(t.place)
+    assert b.meta_key(t) == b.meta_key(paddle.zeros([2])) and hash(b.meta_key(t)) == hash(b.meta_key(t))
+
+
+@pytest.mark.paddle
 def test_paddle_new_shape_dtype_or_stop_gradient_is_a_new_key():
     base = paddle.ones([2, 3], dtype="float32")
     assert key(base) != key(paddle.ones([3, 2], dtype="float32"))
