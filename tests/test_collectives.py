@@ -956,9 +956,14 @@ def test_torch_swap_passes_calls_through_in_a_gloo_group(tmp_path: Path) -> None
         assert got["custom"] == {"eager": 0, "captured": 0}
         assert got["installed_twice"] is False and got["restored"] is True
         assert got["rank"] == rank
+        # custom all-reduce off: Dynamo rewrites the call as it would the original (fullgraph works)
+        assert got["plain_fullgraph"]["values"] == got["compiled_want"]
+        # on: a graph break at the swap, every call dispatched; fullgraph=True refused with graphjit's reason
+        assert got["opaque_is_published"] and got["plain_again"]
         assert got["compile_breaks"] == ["Skip calling `torch.compiler.disable()`d function"], got["compile_breaks"]
         assert got["compiled"]["dispatched"] == 3, "torch.compile bypassed the swap"
         assert got["compiled"]["values"] == got["compiled_want"]
+        assert "graphjit.collectives.shutdown()" in (got["opaque_fullgraph_error"] or ""), got["opaque_fullgraph_error"]
 
 
 @pytest.mark.paddle
@@ -1019,8 +1024,10 @@ def _torch_worker(rank: int, port: int) -> dict[str, Any]:
     stats = collectives.stats()
     out["fallbacks"], out["custom"] = stats["fallbacks"], stats["custom"]
 
-    # torch.compile must not look through the swap (Dynamo would rewrite the call into a functional
-    # collective and bypass it): it breaks its graph at the call, and every call reaches dispatch.
+    # torch.compile.  Custom all-reduce off (as here): the plain wrapper, which Dynamo rewrites like the
+    # original, so fullgraph=True keeps compiling.  On (set_opaque, as init does when it enables a
+    # group): Dynamo must not look through the swap; it breaks its graph at the call, every call
+    # reaches dispatch, and fullgraph=True fails with a message naming graphjit.
     def step(x: Any) -> Any:
         y = torch.sin(x) * 2.0
         dist.all_reduce(y)
@@ -1028,17 +1035,31 @@ def _torch_worker(rank: int, port: int) -> dict[str, Any]:
 
     import torch._dynamo
 
+    def want(i: int) -> float:
+        return round(float(sum(torch.sin(torch.tensor(0.5 * (r + 1 + i))) * 2.0 for r in range(2))) + 1.0, 5)
+
+    def run(fn: Any) -> dict[str, Any]:
+        before = collectives.stats()["fallbacks"].get("scope", 0)
+        values = [round(float(fn(torch.full((4,), 0.5 * (rank + 1 + i)))[0]), 5) for i in range(3)]
+        return {"dispatched": collectives.stats()["fallbacks"].get("scope", 0) - before, "values": values}
+
+    out["compiled_want"] = [want(i) for i in range(3)]
+    torch._dynamo.reset()
+    out["plain_fullgraph"] = run(torch.compile(step, backend="eager", fullgraph=True))
+    swap.set_opaque("torch", True)
+    out["opaque_is_published"] = dist.all_reduce is not swap.swapped(dist.all_reduce)
     torch._dynamo.reset()
     explained = torch._dynamo.explain(step)(torch.ones(4))
     out["compile_breaks"] = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
-    compiled = torch.compile(step, backend="eager")
-    before = collectives.stats()["fallbacks"].get("scope", 0)
-    got = []
-    for i in range(3):
-        got.append(round(float(compiled(torch.full((4,), 0.5 * (rank + 1 + i)))[0]), 5))
-    out["compiled"] = {"dispatched": collectives.stats()["fallbacks"].get("scope", 0) - before, "values": got}
-    out["compiled_want"] = [round(float(sum(torch.sin(torch.tensor(0.5 * (r + 1 + i))) * 2.0 for r in range(2))) + 1.0,
-                                  5) for i in range(3)]
+    out["compiled"] = run(torch.compile(step, backend="eager"))
+    torch._dynamo.reset()
+    try:
+        torch.compile(step, backend="eager", fullgraph=True)(torch.ones(4))
+        out["opaque_fullgraph_error"] = None
+    except Exception as exc:
+        out["opaque_fullgraph_error"] = str(exc)
+    swap.set_opaque("torch", False)
+    out["plain_again"] = swap.swapped(dist.all_reduce) is dist.all_reduce
     out["installed_twice"] = swap.install(load("torch"))
     swap.uninstall("torch")
     out["restored"] = dist.all_reduce is original

@@ -9,10 +9,13 @@ current stream after), built from a completed ``torch.futures.Future``.
 
 torch.compile (``tracer="compile"``): Dynamo sees through a wrapt proxy (it reads the original's
 code and compares equal to it) and would rewrite the call into a functional collective or trace
-the original's body, bypassing the swap without a word.  So what goes into ``torch.distributed``
-is the wrapper passed through ``torch.compiler.disable``: Dynamo breaks its graph at the call and
-runs it eagerly, the swap sees real tensors and launches (or captures) the custom kernel between
-two compiled parts.  Cost outside compiled code: about a microsecond per call.
+the original's body, bypassing the swap without a word.  So while the custom all-reduce is enabled
+for some group, what ``torch.distributed.all_reduce`` holds is the wrapper passed through
+``torch.compiler.disable``: Dynamo breaks its graph at the call and runs it eagerly, the swap sees
+real tensors and launches (or captures) the custom kernel between two compiled parts.  Cost
+outside compiled code: about a microsecond per call.  The price: ``torch.compile(fullgraph=True)``
+of code that calls ``all_reduce`` fails while the custom all-reduce is on (Dynamo's message names
+graphjit); compile it without ``fullgraph``, or ``collectives.shutdown()`` first.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ import torch.distributed as dist
 from .dist_base import Call, DistBackend, TensorInfo
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_COMPILE_REASON = ("graphjit's all_reduce swap runs eagerly while graphjit.collectives' custom all-reduce is on "
+                   "(it must see real tensors); compile without fullgraph=True, or call "
+                   "graphjit.collectives.shutdown() first")
 _NAMES = ("tensor", "op", "group", "async_op")
 
 
@@ -75,7 +81,10 @@ class Dist(DistBackend):
         disable = getattr(getattr(torch, "compiler", None), "disable", None)
         if disable is None:  # torch < 2.1: no torch.compiler, and Dynamo had no collective rewrites
             return wrapper
-        return disable(wrapper)
+        try:
+            return disable(wrapper, reason=_COMPILE_REASON)
+        except TypeError:  # torch.compiler.disable without reason= (torch < 2.7)
+            return disable(wrapper)
 
     def wrap_target(self) -> tuple[Any, str]:
         return dist, "all_reduce"

@@ -689,6 +689,8 @@ def init(group: Any = None, max_bytes: int | None = None, scope: str = "graphed"
         comm = Communicator(dist, resolved, key, max_bytes, scope, pointer_slots, float(timeout_s), max_blocks)
         comm.setup()
         _COMMS[key] = comm
+        if comm.enabled:
+            swap.set_opaque(dist.name, True)
         return comm.report()
 
 
@@ -728,10 +730,15 @@ def reset(group: Any = None) -> None:
 
 def shutdown(group: Any = None) -> None:
     """Free the buffers of the custom all-reduce (a collective).  The swap stays; calls pass through."""
+    from . import swap
+
     with _registry_lock:
         for comm in _targets(group):
             comm.shutdown()
             _COMMS.pop(comm.key, None)
+        for name in {c.dist.name for c in _targets(group)} | set(swap.installed()):
+            if not any(c.enabled and c.dist.name == name for c in _COMMS.values()):
+                swap.set_opaque(name, False)
 
 
 def stats() -> dict[str, Any]:

@@ -13,10 +13,13 @@ original with the caller's arguments unchanged, and counts why.
   or call ``torch.distributed.all_reduce`` through the module.
 * Paddle SOT: the wrapper is registered as a graph-break function, so SOT runs the call eagerly
   between two compiled subgraphs (see :mod:`graphjit.backends.paddle_dist`).
-* torch.compile (``tracer="compile"``): the attribute holds the wrapper passed through
-  ``torch.compiler.disable``, so Dynamo breaks its graph at the call instead of rewriting it into a
-  functional collective (see :mod:`graphjit.backends.torch_dist`); :func:`swapped` finds the
-  wrapper behind it.
+* torch.compile (``tracer="compile"``): while the custom all-reduce is enabled for some group
+  (:func:`set_opaque`, called by ``collectives.init`` and ``shutdown``), the attribute holds the
+  wrapper passed through ``torch.compiler.disable``, so Dynamo breaks its graph at the call instead
+  of rewriting it into a functional collective that bypasses the swap (see
+  :mod:`graphjit.backends.torch_dist`).  Otherwise it holds the plain wrapper, which Dynamo
+  rewrites as it rewrites the original: ``fullgraph=True`` code keeps compiling.  :func:`swapped`
+  finds the wrapper behind either.
 * ``GRAPHJIT_DISABLE=1``: the wrapper calls the original at once (counted as "disabled").
 """
 
@@ -35,6 +38,7 @@ log = logging.getLogger("graphjit")
 
 _lock = threading.Lock()
 _installed: dict[str, tuple[Any, str, Any, Any]] = {}  # name -> (module, attribute, original, published)
+_wrappers: dict[str, tuple[Any, Any, DistBackend]] = {}  # name -> (plain wrapper, opaque version or None, backend)
 
 
 class SwappedAllReduce(wrapt.FunctionWrapper):  # type: ignore[misc]
@@ -65,14 +69,41 @@ def install(dist: DistBackend) -> bool:
         if swapped(current) is not None:
             return False
         wrapper = SwappedAllReduce(current, _handler(dist))
-        public = dist.publish(wrapper)
-        if public is not wrapper:
-            public._graphjit_swap = wrapper  # for swapped(); a plain attribute of the published function
-        setattr(module, attr, public)
-        _installed[dist.name] = (module, attr, current, public)
-        note = dist.mark_graph_break(public)
+        setattr(module, attr, wrapper)
+        _installed[dist.name] = (module, attr, current, wrapper)
+        _wrappers[dist.name] = (wrapper, None, dist)
+        note = dist.mark_graph_break(wrapper)
         log.debug("graphjit: wrapped %s.%s%s", module.__name__, attr, f" ({note})" if note else "")
         return True
+
+
+def set_opaque(name: str, opaque: bool) -> None:
+    """Publish the compiler-opaque version of the wrapper (``opaque``) or the plain one.
+
+    The opaque version (the backend's :meth:`~graphjit.backends.dist_base.DistBackend.publish`,
+    built once and reused, so that compiled code guarding on it stays valid) makes a compiler stop
+    at the call and run it eagerly, which the custom kernel needs.  Without an enabled custom
+    all-reduce there is nothing to gain, and the plain wrapper leaves compilers their usual rewrite.
+    """
+    with _lock:
+        entry, wrappers = _installed.get(name), _wrappers.get(name)
+        if entry is None or wrappers is None:
+            return
+        module, attr, original, public = entry
+        wrapper, opaque_fn, dist = wrappers
+        if opaque and opaque_fn is None:
+            opaque_fn = dist.publish(wrapper)
+            if opaque_fn is not wrapper:
+                opaque_fn._graphjit_swap = wrapper  # for swapped(): a plain attribute of the published function
+                note = dist.mark_graph_break(opaque_fn)
+                log.debug("graphjit: %s.%s opaque to the compiler%s", module.__name__, attr,
+                          f" ({note})" if note else "")
+            _wrappers[name] = (wrapper, opaque_fn, dist)
+        target = opaque_fn if opaque else wrapper
+        if target is public or getattr(module, attr) is not public:
+            return  # already published, or someone else replaced the attribute since
+        setattr(module, attr, target)
+        _installed[name] = (module, attr, original, target)
 
 
 def uninstall(name: str | None = None) -> list[str]:
@@ -81,6 +112,7 @@ def uninstall(name: str | None = None) -> list[str]:
     with _lock:
         for key in [name] if name else list(_installed):
             entry = _installed.pop(key, None)
+            _wrappers.pop(key, None)
             if entry is None:
                 continue
             module, attr, original, wrapper = entry
