@@ -166,6 +166,7 @@ struct Context {
   int rank = 0;
   int world = 0;
   int device = 0;
+  bool local = false;  // gj_ar_create_local: every rank in this process, no IPC
   size_t scratch_bytes = 0;
   size_t staging_bytes = 0;
   int max_blocks = 36;
@@ -477,6 +478,7 @@ GJ_EXPORT int gj_ar_create_local(int rank, int world, int device, void* const* s
   GJ_DEVICE(device);
   GJ_CUDA(preload_kernels(), "loading the all-reduce kernels (was the library built for this GPU's architecture?)");
   Context* c = new_context(rank, world, device, signal_bytes, staging_bytes, table_capacity, max_blocks, timeout_s);
+  c->local = true;
   for (int r = 0; r < world; ++r) {
     c->signals[r] = static_cast<gjar::Signal*>(signals[r]);
     c->staging[r] = stagings[r];
@@ -654,6 +656,9 @@ GJ_EXPORT int gj_ar_pending_handles(void* ctx, int count, void* handles, long lo
 GJ_EXPORT int gj_ar_register_pending(void* ctx, int count, const void* handles, const long long* offsets, void* stream) {
   if (!ctx || (count > 0 && (!handles || !offsets))) return fail(GJ_ERR_ARGUMENT, "gj_ar_register_pending: null argument");
   Context* c = as_ctx(ctx);
+  if (c->local)
+    return fail(GJ_ERR_STATE, "gj_ar_register_pending: a local context (gj_ar_create_local) registers with "
+                "gj_ar_register_local");
   std::lock_guard<std::mutex> lock(c->mu);
   if (count != static_cast<int>(c->pending.size()))
     return fail(GJ_ERR_STATE, "gj_ar_register_pending: %d entries given, %zu pending on rank %d (ranks captured "
@@ -698,9 +703,13 @@ GJ_EXPORT int gj_ar_register_pending(void* ctx, int count, const void* handles, 
 // gj_ar_register_pending for a context of gj_ar_create_local: ptrs holds world * count device
 // pointers, rank-major (ptrs[r * count + i]: rank r's i-th captured input); this rank's own row
 // must repeat its pending inputs in capture order (a check that the ranks captured alike).
-GJ_EXPORT int gj_ar_register_local(void* ctx, int count, const void* const* ptrs, void* stream) {
+GJ_EXPORT int gj_ar_register_local(void* ctx, int world, int count, const void* const* ptrs, void* stream) {
   if (!ctx || (count > 0 && !ptrs)) return fail(GJ_ERR_ARGUMENT, "gj_ar_register_local: null argument");
   Context* c = as_ctx(ctx);
+  if (!c->local)
+    return fail(GJ_ERR_STATE, "gj_ar_register_local: the context was made by gj_ar_create (register by IPC handle)");
+  if (world != c->world)
+    return fail(GJ_ERR_ARGUMENT, "gj_ar_register_local: rows for %d ranks, the world has %d", world, c->world);
   std::lock_guard<std::mutex> lock(c->mu);
   if (count != static_cast<int>(c->pending.size()))
     return fail(GJ_ERR_STATE, "gj_ar_register_local: %d entries given, %zu pending on rank %d (ranks captured "

@@ -126,6 +126,7 @@ def test_built_library_exports_the_c_api(compiled: dict[str, Any]) -> None:
     (lambda lib: lib.create_local(0, 2, 0, [256, 512], [768, 1024], 8192 + 1024, 1024, 64, 0, 1.0),
      _lib.ERR_ARGUMENT, "max_blocks 0"),
     (lambda lib: lib.register_local(0, [[256], [512]], 0), _lib.ERR_ARGUMENT, "null argument"),
+    (lambda lib: lib.register_local(0, [[256, 512], [768]], 0), _lib.ERR_ARGUMENT, "all of the same length"),
 ])
 def test_c_api_errors_carry_a_code_and_a_message(compiled: dict[str, Any], call: Callable[[Any], Any], code: int,
                                                   words: str) -> None:

@@ -262,6 +262,12 @@ def test_register_local_refuses_a_different_capture_order(world: LocalWorld) -> 
     with pytest.raises(_lib.CollectiveError, match="1 entries given, 2 pending") as info:
         world.lib.register_local(world.ctxs[0], [[a[r].data_ptr()] for r in range(n)], world.streams[0].cuda_stream)
     assert info.value.code == _lib.ERR_STATE
+    with pytest.raises(_lib.CollectiveError, match="rows for 1 ranks") as info:
+        world.lib.register_local(world.ctxs[0], [[a[0].data_ptr(), b[0].data_ptr()]], world.streams[0].cuda_stream)
+    assert info.value.code == _lib.ERR_ARGUMENT
+    with pytest.raises(_lib.CollectiveError, match="registers with gj_ar_register_local") as info:
+        world.lib.register_pending(world.ctxs[0], 2, [[b"h" * 64] * 2] * n, [[0, 0]] * n, world.streams[0].cuda_stream)
+    assert info.value.code == _lib.ERR_STATE
     world.lib.reset(world.ctxs[0])  # the graph is never replayed: its slots were never filled
     del g
 

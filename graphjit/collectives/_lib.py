@@ -300,7 +300,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "gj_ar_drop_pending": ([_P, _c.c_int], _c.c_int),
     "gj_ar_pending_handles": ([_P, _c.c_int, _c.c_char_p, _c.POINTER(_c.c_longlong)], _c.c_int),
     "gj_ar_register_pending": ([_P, _c.c_int, _c.c_char_p, _c.POINTER(_c.c_longlong), _P], _c.c_int),
-    "gj_ar_register_local": ([_P, _c.c_int, _c.POINTER(_P), _P], _c.c_int),
+    "gj_ar_register_local": ([_P, _c.c_int, _c.c_int, _c.POINTER(_P), _P], _c.c_int),
     "gj_ar_reset": ([_P], _c.c_int),
     "gj_ar_probe_write": ([_P, _c.c_uint, _P], _c.c_int),
     "gj_ar_probe_check": ([_P, _c.c_uint, _P, _c.POINTER(_c.c_int)], _c.c_int),
@@ -459,11 +459,15 @@ class Library:
                     "registering captured all-reduces")
 
     def register_local(self, ctx: int, ptrs: Sequence[Sequence[int]], stream: int) -> None:
-        """``ptrs[r][i]``: rank r's i-th captured input (contexts of :meth:`create_local`)."""
-        count = len(ptrs[0]) if ptrs else 0
-        flat = [p for per_rank in ptrs for p in per_rank]
+        """``ptrs[r][i]``: rank r's i-th captured input, one row per rank (contexts of :meth:`create_local`)."""
+        rows = [list(per_rank) for per_rank in ptrs]
+        count = len(rows[0]) if rows else 0
+        if not rows or any(len(r) != count for r in rows):
+            raise CollectiveError(f"register_local: rows of {[len(r) for r in rows]} pointers; expected one row per "
+                                  f"rank, all of the same length [{STATUS_NAMES[ERR_ARGUMENT]}]", code=ERR_ARGUMENT)
+        flat = [p for per_rank in rows for p in per_rank]
         arr = (ctypes.c_void_p * max(len(flat), 1))(*flat)
-        self._check(self._dll.gj_ar_register_local(ctx, count, arr, stream or None),
+        self._check(self._dll.gj_ar_register_local(ctx, len(rows), count, arr, stream or None),
                     "registering captured all-reduces (local world)")
 
     def reset(self, ctx: int) -> None:
