@@ -4,6 +4,10 @@ A test file that uses this runs itself as the worker script (``python FILE RANK 
 each worker runs named sections in order, records a section's exception instead of stopping (one
 broken section does not hide the others), writes its results after every section, and ends with
 ``os._exit`` (NCCL, Paddle and IPC mappings may hang at interpreter exit).
+
+After every section the ranks meet at a barrier (files next to the results): no rank starts a
+section's collectives while another is still in the previous one's, and if any rank's section
+raised, every rank stops there (the next sections' collectives would pair with the wrong calls).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def launch(script: Path, world: int, name: str, out_dir: Path, environ: dict[str
     seconds (all are killed) or writes no result.
     """
     port = free_port()
+    environ = {**environ, "GJ_MP_WORLD": str(world), "GJ_MP_TIMEOUT": str(timeout)}
     outs = [out_dir / f"{name}-{r}.json" for r in range(world)]
     logs = [out_dir / f"{name}-{r}.log" for r in range(world)]
     procs = []
@@ -76,11 +81,35 @@ def section(results: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return out
 
 
+def barrier(out: Path, section: str, ok: bool) -> bool:
+    """Wait until every rank finished ``section``; True if all of them succeeded.
+
+    Each rank writes ``<out>.<section>.ok`` or ``.fail`` and waits for the others' files (the rank's
+    own results file ``<name>-<rank>.json`` names its peers' ``<name>-<r>.json``).  Gives up after
+    the launcher's timeout (the launcher kills the workers first).
+    """
+    world = int(os.environ.get("GJ_MP_WORLD", "1"))
+    stem, _, _rank = out.stem.rpartition("-")
+    (out.parent / f"{out.name}.{section}.{'ok' if ok else 'fail'}").write_text("")
+    deadline = time.monotonic() + float(os.environ.get("GJ_MP_TIMEOUT", "600"))
+    while time.monotonic() < deadline:
+        states = []
+        for r in range(world):
+            peer = out.parent / f"{stem}-{r}.json"
+            states.append("ok" if Path(f"{peer}.{section}.ok").exists() else
+                          "fail" if Path(f"{peer}.{section}.fail").exists() else None)
+        if None not in states:
+            return all(st == "ok" for st in states)
+        time.sleep(0.02)
+    return False
+
+
 def run_worker(make: Callable[[], Any], sections: Sequence[str], out: Path,
                enabled: Callable[[Any], bool] = lambda w: True) -> NoReturn:
     """Worker side: ``make()`` the worker, run its ``section_<name>`` methods, write JSON, ``os._exit``.
 
-    After section ``init``, stops if ``enabled(worker)`` is false (nothing else can work).
+    After section ``init``, stops if ``enabled(worker)`` is false (nothing else can work); after any
+    section, stops if a rank's section raised (see :func:`barrier`).
     """
     result: dict[str, Any] = {"sections": {}}
     code = 0
@@ -97,6 +126,9 @@ def run_worker(make: Callable[[], Any], sections: Sequence[str], out: Path,
             sec["seconds"] = round(time.perf_counter() - t0, 2)
             result["sections"][name] = sec
             out.write_text(json.dumps(result, default=str))
+            if not barrier(out, name, "error" not in sec):
+                result["stopped_after"] = f"{name}: a rank's section raised (or a rank did not arrive)"
+                break
             if name == "init" and not enabled(w):
                 break
     except BaseException:

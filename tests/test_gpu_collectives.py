@@ -69,7 +69,7 @@ import multiproc  # noqa: E402  (tests/multiproc.py: this file also runs as a wo
 pytestmark = [pytest.mark.gpu, pytest.mark.torch]
 
 MAX_BYTES = 8 << 20
-WORKER_TIMEOUT_S = 900
+WORKER_TIMEOUT_S = 240  # per launch; below the proof scripts' own timeouts, so the ranks' logs get printed
 
 
 def _gpus() -> int:

@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.paddle]
 
 WORLD = 2
 MAX_BYTES = 8 << 20
-WORKER_TIMEOUT_S = 600
+WORKER_TIMEOUT_S = 420  # below the proof script's own timeout, so the ranks' logs get printed
 TF32 = 5e-3  # cuBLAS may use TF32 for float32 matmul
 
 
@@ -74,6 +74,7 @@ def paddle_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]
     environ["PYTHONPATH"] = str(ROOT) + os.pathsep + environ.get("PYTHONPATH", "")
     environ["GRAPHJIT_CACHE_DIR"] = os.environ.get("GRAPHJIT_CACHE_DIR", str(out_dir / "cache"))
     environ.setdefault("MIN_GRAPH_SIZE", "0")
+    environ["GJ_PADDLE_PORTS"] = ",".join(str(multiproc.free_port()) for _ in range(WORLD + 1))  # trainers, master
     return multiproc.launch(Path(__file__), WORLD, "paddle", out_dir, environ, WORKER_TIMEOUT_S)
 
 
@@ -136,10 +137,11 @@ def _ulp16(x: np.ndarray) -> np.ndarray:
 
 class Worker:
     def __init__(self, rank: int, port: int) -> None:
+        ports = [int(p) for p in os.environ["GJ_PADDLE_PORTS"].split(",")]  # one per trainer, then the master's
         os.environ.update({
             "PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": str(WORLD), "PADDLE_RANK_IN_NODE": str(rank),
-            "PADDLE_TRAINER_ENDPOINTS": ",".join(f"127.0.0.1:{port + i}" for i in range(WORLD)),
-            "PADDLE_CURRENT_ENDPOINT": f"127.0.0.1:{port + rank}", "PADDLE_MASTER": f"127.0.0.1:{port + 5}",
+            "PADDLE_TRAINER_ENDPOINTS": ",".join(f"127.0.0.1:{ports[i]}" for i in range(WORLD)),
+            "PADDLE_CURRENT_ENDPOINT": f"127.0.0.1:{ports[rank]}", "PADDLE_MASTER": f"127.0.0.1:{ports[WORLD]}",
             "PADDLE_LOCAL_SIZE": str(WORLD), "FLAGS_selected_gpus": str(rank)})
         import paddle
         import paddle.distributed as dist

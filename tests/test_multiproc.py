@@ -22,7 +22,9 @@ WORKER = textwrap.dedent('''
         def section_init(self):
             return {{"rank": self.rank}}
         def section_broken(self):
-            raise ValueError(f"broken on rank {{self.rank}}")
+            if self.rank == int(os.environ["BREAK_RANK"]):
+                raise ValueError(f"broken on rank {{self.rank}}")
+            return {{"ok": True}}
         def section_after(self):
             return {{"ran": True}}
 
@@ -39,18 +41,26 @@ def _script(tmp_path: Path) -> Path:
     return script
 
 
-def test_sections_are_collected_in_rank_order_and_errors_stay_in_their_section(tmp_path: Path) -> None:
-    env = {**os.environ, "ENABLED": "1"}
+def test_sections_are_collected_in_rank_order_and_a_raising_section_stops_every_rank(tmp_path: Path) -> None:
+    env = {**os.environ, "ENABLED": "1", "BREAK_RANK": "1"}
     results = multiproc.launch(_script(tmp_path), 2, "demo", tmp_path, env, timeout=60, extra_args=["extra"])
     assert [s["rank"] for s in multiproc.section(results, "init")] == [0, 1]
-    assert [s["ran"] for s in multiproc.section(results, "after")] == [True, True]  # after the broken one
     assert "broken on rank 1" in results[1]["sections"]["broken"]["error"]
+    assert results[0]["sections"]["broken"] == {"ok": True, "seconds": results[0]["sections"]["broken"]["seconds"]}
     with pytest.raises(pytest.fail.Exception, match="section broken raised"):
         multiproc.section(results, "broken")
+    # rank 0's section passed, but rank 1's raised: neither runs the next section's collectives
+    assert all("after" not in r["sections"] and r["stopped_after"].startswith("broken") for r in results)
+
+
+def test_every_section_runs_when_none_raises(tmp_path: Path) -> None:
+    env = {**os.environ, "ENABLED": "1", "BREAK_RANK": "-1"}
+    results = multiproc.launch(_script(tmp_path), 2, "fine", tmp_path, env, timeout=60, extra_args=["extra"])
+    assert [s["ran"] for s in multiproc.section(results, "after")] == [True, True]
 
 
 def test_a_disabled_worker_stops_after_init(tmp_path: Path) -> None:
-    env = {**os.environ, "ENABLED": "0"}
+    env = {**os.environ, "ENABLED": "0", "BREAK_RANK": "-1"}
     results = multiproc.launch(_script(tmp_path), 2, "off", tmp_path, env, timeout=60, extra_args=["extra"])
     assert all(set(r["sections"]) == {"init"} for r in results)
     with pytest.raises(pytest.fail.Exception, match="did not run section after"):

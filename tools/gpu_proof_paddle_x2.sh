@@ -9,7 +9,7 @@ log="$out/proof-paddle-x2.log"
   . /tmp/pdc/env.sh
   export PYTHONUNBUFFERED=1 PYTHONPATH=.:$PYTHONPATH MIN_GRAPH_SIZE=0 NCCL_NVLS_ENABLE=0 GJ_PADDLE_AR_OUT="$out/paddle-ar"
   echo "== $(date -u +%FT%TZ) tests/test_gpu_collectives_paddle.py"
-  timeout 500 $PY311 -m pytest -q tests/test_gpu_collectives_paddle.py -p no:cacheprovider -rfEs --tb=short 2>&1 \
+  timeout 480 $PY311 -m pytest -q tests/test_gpu_collectives_paddle.py -p no:cacheprovider -rfEs --tb=short 2>&1 \
     | grep -v '^[WI][0-9]' | tail -40
   rm -rf "$out/paddle-ar/cache"
 } > "$log" 2>&1

@@ -15,12 +15,12 @@ if [ "$part" = tests ]; then
   nvidia-smi topo -m 2>&1 | head -8
   python3 -m graphjit build 2>&1 | tail -2
   echo "== tests/test_gpu_collectives.py (2 processes, 1 GPU each, NCCL reference)"
-  timeout 400 python3 -m pytest -q tests/test_gpu_collectives.py -p no:cacheprovider -rfEs --tb=short \
+  timeout 330 python3 -m pytest -q tests/test_gpu_collectives.py -p no:cacheprovider -rfEs --tb=short \
     --basetemp="$out/collectives" 2>&1 | tail -30
   echo "== doctor --collectives"
-  timeout 150 python3 -m graphjit doctor --framework torch --collectives --json "$out/doctor-x2.json" 2>&1 | tail -30
+  timeout 120 python3 -m graphjit doctor --framework torch --collectives --json "$out/doctor-x2.json" 2>&1 | tail -30
   echo "== examples/tp_mlp.py --backend nccl"
-  timeout 150 python3 examples/tp_mlp.py --backend nccl 2>&1 | tail -12
+  timeout 100 python3 examples/tp_mlp.py --backend nccl 2>&1 | tail -12
 } > "$log" 2>&1
 rm -rf "$out"/collectives/*/cache
 else
