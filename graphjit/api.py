@@ -42,6 +42,7 @@ from .errors import (
     ConfigError,
     GraphjitError,
     SignatureError,
+    TracerError,
     UnrecoverableCaptureError,
 )
 from .keys import BucketsArg, CallSignature, Signer, rebuild_call
@@ -261,8 +262,18 @@ class _State:
 
     def run_traced(self, backend: Backend, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         fn = self.bind(self.traced_for(backend), instance)
-        with backend.traced_call_guard():  # Paddle's translators are not thread-safe
-            return fn(*args, **kwargs)
+        try:
+            with backend.traced_call_guard():  # Paddle's translators are not thread-safe
+                return fn(*args, **kwargs)
+        except Exception as exc:
+            why = backend.tracer_failure(exc)
+            if why is None:
+                raise  # the function's own error
+            tracer = self.tracer_name(backend)
+            raise TracerError(
+                f"{self.name}: the {backend.name} tracer {tracer!r} failed inside itself ({why}); this is a "
+                f"limitation of {backend.name}'s {tracer}, not of graphjit's capture: use "
+                "@graphjit.graphed(tracer=\"eager\") (still captured into a CUDA graph) or tracer=\"ast\"") from exc
 
     def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
                  kwargs: dict[str, Any], key: tuple[Any, ...] | None = None) -> Any:

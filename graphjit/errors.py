@@ -75,6 +75,11 @@ class BackwardOrderError(GraphjitError, RuntimeError):
     """
 
 
+class TracerError(GraphjitError, RuntimeError):
+    """The framework's tracer failed inside itself on a function (not an error of the function's own
+    code): e.g. an internal error of Paddle's SOT.  The message names the tracer to use instead."""
+
+
 class UnsupportedOutputError(GraphjitError, TypeError):
     """A graphed layer returned something other than tensors in (nested) tuples, lists and dicts."""
 
@@ -87,6 +92,7 @@ __all__ = [
     "ConfigError",
     "GraphjitError",
     "SignatureError",
+    "TracerError",
     "UnrecoverableCaptureError",
     "UnsupportedOutputError",
     "VerifyError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import pytest
 
@@ -150,3 +151,24 @@ def test_no_tensors_with_both_frameworks_imported_asks_for_backend():
         g(3)
     assert graphjit.graphed(constant, backend="torch")(3) == 6
     assert graphjit.graphed(constant, backend="paddle", tracer="eager")(4) == 8
+
+
+@pytest.mark.paddle
+def test_an_internal_sot_failure_becomes_a_tracer_error_naming_the_way_out() -> None:
+    """Paddle's SOT failing inside itself (InnerError) is not the function's error: graphjit says which
+    tracer to use instead.  The function's own exceptions pass through unchanged."""
+    paddle = pytest.importorskip("paddle")
+    from paddle.jit.sot.utils.exceptions import InnerError
+
+    def sot_breaks(x: Any) -> Any:
+        raise InnerError("In simulate execution:\n  AttributeError: 'Variable' object has no attribute '__float__'")
+
+    def own_error(x: Any) -> Any:
+        raise ValueError("the function's own error")
+
+    with pytest.raises(graphjit.TracerError, match="has no attribute '__float__'") as info:
+        graphjit.graphed(sot_breaks, tracer="eager")(paddle.ones([2]))
+    assert 'tracer="eager"' in str(info.value)
+    assert isinstance(info.value.__cause__, InnerError)
+    with pytest.raises(ValueError, match="own error"):
+        graphjit.graphed(own_error, tracer="eager")(paddle.ones([2]))

@@ -72,6 +72,9 @@ def test_paddle_control_flow_equals_eager(tracer):
 @pytest.mark.paddle
 @pytest.mark.parametrize("tracer", ["sot", "eager"])
 def test_paddle_graph_break_equals_eager(tracer):
+    if tracer == "sot" and int(paddle.__version__.split(".")[0]) < 3:
+        pytest.skip("Paddle 2.6's SOT cannot translate float(tensor): graphjit raises TracerError (and the failed "
+                    "translation crashes that Paddle later in the process)")
     g = graphjit.graphed(graph_break, tracer=tracer)
     for x, n in ((paddle.ones([2, 3]), 3), (-5 * paddle.ones([2, 3]), 3), (paddle.ones([2, 3]), 4)):
         got, want = g(x, n), graph_break(x, n)

@@ -150,6 +150,10 @@ class Backend(abc.ABC):
         """Held around calls of the traced function (Paddle serialises its translators)."""
         return contextlib.nullcontext()
 
+    def tracer_failure(self, exc: BaseException) -> str | None:
+        """A one-line description if ``exc`` is the tracer's own internal failure, else None."""
+        return None
+
     @contextlib.contextmanager
     def sync_check(self) -> Iterator[None]:
         """Raise :class:`~graphjit.errors.CaptureError` if the block synchronises CPU and GPU."""

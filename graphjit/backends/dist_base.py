@@ -53,6 +53,9 @@ class DistBackend(abc.ABC):
     def wrap_target(self) -> tuple[Any, str]:
         """``(module, attribute)`` of the public ``all_reduce`` to wrap."""
 
+    #: publish the opaque version from the start (not only while a custom all-reduce is enabled)
+    always_opaque = False
+
     def publish(self, wrapper: Any) -> Any:
         """What the swap puts in the framework's module for ``wrapper``.  Default: the wrapper itself;
         a backend whose compiler would look through it returns a callable the compiler leaves alone."""

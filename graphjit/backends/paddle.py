@@ -224,6 +224,13 @@ class PaddleBackend(Backend):
     def traced_call_guard(self) -> contextlib.AbstractContextManager[Any]:
         return _TRACE_LOCK
 
+    def tracer_failure(self, exc: BaseException) -> str | None:
+        # SOT's InnerError: SOT failed inside itself (e.g. Paddle 2.6 cannot translate float(tensor)).
+        if type(exc).__name__ == "InnerError" and type(exc).__module__.startswith("paddle.jit.sot"):
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            return lines[-1][:300] if lines else type(exc).__name__
+        return None
+
     # -- devices and graphs ----------------------------------------------------------------
     def graphs_unavailable(self, device: str) -> str | None:
         if device in self._unavailable:

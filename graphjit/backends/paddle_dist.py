@@ -17,8 +17,11 @@ own collective op and the swap passes it through (reason "static mode").
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Hashable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +32,23 @@ from .dist_base import Call, DistBackend, TensorInfo
 
 _DTYPES = {paddle.float32: "float32", paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
 _NAMES = ("tensor", "op", "group", "sync_op")
+
+
+def _skip_graphjit_in_sot() -> bool:
+    """Add graphjit's package folder to the file prefixes SOT never translates (Paddle 2.6 and 3.x
+    keep them in ``skip_files.skip_file_names`` and hand them to the frame hook).  False if this
+    Paddle has no such list (then SOT may trace into graphjit; the swap's graph break still holds)."""
+    try:
+        from paddle.jit.sot.opcode_translator import skip_files
+    except ImportError:
+        return False
+    names = getattr(skip_files, "skip_file_names", None)
+    setter = getattr(paddle.framework.core, "eval_frame_skip_file_prefix", None)
+    if not isinstance(names, set) or setter is None:
+        return False
+    names.add(str(Path(__file__).resolve().parents[1]) + os.sep)
+    setter(tuple(names))
+    return True
 
 
 class CompletedTask:
@@ -53,6 +73,22 @@ class Dist(DistBackend):
 
     def wrap_target(self) -> tuple[Any, str]:
         return dist, "all_reduce"
+
+    always_opaque = True
+
+    def publish(self, wrapper: Any) -> Any:
+        """A plain function that calls ``wrapper``: SOT must see a function it can register as a graph
+        break, not a wrapt proxy (Paddle 2.6's SOT traces into the proxy's call, and into graphjit).
+        Also puts graphjit's own files on SOT's skip list: the call runs eagerly after the graph
+        break, and SOT's frame hook must not translate graphjit's dispatch code then."""
+        _skip_graphjit_in_sot()
+
+        @functools.wraps(wrapper)
+        def all_reduce(*args: Any, **kwargs: Any) -> Any:
+            return wrapper(*args, **kwargs)
+
+        all_reduce.__module__ = __name__  # not a Paddle API module: SOT must not record it as an op
+        return all_reduce
 
     def mark_graph_break(self, fn: Any) -> str | None:
         try:
@@ -140,6 +176,10 @@ class Dist(DistBackend):
             return f"paddle {paddle.__version__} is a CPU build"
         if paddle.device.cuda.device_count() == 0:
             return "paddle sees no CUDA device"
+        device = str(paddle.device.get_device())
+        if not device.startswith("gpu"):
+            return (f"paddle's current device is {device}, not a GPU: call paddle.set_device('gpu:<local rank>') "
+                    "before collectives.init()")
         return None
 
     def current_device(self) -> int:

@@ -72,9 +72,10 @@ def install(dist: DistBackend) -> bool:
         setattr(module, attr, wrapper)
         _installed[dist.name] = (module, attr, current, wrapper)
         _wrappers[dist.name] = (wrapper, None, dist)
-        note = dist.mark_graph_break(wrapper)
-        log.debug("graphjit: wrapped %s.%s%s", module.__name__, attr, f" ({note})" if note else "")
-        return True
+        log.debug("graphjit: wrapped %s.%s", module.__name__, attr)
+    if dist.always_opaque:
+        set_opaque(dist.name, True)
+    return True
 
 
 def set_opaque(name: str, opaque: bool) -> None:
@@ -91,6 +92,7 @@ def set_opaque(name: str, opaque: bool) -> None:
             return
         module, attr, original, public = entry
         wrapper, opaque_fn, dist = wrappers
+        opaque = opaque or dist.always_opaque
         if opaque and opaque_fn is None:
             opaque_fn = dist.publish(wrapper)
             if opaque_fn is not wrapper:
