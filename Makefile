@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint test-gpu bench-dispatch clean
+.PHONY: install demo test lint test-gpu bench-dispatch clean test-paddle26
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,21 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(PY) -m pytest -q -m "not gpu" tests
 
+# The CPU suite again under paddlepaddle 2.6.2, the Paddle of the GPU proofs (no torch there: its
+# tests skip). CI runs it after `make test`.
+VENV26 := .venv26
+STAMP26 := $(VENV26)/.installed
+
+$(STAMP26): pyproject.toml
+	$(PYTHON) -m venv $(VENV26)
+	$(VENV26)/bin/python -m pip install -q --upgrade pip
+	$(VENV26)/bin/python -m pip install -q "paddlepaddle==2.6.2"
+	$(VENV26)/bin/python -m pip install -q -e ".[test,bench]"
+	touch $(STAMP26)
+
+test-paddle26: $(STAMP26)
+	$(VENV26)/bin/python -m pytest -q -m "not gpu" tests -p no:cacheprovider
+
 # On the GPU machine: runs from the source tree, installs nothing (python3 there has torch;
 # Paddle through the kit: `. /tmp/pdc/env.sh && make test-gpu-paddle`).
 test-gpu:
@@ -37,4 +52,4 @@ bench-dispatch: $(STAMP)
 	$(PY) -m graphjit bench dispatch
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV26) .pytest_cache .ruff_cache
