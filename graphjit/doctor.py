@@ -1220,8 +1220,10 @@ AR_GRAPHED = (("float32", 4096), ("bfloat16", 1 << 20))
 _AR_PROBE = textwrap.dedent('''
     """graphjit doctor: the custom all-reduce in a 2-process group, one process per GPU, against NCCL.
 
-    argv: RANK PORT OUT DEVICE(cuda|cpu) TIMEOUT.  "cpu" (tests of this script) runs the same steps in a gloo
-    group, where collectives.init turns the custom all-reduce off and every call runs the framework's own.
+    argv: RANK PORT OUT DEVICE(cuda|shared|cpu) TIMEOUT.  "shared": both ranks on GPU 0 in a gloo group
+    (GRAPHJIT_AR_SHARED_GPU=1, a test mode), against gloo.  "cpu" (tests of this script) runs the same steps
+    in a gloo group, where collectives.init turns the custom all-reduce off and every call runs the
+    framework's own.
     """
     import json, os, sys, time, traceback
     from datetime import timedelta
@@ -1245,14 +1247,16 @@ _AR_PROBE = textwrap.dedent('''
         import torch
         import torch.distributed as dist
 
-        gpu = kind == "cuda"
+        gpu = kind in ("cuda", "shared")
+        index = 0 if kind == "shared" else rank
         if gpu:
-            torch.cuda.set_device(rank)
-        dev = torch.device("cuda", rank) if gpu else torch.device("cpu")
+            torch.cuda.set_device(index)
+        dev = torch.device("cuda", index) if gpu else torch.device("cpu")
         sync = torch.cuda.synchronize if gpu else (lambda: None)
-        result["stage"] = "NCCL group" if gpu else "gloo group"
+        backend = "nccl" if kind == "cuda" else "gloo"
+        result["stage"] = f"{backend.upper() if backend == 'nccl' else backend} group"
         save()
-        dist.init_process_group("nccl" if gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=2, timeout=timedelta(seconds=timeout))
         import graphjit
         from graphjit import collectives, scope
@@ -1268,7 +1272,7 @@ _AR_PROBE = textwrap.dedent('''
         if gpu and not report.enabled:
             result["done"] = True
             finish(0)
-        nccl = swap.original("torch")  # the framework's own all_reduce (NCCL), unwrapped
+        nccl = swap.original("torch")  # the framework's own all_reduce (NCCL; gloo in the shared mode), unwrapped
         user_algo = graphjit.env.settings().ar_algo  # GRAPHJIT_AR_ALGO, restored after the eager cases
 
         def set_algo(algo):
@@ -1420,9 +1424,10 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def _ar_verdict(results: list[dict[str, Any] | None], tails: list[str], why: str | None
+def _ar_verdict(results: list[dict[str, Any] | None], tails: list[str], why: str | None, reference: str = "NCCL"
                 ) -> tuple[str, str, str | None, list[str], dict[str, Any]]:
-    """(status, result, fix, lines, data) of the custom all-reduce row from the 2 ranks' results."""
+    """(status, result, fix, lines, data) of the custom all-reduce row from the 2 ranks' results; ``reference``:
+    the framework's collective the results were compared with."""
     data: dict[str, Any] = {"ranks": results, "why": why}
     stages = ", ".join(f"rank {r}: {res.get('stage') if res else 'no result'}" for r, res in enumerate(results))
     log_lines = [f"rank {r}: {line.strip()[:200]}" for r, t in enumerate(tails) for line in t.strip().splitlines()[-3:]
@@ -1466,7 +1471,7 @@ def _ar_verdict(results: list[dict[str, Any] | None], tails: list[str], why: str
     if fell_back:
         reasons = {k: v for res in results if res for k, v in (res.get("reasons") or {}).items()}
         first = fell_back[0]
-        text = (f"{len(fell_back)} of {per_rank} ran NCCL instead of the custom kernel (first: "
+        text = (f"{len(fell_back)} of {per_rank} ran {reference} instead of the custom kernel (first: "
                 f"{first['mode']} {first['dtype']} {_size(first['bytes'])}"
                 + (f", fallbacks {first.get('fallbacks')}" if first.get("fallbacks") else "") + ")"
                 + (f"; reasons: {'; '.join(f'{k}: {v}' for k, v in reasons.items())}" if reasons else ""))
@@ -1475,7 +1480,7 @@ def _ar_verdict(results: list[dict[str, Any] | None], tails: list[str], why: str
         return FAIL, text[:600], fix, lines, data
     if wrong:
         c = max(wrong, key=lambda c: c["max_abs_diff"] / max(c["tol"], 1e-30))
-        return (FAIL, f"differs from NCCL in {len(wrong)} of {per_rank}; worst: {c['mode']} {c['dtype']} "
+        return (FAIL, f"differs from {reference} in {len(wrong)} of {per_rank}; worst: {c['mode']} {c['dtype']} "
                 f"{c['algo']} {_size(c['bytes'])} on rank {c['rank']}: max abs diff {c['max_abs_diff']:.3g} "
                 f"(allowed {c['tol']:.3g})", "report this as a graphjit bug with the --json output; "
                 "GRAPHJIT_CUSTOM_AR=0 keeps all_reduce on NCCL meanwhile", lines, data)
@@ -1485,7 +1490,7 @@ def _ar_verdict(results: list[dict[str, Any] | None], tails: list[str], why: str
     rep = reports[0]
     text = (f"{len(eager)} eager all-reduces ({_size(sizes[0])} to {_size(sizes[-1])}; float32, float16, "
             f"bfloat16; one-shot and two-shot) and {len(graphed)} graphed steps "
-            f"({sum(c.get('replays') or 0 for c in graphed)} replays) ran the custom kernel and match NCCL "
+            f"({sum(c.get('replays') or 0 for c in graphed)} replays) ran the custom kernel and match {reference} "
             f"(max abs diff {worst:.3g}); init {max(res.get('init_s', 0.0) for res in results if res):.1f} s, "
             f"{rep.get('arch')}")
     return PASS, text, None, lines, data
@@ -1530,7 +1535,8 @@ def _check_custom_ar(ctx: _Context) -> None:
             return
     count, names, why = _torch_gpus(ctx)
     gpus = ctx.system_gpus()
-    if why is not None or count < 2:
+    shared = why is None and count == 1 and env.settings().ar_shared_gpu
+    if why is not None or (count < 2 and not shared):
         if why is None:
             have = f"torch sees {count} ({_count_names(names)})" if count else "torch sees none"
         elif gpus:
@@ -1551,13 +1557,16 @@ def _check_custom_ar(ctx: _Context) -> None:
             arch="sm_90"))
         return
     t0 = time.perf_counter()
-    results, tails, why = _run_ar_pair(ctx.timeout)
-    status, text, fix, lines, data = _ar_verdict(results, tails, why)
-    pair = f"GPUs 0,1 of {count} ({_count_names(names[:2])})"
+    results, tails, why = _run_ar_pair(ctx.timeout, device="shared" if shared else "cuda")
+    status, text, fix, lines, data = _ar_verdict(results, tails, why, reference="gloo" if shared else "NCCL")
+    pair = (f"2 processes sharing GPU 0 ({_count_names(names[:1])}; GRAPHJIT_AR_SHARED_GPU=1, a test mode: P2P, "
+            "NVLink and speed not checked)" if shared else f"GPUs 0,1 of {count} ({_count_names(names[:2])})")
+    data["shared_gpu"] = bool(shared)
     data["seconds"] = time.perf_counter() - t0
-    ctx.ar_summary = (f"the custom all-reduce matches NCCL on {pair}" if status == PASS
-                      else f"the custom all-reduce FAILS on {pair}: all_reduce runs the framework's collective (NCCL)"
-                      " until it is fixed")
+    reference = "gloo" if shared else "NCCL"
+    ctx.ar_summary = (f"the custom all-reduce matches {reference} on {pair}" if status == PASS
+                      else f"the custom all-reduce FAILS on {pair}: all_reduce runs the framework's collective "
+                      f"({reference}) until it is fixed")
     r.add("collectives", check, status, f"{pair}, {text}", fix, lines=lines, **data)
 
 

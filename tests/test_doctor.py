@@ -222,6 +222,11 @@ def test_ar_verdict() -> None:
     wrong[1]["cases"][3]["max_abs_diff"] = 0.5
     status, text, fix, _, _ = doctor._ar_verdict(wrong, ["", ""], None)
     assert status == "fail" and "differs from NCCL in 1 of 64 results (32 cases x 2 ranks)" in text
+    # the shared-GPU test mode (GRAPHJIT_AR_SHARED_GPU=1, 1 GPU) compares with gloo and says so
+    status, text, _, _, _ = doctor._ar_verdict(ok, ["", ""], None, reference="gloo")
+    assert status == "pass" and "match gloo" in text and "NCCL" not in text
+    status, text, _, _, _ = doctor._ar_verdict(wrong, ["", ""], None, reference="gloo")
+    assert status == "fail" and "differs from gloo" in text
     assert "max abs diff 0.5" in text and "on rank 1" in text and fix and "bug" in fix
 
     vmm = [_rank_result(0, reasons={"VMM memory": "captured tensor in VMM memory"}), _rank_result(1)]
