@@ -13,4 +13,5 @@ log="$out/proof-paddle-x2.log"
     | grep -v '^[WI][0-9]' | tail -40
   rm -rf "$out/paddle-ar/cache"
 } > "$log" 2>&1
+tar czf "$out/paddle-ar.tgz" -C "$out" paddle-ar && rm -rf "$out/paddle-ar"
 tail -60 "$log"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The 2-GPU proof of the custom all-reduce (torch), in one device call on nvidia-h200-x2.
 # Usage (repo root): bash tools/gpu_proof_x2.sh "$OUT" tests   (then, in a second call: ... bench)
-# Writes into OUT: proof-x2.log, the workers' JSON (collectives/), doctor-x2.json, the allreduce
+# Writes into OUT: proof-x2-*.log, the workers' JSON and logs (collectives.tgz), doctor-x2.json, the allreduce
 # bench JSON + PNG (part bench).
 set -u
 out=${1:?usage: gpu_proof_x2.sh OUTDIR tests|bench}
@@ -22,7 +22,9 @@ if [ "$part" = tests ]; then
   echo "== examples/tp_mlp.py --backend nccl"
   timeout 100 python3 examples/tp_mlp.py --backend nccl 2>&1 | tail -12
 } > "$log" 2>&1
-rm -rf "$out"/collectives/*/cache
+# few files come back from a device call: the workers' JSON and logs travel as one archive
+rm -rf "$out"/collectives/*/cache "$out"/collectives/*current
+tar czf "$out/collectives.tgz" -C "$out" collectives && rm -rf "$out/collectives"
 else
 {
   python3 -m graphjit build 2>&1 | tail -1
