@@ -20,7 +20,8 @@ demo: $(STAMP)
 	$(PY) examples/decode_loop.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check graphjit tests examples
+	$(PY) -m ruff check graphjit tests examples tools
+	$(PY) -m mypy graphjit --ignore-missing-imports
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q -m "not gpu" tests

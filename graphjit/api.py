@@ -120,7 +120,7 @@ class _State:
         self.copy_outputs = options.outputs == "copy"
         # A Layer/Module instance is traced through its class's forward (to_static must not replace
         # the instance's forward); a plain callable object through itself.
-        self.self_call = None
+        self.self_call: Any = None
         if not inspect.isfunction(fn) and not inspect.ismethod(fn) and hasattr(type(fn), "forward"):
             self.self_call = fn
 
@@ -483,7 +483,9 @@ class GraphedFunction(wrapt.FunctionWrapper):  # type: ignore[misc]
 
 
 @overload
-def graphed(fn: F) -> F: ...
+def graphed(fn: F, *, backend: str = ..., tracer: str = ..., buckets: BucketsArg = ..., warmup: int = ...,
+            max_graphs: int | None = ..., outputs: str = ..., verify: bool | None = ..., pool: str = ...,
+            strict: bool | None = ...) -> F: ...
 
 
 @overload

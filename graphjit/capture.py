@@ -131,12 +131,12 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         first_of: dict[tuple[int, tuple[int, ...]], int] = {}
         owner: list[int] = []
         for i, t in enumerate(tensors):
-            k = (b.data_ptr(t), tuple(full_shapes[i]))
-            if k in first_of:
-                work.append(work[first_of[k]])
-                owner.append(first_of[k])
+            ptr_shape = (b.data_ptr(t), tuple(full_shapes[i]))
+            if ptr_shape in first_of:
+                work.append(work[first_of[ptr_shape]])
+                owner.append(first_of[ptr_shape])
                 continue
-            first_of[k] = i
+            first_of[ptr_shape] = i
             owner.append(i)
             work.append(b.empty(full_shapes[i], t))
         shared = {i for i in range(len(tensors)) if owner.count(owner[i]) > 1}

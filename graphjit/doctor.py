@@ -62,10 +62,10 @@ import tempfile
 import textwrap
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from .procs import kill_all, supervise
 
@@ -413,7 +413,7 @@ def _check_torch(ctx: _Context) -> None:
     cuda_build = bool(torch.backends.cuda.is_built()) and torch.version.cuda is not None
     hip = getattr(torch.version, "hip", None)
     build = f"CUDA {torch.version.cuda} build" if cuda_build else (f"ROCm {hip} build" if hip else "CPU build")
-    facts = {"version": torch.__version__, "cuda": torch.version.cuda, "hip": hip}
+    facts: dict[str, Any] = {"version": torch.__version__, "cuda": torch.version.cuda, "hip": hip}
     if not cuda_build and ctx.system_gpus():
         r.add("torch", "torch build", FAIL, f"{torch.__version__}, {build}, but this machine has "
               f"{ctx.system_gpus()} NVIDIA GPU(s)", "install a CUDA build of torch for your driver, e.g. pip install "
@@ -489,7 +489,7 @@ def _torch_capture(ctx: _Context, torch: Any, gpu: bool) -> None:
         def tiny(x: Any) -> Any:
             return torch.relu(x @ w1) @ w2 + 1.0
 
-        step = graphjit.graphed(tiny, strict=True)
+        step = cast(graphjit.GraphedFunction, graphjit.graphed(tiny, strict=True))
         worst = 0.0
         with torch.no_grad():
             for _ in range(calls):
@@ -511,7 +511,7 @@ def _graphed_row(ctx: _Context, section: str, check: str, gpu: bool, device: str
                  worst: float, calls: int, tol: float, tag: str | None = None) -> None:
     r = ctx.report
     tag = tag or section
-    data = {"device": device, "stats": stats, "max_rel_error": worst, "calls": calls}
+    data: dict[str, Any] = {"device": device, "stats": stats, "max_rel_error": worst, "calls": calls}
     if worst > tol:
         ctx.captures[tag] = FAIL
         r.add(section, check, FAIL, f"on {device}: graphed result differs from eager by {worst:.3g} (relative)",
@@ -788,7 +788,7 @@ def _paddle_cpu_fallback(ctx: _Context, paddle: Any) -> None:
         def tiny(x: Any) -> Any:
             return paddle.matmul(paddle.matmul(x, w1), w2)
 
-        step = graphjit.graphed(tiny, tracer="sot", strict=True)
+        step = cast(graphjit.GraphedFunction, graphjit.graphed(tiny, tracer="sot", strict=True))
         worst = 0.0
         with paddle.no_grad():
             for _ in range(calls):
@@ -867,7 +867,7 @@ def _check_nvcc(ctx: _Context) -> None:
     ctx.nvcc, ctx.nvcc_version = path, version
     drv = ctx.cuda_driver().version() if (ctx.smi or ctx.gpus) else None
     text = f"CUDA {version[0]}.{version[1]} (V{m.group(3)}) at {path} (from {source}); {needed}"
-    data = {"path": path, "source": source, "version": f"{version[0]}.{version[1]}", "full": m.group(3)}
+    data: dict[str, Any] = {"path": path, "source": source, "version": f"{version[0]}.{version[1]}", "full": m.group(3)}
     if drv and version[0] > drv[0]:
         r.add("collectives", "nvcc", FAIL, text + f"; newer than the driver's CUDA {drv[0]}.{drv[1]}: "
               "what it builds would not load", "use an nvcc that matches the driver (GRAPHJIT_NVCC) or update "
@@ -972,6 +972,7 @@ def _check_csrc(ctx: _Context) -> None:
             return
         built.append(f"{arch} {'cached' if existed else f'built in {time.perf_counter() - t0:.1f} s'} ({path.name})")
     facts["libraries"] = built
+    assert lib is not None  # archs is not empty, and each pass of the loop set lib or returned
     try:
         pci, major, minor = lib.device_info(0)
     except Exception as exc:
@@ -1063,7 +1064,10 @@ def _check_peers(ctx: _Context) -> None:
     _ipc(ctx)
 
 
-def _jsonable(access: dict[tuple[int, int], bool | None]) -> dict[str, bool | None]:
+_V = TypeVar("_V")
+
+
+def _jsonable(access: Mapping[tuple[int, int], _V]) -> dict[str, _V]:
     return {f"{i}->{j}": v for (i, j), v in sorted(access.items())}
 
 
@@ -1544,6 +1548,7 @@ def _check_custom_ar(ctx: _Context) -> None:
         else:
             have = f"this machine has no GPU ({why})"
         ctx.ar_summary = f"the custom all-reduce cannot be checked here: it needs 2 GPUs on one node; {have}"
+        fix: str | None  # also bound below to _ar_verdict()'s fix, which may be None
         fix = ("install a CUDA build of torch for your driver (the check runs through torch + NCCL; Paddle uses the "
                "same library)" if why is not None and gpus >= 2 else
                "run python -m graphjit doctor --collectives on a machine with 2+ NVIDIA GPUs (and a CUDA build of "

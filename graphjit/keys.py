@@ -212,6 +212,7 @@ class Signer:
                     continue
                 b = by_type(tp, _MISSING)
                 if b is not _MISSING and b is not None and b is state.backend:
+                    assert b is not None  # checked above; `is state.backend` re-widens it to Backend | None
                     tensors.append(a)
                     labels.append((method, i))
                     parts.append(b.meta_key(a))

@@ -1059,7 +1059,7 @@ def _torch_worker(rank: int, port: int) -> dict[str, Any]:
         out["opaque_fullgraph_error"] = None
     except Exception as exc:
         out["opaque_fullgraph_error"] = str(exc)
-    swap.set_opaque("torch", False)
+    collectives.shutdown()  # no group has the custom all-reduce on any more: the plain wrapper again
     out["plain_again"] = swap.swapped(dist.all_reduce) is dist.all_reduce
     out["installed_twice"] = swap.install(load("torch"))
     swap.uninstall("torch")

@@ -265,7 +265,7 @@ class PaddleBackend(Backend):
     def _ensure_flags(self) -> None:
         if self._flags_set:
             return
-        wanted = {}
+        wanted: dict[str, bool | str | float] = {}
         for name, value in _CAPTURE_FLAGS.items():
             with contextlib.suppress(Exception):
                 if paddle.get_flags([name])[name] != value:

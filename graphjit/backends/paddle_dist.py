@@ -195,7 +195,7 @@ class Dist(DistBackend):
     def current_stream(self, device: int) -> int:
         getter = getattr(paddle.device, "current_stream", None)
         stream = getter(paddle.CUDAPlace(device)) if getter is not None else paddle.device.cuda.current_stream(device)
-        base = getattr(stream, "stream_base", stream)
+        base: Any = getattr(stream, "stream_base", stream)
         handle = getattr(base, "cuda_stream", None)
         if handle is None:
             handle = base.raw_stream

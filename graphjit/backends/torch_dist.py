@@ -68,7 +68,8 @@ class _CompletedWork:
 
 
 def _future_of(t: Any) -> Any:
-    future = torch.futures.Future(devices=[t.device]) if t.is_cuda else torch.futures.Future()
+    future: torch.futures.Future[list[Any]] = (
+        torch.futures.Future(devices=[t.device]) if t.is_cuda else torch.futures.Future())
     future.set_result([t])
     return future
 

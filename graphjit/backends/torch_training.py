@@ -187,6 +187,8 @@ class GraphedModule(torch.nn.Module):
     """The ``torch.nn.Module`` :func:`graphjit.graphed_layer` returns: calls like the wrapped module
     (``self.layer``), whose parameters, buffers and train/eval mode it shares."""
 
+    _graphjit_core: GraphedLayerCore  # set with object.__setattr__ in __init__ (not a submodule)
+
     def __init__(self, layer: torch.nn.Module, options: dict[str, Any]) -> None:
         super().__init__()
         self.layer = layer

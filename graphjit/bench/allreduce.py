@@ -80,7 +80,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..procs import kill_all, supervise
 from . import common
@@ -103,9 +103,9 @@ VARIANTS: dict[str, tuple[str, str | None, str]] = {
     "symm_two_shot_graph": ("symm", "two_shot", "graph"),
 }
 
-GPU_DEFAULTS = {"sizes": [4 * KIB << k for k in range(15)], "iters": 100, "repeats": 10, "warmup": 10,
-                "timeout": 1800.0}
-CPU_DEFAULTS = {"sizes": [4 * KIB, 64 * KIB], "iters": 5, "repeats": 3, "warmup": 1, "timeout": 120.0}
+GPU_DEFAULTS: dict[str, Any] = {"sizes": [4 * KIB << k for k in range(15)], "iters": 100, "repeats": 10, "warmup": 10,
+                                 "timeout": 1800.0}
+CPU_DEFAULTS: dict[str, Any] = {"sizes": [4 * KIB, 64 * KIB], "iters": 5, "repeats": 3, "warmup": 1, "timeout": 120.0}
 
 DTYPES = {"bf16": ("bfloat16", 2), "fp16": ("float16", 2), "fp32": ("float32", 4)}
 
@@ -413,7 +413,8 @@ def finalize(data: dict[str, Any]) -> dict[str, Any]:
     s = {v: _series(results, v) for v in VARIANTS}
 
     def ratio(num: str, den: str) -> dict[str, float | None]:
-        return {str(b): (s[num][b] / s[den][b] if s[num][b] is not None and s[den][b] else None) for b in sizes}
+        return {str(b): (cast(float, s[num][b]) / cast(float, s[den][b]) if s[num][b] is not None and s[den][b]
+                         else None) for b in sizes}
 
     data["ratios"] = {
         "custom_auto_graph/nccl_graph": ratio("custom_auto_graph", "nccl_graph"),
@@ -452,7 +453,7 @@ def _targets(sizes: list[int], s: dict[str, dict[int, float | None]]) -> dict[st
     latency = []
     for label, applies, target in LATENCY_TARGETS:
         rows = [{"bytes": b, "us": auto[b], "target_us": target,
-                 "ok": None if auto[b] is None else bool(auto[b] <= target)} for b in sizes if applies(b)]
+                 "ok": None if auto[b] is None else bool(cast(float, auto[b]) <= target)} for b in sizes if applies(b)]
         verdicts = [r["ok"] for r in rows]
         # False: missed at a measured size; None: nothing measured, or some size not measured (see "sizes")
         ok = False if False in verdicts else (True if verdicts and None not in verdicts else None)
@@ -460,7 +461,7 @@ def _targets(sizes: list[int], s: dict[str, dict[int, float | None]]) -> dict[st
     never_slower = {}
     for mode in ("graph", "eager"):
         a, n = s[f"custom_auto_{mode}"], s[f"nccl_{mode}"]
-        slower = [b for b in sizes if a[b] is not None and n[b] is not None and a[b] > n[b]]
+        slower = [b for b in sizes if a[b] is not None and n[b] is not None and cast(float, a[b]) > cast(float, n[b])]
         missing = [b for b in sizes if a[b] is None or n[b] is None]
         measured = len(sizes) - len(missing)
         never_slower[mode] = {"ok": (not slower and not missing) if measured else None, "slower_at": slower,

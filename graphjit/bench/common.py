@@ -18,7 +18,7 @@ import re
 import statistics
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +241,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def bar_plot(path: Path, title: str, groups: Sequence[str], series: dict[str, Sequence[float | None]],
+def bar_plot(path: Path, title: str, groups: Sequence[str], series: Mapping[str, Sequence[float | None]],
              ylabel: str, notes: Sequence[str] = ()) -> str | None:
     """Grouped bar chart (one group per entry of ``groups``, one bar per series) written to ``path``
     with matplotlib's Agg canvas.  Returns None on success, else why no plot was written."""
@@ -280,7 +280,7 @@ def bar_plot(path: Path, title: str, groups: Sequence[str], series: dict[str, Se
     return None
 
 
-def line_plot(path: Path, title: str, x: Sequence[float], series: dict[str, Sequence[float | None]], xlabel: str,
+def line_plot(path: Path, title: str, x: Sequence[float], series: Mapping[str, Sequence[float | None]], xlabel: str,
               ylabel: str, *, log_x: bool = False, log_y: bool = False, x_labels: Sequence[str] | None = None,
               styles: dict[str, dict[str, Any]] | None = None, notes: Sequence[str] = ()) -> str | None:
     """One line per series over ``x`` (None values leave a gap; a series with no value is left out),
@@ -320,7 +320,8 @@ def line_plot(path: Path, title: str, x: Sequence[float], series: dict[str, Sequ
             ax.legend(fontsize=7, ncol=2)
         if notes:
             with contextlib.suppress(Exception):  # keep the notes clear of the axis label (matplotlib >= 3.6)
-                fig.get_layout_engine().set(rect=(0, 0.03, 1, 0.97))
+                engine: Any = fig.get_layout_engine()  # a ConstrainedLayoutEngine, whose set() takes rect
+                engine.set(rect=(0, 0.03, 1, 0.97))
             fig.text(0.01, 0.005, "  ".join(notes), fontsize=6, color="dimgrey", va="bottom")
         fig.savefig(path, dpi=120)
     except Exception as exc:  # a plot is a convenience; the JSON is the result
@@ -353,7 +354,7 @@ def say(*parts: Any) -> None:
     print(*parts, flush=True)
 
 
-def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def guarded(fn: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """Run one variant; an exception becomes ``{"status": "error", "error": ..., "traceback": ...}``."""
     try:
         return fn()

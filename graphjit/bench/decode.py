@@ -31,9 +31,10 @@ import faulthandler
 import math
 import sys
 import time
-from collections.abc import Callable
+from abc import abstractmethod
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from . import common
 from .common import say
@@ -53,10 +54,10 @@ TARGETS = {
     "host_graphed_us": 15.0,  # host cost of one @graphed call with 4 tensor inputs
 }
 
-GPU_DEFAULTS = {"layers": [8, 32], "hidden": [1024], "batch": [1, 8], "iters": 200, "repeats": 5, "warmup": 5,
-                "host_iters": 500, "host_repeats": 10}
-CPU_DEFAULTS = {"layers": [2], "hidden": [64], "batch": [2], "iters": 5, "repeats": 2, "warmup": 1,
-                "host_iters": 50, "host_repeats": 3}
+GPU_DEFAULTS: dict[str, Any] = {"layers": [8, 32], "hidden": [1024], "batch": [1, 8], "iters": 200, "repeats": 5,
+                                 "warmup": 5, "host_iters": 500, "host_repeats": 10}
+CPU_DEFAULTS: dict[str, Any] = {"layers": [2], "hidden": [64], "batch": [2], "iters": 5, "repeats": 2, "warmup": 1,
+                                 "host_iters": 50, "host_repeats": 3}
 
 DTYPES = ("bf16", "fp16", "fp32")
 EPS = 1e-6
@@ -135,6 +136,8 @@ def _tolerance(dtype: str, variant: str) -> float:
 class _Runner:
     """One backend: builds a configuration's step, runs each variant, measures host cost."""
 
+    sync: Callable[[], None]  # each subclass defines sync(): wait for the device
+
     name = "base"
     timer = "host"
 
@@ -146,7 +149,7 @@ class _Runner:
         """Why the framework cannot run anything more in this process (a failed capture), or None."""
         return None
 
-    def time_host(self, calls: dict[str, Callable[[], Any]], out: dict[str, Any]) -> None:
+    def time_host(self, calls: Mapping[str, Callable[..., Any]], out: dict[str, Any]) -> None:
         """Host time per call of each of ``calls`` (median of repeats of back-to-back calls, the
         device synchronised only between repeats), into ``out["us"]``, ``min_us``, ``samples_us``;
         a call that raises is recorded under ``out["errors"]``."""
@@ -173,7 +176,9 @@ class _Runner:
 
     # Subclasses implement these.
     def build(self, layers: int, hidden: int, batch: int) -> None: ...
+    @abstractmethod
     def variant(self, name: str) -> dict[str, Any]: ...
+    @abstractmethod
     def host_cost(self) -> dict[str, Any]: ...
     def teardown(self) -> None: ...
 
@@ -318,7 +323,7 @@ class _TorchRunner(_Runner):
     def variant(self, name: str) -> dict[str, Any]:
         import graphjit
 
-        torch, step, x = self.torch, self.step, self.x
+        torch, step, x = self.torch, cast(Callable[[Any], Any], self.step), self.x  # build() ran first
         if name in NEEDS_CUDA and not self.on_gpu:
             return {"status": "skipped", "reason": "needs a CUDA GPU"}
         t0 = time.perf_counter()
@@ -351,7 +356,7 @@ class _TorchRunner(_Runner):
             if name.startswith("graphed_compile"):
                 torch._dynamo.reset()
                 opts["tracer"] = "compile"
-            fn = graphjit.graphed(step, **opts)
+            fn = cast(graphjit.GraphedFunction, graphjit.graphed(step, **opts))
             keep.append(fn)
             check = self._check(fn, name)
             status, extra = _graphed_status(fn.stats(), self.on_gpu)
@@ -404,7 +409,7 @@ class _TorchRunner(_Runner):
         def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
             return a + b + c + d
 
-        calls: dict[str, Callable[[], Any]] = {"eager": lambda: tiny(*inputs)}
+        calls: dict[str, Callable[..., Any]] = {"eager": lambda: tiny(*inputs)}
         keep: list[Any] = []
         out: dict[str, Any] = {"shape": list(HOST_SHAPE), "n_inputs": 4, "function": "a + b + c + d",
                                "iters": args.host_iters, "repeats": args.host_repeats, "us": {}, "errors": {}}
@@ -416,8 +421,9 @@ class _TorchRunner(_Runner):
                 calls["raw_replay"] = graph.replay
             except Exception as exc:
                 out["errors"]["raw_replay"] = common.error_text(exc)
+        opts: Any  # a dict of graphed() options
         for label, opts in (("graphed", {}), ("graphed_alias", {"outputs": "alias"})):
-            fn = graphjit.graphed(tiny, **opts)
+            fn = cast(graphjit.GraphedFunction, graphjit.graphed(tiny, **opts))
             keep.append(fn)
             calls[label] = (lambda fn=fn: fn(*inputs))
             if self.on_gpu:  # the zero-copy path: the caller passes the graph's own input buffers
@@ -509,7 +515,7 @@ class _PaddleRunner(_Runner):
         # to_tensor from numpy: paddle's randn (and casts) compute garbage on some GPUs.
         t = self.paddle.to_tensor(array.astype("float32"))
         t.stop_gradient = True
-        return t if self.dtype == "float32" else t.astype(self.dtype)
+        return t if self.dtype == "float32" else t.astype(cast(Any, self.dtype))  # a paddle dtype name
 
     def build(self, layers: int, hidden: int, batch: int) -> None:
         import numpy as np
@@ -600,7 +606,7 @@ class _PaddleRunner(_Runner):
     def variant(self, name: str) -> dict[str, Any]:
         import graphjit
 
-        step, x = self.step, self.x
+        step, x = cast(Callable[[Any], Any], self.step), self.x  # build() ran first
         if name in NEEDS_CUDA and not self.on_gpu:
             return {"status": "skipped", "reason": "needs a CUDA GPU"}
         t0 = time.perf_counter()
@@ -628,7 +634,7 @@ class _PaddleRunner(_Runner):
                 return replay(x)
         elif name in ("graphed", "graphed_ast", "graphed_sot"):
             tracer = {"graphed": "eager", "graphed_ast": "ast", "graphed_sot": "sot"}[name]
-            fn = graphjit.graphed(step, backend="paddle", tracer=tracer)
+            fn = cast(graphjit.GraphedFunction, graphjit.graphed(step, backend="paddle", tracer=tracer))
             keep.append(fn)
             check = self._check(fn, name)
             status, extra = _graphed_status(fn.stats(), self.on_gpu)
@@ -660,7 +666,7 @@ class _PaddleRunner(_Runner):
         def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
             return a + b + c + d
 
-        calls: dict[str, Callable[[], Any]] = {"eager": lambda: tiny(*inputs)}
+        calls: dict[str, Callable[..., Any]] = {"eager": lambda: tiny(*inputs)}
         keep: list[Any] = []
         out: dict[str, Any] = {"shape": list(HOST_SHAPE), "n_inputs": 4, "function": "a + b + c + d",
                                "iters": args.host_iters, "repeats": args.host_repeats, "us": {}, "errors": {}}
@@ -671,7 +677,7 @@ class _PaddleRunner(_Runner):
                 calls["raw_replay"] = graph.replay
             except Exception as exc:
                 out["errors"]["raw_replay"] = common.error_text(exc)
-        fn = graphjit.graphed(tiny, backend="paddle", tracer="eager")
+        fn = cast(graphjit.GraphedFunction, graphjit.graphed(tiny, backend="paddle", tracer="eager"))
         keep.append(fn)
         calls["graphed"] = lambda: fn(*inputs)
         self.time_host(calls, out)
@@ -808,7 +814,7 @@ def _pick_variants(args: argparse.Namespace, on_gpu: bool) -> tuple[list[str], d
 def run(args: argparse.Namespace) -> int:
     if not faulthandler.is_enabled():  # a crash inside a framework prints where it happened
         with contextlib.suppress(Exception):
-            faulthandler.enable(file=sys.__stderr__)
+            faulthandler.enable(file=cast(Any, sys.__stderr__))  # None (no stderr) is accepted at runtime too
     try:
         reason = gpu_unavailable(args.backend)
     except ImportError as exc:
@@ -914,7 +920,12 @@ def _run_config(runner: _Runner, data: dict[str, Any], json_path: Path, variants
                            "dtype": data["config"]["dtype"], "variants": {}}
     data["configs"].append(cfg)
     say(f"decode: {label}: building the step ...")
-    built = common.guarded(lambda: (runner.build(layers, hidden, batch), {"status": "ok"})[1])
+
+    def build() -> dict[str, Any]:
+        runner.build(layers, hidden, batch)
+        return {"status": "ok"}
+
+    built = common.guarded(build)
     if built.get("status") != "ok":
         cfg["error"] = built.get("error")
         cfg["traceback"] = built.get("traceback")

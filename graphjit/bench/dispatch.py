@@ -23,7 +23,7 @@ import gc
 import importlib.util
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from . import common
 from .common import say
@@ -46,6 +46,7 @@ def trivial(a: Any, b: Any, c: Any, d: Any, n: int) -> Any:
 
 
 def _make_inputs(framework: str) -> tuple[Any, ...]:
+    tensors: list[Any]
     if framework == "torch":
         import torch
 
@@ -86,8 +87,8 @@ def measure(framework: str, iters: int, repeats: int) -> dict[str, Any]:
 
     args = _make_inputs(framework)
     signer = Signer(trivial, None, "auto", "trivial")
-    step = graphjit.graphed(trivial)
-    steps = {"graphed": step}
+    step = cast(graphjit.GraphedFunction, graphjit.graphed(trivial))
+    steps: dict[str, Callable[..., Any]] = {"graphed": step}
     if framework == "paddle":  # its default tracer is SOT; this one isolates graphjit's own path
         steps["graphed_eager"] = graphjit.graphed(trivial, tracer="eager")
 
@@ -101,7 +102,7 @@ def measure(framework: str, iters: int, repeats: int) -> dict[str, Any]:
     for name, fn in steps.items():
         fn(*args)  # first call: picks the backend, traces, logs why there is no graph
         samples[name] = _time(fn, args, iters, repeats)
-    us = {k: common.median(v) for k, v in samples.items()}
+    us: dict[str, Any] = {k: common.median(v) for k, v in samples.items()}  # floats: repeats >= 1, no list is empty
     direct, sign_us, graphed_us = us["direct"], us["sign"], us["graphed"]
     key_path_us = us.get("graphed_eager", graphed_us)  # graphjit's own path, eager tracer
     stats = step.stats()

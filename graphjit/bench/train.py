@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # -- models ---------------------------------------------------------------------------------------
 def build_model(torch: Any, kind: str, layers: int, hidden: int, seq: int) -> Any:
-    nn = torch.nn
+    nn: Any = torch.nn  # declared Any, so that mypy accepts nn.Module as Block's base
     if kind == "mlp":
         mods: list[Any] = []
         for _ in range(layers):
