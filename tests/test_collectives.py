@@ -959,11 +959,14 @@ def test_torch_swap_passes_calls_through_in_a_gloo_group(tmp_path: Path) -> None
         assert got["rank"] == rank
         # custom all-reduce off: Dynamo rewrites the call as it would the original (fullgraph works)
         assert got["plain_fullgraph"]["values"] == got["compiled_want"]
-        # on: a graph break at the swap, every call dispatched; fullgraph=True refused with graphjit's reason
+        # on: a default-group SUM is the custom op in the graph (no break, fullgraph works) and every call
+        # reaches dispatch; another op breaks the graph, and fullgraph=True refuses it with graphjit's reason
         assert got["opaque_is_published"] and got["plain_again"]
-        assert got["compile_breaks"] == ["Skip calling `torch.compiler.disable()`d function"], got["compile_breaks"]
-        assert got["compiled"]["dispatched"] == 3, "torch.compile bypassed the swap"
-        assert got["compiled"]["values"] == got["compiled_want"]
+        assert got["compile_breaks"] == [], got["compile_breaks"]
+        assert got["compile_breaks_max"] == ["Skip calling `torch.compiler.disable()`d function"]
+        for backend, res in got["compiled"].items():
+            assert res["dispatched"] == 3, f"torch.compile ({backend}) bypassed the swap"
+            assert res["values"] == got["compiled_want"], backend
         assert "graphjit.collectives.shutdown()" in (got["opaque_fullgraph_error"] or ""), got["opaque_fullgraph_error"]
 
 
@@ -1026,12 +1029,18 @@ def _torch_worker(rank: int, port: int) -> dict[str, Any]:
     out["fallbacks"], out["custom"] = stats["fallbacks"], stats["custom"]
 
     # torch.compile.  Custom all-reduce off (as here): the plain wrapper, which Dynamo rewrites like the
-    # original, so fullgraph=True keeps compiling.  On (set_opaque, as init does when it enables a
-    # group): Dynamo must not look through the swap; it breaks its graph at the call, every call
-    # reaches dispatch, and fullgraph=True fails with a message naming graphjit.
+    # original.  On (set_opaque, as init does when it enables a group): Dynamo must not look through the
+    # swap.  A default-group SUM becomes the custom op graphjit::all_reduce_ (fullgraph=True works, and
+    # every call still reaches dispatch when the compiled code runs); any other call breaks the graph
+    # (fullgraph=True then fails with a message naming graphjit).
     def step(x: Any) -> Any:
         y = torch.sin(x) * 2.0
         dist.all_reduce(y)
+        return y + 1.0
+
+    def step_max(x: Any) -> Any:
+        y = torch.sin(x) * 2.0
+        dist.all_reduce(y, op=dist.ReduceOp.MAX)
         return y + 1.0
 
     import torch._dynamo
@@ -1040,22 +1049,28 @@ def _torch_worker(rank: int, port: int) -> dict[str, Any]:
         return round(float(sum(torch.sin(torch.tensor(0.5 * (r + 1 + i))) * 2.0 for r in range(2))) + 1.0, 5)
 
     def run(fn: Any) -> dict[str, Any]:
-        before = collectives.stats()["fallbacks"].get("scope", 0)
+        before = sum(collectives.stats()["fallbacks"].values())
         values = [round(float(fn(torch.full((4,), 0.5 * (rank + 1 + i)))[0]), 5) for i in range(3)]
-        return {"dispatched": collectives.stats()["fallbacks"].get("scope", 0) - before, "values": values}
+        return {"dispatched": sum(collectives.stats()["fallbacks"].values()) - before, "values": values}
+
+    def breaks(fn: Any) -> list[str]:
+        torch._dynamo.reset()
+        return [str(b.reason).splitlines()[0] for b in torch._dynamo.explain(fn)(torch.ones(4)).break_reasons]
 
     out["compiled_want"] = [want(i) for i in range(3)]
     torch._dynamo.reset()
     out["plain_fullgraph"] = run(torch.compile(step, backend="eager", fullgraph=True))
     swap.set_opaque("torch", True)
     out["opaque_is_published"] = dist.all_reduce is not swap.swapped(dist.all_reduce)
-    torch._dynamo.reset()
-    explained = torch._dynamo.explain(step)(torch.ones(4))
-    out["compile_breaks"] = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
-    out["compiled"] = run(torch.compile(step, backend="eager"))
+    out["compile_breaks"] = breaks(step)
+    out["compile_breaks_max"] = breaks(step_max)
+    out["compiled"] = {}
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        out["compiled"][backend] = run(torch.compile(step, backend=backend, fullgraph=True))
     torch._dynamo.reset()
     try:
-        torch.compile(step, backend="eager", fullgraph=True)(torch.ones(4))
+        torch.compile(step_max, backend="eager", fullgraph=True)(torch.ones(4))
         out["opaque_fullgraph_error"] = None
     except Exception as exc:
         out["opaque_fullgraph_error"] = str(exc)

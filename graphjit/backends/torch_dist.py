@@ -10,16 +10,20 @@ current stream after), built from a completed ``torch.futures.Future``.
 torch.compile (``tracer="compile"``): Dynamo sees through a wrapt proxy (it reads the original's
 code and compares equal to it) and would rewrite the call into a functional collective or trace
 the original's body, bypassing the swap without a word.  So while the custom all-reduce is enabled
-for some group, what ``torch.distributed.all_reduce`` holds is the wrapper passed through
-``torch.compiler.disable``: Dynamo breaks its graph at the call and runs it eagerly, the swap sees
-real tensors and launches (or captures) the custom kernel between two compiled parts.  Cost
-outside compiled code: about a microsecond per call.  The price: ``torch.compile(fullgraph=True)``
-of code that calls ``all_reduce`` fails while the custom all-reduce is on (Dynamo's message names
-graphjit); compile it without ``fullgraph``, or ``collectives.shutdown()`` first.
+for some group, ``torch.distributed.all_reduce`` holds a plain function instead (:meth:`Dist.publish`):
+
+* outside compiled code it calls the swap (about a microsecond more per call);
+* traced by Dynamo, a call on the default group with ``op=SUM`` and ``async_op=False`` (what
+  tensor-parallel layers do) becomes the custom op ``graphjit::all_reduce_`` in the graph, so
+  ``fullgraph=True`` keeps working; when the compiled code runs, the op calls the swap on real
+  tensors, which launches (or, inside a capture, captures) the custom kernel or runs NCCL;
+* any other call is passed through ``torch.compiler.disable``: Dynamo breaks its graph there and
+  the swap runs eagerly (``fullgraph=True`` refuses such calls, with a message naming graphjit).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable
 from typing import Any
 
@@ -30,9 +34,33 @@ import torch.distributed as dist
 from .dist_base import Call, DistBackend, TensorInfo
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_COMPILE_REASON = ("graphjit's all_reduce swap runs eagerly while graphjit.collectives' custom all-reduce is on "
-                   "(it must see real tensors); compile without fullgraph=True, or call "
-                   "graphjit.collectives.shutdown() first")
+_COMPILE_REASON = ("graphjit's all_reduce swap runs eagerly for calls with a group, an op other than SUM or "
+                   "async_op=True while graphjit.collectives' custom all-reduce is on (it must see real tensors); "
+                   "compile without fullgraph=True, or call graphjit.collectives.shutdown() first")
+_SUM = dist.ReduceOp.SUM
+_OP_NAME = "graphjit::all_reduce_"
+_op_target: list[Any] = []  # the swap's wrapper the custom op calls (set by Dist.publish)
+
+
+def _compile_op() -> Any:
+    """``torch.ops.graphjit.all_reduce_`` (defined once), or None where torch has no ``torch.library.custom_op``."""
+    ops = getattr(torch.ops, "graphjit", None)
+    if ops is not None and hasattr(ops, "all_reduce_"):
+        return ops.all_reduce_
+    custom_op = getattr(torch.library, "custom_op", None)
+    if custom_op is None:  # torch < 2.4
+        return None
+
+    @custom_op(_OP_NAME, mutates_args=("tensor",))
+    def all_reduce_(tensor: torch.Tensor) -> None:
+        """In-place SUM over the default group through graphjit's swap (custom kernel or NCCL)."""
+        _op_target[-1](tensor)
+
+    @all_reduce_.register_fake  # type: ignore[misc]  # register_fake returns the function it was given
+    def _(tensor: torch.Tensor) -> None:
+        return None
+
+    return torch.ops.graphjit.all_reduce_
 _NAMES = ("tensor", "op", "group", "async_op")
 
 
@@ -74,18 +102,48 @@ def _future_of(t: Any) -> Any:
     return future
 
 
+def _default_sum_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The tensor of ``all_reduce(tensor, op=SUM, group=None, async_op=False)`` called with those
+    defaults (positionally or by keyword), else None."""
+    if len(args) > 4 or any(k not in _NAMES or _NAMES.index(k) < len(args) for k in kwargs):
+        return None
+    values = dict(zip(_NAMES, args))
+    values.update(kwargs)
+    tensor = values.get("tensor")
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    if values.get("op", _SUM) is not _SUM or values.get("group") is not None or values.get("async_op", False):
+        return None
+    return tensor
+
+
 class Dist(DistBackend):
     name = "torch"
     flag_name = "async_op"
 
     def publish(self, wrapper: Any) -> Any:
-        disable = getattr(getattr(torch, "compiler", None), "disable", None)
-        if disable is None:  # torch < 2.1: no torch.compiler, and Dynamo had no collective rewrites
+        compiler = getattr(torch, "compiler", None)
+        disable = getattr(compiler, "disable", None)
+        is_compiling = getattr(compiler, "is_compiling", None)
+        if disable is None or is_compiling is None:  # torch < 2.3: no collective rewrites to avoid either
             return wrapper
         try:
-            return disable(wrapper, reason=_COMPILE_REASON)
+            eager = disable(wrapper, reason=_COMPILE_REASON)
         except TypeError:  # torch.compiler.disable without reason= (torch < 2.7)
-            return disable(wrapper)
+            eager = disable(wrapper)
+        _op_target.append(wrapper)
+        custom = _compile_op()
+
+        @functools.wraps(wrapper)
+        def all_reduce(*args: Any, **kwargs: Any) -> Any:
+            if custom is not None and is_compiling():
+                tensor = _default_sum_tensor(args, kwargs)
+                if tensor is not None:
+                    custom(tensor)  # into the compiled graph; the op calls the swap when the graph runs
+                    return None
+            return eager(*args, **kwargs)
+
+        return all_reduce
 
     def wrap_target(self) -> tuple[Any, str]:
         return dist, "all_reduce"

@@ -14,12 +14,11 @@ original with the caller's arguments unchanged, and counts why.
 * Paddle SOT: the wrapper is registered as a graph-break function, so SOT runs the call eagerly
   between two compiled subgraphs (see :mod:`graphjit.backends.paddle_dist`).
 * torch.compile (``tracer="compile"``): while the custom all-reduce is enabled for some group
-  (:func:`set_opaque`, called by ``collectives.init`` and ``shutdown``), the attribute holds the
-  wrapper passed through ``torch.compiler.disable``, so Dynamo breaks its graph at the call instead
-  of rewriting it into a functional collective that bypasses the swap (see
-  :mod:`graphjit.backends.torch_dist`).  Otherwise it holds the plain wrapper, which Dynamo
-  rewrites as it rewrites the original: ``fullgraph=True`` code keeps compiling.  :func:`swapped`
-  finds the wrapper behind either.
+  (:func:`set_opaque`, called by ``collectives.init`` and ``shutdown``), the attribute holds a
+  function Dynamo cannot take for the original: a default-group SUM becomes graphjit's custom op in
+  the compiled graph, any other call a graph break (see :mod:`graphjit.backends.torch_dist`); either
+  way the swap runs on real tensors.  Otherwise it holds the plain wrapper, which Dynamo rewrites
+  as it rewrites the original.  :func:`swapped` finds the wrapper behind either.
 * ``GRAPHJIT_DISABLE=1``: the wrapper calls the original at once (counted as "disabled").
 """
 
