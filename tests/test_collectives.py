@@ -9,6 +9,7 @@ RANK PORT OUT`` (see ``_worker``).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -33,7 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from graphjit import env, scope  # noqa: E402
-from graphjit.backends.dist_base import Call, DistBackend, TensorInfo  # noqa: E402
+from graphjit.backends.dist_base import Call, DistBackend, TensorInfo, from_compiled_graph  # noqa: E402
 from graphjit.collectives import _lib, custom_ar, topology  # noqa: E402
 from graphjit.collectives._lib import BuildError, CollectiveError  # noqa: E402
 from graphjit.errors import CaptureError, ConfigError  # noqa: E402
@@ -686,11 +687,12 @@ def test_simulated_fallbacks_at_call_time(clean_stats: custom_ar.Stats, monkeypa
         assert comm.enabled
         seen: list[str] = []
 
-        def run(t: Any, op: str = "sum", capture: bool = False) -> None:
+        def run(t: Any, op: str = "sum", capture: bool = False, foreign: bool = False) -> None:
             before = dict(clean_stats.fallbacks)
             dist.capture = capture
-            try:
-                with scope.graphed_call("capture" if capture else "warmup"):
+            try:  # foreign: a compiled graph's all-reduce captured by someone else (reduce-overhead)
+                with scope.graphed_call("capture" if capture and not foreign else "warmup"), \
+                        (from_compiled_graph() if foreign else contextlib.nullcontext()):
                     comm.call(Call(t, op, None, False), _original([]), (t,), {})
             finally:
                 dist.capture = False
@@ -712,13 +714,14 @@ def test_simulated_fallbacks_at_call_time(clean_stats: custom_ar.Stats, monkeypa
         comm.register(None)
         comm.reset()                                                                       # frees the slots
         run(FakeTensor(world, np.ones(8, np.float32), dev), capture=True)                  # custom again
+        run(FakeTensor(world, np.ones(8, np.float32), dev), capture=True, foreign=True)    # foreign capture
         monkeypatch.setattr(dist, "current_stream", lambda device: 5)
         run(FakeTensor(world, np.ones(8, np.float32), dev), capture=True)                  # stream
         return seen
 
     for seen in _ranks(2, rank_body):
         assert seen == ["op", "dtype", "device", "bytes > max", "bytes % 16", "arguments", "VMM memory", "custom",
-                        "pointer table full", "custom", "stream"]
+                        "pointer table full", "custom", "foreign capture", "stream"]
 
 
 def test_simulated_init_failures_agree_on_every_rank() -> None:
@@ -820,7 +823,7 @@ def test_dispatch_reasons_outside_the_communicator(clean_stats: custom_ar.Stats,
 
 COVERED_REASONS = {row[2] for row in TENSOR_TABLE} | {row[4] for row in TOPOLOGY_TABLE} | {
     "world size", "multi-node", "disabled", "nccl", "scope", "not initialized", "static mode", "op", "VMM memory",
-    "pointer table full", "stream", "unavailable"}
+    "pointer table full", "stream", "unavailable", "foreign capture"}
 
 
 def test_every_reason_is_in_the_table() -> None:

@@ -14,11 +14,31 @@ state, and building the value the original would return.
 from __future__ import annotations
 
 import abc
+import contextlib
 import importlib
-from collections.abc import Hashable
+import threading
+from collections.abc import Hashable, Iterator
 from typing import Any, NamedTuple
 
 from ..errors import BackendError
+
+_compiled = threading.local()
+
+
+@contextlib.contextmanager
+def from_compiled_graph() -> Iterator[None]:
+    """Marks swap calls made by a compiler's graph (torch's ``graphjit::all_reduce_`` op) on this thread."""
+    depth = getattr(_compiled, "depth", 0)
+    _compiled.depth = depth + 1
+    try:
+        yield
+    finally:
+        _compiled.depth = depth
+
+
+def in_compiled_graph() -> bool:
+    """True inside :func:`from_compiled_graph` on this thread."""
+    return getattr(_compiled, "depth", 0) > 0
 
 
 class Call(NamedTuple):

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .dist_base import Call, DistBackend, TensorInfo
+from .dist_base import Call, DistBackend, TensorInfo, from_compiled_graph
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _COMPILE_REASON = ("graphjit's all_reduce swap runs eagerly for calls with a group, an op other than SUM or "
@@ -54,7 +54,8 @@ def _compile_op() -> Any:
     @custom_op(_OP_NAME, mutates_args=("tensor",))
     def all_reduce_(tensor: torch.Tensor) -> None:
         """In-place SUM over the default group through graphjit's swap (custom kernel or NCCL)."""
-        _op_target[-1](tensor)
+        with from_compiled_graph():
+            _op_target[-1](tensor)
 
     @all_reduce_.register_fake  # type: ignore[misc]  # register_fake returns the function it was given
     def _(tensor: torch.Tensor) -> None:

@@ -59,7 +59,7 @@ import numpy as np
 
 from .. import env
 from .. import scope as scope_mod
-from ..backends.dist_base import Call, DistBackend, TensorInfo, load
+from ..backends.dist_base import Call, DistBackend, TensorInfo, in_compiled_graph, load
 from ..errors import CaptureError, ConfigError
 from . import _lib, topology
 from ._lib import BuildError, CollectiveError
@@ -102,6 +102,9 @@ REASONS: dict[str, str] = {
     "VMM memory": "captured tensor in VMM memory (e.g. PyTorch expandable_segments): CUDA IPC cannot share it",
     "pointer table full": "no free slot for another captured all-reduce (collectives.reset() frees them)",
     "stream": "the framework's current stream is not the stream being captured",
+    "foreign capture": "a compiled all-reduce captured into a CUDA graph graphjit did not capture (torch.compile "
+                       "mode='reduce-overhead'): its buffers could not be registered, so the framework's collective "
+                       "runs inside that graph",
 }
 
 
@@ -487,6 +490,8 @@ class Communicator:
         dtype = DTYPE_CODES[info.dtype]
         algo = ALGO_CODES[settings.ar_algo]
         if dist.capturing():
+            if in_compiled_graph() and scope_mod.phase() != "capture":
+                return self.passthrough("foreign capture", REASONS["foreign capture"], original, args, kwargs)
             with self.lock:
                 if lib.stream_capturing(stream) != 1:
                     return self.passthrough("stream", f"the {dist.name} current stream {stream:#x} is not capturing",
