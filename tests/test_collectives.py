@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import importlib.util
+import inspect
 import itertools
 import json
 import os
@@ -982,6 +983,7 @@ def test_paddle_swap_passes_calls_through_in_a_gloo_group_and_under_sot(tmp_path
         assert got["sot_calls"] == 3, "SOT did not run the wrapped all_reduce eagerly (graph break)"
         assert got["fallbacks"].get("static mode", 0) == 0, got["fallbacks"]
         assert got["fallbacks"]["unavailable"] == 3 and got["fallbacks"]["scope"] == 2
+        assert got["published_is_function"] and got["kept_after_shutdown"]
 
 
 # -- the workers -------------------------------------------------------------------------------------
@@ -1123,8 +1125,14 @@ def _paddle_worker(rank: int, port: int) -> dict[str, Any]:
     sot_calls.append(collectives.stats()["fallbacks"].get("unavailable", 0) - before)
     results["sot"] = outs
     stats = collectives.stats()
+    from graphjit.collectives import swap
+
+    published = dist.all_reduce
+    collectives.shutdown()  # Paddle keeps the SOT-visible function even with no group on
     return {"report": report.as_dict(), "results": results, "sot_calls": sot_calls[0],
-            "fallbacks": stats["fallbacks"]}
+            "fallbacks": stats["fallbacks"],
+            "published_is_function": inspect.isfunction(published) and swap.swapped(published) is not None,
+            "kept_after_shutdown": dist.all_reduce is published}
 
 
 def _worker(argv: list[str]) -> None:
