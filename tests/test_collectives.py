@@ -984,6 +984,7 @@ def test_paddle_swap_passes_calls_through_in_a_gloo_group_and_under_sot(tmp_path
         assert got["fallbacks"].get("static mode", 0) == 0, got["fallbacks"]
         assert got["fallbacks"]["unavailable"] == 3 and got["fallbacks"]["scope"] == 2
         assert got["published_is_function"] and got["kept_after_shutdown"]
+        assert got["gathered_ok"], "all_gather_object (broadcasts of uint8 tensors) lost or reordered objects"
 
 
 # -- the workers -------------------------------------------------------------------------------------
@@ -1125,14 +1126,17 @@ def _paddle_worker(rank: int, port: int) -> dict[str, Any]:
     sot_calls.append(collectives.stats()["fallbacks"].get("unavailable", 0) - before)
     results["sot"] = outs
     stats = collectives.stats()
+    from graphjit.backends.dist_base import load
     from graphjit.collectives import swap
 
+    gathered = load("paddle").all_gather_object({"rank": rank, "blob": b"\x00\xff" * (3000 * rank + 1)}, None)
     published = dist.all_reduce
     collectives.shutdown()  # Paddle keeps the SOT-visible function even with no group on
     return {"report": report.as_dict(), "results": results, "sot_calls": sot_calls[0],
             "fallbacks": stats["fallbacks"],
             "published_is_function": inspect.isfunction(published) and swap.swapped(published) is not None,
-            "kept_after_shutdown": dist.all_reduce is published}
+            "kept_after_shutdown": dist.all_reduce is published,
+            "gathered_ok": gathered == [{"rank": r, "blob": b"\x00\xff" * (3000 * r + 1)} for r in range(2)]}
 
 
 def _worker(argv: list[str]) -> None:

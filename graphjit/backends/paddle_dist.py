@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import pickle
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,26 @@ class Dist(DistBackend):
         return int(self.resolve_group(group).nranks)
 
     def all_gather_object(self, obj: Any, group: Any) -> list[Any]:
+        """Every rank's ``obj``, in the group's rank order (a collective).
+
+        Built from broadcasts of host-filled uint8/int64 tensors, one rank at a time (size, then
+        bytes), not ``paddle.distributed.all_gather_object``: that one also runs Paddle's own
+        comparison and split kernels, which paddlepaddle-gpu 2.6 lacks for newer GPUs (Hopper);
+        broadcasts into a tensor and host copies work on every GPU and on gloo.
+        """
+        g = self.resolve_group(group)
+        me = int(dist.get_rank())
+        mine = pickle.dumps(obj)
+        place = paddle.framework._current_expected_place()
         out: list[Any] = []
-        dist.all_gather_object(out, obj, group=group)
+        for src in [int(r) for r in g.ranks]:
+            size = paddle.to_tensor(np.array([len(mine) if src == me else 0], np.int64), place=place)
+            dist.broadcast(size, src=src, group=g)
+            n = int(np.asarray(size.numpy()).reshape(-1)[0])
+            data = np.frombuffer(mine, np.uint8) if src == me else np.zeros(n, np.uint8)
+            buf = paddle.to_tensor(data, place=place)
+            dist.broadcast(buf, src=src, group=g)
+            out.append(pickle.loads(np.asarray(buf.numpy()).tobytes()))
         return out
 
     # -- calls ---------------------------------------------------------------------------------
