@@ -989,7 +989,6 @@ def test_paddle_swap_passes_calls_through_in_a_gloo_group_and_under_sot(tmp_path
 
 # -- the workers -------------------------------------------------------------------------------------
 def _torch_worker(rank: int, port: int) -> dict[str, Any]:
-    import inspect
 
     import torch
     import torch.distributed as dist
