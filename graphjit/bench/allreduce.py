@@ -182,6 +182,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-cpu", action="store_true",
                    help="with fewer than 2 CUDA GPUs, run a tiny smoke version (2 gloo processes on the CPU, the "
                         "framework's all-reduce only) instead of refusing")
+    g.add_argument("--shared-gpu", action="store_true",
+                   help="testing only: both ranks on GPU 0 of a 1-GPU machine (GRAPHJIT_AR_SHARED_GPU=1, a gloo "
+                        "group): exercises the GPU code paths; the timings mean nothing (the ranks take turns)")
     g.add_argument("--world-size", type=int, default=None, choices=SUPPORTED_WORLDS,
                    help="processes, one GPU each (default: the most GPUs visible, rounded down to 2, 4, 6 or 8)")
 
@@ -228,7 +231,12 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail(f"needs torch, which cannot be imported ({exc})")
     world = args.world_size or max([w for w in SUPPORTED_WORLDS if w <= gpus] or [2])
-    on_gpu = gpus >= world
+    shared = bool(getattr(args, "shared_gpu", False))
+    if shared and gpus < 1:
+        return _fail(f"--shared-gpu needs a CUDA GPU ({seen})", 2)
+    if shared:
+        world = 2
+    on_gpu = gpus >= world or shared
     if args.world_size and gpus >= 2 and not on_gpu:
         return _fail(f"--world-size {world}: {seen}", 2)
     if not on_gpu and not args.allow_cpu:
@@ -256,12 +264,13 @@ def run(args: argparse.Namespace) -> int:
     data = common.header("allreduce", args, tag)
     data.update({
         "device": "cuda" if on_gpu else "cpu",
-        "smoke": not on_gpu,
+        "smoke": not on_gpu or shared,
+        "shared_gpu": shared,
         "world_size": world,
         "config": {
             "sizes": args.sizes, "dtype": args.dtype, "torch_dtype": dtype_name, "variants": variants,
             "iters": args.iters, "repeats": args.repeats, "warmup": args.warmup, "ar_max_bytes": max_bytes,
-            "timeout_s": args.timeout, "seed": args.seed, "backend": "nccl" if on_gpu else "gloo",
+            "timeout_s": args.timeout, "seed": args.seed, "backend": "nccl" if on_gpu and not shared else "gloo",
             "gpus_seen": seen, "rendezvous": "file", "timer": "cuda_events" if on_gpu else "host",
             "units": "microseconds per all-reduce",
             "eager_timing": "--iters back-to-back calls between two events, after one untimed all-reduce of the "
@@ -282,12 +291,12 @@ def run(args: argparse.Namespace) -> int:
         f"{len(variants)} variants, iters={args.iters} repeats={args.repeats} -> {json_path}")
     tmp = Path(tempfile.mkdtemp(prefix="graphjit-bench-ar-"))
     cfg = {"data": data, "json_path": str(json_path), "png_path": str(png_path), "no_plot": bool(args.no_plot),
-           "tmp": str(tmp), "rendezvous": str(tmp / "rendezvous"), "on_gpu": on_gpu,
+           "tmp": str(tmp), "rendezvous": str(tmp / "rendezvous"), "on_gpu": on_gpu, "shared": shared,
            "collective_timeout": min(COLLECTIVE_TIMEOUT_S, float(args.timeout))}
     (tmp / "config.json").write_text(json.dumps(cfg))
     keep = False
     try:
-        codes, why = _supervise(tmp, float(args.timeout), world)
+        codes, why = _supervise(tmp, float(args.timeout), world, shared)
         keep = bool(why) or any(c != 0 for c in codes)
         return _after(cfg, codes, why)
     finally:
@@ -297,11 +306,13 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _supervise(tmp: Path, timeout: float, world: int) -> tuple[list[int | None], str | None]:
+def _supervise(tmp: Path, timeout: float, world: int, shared: bool = False) -> tuple[list[int | None], str | None]:
     """Start the workers (rank 0 writes to this process's stdout/stderr, the others to logs) and wait for them,
     at most ``timeout`` seconds; after one ended (failed, or finished first) the other gets :data:`GRACE_S`.
     Returns their exit codes (None: killed) and why they were stopped, if they were."""
     environ = child_environment()
+    if shared:
+        environ["GRAPHJIT_AR_SHARED_GPU"] = "1"
     procs: list[subprocess.Popen[bytes]] = []
     why = None
     logs = []
@@ -652,18 +663,21 @@ class _Worker:
         c = self.data["config"]
         self.torch, self.dist = torch, dist
         self.gpu = bool(cfg["on_gpu"])
+        self.shared = bool(cfg.get("shared"))
         self.sizes: list[int] = c["sizes"]
         self.variants: list[str] = c["variants"]
         self.iters, self.repeats, self.warmup = int(c["iters"]), int(c["repeats"]), int(c["warmup"])
         self.dtype = getattr(torch, c["torch_dtype"])
         if self.gpu:
-            torch.cuda.set_device(rank)
-            self.device = torch.device("cuda", rank)
+            index = 0 if self.shared else rank
+            torch.cuda.set_device(index)
+            self.device = torch.device("cuda", index)
         else:
             self.device = torch.device("cpu")
         timeout = timedelta(seconds=float(cfg["collective_timeout"]))
         status.stage("process group")
-        dist.init_process_group("nccl" if self.gpu else "gloo", init_method=f"file://{cfg['rendezvous']}",
+        backend = "nccl" if self.gpu and not self.shared else "gloo"
+        dist.init_process_group(backend, init_method=f"file://{cfg['rendezvous']}",
                                 rank=rank, world_size=self.world, timeout=timeout)
         # Verdicts and results go through gloo on the CPU: they still work when a GPU collective went wrong.
         self.ctl = dist.new_group(list(range(self.world)), backend="gloo", timeout=timeout)
@@ -722,6 +736,8 @@ class _Worker:
         local: str | None = None
         if not self.gpu:
             local = "CPU smoke run: torch symmetric memory needs CUDA GPUs"
+        elif self.shared:
+            local = "shared-GPU smoke run: torch symmetric memory needs one GPU per rank"
         else:
             try:
                 import torch.distributed._symmetric_memory as symm_mem
@@ -863,6 +879,8 @@ class _Worker:
             if mode == "graph":
                 return "CPU smoke run: CUDA graphs need a GPU"
             return None
+        if self.shared and impl == "nccl" and mode == "graph":
+            return "shared-GPU smoke run: the framework's all-reduce is gloo there, which cannot run inside a CUDA graph"
         if impl == "custom" and self.init_error:
             return f"collectives.init raised: {self.init_error}"
         if impl == "symm":
@@ -884,7 +902,7 @@ class _Worker:
             checks = self.agree(common.guarded(lambda: self.check(impl, mode, x, ref, exact)))
             out = _combine_checks(checks)
             if impl == "nccl":
-                out["backend"] = "nccl" if self.gpu else "gloo"
+                out["backend"] = "nccl" if self.gpu and not self.shared else "gloo"
             if out["status"] == "ok":
                 timings = self.agree(common.guarded(lambda: self.timing(impl, mode, x.numel())))
                 out.update(_combine_timings(timings))
