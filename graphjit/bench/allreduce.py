@@ -880,7 +880,7 @@ class _Worker:
                 return "CPU smoke run: CUDA graphs need a GPU"
             return None
         if self.shared and impl == "nccl" and mode == "graph":
-            return "shared-GPU smoke run: the framework's all-reduce is gloo there, which cannot run inside a CUDA graph"
+            return "shared-GPU smoke run: the framework's all-reduce is gloo there, which a CUDA graph cannot hold"
         if impl == "custom" and self.init_error:
             return f"collectives.init raised: {self.init_error}"
         if impl == "symm":
