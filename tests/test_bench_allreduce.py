@@ -265,3 +265,15 @@ def test_four_workers_one_fails_the_others_are_stopped(tmp_path: Path, monkeypat
     monkeypatch.setattr(ar, "GRACE_S", 0.5)
     codes, why = ar._supervise(tmp_path, timeout=30, world=4)
     assert codes == [None, None, None, 4] and why is not None and "rank 3 ended (exit status 4)" in why
+
+
+def test_shared_gpu_smoke_skips_are_not_problems_and_the_report_says_timings_mean_nothing() -> None:
+    entry = {"bytes": 4096, "size": "4 KiB", "variants": {
+        "nccl_eager": {"status": "ok", "us_per_call": 700.0, "check": {"correct": True}},
+        "nccl_graph": {"status": "skipped", "reason": "shared-GPU smoke run: the framework's all-reduce is gloo there"},
+        "custom_auto_graph": {"status": "skipped", "reason": "collectives.init raised: boom"}}}
+    data = {"device": "cuda", "shared_gpu": True, "config": {"variants": list(entry["variants"])}, "results": [entry]}
+    summary = ar._summary(data)
+    assert summary["problems"] == ["4 KiB custom_auto_graph: skipped: collectives.init raised: boom"]
+    data["targets"] = {}
+    assert any("shared-GPU smoke run" in line and "mean nothing" in line for line in ar.report_lines(data))
