@@ -312,7 +312,7 @@ def _supervise(tmp: Path, timeout: float, world: int, shared: bool = False) -> t
     Returns their exit codes (None: killed) and why they were stopped, if they were."""
     environ = child_environment()
     if shared:
-        environ["GRAPHJIT_AR_SHARED_GPU"] = "1"
+        environ.update(GRAPHJIT_AR_SHARED_GPU="1")  # the workers share GPU 0 (a test mode)
     procs: list[subprocess.Popen[bytes]] = []
     why = None
     logs = []
