@@ -1154,3 +1154,23 @@ def _worker(argv: list[str]) -> None:
 if __name__ == "__main__":
     _worker(sys.argv[1:])
 
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_parse_call_binds_like_the_original_all_reduce(framework: str) -> None:
+    """One binding for both frameworks: positional or keyword, the framework's SUM and flag defaults,
+    and None for what the swap must pass through untouched (extra arguments, unknown or repeated keywords)."""
+    pytest.importorskip(framework)
+    from graphjit.backends.dist_base import load
+
+    d = load(framework)
+    flag, default = d.flag_name, d.flag_default
+    assert d.parse_call(("t",), {}) == Call("t", d.default_op, None, default)
+    assert d.parse_call(("t", "max", "g", not default), {}) == Call("t", "max", "g", not default)
+    assert d.parse_call((), {"tensor": "t", "group": "g", flag: not default}) == Call("t", d.default_op, "g",
+                                                                                     not default)
+    assert d.parse_call(("t",), {"op": "max"}) == Call("t", "max", None, default)
+    assert d.parse_call(("t",), {"tensor": "u"}) is None  # repeated
+    assert d.parse_call(("t",), {"bogus": 1}) is None
+    assert d.parse_call(("t", 1, 2, 3, 4), {}) is None
+    assert d.parse_call((), {"op": "max"}) is None  # no tensor

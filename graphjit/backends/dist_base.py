@@ -66,7 +66,9 @@ class DistBackend(abc.ABC):
     """One framework's process groups, streams and ``all_reduce``."""
 
     name: str = "base"
-    flag_name: str = "async_op"
+    flag_name: str = "async_op"  # the 4th parameter of all_reduce(tensor, op, group, <flag>)
+    flag_default: bool = False
+    default_op: Any = None  # the framework's ReduceOp.SUM
 
     # -- the function the swap wraps ---------------------------------------------------------
     @abc.abstractmethod
@@ -108,9 +110,19 @@ class DistBackend(abc.ABC):
         """Every rank's ``obj``, in rank order (a collective: every rank of ``group`` must call it)."""
 
     # -- calls -----------------------------------------------------------------------------------
-    @abc.abstractmethod
     def parse_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
-        """The call's arguments as the original binds them, or None if this is not a plain call."""
+        """The call's arguments as ``all_reduce(tensor, op=SUM, group=None, <flag>=<default>)`` binds
+        them, or None if this is not a plain call (more arguments, unknown or repeated keywords, no tensor)."""
+        names = ("tensor", "op", "group", self.flag_name)
+        if len(args) > 4 or any(k not in names or names.index(k) < len(args) for k in kwargs):
+            return None
+        values = dict(zip(names, args))
+        values.update(kwargs)
+        tensor = values.get("tensor")
+        if tensor is None:
+            return None
+        return Call(tensor, values.get("op", self.default_op), values.get("group"),
+                    bool(values.get(self.flag_name, self.flag_default)))
 
     @abc.abstractmethod
     def is_sum(self, op: Any) -> bool: ...

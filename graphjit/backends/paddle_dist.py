@@ -32,7 +32,6 @@ import paddle.distributed as dist
 from .dist_base import Call, DistBackend, TensorInfo
 
 _DTYPES = {paddle.float32: "float32", paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
-_NAMES = ("tensor", "op", "group", "sync_op")
 
 
 def _skip_graphjit_in_sot() -> bool:
@@ -71,6 +70,8 @@ class CompletedTask:
 class Dist(DistBackend):
     name = "paddle"
     flag_name = "sync_op"
+    flag_default = True
+    default_op = dist.ReduceOp.SUM
 
     def wrap_target(self) -> tuple[Any, str]:
         return dist, "all_reduce"
@@ -155,18 +156,6 @@ class Dist(DistBackend):
         return out
 
     # -- calls ---------------------------------------------------------------------------------
-    def parse_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
-        n = len(args)
-        if n > 4 or (kwargs and any(k not in _NAMES or _NAMES.index(k) < n for k in kwargs)):
-            return None
-        tensor = args[0] if n > 0 else kwargs.get("tensor")
-        op = args[1] if n > 1 else kwargs.get("op", dist.ReduceOp.SUM)
-        group = args[2] if n > 2 else kwargs.get("group")
-        flag = args[3] if n > 3 else kwargs.get("sync_op", True)
-        if tensor is None:
-            return None
-        return Call(tensor, op, group, bool(flag))
-
     def is_sum(self, op: Any) -> bool:
         return bool(op == dist.ReduceOp.SUM)
 

@@ -62,7 +62,6 @@ def _compile_op() -> Any:
         return None
 
     return torch.ops.graphjit.all_reduce_
-_NAMES = ("tensor", "op", "group", "async_op")
 
 
 class _CompletedWork:
@@ -103,24 +102,10 @@ def _future_of(t: Any) -> Any:
     return future
 
 
-def _default_sum_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The tensor of ``all_reduce(tensor, op=SUM, group=None, async_op=False)`` called with those
-    defaults (positionally or by keyword), else None."""
-    if len(args) > 4 or any(k not in _NAMES or _NAMES.index(k) < len(args) for k in kwargs):
-        return None
-    values = dict(zip(_NAMES, args))
-    values.update(kwargs)
-    tensor = values.get("tensor")
-    if not isinstance(tensor, torch.Tensor):
-        return None
-    if values.get("op", _SUM) is not _SUM or values.get("group") is not None or values.get("async_op", False):
-        return None
-    return tensor
-
-
 class Dist(DistBackend):
     name = "torch"
     flag_name = "async_op"
+    default_op = _SUM
 
     def publish(self, wrapper: Any) -> Any:
         compiler = getattr(torch, "compiler", None)
@@ -138,9 +123,10 @@ class Dist(DistBackend):
         @functools.wraps(wrapper)
         def all_reduce(*args: Any, **kwargs: Any) -> Any:
             if custom is not None and is_compiling():
-                tensor = _default_sum_tensor(args, kwargs)
-                if tensor is not None:
-                    custom(tensor)  # into the compiled graph; the op calls the swap when the graph runs
+                call = self.parse_call(args, kwargs)  # a default-group, synchronous SUM of a tensor?
+                if (call is not None and isinstance(call.tensor, torch.Tensor) and call.op is _SUM
+                        and call.group is None and not call.flag):
+                    custom(call.tensor)  # into the compiled graph; the op calls the swap when the graph runs
                     return None
             return eager(*args, **kwargs)
 
@@ -172,18 +158,6 @@ class Dist(DistBackend):
         return out
 
     # -- calls ---------------------------------------------------------------------------------
-    def parse_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
-        n = len(args)
-        if n > 4 or (kwargs and any(k not in _NAMES or _NAMES.index(k) < n for k in kwargs)):
-            return None
-        tensor = args[0] if n > 0 else kwargs.get("tensor")
-        op = args[1] if n > 1 else kwargs.get("op", dist.ReduceOp.SUM)
-        group = args[2] if n > 2 else kwargs.get("group")
-        flag = args[3] if n > 3 else kwargs.get("async_op", False)
-        if tensor is None:
-            return None
-        return Call(tensor, op, group, bool(flag))
-
     def is_sum(self, op: Any) -> bool:
         try:
             return bool(op == dist.ReduceOp.SUM)
