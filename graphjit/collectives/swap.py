@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import wrapt
@@ -36,12 +37,26 @@ from . import custom_ar
 log = logging.getLogger("graphjit")
 
 _lock = threading.Lock()
-_installed: dict[str, tuple[Any, str, Any, Any]] = {}  # name -> (module, attribute, original, published)
-_wrappers: dict[str, tuple[Any, Any, DistBackend]] = {}  # name -> (plain wrapper, opaque version or None, backend)
 
 
 class SwappedAllReduce(wrapt.FunctionWrapper):  # type: ignore[misc]
     """The wrapper graphjit puts in place of the framework's ``all_reduce``."""
+
+
+@dataclass
+class _Installed:
+    """One framework's swap: where it lives, the original, the wrapper and what is published now."""
+
+    module: Any
+    attr: str
+    original: Any
+    wrapper: SwappedAllReduce
+    dist: DistBackend
+    public: Any  # the module attribute graphjit set last: the wrapper or its opaque version
+    opaque: Any = None  # the backend's publish(wrapper), built on first use and reused
+
+
+_installed: dict[str, _Installed] = {}
 
 
 def swapped(obj: Any) -> SwappedAllReduce | None:
@@ -69,8 +84,7 @@ def install(dist: DistBackend) -> bool:
             return False
         wrapper = SwappedAllReduce(current, _handler(dist))
         setattr(module, attr, wrapper)
-        _installed[dist.name] = (module, attr, current, wrapper)
-        _wrappers[dist.name] = (wrapper, None, dist)
+        _installed[dist.name] = _Installed(module, attr, current, wrapper, dist, wrapper)
         log.debug("graphjit: wrapped %s.%s", module.__name__, attr)
     if dist.always_opaque:
         set_opaque(dist.name, True)
@@ -86,25 +100,22 @@ def set_opaque(name: str, opaque: bool) -> None:
     all-reduce there is nothing to gain, and the plain wrapper leaves compilers their usual rewrite.
     """
     with _lock:
-        entry, wrappers = _installed.get(name), _wrappers.get(name)
-        if entry is None or wrappers is None:
+        e = _installed.get(name)
+        if e is None:
             return
-        module, attr, original, public = entry
-        wrapper, opaque_fn, dist = wrappers
-        opaque = opaque or dist.always_opaque
-        if opaque and opaque_fn is None:
-            opaque_fn = dist.publish(wrapper)
-            if opaque_fn is not wrapper:
-                opaque_fn._graphjit_swap = wrapper  # for swapped(): a plain attribute of the published function
-                note = dist.mark_graph_break(opaque_fn)
-                log.debug("graphjit: %s.%s opaque to the compiler%s", module.__name__, attr,
+        opaque = opaque or e.dist.always_opaque
+        if opaque and e.opaque is None:
+            e.opaque = e.dist.publish(e.wrapper)
+            if e.opaque is not e.wrapper:
+                e.opaque._graphjit_swap = e.wrapper  # for swapped(): a plain attribute of the published function
+                note = e.dist.mark_graph_break(e.opaque)
+                log.debug("graphjit: %s.%s opaque to the compiler%s", e.module.__name__, e.attr,
                           f" ({note})" if note else "")
-            _wrappers[name] = (wrapper, opaque_fn, dist)
-        target = opaque_fn if opaque else wrapper
-        if target is public or getattr(module, attr) is not public:
+        target = e.opaque if opaque else e.wrapper
+        if target is e.public or getattr(e.module, e.attr) is not e.public:
             return  # already published, or someone else replaced the attribute since
-        setattr(module, attr, target)
-        _installed[name] = (module, attr, original, target)
+        setattr(e.module, e.attr, target)
+        e.public = target
 
 
 def uninstall(name: str | None = None) -> list[str]:
@@ -112,13 +123,11 @@ def uninstall(name: str | None = None) -> list[str]:
     done = []
     with _lock:
         for key in [name] if name else list(_installed):
-            entry = _installed.pop(key, None)
-            _wrappers.pop(key, None)
-            if entry is None:
+            e = _installed.pop(key, None)
+            if e is None:
                 continue
-            module, attr, original, wrapper = entry
-            if getattr(module, attr) is wrapper:
-                setattr(module, attr, original)
+            if getattr(e.module, e.attr) is e.public:
+                setattr(e.module, e.attr, e.original)
             done.append(key)
     return done
 
@@ -126,14 +135,14 @@ def uninstall(name: str | None = None) -> list[str]:
 def installed() -> list[str]:
     """Names of the frameworks whose ``all_reduce`` is wrapped now."""
     with _lock:
-        return [n for n, (module, attr, _orig, wrapper) in _installed.items() if getattr(module, attr) is wrapper]
+        return [n for n, e in _installed.items() if getattr(e.module, e.attr) is e.public]
 
 
 def original(name: str) -> Any:
     """The framework's own ``all_reduce`` (whether or not it is wrapped)."""
     entry = _installed.get(name)
     if entry is not None:
-        return entry[2]
+        return entry.original
     from ..backends.dist_base import load
 
     module, attr = load(name).wrap_target()
