@@ -39,7 +39,6 @@ _COMPILE_REASON = ("graphjit's all_reduce swap runs eagerly for calls with a gro
                    "compile without fullgraph=True, or call graphjit.collectives.shutdown() first")
 _SUM = dist.ReduceOp.SUM
 _OP_NAME = "graphjit::all_reduce_"
-_op_target: list[Any] = []  # the swap's wrapper the custom op calls (set by Dist.publish)
 
 
 def _compile_op() -> Any:
@@ -53,9 +52,10 @@ def _compile_op() -> Any:
 
     @custom_op(_OP_NAME, mutates_args=("tensor",))
     def all_reduce_(tensor: torch.Tensor) -> None:
-        """In-place SUM over the default group through graphjit's swap (custom kernel or NCCL)."""
+        """In-place SUM over the default group through whatever ``torch.distributed.all_reduce`` is now
+        (graphjit's swap: the custom kernel or NCCL)."""
         with from_compiled_graph():
-            _op_target[-1](tensor)
+            dist.all_reduce(tensor)
 
     @all_reduce_.register_fake  # type: ignore[misc]  # register_fake returns the function it was given
     def _(tensor: torch.Tensor) -> None:
@@ -117,7 +117,6 @@ class Dist(DistBackend):
             eager = disable(wrapper, reason=_COMPILE_REASON)
         except TypeError:  # torch.compiler.disable without reason= (torch < 2.7)
             eager = disable(wrapper)
-        _op_target.append(wrapper)
         custom = _compile_op()
 
         @functools.wraps(wrapper)
