@@ -25,6 +25,8 @@ from typing import Any, NoReturn
 
 import pytest
 
+from graphjit.procs import supervise
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -48,15 +50,9 @@ def launch(script: Path, world: int, name: str, out_dir: Path, environ: dict[str
         with open(logs[r], "w") as log:
             procs.append(subprocess.Popen([sys.executable, str(script), str(r), str(port), str(outs[r]), *extra_args],
                                           env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=script.parents[1]))
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            tails = "\n".join(f"--- rank {r} ---\n{logs[r].read_text()[-3000:]}" for r in range(world))
-            pytest.fail(f"the {name} workers did not finish in {timeout:.0f} s:\n{tails}")
+    if supervise(procs, timeout, grace_s=timeout) is not None:  # every worker is killed when this returns
+        tails = "\n".join(f"--- rank {r} ---\n{logs[r].read_text()[-3000:]}" for r in range(world))
+        pytest.fail(f"the {name} workers did not finish in {timeout:.0f} s:\n{tails}")
     results = []
     for r in range(world):
         if not outs[r].is_file():
