@@ -679,8 +679,8 @@ class _Worker:
             self.device = torch.device("cpu")
         timeout = timedelta(seconds=float(cfg["collective_timeout"]))
         status.stage("process group")
-        backend = "nccl" if self.gpu and not self.shared else "gloo"
-        dist.init_process_group(backend, init_method=f"file://{cfg['rendezvous']}",
+        self.backend: str = c["backend"]  # nccl, or gloo (CPU and shared-GPU smoke runs)
+        dist.init_process_group(self.backend, init_method=f"file://{cfg['rendezvous']}",
                                 rank=rank, world_size=self.world, timeout=timeout)
         # Verdicts and results go through gloo on the CPU: they still work when a GPU collective went wrong.
         self.ctl = dist.new_group(list(range(self.world)), backend="gloo", timeout=timeout)
@@ -905,7 +905,7 @@ class _Worker:
             checks = self.agree(common.guarded(lambda: self.check(impl, mode, x, ref, exact)))
             out = _combine_checks(checks)
             if impl == "nccl":
-                out["backend"] = "nccl" if self.gpu and not self.shared else "gloo"
+                out["backend"] = self.backend
             if out["status"] == "ok":
                 timings = self.agree(common.guarded(lambda: self.timing(impl, mode, x.numel())))
                 out.update(_combine_timings(timings))
