@@ -1562,13 +1562,13 @@ def _check_custom_ar(ctx: _Context) -> None:
             arch="sm_90"))
         return
     t0 = time.perf_counter()
+    reference = "gloo" if shared else "NCCL"
     results, tails, why = _run_ar_pair(ctx.timeout, device="shared" if shared else "cuda")
-    status, text, fix, lines, data = _ar_verdict(results, tails, why, reference="gloo" if shared else "NCCL")
+    status, text, fix, lines, data = _ar_verdict(results, tails, why, reference=reference)
     pair = (f"2 processes sharing GPU 0 ({_count_names(names[:1])}; GRAPHJIT_AR_SHARED_GPU=1, a test mode: P2P, "
             "NVLink and speed not checked)" if shared else f"GPUs 0,1 of {count} ({_count_names(names[:2])})")
     data["shared_gpu"] = bool(shared)
     data["seconds"] = time.perf_counter() - t0
-    reference = "gloo" if shared else "NCCL"
     ctx.ar_summary = (f"the custom all-reduce matches {reference} on {pair}" if status == PASS
                       else f"the custom all-reduce FAILS on {pair}: all_reduce runs the framework's collective "
                       f"({reference}) until it is fixed")
