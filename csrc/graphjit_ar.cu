@@ -344,12 +344,11 @@ GJ_EXPORT int gj_ar_free(int device, void* ptr) {
 // ---- contexts ---------------------------------------------------------------------------------
 namespace {
 
-// The checks shared by gj_ar_create and gj_ar_create_local (everything but the peers' buffers).
+// The checks shared by gj_ar_create and gj_ar_create_local (everything but the buffers themselves).
 int check_create_args(int rank, int world, long long signal_bytes, long long staging_bytes, int table_capacity,
-                      int max_blocks, double timeout_s, const void* own_signal, const void* own_staging) {
+                      int max_blocks, double timeout_s) {
   if (!world_supported(world)) return fail(GJ_ERR_UNSUPPORTED, "world size %d is not supported (2, 4, 6 or 8)", world);
   if (rank < 0 || rank >= world) return fail(GJ_ERR_ARGUMENT, "rank %d is not in [0, %d)", rank, world);
-  if (!own_signal || !own_staging) return fail(GJ_ERR_ARGUMENT, "gj_ar_create: null buffer of this rank");
   if (signal_bytes <= (long long)gjar::kHeaderBytes || (signal_bytes - (long long)gjar::kHeaderBytes) % gjar::kPackBytes)
     return fail(GJ_ERR_ARGUMENT, "signal buffer of %lld bytes: expected %zu header bytes plus a scratch area that is a "
                 "positive multiple of 16 bytes", signal_bytes, gjar::kHeaderBytes);
@@ -360,8 +359,6 @@ int check_create_args(int rank, int world, long long signal_bytes, long long sta
   if (max_blocks < 1 || max_blocks > gjar::kMaxBlocks)
     return fail(GJ_ERR_ARGUMENT, "max_blocks %d: expected 1 .. %d", max_blocks, gjar::kMaxBlocks);
   if (!(timeout_s >= 0.0)) return fail(GJ_ERR_ARGUMENT, "timeout %f s: expected >= 0 (0: none)", timeout_s);
-  if ((reinterpret_cast<uintptr_t>(own_signal) | reinterpret_cast<uintptr_t>(own_staging)) % 256)
-    return fail(GJ_ERR_ARGUMENT, "gj_ar_create: buffers must come from gj_ar_alloc (256-byte aligned)");
   return GJ_OK;
 }
 
@@ -416,9 +413,11 @@ GJ_EXPORT int gj_ar_create(int rank, int world, int device, const void* signal_h
   if (!ctx_out) return fail(GJ_ERR_ARGUMENT, "gj_ar_create: null output pointer");
   *ctx_out = nullptr;
   if (!signal_handles || !staging_handles) return fail(GJ_ERR_ARGUMENT, "gj_ar_create: null handle array");
-  int rc = check_create_args(rank, world, signal_bytes, staging_bytes, table_capacity, max_blocks, timeout_s,
-                             own_signal, own_staging);
+  int rc = check_create_args(rank, world, signal_bytes, staging_bytes, table_capacity, max_blocks, timeout_s);
   if (rc != GJ_OK) return rc;
+  if (!own_signal || !own_staging) return fail(GJ_ERR_ARGUMENT, "gj_ar_create: null buffer of this rank");
+  if ((reinterpret_cast<uintptr_t>(own_signal) | reinterpret_cast<uintptr_t>(own_staging)) % 256)
+    return fail(GJ_ERR_ARGUMENT, "gj_ar_create: buffers must come from gj_ar_alloc (256-byte aligned)");
   GJ_DEVICE(device);
   GJ_CUDA(preload_kernels(), "loading the all-reduce kernels (was the library built for this GPU's architecture?)");
 
@@ -467,10 +466,7 @@ GJ_EXPORT int gj_ar_create_local(int rank, int world, int device, void* const* s
   if (!ctx_out) return fail(GJ_ERR_ARGUMENT, "gj_ar_create_local: null output pointer");
   *ctx_out = nullptr;
   if (!signals || !stagings) return fail(GJ_ERR_ARGUMENT, "gj_ar_create_local: null buffer array");
-  if (!world_supported(world)) return fail(GJ_ERR_UNSUPPORTED, "world size %d is not supported (2, 4, 6 or 8)", world);
-  if (rank < 0 || rank >= world) return fail(GJ_ERR_ARGUMENT, "rank %d is not in [0, %d)", rank, world);
-  int rc = check_create_args(rank, world, signal_bytes, staging_bytes, table_capacity, max_blocks, timeout_s,
-                             signals[rank], stagings[rank]);
+  int rc = check_create_args(rank, world, signal_bytes, staging_bytes, table_capacity, max_blocks, timeout_s);
   if (rc != GJ_OK) return rc;
   for (int r = 0; r < world; ++r)
     if (!signals[r] || !stagings[r] || (reinterpret_cast<uintptr_t>(signals[r]) | reinterpret_cast<uintptr_t>(stagings[r])) % 256)
