@@ -660,3 +660,26 @@ def test_max_graphs_limits_the_graphed_signatures(gj_log):
     s = g.stats()
     assert len(s["keys"]) == 1 and s["fallbacks"] == {"max_graphs reached": 2}
     assert sum("max_graphs=1" in r.getMessage() for r in gj_log.records) == 1
+
+
+@pytest.mark.paddle
+def test_paddle_layer_wrapper_repr_cast_and_deepcopy(paddle_cpu):
+    paddle = paddle_cpu
+    m = paddle_block(paddle)
+    g = graphjit.graphed_layer(m, warmup=1, max_in_flight=2, _simulate=True)
+    assert "warmup=1" in repr(g) and "max_in_flight=2" in repr(g)
+    assert [id(p) for p in g.parameters()] == [id(p) for p in m.parameters()]
+    for _ in range(2):
+        p_loss(g(paddle.randn([4, 6]))).backward()
+    assert g.stats()["replays"] == 1
+    c = copy.deepcopy(g)
+    assert c.layer is not m and c.stats()["keys"] == [] and c._graphjit_core.max_in_flight == 2
+    for p, q in zip(c.parameters(), m.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+    for _ in range(2):
+        p_loss(c(paddle.randn([4, 6]))).backward()
+    assert c.stats()["replays"] == 1 and g.stats()["calls"] == 2
+    g.to(dtype="float64")  # casts the parameters the graphs captured: every graph is dropped
+    assert g.stats()["keys"] == []
+    out = g(paddle.randn([4, 6]).astype("float64"))
+    assert out[0].dtype == paddle.float64

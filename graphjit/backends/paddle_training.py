@@ -16,13 +16,12 @@ from a PyLayer backward as an ``OSError`` whose message carries the original one
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Sequence
 from typing import Any
 
 import paddle
 
-from ..training import Glue, GraphedLayerCore, MicroBatch
+from ..training import Glue, GraphedLayerCore, GraphedLayerMixin, MicroBatch
 from . import get
 
 
@@ -127,46 +126,13 @@ class PaddleGlue(Glue):
         return None
 
 
-class GraphedPaddleLayer(paddle.nn.Layer):
+class GraphedPaddleLayer(GraphedLayerMixin, paddle.nn.Layer):
     """The ``paddle.nn.Layer`` :func:`graphjit.graphed_layer` returns: calls like the wrapped layer
-    (``self.layer``), whose parameters and train/eval mode it shares."""
+    (``self.layer``), whose parameters and train/eval mode it shares.  Methods: ``stats()``,
+    ``report()``, ``reset()`` (:class:`graphjit.training.GraphedLayerMixin`); ``.to()`` drops the
+    graphs; ``copy.deepcopy`` graphs the copied layer anew."""
 
     def __init__(self, layer: paddle.nn.Layer, options: dict[str, Any]) -> None:
         super().__init__()
         self.layer = layer
-        core = GraphedLayerCore(PaddleGlue(layer), f"graphed_layer({type(layer).__name__})", **options)
-        object.__setattr__(self, "_graphjit_core", core)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._graphjit_core.call(args, kwargs)
-
-    def stats(self) -> dict[str, Any]:
-        """Counters per input signature (warmups, captures = slots recorded, replays, backward replays,
-        fallbacks and their reasons, capture ms, pool bytes) and the layer's micro-batch counts."""
-        return self._graphjit_core.stats_dict()
-
-    def report(self) -> str:
-        return self._graphjit_core.report()
-
-    def reset(self) -> None:
-        """Stop using every graph (after replacing parameter tensors); refused while micro-batches wait.
-        Paddle graphs stay allocated until the process ends (see PaddleGraph)."""
-        self._graphjit_core.reset()
-
-    def _apply(self, *args: Any, **kwargs: Any) -> Any:
-        # .to() moves or casts the parameters the graphs captured by address.
-        out = super()._apply(*args, **kwargs)
-        core = self.__dict__.get("_graphjit_core")
-        if core is not None:
-            core.reset()
-        return out
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        """A copy of the wrapped layer, graphed anew with the same options (graphs are not copied)."""
-        new = type(self)(copy.deepcopy(self.layer, memo), dict(self._graphjit_core.options))
-        memo[id(self)] = new
-        return new
-
-    def extra_repr(self) -> str:
-        c = self._graphjit_core
-        return f"warmup={c.warmup}, max_in_flight={c.max_in_flight}, outputs={c.outputs!r}"
+        self._attach_core(PaddleGlue(layer), options)

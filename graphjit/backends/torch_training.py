@@ -12,13 +12,12 @@ The state machine (keys, slots, FIFO queue, capture and verify) is framework-neu
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ..training import Glue, GraphedLayerCore, MicroBatch
+from ..training import Glue, GraphedLayerCore, GraphedLayerMixin, MicroBatch
 from . import get
 
 _MAX_NODES = 200_000  # bound on the autograd-graph walk of stray_leaves
@@ -183,47 +182,13 @@ class TorchGlue(Glue):
         return None
 
 
-class GraphedModule(torch.nn.Module):
+class GraphedModule(GraphedLayerMixin, torch.nn.Module):
     """The ``torch.nn.Module`` :func:`graphjit.graphed_layer` returns: calls like the wrapped module
-    (``self.layer``), whose parameters, buffers and train/eval mode it shares."""
-
-    _graphjit_core: GraphedLayerCore  # set with object.__setattr__ in __init__ (not a submodule)
+    (``self.layer``), whose parameters, buffers and train/eval mode it shares.  Methods: ``stats()``,
+    ``report()``, ``reset()`` (:class:`graphjit.training.GraphedLayerMixin`); ``.to()``/``.cuda()``/
+    ``.half()`` drop the graphs; ``copy.deepcopy`` graphs the copied module anew."""
 
     def __init__(self, layer: torch.nn.Module, options: dict[str, Any]) -> None:
         super().__init__()
         self.layer = layer
-        core = GraphedLayerCore(TorchGlue(layer), f"graphed_layer({type(layer).__name__})", **options)
-        object.__setattr__(self, "_graphjit_core", core)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._graphjit_core.call(args, kwargs)
-
-    def stats(self) -> dict[str, Any]:
-        """Counters per input signature (warmups, captures = slots recorded, replays, backward replays,
-        fallbacks and their reasons, capture ms, pool bytes) and the layer's micro-batch counts."""
-        return self._graphjit_core.stats_dict()
-
-    def report(self) -> str:
-        return self._graphjit_core.report()
-
-    def reset(self) -> None:
-        """Drop every graph (after replacing parameter tensors); refused while micro-batches wait."""
-        self._graphjit_core.reset()
-
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        # .to(), .cuda(), .half() ... move or replace the parameters the graphs captured by address.
-        out = super()._apply(fn, *args, **kwargs)
-        core = self.__dict__.get("_graphjit_core")
-        if core is not None:
-            core.reset()
-        return out
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        """A copy of the wrapped layer, graphed anew with the same options (graphs are not copied)."""
-        new = type(self)(copy.deepcopy(self.layer, memo), dict(self._graphjit_core.options))
-        memo[id(self)] = new
-        return new
-
-    def extra_repr(self) -> str:
-        c = self._graphjit_core
-        return f"warmup={c.warmup}, max_in_flight={c.max_in_flight}, outputs={c.outputs!r}"
+        self._attach_core(TorchGlue(layer), options)
