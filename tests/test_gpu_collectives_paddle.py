@@ -1,20 +1,28 @@
 """The custom all-reduce with Paddle on 2 GPUs (paddle.distributed, NCCL): the swap, SOT, graphs.
 
-Run on a 2-GPU machine through the Paddle GPU kit (Python 3.11, paddlepaddle-gpu 2.6.2):
+Run on the GPU machine through the Paddle GPU kit (Python 3.11, paddlepaddle-gpu 2.6.2):
 ``. /tmp/pdc/env.sh; PYTHONPATH=. $PY311 -m pytest -q tests/test_gpu_collectives_paddle.py``.
-Skipped unless Paddle sees 2 GPUs.
+
+* **2 GPUs**: one process per GPU in one NCCL group; NCCL's result is the reference.
+* **1 GPU** (shared mode): both processes on GPU 0 with ``GRAPHJIT_AR_SHARED_GPU=1`` and a gloo
+  group (``PADDLE_DISTRI_BACKEND=gloo``; NCCL refuses two ranks on one GPU).  The custom kernel runs
+  across the two processes through CUDA IPC exactly as across GPUs (its kernels time-sliced), so
+  everything but the NCCL comparison is checked; the reference is numpy's exact sum (the float32
+  inputs are small integers, so NCCL's result is that sum too).  ``fallbacks`` is skipped there:
+  Paddle's gloo takes host tensors only, and a fallback hands it the caller's GPU tensor.
 
 That Paddle has no Hopper code for most kernels (on an H200 only matmul, copies and NCCL compute
 right), so the workers build every input with numpy, use only ``paddle.matmul``, copies and
 all-reduces, and check every result with numpy.  float32 and float16 (numpy has no bfloat16).
 
-Every check runs in two worker processes (this file run as a script), one per GPU, in one NCCL
-group; a session fixture runs them once and the tests read their sections:
+Every check runs in two worker processes (this file run as a script); a session fixture runs them
+once and the tests read their sections:
 
 * ``init``: the custom all-reduce is enabled for the Paddle group.
 * ``sizes``: 16 B to max_bytes (powers of two and odd multiples of 16), float32 and float16,
   one-shot, two-shot and auto, eager inside a graphed-call scope: every call ran the custom
-  kernel, returned a completed task, float32 (integer-valued) is bitwise NCCL's result, float16
+  kernel, returned a completed task, float32 (integer-valued) is bitwise NCCL's result (numpy's
+  exact sum in shared mode), float16
   is within one ulp of the exact sum, and both ranks hold the same bits.
 * ``sot``: a ``graphjit.graphed`` step traced by SOT (matmul, ``paddle.distributed.all_reduce``,
   matmul): SOT breaks the graph at the all-reduce, graphjit captures the custom kernel, replays on
@@ -61,19 +69,22 @@ def _gpus() -> int:
     return int(paddle.device.cuda.device_count())
 
 
-needs_two_gpus = pytest.mark.skipif(_gpus() < 2, reason="needs Paddle with 2 CUDA GPUs")
+SHARED = _gpus() == 1  # both ranks on GPU 0 (see the module docstring)
+needs_gpus = pytest.mark.skipif(_gpus() < 1, reason="needs Paddle with a CUDA GPU")
 
 
 @pytest.fixture(scope="session")
 def paddle_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    if _gpus() < 2:
-        pytest.skip("needs Paddle with 2 CUDA GPUs")
+    if _gpus() < 1:
+        pytest.skip("needs Paddle with a CUDA GPU")
     out_dir = Path(os.environ.get("GJ_PADDLE_AR_OUT") or tmp_path_factory.mktemp("gpu-collectives-paddle"))
     out_dir.mkdir(parents=True, exist_ok=True)
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("GRAPHJIT_", "PADDLE_", "FLAGS_selected"))}
     environ["PYTHONPATH"] = str(ROOT) + os.pathsep + environ.get("PYTHONPATH", "")
     environ["GRAPHJIT_CACHE_DIR"] = os.environ.get("GRAPHJIT_CACHE_DIR", str(out_dir / "cache"))
     environ.setdefault("MIN_GRAPH_SIZE", "0")
+    if SHARED:
+        environ.update(GRAPHJIT_AR_SHARED_GPU="1", GJ_AR_TEST_SHARED="1", PADDLE_DISTRI_BACKEND="gloo")
     environ["GJ_PADDLE_PORTS"] = ",".join(str(multiproc.free_port()) for _ in range(WORLD + 1))  # trainers, master
     return multiproc.launch(Path(__file__), WORLD, "paddle", out_dir, environ, WORKER_TIMEOUT_S)
 
@@ -81,15 +92,16 @@ def paddle_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]
 _section = multiproc.section
 
 
-@needs_two_gpus
+@needs_gpus
 def test_init_enables_the_custom_all_reduce(paddle_run: list[dict[str, Any]]) -> None:
     for r, sec in enumerate(_section(paddle_run, "init")):
         report = sec["report"]
         assert report["enabled"], f"rank {r}: {report['reason']}"
-        assert report["backend"] == "paddle" and report["rank"] == r and report["device"] == r
+        assert report["backend"] == "paddle" and report["rank"] == r and report["device"] == (0 if SHARED else r)
+        assert sec["shared"] == SHARED
 
 
-@needs_two_gpus
+@needs_gpus
 def test_sizes_and_dtypes_match_nccl(paddle_run: list[dict[str, Any]]) -> None:
     for r, sec in enumerate(_section(paddle_run, "sizes")):
         assert sec["cases"] >= 2 * 3 * 20, sec["cases"]
@@ -97,7 +109,7 @@ def test_sizes_and_dtypes_match_nccl(paddle_run: list[dict[str, Any]]) -> None:
         assert sec["custom_calls"] == sec["cases"]
 
 
-@needs_two_gpus
+@needs_gpus
 def test_sot_step_with_all_reduce_is_captured_and_replayed(paddle_run: list[dict[str, Any]]) -> None:
     for r, sec in enumerate(_section(paddle_run, "sot")):
         assert sec["failures"] == [], f"rank {r}: {sec['failures']}"
@@ -105,21 +117,23 @@ def test_sot_step_with_all_reduce_is_captured_and_replayed(paddle_run: list[dict
         assert sec["fn_fallbacks"] == {}, sec["fn_fallbacks"]
 
 
-@needs_two_gpus
+@needs_gpus
 def test_replays_stay_right(paddle_run: list[dict[str, Any]]) -> None:
     for r, sec in enumerate(_section(paddle_run, "replays")):
         assert sec["calls"] == 2000 and sec["wrong"] == 0, f"rank {r}: {sec}"
         assert sec["captured"] >= 1 and sec["fn_fallbacks"] == {}
 
 
-@needs_two_gpus
+@needs_gpus
 def test_ineligible_calls_fall_back_with_their_reason(paddle_run: list[dict[str, Any]]) -> None:
+    if SHARED:
+        pytest.skip("shared mode: a fallback would hand Paddle's gloo (host tensors only) a GPU tensor")
     for r, sec in enumerate(_section(paddle_run, "fallbacks")):
         assert sec["failures"] == [], f"rank {r}: {sec['failures']}"
         assert sec["reasons"] == {"float64": "dtype", "max": "op", "12 bytes": "bytes % 16", "outside": "scope"}
 
 
-@needs_two_gpus
+@needs_gpus
 def test_tensor_parallel_mlp_graphed_equals_numpy(paddle_run: list[dict[str, Any]]) -> None:
     for r, sec in enumerate(_section(paddle_run, "mlp")):
         assert sec["failures"] == [], f"rank {r}: {sec['failures']}"
@@ -142,14 +156,18 @@ class Worker:
             "PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": str(WORLD), "PADDLE_RANK_IN_NODE": str(rank),
             "PADDLE_TRAINER_ENDPOINTS": ",".join(f"127.0.0.1:{ports[i]}" for i in range(WORLD)),
             "PADDLE_CURRENT_ENDPOINT": f"127.0.0.1:{ports[rank]}", "PADDLE_MASTER": f"127.0.0.1:{ports[WORLD]}",
-            "PADDLE_LOCAL_SIZE": str(WORLD), "FLAGS_selected_gpus": str(rank)})
+            "PADDLE_LOCAL_SIZE": str(WORLD)})
+        self.shared = os.environ.get("GJ_AR_TEST_SHARED") == "1"
+        device = 0 if self.shared else rank
+        os.environ["FLAGS_selected_gpus"] = str(device)
         import paddle
         import paddle.distributed as dist
 
         self.paddle, self.dist, self.rank = paddle, dist, rank
-        paddle.set_device(f"gpu:{rank}")
-        self.place = paddle.CUDAPlace(rank)
+        paddle.set_device(f"gpu:{device}")
+        self.place = paddle.CUDAPlace(device)
         dist.init_parallel_env()
+        paddle.set_device(f"gpu:{device}")  # a gloo group leaves the expected place on the CPU
         import graphjit
         from graphjit import collectives, scope
         from graphjit.collectives import swap
@@ -179,7 +197,7 @@ class Worker:
         return len(set(load("paddle").all_gather_object(self.digest(a), None))) == 1
 
     def section_init(self) -> dict[str, Any]:
-        return {"report": self.report.as_dict()}
+        return {"report": self.report.as_dict(), "shared": self.shared}
 
     def section_sizes(self) -> dict[str, Any]:
         failures: list[str] = []
@@ -200,8 +218,11 @@ class Worker:
                         else:
                             per_rank.append((rng.standard_normal(n) * 4).astype(np.float16))
                     mine = per_rank[self.rank]
-                    ref = self.T(mine)
-                    self.nccl(ref)
+                    if self.shared:  # small integers: the exact sum is NCCL's result too
+                        r_np = np.sum(per_rank, axis=0, dtype=np.float64).astype(dtype)
+                    else:
+                        ref = self.T(mine)
+                        self.nccl(ref)
                     got = self.T(mine)
                     before = self.stats()["custom"]["eager"]
                     with self.scope.graphed_call("warmup"):
@@ -214,7 +235,8 @@ class Worker:
                         failures.append(f"{case}: returned {task!r}, not a completed task")
                     g = got.numpy()
                     if dtype == np.float32:
-                        r_np = ref.numpy()
+                        if not self.shared:
+                            r_np = ref.numpy()
                         if not np.array_equal(g, r_np):
                             bad = int(np.flatnonzero(g != r_np)[0])
                             failures.append(f"{case}: differs from NCCL at {bad}: {g[bad]} vs {r_np[bad]}")
@@ -286,6 +308,8 @@ class Worker:
                 "captured": self.stats()["custom"]["captured"] - s0["custom"]["captured"]}
 
     def section_fallbacks(self) -> dict[str, Any]:
+        if self.shared:  # a fallback runs Paddle's collective: gloo here, which reads host memory only
+            return {"skipped": "shared mode"}
         dist = self.dist
         failures: list[str] = []
         reasons: dict[str, str] = {}

@@ -138,12 +138,15 @@ class Dist(DistBackend):
         Built from broadcasts of host-filled uint8/int64 tensors, one rank at a time (size, then
         bytes), not ``paddle.distributed.all_gather_object``: that one also runs Paddle's own
         comparison and split kernels, which paddlepaddle-gpu 2.6 lacks for newer GPUs (Hopper);
-        broadcasts into a tensor and host copies work on every GPU and on gloo.
+        broadcasts into a tensor and host copies work on every GPU and on gloo.  The tensors live on
+        the current device, except in a gloo group (host tensors only: Paddle's gloo reads the
+        tensor's memory from the host), where they are CPU tensors.
         """
         g = self.resolve_group(group)
         me = int(dist.get_rank())
         mine = pickle.dumps(obj)
-        place = paddle.framework._current_expected_place()
+        gloo = str(getattr(g, "backend", "")).upper() == "GLOO"
+        place = paddle.CPUPlace() if gloo else paddle.framework._current_expected_place()
         out: list[Any] = []
         for src in [int(r) for r in g.ranks]:
             size = paddle.to_tensor(np.array([len(mine) if src == me else 0], np.int64), place=place)
