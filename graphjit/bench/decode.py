@@ -137,6 +137,8 @@ class _Runner:
     """One backend: builds a configuration's step, runs each variant, measures host cost."""
 
     sync: Callable[[], None]  # each subclass defines sync(): wait for the device
+    step: Callable[[Any], Any] | None  # build() sets the step and its two inputs
+    x: Any
 
     name = "base"
     timer = "host"
@@ -174,12 +176,126 @@ class _Runner:
             except Exception as exc:
                 out["errors"][label] = common.error_text(exc)
 
+    def variant(self, name: str) -> dict[str, Any]:
+        """Build variant ``name`` of the current configuration, check it against eager, time it."""
+        import graphjit
+
+        step, x = cast(Callable[[Any], Any], self.step), self.x  # build() ran first
+        if name in NEEDS_CUDA and not self.on_gpu:
+            return {"status": "skipped", "reason": "needs a CUDA GPU"}
+        t0 = time.perf_counter()
+        extra: dict[str, Any] = {}
+        status = "ok"
+        keep: list[Any] = []
+        graphed_opts = self.graphed_options(name)
+        if name == "eager":
+            check = self._check(step, name)
+
+            def run() -> Any:
+                return step(x)
+        elif name == "raw_graph":
+            static_x = x.clone()
+            graph, static_out = self._raw_capture(step, static_x)
+            keep.append(graph)
+
+            def replay(inp: Any) -> Any:
+                self.copy_into(static_x, inp)
+                graph.replay()
+                return static_out
+
+            check = self._check(replay, name)
+            extra["loop"] = f"{self.copy_into_text}; graph.replay()"
+
+            def run() -> Any:
+                return replay(x)
+        elif graphed_opts is not None:
+            opts, shown = graphed_opts
+            fn = cast(graphjit.GraphedFunction, graphjit.graphed(step, **opts))
+            keep.append(fn)
+            check = self._check(fn, name)
+            status, extra = _graphed_status(fn.stats(), self.on_gpu)
+            extra["options"] = shown
+
+            def run() -> Any:
+                return fn(x)
+        else:
+            check, run, extra = self.other_variant(name)
+        self.sync()
+        setup_s = time.perf_counter() - t0
+        result = {"status": status, "setup_s": setup_s, **check, **self._time(run), **extra}
+        if status == "ok" and graphed_opts is not None:  # stats again: the timed calls must have replayed
+            status, more = _graphed_status(keep[-1].stats(), self.on_gpu)
+            result.update(more, status=status)
+        self.release(keep)
+        del keep
+        self._free()
+        return result
+
+    def host_cost(self) -> dict[str, Any]:
+        """Host microseconds per call of a 4-input function with tiny GPU work: eager, a raw replay,
+        ``@graphed`` (and what the backend adds), each as :meth:`time_host` measures it."""
+        args = self.args
+        inputs = self.host_inputs()
+
+        def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
+            return a + b + c + d
+
+        calls: dict[str, Callable[..., Any]] = {"eager": lambda: tiny(*inputs)}
+        keep: list[Any] = []
+        out: dict[str, Any] = {"shape": list(HOST_SHAPE), "n_inputs": 4, "function": "a + b + c + d",
+                               "iters": args.host_iters, "repeats": args.host_repeats, "us": {}, "errors": {}}
+        if self.on_gpu:
+            try:
+                statics = [t.clone() for t in inputs]
+                graph, _ = self._raw_capture(tiny, *statics)
+                keep.append(graph)
+                calls["raw_replay"] = graph.replay
+            except Exception as exc:
+                out["errors"]["raw_replay"] = common.error_text(exc)
+        self.host_graphed_calls(tiny, inputs, calls, keep, out)
+        self.time_host(calls, out)
+        for obj in keep:
+            if hasattr(obj, "graphjit_options"):
+                status, details = _graphed_status(obj.stats(), self.on_gpu)
+                out.setdefault("graphed_status", {})[obj.graphjit_options.outputs] = {
+                    "status": status, "captured": details["captured"],
+                    "fallback_reasons": details.get("fallback_reasons", [])}
+        self.release(keep)
+        self._free()
+        return out
+
     # Subclasses implement these.
+    copy_into_text = "static_x.copy_(x)"  # how raw_graph's loop refreshes its input, for the JSON
+
     def build(self, layers: int, hidden: int, batch: int) -> None: ...
     @abstractmethod
-    def variant(self, name: str) -> dict[str, Any]: ...
+    def graphed_options(self, name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """For a ``graphed*`` variant: the ``graphed()`` options and what the JSON shows of them."""
     @abstractmethod
-    def host_cost(self) -> dict[str, Any]: ...
+    def copy_into(self, static: Any, inp: Any) -> None:
+        """Copy ``inp`` into ``static`` (raw_graph's input refresh), as a user would write it."""
+    def other_variant(self, name: str) -> tuple[dict[str, Any], Callable[[], Any], dict[str, Any]]:
+        """A backend's own variant: (check entry, the timed call, extra JSON fields)."""
+        raise ValueError(f"unknown {self.name} variant {name!r}")
+    @abstractmethod
+    def host_inputs(self) -> list[Any]:
+        """Four tensors of ``HOST_SHAPE`` on the device."""
+    def host_graphed_calls(self, tiny: Callable[..., Any], inputs: list[Any], calls: dict[str, Callable[..., Any]],
+                           keep: list[Any], out: dict[str, Any]) -> None:
+        """Add the graphed calls of :meth:`host_cost` (graphed functions go into ``keep``)."""
+    @abstractmethod
+    def release(self, keep: list[Any]) -> None:
+        """Done with a variant's graphs and graphed functions."""
+    @abstractmethod
+    def _check(self, call: Callable[[Any], Any], name: str) -> dict[str, Any]:
+        """Relative errors of ``call`` against eager on the two inputs (:func:`_errors_entry`)."""
+    @abstractmethod
+    def _time(self, call: Callable[[], Any]) -> dict[str, Any]:
+        """Time ``call`` (warmup, then repeats of ``--iters`` calls): :func:`_timing`."""
+    @abstractmethod
+    def _raw_capture(self, fn: Callable[..., Any], *static: Any) -> tuple[Any, Any]:
+        """A graph of ``fn(*static)`` captured by hand, and its output."""
+    def _free(self) -> None: ...
     def teardown(self) -> None: ...
 
 
@@ -320,107 +436,55 @@ class _TorchRunner(_Runner):
         torch.cuda.synchronize()
         return graph, out
 
-    def variant(self, name: str) -> dict[str, Any]:
-        import graphjit
+    def graphed_options(self, name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        if name not in ("graphed", "graphed_alias", "graphed_compile", "graphed_compile_alias"):
+            return None
+        # alias outputs are what reduce-overhead returns too (overwritten by the next call)
+        opts: dict[str, Any] = {"outputs": "alias"} if name.endswith("_alias") else {}
+        if name.startswith("graphed_compile"):
+            self.torch._dynamo.reset()
+            opts["tracer"] = "compile"
+        return opts, (opts or {"outputs": "copy", "tracer": "eager"})
 
-        torch, step, x = self.torch, cast(Callable[[Any], Any], self.step), self.x  # build() ran first
-        if name in NEEDS_CUDA and not self.on_gpu:
-            return {"status": "skipped", "reason": "needs a CUDA GPU"}
-        t0 = time.perf_counter()
-        extra: dict[str, Any] = {}
-        status = "ok"
-        keep: list[Any] = []
-        if name == "eager":
-            check = self._check(step, name)
+    def copy_into(self, static: Any, inp: Any) -> None:
+        static.copy_(inp)
 
-            def run() -> Any:
-                return step(x)
-        elif name == "raw_graph":
-            static_x = x.clone()
-            graph, static_out = self._raw_capture(step, static_x)
-            keep.append(graph)
+    def other_variant(self, name: str) -> tuple[dict[str, Any], Callable[[], Any], dict[str, Any]]:
+        if name != "compile_reduce_overhead":
+            return super().other_variant(name)
+        torch, step, x = self.torch, cast(Callable[[Any], Any], self.step), self.x
+        torch._dynamo.reset()
+        compiled = torch.compile(step, mode="reduce-overhead")
+        mark = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
 
-            def replay(inp: Any) -> Any:
-                static_x.copy_(inp)
-                graph.replay()
-                return static_out
+        def call(inp: Any) -> Any:
+            if mark is not None:
+                mark()
+            return compiled(inp)
 
-            check = self._check(replay, name)
-            extra["loop"] = "static_x.copy_(x); graph.replay()"
+        skips_before = _cudagraph_skips(torch)
+        for _ in range(3):  # warmup run, record, first replay (cudagraph trees)
+            call(x)
+        check = self._check(call, name)
+        extra: dict[str, Any] = {"weights_marked_static": self.static_weights,
+                                 "cudagraph_skips": _cudagraph_skips(torch) - skips_before}
+        if extra["cudagraph_skips"]:
+            extra["note"] = "Inductor skipped its CUDA graphs (see TORCH_LOGS=perf_hints); this is not graph replay"
+        return check, lambda: call(x), extra
 
-            def run() -> Any:
-                return replay(x)
-        elif name in ("graphed", "graphed_alias", "graphed_compile", "graphed_compile_alias"):
-            # alias outputs are what reduce-overhead returns too (overwritten by the next call)
-            opts: dict[str, Any] = {"outputs": "alias"} if name.endswith("_alias") else {}
-            if name.startswith("graphed_compile"):
-                torch._dynamo.reset()
-                opts["tracer"] = "compile"
-            fn = cast(graphjit.GraphedFunction, graphjit.graphed(step, **opts))
-            keep.append(fn)
-            check = self._check(fn, name)
-            status, extra = _graphed_status(fn.stats(), self.on_gpu)
-            extra["options"] = opts or {"outputs": "copy", "tracer": "eager"}
-
-            def run() -> Any:
-                return fn(x)
-        elif name == "compile_reduce_overhead":
-            torch._dynamo.reset()
-            compiled = torch.compile(step, mode="reduce-overhead")
-            mark = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
-
-            def call(inp: Any) -> Any:
-                if mark is not None:
-                    mark()
-                return compiled(inp)
-
-            skips_before = _cudagraph_skips(torch)
-            for _ in range(3):  # warmup run, record, first replay (cudagraph trees)
-                call(x)
-            check = self._check(call, name)
-            extra["weights_marked_static"] = self.static_weights
-            extra["cudagraph_skips"] = _cudagraph_skips(torch) - skips_before
-            if extra["cudagraph_skips"]:
-                extra["note"] = "Inductor skipped its CUDA graphs (see TORCH_LOGS=perf_hints); this is not graph replay"
-
-            def run() -> Any:
-                return call(x)
-        else:
-            raise ValueError(f"unknown torch variant {name!r}")
-        self.sync()
-        setup_s = time.perf_counter() - t0
-        result = {"status": status, "setup_s": setup_s, **check, **self._time(run), **extra}
-        if status == "ok" and name.startswith("graphed"):  # stats again: the timed calls must have replayed
-            status, more = _graphed_status(keep[0].stats(), self.on_gpu)
-            result.update(more, status=status)
-        for obj in keep:
+    def release(self, keep: list[Any]) -> None:
+        for obj in keep:  # graphed functions and raw CUDAGraphs: free their memory now
             if hasattr(obj, "reset"):
                 obj.reset()
-        del keep
-        self._free()
-        return result
 
-    def host_cost(self) -> dict[str, Any]:
+    def host_inputs(self) -> list[Any]:
+        torch = self.torch
+        return [torch.randn(*HOST_SHAPE, device=self.device).to(self.dtype) for _ in range(4)]
+
+    def host_graphed_calls(self, tiny: Callable[..., Any], inputs: list[Any], calls: dict[str, Callable[..., Any]],
+                           keep: list[Any], out: dict[str, Any]) -> None:
         import graphjit
 
-        torch, args = self.torch, self.args
-        inputs = [torch.randn(*HOST_SHAPE, device=self.device).to(self.dtype) for _ in range(4)]
-
-        def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
-            return a + b + c + d
-
-        calls: dict[str, Callable[..., Any]] = {"eager": lambda: tiny(*inputs)}
-        keep: list[Any] = []
-        out: dict[str, Any] = {"shape": list(HOST_SHAPE), "n_inputs": 4, "function": "a + b + c + d",
-                               "iters": args.host_iters, "repeats": args.host_repeats, "us": {}, "errors": {}}
-        if self.on_gpu:
-            try:
-                statics = [t.clone() for t in inputs]
-                graph, _ = self._raw_capture(tiny, *statics)
-                keep.append(graph)
-                calls["raw_replay"] = graph.replay
-            except Exception as exc:
-                out["errors"]["raw_replay"] = common.error_text(exc)
         opts: Any  # a dict of graphed() options
         for label, opts in (("graphed", {}), ("graphed_alias", {"outputs": "alias"})):
             fn = cast(graphjit.GraphedFunction, graphjit.graphed(tiny, **opts))
@@ -439,19 +503,8 @@ class _TorchRunner(_Runner):
         signer = Signer(tiny, None, "auto", "tiny")
         targets = [t.clone() for t in inputs]
         calls["part_sign"] = lambda: signer.sign(None, tuple(inputs), {})
-        calls["part_copy_inputs"] = lambda: torch._foreach_copy_(targets, inputs)
+        calls["part_copy_inputs"] = lambda: self.torch._foreach_copy_(targets, inputs)
         calls["part_clone_output"] = lambda: inputs[0].clone()
-        self.time_host(calls, out)
-        for obj in keep:
-            if hasattr(obj, "stats"):
-                status, details = _graphed_status(obj.stats(), self.on_gpu)
-                out.setdefault("graphed_status", {})[obj.graphjit_options.outputs] = {
-                    "status": status, "captured": details["captured"],
-                    "fallback_reasons": details.get("fallback_reasons", [])}
-            if hasattr(obj, "reset"):
-                obj.reset()
-        self._free()
-        return out
 
 
 # -- paddle -----------------------------------------------------------------------------------------
@@ -603,90 +656,33 @@ class _PaddleRunner(_Runner):
         self.sync()
         return graph, out
 
-    def variant(self, name: str) -> dict[str, Any]:
-        import graphjit
+    copy_into_text = "static_x.copy_(x, False)"
 
-        step, x = cast(Callable[[Any], Any], self.step), self.x  # build() ran first
-        if name in NEEDS_CUDA and not self.on_gpu:
-            return {"status": "skipped", "reason": "needs a CUDA GPU"}
-        t0 = time.perf_counter()
-        extra: dict[str, Any] = {}
-        status = "ok"
-        keep: list[Any] = []
-        if name == "eager":
-            check = self._check(step, name)
+    def graphed_options(self, name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        tracer = {"graphed": "eager", "graphed_ast": "ast", "graphed_sot": "sot"}.get(name)
+        if tracer is None:
+            return None
+        return {"backend": "paddle", "tracer": tracer}, {"tracer": tracer}
 
-            def run() -> Any:
-                return step(x)
-        elif name == "raw_graph":
-            static_x = x.clone()
-            graph, static_out = self._raw_capture(step, static_x)
+    def copy_into(self, static: Any, inp: Any) -> None:
+        static.copy_(inp, False)
 
-            def replay(inp: Any) -> Any:
-                static_x.copy_(inp, False)
-                graph.replay()
-                return static_out
-
-            check = self._check(replay, name)
-            extra["loop"] = "static_x.copy_(x, False); graph.replay()"
-
-            def run() -> Any:
-                return replay(x)
-        elif name in ("graphed", "graphed_ast", "graphed_sot"):
-            tracer = {"graphed": "eager", "graphed_ast": "ast", "graphed_sot": "sot"}[name]
-            fn = cast(graphjit.GraphedFunction, graphjit.graphed(step, backend="paddle", tracer=tracer))
-            keep.append(fn)
-            check = self._check(fn, name)
-            status, extra = _graphed_status(fn.stats(), self.on_gpu)
-            extra["options"] = {"tracer": tracer}
-
-            def run() -> Any:
-                return fn(x)
-        else:
-            raise ValueError(f"unknown paddle variant {name!r}")
-        self.sync()
-        setup_s = time.perf_counter() - t0
-        result = {"status": status, "setup_s": setup_s, **check, **self._time(run), **extra}
-        if status == "ok" and name.startswith("graphed"):
-            status, more = _graphed_status(keep[0].stats(), self.on_gpu)
-            result.update(more, status=status)
+    def release(self, keep: list[Any]) -> None:
         self.alive.extend(keep)  # never reset: see __init__
-        self._free()
-        return result
 
-    def host_cost(self) -> dict[str, Any]:
+    def host_inputs(self) -> list[Any]:
         import numpy as np
 
+        rng = np.random.default_rng(self.args.seed + 1)
+        return [self._tensor(rng.standard_normal(HOST_SHAPE)) for _ in range(4)]
+
+    def host_graphed_calls(self, tiny: Callable[..., Any], inputs: list[Any], calls: dict[str, Callable[..., Any]],
+                           keep: list[Any], out: dict[str, Any]) -> None:
         import graphjit
 
-        args = self.args
-        rng = np.random.default_rng(self.args.seed + 1)
-        inputs = [self._tensor(rng.standard_normal(HOST_SHAPE)) for _ in range(4)]
-
-        def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
-            return a + b + c + d
-
-        calls: dict[str, Callable[..., Any]] = {"eager": lambda: tiny(*inputs)}
-        keep: list[Any] = []
-        out: dict[str, Any] = {"shape": list(HOST_SHAPE), "n_inputs": 4, "function": "a + b + c + d",
-                               "iters": args.host_iters, "repeats": args.host_repeats, "us": {}, "errors": {}}
-        if self.on_gpu:
-            try:
-                statics = [t.clone() for t in inputs]
-                graph, _ = self._raw_capture(tiny, *statics)
-                calls["raw_replay"] = graph.replay
-            except Exception as exc:
-                out["errors"]["raw_replay"] = common.error_text(exc)
         fn = cast(graphjit.GraphedFunction, graphjit.graphed(tiny, backend="paddle", tracer="eager"))
         keep.append(fn)
         calls["graphed"] = lambda: fn(*inputs)
-        self.time_host(calls, out)
-        status, details = _graphed_status(fn.stats(), self.on_gpu)
-        out["graphed_status"] = {"copy": {"status": status, "captured": details["captured"],
-                                          "fallback_reasons": details.get("fallback_reasons", [])}}
-        self.alive.extend(keep)  # never reset: see __init__
-        self._free()
-        return out
 
 
 def _cudagraph_skips(torch: Any) -> int:
