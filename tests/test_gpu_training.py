@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import graphjit
+from graphjit.bench.train import build_model
 
 TORCH = [pytest.mark.gpu, pytest.mark.torch]
 PADDLE = [pytest.mark.gpu, pytest.mark.paddle]
@@ -52,35 +53,11 @@ def make_mlp(torch, d_in=64, hidden=256, d_out=64):
                                torch.nn.GELU(), torch.nn.Linear(hidden, d_out)).cuda()
 
 
-def make_block(torch, d=64, heads=4, seq=32):
-    """A pre-LayerNorm transformer block: causal self-attention written with matmuls, then a GELU MLP."""
-
-    class Block(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.heads = heads
-            self.ln1 = torch.nn.LayerNorm(d)
-            self.qkv = torch.nn.Linear(d, 3 * d)
-            self.proj = torch.nn.Linear(d, d)
-            self.ln2 = torch.nn.LayerNorm(d)
-            self.fc1 = torch.nn.Linear(d, 4 * d)
-            self.fc2 = torch.nn.Linear(4 * d, d)
-            self.register_buffer("causal", torch.ones(seq, seq, dtype=torch.bool).tril(), persistent=False)
-
-        def forward(self, x):
-            b, t, c = x.shape
-            hd = c // self.heads
-            q, k, v = self.qkv(self.ln1(x)).split(c, dim=-1)
-            q, k, v = (z.reshape(b, t, self.heads, hd).transpose(1, 2) for z in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) * hd ** -0.5
-            att = att.masked_fill(~self.causal[:t, :t], float("-inf")).softmax(dim=-1)
-            y = (att @ v).transpose(1, 2).reshape(b, t, c)
-            x = x + self.proj(y)
-            return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
-
+def make_block(torch, d=64, seq=32):
+    """A pre-LayerNorm transformer block (causal self-attention written with matmuls, 4 heads, then a
+    GELU MLP): the block ``bench train --model block`` times."""
     torch.manual_seed(0)
-    return Block().cuda()
-
+    return build_model(torch, "block", 1, d, seq)[0].cuda()
 
 def batches(torch, shape_x, shape_y, n, seed=0):
     """``n`` batches ``(x, y)`` of a learnable target: ``y = tanh(x @ A)`` for a fixed random ``A``."""
