@@ -138,17 +138,17 @@ def test_timeout_stops_the_workers_and_says_so(tmp_path: Path) -> None:
 def test_one_failed_worker_gets_the_other_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 1 fails at once, rank 0 hangs: rank 0 is killed after the grace period, and the JSON names rank 1."""
     fake = tmp_path / "fake-python"
-    fake.write_text("#!/bin/sh\n"  # argv: -m graphjit.bench.allreduce --worker CONFIG RANK
+    fake.write_text("#!/bin/sh\n"  # argv: -m graphjit.backends.torch_allreduce_bench --worker CONFIG RANK
                     'if [ "$5" = "1" ]; then echo "rank 1 exploded" >&2; exit 3; fi\nexec sleep 60\n')
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(fake))
     monkeypatch.setattr(ar, "GRACE_S", 0.5)
-    codes, why = ar._supervise(tmp_path, timeout=30, world=2)
+    codes, why = ar.supervise_workers(tmp_path, timeout=30, world=2)
     assert codes == [None, 3] and why is not None and "rank 1 ended (exit status 3)" in why
     (tmp_path / "rank1.status.json").write_text(json.dumps({"rank": 1, "stage": "size 4 KiB", "error": "boom",
                                                              "failed_at": 1.0}))
     cfg = {"tmp": str(tmp_path), "json_path": str(tmp_path / "r.json"), "data": {"benchmark": "allreduce"}}
-    assert ar._after(cfg, codes, why) == 1
+    assert ar.report_workers(cfg, codes, why) == 1
     data = json.loads((tmp_path / "r.json").read_text())
     assert "rank 1 failed in size 4 KiB: boom" in data["error"] and data["workers"][1]["exit_status"] == 3
 
@@ -228,20 +228,20 @@ def test_fallbacks_are_not_timings_and_are_problems() -> None:
     before = {"custom": {"eager": 5, "captured": 2}, "fallbacks": {"scope": 1}, "reasons": {"scope": "x"}}
     after = {"custom": {"eager": 5, "captured": 2}, "fallbacks": {"scope": 1, "bytes > max": 3},
              "reasons": {"scope": "x", "bytes > max": "67108864 bytes > max_bytes=8388608"}}
-    d = ar._custom_delta(before, after, expect="eager")
+    d = ar.custom_delta(before, after, expect="eager")
     assert d["status"] == "fallback" and d["fallback_reasons"] == {"bytes > max": "67108864 bytes > max_bytes=8388608"}
     assert d["fallback_calls"] == {"bytes > max": 3}
-    nothing = ar._custom_delta(before, before, expect="captured")
+    nothing = ar.custom_delta(before, before, expect="captured")
     assert nothing["status"] == "fallback" and "not run" in nothing["fallback_reasons"]
-    ran = ar._custom_delta(before, {**before, "custom": {"eager": 6, "captured": 2}}, expect="eager")
+    ran = ar.custom_delta(before, {**before, "custom": {"eager": 6, "captured": 2}}, expect="eager")
     assert "status" not in ran and ran["custom_calls"] == {"eager": 1, "captured": 0}
 
     ok = {"status": "ok", "samples_us": [5.0, 6.0], "median_us": 5.5, "host_us_per_call": 9.0}
-    t = ar._combine_timings([ok, {**ok, "median_us": 6.5}])
+    t = ar.combine_timings([ok, {**ok, "median_us": 6.5}])
     assert t["status"] == "ok" and t["us_per_call"] == 6.5 and t["rank_us"] == [5.5, 6.5]
-    t = ar._combine_timings([ok, {"status": "fallback", "fallback_reasons": {"VMM memory": "y"}}])
+    t = ar.combine_timings([ok, {"status": "fallback", "fallback_reasons": {"VMM memory": "y"}}])
     assert t["status"] == "fallback" and "us_per_call" not in t and t["fallback_reasons"] == {"VMM memory": "y"}
-    c = ar._combine_checks([{"status": "ok", "check": {"max_abs_diff": 0.0, "tol": 1.0, "correct": True,
+    c = ar.combine_checks([{"status": "ok", "check": {"max_abs_diff": 0.0, "tol": 1.0, "correct": True,
                                                        "against": "NCCL"}},
                             {"status": "error", "error": "RuntimeError: boom", "traceback": "tb"}])
     assert c["status"] == "error" and c["errors"] == {"1": "RuntimeError: boom"} and c["check"]["correct"] is False
@@ -263,7 +263,7 @@ def test_four_workers_one_fails_the_others_are_stopped(tmp_path: Path, monkeypat
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(fake))
     monkeypatch.setattr(ar, "GRACE_S", 0.5)
-    codes, why = ar._supervise(tmp_path, timeout=30, world=4)
+    codes, why = ar.supervise_workers(tmp_path, timeout=30, world=4)
     assert codes == [None, None, None, 4] and why is not None and "rank 3 ended (exit status 4)" in why
 
 
@@ -273,7 +273,7 @@ def test_shared_gpu_smoke_skips_are_not_problems_and_the_report_says_timings_mea
         "nccl_graph": {"status": "skipped", "reason": "shared-GPU smoke run: the framework's all-reduce is gloo there"},
         "custom_auto_graph": {"status": "skipped", "reason": "collectives.init raised: boom"}}}
     data = {"device": "cuda", "shared_gpu": True, "config": {"variants": list(entry["variants"])}, "results": [entry]}
-    summary = ar._summary(data)
+    summary = ar.summary(data)
     assert summary["problems"] == ["4 KiB custom_auto_graph: skipped: collectives.init raised: boom"]
     data["targets"] = {}
     assert any("shared-GPU smoke run" in line and "mean nothing" in line for line in ar.report_lines(data))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,9 @@ import pytest
 import graphjit.env
 from graphjit import doctor
 from graphjit.__main__ import main
+from graphjit.backends import paddle_doctor, torch_doctor
 from graphjit.collectives import _lib
+from graphjit.doctor import allreduce, children, context, peers, system, toolchain
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -108,7 +111,7 @@ def test_collectives_on_cpu_exits_1_and_says_why(monkeypatch: pytest.MonkeyPatch
     ar = by_check["custom all-reduce"]
     assert ar["status"] == "fail" and ar["blocking"] and "needs 2 GPUs on one node" in ar["result"]
     csrc = by_check["csrc build"]
-    if doctor._find_nvcc()[0] is not None:
+    if toolchain.find_nvcc()[0] is not None:
         assert csrc["status"] == "pass", csrc
         assert "compiled csrc for sm_90 as a toolchain check" in csrc["result"]
         assert f"(ABI {_lib.ABI_VERSION})" in csrc["result"]
@@ -160,8 +163,8 @@ class _FakeLibrary:
         return "00000000:1B:00.0", 9, 0
 
 
-def _gpu_context(collectives: bool = False) -> doctor._Context:
-    ctx = doctor._Context(doctor.Report(), ("torch",), False, collectives, 60.0)
+def _gpu_context(collectives: bool = False) -> context.Context:
+    ctx = context.Context(doctor.Report(), ("torch",), False, collectives, 60.0)
     ctx.gpus["torch"] = [{"index": i, "name": "NVIDIA H200", "capability": "9.0", "memory_gib": 140.0}
                          for i in range(2)]
     return ctx
@@ -177,7 +180,7 @@ def test_csrc_row_loads_or_builds_for_the_gpu_arch(monkeypatch: pytest.MonkeyPat
     graphjit.env.refresh()
     for collectives in (False, True):
         ctx = _gpu_context(collectives)
-        doctor._check_csrc(ctx)
+        toolchain.check_csrc(ctx)
         row = ctx.report.rows[-1]
         assert row.check == "csrc build" and row.status == "fail" and row.blocking == collectives
         assert row.result.startswith("sm_90: building failed: nvcc was not found"), row.result
@@ -188,7 +191,7 @@ def test_csrc_row_loads_or_builds_for_the_gpu_arch(monkeypatch: pytest.MonkeyPat
     library.write_bytes(b"")
     monkeypatch.setattr(_lib, "Library", _FakeLibrary)
     ctx = _gpu_context()
-    doctor._check_csrc(ctx)
+    toolchain.check_csrc(ctx)
     row = ctx.report.rows[-1]
     assert row.status == "pass" and ctx.csrc == "pass"
     assert row.result.startswith(f"sm_90 cached ({library.name})")
@@ -198,10 +201,10 @@ def test_csrc_row_loads_or_builds_for_the_gpu_arch(monkeypatch: pytest.MonkeyPat
 def _rank_result(rank: int, **changes: Any) -> dict[str, Any]:
     cases = [{"mode": "eager", "dtype": dt, "algo": algo, "bytes": b, "calls": 1, "custom": True,
               "max_abs_diff": 0.0, "max_abs": 4.0, "tol": 4.0 * 2**-10}
-             for dt in ("float32", "float16", "bfloat16") for algo in ("1shot", "2shot") for b in doctor.AR_SIZES]
+             for dt in ("float32", "float16", "bfloat16") for algo in ("1shot", "2shot") for b in allreduce.AR_SIZES]
     cases += [{"mode": "graphed", "dtype": dt, "algo": "auto", "bytes": n * 4, "calls": 4, "custom": True,
                "max_abs_diff": 0.0, "max_abs": 9.0, "tol": 9.0 * 2**-7, "graphs": 1, "replays": 4, "captured": 1,
-               "fallbacks": {}} for dt, n in doctor.AR_GRAPHED]
+               "fallbacks": {}} for dt, n in allreduce.AR_GRAPHED]
     result = {"rank": rank, "stage": "done", "done": True, "init_s": 1.5, "cases": cases, "fallbacks": {},
               "reasons": {}, "report": {"enabled": True, "reason_key": None, "reason": None, "arch": "sm_90",
                                         "rank": rank, "world_size": 2}}
@@ -211,7 +214,7 @@ def _rank_result(rank: int, **changes: Any) -> dict[str, Any]:
 
 def test_ar_verdict() -> None:
     ok = [_rank_result(0), _rank_result(1)]
-    status, text, fix, lines, data = doctor._ar_verdict(ok, ["", ""], None)
+    status, text, fix, lines, data = allreduce.ar_verdict(ok, ["", ""], None)
     assert status == "pass" and fix is None
     assert text.startswith("30 eager all-reduces (16 B to 8 MiB; float32, float16, bfloat16; one-shot and two-shot)")
     assert "2 graphed steps (8 replays) ran the custom kernel and match NCCL (max abs diff 0)" in text
@@ -220,29 +223,29 @@ def test_ar_verdict() -> None:
 
     wrong = [_rank_result(0), _rank_result(1)]
     wrong[1]["cases"][3]["max_abs_diff"] = 0.5
-    status, text, fix, _, _ = doctor._ar_verdict(wrong, ["", ""], None)
+    status, text, fix, _, _ = allreduce.ar_verdict(wrong, ["", ""], None)
     assert status == "fail" and "differs from NCCL in 1 of 64 results (32 cases x 2 ranks)" in text
     # the shared-GPU test mode (GRAPHJIT_AR_SHARED_GPU=1, 1 GPU) compares with gloo and says so
-    status, text, _, _, _ = doctor._ar_verdict(ok, ["", ""], None, reference="gloo")
+    status, text, _, _, _ = allreduce.ar_verdict(ok, ["", ""], None, reference="gloo")
     assert status == "pass" and "match gloo" in text and "NCCL" not in text
-    status, text, _, _, _ = doctor._ar_verdict(wrong, ["", ""], None, reference="gloo")
+    status, text, _, _, _ = allreduce.ar_verdict(wrong, ["", ""], None, reference="gloo")
     assert status == "fail" and "differs from gloo" in text
     assert "max abs diff 0.5" in text and "on rank 1" in text and fix and "bug" in fix
 
     vmm = [_rank_result(0, reasons={"VMM memory": "captured tensor in VMM memory"}), _rank_result(1)]
     vmm[0]["cases"][-1].update(custom=False, fallbacks={"VMM memory": 4})
-    status, text, fix, _, _ = doctor._ar_verdict(vmm, ["", ""], None)
+    status, text, fix, _, _ = allreduce.ar_verdict(vmm, ["", ""], None)
     assert status == "fail" and "ran NCCL instead of the custom kernel" in text and "expandable_segments" in fix
 
     off = _rank_result(0)
     off["report"].update(enabled=False, reason_key="topology", reason="rank 0: the P2P write probe failed")
-    status, text, fix, _, _ = doctor._ar_verdict([off, _rank_result(1)], ["", ""], None)
+    status, text, fix, _, _ = allreduce.ar_verdict([off, _rank_result(1)], ["", ""], None)
     assert status == "fail" and text.startswith("collectives.init turned it off (topology): rank 0: the P2P")
     assert fix and "P2P" in fix
 
     hung = [_rank_result(0, stage="NCCL group", done=False), None]
-    status, text, fix, lines, _ = doctor._ar_verdict(hung, ["", "some NCCL error\n"], "the 2 processes did not "
-                                                     "finish in 180 s")
+    status, text, fix, lines, _ = allreduce.ar_verdict(hung, ["", "some NCCL error\n"], "the 2 processes did "
+                                                        "not finish in 180 s")
     assert status == "fail" and "did not finish in 180 s; rank 1 wrote no result" in text
     assert "rank 0: NCCL group" in text and lines == ["rank 1: some NCCL error"]
     assert fix and "NCCL_DEBUG=INFO" in fix
@@ -258,13 +261,13 @@ def test_collectives_with_two_gpus_runs_the_pair(monkeypatch: pytest.MonkeyPatch
         calls.append(timeout)
         return [_rank_result(0), _rank_result(1)], ["", ""], None
 
-    def csrc(ctx: doctor._Context) -> None:
+    def csrc(ctx: context.Context) -> None:
         ctx.csrc = doctor.PASS
         ctx.report.add("collectives", "csrc build", doctor.PASS, "faked")
 
-    monkeypatch.setattr(doctor, "_run_ar_pair", pair)
-    monkeypatch.setattr(doctor, "_check_csrc", csrc)
-    monkeypatch.setattr(doctor, "_torch_gpus", lambda ctx: (2, ["NVIDIA H200", "NVIDIA H200"], None))
+    monkeypatch.setattr(allreduce, "run_ar_pair", pair)
+    monkeypatch.setattr(toolchain, "check_csrc", csrc)
+    monkeypatch.setattr(torch_doctor, "torch_gpus", lambda ctx: (2, ["NVIDIA H200", "NVIDIA H200"], None))
     plain = doctor.diagnose(INSTALLED[0])
     assert not calls and next(r for r in plain.rows if r.check == "custom all-reduce").status == "skip"
     report = doctor.diagnose(INSTALLED[0], collectives=True, timeout=77)
@@ -274,7 +277,7 @@ def test_collectives_with_two_gpus_runs_the_pair(monkeypatch: pytest.MonkeyPatch
     assert report.summary[-1] == "--collectives: the custom all-reduce matches NCCL on GPUs 0,1 of 2 (2 x NVIDIA H200)"
     assert "max abs diff 0" in report.render()
 
-    monkeypatch.setattr(doctor, "_torch_gpus", lambda ctx: (1, ["NVIDIA H200"], None))
+    monkeypatch.setattr(torch_doctor, "torch_gpus", lambda ctx: (1, ["NVIDIA H200"], None))
     report = doctor.diagnose(INSTALLED[0], collectives=True)
     row = next(r for r in report.rows if r.check == "custom all-reduce")
     assert row.status == "fail"
@@ -286,7 +289,7 @@ def test_collectives_setting_off_is_reported(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("GRAPHJIT_CUSTOM_AR", "0")
     graphjit.env.refresh()
     ctx = _gpu_context(collectives=True)
-    doctor._check_custom_ar(ctx)
+    allreduce.check_custom_ar(ctx)
     row = ctx.report.rows[-1]
     assert row.status == "fail" and "GRAPHJIT_CUSTOM_AR=0" in row.result and "unset GRAPHJIT_CUSTOM_AR" in row.fix
 
@@ -296,16 +299,16 @@ def test_collectives_setting_off_is_reported(monkeypatch: pytest.MonkeyPatch) ->
 def test_ar_probe_script_runs_on_cpu() -> None:
     """The 2-process probe, in a gloo group on the CPU: it starts, exchanges a port, runs every case and reports
     (collectives.init turns the custom all-reduce off: CPU build; every call runs gloo and matches)."""
-    results, tails, why = doctor._run_ar_pair(120, "cpu")
+    results, tails, why = allreduce.run_ar_pair(120, "cpu")
     assert why is None, (why, tails)
     for rank, res in enumerate(results):
         assert res is not None and res["done"] and res["returncode"] == 0, (res, tails[rank])
         assert res["report"]["enabled"] is False and res["report"]["reason_key"] == "unavailable"
         cases = res["cases"]
-        assert len(cases) == 3 * 2 * len(doctor.AR_SIZES) + len(doctor.AR_GRAPHED)
+        assert len(cases) == 3 * 2 * len(allreduce.AR_SIZES) + len(allreduce.AR_GRAPHED)
         assert all(c["max_abs_diff"] == 0.0 and c["custom"] is False for c in cases), cases
-        assert res["fallbacks"].get("unavailable") == 3 * 2 * len(doctor.AR_SIZES)
-    status, text, fix, _, _ = doctor._ar_verdict(results, tails, why)
+        assert res["fallbacks"].get("unavailable") == 3 * 2 * len(allreduce.AR_SIZES)
+    status, text, fix, _, _ = allreduce.ar_verdict(results, tails, why)
     assert status == "fail" and text.startswith("collectives.init turned it off (unavailable)") and fix
 
 
@@ -334,7 +337,7 @@ def test_json_has_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
 def test_framework_named_but_missing_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(doctor.importlib.util, "find_spec",
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "paddle" else real(name, *a))
     report = doctor.diagnose("paddle")
     row = next(r for r in report.rows if r.check == "paddle")
@@ -361,7 +364,7 @@ def test_gpu_without_a_cuda_build_fails(monkeypatch: pytest.MonkeyPatch, tmp_pat
     smi.write_text(FAKE_SMI)
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
-    info = doctor._nvidia_smi()
+    info = system.nvidia_smi()
     assert info is not None and "error" not in info and info["driver"] == "580.159.04"  # retried without compute_cap
     assert [g["name"] for g in info["gpus"]] == ["NVIDIA H200", "NVIDIA H200"]
     report = doctor.diagnose("torch")
@@ -394,7 +397,7 @@ def test_disable_skips_the_capture_checks(monkeypatch: pytest.MonkeyPatch) -> No
 def test_bad_nvcc_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GRAPHJIT_NVCC", str(tmp_path / "no-such-nvcc"))
     graphjit.env.refresh()
-    path, source, problem = doctor._find_nvcc()
+    path, source, problem = toolchain.find_nvcc()
     assert path is None and source == "GRAPHJIT_NVCC" and "not an executable" in problem
 
 
@@ -417,33 +420,34 @@ def test_parse_topo() -> None:
             "GPU0\t X \tNV18\tSYS\t0-47\t0\t\tN/A\n"
             "GPU1\tNV18\t X \tPIX\t0-47\t0\t\tN/A\n"
             "GPU2\tSYS\tPIX\t X \t0-47\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n")
-    links = doctor._parse_topo(text)
+    links = peers.parse_topo(text)
     assert links[(0, 1)] == "NV18" and links[(1, 0)] == "NV18"
     assert links[(0, 2)] == "SYS" and links[(1, 2)] == "PIX" and (0, 0) not in links
-    assert doctor._parse_topo("") == {}
+    assert peers.parse_topo("") == {}
 
 
 def test_torch_arch_ok() -> None:
     archs = ["sm_80", "sm_86", "sm_90", "compute_90"]
-    assert doctor._torch_arch_ok("9.0", archs) and doctor._torch_arch_ok("8.6", archs)
-    assert doctor._torch_arch_ok("12.0", archs)  # PTX for compute_90 runs on newer GPUs
-    assert not doctor._torch_arch_ok("7.5", archs)
-    assert not doctor._torch_arch_ok("12.0", ["sm_80", "sm_90"])
+    assert torch_doctor.torch_arch_ok("9.0", archs) and torch_doctor.torch_arch_ok("8.6", archs)
+    assert torch_doctor.torch_arch_ok("12.0", archs)  # PTX for compute_90 runs on newer GPUs
+    assert not torch_doctor.torch_arch_ok("7.5", archs)
+    assert not torch_doctor.torch_arch_ok("12.0", ["sm_80", "sm_90"])
 
 
 def test_child_crash_and_hang_are_reported() -> None:
-    result, why = doctor._run_child("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", [], 30)
+    result, why = children.run_child(["-c", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"], 30)
     assert result is None and "crashed (SIGSEGV)" in why
-    result, why = doctor._run_child("import time\ntime.sleep(30)\n", [], 1)
+    result, why = children.run_child(["-c", "import time\ntime.sleep(30)\n"], 1)
     assert result is None and "hung" in why
-    result, why = doctor._run_child(f"print({doctor.RESULT_MARK!r} + '{{\"ok\": true}}')\n", [], 30)
+    result, why = children.run_child(["-c", f"print({children.RESULT_MARK!r} + '{{\"ok\": true}}')\n"], 30)
     assert result == {"ok": True} and why == ""
 
 
 @pytest.mark.skipif(not HAS_PADDLE, reason="needs paddle")
 def test_paddle_probe_script_runs_on_cpu() -> None:
     """The GPU probe's script, run on the CPU: it goes through graphjit and reports in JSON."""
-    result, why = doctor._run_child(doctor._PADDLE_PROBE, ["sot", "kernels", "cpu"], 120, {"MIN_GRAPH_SIZE": "0"})
+    result, why = children.run_child(["-m", paddle_doctor.PADDLE_PROBE, "sot", "kernels", "cpu"], 120,
+                                      {"MIN_GRAPH_SIZE": "0"})
     assert result is not None, why
     assert result["ok"], result
     assert result["worst"] == 0.0 and result["worst_numpy"] == 0.0 and result["elementwise_ok"] is True
@@ -452,7 +456,7 @@ def test_paddle_probe_script_runs_on_cpu() -> None:
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
 def test_ipc_probe_script_reports() -> None:
-    result, why = doctor._run_child(doctor._IPC_PROBE, [], 120)
+    result, why = children.run_child(["-m", peers.IPC_PROBE], 120)
     assert result is not None, why
     assert isinstance(result.get("ok"), bool)
 
@@ -471,6 +475,32 @@ def test_import_graphjit_exposes_collectives_lazily() -> None:
     assert proc.stdout.split() == ["False", "True", "True", "True", "[]"]
     with pytest.raises(AttributeError, match="no attribute 'no_such_thing'"):
         graphjit.no_such_thing  # noqa: B018
+
+
+PROBES = (paddle_doctor.PADDLE_PROBE, peers.IPC_PROBE, allreduce.AR_PROBE)
+
+
+def test_importing_the_doctor_imports_no_framework() -> None:
+    """``graphjit.doctor``, the framework's doctor modules and the probe modules import neither torch nor paddle
+    when imported (the checks and probes import them inside their functions); every probe module exists."""
+    modules = ["graphjit.doctor", "graphjit.backends.torch_doctor", "graphjit.backends.paddle_doctor", *PROBES]
+    code = (f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
+            "print(sorted(m for m in ('torch', 'paddle') if m in sys.modules))")
+    environ = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environ,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[]"]
+    assert all(m.startswith("graphjit.backends.") for m in PROBES)
+
+
+def test_only_backends_name_a_framework_import() -> None:
+    """The style rule: outside graphjit/backends/ (and graphjit/bench/), no module imports torch or paddle, not
+    even in a string (the doctor's probes are modules under graphjit/backends/)."""
+    pattern = re.compile(r"(^|[\s;])(import|from) +(torch|paddle)", re.MULTILINE)
+    offenders = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "graphjit").rglob("*.py"))
+                 if p.parent.name not in ("backends", "bench") and pattern.search(p.read_text())]
+    assert offenders == []
 
 
 def _copy_source_tree(dest: Path) -> None:

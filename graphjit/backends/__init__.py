@@ -3,6 +3,9 @@
 These modules are the only place where graphjit imports paddle or torch.  Detection by type looks
 only at frameworks the program already imported (``sys.modules``), so graphjit never imports a
 framework the user did not.
+
+The modules named ``*bench*`` hold the framework code of ``python -m graphjit bench`` (see
+:mod:`graphjit.bench`); the registry never imports them.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ Each benchmark is a module of this package with two functions:
 * ``run(args) -> int``: run it, write ``JSON`` + ``PNG`` under ``--out``, print a short table, return
   the exit status.
 
-Modules here import torch/paddle only inside functions, so building the command line costs nothing.
-Adding a benchmark is one module plus one :func:`register` line below.
+Modules here never import a framework: their torch and paddle code lives in :mod:`graphjit.backends`
+(the modules named ``*bench*``), which they import inside functions, so building the command line
+costs nothing.  Adding a benchmark is one module plus one :func:`register` line below (and, for its
+framework code, a module in :mod:`graphjit.backends`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``python -m graphjit bench allreduce``: graphjit's custom all-reduce against NCCL on 2 (4, 6, 8) GPUs.
 
 One worker process per GPU (torch, one NCCL group, as many ranks as GPUs are visible, rounded down
-to 2, 4, 6 or 8, or ``--world-size``; ``python -m graphjit.bench.allreduce
+to 2, 4, 6 or 8, or ``--world-size``; ``python -m graphjit.backends.torch_allreduce_bench
 --worker CONFIG RANK``, started with :mod:`subprocess` by the command, rendezvous through a file in a
 temporary folder), sizes 4 KiB to 64 MiB in powers of two (``--sizes``), dtype bf16 (``--dtype``).
 
@@ -60,6 +60,10 @@ mappings alive).
 Fewer than 2 CUDA GPUs: exits 1 with a one-line message, unless ``--allow-cpu``: a tiny smoke run of 2 gloo
 processes on the CPU that times only the framework's all-reduce (recorded under ``nccl_eager`` with
 ``"backend": "gloo"``) and records the other variants as skipped with the reason.
+
+This module is framework-neutral: options, the checks, the supervision of the workers, the worker protocol's
+progress file and the combining of the ranks' results, ratios, crossovers, targets, summary, table and plot.
+The worker itself (torch) is :mod:`graphjit.backends.torch_allreduce_bench`.
 """
 
 from __future__ import annotations
@@ -76,8 +80,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -125,6 +127,8 @@ RECORDED_ENV = re.compile(r"^(NCCL_|TORCH_NCCL_|TORCH_SYMM_MEM_|GRAPHJIT_|PYTORC
 GRACE_S = 30.0  # after one worker failed or finished, how long the other may still run
 COLLECTIVE_TIMEOUT_S = 300.0  # process groups (NCCL watchdog, gloo) at most; the custom kernel at most 60 s
 CUSTOM_TIMEOUT_S = 60.0
+WORKER_MODULE = "graphjit.backends.torch_allreduce_bench"
+"""The workers' module (torch), run as ``python -m WORKER_MODULE --worker CONFIG RANK``."""
 
 
 # -- command line -----------------------------------------------------------------------------------
@@ -190,18 +194,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- the command: checks, the 2 workers, their supervision ------------------------------------------
-def cuda_gpus() -> tuple[int, str]:
-    """(CUDA devices torch sees, a description)."""
-    import torch
-
-    if not torch.backends.cuda.is_built():
-        return 0, f"torch {torch.__version__} is a CPU build"
-    if not torch.cuda.is_available():
-        return 0, f"torch {torch.__version__} sees no CUDA device"
-    count = torch.cuda.device_count()
-    return count, f"torch {torch.__version__} sees {count} CUDA device{'s' if count != 1 else ''}"
-
-
 def child_environment(extra_path: str | None = None) -> dict[str, str]:
     """The workers' environment: the caller's, without launcher rendezvous variables and GRAPHJIT_AR_ALGO
     (set per variant), with :data:`FORCED_ENV` and graphjit importable."""
@@ -226,6 +218,8 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..backends.bench_devices import cuda_gpus
+
     try:
         gpus, seen = cuda_gpus()
     except ImportError as exc:
@@ -296,9 +290,9 @@ def run(args: argparse.Namespace) -> int:
     (tmp / "config.json").write_text(json.dumps(cfg))
     keep = False
     try:
-        codes, why = _supervise(tmp, float(args.timeout), world, shared)
+        codes, why = supervise_workers(tmp, float(args.timeout), world, shared)
         keep = bool(why) or any(c != 0 for c in codes)
-        return _after(cfg, codes, why)
+        return report_workers(cfg, codes, why)
     finally:
         if keep:
             say(f"allreduce: the workers' logs stay in {tmp}")
@@ -306,7 +300,8 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _supervise(tmp: Path, timeout: float, world: int, shared: bool = False) -> tuple[list[int | None], str | None]:
+def supervise_workers(tmp: Path, timeout: float, world: int, shared: bool = False
+                      ) -> tuple[list[int | None], str | None]:
     """Start the workers (rank 0 writes to this process's stdout/stderr, the others to logs) and wait for them,
     at most ``timeout`` seconds; after one ended (failed, or finished first) the other gets :data:`GRACE_S`.
     Returns their exit codes (None: killed) and why they were stopped, if they were."""
@@ -318,7 +313,7 @@ def _supervise(tmp: Path, timeout: float, world: int, shared: bool = False) -> t
     logs = []
     try:
         for rank in range(world):
-            cmd = [sys.executable, "-m", "graphjit.bench.allreduce", "--worker", str(tmp / "config.json"), str(rank)]
+            cmd = [sys.executable, "-m", WORKER_MODULE, "--worker", str(tmp / "config.json"), str(rank)]
             if rank == 0:
                 procs.append(subprocess.Popen(cmd, env=environ))
             else:
@@ -343,7 +338,7 @@ def _supervise(tmp: Path, timeout: float, world: int, shared: bool = False) -> t
     return codes, why
 
 
-def _after(cfg: dict[str, Any], codes: list[int | None], why: str | None) -> int:
+def report_workers(cfg: dict[str, Any], codes: list[int | None], why: str | None) -> int:
     """Report the workers' fate; make sure the JSON says what happened when rank 0 could not finish it."""
     tmp = Path(cfg["tmp"])
     json_path = Path(cfg["json_path"])
@@ -455,7 +450,7 @@ def finalize(data: dict[str, Any]) -> dict[str, Any]:
                 "auto's 1shot/2shot threshold and max_bytes can be set from these (world size 2)",
     }
     data["targets"] = _targets(sizes, s)
-    data["summary"] = _summary(data)
+    data["summary"] = summary(data)
     return data
 
 
@@ -482,7 +477,7 @@ def _targets(sizes: list[int], s: dict[str, dict[int, float | None]]) -> dict[st
                           "never slower: custom_auto_<mode> <= nccl_<mode> at every measured size"}
 
 
-def _summary(data: dict[str, Any]) -> dict[str, Any]:
+def summary(data: dict[str, Any]) -> dict[str, Any]:
     """Problems: an error, a wrong result, and on GPUs a NCCL or custom variant that did not run (fallback,
     skipped; a fallback only for "bytes > max" is by configuration and not a problem).  torch's symmetric
     memory is a reference: skipped or failed, it is a note.  On the CPU smoke run only ``nccl_eager`` (gloo)
@@ -515,7 +510,7 @@ def _summary(data: dict[str, Any]) -> dict[str, Any]:
 SHORT = {"fallback": "fb", "skipped": "skip", "error": "err"}
 
 
-def _cell(entry: dict[str, Any], variant: str) -> Any:
+def variant_cell(entry: dict[str, Any], variant: str) -> Any:
     v = entry.get("variants", {}).get(variant)
     if not v:
         return None
@@ -536,11 +531,11 @@ def table(data: dict[str, Any]) -> str:
         verdict = None if target is None or auto is None else ("ok" if auto <= target else "MISS")
         rg = ratios.get("custom_auto_graph/nccl_graph", {}).get(str(b))
         re_ = ratios.get("custom_auto_eager/nccl_eager", {}).get(str(b))
-        rows.append([size_label(b), _cell(r, "nccl_eager"), _cell(r, "nccl_graph"), _cell(r, "custom_1shot_graph"),
-                     _cell(r, "custom_2shot_graph"), _cell(r, "custom_auto_graph"),
-                     None if rg is None else f"{rg:.2f}", target, verdict, _cell(r, "custom_auto_eager"),
-                     None if re_ is None else f"{re_:.2f}", _cell(r, "symm_two_shot_eager"),
-                     _cell(r, "symm_two_shot_graph")])
+        rows.append([size_label(b), variant_cell(r, "nccl_eager"), variant_cell(r, "nccl_graph"),
+                     variant_cell(r, "custom_1shot_graph"), variant_cell(r, "custom_2shot_graph"),
+                     variant_cell(r, "custom_auto_graph"), None if rg is None else f"{rg:.2f}", target, verdict,
+                     variant_cell(r, "custom_auto_eager"), None if re_ is None else f"{re_:.2f}",
+                     variant_cell(r, "symm_two_shot_eager"), variant_cell(r, "symm_two_shot_graph")])
     head = ["size", "nccl eager", "nccl graph", "1shot graph", "2shot graph", "auto graph", "auto/nccl graph",
             "target us", "target", "auto eager", "auto/nccl eager", "symm eager", "symm graph"]
     return common.format_table(head, rows)
@@ -627,8 +622,8 @@ def plot(data: dict[str, Any], png_path: Path) -> str | None:
                                    f"{cfg.get('repeats')}, max over ranks; custom max_bytes {cfg.get('ar_max_bytes')}"])
 
 
-# -- the worker (one per rank) ---------------------------------------------------------------------
-class _Status:
+# -- the workers' side, framework-neutral (the worker: graphjit.backends.torch_allreduce_bench) ------
+class WorkerStatus:
     """This rank's progress file (stage, error), read by the command when something goes wrong."""
 
     def __init__(self, path: Path, rank: int) -> None:
@@ -653,378 +648,7 @@ class _Status:
             os.replace(tmp, self.path)
 
 
-class _Worker:
-    def __init__(self, cfg: dict[str, Any], rank: int, status: _Status) -> None:
-        from datetime import timedelta
-
-        import torch
-        import torch.distributed as dist
-
-        self.cfg, self.rank, self.status = cfg, rank, status
-        self.data: dict[str, Any] = cfg["data"]
-        self.world = int(self.data["world_size"])
-        c = self.data["config"]
-        self.torch, self.dist = torch, dist
-        self.gpu = bool(cfg["on_gpu"])
-        self.shared = bool(cfg.get("shared"))
-        self.sizes: list[int] = c["sizes"]
-        self.variants: list[str] = c["variants"]
-        self.iters, self.repeats, self.warmup = int(c["iters"]), int(c["repeats"]), int(c["warmup"])
-        self.dtype = getattr(torch, c["torch_dtype"])
-        if self.gpu:
-            index = 0 if self.shared else rank
-            torch.cuda.set_device(index)
-            self.device = torch.device("cuda", index)
-        else:
-            self.device = torch.device("cpu")
-        timeout = timedelta(seconds=float(cfg["collective_timeout"]))
-        status.stage("process group")
-        self.backend: str = c["backend"]  # nccl, or gloo (CPU and shared-GPU smoke runs)
-        dist.init_process_group(self.backend, init_method=f"file://{cfg['rendezvous']}",
-                                rank=rank, world_size=self.world, timeout=timeout)
-        # Verdicts and results go through gloo on the CPU: they still work when a GPU collective went wrong.
-        self.ctl = dist.new_group(list(range(self.world)), backend="gloo", timeout=timeout)
-        self.group_name = getattr(dist.group.WORLD, "group_name", None)
-        status.stage("collectives.init")
-        import graphjit
-        from graphjit import collectives
-        from graphjit.collectives import custom_ar, swap
-
-        self.graphjit, self.collectives = graphjit, collectives
-        self.report: dict[str, Any] | None = None
-        self.init_error: str | None = None
-        self.lib: Any = None
-        if any(VARIANTS[v][0] == "custom" for v in self.variants):
-            try:
-                rep = collectives.init(max_bytes=int(c["ar_max_bytes"]), scope="always", backend="torch",
-                                       timeout_s=min(CUSTOM_TIMEOUT_S, float(cfg["collective_timeout"])),
-                                       pointer_slots=max(custom_ar.DEFAULT_SLOTS, 2 * self.iters + 16))
-                self.report = rep.as_dict()
-                comms = custom_ar.communicators()
-                if rep.enabled and comms:
-                    self.lib = comms[0].lib
-            except Exception as exc:
-                self.init_error = common.error_text(exc)
-        self.nccl = swap.original("torch")  # the framework's own all_reduce, never graphjit's
-        self.symm_op: Any = None
-        self.symm_mem: Any = None
-        self.symm_reason: str | None = None
-        if any(VARIANTS[v][0] == "symm" for v in self.variants):
-            status.stage("symmetric memory probe")
-            self.symm_reason = self._symm_probe()
-        self.sbuf: Any = None
-
-    # -- plumbing ---------------------------------------------------------------------------------
-    def sync(self) -> None:
-        if self.gpu:
-            self.torch.cuda.synchronize()
-
-    def agree(self, local: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world
-        self.dist.all_gather_object(out, local, group=self.ctl)
-        return out
-
-    def set_algo(self, algo: str | None) -> None:
-        if algo is None:
-            os.environ.pop("GRAPHJIT_AR_ALGO", None)
-        else:
-            os.environ.update(GRAPHJIT_AR_ALGO=algo)  # graphjit reads it (env.py) after refresh_env()
-        self.graphjit.refresh_env()
-
-    def custom_stats(self) -> dict[str, Any]:
-        return self.collectives.stats()
-
-    def _symm_probe(self) -> str | None:
-        """None if torch's symmetric-memory two_shot all-reduce works here (agreed by both ranks), else why not."""
-        local: str | None = None
-        if not self.gpu:
-            local = "CPU smoke run: torch symmetric memory needs CUDA GPUs"
-        elif self.shared:
-            local = "shared-GPU smoke run: torch symmetric memory needs one GPU per rank"
-        else:
-            try:
-                import torch.distributed._symmetric_memory as symm_mem
-
-                op = getattr(getattr(self.torch.ops, "symm_mem", None), "two_shot_all_reduce_", None)
-                if op is None:
-                    local = f"torch {self.torch.__version__} has no torch.ops.symm_mem.two_shot_all_reduce_"
-                elif not self.group_name:
-                    local = "the process group has no group_name (torch too old for symmetric memory)"
-                else:
-                    self.symm_mem, self.symm_op = symm_mem, op
-            except Exception as exc:
-                local = f"torch.distributed._symmetric_memory is not importable: {common.error_text(exc)}"
-        verdicts = self.agree(local)
-        reason = next((f"rank {r}: {v}" for r, v in enumerate(verdicts) if v), None)
-        if reason is None:
-            try:
-                buf = self.symm_alloc(4096 // self.dtype_size())
-                buf.fill_(float(self.rank + 1))
-                self.symm_op(buf, "sum", self.group_name)
-                self.sync()
-                local = None if bool((buf == float(self.world * (self.world + 1) // 2)).all()) else \
-                    "the 4 KiB probe returned a wrong sum"
-                del buf
-            except Exception as exc:
-                local = f"the 4 KiB probe failed: {common.error_text(exc)}"
-            verdicts = self.agree(local)
-            reason = next((f"rank {r}: {v}" for r, v in enumerate(verdicts) if v), None)
-        if reason is not None:
-            self.symm_op = None
-        return reason
-
-    def symm_alloc(self, numel: int) -> Any:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            enable = getattr(self.symm_mem, "enable_symm_mem_for_group", None)
-            if enable is not None:  # needed before torch 2.7; a deprecated no-op afterwards
-                with contextlib.suppress(Exception):
-                    enable(self.group_name)
-        buf = self.symm_mem.empty(numel, dtype=self.dtype, device=self.device)
-        self.symm_mem.rendezvous(buf, self.group_name)
-        return buf
-
-    def dtype_size(self) -> int:
-        return int(self.torch.empty((), dtype=self.dtype).element_size())
-
-    # -- one size --------------------------------------------------------------------------------
-    def run(self) -> int:
-        torch = self.torch
-        data = self.data
-        if self.rank == 0:
-            data["env"] = common.environment()
-            data["env"]["worker_env"] = {k: v for k, v in sorted(os.environ.items()) if RECORDED_ENV.match(k)}
-            data["collectives"] = {"report": self.report, "init_error": self.init_error}
-            data["symm_mem"] = {"available": self.symm_op is not None, "reason": self.symm_reason}
-            common.write_json(Path(self.cfg["json_path"]), data)
-        es = self.dtype_size()
-        for nbytes in self.sizes:
-            label = size_label(nbytes)
-            self.status.stage(f"size {label}")
-            n = nbytes // es
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(int(self.cfg["data"]["config"]["seed"]) * 1_000_003 + 7919 * self.rank + nbytes)
-            x = torch.randn(n, generator=gen, device=self.device).to(self.dtype)
-            ref = x.clone()
-            self.nccl(ref)
-            parts = [torch.empty_like(x) for _ in range(self.world)]
-            self.dist.all_gather(parts, x)
-            exact = sum(p.double() for p in parts).to(self.dtype)  # correctly rounded sum of the inputs
-            del parts
-            entry: dict[str, Any] = {"bytes": nbytes, "size": label, "numel": n, "variants": {}}
-            if self.lib is not None:
-                with contextlib.suppress(Exception):
-                    entry["auto_algo"] = {1: "1shot", 2: "2shot"}.get(self.lib.choose_algo(self.world, nbytes))
-            self.sbuf = None
-            if self.symm_op is not None and any(VARIANTS[v][0] == "symm" for v in self.variants):
-                try:
-                    self.sbuf = self.symm_alloc(n)
-                    local = None
-                except Exception as exc:
-                    local = common.error_text(exc)
-                verdicts = self.agree(local)
-                bad = next((f"rank {r}: {v}" for r, v in enumerate(verdicts) if v), None)
-                if bad:
-                    self.sbuf = None
-                    entry["symm_alloc_error"] = bad
-            for name in self.variants:
-                self.status.stage(f"size {label}, {name}")
-                entry["variants"][name] = self.variant(name, x, ref, exact, entry.get("symm_alloc_error"))
-            self.sbuf = None
-            del x, ref, exact
-            self.sync()
-            data["results"].append(entry)
-            if self.rank == 0:
-                common.write_json(Path(self.cfg["json_path"]), data)
-                say(f"allreduce: {label}: " + ", ".join(
-                    f"{v} {_cell(entry, v):.1f}" if isinstance(_cell(entry, v), float) else f"{v} {_cell(entry, v)}"
-                    for v in self.variants))
-        self.status.stage("done")
-        self.agree("done")  # both ranks are through every collective
-        if self.rank != 0:
-            return 0
-        return self.finish()
-
-    def finish(self) -> int:
-        data = self.data
-        finalize(data)
-        data["complete"] = True
-        json_path, png_path = Path(self.cfg["json_path"]), Path(self.cfg["png_path"])
-        note = None
-        if not self.cfg["no_plot"]:
-            note = plot(data, png_path)
-        data["plot"] = None if (self.cfg["no_plot"] or note) else png_path.name
-        if note:
-            data["plot_error"] = note
-        common.write_json(json_path, data)
-        say(table(data))
-        for line in report_lines(data):
-            say(line)
-        for p in data["summary"]["problems"][:20]:
-            say(f"problem: {p}")
-        for p in data["summary"]["notes"][:5]:
-            say(f"note: {p}")
-        say(f"wrote {json_path}" + (f" and {png_path}" if data["plot"] else ""))
-        if note:
-            say(f"no plot: {note}")
-        return 0 if data["summary"]["ok"] else 1
-
-    # -- one variant -----------------------------------------------------------------------------
-    def skip_reason(self, impl: str, mode: str, symm_alloc_error: str | None) -> str | None:
-        if not self.gpu:
-            if impl == "custom":
-                why = "CPU smoke run (gloo, no GPU): the custom all-reduce needs 2 CUDA GPUs on one node"
-                if self.report and self.report.get("reason"):
-                    why += f" (collectives.init: {self.report['reason_key']}: {self.report['reason']})"
-                return why
-            if impl == "symm":
-                return self.symm_reason or "CPU smoke run: torch symmetric memory needs CUDA GPUs"
-            if mode == "graph":
-                return "CPU smoke run: CUDA graphs need a GPU"
-            return None
-        if self.shared and impl == "nccl" and mode == "graph":
-            return "shared-GPU smoke run: the framework's all-reduce is gloo there, which a CUDA graph cannot hold"
-        if impl == "custom" and self.init_error:
-            return f"collectives.init raised: {self.init_error}"
-        if impl == "symm":
-            if self.symm_reason:
-                return f"torch symmetric memory unavailable: {self.symm_reason}"
-            if symm_alloc_error:
-                return f"allocating the symmetric-memory buffer failed: {symm_alloc_error}"
-        return None
-
-    def variant(self, name: str, x: Any, ref: Any, exact: Any, symm_alloc_error: str | None) -> dict[str, Any]:
-        impl, algo, mode = VARIANTS[name]
-        reason = self.skip_reason(impl, mode, symm_alloc_error)
-        if reason:
-            return {"status": "skipped", "reason": reason}
-        if impl == "custom":
-            self.set_algo(algo)
-        out: dict[str, Any]
-        try:
-            checks = self.agree(common.guarded(lambda: self.check(impl, mode, x, ref, exact)))
-            out = _combine_checks(checks)
-            if impl == "nccl":
-                out["backend"] = self.backend
-            if out["status"] == "ok":
-                timings = self.agree(common.guarded(lambda: self.timing(impl, mode, x.numel())))
-                out.update(_combine_timings(timings))
-        finally:
-            self.sync()
-            self.agree(None)  # both ranks are done with this variant's buffers and graphs
-            if impl == "custom":
-                if mode == "graph":
-                    with contextlib.suppress(Exception):
-                        self.collectives.reset()  # free the pointer-table slots of the dropped graphs
-                self.set_algo(None)
-        return out
-
-    def one(self, impl: str, buf: Any) -> Callable[[], Any]:
-        if impl == "nccl":
-            return lambda: self.nccl(buf)
-        if impl == "custom":
-            return lambda: self.dist.all_reduce(buf)  # graphjit's swap (scope="always")
-        return lambda: self.symm_op(buf, "sum", self.group_name)
-
-    def capture(self, fn: Callable[[], Any], count: int, impl: str) -> Any:
-        """A CUDA graph of ``count`` calls of ``fn`` (one warmup call on a side stream first).  thread_local
-        capture mode: the NCCL watchdog thread may query events while this thread captures."""
-        torch = self.torch
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            for _ in range(count):
-                fn()
-        torch.cuda.synchronize()
-        if impl == "custom":
-            self.collectives.register_graph_buffers()  # a collective: both ranks captured the same
-        return graph
-
-    def check(self, impl: str, mode: str, x: Any, ref: Any, exact: Any) -> dict[str, Any]:
-        """One all-reduce of ``x`` through the variant, compared with the correctly rounded sum; custom variants:
-        did graphjit's kernel run, or the framework's collective (a fallback)?"""
-        before = self.custom_stats() if impl == "custom" else None
-        buf = self.sbuf if impl == "symm" else x.clone()
-        if impl == "symm":
-            buf.copy_(x)
-        if mode == "eager":
-            self.one(impl, buf)()
-        else:
-            graph = self.capture(self.one(impl, buf), 1, impl)
-            buf.copy_(x)
-            graph.replay()
-            del graph
-        self.sync()
-        # Against the correctly rounded sum of the inputs.  The custom kernel adds in fp32 and rounds
-        # once: within one eps of the largest value.  NCCL's ring rounds to the dtype after every hop:
-        # up to world - 1 roundings.
-        want, against = exact, "the correctly rounded sum"
-        diff = float((buf.double() - want.double()).abs().max())
-        scale = float(want.double().abs().max())
-        roundings = max(1, self.world - 1) if impl == "nccl" else 1
-        tol = float(self.torch.finfo(self.dtype).eps) * scale * roundings
-        out: dict[str, Any] = {"status": "ok", "check": {"max_abs_diff": diff, "max_abs": scale, "tol": tol,
-                                                         "correct": bool(diff <= tol), "against": against}}
-        if before is not None:
-            out.update(_custom_delta(before, self.custom_stats(), expect="eager" if mode == "eager" else "captured"))
-        return out
-
-    def timing(self, impl: str, mode: str, numel: int) -> dict[str, Any]:
-        torch = self.torch
-        before = self.custom_stats() if impl == "custom" else None
-        if impl == "symm":
-            buf = self.sbuf
-            buf.zero_()
-        else:
-            buf = torch.zeros(numel, dtype=self.dtype, device=self.device)
-        one = self.one(impl, buf)
-        iters = self.iters
-        if mode == "eager":
-            for _ in range(self.warmup):
-                one()
-
-            def body() -> None:
-                for _ in range(iters):
-                    one()
-        else:
-            graph = self.capture(one, iters, impl)
-            graph.replay()  # warmup replay
-            body = graph.replay
-        self.sync()
-        samples, host = [], []
-        perf = time.perf_counter_ns
-        for _ in range(self.repeats):
-            one()  # untimed: lines the two ranks up
-            if self.gpu:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                t0 = perf()
-                body()
-                t1 = perf()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) * 1e3 / iters)
-            else:
-                t0 = perf()
-                body()
-                t1 = perf()
-                samples.append((t1 - t0) / 1e3 / iters)
-            host.append((t1 - t0) / 1e3 / iters)
-        self.sync()
-        out: dict[str, Any] = {"status": "ok", "samples_us": samples, "median_us": common.median(samples),
-                               "host_us_per_call": common.median(host)}
-        if before is not None:
-            delta = _custom_delta(before, self.custom_stats(), expect=None)
-            out.update(delta)
-        return out
-
-
-def _custom_delta(before: dict[str, Any], after: dict[str, Any], expect: str | None) -> dict[str, Any]:
+def custom_delta(before: dict[str, Any], after: dict[str, Any], expect: str | None) -> dict[str, Any]:
     """What graphjit's counters say about the calls between two ``collectives.stats()``: kernel calls, and the
     fallbacks with their reasons (then the status is ``fallback``)."""
     calls = {k: after["custom"][k] - before["custom"][k] for k in ("eager", "captured")}
@@ -1045,7 +669,7 @@ def _worst(statuses: Sequence[str]) -> str:
     return "error" if "error" in statuses else ("fallback" if "fallback" in statuses else "ok")
 
 
-def _combine_checks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+def combine_checks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"status": _worst([c.get("status", "error") for c in per_rank])}
     errors = {str(r): c["error"] for r, c in enumerate(per_rank) if c.get("error")}
     if errors:
@@ -1068,7 +692,7 @@ def _combine_checks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _combine_timings(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+def combine_timings(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     status = _worst([t.get("status", "error") for t in per_rank])
     out: dict[str, Any] = {"status": status}
     if status == "error":
@@ -1093,35 +717,3 @@ def _combine_timings(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     if per_rank[0].get("custom_calls"):
         out["custom_calls"] = per_rank[0]["custom_calls"]
     return out
-
-
-def _worker_main(argv: list[str]) -> None:
-    """A worker's whole life: whatever happens, it ends here with ``os._exit`` after flushing."""
-    code = 1
-    status: _Status | None = None
-    try:
-        os.environ.update(FORCED_ENV)  # again, before torch and NCCL read them
-        cfg = json.loads(Path(argv[0]).read_text())
-        rank = int(argv[1])
-        status = _Status(Path(cfg["tmp"]) / f"rank{rank}.status.json", rank)
-        code = _Worker(cfg, rank, status).run()
-        status.data["done"] = True
-        status.save()
-    except BaseException as exc:
-        if status is not None:
-            status.fail(exc)
-        traceback.print_exc()
-        code = 1
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)  # no interpreter teardown: NCCL, the IPC mappings and graphs go with the process
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        _worker_main(sys.argv[2:])
-    print("usage: python -m graphjit bench allreduce [options]  (this module's entry point is for its workers)",
-          file=sys.stderr)
-    sys.exit(2)

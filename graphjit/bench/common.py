@@ -1,7 +1,8 @@
 """What every benchmark shares: common options, output paths, environment info, JSON, plots, tables.
 
 Nothing here imports a framework; :func:`environment` describes only the frameworks the benchmark
-already imported (``sys.modules``), plus the installed versions read from package metadata.
+already imported (``sys.modules``, through :mod:`graphjit.backends.bench_devices`), plus the installed
+versions read from package metadata.
 """
 
 from __future__ import annotations
@@ -138,38 +139,6 @@ def git_commit(start: Path | None = None) -> str | None:
     return sha[:7]
 
 
-def _torch_info() -> dict[str, Any]:
-    torch = sys.modules["torch"]
-    info: dict[str, Any] = {"version": torch.__version__, "cuda": getattr(torch.version, "cuda", None)}
-    try:
-        info["cuda_available"] = bool(torch.cuda.is_available())
-        if info["cuda_available"]:
-            idx = torch.cuda.current_device()
-            info["gpu"] = torch.cuda.get_device_name(idx)
-            info["gpu_count"] = torch.cuda.device_count()
-            info["capability"] = ".".join(str(v) for v in torch.cuda.get_device_capability(idx))
-            info["cudnn"] = torch.backends.cudnn.version()
-    except Exception as exc:  # describing the machine must never fail the benchmark
-        info["error"] = error_text(exc)
-    return info
-
-
-def _paddle_info() -> dict[str, Any]:
-    paddle = sys.modules["paddle"]
-    info: dict[str, Any] = {"version": paddle.__version__}
-    try:
-        info["compiled_with_cuda"] = bool(paddle.is_compiled_with_cuda())
-        if info["compiled_with_cuda"]:
-            info["cuda"] = paddle.version.cuda()
-            count = paddle.device.cuda.device_count()
-            info["gpu_count"] = count
-            if count:
-                info["gpu"] = paddle.device.cuda.get_device_name()
-    except Exception as exc:
-        info["error"] = error_text(exc)
-    return info
-
-
 def environment() -> dict[str, Any]:
     """Python, platform, CPU count, package versions, git commit, and the imported frameworks' devices."""
     from .. import __version__
@@ -188,9 +157,13 @@ def environment() -> dict[str, Any]:
                      ("torch", "paddlepaddle", "paddlepaddle-gpu", "numpy", "matplotlib", "triton", "wrapt")},
     }
     if "torch" in sys.modules:
-        env["torch"] = _torch_info()
+        from ..backends.bench_devices import torch_info
+
+        env["torch"] = torch_info()
     if "paddle" in sys.modules:
-        env["paddle"] = _paddle_info()
+        from ..backends.bench_devices import paddle_info
+
+        env["paddle"] = paddle_info()
     return env
 
 

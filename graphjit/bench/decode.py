@@ -21,6 +21,11 @@ Also measured once per run: the host cost of one call with 4 tensor inputs whose
 for ``@graphed`` against a raw ``graph.replay()``.  Every variant runs under try/except: a failure
 is recorded in the JSON (rewritten after every variant), never fatal.  Without a CUDA GPU the
 benchmark refuses to run unless ``--allow-cpu`` (a tiny smoke run for CI).
+
+This module is framework-neutral: options, the :class:`DecodeRunner` template (the variant loop and the
+host-cost measurement), ratios, summary, JSON, table and plot.  The framework runners that fill in its
+hooks are :mod:`graphjit.backends.torch_decode_bench` and :mod:`graphjit.backends.paddle_decode_bench`,
+imported when the benchmark starts.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
-import math
 import sys
 import time
 from abc import abstractmethod
@@ -112,19 +116,19 @@ def _graphed_status(stats: dict[str, Any], on_gpu: bool) -> tuple[str, dict[str,
     return "ok", details
 
 
-def _timing(samples: list[float], host: list[float], timer: str) -> dict[str, Any]:
+def timing_entry(samples: list[float], host: list[float], timer: str) -> dict[str, Any]:
     med = common.median(samples)
     return {"us_per_step": med, "samples_us": samples, "spread": (max(samples) - min(samples)) / med if med else None,
             "host_us_per_step": common.median(host), "timer": timer}
 
 
-def _errors_entry(errs: list[tuple[float, float]], tol: float) -> dict[str, Any]:
+def errors_entry(errs: list[tuple[float, float]], tol: float) -> dict[str, Any]:
     rel = max(e[0] for e in errs)
     mx = max(e[1] for e in errs)
     return {"rel_error": rel, "max_rel_error": mx, "tolerance": tol, "correct": bool(rel <= tol)}
 
 
-def _tolerance(dtype: str, variant: str) -> float:
+def tolerance(dtype: str, variant: str) -> float:
     """Norm-wise relative error allowed against eager.  Same kernels (graphs) differ at most by a
     cuBLAS algorithm choice; compiled variants fuse and round differently."""
     compiled = "compile" in variant
@@ -133,8 +137,9 @@ def _tolerance(dtype: str, variant: str) -> float:
     return 6e-2 if compiled else 2e-2
 
 
-class _Runner:
-    """One backend: builds a configuration's step, runs each variant, measures host cost."""
+class DecodeRunner:
+    """One backend: builds a configuration's step, runs each variant, measures host cost.  The framework
+    runners (subclasses in :mod:`graphjit.backends`) implement the hooks at the end."""
 
     sync: Callable[[], None]  # each subclass defines sync(): wait for the device
     step: Callable[[Any], Any] | None  # build() sets the step and its two inputs
@@ -288,10 +293,10 @@ class _Runner:
         """Done with a variant's graphs and graphed functions."""
     @abstractmethod
     def _check(self, call: Callable[[Any], Any], name: str) -> dict[str, Any]:
-        """Relative errors of ``call`` against eager on the two inputs (:func:`_errors_entry`)."""
+        """Relative errors of ``call`` against eager on the two inputs (:func:`errors_entry`)."""
     @abstractmethod
     def _time(self, call: Callable[[], Any]) -> dict[str, Any]:
-        """Time ``call`` (warmup, then repeats of ``--iters`` calls): :func:`_timing`."""
+        """Time ``call`` (warmup, then repeats of ``--iters`` calls): :func:`timing_entry`."""
     @abstractmethod
     def _raw_capture(self, fn: Callable[..., Any], *static: Any) -> tuple[Any, Any]:
         """A graph of ``fn(*static)`` captured by hand, and its output."""
@@ -299,421 +304,17 @@ class _Runner:
     def teardown(self) -> None: ...
 
 
-# -- torch ------------------------------------------------------------------------------------------
-class _TorchRunner(_Runner):
-    name = "torch"
-
-    def __init__(self, args: argparse.Namespace, on_gpu: bool) -> None:
-        super().__init__(args, on_gpu)
-        import torch
-
-        self.torch = torch
-        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-        self.timer = "cuda_events" if on_gpu else "host"
-        dynamo = getattr(torch, "_dynamo", None)
-        if dynamo is not None:  # one process compiles many configurations of the same code object
-            for attr in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
-                         "accumulated_recompile_limit"):
-                if hasattr(dynamo.config, attr):
-                    setattr(dynamo.config, attr, max(256, getattr(dynamo.config, attr)))
-        self.no_grad = torch.no_grad()
-        self.no_grad.__enter__()
-
-    def teardown(self) -> None:
-        self.no_grad.__exit__(None, None, None)
-
-    def sync(self) -> None:
-        if self.on_gpu:
-            self.torch.cuda.synchronize()
-
-    def build(self, layers: int, hidden: int, batch: int) -> None:
-        torch = self.torch
-        self.step = None
-        self._free()
-        gen = torch.Generator(device="cpu").manual_seed(self.args.seed)
-        dev, dt = self.device, self.dtype
-        params = []
-        for _ in range(layers):
-            w = (torch.randn(hidden, hidden, generator=gen) / math.sqrt(hidden)).to(dev, dt)
-            g = (1.0 + 0.1 * torch.randn(hidden, generator=gen)).to(dev, dt)
-            params.append((w, g))
-        self.static_weights = False
-        mark = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
-        if mark is not None and self.on_gpu:
-            # Weights are parameters in a real model: tell torch.compile's CUDA graphs (cudagraph
-            # trees) that their addresses are fixed, or reduce-overhead copies every weight each call.
-            for w, g in params:
-                mark(w)
-                mark(g)
-            self.static_weights = True
-        self.x = torch.randn(batch, hidden, generator=gen).to(dev, dt)
-        self.x2 = torch.randn(batch, hidden, generator=gen).to(dev, dt)
-        silu = torch.nn.functional.silu
-        rsqrt = torch.rsqrt
-
-        def step(x: Any) -> Any:
-            for w, g in params:
-                x = x + silu(x @ w)  # matmul, activation, residual add
-                xf = x.float()  # RMSNorm in fp32, as models do
-                x = (xf * rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * g
-            return x
-
-        self.step = step
-        self.ref = [step(self.x).clone(), step(self.x2).clone()]
-        self.sync()
-
-    def _free(self) -> None:
-        import gc
-
-        gc.collect()
-        if self.on_gpu:
-            self.torch.cuda.synchronize()
-            self.torch.cuda.empty_cache()
-
-    def _err(self, got: Any, want: Any) -> tuple[float, float]:
-        torch = self.torch
-        a, b = got.detach().double(), want.detach().double()
-        if a.shape != b.shape:
-            return math.inf, math.inf
-        if not torch.equal(torch.isnan(a), torch.isnan(b)):
-            return math.inf, math.inf
-        a, b = torch.nan_to_num(a), torch.nan_to_num(b)
-        diff = a - b
-        nb, mb = float(torch.linalg.vector_norm(b)), float(b.abs().max()) if b.numel() else 0.0
-        rel = float(torch.linalg.vector_norm(diff)) / nb if nb else (0.0 if not diff.any() else math.inf)
-        mx = float(diff.abs().max()) / mb if mb else (0.0 if not diff.any() else math.inf)
-        return rel, mx
-
-    def _check(self, call: Callable[[Any], Any], name: str) -> dict[str, Any]:
-        """Outputs on the second input, then the first (timing then uses the first)."""
-        errs = []
-        for inp, ref in ((self.x2, self.ref[1]), (self.x, self.ref[0])):
-            out = call(inp).clone()
-            self.sync()
-            errs.append(self._err(out, ref))
-        return _errors_entry(errs, _tolerance(self.args.dtype, name))
-
-    def _time(self, call: Callable[[], Any]) -> dict[str, Any]:
-        torch, args = self.torch, self.args
-        for _ in range(args.warmup):
-            call()
-        self.sync()
-        samples, host = [], []
-        perf = time.perf_counter_ns
-        for _ in range(args.repeats):
-            if self.on_gpu:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                t0 = perf()
-                for _ in range(args.iters):
-                    call()
-                t1 = perf()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) * 1e3 / args.iters)
-            else:
-                t0 = perf()
-                for _ in range(args.iters):
-                    call()
-                t1 = perf()
-                samples.append((t1 - t0) / 1e3 / args.iters)
-            host.append((t1 - t0) / 1e3 / args.iters)
-        return _timing(samples, host, self.timer)
-
-    def _raw_capture(self, fn: Callable[..., Any], *static: Any) -> tuple[Any, Any]:
-        """A graph of ``fn(*static)`` captured by hand, as the torch docs show."""
-        torch = self.torch
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn(*static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn(*static)
-        torch.cuda.synchronize()
-        return graph, out
-
-    def graphed_options(self, name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        if name not in ("graphed", "graphed_alias", "graphed_compile", "graphed_compile_alias"):
-            return None
-        # alias outputs are what reduce-overhead returns too (overwritten by the next call)
-        opts: dict[str, Any] = {"outputs": "alias"} if name.endswith("_alias") else {}
-        if name.startswith("graphed_compile"):
-            self.torch._dynamo.reset()
-            opts["tracer"] = "compile"
-        return opts, (opts or {"outputs": "copy", "tracer": "eager"})
-
-    def copy_into(self, static: Any, inp: Any) -> None:
-        static.copy_(inp)
-
-    def other_variant(self, name: str) -> tuple[dict[str, Any], Callable[[], Any], dict[str, Any]]:
-        if name != "compile_reduce_overhead":
-            return super().other_variant(name)
-        torch, step, x = self.torch, cast(Callable[[Any], Any], self.step), self.x
-        torch._dynamo.reset()
-        compiled = torch.compile(step, mode="reduce-overhead")
-        mark = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
-
-        def call(inp: Any) -> Any:
-            if mark is not None:
-                mark()
-            return compiled(inp)
-
-        skips_before = _cudagraph_skips(torch)
-        for _ in range(3):  # warmup run, record, first replay (cudagraph trees)
-            call(x)
-        check = self._check(call, name)
-        extra: dict[str, Any] = {"weights_marked_static": self.static_weights,
-                                 "cudagraph_skips": _cudagraph_skips(torch) - skips_before}
-        if extra["cudagraph_skips"]:
-            extra["note"] = "Inductor skipped its CUDA graphs (see TORCH_LOGS=perf_hints); this is not graph replay"
-        return check, lambda: call(x), extra
-
-    def release(self, keep: list[Any]) -> None:
-        for obj in keep:  # graphed functions and raw CUDAGraphs: free their memory now
-            if hasattr(obj, "reset"):
-                obj.reset()
-
-    def host_inputs(self) -> list[Any]:
-        torch = self.torch
-        return [torch.randn(*HOST_SHAPE, device=self.device).to(self.dtype) for _ in range(4)]
-
-    def host_graphed_calls(self, tiny: Callable[..., Any], inputs: list[Any], calls: dict[str, Callable[..., Any]],
-                           keep: list[Any], out: dict[str, Any]) -> None:
-        import graphjit
-
-        opts: Any  # a dict of graphed() options
-        for label, opts in (("graphed", {}), ("graphed_alias", {"outputs": "alias"})):
-            fn = cast(graphjit.GraphedFunction, graphjit.graphed(tiny, **opts))
-            keep.append(fn)
-            calls[label] = (lambda fn=fn: fn(*inputs))
-            if self.on_gpu:  # the zero-copy path: the caller passes the graph's own input buffers
-                try:
-                    fn(*inputs)
-                    static_args, _ = fn.static_inputs(*inputs)
-                    calls[label.replace("graphed", "graphed_static")] = (lambda fn=fn, a=static_args: fn(*a))
-                except Exception as exc:
-                    out["errors"][label.replace("graphed", "graphed_static")] = common.error_text(exc)
-        # Parts of the graphed call, for the breakdown: the key, the input copies, the output copy.
-        from graphjit.keys import Signer
-
-        signer = Signer(tiny, None, "auto", "tiny")
-        targets = [t.clone() for t in inputs]
-        calls["part_sign"] = lambda: signer.sign(None, tuple(inputs), {})
-        calls["part_copy_inputs"] = lambda: self.torch._foreach_copy_(targets, inputs)
-        calls["part_clone_output"] = lambda: inputs[0].clone()
-
-
-# -- paddle -----------------------------------------------------------------------------------------
-# The Paddle step lives at module level and reads its weights from a module-level dict: Paddle's AST
-# tracer re-executes the function's source and cannot see closure variables.
-_PADDLE_STEP: dict[str, Any] = {}
-
-
-def _paddle_step(x: Any) -> Any:
-    import paddle
-
-    state = _PADDLE_STEP
-    for w, g in state["params"]:
-        x = x + paddle.nn.functional.silu(paddle.matmul(x, w))
-        xf = x.astype("float32") if state["cast"] else x
-        xf = xf * paddle.rsqrt((xf * xf).mean(axis=-1, keepdim=True) + EPS)
-        x = (xf.astype(state["dtype"]) if state["cast"] else xf) * g
-    return x
-
-
-class _PaddleRunner(_Runner):
-    name = "paddle"
-
-    def __init__(self, args: argparse.Namespace, on_gpu: bool) -> None:
-        super().__init__(args, on_gpu)
-        import paddle
-
-        self.paddle = paddle
-        paddle.set_device("gpu" if on_gpu else "cpu")
-        self.dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[args.dtype]
-        self.timer = "host_sync" if on_gpu else "host"
-        # Paddle 2.6 crashes when a tensor of a graph's pool is freed after the graph was reset or
-        # destroyed (also at interpreter exit): every graph, its inputs and outputs and every
-        # graphed function stay referenced here until the process ends (use --hard-exit).
-        self.alive: list[Any] = []
-        self.no_grad = paddle.no_grad()
-        self.no_grad.__enter__()
-
-    def unusable(self) -> str | None:
-        try:
-            from graphjit import backends
-
-            poisoned = backends.get("paddle").poisoned
-            if poisoned:
-                return poisoned
-            capturing = getattr(self.paddle.base.core, "is_cuda_graph_capturing", None)
-            if self.on_gpu and capturing is not None and capturing():
-                return "paddle is still in capture mode after a failed capture; no GPU call can run in this process"
-        except Exception:
-            return None
-        return None
-
-    def teardown(self) -> None:
-        self.no_grad.__exit__(None, None, None)
-
-    def sync(self) -> None:
-        if self.on_gpu:
-            self.paddle.device.cuda.synchronize()
-
-    def _tensor(self, array: Any) -> Any:
-        # to_tensor from numpy: paddle's randn (and casts) compute garbage on some GPUs.
-        t = self.paddle.to_tensor(array.astype("float32"))
-        t.stop_gradient = True
-        return t if self.dtype == "float32" else t.astype(cast(Any, self.dtype))  # a paddle dtype name
-
-    def build(self, layers: int, hidden: int, batch: int) -> None:
-        import numpy as np
-
-        self.step = None
-        self._free()
-        rng = np.random.default_rng(self.args.seed)
-        params = [(self._tensor(rng.standard_normal((hidden, hidden)) / math.sqrt(hidden)),
-                   self._tensor(1.0 + 0.1 * rng.standard_normal((hidden,)))) for _ in range(layers)]
-        self.x = self._tensor(rng.standard_normal((batch, hidden)))
-        self.x2 = self._tensor(rng.standard_normal((batch, hidden)))
-        _PADDLE_STEP.update(params=params, cast=self.dtype != "float32", dtype=self.dtype)
-        step = _paddle_step
-        self.step = step
-        self.ref = [self._np(step(self.x)), self._np(step(self.x2))]
-        self.sync()
-
-    def _free(self) -> None:
-        import gc
-
-        gc.collect()
-        if self.on_gpu:
-            self.sync()
-
-    def _np(self, t: Any) -> Any:
-        import numpy as np
-
-        arr = np.asarray(t.numpy())
-        if arr.dtype == np.uint16 and "bfloat16" in str(t.dtype):
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        return arr.astype(np.float64)
-
-    def _check(self, call: Callable[[Any], Any], name: str) -> dict[str, Any]:
-        import numpy as np
-
-        errs = []
-        for inp, ref in ((self.x2, self.ref[1]), (self.x, self.ref[0])):
-            got = self._np(call(inp))
-            if got.shape != ref.shape or not np.array_equal(np.isnan(got), np.isnan(ref)):
-                errs.append((math.inf, math.inf))
-                continue
-            got, want = np.nan_to_num(got), np.nan_to_num(ref)
-            diff = got - want
-            nb, mb = float(np.linalg.norm(want)), float(np.abs(want).max()) if want.size else 0.0
-            rel = float(np.linalg.norm(diff)) / nb if nb else (0.0 if not diff.any() else math.inf)
-            mx = float(np.abs(diff).max()) / mb if mb else (0.0 if not diff.any() else math.inf)
-            errs.append((rel, mx))
-        return _errors_entry(errs, _tolerance(self.args.dtype, name))
-
-    def _time(self, call: Callable[[], Any]) -> dict[str, Any]:
-        args = self.args
-        for _ in range(args.warmup):
-            call()
-        self.sync()
-        samples, host = [], []
-        perf = time.perf_counter_ns
-        for _ in range(args.repeats):
-            t0 = perf()
-            for _ in range(args.iters):
-                call()
-            t1 = perf()
-            self.sync()
-            t2 = perf()
-            samples.append((t2 - t0) / 1e3 / args.iters)
-            host.append((t1 - t0) / 1e3 / args.iters)
-        return _timing(samples, host, self.timer)
-
-    def _raw_capture(self, fn: Callable[..., Any], *static: Any) -> tuple[Any, Any]:
-        paddle = self.paddle
-        from paddle.device.cuda.graphs import CUDAGraph
-
-        for _ in range(2):
-            fn(*static)
-        self.sync()
-        graph = CUDAGraph(place=paddle.CUDAPlace(paddle.device.cuda.current_device()
-                                                 if hasattr(paddle.device.cuda, "current_device") else 0),
-                          mode="thread_local")
-        self.alive.append((graph, static))
-        graph.capture_begin()
-        try:
-            out = fn(*static)
-        finally:
-            graph.capture_end()  # never leave the stream capturing
-        self.alive.append(out)
-        self.sync()
-        return graph, out
-
-    copy_into_text = "static_x.copy_(x, False)"
-
-    def graphed_options(self, name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        tracer = {"graphed": "eager", "graphed_ast": "ast", "graphed_sot": "sot"}.get(name)
-        if tracer is None:
-            return None
-        return {"backend": "paddle", "tracer": tracer}, {"tracer": tracer}
-
-    def copy_into(self, static: Any, inp: Any) -> None:
-        static.copy_(inp, False)
-
-    def release(self, keep: list[Any]) -> None:
-        self.alive.extend(keep)  # never reset: see __init__
-
-    def host_inputs(self) -> list[Any]:
-        import numpy as np
-
-        rng = np.random.default_rng(self.args.seed + 1)
-        return [self._tensor(rng.standard_normal(HOST_SHAPE)) for _ in range(4)]
-
-    def host_graphed_calls(self, tiny: Callable[..., Any], inputs: list[Any], calls: dict[str, Callable[..., Any]],
-                           keep: list[Any], out: dict[str, Any]) -> None:
-        import graphjit
-
-        fn = cast(graphjit.GraphedFunction, graphjit.graphed(tiny, backend="paddle", tracer="eager"))
-        keep.append(fn)
-        calls["graphed"] = lambda: fn(*inputs)
-
-
-def _cudagraph_skips(torch: Any) -> int:
-    """How often Inductor has refused to use CUDA graphs so far (0 if torch does not count it)."""
-    try:
-        return int(torch._dynamo.utils.counters["inductor"]["cudagraph_skips"])
-    except Exception:
-        return 0
-
-
-RUNNERS: dict[str, type[_Runner]] = {"torch": _TorchRunner, "paddle": _PaddleRunner}
-
-
-# -- GPU detection ----------------------------------------------------------------------------------
-def gpu_unavailable(backend: str) -> str | None:
-    """None when ``backend`` sees a CUDA GPU, else why not (imports the framework)."""
+# -- the framework runners (graphjit.backends) ------------------------------------------------------
+def _runner_class(backend: str) -> type[DecodeRunner]:
+    """The :class:`DecodeRunner` of ``backend``, from its module in :mod:`graphjit.backends` (imported now; the
+    framework itself is imported when the runner is created)."""
     if backend == "torch":
-        import torch
+        from ..backends.torch_decode_bench import TorchDecodeRunner
 
-        if not torch.backends.cuda.is_built():
-            return f"torch {torch.__version__} is a CPU build"
-        if not torch.cuda.is_available():
-            return f"torch {torch.__version__} sees no CUDA device"
-        return None
-    import paddle
+        return TorchDecodeRunner
+    from ..backends.paddle_decode_bench import PaddleDecodeRunner
 
-    if not paddle.is_compiled_with_cuda():
-        return f"paddle {paddle.__version__} is a CPU build"
-    if paddle.device.cuda.device_count() == 0:
-        return f"paddle {paddle.__version__} sees no CUDA device"
-    return None
+    return PaddleDecodeRunner
 
 
 # -- ratios and summary -----------------------------------------------------------------------------
@@ -811,6 +412,8 @@ def run(args: argparse.Namespace) -> int:
     if not faulthandler.is_enabled():  # a crash inside a framework prints where it happened
         with contextlib.suppress(Exception):
             faulthandler.enable(file=cast(Any, sys.__stderr__))  # None (no stderr) is accepted at runtime too
+    from ..backends.bench_devices import gpu_unavailable
+
     try:
         reason = gpu_unavailable(args.backend)
     except ImportError as exc:
@@ -861,9 +464,9 @@ def run(args: argparse.Namespace) -> int:
     say(f"decode [{args.backend}, {data['device']}, {args.dtype}]: layers={_csv(args.layers)} "
         f"hidden={_csv(args.hidden)} batch={_csv(args.batch)} variants={','.join(variants)} -> {json_path}")
 
-    runner: _Runner | None = None
+    runner: DecodeRunner | None = None
     try:
-        runner = RUNNERS[args.backend](args, on_gpu)
+        runner = _runner_class(args.backend)(args, on_gpu)
         data["env"] = common.environment()  # now with the framework's device info
     except Exception as exc:
         data["error"] = common.error_text(exc)
@@ -909,7 +512,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if data["summary"]["ok"] else 1
 
 
-def _run_config(runner: _Runner, data: dict[str, Any], json_path: Path, variants: list[str], layers: int,
+def _run_config(runner: DecodeRunner, data: dict[str, Any], json_path: Path, variants: list[str], layers: int,
                 hidden: int, batch: int) -> None:
     label = f"L{layers} H{hidden} B{batch}"
     cfg: dict[str, Any] = {"label": label, "layers": layers, "hidden": hidden, "batch": batch,

@@ -14,6 +14,8 @@ microseconds per call):
 
 Ratios ``graphed / direct`` and ``sign / direct`` and the absolute overhead ``graphed - direct`` are
 reported.  Writes ``dispatch_<tag>_<date>.json`` and a PNG bar plot next to it.
+
+The input tensors are made in :mod:`graphjit.backends.dispatch_bench_inputs`; nothing here imports a framework.
 """
 
 from __future__ import annotations
@@ -45,20 +47,6 @@ def trivial(a: Any, b: Any, c: Any, d: Any, n: int) -> Any:
     return a
 
 
-def _make_inputs(framework: str) -> tuple[Any, ...]:
-    tensors: list[Any]
-    if framework == "torch":
-        import torch
-
-        tensors = [torch.zeros(SHAPE) for _ in range(N_TENSORS)]
-    else:
-        import paddle
-
-        paddle.set_device("cpu")
-        tensors = [paddle.zeros(list(SHAPE), dtype="float32") for _ in range(N_TENSORS)]
-    return (*tensors, 3)
-
-
 def _time(call: Callable[..., Any], args: tuple[Any, ...], iters: int, repeats: int) -> list[float]:
     """Microseconds per call, one sample per repeat; one untimed repeat first (caches, lazy imports)."""
     samples: list[float] = []
@@ -85,7 +73,9 @@ def measure(framework: str, iters: int, repeats: int) -> dict[str, Any]:
     import graphjit
     from graphjit.keys import Signer
 
-    args = _make_inputs(framework)
+    from ..backends.dispatch_bench_inputs import make_inputs
+
+    args = make_inputs(framework)
     signer = Signer(trivial, None, "auto", "trivial")
     step = cast(graphjit.GraphedFunction, graphjit.graphed(trivial))
     steps: dict[str, Callable[..., Any]] = {"graphed": step}

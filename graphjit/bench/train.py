@@ -18,14 +18,15 @@ Without a CUDA GPU the benchmark refuses to run unless ``--allow-cpu`` (a tiny s
 which graphed_layer takes its no-CUDA path: the model runs eagerly).  Paddle is not measured: the
 GPU kit's paddlepaddle-gpu 2.6.2 computes elementwise kernels wrong on Hopper, so no Paddle training
 step there means anything.
+
+This module is framework-neutral (options, the loop, summary, JSON, table, plot); the models and the torch
+step are in :mod:`graphjit.backends.torch_train_bench`, imported when the benchmark starts.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
-import time
 from typing import Any
 
 from . import common
@@ -70,179 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="without a CUDA GPU, run a tiny smoke version on the CPU (for CI) instead of refusing")
 
 
-# -- models ---------------------------------------------------------------------------------------
-def build_model(torch: Any, kind: str, layers: int, hidden: int, seq: int) -> Any:
-    nn: Any = torch.nn  # declared Any, so that mypy accepts nn.Module as Block's base
-    if kind == "mlp":
-        mods: list[Any] = []
-        for _ in range(layers):
-            mods += [nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden)]
-        return nn.Sequential(*mods)
-
-    class Block(nn.Module):
-        def __init__(self, heads: int = 4) -> None:
-            super().__init__()
-            self.heads = heads
-            self.ln1 = nn.LayerNorm(hidden)
-            self.qkv = nn.Linear(hidden, 3 * hidden)
-            self.proj = nn.Linear(hidden, hidden)
-            self.ln2 = nn.LayerNorm(hidden)
-            self.fc1 = nn.Linear(hidden, 4 * hidden)
-            self.fc2 = nn.Linear(4 * hidden, hidden)
-            self.register_buffer("causal", torch.ones(seq, seq, dtype=torch.bool).tril(), persistent=False)
-
-        def forward(self, x: Any) -> Any:
-            b, t, c = x.shape
-            hd = c // self.heads
-            q, k, v = self.qkv(self.ln1(x)).split(c, dim=-1)
-            q, k, v = (z.reshape(b, t, self.heads, hd).transpose(1, 2) for z in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) * hd ** -0.5
-            att = att.masked_fill(~self.causal[:t, :t], float("-inf")).softmax(dim=-1)
-            y = (att @ v).transpose(1, 2).reshape(b, t, c)
-            x = x + self.proj(y)
-            return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
-
-    if hidden % 4:
-        raise ValueError(f"--hidden {hidden}: the block needs a multiple of 4 (4 attention heads)")
-    return nn.Sequential(*[Block() for _ in range(layers)])
-
-
-class _Bench:
-    def __init__(self, args: argparse.Namespace, on_gpu: bool) -> None:
-        import torch
-
-        self.torch = torch
-        self.args = args
-        self.on_gpu = on_gpu
-        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-        self.timer = "cuda_events" if on_gpu else "host"
-
-    def sync(self) -> None:
-        if self.on_gpu:
-            self.torch.cuda.synchronize()
-
-    def model(self, kind: str) -> Any:
-        torch = self.torch
-        torch.manual_seed(self.args.seed)
-        m = build_model(torch, kind, self.args.layers, self.args.hidden, self.args.seq)
-        return m.to(self.device, self.dtype)
-
-    def data(self, kind: str, n: int) -> list[tuple[Any, Any]]:
-        """``n`` batches of a learnable target (``y = tanh(x @ A)``, ``A`` fixed)."""
-        torch = self.torch
-        a = self.args
-        shape = (a.batch, a.hidden) if kind == "mlp" else (a.batch, a.seq, a.hidden)
-        gen = torch.Generator().manual_seed(a.seed + 1)
-        proj = torch.randn(a.hidden, a.hidden, generator=gen) / a.hidden ** 0.5
-        out = []
-        for _ in range(n):
-            x = torch.randn(*shape, generator=gen)
-            out.append((x.to(self.device, self.dtype), torch.tanh(x @ proj).to(self.device, self.dtype)))
-        return out
-
-    def wrap(self, model: Any, variant: str) -> Any:
-        import graphjit
-
-        if variant == "eager":
-            return model
-        return graphjit.graphed_layer(model, warmup=GRAPHED_WARMUP,
-                                      outputs="alias" if variant == "graphed_alias" else "copy")
-
-    def stepper(self, model: Any) -> Any:
-        torch = self.torch
-        opt = torch.optim.SGD(model.parameters(), lr=self.args.lr)
-        mse = torch.nn.functional.mse_loss
-
-        def step(x: Any, y: Any) -> Any:
-            opt.zero_grad(set_to_none=True)
-            loss = mse(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-
-        return step
-
-    # -- the correctness check ------------------------------------------------------------------
-    def check(self, kind: str) -> dict[str, Any]:
-        torch = self.torch
-        n = self.args.check_steps
-        data = self.data(kind, n)
-        eager = self.model(kind)
-        graphed = self.wrap(copy.deepcopy(eager), "graphed")
-        step_e, step_g = self.stepper(eager), self.stepper(graphed)
-        loss_e, loss_g = [], []
-        for x, y in data:
-            loss_e.append(step_e(x, y).detach().float())
-            loss_g.append(step_g(x, y).detach().float())
-        le, lg = torch.stack(loss_e).double().cpu(), torch.stack(loss_g).double().cpu()
-        loss_rel = float(((lg - le).abs() / le.abs().clamp_min(1e-30)).max())
-        param_rel = 0.0
-        for p, q in zip(eager.parameters(), graphed.layer.parameters()):
-            a, b = q.detach().double(), p.detach().double()
-            param_rel = max(param_rel, float((a - b).norm() / b.norm().clamp_min(1e-30)))
-        tol = TOLERANCE[self.args.dtype]
-        stats = graphed.stats()
-        return {"steps": n, "loss_first": float(le[0]), "loss_last": float(le[-1]), "max_loss_rel_diff": loss_rel,
-                "max_param_rel_diff": param_rel, "tolerance": tol,
-                "correct": bool(loss_rel <= tol and param_rel <= tol),
-                "graphed_stats": {k: stats.get(k) for k in ("captures", "replays", "backward_replays", "fallbacks")}}
-
-    # -- timing ---------------------------------------------------------------------------------
-    def time_variant(self, kind: str, variant: str) -> dict[str, Any]:
-        torch = self.torch
-        a = self.args
-        model = self.wrap(self.model(kind), variant)
-        step = self.stepper(model)
-        (x, y), = self.data(kind, 1)
-        for _ in range(a.warmup):
-            step(x, y)
-        self.sync()
-        samples, host = [], []
-        for _ in range(a.repeats):
-            if self.on_gpu:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.perf_counter()
-                start.record()
-                for _ in range(a.steps):
-                    step(x, y)
-                end.record()
-                t_host = time.perf_counter() - t0
-                end.synchronize()
-                samples.append(start.elapsed_time(end) * 1e3 / a.steps)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(a.steps):
-                    step(x, y)
-                t_host = time.perf_counter() - t0
-                samples.append(t_host * 1e6 / a.steps)
-            host.append(t_host * 1e6 / a.steps)
-        med = common.median(samples)
-        out: dict[str, Any] = {"status": "ok", "us_per_step": med, "samples_us": samples,
-                               "host_us_per_step": common.median(host), "timer": self.timer,
-                               "spread": (max(samples) - min(samples)) / med if med else None}
-        if variant != "eager":
-            stats = model.stats()
-            out["stats"] = {k: stats.get(k) for k in ("calls", "graphs", "captures", "replays", "backward_replays",
-                                                     "fallbacks", "pool_bytes")}
-            out["captured"] = bool(stats.get("graphs"))
-            if self.on_gpu and (not stats.get("graphs") or stats.get("fallbacks")):
-                out["status"] = "fallback"
-            elif not self.on_gpu:
-                out["note"] = "no CUDA: graphed_layer ran the model eagerly (its no-CUDA path)"
-        return out
-
-
-def gpu_unavailable() -> str | None:
-    import torch
-
-    if not torch.backends.cuda.is_built():
-        return f"torch {torch.__version__} is a CPU build"
-    if not torch.cuda.is_available():
-        return f"torch {torch.__version__} sees no CUDA device"
-    return None
-
-
 def _resolve(args: argparse.Namespace, on_gpu: bool) -> None:
     defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
     for key, value in defaults.items():
@@ -251,8 +79,10 @@ def _resolve(args: argparse.Namespace, on_gpu: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..backends.bench_devices import gpu_unavailable
+
     try:
-        reason = gpu_unavailable()
+        reason = gpu_unavailable("torch")
     except ImportError as exc:
         print(f"graphjit bench train: needs torch, which cannot be imported ({exc})", file=sys.stderr,
               flush=True)
@@ -294,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
     say(f"train [torch, {data['device']}, {args.dtype}]: models={','.join(models)} batch={args.batch} "
         f"hidden={args.hidden} layers={args.layers} seq={args.seq} -> {json_path}")
     try:
-        bench = _Bench(args, on_gpu)
+        from ..backends.torch_train_bench import TrainBench
+
+        bench = TrainBench(args, on_gpu)
         data["env"] = common.environment()  # now with torch's device info
     except Exception as exc:
         data["error"] = common.error_text(exc)
