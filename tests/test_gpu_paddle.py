@@ -232,3 +232,36 @@ def test_normal_interpreter_exit_after_captures(tmp_path):
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
     assert "DONE" in r.stdout, r.stdout + r.stderr[-3000:]
     assert r.returncode == 0, f"exit code {r.returncode}: " + r.stderr[-3000:]
+
+
+def test_no_garbage_collection_during_a_capture(rng):
+    """Python's collector is paused while graphjit captures (a collection could free an earlier graph
+    while a stream captures, which invalidates the capture)."""
+    import gc
+
+    chain, ref = make_chain(rng)
+    capturing = paddle.base.core.is_cuda_graph_capturing
+    seen: list[bool] = []
+
+    def watch(phase, info):
+        if phase == "start":
+            seen.append(bool(capturing()))
+
+    step = graphjit.graphed(chain, tracer="eager")
+    old = gc.get_threshold()
+    gc.collect()
+    gc.callbacks.append(watch)
+    gc.set_threshold(1, 1, 1)  # a young collection at almost every allocation, also inside the capture
+    try:
+        with paddle.no_grad():
+            pairs = [(rng.standard_normal((8, 128)).astype(np.float32),
+                      rng.standard_normal((128, 16)).astype(np.float32)) for _ in range(5)]
+            outs = [step(T(x), T(y)).numpy() for x, y in pairs]
+    finally:
+        gc.set_threshold(*old)
+        gc.callbacks.remove(watch)
+    st = step.stats()
+    assert st["captures"] == 1 and st["replays"] >= 2 and not st["fallbacks"], st
+    for got, (x, y) in zip(outs, pairs):
+        assert rel(got, ref(x, y)) < TF32
+    assert seen and not any(seen), "the collector ran during a capture"

@@ -357,3 +357,61 @@ def test_static_inputs_are_not_copied(dev):
     assert key["input_copies"] == 0 and key["replays"] == 6, key
     with pytest.raises(graphjit.GraphjitError, match="no graph is captured"):
         step.static_inputs(torch.randn(3, 64, device=dev), y)
+
+
+def test_garbage_collection_cannot_break_a_capture(dev):
+    """Python's collector is paused while graphjit captures: a reference cycle that holds an earlier CUDA
+    graph and becomes garbage during a capture is freed after it (destroying a graph while a stream
+    captures invalidates that capture), and no collection starts during any capture."""
+    import gc
+
+    victim = torch.cuda.CUDAGraph()  # an earlier graph, about to be dropped in a reference cycle
+    a = torch.zeros(16, device=dev)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        a.add_(1)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(victim):
+        a.add_(1)
+    victims = [victim]
+    del victim
+    calls = [0]
+
+    def body(x):
+        calls[0] += 1
+        if calls[0] == 3 and victims:  # the capturing call (2 warmups first): drop the graph in a cycle
+            cycle: list = [victims.pop()]
+            cycle.append(cycle)
+            del cycle
+        return torch.sin(x) * 2 + x
+
+    seen_capturing = []
+
+    def watch(phase, info):
+        if phase == "start":
+            seen_capturing.append(torch.cuda.is_current_stream_capturing())
+
+    old = gc.get_threshold()
+    gc.collect()
+    gc.callbacks.append(watch)
+    gc.set_threshold(1, 1, 1)  # a young collection at almost every allocation, also inside captures
+    try:
+        step = graphjit.graphed(body, warmup=2)
+        layer = graphjit.graphed_layer(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU()).to(dev))
+        with torch.no_grad():
+            outs = [(step(x), x) for x in (torch.randn(64, device=dev) for _ in range(6))]
+        for _ in range(6):
+            layer(torch.randn(4, 32, device=dev)).sum().backward()
+    finally:
+        gc.set_threshold(*old)
+        gc.callbacks.remove(watch)
+    gc.collect()
+    st = step.stats()
+    assert not st["fallbacks"] and st["captures"] == 1 and st["replays"] == 4, st
+    for got, x in outs:
+        assert rel(got, torch.sin(x) * 2 + x) < 1e-6
+    ls = layer.stats()
+    assert not ls["fallbacks"] and ls["captures"] == 1 and ls["replays"] >= 1, ls
+    assert calls[0] >= 3 and not victims  # the cycle was made during the capture
+    assert seen_capturing and not any(seen_capturing), "the collector ran during a capture"

@@ -9,9 +9,32 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import gc
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a capture runs; back as it was afterwards.
+
+    The collector starts whenever allocations pass its threshold, so it may start in the middle of a
+    capture and free unreachable cycles that hold CUDA graphs of earlier captures (a graphed function
+    or layer the program dropped).  A graph cannot be destroyed while a stream captures: torch's
+    destructor fails ("operation not permitted when stream is capturing") and the capture under way
+    is invalidated ("operation failed due to a previous error during capture").  With the collector
+    paused, such cycles are freed after the capture.  The collector is process-wide: other threads
+    do not collect during the capture either (captures take milliseconds; one runs at a time).
+    Memory freed by reference counting alone is not affected.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class GraphHandle(abc.ABC):
@@ -162,7 +185,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def capture(self, fn: Callable[[], Any], device: str, pool: Any,
                 debug: bool) -> tuple[GraphHandle, Any]:
-        """Capture ``fn()`` into a graph.  The capture is ended on every path."""
+        """Capture ``fn()`` into a graph.  The capture is ended on every path, and Python's cyclic garbage
+        collector does not run during it (:func:`collector_paused`)."""
 
     @abc.abstractmethod
     def synchronize(self, device: str) -> None: ...

@@ -24,7 +24,7 @@ import numpy as np
 import paddle
 
 from ..errors import BackendError, CaptureError, UnrecoverableCaptureError
-from .base import Backend, GraphHandle
+from .base import Backend, GraphHandle, collector_paused
 
 log = logging.getLogger("graphjit")
 
@@ -331,6 +331,10 @@ class PaddleBackend(Backend):
 
     def capture(self, fn: Callable[[], Any], device: str, pool: Any,
                 debug: bool) -> tuple[GraphHandle, Any]:
+        with collector_paused():
+            return self._capture(fn, device, pool)
+
+    def _capture(self, fn: Callable[[], Any], device: str, pool: Any) -> tuple[GraphHandle, Any]:
         self._ensure_flags()
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         kwargs = {"pool_id": pool} if (pool is not None and self.shared_pools) else {}

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import BackendError, CaptureError
-from .base import Backend, GraphHandle
+from .base import Backend, GraphHandle, collector_paused
 
 log = logging.getLogger("graphjit")
 
@@ -249,7 +249,8 @@ class TorchBackend(Backend):
         stream = self._side_stream(device)
         before = torch.cuda.memory_reserved(_index(device))
         try:
-            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            with collector_paused(), torch.cuda.graph(graph, pool=pool, stream=stream,
+                                                      capture_error_mode="thread_local"):
                 out = fn()
         except BaseException as exc:
             self._end_capture(graph, stream)
