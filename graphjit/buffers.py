@@ -155,16 +155,18 @@ class StaticOutputs:
 def collect_tensors(obj: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
     """The tensor leaves of ``obj`` in the order :func:`graphjit.keys.rebuild` replaces them."""
     found: list[Any] = []
-
-    def walk(x: Any) -> None:
-        if is_tensor(x):
-            found.append(x)
-        elif isinstance(x, (list, tuple)):
-            for e in x:
-                walk(e)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-
-    walk(obj)
+    _collect(obj, is_tensor, found)
     return found
+
+
+def _collect(x: Any, is_tensor: Callable[[Any], bool], found: list[Any]) -> None:
+    # A module-level function, not a recursive closure: a closure that calls itself is a reference
+    # cycle, and it would keep ``found`` (the caller's tensors) alive until the garbage collector runs.
+    if is_tensor(x):
+        found.append(x)
+    elif isinstance(x, (list, tuple)):
+        for e in x:
+            _collect(e, is_tensor, found)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _collect(v, is_tensor, found)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -344,21 +344,22 @@ class _WalkState:
 
 def rebuild(obj: Any, tensors: Sequence[Any], is_tensor: Callable[[Any], bool]) -> Any:
     """``obj`` with its tensor leaves replaced, in :meth:`Signer.sign` order, by ``tensors``."""
-    it = iter(tensors)
+    return _rebuild(obj, iter(tensors), is_tensor)
 
-    def walk(x: Any) -> Any:
-        if is_tensor(x):
-            return next(it)
-        if isinstance(x, list):
-            return [walk(e) for e in x]
-        if isinstance(x, tuple):
-            items = [walk(e) for e in x]
-            return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
-        if isinstance(x, dict):
-            return type(x)((k, walk(v)) for k, v in x.items())
-        return x
 
-    return walk(obj)
+def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool]) -> Any:
+    # A module-level function, not a recursive closure: a closure that calls itself is a reference
+    # cycle, and it would keep ``tensors`` (a call's inputs or outputs) alive until the garbage collector runs.
+    if is_tensor(x):
+        return next(it)
+    if isinstance(x, list):
+        return [_rebuild(e, it, is_tensor) for e in x]
+    if isinstance(x, tuple):
+        items = [_rebuild(e, it, is_tensor) for e in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    if isinstance(x, dict):
+        return type(x)((k, _rebuild(v, it, is_tensor)) for k, v in x.items())
+    return x
 
 
 def rebuild_call(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Sequence[Any],

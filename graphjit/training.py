@@ -245,8 +245,8 @@ def simulated_capture(backend: Backend, fn: Callable[[], Any]) -> tuple[GraphHan
 class Slot:
     """One forward graph and one backward graph with their static buffers and memory pool."""
 
-    __slots__ = ("bwd", "diff_idx", "fwd", "grad_out", "grads", "in_ptrs", "in_targets", "index", "nondiff_idx",
-                 "out_flat", "out_obj", "owner", "params", "pool_bytes", "static_in", "targets")
+    __slots__ = ("_owner", "bwd", "diff_idx", "fwd", "grad_out", "grads", "in_ptrs", "in_targets", "index",
+                 "nondiff_idx", "out_flat", "out_obj", "params", "pool_bytes", "static_in", "targets")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -263,8 +263,19 @@ class Slot:
         self.nondiff_idx: list[int] = []
         self.grad_out: list[Any] = []  # static grad-outputs, one per diff output
         self.grads: list[Any] = []  # static gradients: inputs in in_targets, then params (None: unused)
-        self.owner: MicroBatch | None = None
+        self._owner: weakref.ref[MicroBatch] | None = None
         self.pool_bytes = 0
+
+    @property
+    def owner(self) -> MicroBatch | None:
+        """The micro-batch that last used this slot, while it lives.  Held weakly: the micro-batch holds
+        the slot, and a cycle would leave the slot's graphs to the garbage collector once the layer is
+        dropped (freed late, and possibly in the middle of another capture)."""
+        return self._owner() if self._owner is not None else None
+
+    @owner.setter
+    def owner(self, mb: MicroBatch | None) -> None:
+        self._owner = weakref.ref(mb) if mb is not None else None
 
     def free(self) -> bool:
         o = self.owner
@@ -578,8 +589,10 @@ class GraphedLayerCore:
                                        "the capture than in warmup", reason="outputs differ between warmup and capture")
                 grad_out = [b.empty(b.shape(out_flat[j]), out_flat[j]) for j in diff_idx]
 
+                is_tensor = self.is_tensor  # not self: a simulated graph keeps this closure (no cycle to the core)
+
                 def backward() -> Any:
-                    flat = collect_tensors(holder["out"], self.is_tensor)
+                    flat = collect_tensors(holder["out"], is_tensor)
                     return tuple(glue.grad([flat[j] for j in diff_idx], targets, grad_out))
 
                 with self.capture_errors("backward", st.label):
@@ -892,25 +905,13 @@ class GraphedLayerCore:
     def check_outputs(self, out: Any) -> None:
         """Raise :class:`UnsupportedOutputError` unless ``out`` is tensors in tuples, lists and dicts."""
         is_tensor = self.is_tensor
-
-        def walk(x: Any, path: str) -> None:
-            if is_tensor(x) or isinstance(x, _SCALAR_LEAVES):
-                return
-            if isinstance(x, (list, tuple)):
-                for i, e in enumerate(x):
-                    walk(e, f"{path}[{i}]")
-                return
-            if isinstance(x, dict):
-                for k, v in x.items():
-                    walk(v, f"{path}[{k!r}]")
-                return
-            tp = type(x)
+        bad = _unsupported_leaf(out, is_tensor)
+        if bad is not None:
+            path, tp = bad
             raise UnsupportedOutputError(
                 f"{self.name}: the layer returned a {tp.__module__}.{tp.__qualname__} at output{path}; graphed_layer "
                 f"supports {self.backend.name} tensors in (nested) tuples, lists and dicts, plus constants (None, "
                 "numbers, strings). Return the tensors (e.g. as a tuple or a dict) and build the object outside")
-
-        walk(out, "")
         if not collect_tensors(out, is_tensor):
             raise UnsupportedOutputError(f"{self.name}: the layer returned no {self.backend.name} tensor")
 
@@ -976,6 +977,23 @@ class GraphedLayerMixin:
     def extra_repr(self) -> str:
         c = self._graphjit_core
         return f"warmup={c.warmup}, max_in_flight={c.max_in_flight}, outputs={c.outputs!r}"
+
+
+def _unsupported_leaf(out: Any, is_tensor: Callable[[Any], bool]) -> tuple[str, type] | None:
+    """The first leaf of ``out`` (depth first, with its index path) that is neither a tensor nor a constant,
+    or None.  Iterative, without a recursive closure (which would be a reference cycle)."""
+    stack: list[tuple[Any, str]] = [(out, "")]
+    while stack:
+        x, path = stack.pop()
+        if is_tensor(x) or isinstance(x, _SCALAR_LEAVES):
+            continue
+        if isinstance(x, (list, tuple)):
+            stack.extend((e, f"{path}[{i}]") for i, e in reversed(list(enumerate(x))))
+        elif isinstance(x, dict):
+            stack.extend((v, f"{path}[{k!r}]") for k, v in reversed(list(x.items())))
+        else:
+            return path, type(x)
+    return None
 
 
 def _is_tensor_of(b: Backend) -> Callable[[Any], bool]:

@@ -45,3 +45,35 @@ def test_cycles_made_inside_are_freed_after() -> None:
         gc.set_threshold(*old)
     gc.collect()
     assert Held.freed == 1
+
+
+def test_rebuilding_and_collecting_tensors_leaves_no_cycle() -> None:
+    """``rebuild`` and ``collect_tensors`` run on every replayed call's inputs and outputs: they must not
+    leave a reference cycle that keeps those tensors (GPU memory) alive until the collector runs."""
+    import weakref
+
+    from graphjit.buffers import collect_tensors
+    from graphjit.keys import rebuild
+
+    class T:  # a stand-in tensor type: only identity matters here
+        pass
+
+    def is_tensor(x: object) -> bool:
+        return isinstance(x, T)
+
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        a, b = T(), T()
+        refs = [weakref.ref(a), weakref.ref(b)]
+        template = [T(), {"k": (T(), None)}, [3]]
+        obj = rebuild(template, [a, b], is_tensor)
+        assert obj[0] is a and obj[1]["k"][0] is b and obj[1]["k"][1] is None and obj[2] == [3]
+        found = collect_tensors(obj, is_tensor)
+        assert found[0] is a and found[1] is b
+        del a, b, obj, found
+        assert all(r() is None for r in refs), "a tensor outlived its last reference"
+    finally:
+        if was:
+            gc.enable()
