@@ -443,3 +443,30 @@ def test_outputs_are_freed_with_their_last_reference(dev):
     finally:
         if was:
             gc.enable()
+
+
+def test_a_dropped_function_gives_its_pool_memory_back(dev):
+    """Dropping a graphed function (and its outputs) frees its graphs and then its memory pool: after
+    ``torch.cuda.empty_cache()`` the device memory torch reserves is back where it was."""
+    import gc
+
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved(dev)
+
+    def use() -> int:
+        f = graphjit.graphed(lambda x: torch.relu(x @ x) * 2)
+        x = torch.randn(2048, 2048, device=dev)
+        with torch.no_grad():
+            for _ in range(3):
+                f(x)
+        st = f.stats()
+        assert st["replays"] >= 2 and not st["fallbacks"], st
+        return int(st["keys"][0]["pool_bytes"])
+
+    pool_bytes = use()
+    assert pool_bytes >= 2 * 2048 * 2048 * 4  # the intermediates and the output live in the pool
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved(dev) <= base, (torch.cuda.memory_reserved(dev), base, pool_bytes)

@@ -155,7 +155,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def new_pool(self, device: str) -> Any:
-        """A memory-pool handle several graphs can share (``None`` if the framework has none)."""
+        """A memory pool several graphs can share (``None`` if the framework has none).  The caller keeps the
+        returned object as long as it may capture into the pool; dropping it lets the framework free the
+        pool once the graphs captured into it are gone."""
 
     def device_guard(self, device: str) -> contextlib.AbstractContextManager[Any]:
         """Make ``device`` current for the duration of the block."""

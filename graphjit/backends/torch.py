@@ -47,6 +47,25 @@ class TorchGraph(GraphHandle):
         self._graph.debug_dump(str(path))
 
 
+class TorchPool:
+    """A memory-pool handle several graphs share, and the empty *anchor* graph that keeps the pool alive.
+
+    torch frees a private pool once every graph captured into it was reset, and a later capture into
+    that handle then fails an allocator assertion (and leaves torch's RNG state believing a capture is
+    under way).  The anchor, captured into the pool and never reset while this object lives, makes any
+    reset-and-recapture through this object safe.  Whoever captures into the pool holds this object
+    (a graphed function, a capture scope, a graphed layer's slot); once it is dropped and the pool's
+    graphs are reset, the pool's memory goes back to torch's allocator (``torch.cuda.empty_cache()``
+    returns it to the device).
+    """
+
+    __slots__ = ("anchor", "handle")
+
+    def __init__(self, handle: Any, anchor: Any) -> None:
+        self.handle = handle
+        self.anchor = anchor
+
+
 class TorchBackend(Backend):
     name = "torch"
     tracers = ("eager", "compile")
@@ -56,7 +75,6 @@ class TorchBackend(Backend):
         self._streams: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._unavailable: dict[str, str | None] = {}
-        self._anchors: list[Any] = []  # one empty graph per shared pool, never reset (see new_pool)
 
     # -- tensors ---------------------------------------------------------------------------
     def tensor_types(self) -> tuple[type, ...]:
@@ -177,25 +195,19 @@ class TorchBackend(Backend):
     def grad_enabled(self) -> bool:
         return bool(torch.is_grad_enabled())
 
-    def new_pool(self, device: str) -> Any:
-        """A pool handle several graphs share, pinned by an empty anchor graph.
-
-        torch frees a private pool once every graph captured into it was reset, and a later capture
-        into that handle then fails an allocator assertion (and leaves torch's RNG state believing
-        a capture is under way).  An empty graph captured into the pool and never reset keeps the
-        pool alive, so graphjit may reset and recapture any of its graphs safely.
-        """
+    def new_pool(self, device: str) -> TorchPool:
+        """A pool several graphs share, with its anchor graph (see :class:`TorchPool`)."""
         with torch.cuda.device(_index(device)):
-            pool = torch.cuda.graph_pool_handle()
+            handle = torch.cuda.graph_pool_handle()
             anchor = torch.cuda.CUDAGraph()
             stream = self._side_stream(device)
             stream.wait_stream(torch.cuda.current_stream())
             with warnings.catch_warnings():  # torch warns that the (intentionally) empty graph is empty
                 warnings.simplefilter("ignore")
-                with torch.cuda.graph(anchor, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                with collector_paused(), torch.cuda.graph(anchor, pool=handle, stream=stream,
+                                                          capture_error_mode="thread_local"):
                     pass
-            self._anchors.append(anchor)
-            return pool
+            return TorchPool(handle, anchor)
 
     def device_guard(self, device: str) -> contextlib.AbstractContextManager[Any]:
         if device.startswith("cuda"):
@@ -249,7 +261,8 @@ class TorchBackend(Backend):
         stream = self._side_stream(device)
         before = torch.cuda.memory_reserved(_index(device))
         try:
-            with collector_paused(), torch.cuda.graph(graph, pool=pool, stream=stream,
+            handle = pool.handle if isinstance(pool, TorchPool) else pool
+            with collector_paused(), torch.cuda.graph(graph, pool=handle, stream=stream,
                                                       capture_error_mode="thread_local"):
                 out = fn()
         except BaseException as exc:
