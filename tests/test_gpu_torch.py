@@ -463,10 +463,12 @@ def test_a_dropped_function_gives_its_pool_memory_back(dev):
                 f(x)
         st = f.stats()
         assert st["replays"] >= 2 and not st["fallbacks"], st
-        return int(st["keys"][0]["pool_bytes"])
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # what stays reserved now is in use: x, the graph's buffers and its pool
+        return torch.cuda.memory_reserved(dev) - base
 
     pool_bytes = use()
-    assert pool_bytes >= 2 * 2048 * 2048 * 4  # the intermediates and the output live in the pool
+    assert pool_bytes >= 3 * 2048 * 2048 * 4  # x, the static input, the intermediates and the output
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     assert torch.cuda.memory_reserved(dev) <= base, (torch.cuda.memory_reserved(dev), base, pool_bytes)
