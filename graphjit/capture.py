@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,16 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from . import scope
-from .backends.base import Backend, GraphHandle
+from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import StaticInputs, StaticOutputs, collect_tensors, real_view
 from .errors import CaptureError, VerifyError
 from .keys import CallSignature, rebuild, rebuild_call
 from .stats import KeyStats, State
 
 log = logging.getLogger("graphjit")
-
-CAPTURE_LOCK = threading.RLock()
-"""One capture at a time per process: CUDA stream capture and the frameworks' pools require it."""
 
 
 def tolerance(t: Any) -> float:

@@ -960,8 +960,9 @@ class GraphedLayerMixin:
         self._graphjit_core.reset()
 
     def _apply(self, *args: Any, **kwargs: Any) -> Any:
-        # .to(), .cuda(), .half(), .astype() ... move or replace the parameters the graphs captured by
-        # address: every graph is dropped (the framework's _apply runs first).
+        # torch's .to(), .cuda(), .half(), ... and Paddle's .to(), .float(), .bfloat16() move or replace the
+        # parameters the graphs captured by address: every graph is dropped (the framework's _apply runs
+        # first).  Paddle's astype() does not come through here: GraphedPaddleLayer overrides it.
         out = super()._apply(*args, **kwargs)  # type: ignore[misc]
         core = self.__dict__.get("_graphjit_core")
         if core is not None:

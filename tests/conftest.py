@@ -60,3 +60,25 @@ def _fresh_env(monkeypatch: pytest.MonkeyPatch):
 def gj_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.DEBUG, logger="graphjit")
     return caplog
+
+
+@pytest.fixture
+def freed_by_refcount():
+    """``check(make)``: runs ``make()`` with Python's cyclic collector off; ``make`` returns the objects to
+    watch (a graphed layer's core, its slots and graphs).  True when every one of them died by reference
+    counting alone, once ``make``'s list was dropped."""
+    import gc
+    import weakref
+
+    def check(make):
+        was = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        try:
+            refs = [weakref.ref(o) for o in make()]
+            return all(r() is None for r in refs)
+        finally:
+            if was:
+                gc.enable()
+
+    return check

@@ -77,3 +77,38 @@ def test_rebuilding_and_collecting_tensors_leaves_no_cycle() -> None:
     finally:
         if was:
             gc.enable()
+
+
+def test_pauses_overlapping_across_threads_restore_the_collector_once() -> None:
+    """Two threads' pauses overlap (A enters, B enters, A leaves, B leaves): the collector stays off until
+    the last one leaves, then it is on again."""
+    import threading
+
+    was = gc.isenabled()
+    gc.enable()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    def thread_a() -> None:
+        with collector_paused():
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def thread_b() -> None:
+        a_in.wait(10)
+        with collector_paused():
+            b_in.set()
+            a_out.wait(10)
+            seen["after A left, inside B"] = gc.isenabled()
+
+    try:
+        ts = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(20)
+        assert seen == {"after A left, inside B": False}
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -10,9 +10,18 @@ from __future__ import annotations
 import abc
 import contextlib
 import gc
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+CAPTURE_LOCK = threading.RLock()
+"""One capture at a time per process: graphjit's captures, warmups on the capture stream and pool anchors
+all run under this lock (re-entrant: a capture may create its pool)."""
+
+_pause_lock = threading.Lock()
+_pause_depth = 0
+_pause_restore = False
 
 
 @contextlib.contextmanager
@@ -24,17 +33,26 @@ def collector_paused() -> Iterator[None]:
     or layer the program dropped).  A graph cannot be destroyed while a stream captures: torch's
     destructor fails ("operation not permitted when stream is capturing") and the capture under way
     is invalidated ("operation failed due to a previous error during capture").  With the collector
-    paused, such cycles are freed after the capture.  The collector is process-wide: other threads
-    do not collect during the capture either (captures take milliseconds; one runs at a time).
-    Memory freed by reference counting alone is not affected.
+    paused, such cycles are freed after the capture.
+
+    The collector is process-wide, so the pause is counted across threads: the first block to enter
+    records whether the collector was on and turns it off, the last one to leave turns it back on.
+    Automatic collections stop for every thread meanwhile (captures take milliseconds); an explicit
+    ``gc.collect()`` still runs.  Memory freed by reference counting alone is not affected.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    global _pause_depth, _pause_restore
+    with _pause_lock:
+        if _pause_depth == 0:
+            _pause_restore = gc.isenabled()
+            gc.disable()
+        _pause_depth += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _pause_lock:
+            _pause_depth -= 1
+            if _pause_depth == 0 and _pause_restore:
+                gc.enable()
 
 
 class GraphHandle(abc.ABC):

@@ -129,10 +129,17 @@ class PaddleGlue(Glue):
 class GraphedPaddleLayer(GraphedLayerMixin, paddle.nn.Layer):
     """The ``paddle.nn.Layer`` :func:`graphjit.graphed_layer` returns: calls like the wrapped layer
     (``self.layer``), whose parameters and train/eval mode it shares.  Methods: ``stats()``,
-    ``report()``, ``reset()`` (:class:`graphjit.training.GraphedLayerMixin`); ``.to()`` drops the
-    graphs; ``copy.deepcopy`` graphs the copied layer anew."""
+    ``report()``, ``reset()`` (:class:`graphjit.training.GraphedLayerMixin`); ``.to()``, ``.astype()``,
+    ``.float()``, ``.bfloat16()`` drop the graphs; ``copy.deepcopy`` graphs the copied layer anew."""
 
     def __init__(self, layer: paddle.nn.Layer, options: dict[str, Any]) -> None:
         super().__init__()
         self.layer = layer
         self._attach_core(PaddleGlue(layer), options)
+
+    def astype(self, *args: Any, **kwargs: Any) -> Any:
+        """Paddle's ``Layer.astype`` (it casts the parameters without going through ``_apply``), then every
+        graph is dropped: the graphs captured the parameters by address."""
+        out = super().astype(*args, **kwargs)
+        self._graphjit_core.reset()
+        return out

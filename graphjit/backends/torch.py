@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import BackendError, CaptureError
-from .base import Backend, GraphHandle, collector_paused
+from .base import CAPTURE_LOCK, Backend, GraphHandle, collector_paused
 
 log = logging.getLogger("graphjit")
 
@@ -53,10 +53,11 @@ class TorchPool:
     torch frees a private pool once every graph captured into it was reset, and a later capture into
     that handle then fails an allocator assertion (and leaves torch's RNG state believing a capture is
     under way).  The anchor, captured into the pool and never reset while this object lives, makes any
-    reset-and-recapture through this object safe.  Whoever captures into the pool holds this object
-    (a graphed function, a capture scope, a graphed layer's slot); once it is dropped and the pool's
-    graphs are reset, the pool's memory goes back to torch's allocator (``torch.cuda.empty_cache()``
-    returns it to the device).
+    reset-and-recapture through this object safe.  Whoever captures into the pool holds this object: a
+    graphed function and a capture scope for their lifetime; a graphed layer only while it records a
+    slot (forward and backward graph), since nothing captures into a slot's pool afterwards.  Once it
+    is dropped and the pool's graphs are reset, the pool's memory goes back to torch's allocator
+    (``torch.cuda.empty_cache()`` returns it to the device).
     """
 
     __slots__ = ("anchor", "handle")
@@ -197,7 +198,9 @@ class TorchBackend(Backend):
 
     def new_pool(self, device: str) -> TorchPool:
         """A pool several graphs share, with its anchor graph (see :class:`TorchPool`)."""
-        with torch.cuda.device(_index(device)):
+        # Under the capture lock: the anchor is a capture on the shared side stream, which must not
+        # meet another thread's capture or warmup there.
+        with CAPTURE_LOCK, torch.cuda.device(_index(device)):
             handle = torch.cuda.graph_pool_handle()
             anchor = torch.cuda.CUDAGraph()
             stream = self._side_stream(device)
@@ -255,6 +258,10 @@ class TorchBackend(Backend):
 
     def capture(self, fn: Callable[[], Any], device: str, pool: Any,
                 debug: bool) -> tuple[GraphHandle, Any]:
+        with collector_paused():  # also while a failed capture is ended
+            return self._capture(fn, device, pool, debug)
+
+    def _capture(self, fn: Callable[[], Any], device: str, pool: Any, debug: bool) -> tuple[GraphHandle, Any]:
         graph = _new_graph(keep=debug)
         if debug:
             graph.enable_debug_mode()
@@ -262,8 +269,7 @@ class TorchBackend(Backend):
         before = torch.cuda.memory_reserved(_index(device))
         try:
             handle = pool.handle if isinstance(pool, TorchPool) else pool
-            with collector_paused(), torch.cuda.graph(graph, pool=handle, stream=stream,
-                                                      capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=handle, stream=stream, capture_error_mode="thread_local"):
                 out = fn()
         except BaseException as exc:
             self._end_capture(graph, stream)
