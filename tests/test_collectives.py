@@ -281,10 +281,13 @@ def test_cli_build(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nvcc = _fake_nvcc(tmp_path, _COUNTING_NVCC.replace("sleep 1", ""))
     args = ["build", "--arch", "sm_80,9.0", "--cache-dir", str(tmp_path / "c"), "--nvcc", str(nvcc)]
     assert main(args) == 0
-    out = capsys.readouterr().out
+    got = capsys.readouterr()
+    out = got.out
     assert "sm_80:" in out and "sm_90:" in out and "built in" in out
+    assert got.err.count("graphjit build: compiling csrc for") == 2  # progress before each compile (stderr)
     assert main(args) == 0
-    assert "(cached)" in capsys.readouterr().out
+    got = capsys.readouterr()
+    assert "(cached)" in got.out and "compiling" not in got.err
     assert main(["build", "--arch", "sm_61", "--cache-dir", str(tmp_path / "c")]) == 1
     assert "sm_70 or newer" in capsys.readouterr().out
 

@@ -121,6 +121,22 @@ def test_collectives_on_cpu_exits_1_and_says_why(monkeypatch: pytest.MonkeyPatch
         assert csrc["status"] == "fail" and csrc["blocking"] and "GRAPHJIT_NVCC" in csrc["fix"]
 
 
+@needs_framework
+def test_progress_lines_go_to_stderr_one_per_section(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A long command says what it does: one stderr line per section before it runs (the table stays on
+    stdout, unchanged), and one before each step that takes seconds (here: the test build of csrc)."""
+    monkeypatch.setenv("GRAPHJIT_CACHE_DIR", str(tmp_path / "cache"))
+    graphjit.env.refresh()
+    main(["doctor", "--collectives", "--framework", INSTALLED[0]])
+    captured = capsys.readouterr()
+    steps = [line for line in captured.err.splitlines() if line.startswith("graphjit doctor: checking ")]
+    assert [s.split(":")[1].split()[-1] for s in steps[:3]] == ["system", INSTALLED[0], "collectives"], steps
+    if shutil.which("nvcc") or os.environ.get("GRAPHJIT_NVCC"):
+        assert any("build of csrc" in s for s in steps), steps
+    assert "graphjit doctor: checking" not in captured.out
+
+
 @cpu_only
 @needs_framework
 def test_csrc_row_without_nvcc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -167,6 +167,7 @@ def _paddle_gpu_probes(ctx: Context, devices: list[dict[str, Any]], archs: list[
     for tracer in ("eager", "sot"):
         check = f"paddle capture+replay ({tracer})"
         tag = f"paddle {tracer}"
+        ctx.say(f"a Paddle capture and replay, tracer {tracer}, in its own process (seconds)")
         result, why = run_child(["-m", PADDLE_PROBE, tracer, "kernels" if tracer == "eager" else "-", "gpu"],
                                 ctx.timeout, extra)
         if result is None:

@@ -541,6 +541,9 @@ def run_build(args: Any) -> int:
         for arch in archs:
             t0 = time.perf_counter()
             existed = (not args.force) and library_path(arch, args.cache_dir).is_file()
+            if not existed:
+                sys.stderr.write(f"graphjit build: compiling csrc for {arch} with nvcc (about 10 s) ...\n")
+                sys.stderr.flush()
             path = build(arch, cache=args.cache_dir, nvcc=args.nvcc, force=args.force)
             state = "cached" if existed else f"built in {time.perf_counter() - t0:.1f} s"
             sys.stdout.write(f"{arch}: {path} ({state})\n")

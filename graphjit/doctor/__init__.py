@@ -77,21 +77,27 @@ FRAMEWORKS = ("torch", "paddle")
 
 def _check_collectives(ctx: Context) -> None:
     """The rows the custom all-reduce needs, in order: nvcc, csrc build, P2P/NVLink/IPC, the all-reduce itself."""
+    ctx.say("collectives: nvcc, the csrc build, P2P/NVLink/IPC" + (", the 2-process all-reduce" if ctx.collectives
+                                                                   else ""))
     toolchain.check_nvcc(ctx)
     toolchain.check_csrc(ctx)
     peers.check_peers(ctx)
     allreduce.check_custom_ar(ctx)
 
 
-def diagnose(framework: str = "all", collectives: bool = False, timeout: float = 180.0) -> Report:
-    """Run every check; the :class:`Report` holds the rows, the summary and the exit status."""
+def diagnose(framework: str = "all", collectives: bool = False, timeout: float = 180.0,
+             progress: Callable[[str], None] | None = None) -> Report:
+    """Run every check; the :class:`Report` holds the rows, the summary and the exit status.  ``progress``,
+    if given, is called with a short line before each section and each step that takes seconds."""
     frameworks = FRAMEWORKS if framework == "all" else (framework,)
     report = Report(options={"framework": framework, "collectives": collectives, "timeout_s": timeout})
-    ctx = Context(report, frameworks, framework != "all", collectives, timeout)
+    ctx = Context(report, frameworks, framework != "all", collectives, timeout, progress=progress)
+    ctx.say("system: Python, packages, GRAPHJIT_* variables, the NVIDIA driver")
     check_system(ctx)
     checks: dict[str, Callable[[Context], None]] = {"torch": lambda c: framework_checks("torch").check(c),
                                                     "paddle": lambda c: framework_checks("paddle").check(c)}
     for name in frameworks:
+        ctx.say(f"{name}: build, GPUs, a capture and replay")
         checks[name](ctx)
     if framework == "all" and not any(importlib.util.find_spec(n) for n in FRAMEWORKS):
         report.add("system", "frameworks", FAIL, "neither paddle nor torch is installed",
@@ -113,9 +119,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds each probe subprocess may take (default 180)")
 
 
+def _progress(step: str) -> None:
+    print(f"graphjit doctor: checking {step} ...", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``doctor`` command: print the report, write ``--json``, return the exit status."""
-    report = diagnose(args.framework, args.collectives, args.timeout)
+    report = diagnose(args.framework, args.collectives, args.timeout, progress=_progress)
     print(report.render(), flush=True)
     code = report.exit_code
     if args.json:

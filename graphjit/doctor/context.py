@@ -9,6 +9,7 @@ importing :mod:`graphjit.doctor` imports no framework.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -36,6 +37,12 @@ class Context:
     csrc: str = SKIP  # the csrc build row's status
     csrc_fix: str | None = None
     ar_summary: str | None = None  # the --collectives summary line
+    progress: Callable[[str], None] | None = None  # told what runs next (the command prints it to stderr)
+
+    def say(self, step: str) -> None:
+        """Tell the user what runs next (a section, or a step that takes seconds), if anyone listens."""
+        if self.progress is not None:
+            self.progress(step)
 
     def cuda_driver(self) -> CudaDriver:
         """The CUDA driver API, loaded once per run."""

@@ -145,6 +145,7 @@ def _ipc(ctx: Context) -> None:
         r.add("collectives", "CUDA IPC", SKIP, "the probe needs torch with CUDA", "pip install a CUDA build of torch "
               "to run this probe")
         return
+    ctx.say("CUDA IPC between two processes (seconds)")
     result, why = run_child(["-m", IPC_PROBE], ctx.timeout)
     if result is None:
         r.add("collectives", "CUDA IPC", FAIL, f"probe failed: {why}", "check that processes may share GPU memory "

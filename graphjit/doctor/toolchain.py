@@ -177,6 +177,7 @@ def check_csrc(ctx: Context) -> None:
         try:
             existed = _lib.library_path(arch, sources=sources).is_file()
             t0 = time.perf_counter()
+            ctx.say(f"csrc build for {arch} (compiles on first use, about 10 s)")
             path = _lib.build(arch, nvcc=ctx.nvcc, timeout=ctx.timeout, lock_timeout=ctx.timeout)
             lib = _lib.Library(path)
         except Exception as exc:
@@ -233,6 +234,7 @@ def _csrc_without_gpu(ctx: Context, cached: list[str], where: str, facts: dict[s
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="graphjit-doctor-csrc-") as tmp:
         try:
+            ctx.say(f"a test build of csrc for {arch} (a few seconds)")
             path = _lib.build(arch, cache=tmp, nvcc=ctx.nvcc, timeout=ctx.timeout, lock_timeout=ctx.timeout)
             abi = _lib.Library(path)._dll.gj_ar_abi_version()
         except Exception as exc:
