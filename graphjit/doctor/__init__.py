@@ -85,6 +85,28 @@ def _check_collectives(ctx: Context) -> None:
     allreduce.check_custom_ar(ctx)
 
 
+_MISSING = {  # framework -> (the fix when --framework named it; the row and its fix otherwise)
+    "torch": ("pip install torch (a CUDA build for GPUs: see https://pytorch.org/get-started/locally/)",
+              "not installed (pass --framework paddle to check only Paddle)", "pip install torch, if you use PyTorch"),
+    "paddle": ("pip install paddlepaddle-gpu (or paddlepaddle for CPU); see https://www.paddlepaddle.org.cn/install/quick",
+               "not installed (pass --framework torch to check only PyTorch)",
+               "pip install paddlepaddle-gpu, if you use Paddle"),
+}
+
+
+def _missing(ctx: Context, name: str) -> bool:
+    """True, with the framework's one row, when ``name`` is not installed (a failure when ``--framework``
+    named it, else a skip); found without importing it."""
+    if importlib.util.find_spec(name) is not None:
+        return False
+    named_fix, text, fix = _MISSING[name]
+    if ctx.explicit:
+        ctx.report.add(name, name, FAIL, "not installed", named_fix)
+    else:
+        ctx.report.add(name, name, SKIP, text, fix)
+    return True
+
+
 def diagnose(framework: str = "all", collectives: bool = False, timeout: float = 180.0,
              progress: Callable[[str], None] | None = None) -> Report:
     """Run every check; the :class:`Report` holds the rows, the summary and the exit status.  ``progress``,
@@ -94,11 +116,10 @@ def diagnose(framework: str = "all", collectives: bool = False, timeout: float =
     ctx = Context(report, frameworks, framework != "all", collectives, timeout, progress=progress)
     ctx.say("system: Python, packages, GRAPHJIT_* variables, the NVIDIA driver")
     check_system(ctx)
-    checks: dict[str, Callable[[Context], None]] = {"torch": lambda c: framework_checks("torch").check(c),
-                                                    "paddle": lambda c: framework_checks("paddle").check(c)}
     for name in frameworks:
         ctx.say(f"{name}: build, GPUs, a capture and replay")
-        checks[name](ctx)
+        if not _missing(ctx, name):
+            framework_checks(name).check(ctx)
     if framework == "all" and not any(importlib.util.find_spec(n) for n in FRAMEWORKS):
         report.add("system", "frameworks", FAIL, "neither paddle nor torch is installed",
                    "pip install paddlepaddle-gpu or torch (graphjit graphs functions of one of them)")
