@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from ..bench.decode import EPS, HOST_SHAPE, DecodeRunner, errors_entry, timing_entry, tolerance
+from ..bench.decode import EPS, HOST_SHAPE, DecodeRunner, errors_entry, tolerance
 
 # The Paddle step lives at module level and reads its weights from a module-level dict: Paddle's AST
 # tracer re-executes the function's source and cannot see closure variables.  PaddleDecodeRunner.build sets them.
@@ -129,23 +129,16 @@ class PaddleDecodeRunner(DecodeRunner):
             errs.append((rel, mx))
         return errors_entry(errs, tolerance(self.args.dtype, name))
 
-    def _time(self, call: Callable[[], Any]) -> dict[str, Any]:
-        args = self.args
-        for _ in range(args.warmup):
-            call()
-        self.sync()
-        samples, host = [], []
+    def _measure(self, call: Callable[[], Any], iters: int) -> tuple[float, float]:
+        """Host clocks around the calls and a device synchronise (step time), and the host time to issue them."""
         perf = time.perf_counter_ns
-        for _ in range(args.repeats):
-            t0 = perf()
-            for _ in range(args.iters):
-                call()
-            t1 = perf()
-            self.sync()
-            t2 = perf()
-            samples.append((t2 - t0) / 1e3 / args.iters)
-            host.append((t1 - t0) / 1e3 / args.iters)
-        return timing_entry(samples, host, self.timer)
+        t0 = perf()
+        for _ in range(iters):
+            call()
+        t1 = perf()
+        self.sync()
+        t2 = perf()
+        return (t2 - t0) / 1e3 / iters, (t1 - t0) / 1e3 / iters
 
     def _raw_capture(self, fn: Callable[..., Any], *static: Any) -> tuple[Any, Any]:
         paddle = self.paddle

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ..bench import common
-from ..bench.decode import EPS, HOST_SHAPE, DecodeRunner, errors_entry, timing_entry, tolerance
+from ..bench.decode import EPS, HOST_SHAPE, DecodeRunner, errors_entry, tolerance
 
 
 class TorchDecodeRunner(DecodeRunner):
@@ -116,32 +116,21 @@ class TorchDecodeRunner(DecodeRunner):
             errs.append(self._err(out, ref))
         return errors_entry(errs, tolerance(self.args.dtype, name))
 
-    def _time(self, call: Callable[[], Any]) -> dict[str, Any]:
-        torch, args = self.torch, self.args
-        for _ in range(args.warmup):
-            call()
-        self.sync()
-        samples, host = [], []
+    def _measure(self, call: Callable[[], Any], iters: int) -> tuple[float, float]:
+        """On the GPU: CUDA events around the calls (device time per step), and the host time to issue them."""
+        if not self.on_gpu:
+            return super()._measure(call, iters)
+        torch = self.torch
         perf = time.perf_counter_ns
-        for _ in range(args.repeats):
-            if self.on_gpu:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                t0 = perf()
-                for _ in range(args.iters):
-                    call()
-                t1 = perf()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) * 1e3 / args.iters)
-            else:
-                t0 = perf()
-                for _ in range(args.iters):
-                    call()
-                t1 = perf()
-                samples.append((t1 - t0) / 1e3 / args.iters)
-            host.append((t1 - t0) / 1e3 / args.iters)
-        return timing_entry(samples, host, self.timer)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = perf()
+        for _ in range(iters):
+            call()
+        t1 = perf()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / iters, (t1 - t0) / 1e3 / iters
 
     def _raw_capture(self, fn: Callable[..., Any], *static: Any) -> tuple[Any, Any]:
         """A graph of ``fn(*static)`` captured by hand, as the torch docs show."""

@@ -294,9 +294,28 @@ class DecodeRunner:
     @abstractmethod
     def _check(self, call: Callable[[Any], Any], name: str) -> dict[str, Any]:
         """Relative errors of ``call`` against eager on the two inputs (:func:`errors_entry`)."""
-    @abstractmethod
     def _time(self, call: Callable[[], Any]) -> dict[str, Any]:
-        """Time ``call`` (warmup, then repeats of ``--iters`` calls): :func:`timing_entry`."""
+        """Time ``call``: ``--warmup`` untimed calls, then ``--repeats`` measurements of ``--iters`` back-to-back
+        calls (:meth:`_measure`), as :func:`timing_entry`."""
+        args = self.args
+        for _ in range(args.warmup):
+            call()
+        self.sync()
+        samples, host = [], []
+        for _ in range(args.repeats):
+            step_us, host_us = self._measure(call, args.iters)
+            samples.append(step_us)
+            host.append(host_us)
+        return timing_entry(samples, host, self.timer)
+
+    def _measure(self, call: Callable[[], Any], iters: int) -> tuple[float, float]:
+        """One measurement of ``iters`` calls: (microseconds per step by this runner's :attr:`timer`, host
+        microseconds per call to issue them).  Here both are the host time (the CPU runs)."""
+        t0 = time.perf_counter_ns()
+        for _ in range(iters):
+            call()
+        us = (time.perf_counter_ns() - t0) / 1e3 / iters
+        return us, us
     @abstractmethod
     def _raw_capture(self, fn: Callable[..., Any], *static: Any) -> tuple[Any, Any]:
         """A graph of ``fn(*static)`` captured by hand, and its output."""
