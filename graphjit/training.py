@@ -91,9 +91,9 @@ from typing import Any
 
 from . import backends, env
 from . import scope as scope_mod
-from .backends.base import Backend, GraphHandle
+from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import collect_tensors
-from .capture import CAPTURE_LOCK, tolerance
+from .capture import tolerance
 from .errors import (
     BackwardOrderError,
     CaptureError,

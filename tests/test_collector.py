@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import importlib
+import importlib.util
 
 import pytest
 
@@ -112,3 +114,27 @@ def test_pauses_overlapping_across_threads_restore_the_collector_once() -> None:
         assert gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_every_backend_capture_runs_with_the_collector_paused() -> None:
+    """``Backend.capture`` is where the pause lives: it wraps the framework's ``capture_graph``, which both
+    backends implement (and neither overrides ``capture``)."""
+    import types
+
+    from graphjit.backends.base import Backend
+
+    seen: list[bool] = []
+    framework = types.SimpleNamespace(capture_graph=lambda fn, device, pool, debug: (seen.append(gc.isenabled()),
+                                                                                      fn()))
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        assert Backend.capture(framework, lambda: "out", "cuda:0", None, False) == (None, "out")  # type: ignore[arg-type]
+        assert seen == [False] and gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+    for module, name in (("torch", "TorchBackend"), ("paddle", "PaddleBackend")):
+        if importlib.util.find_spec(module) is None:
+            continue
+        cls = getattr(importlib.import_module(f"graphjit.backends.{module}"), name)
+        assert "capture_graph" in cls.__dict__ and "capture" not in cls.__dict__, cls

@@ -202,11 +202,18 @@ class Backend(abc.ABC):
         """Raise :class:`~graphjit.errors.CaptureError` if the block synchronises CPU and GPU."""
         yield
 
-    @abc.abstractmethod
     def capture(self, fn: Callable[[], Any], device: str, pool: Any,
                 debug: bool) -> tuple[GraphHandle, Any]:
-        """Capture ``fn()`` into a graph.  The capture is ended on every path, and Python's cyclic garbage
-        collector does not run during it (:func:`collector_paused`)."""
+        """Capture ``fn()`` into a graph (:meth:`capture_graph`).  The capture is ended on every path, and
+        Python's cyclic garbage collector does not run during it, nor while a failed one is ended
+        (:func:`collector_paused`)."""
+        with collector_paused():
+            return self.capture_graph(fn, device, pool, debug)
+
+    @abc.abstractmethod
+    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
+                      debug: bool) -> tuple[GraphHandle, Any]:
+        """The framework's capture of ``fn()`` into a graph, ended on every path (:meth:`capture` calls it)."""
 
     @abc.abstractmethod
     def synchronize(self, device: str) -> None: ...

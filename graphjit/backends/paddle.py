@@ -24,7 +24,7 @@ import numpy as np
 import paddle
 
 from ..errors import BackendError, CaptureError, UnrecoverableCaptureError
-from .base import Backend, GraphHandle, collector_paused
+from .base import Backend, GraphHandle
 
 log = logging.getLogger("graphjit")
 
@@ -329,12 +329,8 @@ class PaddleBackend(Backend):
             for module, attr, original in modules:
                 setattr(module, attr, original)
 
-    def capture(self, fn: Callable[[], Any], device: str, pool: Any,
-                debug: bool) -> tuple[GraphHandle, Any]:
-        with collector_paused():
-            return self._capture(fn, device, pool)
-
-    def _capture(self, fn: Callable[[], Any], device: str, pool: Any) -> tuple[GraphHandle, Any]:
+    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
+                      debug: bool) -> tuple[GraphHandle, Any]:
         self._ensure_flags()
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         kwargs = {"pool_id": pool} if (pool is not None and self.shared_pools) else {}

@@ -256,12 +256,8 @@ class TorchBackend(Backend):
         finally:
             torch.cuda.set_sync_debug_mode(previous)
 
-    def capture(self, fn: Callable[[], Any], device: str, pool: Any,
-                debug: bool) -> tuple[GraphHandle, Any]:
-        with collector_paused():  # also while a failed capture is ended
-            return self._capture(fn, device, pool, debug)
-
-    def _capture(self, fn: Callable[[], Any], device: str, pool: Any, debug: bool) -> tuple[GraphHandle, Any]:
+    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
+                      debug: bool) -> tuple[GraphHandle, Any]:
         graph = _new_graph(keep=debug)
         if debug:
             graph.enable_debug_mode()
