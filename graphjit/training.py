@@ -980,20 +980,22 @@ class GraphedLayerMixin:
         return f"warmup={c.warmup}, max_in_flight={c.max_in_flight}, outputs={c.outputs!r}"
 
 
-def _unsupported_leaf(out: Any, is_tensor: Callable[[Any], bool]) -> tuple[str, type] | None:
-    """The first leaf of ``out`` (depth first, with its index path) that is neither a tensor nor a constant,
-    or None.  Iterative, without a recursive closure (which would be a reference cycle)."""
-    stack: list[tuple[Any, str]] = [(out, "")]
-    while stack:
-        x, path = stack.pop()
-        if is_tensor(x) or isinstance(x, _SCALAR_LEAVES):
-            continue
-        if isinstance(x, (list, tuple)):
-            stack.extend((e, f"{path}[{i}]") for i, e in reversed(list(enumerate(x))))
-        elif isinstance(x, dict):
-            stack.extend((v, f"{path}[{k!r}]") for k, v in reversed(list(x.items())))
-        else:
-            return path, type(x)
+def _unsupported_leaf(x: Any, is_tensor: Callable[[Any], bool], path: str = "") -> tuple[str, type] | None:
+    """The first leaf of ``x`` (depth first, with its index path) that is neither a tensor nor a constant,
+    or None.  A module-level function like :func:`graphjit.buffers.collect_tensors`' walk (a recursive
+    closure would be a reference cycle)."""
+    if is_tensor(x) or isinstance(x, _SCALAR_LEAVES):
+        return None
+    if isinstance(x, (list, tuple)):
+        children = [(f"{path}[{i}]", e) for i, e in enumerate(x)]
+    elif isinstance(x, dict):
+        children = [(f"{path}[{k!r}]", v) for k, v in x.items()]
+    else:
+        return path, type(x)
+    for child_path, child in children:
+        bad = _unsupported_leaf(child, is_tensor, child_path)
+        if bad is not None:
+            return bad
     return None
 
 
