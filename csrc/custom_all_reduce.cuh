@@ -247,13 +247,20 @@ struct Elem<__nv_bfloat16> {
 
 __device__ __forceinline__ uint4 ld_peer(const uint4* p) { return __ldcg(p); }
 
-// Sum of pack `idx` over all ranks, in rank order.  All W loads are issued before any add.
+// Packs each thread keeps in flight per loop iteration.  One 16-byte load per thread and
+// iteration leaves too few bytes in flight to cover the latency of a read over NVLink (about
+// 36 blocks x 512 threads x 16 B = 288 KiB per round trip): the loops below issue kUnroll packs'
+// loads (from every rank) before the first add.  The register budget (launch bounds 512 x 1: at
+// most 128 registers a thread) caps W x kUnroll at 8 packs of 4 registers.
+template <int W>
+struct Unroll {
+  static constexpr int value = W <= 2 ? 4 : (W <= 4 ? 2 : 1);
+};
+
+// Sum of W packs (one per rank, in rank order) in fp32, rounded once.
 template <typename T, int W>
-__device__ __forceinline__ uint4 reduce_pack(const RankPtrs& in, int64_t idx) {
+__device__ __forceinline__ uint4 sum_packs(const uint4 (&raw)[W]) {
   constexpr int N = kPackBytes / sizeof(T);
-  uint4 raw[W];
-#pragma unroll
-  for (int r = 0; r < W; ++r) raw[r] = ld_peer(static_cast<const uint4*>(in.ptr[r]) + idx);
   float acc[N];
 #pragma unroll
   for (int r = 0; r < W; ++r) {
@@ -268,6 +275,48 @@ __device__ __forceinline__ uint4 reduce_pack(const RankPtrs& in, int64_t idx) {
   uint4 packed;
   __builtin_memcpy(&packed, outv, kPackBytes);
   return packed;
+}
+
+// dst[j] = sum over ranks of in.ptr[r][base + j], for this thread's j in [0, len): j = first,
+// first + stride, ...  The set of j a thread (and so a block) handles depends only on first and
+// stride, never on the unrolling: the pack -> block mapping the barriers rely on is unchanged.
+template <typename T, int W>
+__device__ __forceinline__ void reduce_strided(const RankPtrs& in, int64_t base, uint4* dst, int64_t len,
+                                               int64_t first, int64_t stride) {
+  constexpr int U = Unroll<W>::value;
+  const uint4* src[W];
+#pragma unroll
+  for (int r = 0; r < W; ++r) src[r] = static_cast<const uint4*>(in.ptr[r]) + base;
+  int64_t j = first;
+  for (; j + (U - 1) * stride < len; j += U * stride) {
+    uint4 raw[U][W];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < W; ++r) raw[u][r] = ld_peer(src[r] + j + u * stride);
+#pragma unroll
+    for (int u = 0; u < U; ++u) dst[j + u * stride] = sum_packs<T, W>(raw[u]);
+  }
+  for (; j < len; j += stride) {
+    uint4 raw[W];
+#pragma unroll
+    for (int r = 0; r < W; ++r) raw[r] = ld_peer(src[r] + j);
+    dst[j] = sum_packs<T, W>(raw);
+  }
+}
+
+// dst[j] = src[j] for this thread's j in [0, len), kU loads in flight.
+template <int U>
+__device__ __forceinline__ void copy_strided(const uint4* src, uint4* dst, int64_t len, int64_t first, int64_t stride) {
+  int64_t j = first;
+  for (; j + (U - 1) * stride < len; j += U * stride) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = ld_peer(src + j + u * stride);
+#pragma unroll
+    for (int u = 0; u < U; ++u) dst[j + u * stride] = v[u];
+  }
+  for (; j < len; j += stride) dst[j] = ld_peer(src + j);
 }
 
 template <int W>
@@ -299,18 +348,16 @@ __global__ void __launch_bounds__(kThreads, 1) one_shot_kernel(Params p) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (!p.inplace) {
-    uint4* out = static_cast<uint4*>(p.out);
-    for (int64_t i = first; i < p.packs; i += stride) out[i] = reduce_pack<T, W>(in, i);
+    reduce_strided<T, W>(in, 0, static_cast<uint4*>(p.out), p.packs, first, stride);
     __syncthreads();
     cross_rank_barrier<W, true, false>(p, epoch + 2);  // write-after-read guard only: relaxed
   } else {
     uint4* tmp = scratch_of(self);
-    for (int64_t i = first; i < p.packs; i += stride) tmp[i] = reduce_pack<T, W>(in, i);
+    reduce_strided<T, W>(in, 0, tmp, p.packs, first, stride);
     __syncthreads();
     cross_rank_barrier<W, true, true>(p, epoch + 2);  // peers are done reading our input
     __syncthreads();
-    uint4* out = static_cast<uint4*>(p.out);
-    for (int64_t i = first; i < p.packs; i += stride) out[i] = tmp[i];
+    copy_strided<Unroll<W>::value>(tmp, static_cast<uint4*>(p.out), p.packs, first, stride);
   }
   if (threadIdx.x == 0) self->epoch[blockIdx.x] = epoch + 2;
 }
@@ -332,8 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1) two_shot_kernel(Params p) {
   {
     const int64_t base = part * p.rank;
     const int64_t len = (p.rank == W - 1) ? p.packs - base : part;
-    uint4* mine = scratch_of(self);
-    for (int64_t j = first; j < len; j += stride) mine[j] = reduce_pack<T, W>(in, base + j);
+    reduce_strided<T, W>(in, base, scratch_of(self), len, first, stride);
   }
   __syncthreads();
   cross_rank_barrier<W, true, true>(p, epoch + 2);  // publish partial sums, see everyone's
@@ -347,8 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1) two_shot_kernel(Params p) {
     const int q = (p.rank + k) % W;  // start with our own partition, then spread over the links
     const int64_t base = part * q;
     const int64_t len = (q == W - 1) ? p.packs - base : part;
-    const uint4* src = scratch_of(signal_of<W>(p, q));
-    for (int64_t j = first; j < len; j += stride) out[base + j] = ld_peer(src + j);
+    copy_strided<4>(scratch_of(signal_of<W>(p, q)), out + base, len, first, stride);
   }
   if (threadIdx.x == 0) self->epoch[blockIdx.x] = epoch + 2;
 }

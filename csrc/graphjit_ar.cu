@@ -143,8 +143,13 @@ bool world_supported(int world) { return world == 2 || world == 4 || world == 6 
 
 int choose_algo(int world, long long bytes) {
   // One-shot moves (world-1)*S bytes per rank with one synchronization; two-shot moves
-  // 2*(world-1)/world*S with two.  With 2 ranks two-shot saves no traffic at all.
-  if (world <= 2) return gjar::kOneShot;
+  // 2*(world-1)/world*S with two.  With 2 ranks both move S bytes over the link, but two-shot
+  // splits the adds between the ranks and its second half is a plain copy.  Measured on 2 x H200
+  // (NV18, 64 blocks, bf16, inside a CUDA graph; benchmarks/results/allreduce_h200x2_tuned.json):
+  // one-shot is faster up to 512 KiB (8.1 vs 8.5 us), the two are even at 1-2 MiB, two-shot is
+  // faster from 4 MiB (18.5 vs 19.8 us) and by 10% at 64 MiB.  Worlds 4..8: vLLM's published
+  // crossovers, not yet measured here (no machine with more than 2 GPUs).
+  if (world <= 2) return bytes < (1LL << 20) ? gjar::kOneShot : gjar::kTwoShot;
   if (world <= 4) return bytes < (512LL << 10) ? gjar::kOneShot : gjar::kTwoShot;
   return bytes < (256LL << 10) ? gjar::kOneShot : gjar::kTwoShot;
 }
@@ -169,7 +174,7 @@ struct Context {
   bool local = false;  // gj_ar_create_local: every rank in this process, no IPC
   size_t scratch_bytes = 0;
   size_t staging_bytes = 0;
-  int max_blocks = 36;
+  int max_blocks = 64;
   unsigned long long timeout_ns = 0;
   gjar::Signal* signals[gjar::kMaxRanks] = {};
   void* staging[gjar::kMaxRanks] = {};

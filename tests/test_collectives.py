@@ -91,8 +91,8 @@ def test_built_library_exports_the_c_api(compiled: dict[str, Any]) -> None:
     lib = _lib.Library(compiled["library"])
     assert lib.limits() == {"max_ranks": 8, "max_blocks": 64, "threads": 512,
                             "header_bytes": custom_ar.HEADER_BYTES, "handle_bytes": 64}
-    # automatic algorithm: 2 ranks always one-shot; <= 4 below 512 KiB; above that below 256 KiB
-    assert [lib.choose_algo(2, n) for n in (16, 8 << 20)] == [1, 1]
+    # automatic algorithm: one-shot below 1 MiB for 2 ranks, below 512 KiB for 4, below 256 KiB above
+    assert [lib.choose_algo(2, n) for n in (16, (1 << 20) - 16, 1 << 20, 8 << 20)] == [1, 1, 2, 2]
     assert [lib.choose_algo(4, n) for n in ((512 << 10) - 16, 512 << 10)] == [1, 2]
     assert [lib.choose_algo(8, n) for n in ((256 << 10) - 16, 256 << 10)] == [1, 2]
 

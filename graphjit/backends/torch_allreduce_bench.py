@@ -91,7 +91,9 @@ class _Worker:
         self.lib: Any = None
         if any(VARIANTS[v][0] == "custom" for v in self.variants):
             try:
+                blocks = c.get("ar_max_blocks") or custom_ar.DEFAULT_MAX_BLOCKS
                 rep = collectives.init(max_bytes=int(c["ar_max_bytes"]), scope="always", backend="torch",
+                                       max_blocks=int(blocks),
                                        timeout_s=min(CUSTOM_TIMEOUT_S, float(cfg["collective_timeout"])),
                                        pointer_slots=max(custom_ar.DEFAULT_SLOTS, 2 * self.iters + 16))
                 self.report = rep.as_dict()

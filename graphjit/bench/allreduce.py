@@ -179,6 +179,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ar-max-bytes", type=common.positive_int, default=None,
                    help="max_bytes of collectives.init (default: the largest size, rounded up to 16): larger "
                         "tensors fall back to NCCL and are recorded as fallback")
+    g.add_argument("--ar-max-blocks", type=int, default=None, choices=range(1, 65), metavar="1..64",
+                   help="max_blocks of collectives.init: thread blocks per custom all-reduce kernel (default: "
+                        "graphjit's default)")
     g.add_argument("--timeout", type=float, default=None,
                    help=f"seconds for the whole run before both workers are stopped (default "
                         f"{GPU_DEFAULTS['timeout']:.0f}; CPU smoke {CPU_DEFAULTS['timeout']:.0f})")
@@ -264,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
         "config": {
             "sizes": args.sizes, "dtype": args.dtype, "torch_dtype": dtype_name, "variants": variants,
             "iters": args.iters, "repeats": args.repeats, "warmup": args.warmup, "ar_max_bytes": max_bytes,
+            "ar_max_blocks": args.ar_max_blocks,
             "timeout_s": args.timeout, "seed": args.seed, "backend": "nccl" if on_gpu and not shared else "gloo",
             "gpus_seen": seen, "rendezvous": "file", "timer": "cuda_events" if on_gpu else "host",
             "units": "microseconds per all-reduce",
