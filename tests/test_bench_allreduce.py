@@ -256,6 +256,20 @@ def test_fallbacks_are_not_timings_and_are_problems() -> None:
     assert "fb" in ar.table(data)
 
 
+def test_auto_handing_big_eager_calls_to_nccl_is_by_design_and_never_slower() -> None:
+    data = _synthetic()
+    for r in data["results"][-2:]:  # 32 and 64 MiB: auto's eager calls went to NCCL (the measured crossover)
+        r["variants"]["custom_auto_eager"] = {"status": "fallback", "fallback_reasons": {"crossover": "x"}}
+        r["variants"]["nccl_eager"]["us_per_call"] = 1.0  # would make auto slower, were auto timed there
+    done = ar.finalize(data)
+    eager = done["targets"]["auto_never_slower_than_nccl"]["eager"]
+    assert eager["ok"] is True and eager["not_measured"] == [] and eager["framework_by_design"] == [32 << 20, 64 << 20]
+    assert done["summary"]["ok"] is True, done["summary"]
+    data["results"][-1]["variants"]["custom_auto_eager"]["fallback_reasons"] = {"crossover": "x", "VMM memory": "y"}
+    problems = ar.finalize(data)["summary"]["problems"]
+    assert len(problems) == 1 and "64 MiB custom_auto_eager: fell back" in problems[0]
+
+
 def test_four_workers_one_fails_the_others_are_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = tmp_path / "fake-python"
     fake.write_text("#!/bin/sh\n"

@@ -728,6 +728,37 @@ def test_simulated_fallbacks_at_call_time(clean_stats: custom_ar.Stats, monkeypa
                         "pointer table full", "custom", "foreign capture", "stream"]
 
 
+def test_simulated_auto_sends_big_eager_calls_to_the_framework(clean_stats: custom_ar.Stats,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    assert custom_ar.EAGER_NCCL_ABOVE == 32 << 20 and "crossover" in custom_ar.REASONS
+
+    def rank_body(rank: int, world: FakeWorld) -> list[str]:
+        comm, dist, _ = _comm(rank, world, scope_name="always")
+        comm.setup()
+        comm.eager_nccl_above = 64  # bytes: what EAGER_NCCL_ABOVE is to a real max_bytes
+        outcome = []
+        for n, capture in ((16, False), (32, False), (32, True)):
+            x = FakeTensor(world, np.full(n, rank + 1.0, np.float32), f"cuda:{rank}")
+            dist.capture = capture
+            with scope.graphed_call("capture" if capture else "warmup"):
+                got = comm.call(Call(x, "sum", None, False), _original([]), (x,), {})
+            dist.capture = False
+            outcome.append("framework" if got == "original" else "custom")
+        return outcome
+
+    # 64 bytes: custom; 128 bytes eager: the framework ("crossover"); 128 bytes captured: custom (zero copy)
+    assert _ranks(2, rank_body) == [["custom", "framework", "custom"]] * 2
+    assert clean_stats.as_dict()["fallbacks"] == {"crossover": 2}
+    custom_ar.reset_stats()
+    monkeypatch.setenv("GRAPHJIT_AR_ALGO", "1shot")  # a forced algorithm is never redirected
+    env.refresh()
+    try:
+        assert _ranks(2, rank_body) == [["custom", "custom", "custom"]] * 2
+    finally:
+        monkeypatch.delenv("GRAPHJIT_AR_ALGO")
+        env.refresh()
+
+
 def test_simulated_init_failures_agree_on_every_rank() -> None:
     world = FakeWorld(2)
     world.drop_probe.add((1, 0))  # rank 1's writes never reach rank 0

@@ -47,8 +47,8 @@ Rank 0 writes the JSON (``allreduce_<tag>.json`` under ``--out``; rewritten afte
 custom auto / NCCL (in a graph and eager), the issue's targets (custom auto in a graph <= 6 us up to 256 KiB,
 <= 10 us at 1 MiB, <= 20 us at 4 MiB; auto never slower than NCCL) and the measured crossovers (1shot/2shot,
 NCCL/custom) to tune auto's thresholds from.  Exit status 1 when a variant failed, a result differed from NCCL,
-or on GPUs a NCCL or custom variant did not run (fell back or was skipped; a fallback for "bytes > max" alone is
-by configuration); the symmetric-memory reference may be skipped or fail (a note).  The targets never change
+or on GPUs a NCCL or custom variant did not run (fell back or was skipped; a fallback for "bytes > max" or "crossover"
+alone is by design); the symmetric-memory reference may be skipped or fail (a note).  The targets never change
 the exit status: they are results.
 
 Safety: ``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` are forced in both workers
@@ -118,6 +118,9 @@ LATENCY_TARGETS: tuple[tuple[str, Callable[[int], bool], float], ...] = (
     ("<= 20 us at 4 MiB", lambda s: s == 4 * MIB, 20.0),
 )
 
+# Fallback reasons that are graphjit's choice, not a failure: larger than max_bytes, or auto sending an eager call
+# above its measured crossover to the framework's collective (collectives.custom_ar.EAGER_NCCL_ABOVE).
+BY_DESIGN = frozenset({"bytes > max", "crossover"})
 FORCED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 """Set in every worker, whatever the caller's environment says: no NVLink SHARP / multicast."""
 DROP_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -453,12 +456,25 @@ def finalize(data: dict[str, Any]) -> dict[str, Any]:
                 "measured); NCCL is faster than the better custom algorithm from nccl_from_bytes on (None: never): "
                 "auto's 1shot/2shot threshold and max_bytes can be set from these (world size 2)",
     }
-    data["targets"] = _targets(sizes, s)
+    data["targets"] = _targets(sizes, s, _auto_chose_framework(results))
     data["summary"] = summary(data)
     return data
 
 
-def _targets(sizes: list[int], s: dict[str, dict[int, float | None]]) -> dict[str, Any]:
+def _auto_chose_framework(results: list[dict[str, Any]]) -> dict[str, set[int]]:
+    """Per mode, the sizes at which custom auto handed its calls to the framework's collective by design
+    (:data:`BY_DESIGN`): there auto *is* NCCL, so it cannot be slower than NCCL."""
+    chose: dict[str, set[int]] = {"graph": set(), "eager": set()}
+    for r in results:
+        for mode in chose:
+            v = r.get("variants", {}).get(f"custom_auto_{mode}") or {}
+            if v.get("status") == "fallback" and set(v.get("fallback_reasons") or {"?": ""}) <= BY_DESIGN:
+                chose[mode].add(r["bytes"])
+    return chose
+
+
+def _targets(sizes: list[int], s: dict[str, dict[int, float | None]],
+             framework: dict[str, set[int]] | None = None) -> dict[str, Any]:
     auto = s["custom_auto_graph"]
     latency = []
     for label, applies, target in LATENCY_TARGETS:
@@ -472,10 +488,11 @@ def _targets(sizes: list[int], s: dict[str, dict[int, float | None]]) -> dict[st
     for mode in ("graph", "eager"):
         a, n = s[f"custom_auto_{mode}"], s[f"nccl_{mode}"]
         slower = [b for b in sizes if a[b] is not None and n[b] is not None and cast(float, a[b]) > cast(float, n[b])]
-        missing = [b for b in sizes if a[b] is None or n[b] is None]
+        chose = (framework or {}).get(mode, set())
+        missing = [b for b in sizes if (a[b] is None or n[b] is None) and b not in chose]
         measured = len(sizes) - len(missing)
         never_slower[mode] = {"ok": (not slower and not missing) if measured else None, "slower_at": slower,
-                              "not_measured": missing}
+                              "not_measured": missing, "framework_by_design": sorted(chose)}
     return {"custom_auto_graph_latency": latency, "auto_never_slower_than_nccl": never_slower,
             "definition": "latency targets: custom auto inside a CUDA graph (variant custom_auto_graph); "
                           "never slower: custom_auto_<mode> <= nccl_<mode> at every measured size"}
@@ -483,7 +500,7 @@ def _targets(sizes: list[int], s: dict[str, dict[int, float | None]]) -> dict[st
 
 def summary(data: dict[str, Any]) -> dict[str, Any]:
     """Problems: an error, a wrong result, and on GPUs a NCCL or custom variant that did not run (fallback,
-    skipped; a fallback only for "bytes > max" is by configuration and not a problem).  torch's symmetric
+    skipped; a fallback only for :data:`BY_DESIGN` reasons is graphjit's choice and not a problem).  torch's symmetric
     memory is a reference: skipped or failed, it is a note.  On the CPU smoke run only ``nccl_eager`` (gloo)
     must run."""
     on_gpu = data.get("device") == "cuda"
@@ -496,7 +513,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
             must_run = name == "nccl_eager" or (on_gpu and VARIANTS[name][0] in ("nccl", "custom"))
             if st == "error":
                 (problems if VARIANTS[name][0] != "symm" else notes).append(f"{where}: error: {v.get('error')}")
-            elif st == "fallback" and must_run and set(v.get("fallback_reasons") or {"?": ""}) != {"bytes > max"}:
+            elif st == "fallback" and must_run and not set(v.get("fallback_reasons") or {"?": ""}) <= BY_DESIGN:
                 # (larger than --ar-max-bytes: graphjit sends it to NCCL by design; recorded, not a problem)
                 problems.append(f"{where}: fell back to the framework's collective: {v.get('fallback_reasons')}")
             elif st == "skipped" and must_run and not str(v.get("reason", "")).startswith("shared-GPU smoke run"):

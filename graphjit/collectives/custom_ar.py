@@ -77,6 +77,12 @@ SUPPORTED_WORLD_SIZES = (2, 4, 6, 8)
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 ALGO_CODES = {"auto": 0, "1shot": 1, "2shot": 2}
 HEADER_BYTES = 8192  # gjar::kHeaderBytes
+# Eager calls with GRAPHJIT_AR_ALGO=auto above this size run the framework's collective: an eager call
+# first copies its tensor into the staging buffer, and on 2 x H200 (bf16, NV18) that copy makes the
+# custom path as slow as NCCL at 32 MiB (126-133 vs 135 us) and slower at 64 MiB in one of three runs
+# (259 vs 246 us; benchmarks/results/allreduce_h200x2_*.json).  Captured calls are zero copy and stay
+# faster than NCCL up to 64 MiB (222 vs 271 us), so they have no crossover below max_bytes.
+EAGER_NCCL_ABOVE = 32 << 20
 
 Reason = tuple[str, str]
 
@@ -102,6 +108,8 @@ REASONS: dict[str, str] = {
     "VMM memory": "captured tensor in VMM memory (e.g. PyTorch expandable_segments): CUDA IPC cannot share it",
     "pointer table full": "no free slot for another captured all-reduce (collectives.reset() frees them)",
     "stream": "the framework's current stream is not the stream being captured",
+    "crossover": f"auto, eager call above {EAGER_NCCL_ABOVE >> 20} MiB: NCCL is as fast or faster there (the "
+                 "copy through the staging buffer); captured calls have no such crossover",
     "foreign capture": "a compiled all-reduce captured into a CUDA graph graphjit did not capture (torch.compile "
                        "mode='reduce-overhead'): its buffers could not be registered, so the framework's collective "
                        "runs inside that graph",
@@ -260,6 +268,7 @@ class Communicator:
         self.pointer_slots = pointer_slots
         self.timeout_s = float(timeout_s)
         self.max_blocks = max_blocks
+        self.eager_nccl_above = EAGER_NCCL_ABOVE
         self.lib: Any = lib
         self.device: int | None = None
         self.device_str = "cuda:?"
@@ -508,6 +517,9 @@ class Communicator:
             with STATS.lock:
                 STATS.captured += 1
         else:
+            if settings.ar_algo == "auto" and info.nbytes > self.eager_nccl_above:
+                return self.passthrough("crossover", f"{info.nbytes} bytes > {self.eager_nccl_above} in an eager "
+                                        "call: the framework's collective is as fast", original, args, kwargs)
             lib.all_reduce(ctx, info.ptr, info.ptr, info.numel, dtype, algo, stream)
             with STATS.lock:
                 STATS.eager += 1
