@@ -858,7 +858,7 @@ def test_dispatch_reasons_outside_the_communicator(clean_stats: custom_ar.Stats,
 
 COVERED_REASONS = {row[2] for row in TENSOR_TABLE} | {row[4] for row in TOPOLOGY_TABLE} | {
     "world size", "multi-node", "disabled", "nccl", "scope", "not initialized", "static mode", "op", "VMM memory",
-    "pointer table full", "stream", "unavailable", "foreign capture"}
+    "pointer table full", "stream", "unavailable", "foreign capture", "crossover"}
 
 
 def test_every_reason_is_in_the_table() -> None:
