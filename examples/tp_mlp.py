@@ -6,10 +6,13 @@ partial output and one ``all_reduce`` (SUM) completes it; b2 is added after the 
 then checks its result against a single-process reference computed with the full weights.
 
 With 2 GPUs the processes use NCCL and each captures its step (matmuls and the all-reduce) into a
-CUDA graph; otherwise they use gloo on the CPU and graphjit runs the function uncaptured (one log
-line per rank says "no CUDA graph ...").  Weights are closed over: a graph uses them by address.
+CUDA graph; ``graphjit.collectives.init()`` swaps the captured ``dist.all_reduce`` for graphjit's
+custom kernel (``--no-custom-ar``: NCCL inside the graph), and rank 0 prints which one ran.
+Otherwise they use gloo on the CPU and graphjit runs the function uncaptured (one log line per rank
+says "no CUDA graph ..."; the custom all-reduce says why it is off).  Weights are closed over: a
+graph uses them by address.
 
-    python examples/tp_mlp.py [--steps 5] [--world-size 2] [--backend auto|gloo|nccl]
+    python examples/tp_mlp.py [--steps 5] [--world-size 2] [--backend auto|gloo|nccl] [--no-custom-ar]
 """
 
 from __future__ import annotations
@@ -47,12 +50,12 @@ def reference(torch, x, weights):
     return torch.nn.functional.gelu(x @ w1 + b1) @ w2 + b2
 
 
-def worker(rank: int, world: int, backend: str, init_file: str, steps: int) -> None:
+def worker(rank: int, world: int, backend: str, init_file: str, steps: int, custom_ar: bool) -> None:
     """One rank.  Ends the process with os._exit (after flushing) so that no teardown can hang it."""
     code = 1
     try:
         logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(message)s", stream=sys.stdout)
-        code = run_rank(rank, world, backend, init_file, steps)
+        code = run_rank(rank, world, backend, init_file, steps, custom_ar)
     except BaseException:
         traceback.print_exc()
         print(f"[rank {rank}] FAILED", flush=True)
@@ -62,16 +65,19 @@ def worker(rank: int, world: int, backend: str, init_file: str, steps: int) -> N
     os._exit(code)
 
 
-def run_rank(rank: int, world: int, backend: str, init_file: str, steps: int) -> int:
+def run_rank(rank: int, world: int, backend: str, init_file: str, steps: int, custom_ar: bool) -> int:
     import torch
     import torch.distributed as dist
 
     import graphjit
+    import graphjit.collectives
 
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    if custom_ar:  # on every rank, after the process group: off (with its reason) where it cannot run
+        graphjit.collectives.init()
 
     full = full_weights(torch)
     shard = FFN // world
@@ -105,6 +111,13 @@ def run_rank(rank: int, world: int, backend: str, init_file: str, steps: int) ->
           f"single-process reference: {worst:.2e} ({'ok' if ok else 'MISMATCH'})", flush=True)
     if rank == 0:
         print(tp_mlp.report(), flush=True)
+        ar = graphjit.collectives.stats()
+        ran = f"graphjit's custom kernel for {ar['custom']['captured']} captured all-reduce(s)" \
+            if ar["custom"]["captured"] else "the framework's all_reduce"
+        why = "; ".join(f"{k} x{n}: {ar['reasons'].get(k, '')}" for k, n in ar["fallbacks"].items())
+        print(f"all-reduce: {ran}" + (f" (fallbacks: {why})" if why else ""), flush=True)
+    if custom_ar:
+        graphjit.collectives.shutdown()
     dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 3
@@ -116,6 +129,8 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, default=2, help=f"processes (FFN={FFN} must divide by it)")
     parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
                         help="auto: nccl when there is a GPU per process, else gloo on the CPU")
+    parser.add_argument("--no-custom-ar", dest="custom_ar", action="store_false",
+                        help="leave dist.all_reduce to the framework (NCCL inside the graph)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the processes")
     args = parser.parse_args()
     if FFN % args.world_size:
@@ -133,7 +148,7 @@ def main() -> int:
     ctx = mp.get_context("spawn")  # a fresh interpreter per rank (CUDA cannot be forked)
     with tempfile.TemporaryDirectory(prefix="graphjit-tp-") as tmp:
         init_file = str(Path(tmp) / "rendezvous")  # a FileStore: no port to pick, no race
-        procs = [ctx.Process(target=worker, args=(r, args.world_size, backend, init_file, args.steps))
+        procs = [ctx.Process(target=worker, args=(r, args.world_size, backend, init_file, args.steps, args.custom_ar))
                  for r in range(args.world_size)]
         for p in procs:
             p.start()

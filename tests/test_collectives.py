@@ -991,7 +991,7 @@ def test_torch_swap_passes_calls_through_in_a_gloo_group(tmp_path: Path) -> None
         assert got["results"] == {"plain": [3.0] * 4, "async": [3.0] * 4, "max": [2.0] * 4, "scope": [3.0] * 4,
                                   "group": [3.0] * 4, "keywords": [3.0] * 4}
         assert got["returns"] == {"plain": "NoneType", "async": "Work", "scope": "NoneType"}
-        assert got["fallbacks"] == {"scope": 4, "unavailable": 1, "not initialized": 1}
+        assert got["fallbacks"] == {"unavailable": 5, "not initialized": 1}  # off: its reason, whatever the scope
         assert got["custom"] == {"eager": 0, "captured": 0}
         assert got["installed_twice"] is False and got["restored"] is True
         assert got["rank"] == rank
@@ -1016,7 +1016,7 @@ def test_paddle_swap_passes_calls_through_in_a_gloo_group_and_under_sot(tmp_path
         assert got["results"] == {"plain": [3.0] * 4, "sync_op": [3.0] * 4, "sot": [[10.0] * 4] * 3}
         assert got["sot_calls"] == 3, "SOT did not run the wrapped all_reduce eagerly (graph break)"
         assert got["fallbacks"].get("static mode", 0) == 0, got["fallbacks"]
-        assert got["fallbacks"]["unavailable"] == 3 and got["fallbacks"]["scope"] == 2
+        assert got["fallbacks"]["unavailable"] == 5 and "scope" not in got["fallbacks"]
         assert got["published_is_function"] and got["kept_after_shutdown"]
         assert got["gathered_ok"], "all_gather_object (broadcasts of uint8 tensors) lost or reordered objects"
 

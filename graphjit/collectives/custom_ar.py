@@ -477,11 +477,11 @@ class Communicator:
         return original(*args, **kwargs)
 
     def call(self, call: Call, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self.scope == "graphed" and scope_mod.collective_mode() is None:
-            return self.passthrough("scope", REASONS["scope"], original, args, kwargs)
-        if not self.enabled:
+        if not self.enabled:  # first: the reason it is off says more than where the call ran
             key, detail = self.reason or ("unavailable", "collectives.init() did not finish")
             return self.passthrough(key, detail, original, args, kwargs)
+        if self.scope == "graphed" and scope_mod.collective_mode() is None:
+            return self.passthrough("scope", REASONS["scope"], original, args, kwargs)
         settings = env.settings()
         problem = check_settings(settings)
         if problem is not None:
