@@ -273,7 +273,7 @@ def test_collectives_with_two_gpus_runs_the_pair(monkeypatch: pytest.MonkeyPatch
     never starts them."""
     calls: list[float] = []
 
-    def pair(timeout: float, device: str = "cuda") -> Any:
+    def pair(timeout: float, device: str = "cuda", framework: str = "torch") -> Any:
         calls.append(timeout)
         return [_rank_result(0), _rank_result(1)], ["", ""], None
 
@@ -283,7 +283,7 @@ def test_collectives_with_two_gpus_runs_the_pair(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(allreduce, "run_ar_pair", pair)
     monkeypatch.setattr(toolchain, "check_csrc", csrc)
-    monkeypatch.setattr(torch_doctor, "torch_gpus", lambda ctx: (2, ["NVIDIA H200", "NVIDIA H200"], None))
+    monkeypatch.setattr(torch_doctor, "doctor_gpus", lambda ctx: (2, ["NVIDIA H200", "NVIDIA H200"], None))
     plain = doctor.diagnose(INSTALLED[0])
     assert not calls and next(r for r in plain.rows if r.check == "custom all-reduce").status == "skip"
     report = doctor.diagnose(INSTALLED[0], collectives=True, timeout=77)
@@ -293,12 +293,63 @@ def test_collectives_with_two_gpus_runs_the_pair(monkeypatch: pytest.MonkeyPatch
     assert report.summary[-1] == "--collectives: the custom all-reduce matches NCCL on GPUs 0,1 of 2 (2 x NVIDIA H200)"
     assert "max abs diff 0" in report.render()
 
-    monkeypatch.setattr(torch_doctor, "torch_gpus", lambda ctx: (1, ["NVIDIA H200"], None))
+    monkeypatch.setattr(torch_doctor, "doctor_gpus", lambda ctx: (1, ["NVIDIA H200"], None))
     report = doctor.diagnose(INSTALLED[0], collectives=True)
     row = next(r for r in report.rows if r.check == "custom all-reduce")
     assert row.status == "fail"
     assert "needs 2 GPUs on one node, visible to torch: torch sees 1 (NVIDIA H200)" in row.result
     assert report.exit_code == 1 and len(calls) == 1
+
+
+def test_collectives_runs_through_paddle_where_torch_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No usable torch but 2 GPUs Paddle sees: the pair runs Paddle's probe; torch with 2 GPUs wins otherwise;
+    --framework paddle picks Paddle's view even when torch could run it."""
+    two = (2, ["NVIDIA H200", "NVIDIA H200"], None)
+    monkeypatch.setattr(torch_doctor, "doctor_gpus", lambda ctx: (0, [], "torch is not installed"))
+    monkeypatch.setattr(paddle_doctor, "doctor_gpus", lambda ctx: two)
+    ctx = context.Context(doctor.Report(), ("paddle", "torch"), False, True, 60.0)
+    assert allreduce.probe_framework(ctx) == ("paddle", *two)
+    monkeypatch.setattr(torch_doctor, "doctor_gpus", lambda ctx: two)
+    assert allreduce.probe_framework(ctx)[0] == "torch"
+    monkeypatch.setattr(paddle_doctor, "doctor_gpus", lambda ctx: (1, ["NVIDIA H200"], None))
+    explicit = context.Context(doctor.Report(), ("paddle",), True, True, 60.0)
+    assert allreduce.probe_framework(explicit) == ("paddle", 1, ["NVIDIA H200"], None)
+    monkeypatch.setattr(torch_doctor, "doctor_gpus", lambda ctx: (0, [], "torch is not installed"))
+    monkeypatch.setattr(paddle_doctor, "doctor_gpus", lambda ctx: (0, [], "paddle sees no GPU it can capture on"))
+    allreduce.check_custom_ar(ctx)  # neither: the row names torch's reason (the usual route)
+    row = ctx.report.rows[-1]
+    assert row.status == "fail" and "visible to torch" in row.result and "torch is not installed" in row.result
+
+
+def test_paddle_view_of_the_gpus_comes_from_the_paddle_rows() -> None:
+    ctx = _gpu_context()
+    ctx.gpus["paddle"] = [{"index": i, "name": "NVIDIA H200"} for i in range(2)]
+    assert paddle_doctor.doctor_gpus(ctx) == (2, ["NVIDIA H200", "NVIDIA H200"], None)
+    count, names, why = paddle_doctor.doctor_gpus(_gpu_context())
+    assert (count, names) == (0, []) and why == ("paddle sees no GPU it can capture on (see the paddle rows)"
+                                                 if HAS_PADDLE else "paddle is not installed (the check runs "
+                                                 "through paddle.distributed and NCCL)")
+
+
+@pytest.mark.skipif(not HAS_PADDLE, reason="needs paddle")
+@pytest.mark.slow
+def test_paddle_ar_probe_runs_on_cpu() -> None:
+    """Paddle's 2-process probe in a gloo group on the CPU: it starts, runs every case and reports (the custom
+    all-reduce is off there: CPU build; every call runs gloo and matches, counted under that reason)."""
+    results, tails, why = allreduce.run_ar_pair(120, "cpu", framework="paddle")
+    assert why is None, (why, tails)
+    for rank, res in enumerate(results):
+        assert res is not None and res["done"] and res["returncode"] == 0, (res, tails[rank])
+        assert res["report"]["enabled"] is False and res["report"]["reason_key"] == "unavailable"
+        cases = res["cases"]
+        eager = [c for c in cases if c["mode"] == "eager"]
+        graphed = [c for c in cases if c["mode"] == "graphed"]
+        assert len(eager) == 2 * 2 * len(allreduce.AR_SIZES) and len(graphed) == len(allreduce.AR_GRAPHED)
+        assert {c["dtype"] for c in cases} == {"float32", "float16"}
+        assert all(c["max_abs_diff"] == 0.0 and c["max_abs"] > 0 and c["custom"] is False for c in cases), cases
+        assert res["fallbacks"] == {"unavailable": len(eager) + sum(c["calls"] for c in graphed)}, res["fallbacks"]
+    status, text, fix, _, _ = allreduce.ar_verdict(results, tails, why)
+    assert status == "fail" and text.startswith("collectives.init turned it off (unavailable)") and fix
 
 
 def test_collectives_setting_off_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:

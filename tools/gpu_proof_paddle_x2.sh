@@ -12,6 +12,9 @@ log="$out/proof-paddle-x2.log"
   timeout 480 $PY311 -m pytest -q tests/test_gpu_collectives_paddle.py -p no:cacheprovider -rfEs --tb=short 2>&1 \
     | grep -v '^[WI][0-9]' | tail -40
   rm -rf "$out/paddle-ar/cache"
+  echo "== doctor --framework paddle --collectives"
+  timeout 150 $PY311 -m graphjit doctor --framework paddle --collectives --json "$out/doctor-paddle-x2.json" 2>&1 \
+    | grep -v '^[WI][0-9]' | tail -25
 } > "$log" 2>&1
 tar czf "$out/paddle-ar.tgz" -C "$out" paddle-ar && rm -rf "$out/paddle-ar"
 tail -60 "$log"

@@ -7,7 +7,9 @@
   (``python -m graphjit.backends.paddle_doctor_probe``: a Paddle crash cannot end the doctor), and
   :func:`_paddle_kernels` (does an elementwise add on the GPU compute right; never blocking);
 * without one, :func:`_paddle_cpu_fallback`: the traced (SOT) function runs in this process and must
-  match eager.
+  match eager;
+* :func:`doctor_gpus`: what the ``custom all-reduce`` row (``--collectives``) needs to know when it runs its
+  2-process check through Paddle.
 
 paddle is imported inside these functions only, never when this module is imported, so that the doctor
 can report a Paddle that is missing or does not import.  :mod:`graphjit.doctor` imports this module lazily.
@@ -16,6 +18,7 @@ can report a Paddle that is missing or does not import.  :mod:`graphjit.doctor` 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import sys
 import warnings
@@ -242,3 +245,14 @@ def _paddle_cpu_fallback(ctx: Context, paddle: Any) -> None:
         return
     graphed_row(ctx, "paddle", check, False, "cpu", stats, worst, calls, 1e-6, "paddle sot")
 
+
+
+def doctor_gpus(ctx: Context) -> tuple[int, list[str], str | None]:
+    """(GPUs Paddle sees, their names, why Paddle cannot run the check) for --collectives, from the paddle rows
+    (which ran before it: a Paddle without CUDA graphs or without GPUs left no devices there)."""
+    devices = ctx.gpus.get("paddle")
+    if devices:
+        return len(devices), [d["name"] for d in devices], None
+    if importlib.util.find_spec("paddle") is None:
+        return 0, [], "paddle is not installed (the check runs through paddle.distributed and NCCL)"
+    return 0, [], "paddle sees no GPU it can capture on (see the paddle rows)"

@@ -4,7 +4,7 @@ collectives rows.
 * :func:`check`: ``torch build`` (CUDA, ROCm or CPU build, against the GPUs nvidia-smi lists),
   ``torch GPUs`` (count, names, compute capability, kernels for them) and ``torch capture+replay`` (a
   tiny function through :func:`graphjit.graphed` on GPU 0, or the CPU fallback, checked against eager);
-* :func:`torch_gpus` (the ``custom all-reduce`` row) and :func:`peer_access` (the ``P2P access`` row).
+* :func:`doctor_gpus` (the ``custom all-reduce`` row) and :func:`peer_access` (the ``P2P access`` row).
 
 torch is imported inside these functions only, never when this module is imported, so that the doctor
 can report a torch that is missing or does not import.  :mod:`graphjit.doctor` imports this module lazily.
@@ -135,7 +135,7 @@ def _torch_capture(ctx: Context, torch: Any, gpu: bool) -> None:
     graphed_row(ctx, "torch", "torch capture+replay", gpu, device, stats, worst, calls, 1e-4)
 
 
-def torch_gpus(ctx: Context) -> tuple[int, list[str], str | None]:
+def doctor_gpus(ctx: Context) -> tuple[int, list[str], str | None]:
     """(GPUs torch sees, their names, why torch cannot run the check) for --collectives."""
     if ctx.gpus.get("torch"):
         devices = ctx.gpus["torch"]

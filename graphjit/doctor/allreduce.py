@@ -1,6 +1,8 @@
 """The ``custom all-reduce`` row (``--collectives`` only; plain ``doctor`` never starts NCCL): two processes,
-one per GPU, in a torch NCCL group (``python -m graphjit.backends.torch_doctor_ar``) run
-:func:`graphjit.collectives.init` and custom all-reduces, eager and graphed, each compared with NCCL.
+one per GPU, in a torch NCCL group (``python -m graphjit.backends.torch_doctor_ar``) or, where torch cannot
+run it and Paddle sees the GPUs (or with ``--framework paddle``), a Paddle one
+(``python -m graphjit.backends.paddle_doctor_ar``), run :func:`graphjit.collectives.init` and custom
+all-reduces, eager and graphed, each compared with NCCL.
 
 This module starts and supervises the pair (:func:`run_ar_pair`: a timeout, then the survivor is stopped)
 and turns their JSON results into the row (:func:`ar_verdict`); it imports no framework (torch's view of
@@ -32,8 +34,10 @@ AR_SIZES = (16, 16 * 1001, 1 << 18, 1 << 21, AR_MAX_BYTES)
 AR_GRAPHED = (("float32", 4096), ("bfloat16", 1 << 20))
 """(dtype, elements) of the graphed steps (``y = 2x; all_reduce(y); y + 1``), 4 calls each."""
 
-AR_PROBE = "graphjit.backends.torch_doctor_ar"
-"""The module each of the 2 ranks runs: ``python -m AR_PROBE RANK PORT OUT DEVICE(cuda|shared|cpu) TIMEOUT``."""
+AR_PROBES = {"torch": "graphjit.backends.torch_doctor_ar", "paddle": "graphjit.backends.paddle_doctor_ar"}
+"""The module each of the 2 ranks runs, per framework: ``python -m MODULE RANK PORTS OUT DEVICE(cuda|shared|cpu)
+TIMEOUT`` (PORTS: one free port for torch; three, comma-separated, for Paddle)."""
+AR_PROBE = AR_PROBES["torch"]
 
 _AR_DROP_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                 "TORCHELASTIC_RUN_ID")
@@ -57,13 +61,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ar_pair(timeout: float, device: str = "cuda") -> tuple[list[dict[str, Any] | None], list[str], str | None]:
-    """Run :data:`AR_PROBE` as ranks 0 and 1; (each rank's result or None, each rank's log tail, why not)."""
+def run_ar_pair(timeout: float, device: str = "cuda", framework: str = "torch"
+                ) -> tuple[list[dict[str, Any] | None], list[str], str | None]:
+    """Run ``framework``'s probe (:data:`AR_PROBES`) as ranks 0 and 1; (each rank's result or None, each rank's
+    log tail, why not)."""
     with tempfile.TemporaryDirectory(prefix="graphjit-doctor-ar-") as tmp:
         environ = child_env({"NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")})
         for name in _AR_DROP_ENV:
             environ.pop(name, None)
-        port = _free_port()
+        ports = ",".join(str(_free_port()) for _ in range(1 if framework == "torch" else 3))
         outs = [Path(tmp) / f"rank{r}.json" for r in range(2)]
         logs = [Path(tmp) / f"rank{r}.log" for r in range(2)]
         procs: list[subprocess.Popen[bytes]] = []
@@ -71,9 +77,9 @@ def run_ar_pair(timeout: float, device: str = "cuda") -> tuple[list[dict[str, An
         try:
             for r in range(2):
                 with open(logs[r], "wb") as log:
-                    procs.append(subprocess.Popen([sys.executable, "-m", AR_PROBE, str(r), str(port), str(outs[r]),
-                                                   device, str(timeout)], stdout=log, stderr=subprocess.STDOUT,
-                                                  cwd=tmp, env=environ))
+                    procs.append(subprocess.Popen([sys.executable, "-m", AR_PROBES[framework], str(r), ports,
+                                                   str(outs[r]), device, str(timeout)], stdout=log,
+                                                  stderr=subprocess.STDOUT, cwd=tmp, env=environ))
             # one rank failed: the other gets a little longer, then is stopped
             stopped = supervise(procs, timeout, 20, grace_after="failure", poll_s=0.1)
             if stopped is not None:
@@ -171,12 +177,30 @@ def ar_verdict(results: list[dict[str, Any] | None], tails: list[str], why: str 
     graphed = [c for c in cases if c["mode"] == "graphed" and c["rank"] == 0]
     sizes = sorted({c["bytes"] for c in eager})
     rep = reports[0]
-    text = (f"{len(eager)} eager all-reduces ({_size(sizes[0])} to {_size(sizes[-1])}; float32, float16, "
-            f"bfloat16; one-shot and two-shot) and {len(graphed)} graphed steps "
+    dtypes = ", ".join(d for d in ("float32", "float16", "bfloat16") if any(c["dtype"] == d for c in eager))
+    text = (f"{len(eager)} eager all-reduces ({_size(sizes[0])} to {_size(sizes[-1])}; {dtypes}; "
+            f"one-shot and two-shot) and {len(graphed)} graphed steps "
             f"({sum(c.get('replays') or 0 for c in graphed)} replays) ran the custom kernel and match {reference} "
             f"(max abs diff {worst:.3g}); init {max(res.get('init_s', 0.0) for res in results if res):.1f} s, "
             f"{rep.get('arch')}")
     return PASS, text, None, lines, data
+
+
+def probe_framework(ctx: Context) -> tuple[str, int, list[str], str | None]:
+    """(framework, GPUs it sees, their names, why it cannot run the check) for the 2-process check: torch when
+    it can (its probe also covers ``tracer="compile"``'s custom op), Paddle when torch cannot and Paddle sees
+    GPUs, or whichever ``--framework`` named."""
+    checks = {fw: framework_checks(fw) for fw in ("torch", "paddle")}
+    if ctx.explicit and len(ctx.frameworks) == 1:
+        fw = ctx.frameworks[0]
+        return (fw, *checks[fw].doctor_gpus(ctx))
+    torch_view = checks["torch"].doctor_gpus(ctx)
+    if torch_view[2] is None and torch_view[0] >= 2:
+        return ("torch", *torch_view)
+    paddle_view = checks["paddle"].doctor_gpus(ctx)
+    if paddle_view[2] is None and paddle_view[0] > torch_view[0]:
+        return ("paddle", *paddle_view)
+    return ("torch", *torch_view)
 
 
 def check_custom_ar(ctx: Context) -> None:
@@ -198,24 +222,24 @@ def check_custom_ar(ctx: Context) -> None:
             ctx.ar_summary = f"the custom all-reduce is off: {off[1]}"
             r.add("collectives", check, FAIL, f"off by setting ({off[0]}): {off[1]}", _AR_FIXES[off[0]], reason=off)
             return
-    count, names, why = framework_checks("torch").torch_gpus(ctx)
+    framework, count, names, why = probe_framework(ctx)
     gpus = ctx.system_gpus()
     shared = why is None and count == 1 and env.settings().ar_shared_gpu
     if why is not None or (count < 2 and not shared):
         if why is None:
-            have = f"torch sees {count} ({count_names(names)})" if count else "torch sees none"
+            have = f"{framework} sees {count} ({count_names(names)})" if count else f"{framework} sees none"
         elif gpus:
             have = f"{why}, and nvidia-smi lists {gpus} GPU(s)"
         else:
             have = f"this machine has no GPU ({why})"
         ctx.ar_summary = f"the custom all-reduce cannot be checked here: it needs 2 GPUs on one node; {have}"
         fix: str | None  # also bound below to ar_verdict()'s fix, which may be None
-        fix = ("install a CUDA build of torch for your driver (the check runs through torch + NCCL; Paddle uses the "
-               "same library)" if why is not None and gpus >= 2 else
+        fix = (f"install a CUDA build of {framework} for your driver (the check runs through its NCCL group)"
+               if why is not None and gpus >= 2 else
                "run python -m graphjit doctor --collectives on a machine with 2+ NVIDIA GPUs (and a CUDA build of "
-               "torch)")
-        r.add("collectives", check, FAIL, f"needs 2 GPUs on one node, visible to torch: {have}", fix, gpus=count,
-              reason=why)
+               "torch or paddle)")
+        r.add("collectives", check, FAIL, f"needs 2 GPUs on one node, visible to {framework}: {have}", fix,
+              gpus=count, reason=why)
         return
     if ctx.csrc == FAIL:
         ctx.ar_summary = "the custom all-reduce cannot run here: csrc does not build or load (see the fixes)"
@@ -225,11 +249,12 @@ def check_custom_ar(ctx: Context) -> None:
     t0 = time.perf_counter()
     reference = "gloo" if shared else "NCCL"
     ctx.say("the custom all-reduce in 2 processes (init, 30 eager calls, 2 graphed steps; up to a minute)")
-    results, tails, why = run_ar_pair(ctx.timeout, device="shared" if shared else "cuda")
+    results, tails, why = run_ar_pair(ctx.timeout, device="shared" if shared else "cuda", framework=framework)
     status, text, fix, lines, data = ar_verdict(results, tails, why, reference=reference)
     pair = (f"2 processes sharing GPU 0 ({count_names(names[:1])}; GRAPHJIT_AR_SHARED_GPU=1, a test mode: P2P, "
             "NVLink and speed not checked)" if shared else f"GPUs 0,1 of {count} ({count_names(names[:2])})")
     data["shared_gpu"] = bool(shared)
+    data["framework"] = framework
     data["seconds"] = time.perf_counter() - t0
     ctx.ar_summary = (f"the custom all-reduce matches {reference} on {pair}" if status == PASS
                       else f"the custom all-reduce FAILS on {pair}: all_reduce runs the framework's collective "
