@@ -69,6 +69,9 @@ def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["bench", "allreduce", "--allow-cpu", "--dtype", "fp32", "--sizes", "4096,4098",
                  "--out", str(tmp_path)]) == 2
     assert "4098" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # argparse: the argument and the range it takes
+        main(["bench", "allreduce", "--allow-cpu", "--ar-max-blocks", "65", "--out", str(tmp_path)])
+    assert info.value.code == 2 and "--ar-max-blocks: expected an integer from 1 to 64" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 
@@ -77,7 +80,7 @@ def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_allow_cpu_smoke_writes_json_and_png(tmp_path: Path) -> None:
     # Multicast must stay off in the workers whatever the caller's environment says.
     proc = _run_module("bench", "allreduce", "--allow-cpu", "--sizes", "4K,16K", "--iters", "3", "--repeats", "2",
-                       "--out", str(tmp_path), "--tag", "ci box",
+                       "--ar-max-blocks", "8", "--out", str(tmp_path), "--tag", "ci box",
                        extra_env={"NCCL_NVLS_ENABLE": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "0",
                                   "GRAPHJIT_AR_ALGO": "nccl", "MASTER_PORT": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -89,6 +92,7 @@ def test_allow_cpu_smoke_writes_json_and_png(tmp_path: Path) -> None:
     cfg = data["config"]
     assert cfg["sizes"] == [4096, 16384] and cfg["dtype"] == "bf16" and cfg["backend"] == "gloo"
     assert cfg["iters"] == 3 and cfg["repeats"] == 2 and cfg["variants"] == list(ar.VARIANTS)
+    assert cfg["ar_max_blocks"] == 8
     assert "one CUDA graph" in cfg["graph_timing"] and cfg["rendezvous"] == "file"
     worker_env = data["env"]["worker_env"]
     assert worker_env["NCCL_NVLS_ENABLE"] == "0" and worker_env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"

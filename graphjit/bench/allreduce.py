@@ -164,6 +164,14 @@ def _csv_sizes(sizes: Sequence[int]) -> str:
     return ",".join(size_label(s).replace(" ", "").replace("iB", "") for s in sizes)
 
 
+def max_blocks_arg(text: str) -> int:
+    """``--ar-max-blocks``: an integer from 1 to 64 (the kernels' block limit)."""
+    value = common.positive_int(text)
+    if value > 64:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to 64, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("allreduce")
     g.add_argument("--sizes", type=size_list, default=None,
@@ -182,7 +190,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ar-max-bytes", type=common.positive_int, default=None,
                    help="max_bytes of collectives.init (default: the largest size, rounded up to 16): larger "
                         "tensors fall back to NCCL and are recorded as fallback")
-    g.add_argument("--ar-max-blocks", type=int, default=None, choices=range(1, 65), metavar="1..64",
+    g.add_argument("--ar-max-blocks", type=max_blocks_arg, default=None, metavar="1..64",
                    help="max_blocks of collectives.init: thread blocks per custom all-reduce kernel (default: "
                         "graphjit's default)")
     g.add_argument("--timeout", type=float, default=None,
