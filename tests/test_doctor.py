@@ -283,7 +283,8 @@ def test_collectives_with_two_gpus_runs_the_pair(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(allreduce, "run_ar_pair", pair)
     monkeypatch.setattr(toolchain, "check_csrc", csrc)
-    monkeypatch.setattr(torch_doctor, "doctor_gpus", lambda ctx: (2, ["NVIDIA H200", "NVIDIA H200"], None))
+    for backend in (torch_doctor, paddle_doctor):  # --framework INSTALLED[0] asks that framework's view
+        monkeypatch.setattr(backend, "doctor_gpus", lambda ctx: (2, ["NVIDIA H200", "NVIDIA H200"], None))
     plain = doctor.diagnose(INSTALLED[0])
     assert not calls and next(r for r in plain.rows if r.check == "custom all-reduce").status == "skip"
     report = doctor.diagnose(INSTALLED[0], collectives=True, timeout=77)
@@ -293,11 +294,13 @@ def test_collectives_with_two_gpus_runs_the_pair(monkeypatch: pytest.MonkeyPatch
     assert report.summary[-1] == "--collectives: the custom all-reduce matches NCCL on GPUs 0,1 of 2 (2 x NVIDIA H200)"
     assert "max abs diff 0" in report.render()
 
-    monkeypatch.setattr(torch_doctor, "doctor_gpus", lambda ctx: (1, ["NVIDIA H200"], None))
+    for backend in (torch_doctor, paddle_doctor):
+        monkeypatch.setattr(backend, "doctor_gpus", lambda ctx: (1, ["NVIDIA H200"], None))
     report = doctor.diagnose(INSTALLED[0], collectives=True)
     row = next(r for r in report.rows if r.check == "custom all-reduce")
     assert row.status == "fail"
-    assert "needs 2 GPUs on one node, visible to torch: torch sees 1 (NVIDIA H200)" in row.result
+    fw = INSTALLED[0]
+    assert f"needs 2 GPUs on one node, visible to {fw}: {fw} sees 1 (NVIDIA H200)" in row.result
     assert report.exit_code == 1 and len(calls) == 1
 
 
