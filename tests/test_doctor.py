@@ -291,7 +291,9 @@ def test_collectives_with_two_gpus_runs_the_pair(monkeypatch: pytest.MonkeyPatch
     row = next(r for r in report.rows if r.check == "custom all-reduce")
     assert calls == [77] and row.status == "pass", row.result
     assert row.result.startswith("GPUs 0,1 of 2 (2 x NVIDIA H200), 30 eager all-reduces")
-    assert report.summary[-1] == "--collectives: the custom all-reduce matches NCCL on GPUs 0,1 of 2 (2 x NVIDIA H200)"
+    reference = "NCCL" if INSTALLED[0] == "torch" else "the exact sum"  # Paddle's probe compares with numpy
+    assert report.summary[-1] == (f"--collectives: the custom all-reduce matches {reference} on GPUs 0,1 of 2 "
+                                  "(2 x NVIDIA H200)")
     assert "max abs diff 0" in report.render()
 
     for backend in (torch_doctor, paddle_doctor):
@@ -347,8 +349,9 @@ def test_paddle_ar_probe_runs_on_cpu() -> None:
         cases = res["cases"]
         eager = [c for c in cases if c["mode"] == "eager"]
         graphed = [c for c in cases if c["mode"] == "graphed"]
-        assert len(eager) == 2 * 2 * len(allreduce.AR_SIZES) and len(graphed) == len(allreduce.AR_GRAPHED)
-        assert {c["dtype"] for c in cases} == {"float32", "float16"}
+        # float32 only on the CPU (Paddle's gloo sums float16 to inf there); the exact sum, in numpy, is the reference
+        assert len(eager) == 2 * len(allreduce.AR_SIZES) and len(graphed) == len(allreduce.AR_GRAPHED)
+        assert {c["dtype"] for c in cases} == {"float32"}
         assert all(c["max_abs_diff"] == 0.0 and c["max_abs"] > 0 and c["custom"] is False for c in cases), cases
         assert res["fallbacks"] == {"unavailable": len(eager) + sum(c["calls"] for c in graphed)}, res["fallbacks"]
     status, text, fix, _, _ = allreduce.ar_verdict(results, tails, why)
