@@ -25,16 +25,14 @@ fields.  It ends with ``os._exit``: no interpreter teardown.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
-import traceback
 from typing import Any, NoReturn, cast
 
 import numpy as np
 
-from ..doctor.allreduce import AR_GRAPHED, AR_MAX_BYTES, AR_SIZES
+from ..doctor.allreduce import AR_GRAPHED, AR_SIZES
+from ..doctor.ar_probe import ProbeRun, close_graphed_case, record_diff
 
 DTYPES = ("float32", "float16")
 
@@ -48,132 +46,99 @@ def _endpoints(rank: int, ports: list[int], backend: str) -> dict[str, str]:
     return env
 
 
+def _sample(seed: int, numel: int, dtype: str) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(numel).astype(dtype)
+
+
+def _exact_sum(parts: list[np.ndarray]) -> np.ndarray:
+    """Summed in float32 in rank order, rounded once (float16 values add exactly in float32)."""
+    acc = parts[0].astype(np.float32)
+    for part in parts[1:]:
+        acc = acc + part.astype(np.float32)
+    return acc.astype(parts[0].dtype)
+
+
+def _compare(case: dict[str, Any], got: np.ndarray, want: np.ndarray) -> None:
+    record_diff(case, float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max()),
+                float(np.abs(want.astype(np.float64)).max()), float(np.finfo(got.dtype).eps))
+
+
 def main(argv: list[str]) -> NoReturn:
     """Run rank ``argv[0]`` of the check (RANK PORTS OUT DEVICE TIMEOUT); never returns."""
     rank, ports, out, kind, timeout = (int(argv[0]), [int(p) for p in argv[1].split(",")], argv[2], argv[3],
                                        float(argv[4]))
-    result: dict[str, Any] = {"rank": rank, "stage": "import paddle", "cases": [], "done": False}
+    ProbeRun(rank, out, "import paddle").run(lambda probe: _check(probe, rank, ports, kind, timeout))
 
-    def save() -> None:
-        with open(out + ".tmp", "w") as f:
-            json.dump(result, f, default=str)
-        os.replace(out + ".tmp", out)
 
-    def finish(code: int) -> NoReturn:
-        save()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # no interpreter teardown: NCCL and the IPC mappings go with the process
+def _check(probe: ProbeRun, rank: int, ports: list[int], kind: str, timeout: float) -> None:
+    result = probe.result
+    gpu = kind in ("cuda", "shared")
+    backend = "nccl" if kind == "cuda" else "gloo"
+    index = 0 if kind == "shared" else rank
+    os.environ.update(_endpoints(rank, ports, backend))
+    if gpu:
+        os.environ["FLAGS_selected_gpus"] = str(index)
+    import paddle
+    import paddle.distributed as dist
 
-    try:
-        gpu = kind in ("cuda", "shared")
-        backend = "nccl" if kind == "cuda" else "gloo"
-        index = 0 if kind == "shared" else rank
-        os.environ.update(_endpoints(rank, ports, backend))
-        if gpu:
-            os.environ["FLAGS_selected_gpus"] = str(index)
-        import paddle
-        import paddle.distributed as dist
+    where = f"gpu:{index}" if gpu else "cpu"
+    paddle.set_device(where)
+    place = paddle.CUDAPlace(index) if gpu else paddle.CPUPlace()
+    probe.stage(f"{backend.upper() if backend == 'nccl' else backend} group")
+    dist.init_parallel_env()
+    paddle.set_device(where)  # a gloo group leaves the expected place on the CPU
+    import graphjit
+    from graphjit import collectives, scope
 
-        where = f"gpu:{index}" if gpu else "cpu"
-        paddle.set_device(where)
-        place = paddle.CUDAPlace(index) if gpu else paddle.CPUPlace()
-        result["stage"] = f"{backend.upper() if backend == 'nccl' else backend} group"
-        save()
-        dist.init_parallel_env()
-        paddle.set_device(where)  # a gloo group leaves the expected place on the CPU
-        import graphjit
-        from graphjit import collectives, scope
+    probe.init_collectives(collectives, "paddle", timeout, gpu)
+    user_algo = graphjit.env.settings().ar_algo  # GRAPHJIT_AR_ALGO, restored after the eager cases
 
-        result["stage"] = "collectives.init"
-        save()
-        t0 = time.perf_counter()
-        report = collectives.init(max_bytes=AR_MAX_BYTES, timeout_s=min(60.0, timeout), backend="paddle")
-        result["init_s"] = round(time.perf_counter() - t0, 2)
-        result["report"] = report.as_dict()
-        save()
-        if gpu and not report.enabled:
-            result["done"] = True
-            finish(0)
-        user_algo = graphjit.env.settings().ar_algo  # GRAPHJIT_AR_ALGO, restored after the eager cases
+    def tensor(a: np.ndarray) -> Any:
+        return paddle.to_tensor(np.ascontiguousarray(a), place=place)
 
-        def tensor(a: np.ndarray) -> Any:
-            return paddle.to_tensor(np.ascontiguousarray(a), place=place)
+    def set_algo(algo: str) -> None:
+        os.environ.update(GRAPHJIT_AR_ALGO=algo)
+        graphjit.refresh_env()
 
-        def set_algo(algo: str) -> None:
-            os.environ.update(GRAPHJIT_AR_ALGO=algo)
-            graphjit.refresh_env()
+    def custom_count(what: str) -> int:
+        return cast(int, collectives.stats()["custom"][what])
 
-        def compare(case: dict[str, Any], got: np.ndarray, ref: np.ndarray) -> None:
-            diff = float(np.abs(got.astype(np.float64) - ref.astype(np.float64)).max())
-            scale = float(np.abs(ref.astype(np.float64)).max())
-            case["max_abs_diff"] = max(case.get("max_abs_diff", 0.0), diff)
-            case["max_abs"] = max(case.get("max_abs", 0.0), scale)
-            case["tol"] = float(np.finfo(got.dtype).eps) * case["max_abs"]  # one ulp of the largest value
+    dtypes = DTYPES if gpu else ("float32",)  # Paddle's gloo returns inf for float16 on the CPU
+    result["stage"] = "eager all-reduces"
+    for name in dtypes:
+        size = np.dtype(name).itemsize
+        for algo in ("1shot", "2shot"):
+            set_algo(algo)
+            for nbytes in AR_SIZES:
+                xs = [_sample(1000 * r + nbytes, nbytes // size, name) for r in range(2)]
+                got = tensor(xs[rank])
+                before = custom_count("eager")
+                with scope.graphed_call("warmup"):  # inside a graphed call: the custom kernel's eager path
+                    dist.all_reduce(got)
+                case: dict[str, Any] = {"mode": "eager", "dtype": name, "algo": algo, "bytes": nbytes,
+                                        "calls": 1, "custom": custom_count("eager") - before == 1}
+                _compare(case, got.numpy(), _exact_sum(xs))
+                result["cases"].append(case)
+    set_algo(user_algo)
+    probe.stage("graphed steps")
 
-        def custom_count(what: str) -> int:
-            return cast(int, collectives.stats()["custom"][what])
+    def step(x: Any) -> Any:
+        y = paddle.assign(x)  # a copy: right even where Paddle lacks this GPU's elementwise kernels
+        dist.all_reduce(y)
+        return y
 
-        def sample(seed: int, numel: int, dtype: str) -> np.ndarray:
-            return np.random.default_rng(seed).standard_normal(numel).astype(dtype)
-
-        def exact_sum(parts: list[np.ndarray]) -> np.ndarray:
-            """Summed in float32 in rank order, rounded once (float16 values add exactly in float32)."""
-            acc = parts[0].astype(np.float32)
-            for part in parts[1:]:
-                acc = acc + part.astype(np.float32)
-            return acc.astype(parts[0].dtype)
-
-        dtypes = DTYPES if gpu else ("float32",)  # Paddle's gloo returns inf for float16 on the CPU
-        result["stage"] = "eager all-reduces"
-        for name in dtypes:
-            size = np.dtype(name).itemsize
-            for algo in ("1shot", "2shot"):
-                set_algo(algo)
-                for nbytes in AR_SIZES:
-                    xs = [sample(1000 * r + nbytes, nbytes // size, name) for r in range(2)]
-                    got = tensor(xs[rank])
-                    before = custom_count("eager")
-                    with scope.graphed_call("warmup"):  # inside a graphed call: the custom kernel's eager path
-                        dist.all_reduce(got)
-                    case: dict[str, Any] = {"mode": "eager", "dtype": name, "algo": algo, "bytes": nbytes,
-                                            "calls": 1, "custom": custom_count("eager") - before == 1}
-                    compare(case, got.numpy(), exact_sum(xs))
-                    result["cases"].append(case)
-        set_algo(user_algo)
-        result["stage"] = "graphed steps"
-        save()
-
-        def step(x: Any) -> Any:
-            y = paddle.assign(x)  # a copy: right even where Paddle lacks this GPU's elementwise kernels
-            dist.all_reduce(y)
-            return y
-
-        for wanted, numel in AR_GRAPHED:
-            name = wanted if wanted in dtypes else dtypes[-1]
-            fn = cast(graphjit.GraphedFunction, graphjit.graphed(step))
-            before = custom_count("captured")
-            case = {"mode": "graphed", "dtype": name, "algo": user_algo, "bytes": numel * np.dtype(name).itemsize,
-                    "calls": 4}
-            with paddle.no_grad():
-                for i in range(case["calls"]):
-                    xs = [sample(7 + 10 * r + i, numel, name) for r in range(2)]
-                    got = fn(tensor(xs[rank])).numpy()
-                    compare(case, got, exact_sum(xs))
-            st = fn.stats()
-            case.update(graphs=st.get("graphs"), replays=st.get("replays"), fallbacks=st.get("fallbacks") or {},
-                        captured=custom_count("captured") - before)
-            case["custom"] = bool(case["captured"] >= 1 and case["replays"] and not case["fallbacks"])
-            result["cases"].append(case)
-        stats = collectives.stats()
-        result["fallbacks"], result["reasons"] = stats["fallbacks"], stats["reasons"]
-        result["stage"], result["done"] = "done", True
-        finish(0)
-    except BaseException as exc:
-        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-        result["error"] = (type(exc).__name__ + ": " + (lines[-1] if lines else ""))[:400]
-        result["traceback"] = traceback.format_exc()[-3000:]
-        finish(1)
+    for wanted, numel in AR_GRAPHED:
+        name = wanted if wanted in dtypes else dtypes[-1]
+        fn = cast(graphjit.GraphedFunction, graphjit.graphed(step))
+        before = custom_count("captured")
+        case = {"mode": "graphed", "dtype": name, "algo": user_algo, "bytes": numel * np.dtype(name).itemsize,
+                "calls": 4}
+        with paddle.no_grad():
+            for i in range(case["calls"]):
+                xs = [_sample(7 + 10 * r + i, numel, name) for r in range(2)]
+                _compare(case, fn(tensor(xs[rank])).numpy(), _exact_sum(xs))
+        result["cases"].append(close_graphed_case(case, fn.stats(), custom_count("captured") - before))
+    probe.done(collectives.stats())
 
 
 if __name__ == "__main__":

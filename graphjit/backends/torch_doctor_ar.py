@@ -17,143 +17,106 @@ framework's own all-reduce, the tolerance, whether the custom kernel ran), ``fal
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
-import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NoReturn, cast
 
-from ..doctor.allreduce import AR_GRAPHED, AR_MAX_BYTES, AR_SIZES
+from ..doctor.allreduce import AR_GRAPHED, AR_SIZES
+from ..doctor.ar_probe import ProbeRun, close_graphed_case, record_diff
 
-SIZES, GRAPHED, MAX_BYTES = AR_SIZES, AR_GRAPHED, AR_MAX_BYTES
+SIZES, GRAPHED = AR_SIZES, AR_GRAPHED
 
 
 def main(argv: list[str]) -> NoReturn:
     """Run rank ``argv[0]`` of the check (RANK PORT OUT DEVICE TIMEOUT); never returns."""
     rank, port, out, kind, timeout = int(argv[0]), int(argv[1]), argv[2], argv[3], float(argv[4])
-    result: dict[str, Any] = {"rank": rank, "stage": "import torch", "cases": [], "done": False}
+    ProbeRun(rank, out, "import torch").run(lambda probe: _check(probe, rank, port, kind, timeout))
 
-    def save() -> None:
-        with open(out + ".tmp", "w") as f:
-            json.dump(result, f, default=str)
-        os.replace(out + ".tmp", out)
 
-    def finish(code: int) -> NoReturn:
-        save()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # no interpreter teardown: NCCL and the IPC mappings go with the process
+def _check(probe: ProbeRun, rank: int, port: int, kind: str, timeout: float) -> None:
+    import torch
+    import torch.distributed as dist
 
-    try:
-        import torch
-        import torch.distributed as dist
+    result = probe.result
+    gpu = kind in ("cuda", "shared")
+    index = 0 if kind == "shared" else rank
+    if gpu:
+        torch.cuda.set_device(index)
+    dev = torch.device("cuda", index) if gpu else torch.device("cpu")
+    sync: Callable[[], None] = torch.cuda.synchronize if gpu else (lambda: None)
+    backend = "nccl" if kind == "cuda" else "gloo"
+    probe.stage(f"{backend.upper() if backend == 'nccl' else backend} group")
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=timeout))
+    import graphjit
+    from graphjit import collectives, scope
+    from graphjit.collectives import swap
 
-        gpu = kind in ("cuda", "shared")
-        index = 0 if kind == "shared" else rank
-        if gpu:
-            torch.cuda.set_device(index)
-        dev = torch.device("cuda", index) if gpu else torch.device("cpu")
-        sync: Callable[[], None] = torch.cuda.synchronize if gpu else (lambda: None)
-        backend = "nccl" if kind == "cuda" else "gloo"
-        result["stage"] = f"{backend.upper() if backend == 'nccl' else backend} group"
-        save()
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=2, timeout=timedelta(seconds=timeout))
-        import graphjit
-        from graphjit import collectives, scope
-        from graphjit.collectives import swap
+    probe.init_collectives(collectives, "torch", timeout, gpu)
+    nccl = swap.original("torch")  # the framework's own all_reduce (NCCL; gloo in the shared mode), unwrapped
+    user_algo = graphjit.env.settings().ar_algo  # GRAPHJIT_AR_ALGO, restored after the eager cases
 
-        result["stage"] = "collectives.init"
-        save()
-        t0 = time.perf_counter()
-        report = collectives.init(max_bytes=MAX_BYTES, timeout_s=min(60.0, timeout), backend="torch")
-        result["init_s"] = round(time.perf_counter() - t0, 2)
-        result["report"] = report.as_dict()
-        save()
-        if gpu and not report.enabled:
-            result["done"] = True
-            finish(0)
-        nccl = swap.original("torch")  # the framework's own all_reduce (NCCL; gloo in the shared mode), unwrapped
-        user_algo = graphjit.env.settings().ar_algo  # GRAPHJIT_AR_ALGO, restored after the eager cases
+    def set_algo(algo: str) -> None:
+        os.environ.update(GRAPHJIT_AR_ALGO=algo)
+        graphjit.refresh_env()
 
-        def set_algo(algo: str) -> None:
-            os.environ.update(GRAPHJIT_AR_ALGO=algo)
-            graphjit.refresh_env()
+    def compare(case: dict[str, Any], got: Any, ref: Any) -> None:
+        record_diff(case, float((got.double() - ref.double()).abs().max()), float(ref.double().abs().max()),
+                    float(torch.finfo(got.dtype).eps))
 
-        def compare(case: dict[str, Any], got: Any, ref: Any) -> None:
-            diff = float((got.double() - ref.double()).abs().max())
-            scale = float(ref.double().abs().max())
-            case["max_abs_diff"] = max(case.get("max_abs_diff", 0.0), diff)
-            case["max_abs"] = max(case.get("max_abs", 0.0), scale)
-            case["tol"] = float(torch.finfo(got.dtype).eps) * case["max_abs"]  # one ulp of the largest value
+    def custom_count(what: str) -> int:
+        return cast(int, collectives.stats()["custom"][what])
 
-        def custom_count(what: str) -> int:
-            return collectives.stats()["custom"][what]
+    result["stage"] = "eager all-reduces"
+    for name in ("float32", "float16", "bfloat16"):
+        dtype = getattr(torch, name)
+        size = torch.empty((), dtype=dtype).element_size()
+        for algo in ("1shot", "2shot"):
+            set_algo(algo)
+            for nbytes in SIZES:
+                g = torch.Generator(device=dev)
+                g.manual_seed(1000 * rank + nbytes)
+                x = torch.randn(nbytes // size, generator=g, device=dev).to(dtype)
+                ref = x.clone()
+                nccl(ref)
+                got = x.clone()
+                before = custom_count("eager")
+                with scope.graphed_call("warmup"):  # inside a graphed call: the custom kernel's eager path
+                    dist.all_reduce(got)
+                sync()
+                case: dict[str, Any] = {"mode": "eager", "dtype": name, "algo": algo, "bytes": nbytes,
+                                        "calls": 1, "custom": custom_count("eager") - before == 1}
+                compare(case, got, ref)
+                result["cases"].append(case)
+    set_algo(user_algo)
+    probe.stage("graphed steps")
 
-        result["stage"] = "eager all-reduces"
-        for name in ("float32", "float16", "bfloat16"):
-            dtype = getattr(torch, name)
-            size = torch.empty((), dtype=dtype).element_size()
-            for algo in ("1shot", "2shot"):
-                set_algo(algo)
-                for nbytes in SIZES:
-                    g = torch.Generator(device=dev)
-                    g.manual_seed(1000 * rank + nbytes)
-                    x = torch.randn(nbytes // size, generator=g, device=dev).to(dtype)
-                    ref = x.clone()
-                    nccl(ref)
-                    got = x.clone()
-                    before = custom_count("eager")
-                    with scope.graphed_call("warmup"):  # inside a graphed call: the custom kernel's eager path
-                        dist.all_reduce(got)
-                    sync()
-                    case: dict[str, Any] = {"mode": "eager", "dtype": name, "algo": algo, "bytes": nbytes,
-                                            "calls": 1, "custom": custom_count("eager") - before == 1}
-                    compare(case, got, ref)
-                    result["cases"].append(case)
-        set_algo(user_algo)
-        result["stage"] = "graphed steps"
-        save()
+    def step(x: Any) -> Any:
+        y = x * 2.0
+        dist.all_reduce(y)
+        return y + 1.0
 
-        def step(x: Any) -> Any:
-            y = x * 2.0
-            dist.all_reduce(y)
-            return y + 1.0
-
-        for name, numel in GRAPHED:
-            dtype = getattr(torch, name)
-            fn = cast(graphjit.GraphedFunction, graphjit.graphed(step))
-            before = custom_count("captured")
-            g = torch.Generator(device=dev)
-            g.manual_seed(7 + rank)
-            case = {"mode": "graphed", "dtype": name, "algo": user_algo,
-                    "bytes": numel * torch.empty((), dtype=dtype).element_size(), "calls": 4}
-            with torch.no_grad():
-                for _ in range(case["calls"]):
-                    x = torch.randn(numel, generator=g, device=dev).to(dtype)
-                    got = fn(x).clone()
-                    ref = x * 2.0
-                    nccl(ref)
-                    ref = ref + 1.0
-                    sync()
-                    compare(case, got, ref)
-            st = fn.stats()
-            case.update(graphs=st.get("graphs"), replays=st.get("replays"), fallbacks=st.get("fallbacks") or {},
-                        captured=custom_count("captured") - before)
-            case["custom"] = bool(case["captured"] >= 1 and case["replays"] and not case["fallbacks"])
-            result["cases"].append(case)
-        stats = collectives.stats()
-        result["fallbacks"], result["reasons"] = stats["fallbacks"], stats["reasons"]
-        result["stage"], result["done"] = "done", True
-        finish(0)
-    except BaseException as exc:
-        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-        result["error"] = (type(exc).__name__ + ": " + (lines[-1] if lines else ""))[:400]
-        result["traceback"] = traceback.format_exc()[-3000:]
-        finish(1)
+    for name, numel in GRAPHED:
+        dtype = getattr(torch, name)
+        fn = cast(graphjit.GraphedFunction, graphjit.graphed(step))
+        before = custom_count("captured")
+        g = torch.Generator(device=dev)
+        g.manual_seed(7 + rank)
+        case = {"mode": "graphed", "dtype": name, "algo": user_algo,
+                "bytes": numel * torch.empty((), dtype=dtype).element_size(), "calls": 4}
+        with torch.no_grad():
+            for _ in range(case["calls"]):
+                x = torch.randn(numel, generator=g, device=dev).to(dtype)
+                got = fn(x).clone()
+                ref = x * 2.0
+                nccl(ref)
+                ref = ref + 1.0
+                sync()
+                compare(case, got, ref)
+        result["cases"].append(close_graphed_case(case, fn.stats(), custom_count("captured") - before))
+    probe.done(collectives.stats())
 
 
 if __name__ == "__main__":
