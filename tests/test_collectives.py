@@ -731,11 +731,11 @@ def test_simulated_fallbacks_at_call_time(clean_stats: custom_ar.Stats, monkeypa
 def test_simulated_auto_sends_big_eager_calls_to_the_framework(clean_stats: custom_ar.Stats,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     assert custom_ar.EAGER_NCCL_ABOVE == 32 << 20 and "crossover" in custom_ar.REASONS
+    monkeypatch.setattr(custom_ar, "EAGER_NCCL_ABOVE", 64)  # bytes: what 32 MiB is to a real max_bytes
 
     def rank_body(rank: int, world: FakeWorld) -> list[str]:
         comm, dist, _ = _comm(rank, world, scope_name="always")
         comm.setup()
-        comm.eager_nccl_above = 64  # bytes: what EAGER_NCCL_ABOVE is to a real max_bytes
         outcome = []
         for n, capture in ((16, False), (32, False), (32, True)):
             x = FakeTensor(world, np.full(n, rank + 1.0, np.float32), f"cuda:{rank}")

@@ -26,8 +26,6 @@ from typing import Any, NoReturn, cast
 from ..doctor.allreduce import AR_GRAPHED, AR_SIZES
 from ..doctor.ar_probe import ProbeRun, close_graphed_case, record_diff
 
-SIZES, GRAPHED = AR_SIZES, AR_GRAPHED
-
 
 def main(argv: list[str]) -> NoReturn:
     """Run rank ``argv[0]`` of the check (RANK PORT OUT DEVICE TIMEOUT); never returns."""
@@ -75,7 +73,7 @@ def _check(probe: ProbeRun, rank: int, port: int, kind: str, timeout: float) -> 
         size = torch.empty((), dtype=dtype).element_size()
         for algo in ("1shot", "2shot"):
             set_algo(algo)
-            for nbytes in SIZES:
+            for nbytes in AR_SIZES:
                 g = torch.Generator(device=dev)
                 g.manual_seed(1000 * rank + nbytes)
                 x = torch.randn(nbytes // size, generator=g, device=dev).to(dtype)
@@ -98,7 +96,7 @@ def _check(probe: ProbeRun, rank: int, port: int, kind: str, timeout: float) -> 
         dist.all_reduce(y)
         return y + 1.0
 
-    for name, numel in GRAPHED:
+    for name, numel in AR_GRAPHED:
         dtype = getattr(torch, name)
         fn = cast(graphjit.GraphedFunction, graphjit.graphed(step))
         before = custom_count("captured")

@@ -469,20 +469,24 @@ def finalize(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def fell_back_by_design(v: dict[str, Any]) -> bool:
+    """Whether a variant's calls all went to the framework's collective for :data:`BY_DESIGN` reasons only."""
+    return v.get("status") == "fallback" and set(v.get("fallback_reasons") or {"?": ""}) <= BY_DESIGN
+
+
 def _auto_chose_framework(results: list[dict[str, Any]]) -> dict[str, set[int]]:
     """Per mode, the sizes at which custom auto handed its calls to the framework's collective by design
     (:data:`BY_DESIGN`): there auto *is* NCCL, so it cannot be slower than NCCL."""
     chose: dict[str, set[int]] = {"graph": set(), "eager": set()}
     for r in results:
         for mode in chose:
-            v = r.get("variants", {}).get(f"custom_auto_{mode}") or {}
-            if v.get("status") == "fallback" and set(v.get("fallback_reasons") or {"?": ""}) <= BY_DESIGN:
+            if fell_back_by_design(r.get("variants", {}).get(f"custom_auto_{mode}") or {}):
                 chose[mode].add(r["bytes"])
     return chose
 
 
 def _targets(sizes: list[int], s: dict[str, dict[int, float | None]],
-             framework: dict[str, set[int]] | None = None) -> dict[str, Any]:
+             framework: dict[str, set[int]]) -> dict[str, Any]:
     auto = s["custom_auto_graph"]
     latency = []
     for label, applies, target in LATENCY_TARGETS:
@@ -496,7 +500,7 @@ def _targets(sizes: list[int], s: dict[str, dict[int, float | None]],
     for mode in ("graph", "eager"):
         a, n = s[f"custom_auto_{mode}"], s[f"nccl_{mode}"]
         slower = [b for b in sizes if a[b] is not None and n[b] is not None and cast(float, a[b]) > cast(float, n[b])]
-        chose = (framework or {}).get(mode, set())
+        chose = framework[mode]
         missing = [b for b in sizes if (a[b] is None or n[b] is None) and b not in chose]
         measured = len(sizes) - len(missing)
         never_slower[mode] = {"ok": (not slower and not missing) if measured else None, "slower_at": slower,
@@ -521,7 +525,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
             must_run = name == "nccl_eager" or (on_gpu and VARIANTS[name][0] in ("nccl", "custom"))
             if st == "error":
                 (problems if VARIANTS[name][0] != "symm" else notes).append(f"{where}: error: {v.get('error')}")
-            elif st == "fallback" and must_run and not set(v.get("fallback_reasons") or {"?": ""}) <= BY_DESIGN:
+            elif st == "fallback" and must_run and not fell_back_by_design(v):
                 # (larger than --ar-max-bytes: graphjit sends it to NCCL by design; recorded, not a problem)
                 problems.append(f"{where}: fell back to the framework's collective: {v.get('fallback_reasons')}")
             elif st == "skipped" and must_run and not str(v.get("reason", "")).startswith("shared-GPU smoke run"):

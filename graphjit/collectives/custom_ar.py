@@ -268,7 +268,6 @@ class Communicator:
         self.pointer_slots = pointer_slots
         self.timeout_s = float(timeout_s)
         self.max_blocks = max_blocks
-        self.eager_nccl_above = EAGER_NCCL_ABOVE
         self.lib: Any = lib
         self.device: int | None = None
         self.device_str = "cuda:?"
@@ -517,8 +516,8 @@ class Communicator:
             with STATS.lock:
                 STATS.captured += 1
         else:
-            if settings.ar_algo == "auto" and info.nbytes > self.eager_nccl_above:
-                return self.passthrough("crossover", f"{info.nbytes} bytes > {self.eager_nccl_above} in an eager "
+            if settings.ar_algo == "auto" and info.nbytes > EAGER_NCCL_ABOVE:
+                return self.passthrough("crossover", f"{info.nbytes} bytes > {EAGER_NCCL_ABOVE} in an eager "
                                         "call: the framework's collective is as fast", original, args, kwargs)
             lib.all_reduce(ctx, info.ptr, info.ptr, info.numel, dtype, algo, stream)
             with STATS.lock:

@@ -16,6 +16,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from .allreduce import AR_MAX_BYTES
+
 
 class ProbeRun:
     """The result file of one rank: ``rank``, ``stage``, ``done``, ``cases`` and, at the end, ``fallbacks``
@@ -53,8 +55,6 @@ class ProbeRun:
         kernel's watchdog at most 60 s), timed and recorded.  On a GPU, a custom all-reduce that init turned
         off ends the run here (the verdict reads why from the report); on the CPU the calls go on, to the
         framework's collective."""
-        from .allreduce import AR_MAX_BYTES
-
         self.stage("collectives.init")
         t0 = time.perf_counter()
         report = collectives.init(max_bytes=AR_MAX_BYTES, timeout_s=min(60.0, timeout), backend=backend)
