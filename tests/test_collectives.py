@@ -787,6 +787,30 @@ def test_simulated_world_size_and_settings_reasons(monkeypatch: pytest.MonkeyPat
     assert all(r[0] == "disabled" for r in _ranks(2, three))
 
 
+@pytest.mark.parametrize(("name", "values"), [("max_bytes", (1 << 12, 1 << 13)), ("scope_name", ("graphed", "always")),
+                                             ("pointer_slots", (4, 8)), ("max_blocks", (36, 64))])
+def test_simulated_init_refuses_settings_that_differ_between_ranks(name: str, values: tuple[Any, Any]) -> None:
+    def rank_body(rank: int, world: FakeWorld) -> str:
+        comm, _dist, lib = _comm(rank, world, **{name: values[rank]})
+        with pytest.raises(ConfigError) as info:
+            comm.setup()
+        assert not comm.enabled and lib.freed == []  # nothing was allocated
+        return str(info.value)
+
+    messages = _ranks(2, rank_body)
+    shown = name.replace("scope_name", "scope")
+    assert messages[0] == messages[1], "the ranks raised different errors"
+    assert f"{shown} differs between the ranks of the group (rank 0: {values[0]!r}, rank 1: {values[1]!r})" \
+        in messages[0]
+    assert "pass the same max_bytes, scope, pointer_slots, max_blocks on every rank" in messages[0]
+    def own_timeouts(rank: int, world: FakeWorld) -> bool:  # timeout_s may differ: each rank's own watchdog
+        comm = _comm(rank, world, timeout_s=5.0 + rank)[0]
+        comm.setup()
+        return comm.enabled
+
+    assert _ranks(2, own_timeouts) == [True, True]
+
+
 def test_simulated_registration_drops_failed_captures_and_checks_counts(clean_stats: custom_ar.Stats) -> None:
     def rank_body(rank: int, world: FakeWorld) -> str:
         comm, dist, lib = _comm(rank, world, pointer_slots=16, scope_name="always")

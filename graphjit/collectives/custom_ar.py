@@ -17,7 +17,8 @@ After every step that can differ between ranks, the ranks exchange their verdict
 take the first failure (in rank order): either every rank uses the custom all-reduce or none does.
 A failure is not an exception: ``init`` returns a :class:`Report` whose ``reason`` says why, and
 every later call runs the framework's collective, counted under that reason.  Bad arguments raise
-:class:`~graphjit.errors.ConfigError`.
+:class:`~graphjit.errors.ConfigError`, and so do settings that differ between the ranks (step 2
+compares them: :data:`SHARED_OPTIONS`).
 
 Calls (through the swap, :mod:`.swap`):
 
@@ -154,6 +155,23 @@ def check_tensor(info: TensorInfo | None, *, device: str, max_bytes: int) -> Rea
     return None
 
 
+SHARED_OPTIONS = ("max_bytes", "scope", "pointer_slots", "max_blocks")
+"""``init`` arguments that must be equal on every rank: they size the buffers that each rank reads and writes in
+the others' memory (offsets into them are computed from ``max_bytes``), set the kernels' block counts, the
+pointer tables and which calls take the custom kernel."""
+
+
+def check_same_options(per_rank: list[tuple[Any, ...]]) -> None:
+    """Raise :class:`ConfigError` (on every rank alike: each sees all ranks' values) when the ranks passed
+    different :data:`SHARED_OPTIONS` to ``init``."""
+    for i, name in enumerate(SHARED_OPTIONS):
+        values = [options[i] for options in per_rank]
+        if len(set(values)) > 1:
+            each = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
+            raise ConfigError(f"collectives.init: {name} differs between the ranks of the group ({each}); pass the "
+                              f"same {', '.join(SHARED_OPTIONS)} on every rank (GRAPHJIT_AR_MAX_BYTES included)")
+
+
 def validate(max_bytes: Any, scope_name: Any, pointer_slots: Any, timeout_s: Any, max_blocks: Any,
              backend: Any) -> None:
     """ConfigError for bad ``init`` arguments (names the argument and what it accepts)."""
@@ -285,6 +303,10 @@ class Communicator:
     def options(self) -> tuple[Any, ...]:
         return (self.max_bytes, self.scope, self.pointer_slots, self.timeout_s, self.max_blocks)
 
+    def shared_options(self) -> tuple[Any, ...]:
+        """The settings every rank must pass alike (:data:`SHARED_OPTIONS`)."""
+        return (self.max_bytes, self.scope, self.pointer_slots, self.max_blocks)
+
     def report(self) -> Report:
         key, detail = self.reason if self.reason else (None, None)
         return Report(self.enabled, key, detail, self.dist.name, self.rank, self.world, self.max_bytes, self.scope,
@@ -305,7 +327,9 @@ class Communicator:
         (even an unexpected exception) becomes a reason that the next exchange hands to every rank.
         """
         local = check_settings(env.settings()) or check_world(self.world) or _guarded(self._local_device)
-        reason, infos = self.agree(local, {"node": node_id(), "host": socket.gethostname(), "pci": self.pci})
+        reason, infos = self.agree(local, {"node": node_id(), "host": socket.gethostname(), "pci": self.pci,
+                                           "options": self.shared_options()})
+        check_same_options([i["options"] for i in infos])
         if reason is None:
             nodes = [i["node"] for i in infos]
             pcis = [i["pci"] for i in infos]
@@ -676,6 +700,10 @@ def init(group: Any = None, max_bytes: int | None = None, scope: str = "graphed"
     all-reduce cannot run here (then the framework's collective runs).  With ``GRAPHJIT_AR_ALGO=auto``
     eager calls above 32 MiB also run the framework's collective (reason ``crossover``).  Wraps the framework's
     ``all_reduce`` (once) in any case, so that every call is counted in :func:`stats`.
+
+    Raises :class:`~graphjit.errors.ConfigError` for a bad argument, and on every rank when the ranks passed
+    different ``max_bytes``, ``scope``, ``pointer_slots`` or ``max_blocks`` (:data:`SHARED_OPTIONS`; with
+    different buffer sizes the ranks would disagree on which calls fit).
     """
     if max_bytes is None:
         max_bytes = env.settings().ar_max_bytes or DEFAULT_MAX_BYTES
