@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The 2-GPU proof of the custom all-reduce (torch), in one device call on nvidia-h200-x2.
-# Usage (repo root): bash tools/gpu_proof_x2.sh "$OUT" tests   (then, in a second call: ... bench)
+# Usage (repo root): bash tools/gpu_proof_x2.sh "$OUT" tests   (then, in further calls: ... rest, ... bench)
+# rest: the other files of `make test-gpu` (torch; test_gpu_collectives.py is in tests).
 # Writes into OUT: proof-x2-*.log, the workers' JSON and logs (collectives.tgz), doctor-x2.json, the allreduce
 # bench JSON + PNG (part bench).
 set -u
-out=${1:?usage: gpu_proof_x2.sh OUTDIR tests|bench}
+out=${1:?usage: gpu_proof_x2.sh OUTDIR tests|rest|bench}
 part=${2:-tests}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 log="$out/proof-x2-$part.log"
@@ -25,6 +26,12 @@ if [ "$part" = tests ]; then
 # few files come back from a device call: the workers' JSON and logs travel as one archive
 rm -rf "$out"/collectives/*/cache "$out"/collectives/*current
 tar czf "$out/collectives.tgz" -C "$out" collectives && rm -rf "$out/collectives"
+elif [ "$part" = rest ]; then
+{
+  echo "== $(date -u +%FT%TZ) make test-gpu without tests/test_gpu_collectives.py"
+  AR_LOCAL_OUT="$out" timeout 500 python3 -m pytest -q -m "gpu and not paddle" tests -p no:cacheprovider -rfEs \
+    --tb=short --ignore=tests/test_gpu_collectives.py 2>&1 | tail -30
+} > "$log" 2>&1
 else
 {
   python3 -m graphjit build 2>&1 | tail -1
