@@ -32,7 +32,7 @@ from typing import Any, NoReturn, cast
 import numpy as np
 
 from ..doctor.allreduce import AR_GRAPHED, AR_SIZES
-from ..doctor.ar_probe import ProbeRun, close_graphed_case, record_diff
+from ..doctor.ar_probe import ProbeRun, close_graphed_case, custom_calls, placement, record_diff, set_algo
 
 DTYPES = ("float32", "float16")
 
@@ -72,9 +72,7 @@ def main(argv: list[str]) -> NoReturn:
 
 def _check(probe: ProbeRun, rank: int, ports: list[int], kind: str, timeout: float) -> None:
     result = probe.result
-    gpu = kind in ("cuda", "shared")
-    backend = "nccl" if kind == "cuda" else "gloo"
-    index = 0 if kind == "shared" else rank
+    gpu, index, backend = placement(kind, rank)
     os.environ.update(_endpoints(rank, ports, backend))
     if gpu:
         os.environ["FLAGS_selected_gpus"] = str(index)
@@ -84,7 +82,7 @@ def _check(probe: ProbeRun, rank: int, ports: list[int], kind: str, timeout: flo
     where = f"gpu:{index}" if gpu else "cpu"
     paddle.set_device(where)
     place = paddle.CUDAPlace(index) if gpu else paddle.CPUPlace()
-    probe.stage(f"{backend.upper() if backend == 'nccl' else backend} group")
+    probe.stage_group(backend)
     dist.init_parallel_env()
     paddle.set_device(where)  # a gloo group leaves the expected place on the CPU
     import graphjit
@@ -96,15 +94,8 @@ def _check(probe: ProbeRun, rank: int, ports: list[int], kind: str, timeout: flo
     def tensor(a: np.ndarray) -> Any:
         return paddle.to_tensor(np.ascontiguousarray(a), place=place)
 
-    def set_algo(algo: str) -> None:
-        os.environ.update(GRAPHJIT_AR_ALGO=algo)
-        graphjit.refresh_env()
-
-    def custom_count(what: str) -> int:
-        return cast(int, collectives.stats()["custom"][what])
-
     dtypes = DTYPES if gpu else ("float32",)  # Paddle's gloo returns inf for float16 on the CPU
-    result["stage"] = "eager all-reduces"
+    probe.stage("eager all-reduces")
     for name in dtypes:
         size = np.dtype(name).itemsize
         for algo in ("1shot", "2shot"):
@@ -112,11 +103,11 @@ def _check(probe: ProbeRun, rank: int, ports: list[int], kind: str, timeout: flo
             for nbytes in AR_SIZES:
                 xs = [_sample(1000 * r + nbytes, nbytes // size, name) for r in range(2)]
                 got = tensor(xs[rank])
-                before = custom_count("eager")
+                before = custom_calls(collectives, "eager")
                 with scope.graphed_call("warmup"):  # inside a graphed call: the custom kernel's eager path
                     dist.all_reduce(got)
                 case: dict[str, Any] = {"mode": "eager", "dtype": name, "algo": algo, "bytes": nbytes,
-                                        "calls": 1, "custom": custom_count("eager") - before == 1}
+                                        "calls": 1, "custom": custom_calls(collectives, "eager") - before == 1}
                 _compare(case, got.numpy(), _exact_sum(xs))
                 result["cases"].append(case)
     set_algo(user_algo)
@@ -130,14 +121,14 @@ def _check(probe: ProbeRun, rank: int, ports: list[int], kind: str, timeout: flo
     for wanted, numel in AR_GRAPHED:
         name = wanted if wanted in dtypes else dtypes[-1]
         fn = cast(graphjit.GraphedFunction, graphjit.graphed(step))
-        before = custom_count("captured")
+        before = custom_calls(collectives, "captured")
         case = {"mode": "graphed", "dtype": name, "algo": user_algo, "bytes": numel * np.dtype(name).itemsize,
                 "calls": 4}
         with paddle.no_grad():
             for i in range(case["calls"]):
                 xs = [_sample(7 + 10 * r + i, numel, name) for r in range(2)]
                 _compare(case, fn(tensor(xs[rank])).numpy(), _exact_sum(xs))
-        result["cases"].append(close_graphed_case(case, fn.stats(), custom_count("captured") - before))
+        result["cases"].append(close_graphed_case(case, fn.stats(), custom_calls(collectives, "captured") - before))
     probe.done(collectives.stats())
 
 

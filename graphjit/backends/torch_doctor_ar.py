@@ -17,14 +17,13 @@ framework's own all-reduce, the tolerance, whether the custom kernel ran), ``fal
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NoReturn, cast
 
 from ..doctor.allreduce import AR_GRAPHED, AR_SIZES
-from ..doctor.ar_probe import ProbeRun, close_graphed_case, record_diff
+from ..doctor.ar_probe import ProbeRun, close_graphed_case, custom_calls, placement, record_diff, set_algo
 
 
 def main(argv: list[str]) -> NoReturn:
@@ -38,14 +37,12 @@ def _check(probe: ProbeRun, rank: int, port: int, kind: str, timeout: float) -> 
     import torch.distributed as dist
 
     result = probe.result
-    gpu = kind in ("cuda", "shared")
-    index = 0 if kind == "shared" else rank
+    gpu, index, backend = placement(kind, rank)
     if gpu:
         torch.cuda.set_device(index)
     dev = torch.device("cuda", index) if gpu else torch.device("cpu")
     sync: Callable[[], None] = torch.cuda.synchronize if gpu else (lambda: None)
-    backend = "nccl" if kind == "cuda" else "gloo"
-    probe.stage(f"{backend.upper() if backend == 'nccl' else backend} group")
+    probe.stage_group(backend)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2, timeout=timedelta(seconds=timeout))
     import graphjit
@@ -56,18 +53,11 @@ def _check(probe: ProbeRun, rank: int, port: int, kind: str, timeout: float) -> 
     nccl = swap.original("torch")  # the framework's own all_reduce (NCCL; gloo in the shared mode), unwrapped
     user_algo = graphjit.env.settings().ar_algo  # GRAPHJIT_AR_ALGO, restored after the eager cases
 
-    def set_algo(algo: str) -> None:
-        os.environ.update(GRAPHJIT_AR_ALGO=algo)
-        graphjit.refresh_env()
-
     def compare(case: dict[str, Any], got: Any, ref: Any) -> None:
         record_diff(case, float((got.double() - ref.double()).abs().max()), float(ref.double().abs().max()),
                     float(torch.finfo(got.dtype).eps))
 
-    def custom_count(what: str) -> int:
-        return cast(int, collectives.stats()["custom"][what])
-
-    result["stage"] = "eager all-reduces"
+    probe.stage("eager all-reduces")
     for name in ("float32", "float16", "bfloat16"):
         dtype = getattr(torch, name)
         size = torch.empty((), dtype=dtype).element_size()
@@ -80,12 +70,12 @@ def _check(probe: ProbeRun, rank: int, port: int, kind: str, timeout: float) -> 
                 ref = x.clone()
                 nccl(ref)
                 got = x.clone()
-                before = custom_count("eager")
+                before = custom_calls(collectives, "eager")
                 with scope.graphed_call("warmup"):  # inside a graphed call: the custom kernel's eager path
                     dist.all_reduce(got)
                 sync()
                 case: dict[str, Any] = {"mode": "eager", "dtype": name, "algo": algo, "bytes": nbytes,
-                                        "calls": 1, "custom": custom_count("eager") - before == 1}
+                                        "calls": 1, "custom": custom_calls(collectives, "eager") - before == 1}
                 compare(case, got, ref)
                 result["cases"].append(case)
     set_algo(user_algo)
@@ -99,7 +89,7 @@ def _check(probe: ProbeRun, rank: int, port: int, kind: str, timeout: float) -> 
     for name, numel in AR_GRAPHED:
         dtype = getattr(torch, name)
         fn = cast(graphjit.GraphedFunction, graphjit.graphed(step))
-        before = custom_count("captured")
+        before = custom_calls(collectives, "captured")
         g = torch.Generator(device=dev)
         g.manual_seed(7 + rank)
         case = {"mode": "graphed", "dtype": name, "algo": user_algo,
@@ -113,7 +103,7 @@ def _check(probe: ProbeRun, rank: int, port: int, kind: str, timeout: float) -> 
                 ref = ref + 1.0
                 sync()
                 compare(case, got, ref)
-        result["cases"].append(close_graphed_case(case, fn.stats(), custom_count("captured") - before))
+        result["cases"].append(close_graphed_case(case, fn.stats(), custom_calls(collectives, "captured") - before))
     probe.done(collectives.stats())
 
 

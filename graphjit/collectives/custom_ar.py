@@ -155,6 +155,9 @@ def check_tensor(info: TensorInfo | None, *, device: str, max_bytes: int) -> Rea
     return None
 
 
+OPTIONS = ("max_bytes", "scope", "pointer_slots", "timeout_s", "max_blocks")
+"""``init``'s settings of a group (a second ``init`` of the group must repeat them), as :class:`Communicator`
+attributes."""
 SHARED_OPTIONS = ("max_bytes", "scope", "pointer_slots", "max_blocks")
 """``init`` arguments that must be equal on every rank: they size the buffers that each rank reads and writes in
 the others' memory (offsets into them are computed from ``max_bytes``), set the kernels' block counts, the
@@ -300,12 +303,9 @@ class Communicator:
         self.lock = threading.RLock()
 
     # -- setup -------------------------------------------------------------------------------------
-    def options(self) -> tuple[Any, ...]:
-        return (self.max_bytes, self.scope, self.pointer_slots, self.timeout_s, self.max_blocks)
-
-    def shared_options(self) -> tuple[Any, ...]:
-        """The settings every rank must pass alike (:data:`SHARED_OPTIONS`)."""
-        return (self.max_bytes, self.scope, self.pointer_slots, self.max_blocks)
+    def options(self, names: tuple[str, ...] = OPTIONS) -> tuple[Any, ...]:
+        """This communicator's ``init`` settings ``names`` (default: all of :data:`OPTIONS`), in that order."""
+        return tuple(getattr(self, name) for name in names)
 
     def report(self) -> Report:
         key, detail = self.reason if self.reason else (None, None)
@@ -328,7 +328,7 @@ class Communicator:
         """
         local = check_settings(env.settings()) or check_world(self.world) or _guarded(self._local_device)
         reason, infos = self.agree(local, {"node": node_id(), "host": socket.gethostname(), "pci": self.pci,
-                                           "options": self.shared_options()})
+                                           "options": self.options(SHARED_OPTIONS)})
         check_same_options([i["options"] for i in infos])
         if reason is None:
             nodes = [i["node"] for i in infos]
@@ -729,9 +729,8 @@ def init(group: Any = None, max_bytes: int | None = None, scope: str = "graphed"
         options = (max_bytes, scope, pointer_slots, float(timeout_s), max_blocks)
         if existing is not None:
             if existing.options() != options:
-                names = ("max_bytes", "scope", "pointer_slots", "timeout_s", "max_blocks")
                 raise ConfigError("collectives.init() was already called for this group with other settings "
-                                  f"({dict(zip(names, existing.options()))}); call collectives.shutdown() first")
+                                  f"({dict(zip(OPTIONS, existing.options()))}); call collectives.shutdown() first")
             return existing.report()
         comm = Communicator(dist, resolved, key, max_bytes, scope, pointer_slots, float(timeout_s), max_blocks)
         comm.setup()

@@ -248,7 +248,8 @@ def check_custom_ar(ctx: Context) -> None:
         return
     t0 = time.perf_counter()
     reference = "the exact sum" if framework == "paddle" else ("gloo" if shared else "NCCL")
-    ctx.say("the custom all-reduce in 2 processes (init, 30 eager calls, 2 graphed steps; up to a minute)")
+    ctx.say(f"the custom all-reduce in 2 processes (init, {2 * len(AR_SIZES)} eager calls per dtype, "
+            f"{len(AR_GRAPHED)} graphed steps; up to a minute)")
     results, tails, why = run_ar_pair(ctx.timeout, device="shared" if shared else "cuda", framework=framework)
     status, text, fix, lines, data = ar_verdict(results, tails, why, reference=reference)
     pair = (f"2 processes sharing GPU 0 ({count_names(names[:1])}; GRAPHJIT_AR_SHARED_GPU=1, a test mode: P2P, "

@@ -16,7 +16,25 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from .. import env
 from .allreduce import AR_MAX_BYTES
+
+
+def placement(kind: str, rank: int) -> tuple[bool, int, str]:
+    """(on a GPU, the GPU index, the group's backend) of ``rank`` for the probe's DEVICE ``kind``: "cuda" (one GPU
+    per rank, NCCL), "shared" (both ranks on GPU 0, gloo: ``GRAPHJIT_AR_SHARED_GPU=1``) or "cpu" (gloo)."""
+    return kind in ("cuda", "shared"), 0 if kind == "shared" else rank, "nccl" if kind == "cuda" else "gloo"
+
+
+def set_algo(algo: str) -> None:
+    """``GRAPHJIT_AR_ALGO=algo`` for the calls that follow (the setting is read at each call)."""
+    os.environ["GRAPHJIT_AR_ALGO"] = algo
+    env.refresh()
+
+
+def custom_calls(collectives: Any, what: str) -> int:
+    """How many all-reduces ran the custom kernel so far, ``what``: "eager" or "captured"."""
+    return int(collectives.stats()["custom"][what])
 
 
 class ProbeRun:
@@ -36,6 +54,10 @@ class ProbeRun:
         """Record that ``name`` starts (and save: a hang there leaves it named)."""
         self.result["stage"] = name
         self.save()
+
+    def stage_group(self, backend: str) -> None:
+        """The stage of joining the process group (``backend``: "nccl" or "gloo")."""
+        self.stage(f"{'NCCL' if backend == 'nccl' else backend} group")
 
     def finish(self, code: int) -> NoReturn:
         self.save()
