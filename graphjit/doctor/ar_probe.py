@@ -28,7 +28,7 @@ def placement(kind: str, rank: int) -> tuple[bool, int, str]:
 
 def set_algo(algo: str) -> None:
     """``GRAPHJIT_AR_ALGO=algo`` for the calls that follow (the setting is read at each call)."""
-    os.environ["GRAPHJIT_AR_ALGO"] = algo
+    os.environ.update(GRAPHJIT_AR_ALGO=algo)  # a write: settings are read in graphjit.env only
     env.refresh()
 
 
