@@ -1214,6 +1214,20 @@ if __name__ == "__main__":
 
 
 
+def test_torch_tensor_info_describes_what_eligibility_checks() -> None:
+    torch = pytest.importorskip("torch")
+    from graphjit.backends.dist_base import load
+
+    d = load("torch")
+    t = torch.ones(4, 6, dtype=torch.float16)
+    assert d.tensor_info(t) == ("float16", 24, 48, t.data_ptr(), True, "cpu")
+    assert d.tensor_info(t.t()).contiguous is False
+    assert d.tensor_info(torch.ones(3, dtype=torch.float64)).dtype == "float64"
+    assert d.tensor_info(t.to_sparse()) is None
+    assert d.tensor_info("t") is None
+    assert d.is_sum(torch.distributed.ReduceOp.SUM) and not d.is_sum(torch.distributed.ReduceOp.MAX)
+
+
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
 def test_parse_call_binds_like_the_original_all_reduce(framework: str) -> None:
     """One binding for both frameworks: positional or keyword, the framework's SUM and flag defaults,
@@ -1232,3 +1246,4 @@ def test_parse_call_binds_like_the_original_all_reduce(framework: str) -> None:
     assert d.parse_call(("t",), {"bogus": 1}) is None
     assert d.parse_call(("t", 1, 2, 3, 4), {}) is None
     assert d.parse_call((), {"op": "max"}) is None  # no tensor
+    assert d.parse_call((None,), {}) is None

@@ -472,3 +472,27 @@ def test_a_dropped_function_gives_its_pool_memory_back(dev):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     assert torch.cuda.memory_reserved(dev) <= base, (torch.cuda.memory_reserved(dev), base, pool_bytes)
+
+
+def test_collectives_read_the_stream_and_device_the_framework_would(dev):
+    """The swap's fast reads (the raw current stream, the cached device names) agree with torch's own
+    objects: on the default stream, on a side stream, during a capture, and for a tensor on each GPU."""
+    from graphjit.backends.torch_dist import Dist
+
+    d = Dist()
+    assert d.current_stream(0) == torch.cuda.current_stream(0).cuda_stream
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert d.current_stream(0) == side.cuda_stream != torch.cuda.default_stream(0).cuda_stream
+    x = torch.zeros(64, device=dev)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        seen = d.current_stream(0)
+        x.add_(1)
+        assert seen == torch.cuda.current_stream(0).cuda_stream
+    torch.cuda.synchronize()
+    for i in range(torch.cuda.device_count()):
+        t = torch.ones(8, 3, device=f"cuda:{i}", dtype=torch.bfloat16)
+        info = d.tensor_info(t)
+        assert info == ("bfloat16", 24, 48, t.data_ptr(), True, f"cuda:{i}")
+        assert d.tensor_info(t.t()).contiguous is False

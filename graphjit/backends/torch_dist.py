@@ -39,6 +39,10 @@ _COMPILE_REASON = ("graphjit's all_reduce swap runs eagerly for calls with a gro
                    "compile without fullgraph=True, or call graphjit.collectives.shutdown() first")
 _SUM = dist.ReduceOp.SUM
 _OP_NAME = "graphjit::all_reduce_"
+# The current stream's cudaStream_t as an int, without building a torch.cuda.Stream (what
+# torch._inductor's get_raw_stream calls); None in a CPU build or a torch without it.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_CUDA_NAMES = [f"cuda:{i}" for i in range(64)]  # device strings of TensorInfo, built once
 
 
 def _compile_op() -> Any:
@@ -157,7 +161,14 @@ class Dist(DistBackend):
         return out
 
     # -- calls ---------------------------------------------------------------------------------
+    def parse_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
+        if len(args) == 1 and not kwargs:  # all_reduce(t): the common call, bound without the general path
+            return Call(args[0], _SUM, None, False) if args[0] is not None else None
+        return super().parse_call(args, kwargs)
+
     def is_sum(self, op: Any) -> bool:
+        if op is _SUM:
+            return True
         try:
             return bool(op == dist.ReduceOp.SUM)
         except Exception:  # a ReduceOp that does not compare (premul_sum with a tensor factor)
@@ -166,8 +177,11 @@ class Dist(DistBackend):
     def tensor_info(self, t: Any) -> TensorInfo | None:
         if not isinstance(t, torch.Tensor) or t.is_sparse:
             return None
-        d = t.device
-        device = "cpu" if d.type == "cpu" else f"{d.type}:{d.index if d.index is not None else 0}"
+        if t.is_cuda and 0 <= (index := t.get_device()) < len(_CUDA_NAMES):
+            device = _CUDA_NAMES[index]
+        else:
+            d = t.device
+            device = "cpu" if d.type == "cpu" else f"{d.type}:{d.index if d.index is not None else 0}"
         numel = t.numel()
         return TensorInfo(_DTYPES.get(t.dtype) or str(t.dtype).replace("torch.", ""), numel,
                           numel * t.element_size(), t.data_ptr(), t.is_contiguous(), device)
@@ -201,6 +215,8 @@ class Dist(DistBackend):
         return int(major), int(minor)
 
     def current_stream(self, device: int) -> int:
+        if _RAW_STREAM is not None:
+            return int(_RAW_STREAM(device))
         return int(torch.cuda.current_stream(device).cuda_stream)
 
     def capturing(self) -> bool:
