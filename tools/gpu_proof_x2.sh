@@ -3,7 +3,7 @@
 # Usage (repo root): bash tools/gpu_proof_x2.sh "$OUT" tests   (then, in further calls: ... rest, ... bench)
 # rest: the other files of `make test-gpu` (torch; test_gpu_collectives.py is in tests).
 # Writes into OUT: proof-x2-*.log, the workers' JSON and logs (collectives.tgz), doctor-x2.json, the allreduce
-# bench JSON + PNG (part bench).
+# bench JSON + PNG and the eager host-cost probe (part bench).
 set -u
 out=${1:?usage: gpu_proof_x2.sh OUTDIR tests|rest|bench}
 part=${2:-tests}
@@ -37,6 +37,8 @@ else
   python3 -m graphjit build 2>&1 | tail -1
   echo "== bench allreduce"
   timeout 420 python3 -m graphjit bench allreduce --out "$out" --tag h200x2 2>&1 | tail -40
+  echo "== host time per eager call, layer by layer (tools/probes/ar_host_cost.py)"
+  timeout 120 python3 tools/probes/ar_host_cost.py --out "$out/hostcost" 2>&1 | head -20
 } > "$log" 2>&1
 fi
 tail -90 "$log"

@@ -172,6 +172,8 @@ def main() -> int:
     for r in range(WORLD):
         path = args.out / f"ar_host_cost_rank{r}.json"
         results.append(json.loads(path.read_text()) if path.exists() else {"ok": False, "error": "no output"})
+        path.unlink(missing_ok=True)  # the summary holds every rank's section
+    (args.out / "rendezvous").unlink(missing_ok=True)
     summary = {"probe": "ar_host_cost", "bytes": args.bytes, "calls": args.calls, "repeats": args.repeats,
                "hung_ranks": hung, "ranks": results}
     (args.out / "ar_host_cost.json").write_text(json.dumps(summary, indent=1))
