@@ -265,3 +265,15 @@ def test_no_garbage_collection_during_a_capture(rng):
     for got, (x, y) in zip(outs, pairs):
         assert rel(got, ref(x, y)) < TF32
     assert seen and not any(seen), "the collector ran during a capture"
+
+
+def test_collectives_read_the_current_stream_paddle_would():
+    """The swap's stream read (Paddle's core getter) is the handle of ``paddle.device.current_stream``."""
+    from graphjit.backends.paddle_dist import Dist
+
+    d = Dist()
+    public = paddle.device.current_stream(paddle.CUDAPlace(0))
+    assert d.current_stream(0) == int(public.stream_base.cuda_stream)
+    side = paddle.device.Stream()
+    with paddle.device.stream_guard(side):
+        assert d.current_stream(0) == int(side.stream_base.cuda_stream) != int(public.stream_base.cuda_stream)

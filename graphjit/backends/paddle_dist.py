@@ -204,6 +204,12 @@ class Dist(DistBackend):
         return int(major), int(minor)
 
     def current_stream(self, device: int) -> int:
+        raw = getattr(paddle.base.core, "_get_current_stream", None)  # what paddle.device.current_stream wraps
+        if raw is not None:
+            try:
+                return int(raw(device).cuda_stream)
+            except Exception:  # another signature or stream type: the public route below
+                pass
         getter = getattr(paddle.device, "current_stream", None)
         stream = getter(paddle.CUDAPlace(device)) if getter is not None else paddle.device.cuda.current_stream(device)
         base: Any = getattr(stream, "stream_base", stream)
