@@ -12,7 +12,14 @@ Otherwise they use gloo on the CPU and graphjit runs the function uncaptured (on
 says "no CUDA graph ..."; the custom all-reduce says why it is off).  Weights are closed over: a
 graph uses them by address.
 
-    python examples/tp_mlp.py [--steps 5] [--world-size 2] [--backend auto|gloo|nccl] [--no-custom-ar]
+``--backend shared`` tries the GPU path on a machine with one GPU: every rank on ``cuda:0``, a gloo
+group (NCCL refuses two ranks on one GPU) and ``GRAPHJIT_AR_SHARED_GPU=1``, graphjit's test mode in
+which the custom all-reduce runs across processes that share a GPU.  The steps are captured and the
+captured all-reduce is the custom kernel, but the ranks' kernels take turns on the GPU (slow), and an
+all-reduce that falls back (``--no-custom-ar``) cannot run inside a graph with gloo, so graphjit runs
+that step uncaptured.
+
+    python examples/tp_mlp.py [--steps 5] [--world-size 2] [--backend auto|gloo|nccl|shared] [--no-custom-ar]
 """
 
 from __future__ import annotations
@@ -72,10 +79,11 @@ def run_rank(rank: int, world: int, backend: str, init_file: str, steps: int, cu
     import graphjit
     import graphjit.collectives
 
-    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+    device = {"nccl": torch.device(f"cuda:{rank}"), "shared": torch.device("cuda:0")}.get(backend, torch.device("cpu"))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    group_backend = "gloo" if backend == "shared" else backend
+    dist.init_process_group(group_backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     if custom_ar:  # on every rank, after the process group: off (with its reason) where it cannot run
         graphjit.collectives.init()
 
@@ -127,8 +135,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--world-size", type=int, default=2, help=f"processes (FFN={FFN} must divide by it)")
-    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
-                        help="auto: nccl when there is a GPU per process, else gloo on the CPU")
+    parser.add_argument("--backend", choices=["auto", "gloo", "nccl", "shared"], default="auto",
+                        help="auto: nccl when there is a GPU per process, else gloo on the CPU; shared: every "
+                             "process on GPU 0 (graphjit's shared-GPU test mode, for a machine with one GPU)")
     parser.add_argument("--no-custom-ar", dest="custom_ar", action="store_false",
                         help="leave dist.all_reduce to the framework (NCCL inside the graph)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the processes")
@@ -144,6 +153,10 @@ def main() -> int:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= args.world_size else "gloo"
     if backend == "nccl" and torch.cuda.device_count() < args.world_size:
         parser.error(f"--backend nccl needs {args.world_size} GPUs, this machine has {torch.cuda.device_count()}")
+    if backend == "shared":
+        if not torch.cuda.is_available():
+            parser.error("--backend shared needs a CUDA GPU")
+        os.environ["GRAPHJIT_AR_SHARED_GPU"] = "1"  # read by graphjit in the ranks (spawned with this environment)
 
     ctx = mp.get_context("spawn")  # a fresh interpreter per rank (CUDA cannot be forked)
     with tempfile.TemporaryDirectory(prefix="graphjit-tp-") as tmp:

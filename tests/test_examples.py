@@ -56,3 +56,12 @@ def test_example_runs(path: Path, framework: str | None, args: list[str]) -> Non
     gpu = {"torch": torch_cuda, "paddle": paddle_cuda}
     if framework is None or not gpu[framework]():  # on a GPU the graphs are captured: no fallback line
         assert FALLBACK_LINE in out, out[-4000:]
+
+
+@pytest.mark.skipif("torch" not in INSTALLED, reason="torch is not installed")
+def test_tp_mlp_shared_mode_says_it_needs_a_gpu() -> None:
+    if torch_cuda():
+        pytest.skip("a GPU is here: tests/test_gpu_torch.py runs this mode")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "tp_mlp.py"), "--backend", "shared"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "--backend shared needs a CUDA GPU" in proc.stderr, proc.stderr
