@@ -113,6 +113,8 @@ class DistBackend(abc.ABC):
     def parse_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
         """The call's arguments as ``all_reduce(tensor, op=SUM, group=None, <flag>=<default>)`` binds
         them, or None if this is not a plain call (more arguments, unknown or repeated keywords, no tensor)."""
+        if len(args) == 1 and not kwargs:  # all_reduce(t), the common call: no binding to do
+            return Call(args[0], self.default_op, None, self.flag_default) if args[0] is not None else None
         names = ("tensor", "op", "group", self.flag_name)
         if len(args) > 4 or any(k not in names or names.index(k) < len(args) for k in kwargs):
             return None

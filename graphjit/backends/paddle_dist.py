@@ -32,6 +32,9 @@ import paddle.distributed as dist
 from .dist_base import Call, DistBackend, TensorInfo
 
 _DTYPES = {paddle.float32: "float32", paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
+# What paddle.device.current_stream wraps: the current stream of a GPU index, without building a Stream
+# object; None where this Paddle has no such call (the public route then serves).
+_RAW_STREAM = getattr(getattr(getattr(paddle, "base", None), "core", None), "_get_current_stream", None)
 
 
 def _skip_graphjit_in_sot() -> bool:
@@ -204,10 +207,9 @@ class Dist(DistBackend):
         return int(major), int(minor)
 
     def current_stream(self, device: int) -> int:
-        raw = getattr(paddle.base.core, "_get_current_stream", None)  # what paddle.device.current_stream wraps
-        if raw is not None:
+        if _RAW_STREAM is not None:
             try:
-                return int(raw(device).cuda_stream)
+                return int(_RAW_STREAM(device).cuda_stream)
             except Exception:  # another signature or stream type: the public route below
                 pass
         getter = getattr(paddle.device, "current_stream", None)

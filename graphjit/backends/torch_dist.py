@@ -161,11 +161,6 @@ class Dist(DistBackend):
         return out
 
     # -- calls ---------------------------------------------------------------------------------
-    def parse_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
-        if len(args) == 1 and not kwargs:  # all_reduce(t): the common call, bound without the general path
-            return Call(args[0], _SUM, None, False) if args[0] is not None else None
-        return super().parse_call(args, kwargs)
-
     def is_sum(self, op: Any) -> bool:
         if op is _SUM:
             return True

@@ -68,7 +68,7 @@ def worker(rank: int, args: argparse.Namespace, out: dict[str, Any]) -> None:
     out["init"] = report.as_dict()
     if not report:
         raise RuntimeError(f"collectives.init failed: {report.reason}")
-    comm = next(iter(custom_ar._COMMS.values()))
+    comm = custom_ar.communicators()[0]
     lib, ctx = comm.lib, comm.ctx
     dtype = torch.bfloat16
     n = args.bytes // 2
@@ -94,8 +94,7 @@ def worker(rank: int, args: argparse.Namespace, out: dict[str, Any]) -> None:
     layers["py_current_stream"] = timed(lambda: torch_dist.current_stream(device), False)
     layers["py_capturing"] = timed(torch_dist.capturing, False)
     layers["py_parse_call"] = timed(lambda: torch_dist.parse_call((x,), {}), False)
-    choose = ctypes_choose(lib)
-    layers["ctypes_trivial_call"] = timed(choose, False)
+    layers["ctypes_trivial_call"] = timed(lambda: lib.choose_algo(2, 4096), False)  # no CUDA work: ctypes alone
     # GPU work, each layer adds to the one before
     layers["torch_add_"] = timed(lambda: x.mul_(1))
     layers["c_launch_only"] = timed(lambda: lib.all_reduce(ctx, comm.staging, comm.staging, n, 2, 1, stream))
@@ -120,11 +119,6 @@ def worker(rank: int, args: argparse.Namespace, out: dict[str, Any]) -> None:
     out["stats"] = graphjit.collectives.stats()
     barrier()
     graphjit.collectives.shutdown()
-
-
-def ctypes_choose(lib: Any) -> Callable[[], Any]:
-    """A ctypes call into the library that does no CUDA work (the ctypes cost alone)."""
-    return lambda: lib.choose_algo(2, 4096)
 
 
 def main_worker(rank: int, args: argparse.Namespace) -> None:
