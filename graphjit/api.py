@@ -30,10 +30,10 @@ from typing import Any, TypeVar, overload
 
 import wrapt
 
-from . import backends, env
+from . import backends, env, reach
 from . import scope as scope_mod
 from .backends.base import Backend
-from .buffers import InputMoved, collect_tensors
+from .buffers import InputMoved
 from .capture import BuildRequest, KeyEntry, build
 from .errors import (
     BackendError,
@@ -47,6 +47,9 @@ from .errors import (
 )
 from .keys import BucketsArg, CallSignature, Signer, rebuild_call
 from .stats import FunctionStats, KeyStats, State
+from .tree import collect_tensors
+from .warmup import Blocked, Warmup, watched_call
+from .writes import Snapshot
 
 log = logging.getLogger("graphjit")
 
@@ -57,6 +60,8 @@ TRACERS = ("auto", "sot", "ast", "eager", "compile")
 OUTPUTS = ("copy", "alias")
 POOLS = ("shared", "private")
 DEFAULT_MAX_GRAPHS = 64
+FUNCTION_WIDE = frozenset(("rebinds a tensor held by an object", "adds tensors to an object on every call"))
+"""Reasons that hold for every key of the function once seen (a cache that grows makes a new key per call)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,13 @@ def _validate(o: Options) -> None:
         raise ConfigError(f"tracer={o.tracer!r} is a paddle tracer; torch tracers are 'eager' and 'compile'")
 
 
+@dataclass(frozen=True)
+class _Ran:
+    """The result of a call that already ran uncaptured (see :meth:`_State.device_of`)."""
+
+    result: Any
+
+
 class _State:
     """Per-function state: options, keys, graphs, stats.  Shared by every binding of the wrapper."""
 
@@ -110,7 +122,9 @@ class _State:
         self.signer = Signer(fn, options.buckets, options.backend, self.name)
         self.stats = FunctionStats(self.name)
         self.entries: dict[tuple[Any, ...], KeyEntry] = {}
+        self.warming: dict[tuple[Any, ...], Warmup] = {}
         self.failed: dict[tuple[Any, ...], str] = {}
+        self.blocked_fn: Blocked | None = None
         self.lock = threading.RLock()
         self.traced: dict[str, Callable[..., Any]] = {}
         self.pools: dict[tuple[str, str], Any] = {}
@@ -202,9 +216,12 @@ class _State:
             meta = backend.meta_key(sig.tensors[0])
             dtype = str(meta[1]).replace("paddle.", "").replace("torch.", "")
             parts.append(f"{dtype}@{backend.device_str(sig.tensors[0])}")
-        others = len(sig.key) - 1 - len(sig.tensors)
+        others = len(sig.key) - 2 - len(sig.tensors)
         if others > 0:
             parts.append(f"+{others} non-tensor")
+        modes = backend.describe_modes(sig.key[-1][1]) if sig.backend is not None else ""
+        if modes:
+            parts.append(modes)
         return " ".join(parts) if parts else "()"
 
     # -- the call -------------------------------------------------------------------------
@@ -294,6 +311,7 @@ class _State:
 
     def slow(self, sig: CallSignature, settings: env.Settings, instance: Any, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> Any:
+        """A call whose key has no graph: fall back, warm up, or capture (one screen: the decision)."""
         backend = self.pick_backend(sig)
         if backend.poisoned is not None:
             raise UnrecoverableCaptureError(f"{self.name}: {backend.poisoned}")
@@ -306,48 +324,160 @@ class _State:
         failed = self.failed.get(sig.key)
         if failed is not None:
             return self.fallback(failed, backend, instance, args, kwargs, sig.key)
-        tracer = self.tracer_name(backend)
-        devices = sorted({backend.device_str(t) for t in sig.tensors})
-        if len(devices) > 1:
-            reason = f"inputs on several devices ({', '.join(devices)})"
-            self.say_once(logging.WARNING, reason, "graphjit %s: %s; running uncaptured", self.name, reason)
-            return self.fallback(reason, backend, instance, args, kwargs)
-        device = devices[0] if devices else ("cuda:0" if backend.graphs_unavailable("cuda:0") is None else "cpu")
-        unavailable = backend.graphs_unavailable(device)
-        if unavailable is not None:
-            self.say_once(logging.INFO, "nocuda:" + unavailable, "graphjit %s: no CUDA graph (%s); running the %s %s "
-                          "function", self.name, unavailable, backend.name, tracer)
-            reason = "no CUDA graphs: " + unavailable
-            with self.lock:
-                st = self.key_stats(backend, sig)
-                st.state, st.reason = State.EAGER, reason
-                self.failed[sig.key] = reason
-            return self.fallback(reason, backend, instance, args, kwargs, sig.key)
+        device = self.device_of(backend, sig, instance, args, kwargs)
+        if not isinstance(device, str):
+            return device.result
         with self.lock:
             entry = self.entries.get(sig.key)
             if entry is not None:  # another thread captured this key meanwhile
                 return self.replay(entry, sig, settings, instance, args, kwargs)
-            if len(self.entries) >= self.max_graphs():
-                msg = (f"max_graphs={self.max_graphs()} graphs already captured; new input signatures run uncaptured "
-                       "(use buckets= to pad dims to fewer sizes, or raise max_graphs)")
-                if self.strict():
-                    raise CaptureError(f"{self.name}: {msg}", reason="max_graphs reached")
-                self.say_once(logging.WARNING, "max_graphs", "graphjit %s: %s", self.name, msg)
-                return self.fallback("max_graphs reached", backend, instance, args, kwargs)
-            return self.capture_key(backend, device, sig, instance, args, kwargs, frozenset())
+            if self.blocked_fn is not None:
+                st = self.key_stats(backend, sig)
+                st.state, st.reason = State.FALLBACK, self.blocked_fn.message
+                return self.fallback(self.blocked_fn.reason, backend, instance, args, kwargs, sig.key)
+            warm = self.warming.get(sig.key)
+            if warm is None:
+                if len(self.entries) >= self.max_graphs():
+                    msg = (f"max_graphs={self.max_graphs()} graphs already captured; new input signatures run "
+                           "uncaptured (use buckets= to pad dims to fewer sizes, or raise max_graphs)")
+                    if self.strict():
+                        raise CaptureError(f"{self.name}: {msg}", reason="max_graphs reached")
+                    self.say_once(logging.WARNING, "max_graphs", "graphjit %s: %s", self.name, msg)
+                    return self.fallback("max_graphs reached", backend, instance, args, kwargs)
+                warm = self.new_warmup(sig.key)
+            if scope_mod.current() is not None or warm.calls >= self.options.warmup:
+                return self.capture_key(backend, device, sig, warm, instance, args, kwargs, frozenset())
+            return self.warm_call(backend, device, sig, warm, instance, args, kwargs)
 
-    def capture_key(self, backend: Backend, device: str, sig: CallSignature, instance: Any, args: tuple[Any, ...],
-                    kwargs: dict[str, Any], no_adopt: frozenset[int]) -> Any:
+    def device_of(self, backend: Backend, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> str | _Ran:
+        """The one device of the call's tensors; or, where no graph can be captured for the call, the
+        result of running it uncaptured (counted under its reason)."""
+        devices = sorted({backend.device_str(t) for t in sig.tensors})
+        if len(devices) > 1:
+            reason = f"inputs on several devices ({', '.join(devices)})"
+            self.say_once(logging.WARNING, reason, "graphjit %s: %s; running uncaptured", self.name, reason)
+            return _Ran(self.fallback(reason, backend, instance, args, kwargs))
+        device = devices[0] if devices else ("cuda:0" if backend.graphs_unavailable("cuda:0") is None else "cpu")
+        unavailable = backend.graphs_unavailable(device)
+        if unavailable is None:
+            return device
+        self.say_once(logging.INFO, "nocuda:" + unavailable, "graphjit %s: no CUDA graph (%s); running the %s %s "
+                      "function", self.name, unavailable, backend.name, self.tracer_name(backend))
+        reason = "no CUDA graphs: " + unavailable
+        with self.lock:
+            st = self.key_stats(backend, sig)
+            st.state, st.reason = State.EAGER, reason
+            self.failed[sig.key] = reason
+        return _Ran(self.fallback(reason, backend, instance, args, kwargs, sig.key))
+
+    def new_warmup(self, key: tuple[Any, ...]) -> Warmup:
+        """A warmup record for a new key; the oldest records go once there are many (keys that never
+        reach their capture: a value that changes on every call)."""
+        limit = max(64, 2 * self.max_graphs())
+        while len(self.warming) >= limit:
+            self.warming.pop(next(iter(self.warming)))
+        warm = self.warming[key] = Warmup()
+        return warm
+
+    def roots(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+        """Where the call may find the state it writes (:func:`graphjit.reach.roots`)."""
+        method = instance is not None
+        pairs = [(f"argument {self.signer.short((method, i))!r}", a) for i, a in enumerate(args)]
+        pairs += [(f"argument {k!r}", v) for k, v in kwargs.items()]
+        if self.self_call is not None:
+            return reach.roots(type(self.self_call).forward, self.self_call, pairs)
+        return reach.roots(self.fn, instance, pairs)
+
+    def watched(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One eager run of the function as a warmup, observed (:func:`graphjit.warmup.watched_call`)."""
+        st = self.key_stats(backend, sig)
+        st.state = State.WARMUP
+        with scope_mod.graphed_call("warmup"):
+            out, obs = watched_call(backend, lambda: self.run_traced(backend, instance, args, kwargs),
+                                    self.roots(instance, args, kwargs), device, env.settings().verify_max_bytes,
+                                    sync_watch=True)
+        warm.note(obs, backend, out, sig.tensors)
+        st.warmups += 1
+        if env.settings().debug:
+            log.debug("graphjit %s [%s]: warmup %d/%d wrote %s%s", self.name, st.label, warm.calls,
+                      self.options.warmup, [reach.describe(p) for _t, p in obs.written] or "nothing",
+                      f"; blocked: {warm.blocked.reason}" if warm.blocked else "")
+        return out
+
+    def warm_call(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A warmup call: the function runs once, eagerly, and that is the call's result."""
+        out = self.watched(backend, device, sig, warm, instance, args, kwargs)
+        if warm.blocked is not None:
+            self.block(backend, sig, warm.blocked, out)
+        return out
+
+    def block(self, backend: Backend, sig: CallSignature, blocked: Blocked, result: Any) -> None:
+        """The key runs uncaptured from now on (``result``: of the call that found out)."""
+        st = self.key_stats(backend, sig)
+        self.failed[sig.key] = blocked.reason
+        self.warming.pop(sig.key, None)
+        st.state, st.reason = State.FALLBACK, blocked.message
+        if blocked.reason in FUNCTION_WIDE:
+            self.blocked_fn = blocked
+        active = scope_mod.current()
+        if active is not None:
+            active.note_capture(self.name, st.label, 0.0, ok=False, reason=blocked.reason)
+        if self.strict():
+            raise CaptureError(f"{self.name} [{st.label}]: {blocked.message} (strict mode)",
+                               reason=blocked.reason).after_run(result)
+        self.say_once(logging.WARNING, "fail:" + blocked.reason, "graphjit %s [%s]: %s; running uncaptured",
+                      self.name, st.label, blocked.message)
+
+    def extra_warmups(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, count: int,
+                      instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Inside a capture scope: ``count`` more warmup runs after the call's own, each undone (the state
+        it writes and the generator put back), so that the call still acts like one eager call."""
+        written = [t for t, _p in warm.written_tensors()] + [sig.tensors[i] for i in sorted(warm.mutated_leaves)]
+        nbytes = sum(backend.nbytes(t) for t in written)
+        if nbytes > env.settings().verify_max_bytes or warm.untracked is not None:
+            return  # cannot undo them: capture after the call's own run
+        snap = Snapshot(backend, written, device)
+        known = {id(t) for t in written}
+        for _ in range(count):
+            self.watched(backend, device, sig, warm, instance, args, kwargs)
+            snap.restore()
+            new = [p for t, p in warm.written_tensors() if id(t) not in known]
+            if new and warm.blocked is None:
+                warm.blocked = Blocked("writes different tensors on different calls",
+                                       f"a warmup run wrote {reach.describe(new[0])}, which the call's own run did not "
+                                       "write; graphjit cannot undo that run there")
+            if warm.blocked is not None:
+                return
+
+    def capture_key(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
+                    args: tuple[Any, ...], kwargs: dict[str, Any], no_adopt: frozenset[int]) -> Any:
+        """The call that captures: after the key's warmup calls (the result comes from the first replay),
+        or the first call of the key inside a capture scope (the result is the call's own eager run)."""
         settings = env.settings()
         st = self.key_stats(backend, sig)
+        scope_run = scope_mod.current() is not None and warm.calls < self.options.warmup
+        own: Any = None
+        if scope_run:
+            own = self.watched(backend, device, sig, warm, instance, args, kwargs)
+            if warm.blocked is None and warm.calls < self.options.warmup:
+                self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance, args,
+                                   kwargs)
+            if warm.blocked is not None:
+                self.block(backend, sig, warm.blocked, own)
+                return own
+        st.state_bytes = (sum(backend.nbytes(t) for t, _p in warm.written_tensors())
+                          + sum(backend.nbytes(sig.tensors[i]) for i in warm.mutated_leaves))
         traced = self.traced_for(backend)
-        tracer = self.tracer_name(backend)
         original = type(self.self_call).forward if self.self_call is not None else self.fn
-        capture_fn = backend.capture_callable(traced, original, tracer)
+        capture_fn = backend.capture_callable(traced, original, self.tracer_name(backend))
         req = BuildRequest(
             fn_name=self.name, backend=backend, device=device, traced=self.bind(traced, instance),
-            capture_fn=self.bind(capture_fn, instance), args=args, kwargs=kwargs, sig=sig, stats=st,
-            warmup=self.options.warmup, verify=self.verify(),
+            capture_fn=self.bind(capture_fn, instance), args=args, kwargs=kwargs, sig=sig, stats=st, warm=warm,
+            roots=lambda: self.roots(instance, args, kwargs), verify=self.verify(),
+            verify_budget=settings.verify_max_bytes, replay_result=not scope_run,
             copy_outputs=self.options.outputs == "copy" or settings.check_outputs,
             pool=self.pool_for(backend, device), dump_dir=settings.dump_dir, debug=settings.debug,
             no_adopt=no_adopt)
@@ -355,21 +485,46 @@ class _State:
         try:
             entry, result = build(req)
         except CaptureError as exc:
-            self.failed[sig.key] = exc.reason
-            st.state = State.FALLBACK
-            st.reason = str(exc)
-            if active is not None:
-                active.note_capture(self.name, st.label, 0.0, ok=False, reason=exc.reason)
-            if self.strict() or isinstance(exc, UnrecoverableCaptureError):
-                raise
-            self.say_once(logging.WARNING, "fail:" + exc.reason, "graphjit %s [%s]: %s; running uncaptured",
-                          self.name, st.label, exc)
-            return self.fallback(exc.reason, backend, instance, args, kwargs, sig.key)
+            return self.capture_failed(exc, backend, sig, st, own if scope_run else None, scope_run, instance, args,
+                                       kwargs)
+        self.warming.pop(sig.key, None)
         self.entries[sig.key] = entry
+        if st.verify is not None and st.verify.startswith("skipped"):
+            self.stats.verify_skipped[st.verify.split(": ", 1)[-1]] += 1
+            self.say_once(logging.INFO, "verify-skip:" + st.verify, "graphjit %s [%s]: captured without verify (%s)",
+                          self.name, st.label, st.verify)
         if active is not None:
             active.note_capture(self.name, st.label, st.capture_ms, ok=True)
+        if scope_run:
+            return own
         if settings.check_outputs and self.options.outputs == "alias":
             self.hand_out(entry, result)
+        return result
+
+    def capture_failed(self, exc: CaptureError, backend: Backend, sig: CallSignature, st: KeyStats, own: Any,
+                       scope_run: bool, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The key's capture or verify failed: it runs uncaptured from now on; this call's result is its
+        one eager execution (already run, or run now)."""
+        self.failed[sig.key] = exc.reason
+        self.warming.pop(sig.key, None)
+        st.state, st.reason = State.FALLBACK, str(exc)
+        active = scope_mod.current()
+        if active is not None:
+            active.note_capture(self.name, st.label, 0.0, ok=False, reason=exc.reason)
+        if isinstance(exc, UnrecoverableCaptureError):
+            raise exc
+        if scope_run:
+            result = own
+        elif exc.executed:
+            result = exc.result
+            self.stats.fallback(exc.reason)
+            st.uncaptured += 1
+        else:
+            result = self.fallback(exc.reason, backend, instance, args, kwargs, sig.key)
+        if self.strict():
+            raise exc.after_run(result)
+        self.say_once(logging.WARNING, "fail:" + exc.reason, "graphjit %s [%s]: %s; running uncaptured",
+                      self.name, st.label, exc)
         return result
 
     def recapture(self, entry: KeyEntry, leaf: int, sig: CallSignature, instance: Any, args: tuple[Any, ...],
@@ -384,7 +539,7 @@ class _State:
         entry.release()
         entry.stats.reason = f"recaptured: {path} moved"
         device = backend.device_str(sig.tensors[0])
-        return self.capture_key(backend, device, sig, instance, args, kwargs, entry.no_adopt | {leaf})
+        return self.capture_key(backend, device, sig, entry.warm, instance, args, kwargs, entry.no_adopt | {leaf})
 
     def static_inputs(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         sig = self.signer.sign(instance, args, kwargs)
@@ -420,6 +575,8 @@ class _State:
             for e in self.entries.values():
                 e.release()
             self.entries.clear()
+            self.warming.clear()
+            self.blocked_fn = None
             self.failed.clear()
             self.stats.keys.clear()
             self.said.clear()

@@ -20,7 +20,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .backends.base import Backend
-from .keys import Pad, rebuild
+from .keys import Pad
+from .tree import collect_tensors, rebuild
+
+__all__ = ["InputMoved", "StaticInputs", "StaticOutputs", "collect_tensors", "real_view"]
 
 
 class InputMoved(Exception):
@@ -150,23 +153,3 @@ class StaticOutputs:
         if self.single:
             return out[0]
         return rebuild(self.obj, out, self.is_tensor)
-
-
-def collect_tensors(obj: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
-    """The tensor leaves of ``obj`` in the order :func:`graphjit.keys.rebuild` replaces them."""
-    found: list[Any] = []
-    _collect(obj, is_tensor, found)
-    return found
-
-
-def _collect(x: Any, is_tensor: Callable[[Any], bool], found: list[Any]) -> None:
-    # A module-level function, not a recursive closure: a closure that calls itself is a reference
-    # cycle, and it would keep ``found`` (the caller's tensors) alive until the garbage collector runs.
-    if is_tensor(x):
-        found.append(x)
-    elif isinstance(x, (list, tuple)):
-        for e in x:
-            _collect(e, is_tensor, found)
-    elif isinstance(x, dict):
-        for v in x.values():
-            _collect(v, is_tensor, found)

@@ -1,20 +1,29 @@
-"""WARMUP -> CAPTURE -> verify -> REPLAY for one key, and the fallback when any step fails.
+"""The call that captures a key: static buffers, capture, verify, first replay, and the entry that
+later calls replay.
 
-:func:`build` runs on the first call of a key.  What it guarantees:
+:func:`build` runs on the call after a key's warmup calls (:mod:`graphjit.warmup`), or on the first
+call of a key inside ``capture_scope()``.  Its phases, each a function below:
 
-* The caller's tensors are never touched by warmup or capture: warmup runs on graphjit-owned
-  working copies, restored before every run, so a function that mutates an input in place (a KV
-  cache) does so exactly once per call, as eager would.
-* One capture at a time per process (:data:`CAPTURE_LOCK`).  The capture is always ended, also when
-  the function raises or synchronises (the backend guarantees it); the error names the cause.
-* The last warmup runs under the backend's sync check, so ``.item()``/``.numpy()``-style syncs are
-  reported before any capture begins.
-* With ``verify``, the new graph is replayed once on the same inputs and its outputs (and mutated
-  inputs) are compared with the last warmup's; a mismatch (a Python value the graph froze, an
-  output the graph does not write) is a :class:`~graphjit.errors.VerifyError`, and the caller's
-  tensors are restored before it is raised.
-* On success the first call's result comes from that replay, and later calls use
-  :meth:`KeyEntry.replay`.
+1. :func:`static_buffers`: one static buffer per tensor input; an input that the warmup calls wrote
+   in place (a KV cache) is *adopted* (the caller's tensor is the buffer), the others are copied
+   into graphjit-owned buffers.
+2. :func:`capture_graph`: the capture itself, on the backend's capture stream, into the key's pool,
+   one capture at a time per process (:data:`CAPTURE_LOCK`).  A CUDA capture records kernels without
+   running them, so it changes no tensor; the capture is ended on every path.
+3. :func:`after_capture`: the hooks of :data:`graphjit.scope.AFTER_CAPTURE` (the all-reduce
+   registration) and a check that the capture's Python code rebound no tensor.
+4. :func:`verify_and_replay`: with ``verify``, the state the function writes (found during warmup)
+   and the random generator are copied, the eager reference runs, the state and the generator are
+   put back, the graph replays, and outputs, written state and generator position are compared with
+   the reference.  A mismatch restores what the eager reference left and raises
+   :class:`~graphjit.errors.VerifyError` carrying the reference's result: the call has then run the
+   function exactly once.  Without verify (or past ``GRAPHJIT_VERIFY_MAX_BYTES``) the graph replays
+   once, and that replay is the call's execution.
+5. :class:`KeyEntry`: what later calls replay (:meth:`KeyEntry.replay`).
+
+Inside a capture scope the call has already run the function once, eagerly (its result and its
+effects are the call's); the build then leaves the state as that run left it: verify's replay is
+undone, and nothing replays for the result.
 """
 
 from __future__ import annotations
@@ -31,19 +40,16 @@ from . import scope
 from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import StaticInputs, StaticOutputs, collect_tensors, real_view
 from .errors import CaptureError, VerifyError
-from .keys import CallSignature, rebuild, rebuild_call
+from .keys import CallSignature, rebuild_call
+from .reach import describe, rebinds, walk
 from .stats import KeyStats, State
+from .tree import structure
+from .warmup import Warmup
+from .writes import Snapshot, tolerance
+
+__all__ = ["BuildRequest", "KeyEntry", "build", "tolerance"]
 
 log = logging.getLogger("graphjit")
-
-
-def tolerance(t: Any) -> float:
-    """Relative error (norm-wise) a replay may differ from eager by: kernels are the same, so this
-    only absorbs a different cuBLAS algorithm choice, never a frozen or stale value."""
-    name = str(getattr(t, "dtype", "")).lower()
-    if "16" in name or "8" in name:
-        return 2e-2
-    return 1e-4
 
 
 @dataclass
@@ -59,8 +65,11 @@ class BuildRequest:
     kwargs: dict[str, Any]
     sig: CallSignature
     stats: KeyStats
-    warmup: int = 2
+    warm: Warmup
+    roots: Callable[[], list[tuple[str, Any]]]
     verify: bool = True
+    verify_budget: int = 1 << 30
+    replay_result: bool = True  # False inside a capture scope: the call's own eager run is its result
     copy_outputs: bool = True
     pool: Any = None
     dump_dir: Path | None = None
@@ -71,15 +80,16 @@ class BuildRequest:
 class KeyEntry:
     """A captured graph of one key, with its static inputs and outputs."""
 
-    __slots__ = ("graph", "inputs", "no_adopt", "outputs", "stats")
+    __slots__ = ("graph", "inputs", "no_adopt", "outputs", "stats", "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
-                 no_adopt: frozenset[int]) -> None:
+                 no_adopt: frozenset[int], warm: Warmup) -> None:
         self.graph = graph
         self.inputs = inputs
         self.outputs = outputs
         self.stats = stats
         self.no_adopt = no_adopt
+        self.warm = warm  # what warmup found; holds the state tensors the graph writes, so they stay alive with it
 
     def replay(self, sig: CallSignature, copy: bool) -> Any:
         """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``."""
@@ -100,172 +110,229 @@ class KeyEntry:
             self.graph.reset()
 
 
-def _fingerprints(b: Backend, tensors: list[Any]) -> str:
-    return ",".join(b.fingerprint(t) for t in tensors)
+@dataclass
+class Statics:
+    """The static input buffers of a key being built (:func:`static_buffers`)."""
+
+    inputs: StaticInputs
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    full_shapes: list[list[int]]
 
 
 def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
-    """Warm up, capture, verify and replay the key of ``req.sig``; return the entry and the result.
+    """Capture the key of ``req.sig`` and verify it; return the entry and the call's result (``None``
+    when ``req.replay_result`` is False).
 
-    Raises :class:`CaptureError` (the caller's tensors untouched) when the key cannot be graphed.
+    Raises :class:`CaptureError` when the key cannot be graphed: with ``executed`` False the call has
+    not run the function (its state is untouched; the caller runs it eagerly), with ``executed`` True
+    (a failed verify) it has run exactly once and ``result`` is its result.
     """
-    b = req.backend
-    sig = req.sig
-    tensors = sig.tensors
-    st = req.stats
-    is_tensor = _is_tensor_of(b)
+    b, st = req.backend, req.stats
     t_start = time.perf_counter()
     with CAPTURE_LOCK, b.device_guard(req.device):
-        st.state = State.WARMUP
-        # Working copies, padded to the key's shapes, one per distinct input tensor.
-        full_shapes: list[list[int]] = [list(b.shape(t)) for t in tensors]
-        padded_leaves = set()
-        for p in sig.pads:
-            full_shapes[p.leaf][p.dim] = p.padded
-            padded_leaves.add(p.leaf)
-        work: list[Any] = []
-        first_of: dict[tuple[int, tuple[int, ...]], int] = {}
-        owner: list[int] = []
-        for i, t in enumerate(tensors):
-            ptr_shape = (b.data_ptr(t), tuple(full_shapes[i]))
-            if ptr_shape in first_of:
-                work.append(work[first_of[ptr_shape]])
-                owner.append(first_of[ptr_shape])
-                continue
-            first_of[ptr_shape] = i
-            owner.append(i)
-            work.append(b.empty(full_shapes[i], t))
-        shared = {i for i in range(len(tensors)) if owner.count(owner[i]) > 1}
-
-        def restore(indices: list[int]) -> None:
-            for i in indices:
-                if owner[i] != i:
-                    continue
-                if i in padded_leaves:
-                    b.zero_(work[i])
-                b.copy_(real_view(b, work[i], b.shape(tensors[i]), full_shapes[i]), tensors[i])
-
-        every = list(range(len(tensors)))
-        restore(every)
-        wargs, wkwargs = rebuild_call(req.args, req.kwargs, work, is_tensor)
-        mutated = [False] * len(tensors)
-        out: Any = None
-        with scope.graphed_call("warmup"), b.warmup_guard(req.device):
-            for k in range(req.warmup):
-                if k:
-                    restore([i for i in every if mutated[i]])
-                check = b.sync_check() if k == req.warmup - 1 else contextlib.nullcontext()
-                with check, b.traced_call_guard():
-                    out = req.traced(*wargs, **wkwargs)
-                st.warmups += 1
-                if k == 0:
-                    mutated = [not b.equal(real_view(b, work[i], b.shape(t), full_shapes[i]), t)
-                               for i, t in enumerate(tensors)]
-                if req.debug:
-                    log.debug("graphjit %s %s: warmup %d/%d outputs=%s mutated=%s", req.fn_name, st.label, k + 1,
-                              req.warmup, _fingerprints(b, collect_tensors(out, is_tensor)),
-                              [sig.paths[i] for i, m in enumerate(mutated) if m])
-        b.synchronize(req.device)
-        out_tensors = collect_tensors(out, is_tensor)
-        if b.grad_enabled() and any(b.requires_grad(o) for o in out_tensors):
-            raise CaptureError(
-                f"{req.fn_name}: outputs require grad (autograd is recording through parameters or inputs that "
-                "require grad). @graphed captures inference; call it under torch.no_grad()/paddle.no_grad() "
-                "(or freeze the parameters), or use graphjit.graphed_layer for training.",
-                reason="outputs require grad")
-        expected = [b.clone(o) for o in out_tensors]
-        expected_shape = rebuild(out, [None] * len(out_tensors), is_tensor)
-        expected_mut = {i: b.clone(real_view(b, work[i], b.shape(tensors[i]), full_shapes[i]))
-                        for i in every if mutated[i]}
-
-        # Static buffers: adopt in-place mutated inputs (the caller's tensor is the buffer).
-        # Bucketed inputs are never adopted: a later call of the same key may be padded, and padding
-        # writes the whole static buffer.
-        bucketed_leaves = {leaf for (leaf, _dim, _size) in sig.bucketed}
-        statics: list[Any] = []
-        adopted: list[bool] = []
-        for i, t in enumerate(tensors):
-            adopt = (mutated[i] and i not in req.no_adopt and i not in bucketed_leaves and i not in shared)
-            statics.append(t if adopt else work[i])
-            adopted.append(adopt)
-        restore([i for i in every if mutated[i]])  # pristine again; for adopted inputs a snapshot
-
+        statics = static_buffers(req)
+        before = walk(req.roots(), _is_tensor_of(b))
         st.state = State.CAPTURE
-        sargs, skwargs = rebuild_call(req.args, req.kwargs, statics, is_tensor)
-        t_cap = time.perf_counter()
-        with scope.graphed_call("capture"), b.traced_call_guard():
-            graph, static_out = b.capture(lambda: req.capture_fn(*sargs, **skwargs), req.device, req.pool,
-                                          debug=req.dump_dir is not None)
-        capture_ms = (time.perf_counter() - t_cap) * 1e3
+        graph, static_out, capture_ms = capture_graph(req, statics)
         try:
-            for hook in scope.AFTER_CAPTURE:  # e.g. register captured all-reduce buffers on every rank
-                try:
-                    hook()
-                except CaptureError:
-                    raise
-                except Exception as exc:  # a failed hook fails this capture, never the process
-                    raise CaptureError(f"{req.fn_name} {st.label}: after the capture, {hook!r} failed: {exc}",
-                                       reason="after-capture hook failed") from exc
-            bucket_dims = {(dim, size) for (_leaf, dim, size) in sig.bucketed}
-            inputs = StaticInputs(b, statics, adopted, mutated, {leaf for (leaf, _d, _s) in sig.bucketed},
-                                  grad_free=not any(b.requires_grad(t) for t in tensors))
-            outputs = StaticOutputs(b, static_out, is_tensor, bucket_dims)
-            graph.replay()
-            if req.verify:
-                problem = _verify(b, outputs, expected, expected_shape, static_out, inputs, expected_mut,
-                                  full_shapes, tensors, sig, is_tensor)
-                if problem:
-                    for i in every:  # undo what the replay wrote into adopted caller tensors
-                        if adopted[i]:
-                            b.copy_(tensors[i], work[i])
-                    b.synchronize(req.device)
-                    raise VerifyError(f"{req.fn_name} {st.label}: verify failed: {problem}. The function depends "
-                                      "on something a CUDA graph freezes (a Python value, the host clock or RNG, "
-                                      "an output not computed on the GPU), so replays would return stale results.")
-            inputs.store_back(tensors)
-            result = outputs.result(sig.pads, req.copy_outputs)
+            after_capture(req, before)
+            outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed})
+            result = verify_and_replay(req, statics, graph, outputs, static_out)
         except BaseException:
             graph.reset()
             raise
         if req.dump_dir is not None:
-            req.dump_dir.mkdir(parents=True, exist_ok=True)
-            path = req.dump_dir / f"{_safe(req.fn_name)}-{abs(hash(sig.key)) % 10**8:08d}.dot"
-            try:
-                graph.dump(path)
-                if not path.exists() and not path.with_suffix("").is_dir():
-                    raise RuntimeError("the framework wrote nothing")
-                log.info("graphjit %s: wrote %s", req.fn_name, path)
-            except Exception as exc:  # a dump is a debugging aid; never fail the call for it
-                log.warning("graphjit %s: could not write the graph dump %s: %s", req.fn_name, path, exc)
+            _dump(req, graph)
         st.captures += 1
-        st.replays += 1
         st.capture_ms += capture_ms
         st.pool_bytes = graph.pool_bytes
-        st.copy_backs = inputs.copy_backs
+        st.copy_backs = statics.inputs.copy_backs
         st.state = State.REPLAY
         if req.debug:
-            log.debug("graphjit %s %s: captured in %.1f ms (build %.1f ms), adopted=%s outputs=%s", req.fn_name,
-                      st.label, capture_ms, (time.perf_counter() - t_start) * 1e3,
-                      [sig.paths[i] for i, a in enumerate(adopted) if a], _fingerprints(b, outputs.tensors))
-        return KeyEntry(graph, inputs, outputs, st, req.no_adopt), result
+            log.debug("graphjit %s [%s]: captured in %.1f ms (build %.1f ms), verify %s, adopted=%s", req.fn_name,
+                      st.label, capture_ms, (time.perf_counter() - t_start) * 1e3, st.verify,
+                      [req.sig.paths[i] for i in statics.inputs.adopted_idx])
+        return KeyEntry(graph, statics.inputs, outputs, st, req.no_adopt, req.warm), result
 
 
-def _verify(b: Backend, outputs: StaticOutputs, expected: list[Any], expected_shape: Any, static_out: Any,
-            inputs: StaticInputs, expected_mut: dict[int, Any], full_shapes: list[list[int]],
-            tensors: list[Any], sig: CallSignature, is_tensor: Callable[[Any], bool]) -> str | None:
-    got_shape = rebuild(static_out, [None] * len(outputs.tensors), is_tensor)
+# -- phase 1 ---------------------------------------------------------------------------------------
+def static_buffers(req: BuildRequest) -> Statics:
+    """One static buffer per distinct tensor input, loaded with the caller's values.
+
+    Adopted (the caller's tensor is the buffer): inputs the warmup calls wrote in place, unless
+    bucketed (a later call of the key may be padded, and padding writes the whole buffer), passed
+    twice in one call, or moved before (``no_adopt``).  Owned buffers get the key's padded shape.
+    """
+    b, sig = req.backend, req.sig
+    tensors = sig.tensors
+    full_shapes: list[list[int]] = [list(b.shape(t)) for t in tensors]
+    for p in sig.pads:
+        full_shapes[p.leaf][p.dim] = p.padded
+    first_of: dict[tuple[int, tuple[int, ...]], int] = {}
+    owner: list[int] = []
+    for i, t in enumerate(tensors):
+        owner.append(first_of.setdefault((b.data_ptr(t), tuple(full_shapes[i])), i))
+    shared = {i for i in range(len(tensors)) if owner.count(owner[i]) > 1}
+    bucketed = {leaf for (leaf, _dim, _size) in sig.bucketed}
+    mutated = [i in req.warm.mutated_leaves for i in range(len(tensors))]
+    statics: list[Any] = []
+    adopted: list[bool] = []
+    for i, t in enumerate(tensors):
+        adopt = mutated[i] and i not in req.no_adopt and i not in bucketed and i not in shared
+        if adopt:
+            statics.append(t)
+        elif owner[i] != i:
+            statics.append(statics[owner[i]])
+        else:
+            statics.append(b.empty(full_shapes[i], t))
+        adopted.append(adopt)
+    inputs = StaticInputs(b, statics, adopted, mutated, bucketed,
+                          grad_free=not any(b.requires_grad(t) for t in tensors))
+    inputs.load(tensors)
+    is_tensor = _is_tensor_of(b)
+    sargs, skwargs = rebuild_call(req.args, req.kwargs, statics, is_tensor)
+    return Statics(inputs, sargs, skwargs, full_shapes)
+
+
+# -- phase 2 ---------------------------------------------------------------------------------------
+def capture_graph(req: BuildRequest, statics: Statics) -> tuple[GraphHandle, Any, float]:
+    """Capture ``req.capture_fn`` on the static inputs; returns the graph, its outputs and the ms it took."""
+    b = req.backend
+    t0 = time.perf_counter()
+    with scope.graphed_call("capture"), b.traced_call_guard():
+        graph, static_out = b.capture(lambda: req.capture_fn(*statics.args, **statics.kwargs), req.device, req.pool,
+                                      debug=req.dump_dir is not None)
+    return graph, static_out, (time.perf_counter() - t0) * 1e3
+
+
+# -- phase 3 ---------------------------------------------------------------------------------------
+def after_capture(req: BuildRequest, before: Any) -> None:
+    """Run the after-capture hooks, and refuse a capture whose Python code rebound or added tensors."""
+    for hook in scope.AFTER_CAPTURE:  # e.g. register captured all-reduce buffers on every rank
+        try:
+            hook()
+        except CaptureError:
+            raise
+        except Exception as exc:  # a failed hook fails this capture, never the process
+            raise CaptureError(f"{req.fn_name} {req.stats.label}: after the capture, {hook!r} failed: {exc}",
+                               reason="after-capture hook failed") from exc
+    rebound, added = rebinds(before, walk(req.roots(), _is_tensor_of(req.backend)))
+    if rebound or added:
+        where = ", ".join(describe(p) for p in (rebound + added)[:3])
+        raise CaptureError(f"{req.fn_name} {req.stats.label}: the capture's Python code replaced or added tensors "
+                           f"held by objects ({where}); a replay would not do that again",
+                           reason="rebinds a tensor held by an object")
+
+
+# -- phase 4 ---------------------------------------------------------------------------------------
+def verify_plan(req: BuildRequest) -> str | None:
+    """None if verify runs; else the key's verify status ("off" or "skipped: why")."""
+    if not req.verify:
+        return "off"
+    if req.warm.untracked is not None:
+        return f"skipped: the state the function writes is not fully known ({req.warm.untracked})"
+    need = 2 * req.stats.state_bytes
+    if need > req.verify_budget:
+        return (f"skipped: its copies of the written state need {need / 2**20:.1f} MiB, more than "
+                f"GRAPHJIT_VERIFY_MAX_BYTES={req.verify_budget}")
+    return None
+
+
+def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, outputs: StaticOutputs,
+                      static_out: Any) -> Any:
+    """Phase 4 (see the module docstring); returns the call's result (None inside a scope)."""
+    b, st, sig = req.backend, req.stats, req.sig
+    inputs = statics.inputs
+    skip = verify_plan(req)
+    if skip is not None:
+        st.verify = skip
+        if not req.replay_result:
+            return None
+        graph.replay()
+        st.replays += 1
+        inputs.store_back(sig.tensors)
+        return outputs.result(sig.pads, req.copy_outputs)
+    written, paths, current = _written_state(req, statics)
+    is_tensor = _is_tensor_of(b)
+    pre = Snapshot(b, written, req.device)
+    with scope.graphed_call("warmup"), b.traced_call_guard():
+        ref = req.traced(*req.args, **req.kwargs)
+    b.synchronize(req.device)
+    ref_tensors = collect_tensors(ref, is_tensor)
+    expected = [b.clone(o) for o in ref_tensors]
+    expected_shape = structure(ref, is_tensor)
+    post = Snapshot(b, written, req.device)
+    pre.restore()
+    graph.replay()
+    b.synchronize(req.device)
+    problem = _compare_outputs(b, outputs, static_out, expected, expected_shape, is_tensor)
+    problem = problem or post.differs(current, paths)
+    if problem is None and post.rng is not None and post.rng_differs():
+        problem = "the random generator is not where the eager call left it (a generator the graph does not replay)"
+    if problem is not None:
+        st.verify = "failed"
+        msg = (f"{req.fn_name} {st.label}: verify failed: {problem}. The function depends on something a CUDA graph "
+               "freezes (a Python value, the host clock or RNG, an output not computed on the GPU), so replays would "
+               "return stale results")
+        if req.replay_result:
+            post.restore()  # the state the eager reference left: the call ran exactly once
+            b.synchronize(req.device)
+            raise VerifyError(msg).after_run(ref)
+        pre.restore()
+        raise VerifyError(msg)
+    st.verify = "passed"
+    if not req.replay_result:
+        pre.restore()  # undo verify's replay: the call's own eager run stays its execution
+        return None
+    st.replays += 1
+    inputs.store_back(sig.tensors)
+    return outputs.result(sig.pads, req.copy_outputs)
+
+
+def _written_state(req: BuildRequest, statics: Statics) -> tuple[list[Any], list[str], list[Any]]:
+    """The tensors this call's execution writes, their names, and where the graph's replay leaves each
+    one's new value (an owned static buffer for an input that is not adopted)."""
+    b, sig = req.backend, req.sig
+    written: list[Any] = []
+    paths: list[str] = []
+    current: list[Any] = []
+    for t, path in req.warm.written_tensors():
+        written.append(t)
+        paths.append(describe(path))
+        current.append(t)
+    inputs = statics.inputs
+    for i in sorted(req.warm.mutated_leaves):
+        t = sig.tensors[i]
+        written.append(t)
+        paths.append(sig.paths[i])
+        current.append(t if inputs.adopted[i] else real_view(b, inputs.statics[i], b.shape(t), statics.full_shapes[i]))
+    return written, paths, current
+
+
+def _compare_outputs(b: Backend, outputs: StaticOutputs, static_out: Any, expected: list[Any], expected_shape: Any,
+                     is_tensor: Callable[[Any], bool]) -> str | None:
+    got_shape = structure(static_out, is_tensor)
     if got_shape != expected_shape or len(outputs.tensors) != len(expected):
-        return "the non-tensor part of the output differs between warmup and capture"
+        return "the non-tensor part of the output differs between the eager call and the capture"
     for j, (got, want) in enumerate(zip(outputs.tensors, expected)):
         err = b.rel_error(got, want)
         if not err <= tolerance(want):
             return f"output {j} differs from eager by {err:.3g} (relative)"
-    for i, want in expected_mut.items():
-        got = real_view(b, inputs.statics[i], b.shape(tensors[i]), full_shapes[i])
-        err = b.rel_error(got, want)
-        if not err <= tolerance(want):
-            return f"in-place update of {sig.paths[i]} differs from eager by {err:.3g} (relative)"
     return None
+
+
+def _dump(req: BuildRequest, graph: GraphHandle) -> None:
+    assert req.dump_dir is not None
+    req.dump_dir.mkdir(parents=True, exist_ok=True)
+    path = req.dump_dir / f"{_safe(req.fn_name)}-{abs(hash(req.sig.key)) % 10**8:08d}.dot"
+    try:
+        graph.dump(path)
+        if not path.exists() and not path.with_suffix("").is_dir():
+            raise RuntimeError("the framework wrote nothing")
+        log.info("graphjit %s: wrote %s", req.fn_name, path)
+    except Exception as exc:  # a dump is a debugging aid; never fail the call for it
+        log.warning("graphjit %s: could not write the graph dump %s: %s", req.fn_name, path, exc)
 
 
 def _is_tensor_of(b: Backend) -> Callable[[Any], bool]:

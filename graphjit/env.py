@@ -39,6 +39,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("GRAPHJIT_VERIFY", "bool", "1",
              "After each capture replay once and compare with the eager warmup result. "
              "A decorator's verify= overrides it."),
+    Variable("GRAPHJIT_VERIFY_MAX_BYTES", "int", str(1 << 30),
+             "Memory verify may use for its copies of the state a function writes (twice the bytes of the "
+             "tensors it writes: before and after the eager reference; with Paddle also the contents compared "
+             "during warmup). A key that needs more is captured without verify, counted under 'verify skipped'."),
     Variable("GRAPHJIT_CHECK_OUTPUTS", "bool", "0",
              "With outputs=\"alias\": poison (NaN / minimum integer) the outputs of the previous call "
              "before the next one, so that a stale read shows up."),
@@ -79,6 +83,7 @@ class Settings:
     debug: bool
     strict: bool
     verify: bool
+    verify_max_bytes: int
     check_outputs: bool
     dump_dir: Path | None
     max_graphs: int | None
@@ -133,6 +138,7 @@ def _read() -> Settings:
         debug=_bool("GRAPHJIT_DEBUG"),
         strict=_bool("GRAPHJIT_STRICT"),
         verify=_bool("GRAPHJIT_VERIFY"),
+        verify_max_bytes=_int("GRAPHJIT_VERIFY_MAX_BYTES") or 0,
         check_outputs=_bool("GRAPHJIT_CHECK_OUTPUTS"),
         dump_dir=Path(dump).expanduser() if dump else None,
         max_graphs=_int("GRAPHJIT_MAX_GRAPHS", minimum=1),

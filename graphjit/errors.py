@@ -40,18 +40,31 @@ class CaptureError(GraphjitError, RuntimeError):
     Outside strict mode graphjit records the reason in ``stats()`` and runs the key uncaptured;
     in strict mode this error is raised instead.  The capture has always been ended (no stream is
     left capturing) by the time this is raised.
+
+    Raised from a graphed call in strict mode, it says how far the call got: ``executed`` is True
+    when the function ran once, eagerly, before the error was raised (the state it writes is then
+    exactly what one eager call leaves, and ``result`` is that call's return value); False when it
+    did not run at all (the state is as before the call).
     """
 
     def __init__(self, message: str, reason: str = "capture failed") -> None:
         super().__init__(message)
         self.reason = reason
+        self.executed = False
+        self.result: object = None
+
+    def after_run(self, result: object) -> CaptureError:
+        """Mark this error as raised after one eager execution that returned ``result``."""
+        self.executed = True
+        self.result = result
+        return self
 
 
 class VerifyError(CaptureError):
     """A freshly captured graph, replayed once, did not reproduce the eager result."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, reason="verify failed")
+    def __init__(self, message: str, reason: str = "verify failed") -> None:
+        super().__init__(message, reason=reason)
 
 
 class UnrecoverableCaptureError(CaptureError):

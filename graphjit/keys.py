@@ -1,10 +1,13 @@
 """The key of a call: which captured graph, if any, can serve it.
 
-A key holds the tree structure of the positional and keyword arguments and, for each leaf:
+A key holds the tree structure of the positional and keyword arguments (lists, tuples, dicts, and
+objects that hold tensors, walked attribute by attribute: see :mod:`graphjit.tree`), the framework
+modes of the call (grad mode, inference mode, autocast / AMP: ``Backend.modes``) and, for each leaf:
 
 * a tensor: shape (after bucket padding), dtype, device and whether it requires grad;
 * any other value: its type and the value itself, which must be hashable (a new value is a new
-  key, because the graph froze the old one).
+  key, because the graph froze the old one).  Inside an object, an unhashable leaf is keyed by
+  identity, as a value the function closes over would be.
 
 Bucket padding: a dimension listed in ``buckets`` is rounded up to the next bucket size, so calls of
 nearby sizes share one graph.  A size beyond the largest bucket is reported in
@@ -17,13 +20,14 @@ from __future__ import annotations
 
 import bisect
 import inspect
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import backends
 from .backends.base import Backend
 from .errors import ConfigError, SignatureError
+from .tree import Attr, is_object, object_fields, rebuild
 
 _SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))
 _MISSING = object()
@@ -185,7 +189,7 @@ class Signer:
         else:
             params = self._positional[1:] if method else self._positional
             text = f"argument {params[where]!r}" if where < len(params) else f"positional argument {where}"
-        return text + "".join(f"[{s!r}]" for s in subs)
+        return text + _subscripts(subs)
 
     def short(self, label: tuple[Any, ...]) -> str:
         """A compact name for a leaf label (``x``, ``kv[1]``, ``args[3]``) for stats and logs."""
@@ -193,7 +197,7 @@ class Signer:
         if not isinstance(where, str):
             params = self._positional[1:] if method else self._positional
             where = params[where] if where < len(params) else f"args[{where}]"
-        return str(where) + "".join(f"[{s!r}]" for s in subs)
+        return str(where) + _subscripts(subs)
 
     def sign(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
         tensors: list[Any] = []
@@ -223,6 +227,7 @@ class Signer:
                     parts.append((name, leaf(kwargs[name], (method, name), tensors, labels)))
             if method:
                 parts.append(("self", id(instance)))
+            parts.append(state.modes())
             return CallSignature(tuple(parts), tensors, state.backend, (), None, labels, (), self)
         pads: list[Pad] = []
         bucketed: list[tuple[int, int, int]] = []
@@ -255,6 +260,7 @@ class Signer:
                                      "not pass; pass it (as a tensor) or remove it from buckets=")
         if method:
             parts.append(("self", id(instance)))
+        parts.append(state.modes())
         return CallSignature(tuple(parts), tensors, state.backend, tuple(pads), overflow, labels, tuple(bucketed),
                              self)
 
@@ -290,13 +296,24 @@ class Signer:
 
 
 class _WalkState:
-    __slots__ = ("backend", "backend_label", "method", "signer")
+    __slots__ = ("backend", "backend_label", "method", "signer", "visiting")
 
     def __init__(self, signer: Signer, method: bool) -> None:
         self.signer = signer
         self.method = method
         self.backend: Backend | None = None
         self.backend_label: tuple[Any, ...] = ()
+        self.visiting: set[int] | None = None
+
+    def modes(self) -> tuple[Any, ...]:
+        """The framework modes of the call: of the tensors' framework, else of the forced one, else of
+        every framework in use (a call without tensors)."""
+        if self.backend is not None:
+            return ("modes", self.backend.modes())
+        forced = self.signer.forced_backend
+        if forced != "auto":
+            return ("modes", backends.get(forced).modes())
+        return ("modes", tuple(backends.get(n).modes() for n in backends.imported()))
 
     def use(self, backend: Backend, label: tuple[Any, ...]) -> None:
         if self.backend is None:
@@ -331,9 +348,13 @@ class _WalkState:
                 # (type, key): {True: v} and {1: v} are equal dict keys in Python but different calls
                 items.append(((type(k), k), self.leaf(v, (*label, k), tensors, labels)))
             return (tp, tuple(items))
+        if is_object(tp):
+            return self._object(x, tp, label, tensors, labels)
         try:
             hash(x)
         except TypeError:
+            if self.visiting:  # inside an object that holds tensors: keyed by identity, like a closed-over value
+                return (tp, "id", id(x))
             raise SignatureError(
                 f"{self.signer.fn_name}: {self.signer.describe(label)} is a {tp.__module__}.{tp.__qualname__}, "
                 "which is neither a tensor nor hashable. graphjit keys graphs on non-tensor arguments by value: pass "
@@ -341,25 +362,22 @@ class _WalkState:
                 "over the object instead of passing it") from None
         return (tp, x)
 
+    def _object(self, x: Any, tp: type, label: tuple[Any, ...], tensors: list[Any],
+                labels: list[tuple[Any, ...]]) -> Any:
+        """An object walked like a container: its attributes (names and leaves) are the key."""
+        if self.visiting is None:
+            self.visiting = set()
+        oid = id(x)
+        if oid in self.visiting:  # a reference back to an object on the current path
+            return (tp, "cycle")
+        self.visiting.add(oid)
+        try:
+            return (tp, tuple((name, self.leaf(v, (*label, name), tensors, labels)) for name, v in object_fields(x)))
+        finally:
+            self.visiting.discard(oid)
 
-def rebuild(obj: Any, tensors: Sequence[Any], is_tensor: Callable[[Any], bool]) -> Any:
-    """``obj`` with its tensor leaves replaced, in :meth:`Signer.sign` order, by ``tensors``."""
-    return _rebuild(obj, iter(tensors), is_tensor)
 
-
-def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool]) -> Any:
-    # A module-level function, not a recursive closure: a closure that calls itself is a reference
-    # cycle, and it would keep ``tensors`` (a call's inputs or outputs) alive until the garbage collector runs.
-    if is_tensor(x):
-        return next(it)
-    if isinstance(x, list):
-        return [_rebuild(e, it, is_tensor) for e in x]
-    if isinstance(x, tuple):
-        items = [_rebuild(e, it, is_tensor) for e in x]
-        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
-    if isinstance(x, dict):
-        return type(x)((k, _rebuild(v, it, is_tensor)) for k, v in x.items())
-    return x
+__all__ = ["CallSignature", "Pad", "Signer", "rebuild", "rebuild_call"]
 
 
 def rebuild_call(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Sequence[Any],
@@ -370,3 +388,7 @@ def rebuild_call(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Sequenc
     new_args = tuple(rebuilt[: len(args)])
     new_kwargs = dict(zip(sorted(kwargs), rebuilt[len(args):]))
     return new_args, {k: new_kwargs[k] for k in kwargs}
+
+
+def _subscripts(subs: Sequence[Any]) -> str:
+    return "".join(f".{s}" if isinstance(s, Attr) else f"[{s!r}]" for s in subs)

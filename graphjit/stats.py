@@ -39,6 +39,8 @@ class KeyStats:
     input_copies: int = 0
     copy_backs: int = 0
     reason: str | None = None
+    verify: str | None = None  # "passed", "off", "failed" or "skipped: why"
+    state_bytes: int = 0  # bytes of the reachable tensors the function writes (what verify copies, twice)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,6 +55,8 @@ class KeyStats:
             "input_copies": self.input_copies,
             "copy_backs": self.copy_backs,
             "reason": self.reason,
+            "verify": self.verify,
+            "state_bytes": self.state_bytes,
         }
 
 
@@ -64,6 +68,7 @@ class FunctionStats:
     calls: int = 0
     disabled_calls: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
+    verify_skipped: Counter[str] = field(default_factory=Counter)
     keys: dict[Any, KeyStats] = field(default_factory=dict)
 
     def fallback(self, reason: str) -> None:
@@ -80,6 +85,7 @@ class FunctionStats:
             "captures": sum(k.captures for k in self.keys.values()),
             "replays": sum(k.replays for k in self.keys.values()),
             "fallbacks": dict(self.fallbacks),
+            "verify_skipped": dict(self.verify_skipped),
             "pool_bytes": max((k.pool_bytes for k in self.keys.values()), default=0),
             "keys": keys,
         }
@@ -90,6 +96,8 @@ class FunctionStats:
         lines = [f"{self.name}: {d['calls']} calls, {d['graphs']} graphs, {d['replays']} replays"]
         for reason, n in sorted(self.fallbacks.items(), key=lambda item: -item[1]):
             lines.append(f"  fallback x{n}: {reason}")
+        for reason, n in sorted(self.verify_skipped.items(), key=lambda item: -item[1]):
+            lines.append(f"  captured without verify x{n}: {reason}")
         for k in keys_sorted(self.keys.values()):
             lines.append(
                 f"  [{k.state.value:8s}] {k.label}  captures={k.captures} replays={k.replays}"

@@ -69,6 +69,22 @@ def for_type(tp: type) -> Backend | None:
     return found
 
 
+_IDENTITY_KEYED = (("torch", "torch.nn", "Module"), ("paddle", "paddle.nn", "Layer"))
+
+
+def identity_keyed(tp: type) -> bool:
+    """True for a framework's module/layer class (``torch.nn.Module``, ``paddle.nn.Layer``): keyed by
+    identity, never walked attribute by attribute (only frameworks already imported are checked)."""
+    for top, module_name, cls_name in _IDENTITY_KEYED:
+        if top not in sys.modules:
+            continue
+        module = sys.modules.get(module_name)
+        base = getattr(module, cls_name, None) if module is not None else None
+        if isinstance(base, type) and issubclass(tp, base):
+            return True
+    return False
+
+
 def translating() -> bool:
     """True while an instantiated backend's framework is translating code (e.g. Paddle's AST
     to_static re-running a function's decorators in static mode)."""

@@ -159,6 +159,46 @@ class Backend(abc.ABC):
     def fingerprint(self, t: Any) -> str:
         """A short hash of the contents (for GRAPHJIT_DEBUG logs)."""
 
+    # -- state a call may write (warmup and verify only; never on the replay path) ----------
+    def version(self, t: Any) -> int | None:
+        """``t``'s in-place version counter, or None where it has none (a write is then found by
+        comparing contents)."""
+        return None
+
+    versions_complete: bool = False
+    """True if every in-place write bumps :meth:`version` (torch); False if some do not (Paddle's
+    ``copy_``), so that tensors whose version did not move are also compared by contents."""
+
+    def is_parameter(self, t: Any) -> bool:
+        """True for a trainable parameter (``nn.Parameter``, Paddle's ``EagerParamBase``): a step
+        graphjit captures does not write those, so they are never compared by contents."""
+        return False
+
+    def modes(self) -> tuple[Any, ...]:
+        """The framework state a result depends on (grad mode, autocast, ...), hashable and cheap:
+        it is part of every key."""
+        return ()
+
+    def describe_modes(self, modes: tuple[Any, ...]) -> str:
+        """A short label of ``modes`` for reports; empty for the framework's defaults."""
+        return ""
+
+    def rng_state(self, device: str) -> Any:
+        """The state of the random generator a call on ``device`` draws from (None: no generator)."""
+        return None
+
+    def set_rng_state(self, device: str, state: Any) -> None:  # noqa: B027 - optional: no generator, nothing to set
+        """Put back a state :meth:`rng_state` returned."""
+
+    def rng_equal(self, a: Any, b: Any) -> bool:
+        """True if two states of :meth:`rng_state` are the same (nothing was drawn in between)."""
+        return True
+
+    def rng_in_graphs(self) -> str | None:
+        """None if a replay draws new random numbers and advances the generator as eager does;
+        else why not (a key that draws random numbers then runs uncaptured with this reason)."""
+        return None
+
     # -- tracing, devices, graphs ---------------------------------------------------------
     @abc.abstractmethod
     def trace(self, fn: Callable[..., Any], tracer: str) -> Callable[..., Any]:
@@ -198,8 +238,10 @@ class Backend(abc.ABC):
         return None
 
     @contextlib.contextmanager
-    def sync_check(self) -> Iterator[None]:
-        """Raise :class:`~graphjit.errors.CaptureError` if the block synchronises CPU and GPU."""
+    def sync_watch(self, hits: list[str]) -> Iterator[None]:
+        """Append a description of every CPU-GPU synchronisation inside the block to ``hits`` (with the
+        Python file and line where the backend can tell).  Never raises for a sync: the block runs to
+        its end, so a watched call is a complete eager call."""
         yield
 
     def capture(self, fn: Callable[[], Any], device: str, pool: Any,

@@ -208,6 +208,49 @@ class PaddleBackend(Backend):
     def fingerprint(self, t: Any) -> str:
         return hashlib.blake2b(np.ascontiguousarray(_to_numpy(t)).tobytes(), digest_size=6).hexdigest()
 
+    # -- state a call may write, modes, random numbers --------------------------------------
+    versions_complete = False  # Tensor.copy_ does not bump inplace_version (seen in 3.3.1)
+
+    def version(self, t: Any) -> int | None:
+        try:
+            return int(t.inplace_version)
+        except Exception:  # a Paddle without the counter: compare contents
+            return None
+
+    def is_parameter(self, t: Any) -> bool:
+        return _PARAM_TYPE is not None and isinstance(t, _PARAM_TYPE)
+
+    def modes(self) -> tuple[Any, ...]:
+        tracer = _tracer()
+        if tracer is None:
+            return (paddle.is_grad_enabled(),)
+        return (paddle.is_grad_enabled(), str(tracer._amp_level), str(tracer._amp_dtype))
+
+    def describe_modes(self, modes: tuple[Any, ...]) -> str:
+        parts = [] if modes[0] else ["no_grad"]
+        if len(modes) == 3 and not modes[1].endswith("O0"):
+            parts.append(f"amp({modes[1].rsplit('.', 1)[-1]}, {modes[2]})")
+        return " ".join(parts)
+
+    def _generator(self, device: str) -> Any:
+        if device.startswith("cuda"):
+            return paddle.base.core.default_cuda_generator(int(device.split(":", 1)[1]) if ":" in device else 0)
+        return paddle.base.core.default_cpu_generator()
+
+    def rng_state(self, device: str) -> Any:
+        return self._generator(device).get_state()
+
+    def set_rng_state(self, device: str, state: Any) -> None:
+        self._generator(device).set_state(state)
+
+    def rng_equal(self, a: Any, b: Any) -> bool:
+        return str(a) == str(b)  # GeneratorState compares by identity; its text holds seed and offset
+
+    def rng_in_graphs(self) -> str | None:
+        return (f"the function draws random numbers, and paddle {paddle.__version__}'s random kernels take their seed "
+                "and offset from the host when they are launched, so a CUDA graph would replay the numbers drawn at "
+                "capture (Paddle re-seeds only its dropout kernels on replay)")
+
     # -- tracing ---------------------------------------------------------------------------
     def trace(self, fn: Callable[..., Any], tracer: str) -> Callable[..., Any]:
         if tracer == "eager":
@@ -277,26 +320,28 @@ class PaddleBackend(Backend):
         self._flags_set = True
 
     @contextlib.contextmanager
-    def sync_check(self) -> Iterator[None]:
+    def sync_watch(self, hits: list[str]) -> Iterator[None]:
+        """Record (never raise) every call, on this thread, of a Tensor method or function that copies
+        device memory to the host (``_SYNC_METHODS``, ``_SYNC_FUNCTIONS``) inside the block, with the
+        Python line that made it.  The methods are patched on ``paddle.Tensor`` for the block only."""
         me = threading.get_ident()
         saved: dict[str, Any] = {}
-        hits: list[str] = []
+
+        def where() -> str:
+            frame = sys._getframe(2)
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
         def guard(name: str, original: Any) -> Any:
             def patched(self_: Any, *args: Any, **kwargs: Any) -> Any:
                 if threading.get_ident() == me and self_.place.is_gpu_place():
-                    hits.append(name)
-                    raise CaptureError(f"{_SYNC_HINT} (called Tensor.{name} on a GPU tensor)",
-                                       reason="CPU-GPU sync inside the function")
+                    hits.append(f"Tensor.{name} on a GPU tensor at {where()}")
                 return original(self_, *args, **kwargs)
             return patched
 
         def guard_fn(name: str, original: Any) -> Any:
             def patched(*args: Any, **kwargs: Any) -> Any:
                 if threading.get_ident() == me:
-                    hits.append(name)
-                    raise CaptureError(f"{_SYNC_HINT} (called {name} inside the function)",
-                                       reason="CPU-GPU sync inside the function")
+                    hits.append(f"{name} at {where()}")
                 return original(*args, **kwargs)
             return patched
 
@@ -318,11 +363,6 @@ class PaddleBackend(Backend):
                 modules.append((module, attr, original))
         try:
             yield
-        except Exception as exc:
-            if hits and not isinstance(exc, CaptureError):
-                raise CaptureError(f"{_SYNC_HINT} (called {hits[0]} inside the function)",
-                                   reason="CPU-GPU sync inside the function") from exc
-            raise
         finally:
             for name, original in saved.items():
                 setattr(paddle.Tensor, name, original)
@@ -375,6 +415,17 @@ class PaddleBackend(Backend):
     def synchronize(self, device: str) -> None:
         if device.startswith("cuda"):
             paddle.device.cuda.synchronize(int(device.split(":", 1)[1]) if ":" in device else 0)
+
+
+_PARAM_TYPE: type | None = getattr(getattr(getattr(paddle, "base", None), "framework", None), "EagerParamBase", None)
+
+
+def _tracer() -> Any:
+    """Paddle's dygraph tracer, which holds the AMP level and dtype (None outside dygraph mode)."""
+    try:
+        return paddle.base.framework._dygraph_tracer()
+    except Exception:
+        return None
 
 
 def _end_quietly(graph: Any) -> bool:

@@ -170,6 +170,48 @@ class TorchBackend(Backend):
         raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
         return hashlib.blake2b(raw, digest_size=6).hexdigest()
 
+    # -- state a call may write, modes, random numbers --------------------------------------
+    versions_complete = True
+
+    def version(self, t: Any) -> int | None:
+        if t.is_inference():  # inference tensors keep no version counter
+            return None
+        return int(t._version)
+
+    def is_parameter(self, t: Any) -> bool:
+        return isinstance(t, torch.nn.Parameter)
+
+    def modes(self) -> tuple[Any, ...]:
+        autocast = _autocast_modes() if _any_autocast() else None
+        return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast,
+                torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled())
+
+    def describe_modes(self, modes: tuple[Any, ...]) -> str:
+        grad, inference, autocast, precision, deterministic = modes
+        parts = ["inference_mode" if inference else ("no_grad" if not grad else "")]
+        for device_type, enabled, dtype in autocast or ():
+            if enabled:
+                parts.append(f"autocast({device_type}, {str(dtype).replace('torch.', '')})")
+        if precision != "highest":
+            parts.append(f"fp32 matmul={precision}")
+        if deterministic:
+            parts.append("deterministic")
+        return " ".join(p for p in parts if p)
+
+    def rng_state(self, device: str) -> Any:
+        if device.startswith("cuda"):
+            return torch.cuda.default_generators[_index(device)].get_state()
+        return torch.default_generator.get_state()
+
+    def set_rng_state(self, device: str, state: Any) -> None:
+        if device.startswith("cuda"):
+            torch.cuda.default_generators[_index(device)].set_state(state)
+        else:
+            torch.default_generator.set_state(state)
+
+    def rng_equal(self, a: Any, b: Any) -> bool:
+        return bool(torch.equal(a, b))
+
     # -- tracing ---------------------------------------------------------------------------
     def trace(self, fn: Callable[..., Any], tracer: str) -> Callable[..., Any]:
         if tracer == "eager":
@@ -235,26 +277,30 @@ class TorchBackend(Backend):
         side.synchronize()
 
     @contextlib.contextmanager
-    def sync_check(self) -> Iterator[None]:
-        # torch's sync debug mode is process-wide: with other Python threads running it could fail
-        # their syncs, so it is used only in single-threaded programs.  Elsewhere the capture
-        # itself reports the sync (and is ended cleanly).
-        if threading.active_count() > 1:
+    def sync_watch(self, hits: list[str]) -> Iterator[None]:
+        """Append a description (with the Python line) of every CPU-GPU sync in the block to ``hits``;
+        the block runs to its end either way.
+
+        torch's sync debug mode is process-wide: with other Python threads running it would report
+        their syncs too, so it is used only in single-threaded programs.  Elsewhere the capture itself
+        reports the sync (and is ended cleanly)."""
+        if threading.active_count() > 1 or not torch.cuda.is_available():
             yield
             return
         previous = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings():  # torch warns that the sync debug mode is a prototype
-            warnings.simplefilter("ignore")
-            torch.cuda.set_sync_debug_mode("error")
-        try:
-            yield
-        except RuntimeError as exc:
-            if "synchronizing" in str(exc):
-                raise CaptureError(f"{_SYNC_HINT} (torch: {str(exc).splitlines()[0]})",
-                                   reason="CPU-GPU sync inside the function") from exc
-            raise
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        for w in caught:
+            text = str(w.message)
+            if "synchroniz" in text:
+                hits.append(f"{text.splitlines()[0].strip()} at {w.filename}:{w.lineno}")
+            elif "sync debug mode" not in text and "prototype" not in text:  # the user's own warnings go on
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
     def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
                       debug: bool) -> tuple[GraphHandle, Any]:
@@ -297,6 +343,19 @@ class TorchBackend(Backend):
     def synchronize(self, device: str) -> None:
         if device.startswith("cuda"):
             torch.cuda.synchronize(_index(device))
+
+
+_any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
+def _autocast_modes() -> tuple[tuple[str, bool, Any], ...]:
+    """(device type, enabled, dtype) of autocast for CUDA and the CPU (torch >= 2.4 API, older spelling
+    as the fallback)."""
+    try:
+        return tuple((d, bool(torch.is_autocast_enabled(d)), torch.get_autocast_dtype(d)) for d in ("cuda", "cpu"))
+    except TypeError:  # torch < 2.4
+        return (("cuda", bool(torch.is_autocast_enabled()), torch.get_autocast_gpu_dtype()),
+                ("cpu", bool(torch.is_autocast_cpu_enabled()), torch.get_autocast_cpu_dtype()))
 
 
 def _new_graph(keep: bool) -> Any:

@@ -1,0 +1,185 @@
+"""What a graphed function can reach: the tensors held by its arguments, its closure, the globals it
+names, and the object it is bound to.
+
+:func:`roots` lists where to look; :func:`walk` follows containers (lists, tuples, dicts) and object
+attributes (``__dict__`` and ``__slots__``, so ``nn.Module`` / ``paddle.nn.Layer`` parameters,
+buffers and submodules, cache objects, dataclasses) and returns every tensor it finds with the path
+that leads to it (``argument 'cache'.layers[0].keys``).  Two walks of the same roots, before and
+after a call, tell which tensors the call rebound (:func:`rebinds`).
+
+This runs during warmup and verify only, never on the replay path.  It sees what Python references
+lead to; a tensor that only a C extension or an unreachable module holds is not seen, and
+:attr:`Reach.truncated` says when the walk stopped at its size limit.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+Path = tuple[Any, ...]
+"""A root name followed by steps: ``("argument 'x'", (".", "layers"), ("[]", 0))``."""
+
+MAX_NODES = 200_000
+MAX_DEPTH = 64
+MAX_FUNCTIONS = 64
+
+_ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None), range, slice))
+_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+           types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType, types.MethodWrapperType,
+           types.WrapperDescriptorType, types.MethodDescriptorType, property, staticmethod, classmethod)
+
+
+@dataclass
+class Reach:
+    """The tensors one walk found."""
+
+    tensors: dict[int, tuple[Any, Path]] = field(default_factory=dict)
+    """``id(tensor) -> (tensor, the first path that leads to it)``."""
+    bindings: dict[Path, int] = field(default_factory=dict)
+    """``path -> id(tensor)`` for every path that ends at a tensor."""
+    truncated: bool = False
+    """The walk stopped at :data:`MAX_NODES` or :data:`MAX_DEPTH`: some tensors may be missing."""
+
+
+def describe(path: Path) -> str:
+    """``argument 'cache'.layers[0].keys`` for a path."""
+    root, *steps = path
+    out = [str(root)]
+    for kind, key in steps:
+        out.append(f".{key}" if kind == "." else f"[{key!r}]")
+    return "".join(out)
+
+
+def roots(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Where a call of ``fn`` may find state: ``args`` (``(name, value)`` pairs), the object ``fn``
+    is bound to (``bound``), the cells of ``fn``'s closure, and the globals its code names.  A
+    global or closure function written in Python is followed too (its own closure and globals), up
+    to :data:`MAX_FUNCTIONS` functions."""
+    out: list[tuple[str, Any]] = list(args)
+    if bound is not None:
+        out.append(("self", bound))
+    seen_fns: set[int] = set()
+    todo = [_unwrap(fn)]
+    while todo and len(seen_fns) < MAX_FUNCTIONS:
+        f = todo.pop()
+        if id(f) in seen_fns:
+            continue
+        seen_fns.add(id(f))
+        if isinstance(f, types.MethodType):
+            out.append(("self", f.__self__))
+            f = f.__func__
+        if not isinstance(f, types.FunctionType):
+            if f is not None and not isinstance(f, _OPAQUE):
+                out.append(("the callable", f))  # a callable object: its attributes are its state
+            continue
+        code = f.__code__
+        for name, cell in zip(code.co_freevars, f.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell (a name assigned after the function was made)
+                continue
+            if isinstance(value, (types.FunctionType, types.MethodType)):
+                todo.append(_unwrap(value))
+            else:
+                out.append((f"closure variable {name!r}", value))
+        g = f.__globals__
+        for name in _names(code):
+            if name not in g:
+                continue
+            value = g[name]
+            if isinstance(value, (types.FunctionType, types.MethodType)):
+                todo.append(_unwrap(value))
+            elif not isinstance(value, _OPAQUE):
+                out.append((f"global {name!r}", value))
+    return out
+
+
+def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool]) -> Reach:
+    """Every tensor reachable from ``roots_`` through containers and object attributes."""
+    reach = Reach()
+    seen: set[int] = set()
+    nodes = 0
+    stack: list[tuple[Any, Path, int]] = [(value, (name,), 0) for name, value in reversed(roots_)]
+    while stack:
+        obj, path, depth = stack.pop()
+        if is_tensor(obj):
+            reach.bindings[path] = id(obj)
+            reach.tensors.setdefault(id(obj), (obj, path))
+            continue
+        tp = type(obj)
+        if tp in _ATOMS or isinstance(obj, _OPAQUE):
+            continue
+        oid = id(obj)
+        if oid in seen:
+            continue
+        seen.add(oid)
+        nodes += 1
+        if nodes > MAX_NODES or depth > MAX_DEPTH:
+            reach.truncated = True
+            if nodes > MAX_NODES:
+                break
+            continue
+        children = _children(obj)
+        for step, child in reversed(children):
+            stack.append((child, (*path, step), depth + 1))
+    return reach
+
+
+def rebinds(before: Reach, after: Reach) -> tuple[list[Path], list[Path]]:
+    """``(rebound, added)``: paths whose tensor was replaced or removed by the call, and paths that
+    hold a tensor only after it."""
+    now = after.bindings
+    rebound = [p for p, tid in before.bindings.items() if now.get(p) != tid]
+    added = [p for p in now if p not in before.bindings]
+    return rebound, added
+
+
+def _children(obj: Any) -> list[tuple[tuple[str, Any], Any]]:
+    if isinstance(obj, (list, tuple)):
+        return [(("[]", i), v) for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        return [(("[]", k), v) for k, v in list(obj.items())]
+    if isinstance(obj, (set, frozenset)):
+        return []
+    out: list[tuple[tuple[str, Any], Any]] = []
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except (AttributeError, TypeError):
+        d = None
+    if isinstance(d, dict):
+        out.extend(((".", k), v) for k, v in list(d.items()))
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            try:
+                out.append(((".", name), object.__getattribute__(obj, name)))
+            except (AttributeError, TypeError):
+                continue
+    return out
+
+
+def _unwrap(fn: Any) -> Any:
+    """The Python function behind decorators that keep ``__wrapped__`` (functools.wraps, wrapt)."""
+    seen = 0
+    while seen < 16:
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None or inner is fn:
+            break
+        fn, seen = inner, seen + 1
+    return fn
+
+
+def _names(code: types.CodeType) -> list[str]:
+    """Global names ``code`` and the code objects nested in it refer to."""
+    names: list[str] = []
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        names.extend(c.co_names)
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return list(dict.fromkeys(names))

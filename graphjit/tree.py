@@ -1,0 +1,159 @@
+"""The tree of a call's arguments and of a function's outputs: which values are containers, and how
+to take their tensors out (:func:`collect_tensors`) and put others in (:func:`rebuild`).
+
+Containers are lists, tuples (NamedTuples keep their type), dicts, and *objects that hold tensors*:
+dataclass instances and plain objects (with ``__dict__`` or ``__slots__``) whose type does not define
+its own equality.  Their attributes are walked like a dict's values, in the order
+:func:`object_fields` lists them.  Not walked: value types (a type with its own ``__eq__`` and
+``__hash__``: ``torch.dtype``, enums, frozensets), ``nn.Module`` / ``paddle.nn.Layer`` instances
+(their tensors are state, captured by address), functions, classes and modules.
+
+The walks are module-level functions, not recursive closures: a closure that calls itself is a
+reference cycle, and it would keep the tensors it collects alive until the garbage collector runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import functools
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from . import backends
+
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_NOT_OBJECTS = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                functools.partial, enum.Enum, BaseException, *_CONTAINERS)
+_KIND: dict[type, bool] = {}
+
+
+class Attr(str):
+    """An attribute name in a leaf's label (printed ``.name``, where a subscript prints ``[key]``)."""
+
+    __slots__ = ()
+
+
+def is_object(tp: type) -> bool:
+    """True if values of type ``tp`` are walked attribute by attribute (see the module docstring)."""
+    kind = _KIND.get(tp)
+    if kind is None:
+        kind = _KIND[tp] = _classify(tp)
+    return kind
+
+
+def _classify(tp: type) -> bool:
+    if issubclass(tp, _NOT_OBJECTS) or backends.identity_keyed(tp):
+        return False
+    if dataclasses.is_dataclass(tp):
+        return True
+    has_dict = "__dict__" in dir(tp) and not tp.__dict__.get("__slots__")
+    has_slots = any(c.__dict__.get("__slots__") for c in tp.__mro__ if c is not object)
+    if not (has_dict or has_slots):
+        return False  # a C type (numpy arrays, locks, dtypes): hashed by value or identity as it says
+    return tp.__eq__ is object.__eq__ or tp.__hash__ is None  # value types stay values
+
+
+def object_fields(x: Any) -> list[tuple[Attr, Any]]:
+    """The attributes of an object that :func:`is_object` accepts, in a fixed order."""
+    if dataclasses.is_dataclass(x):
+        return [(Attr(f.name), getattr(x, f.name, None)) for f in dataclasses.fields(x)]
+    out: list[tuple[Attr, Any]] = []
+    d = getattr(x, "__dict__", None)
+    if isinstance(d, dict):
+        out.extend((Attr(k), v) for k, v in d.items())
+    for cls in type(x).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(x, name):
+                out.append((Attr(name), getattr(x, name)))
+    return out
+
+
+def collect_tensors(obj: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
+    """The tensor leaves of ``obj`` in the order :func:`rebuild` replaces them."""
+    found: list[Any] = []
+    _collect(obj, is_tensor, found, set())
+    return found
+
+
+def _collect(x: Any, is_tensor: Callable[[Any], bool], found: list[Any], visiting: set[int]) -> None:
+    if is_tensor(x):
+        found.append(x)
+    elif isinstance(x, (list, tuple)):
+        for e in x:
+            _collect(e, is_tensor, found, visiting)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _collect(v, is_tensor, found, visiting)
+    elif is_object(type(x)) and id(x) not in visiting:
+        visiting.add(id(x))
+        for _name, v in object_fields(x):
+            _collect(v, is_tensor, found, visiting)
+        visiting.discard(id(x))
+
+
+_TENSOR = object()
+
+
+def structure(obj: Any, is_tensor: Callable[[Any], bool]) -> Any:
+    """A comparable description of ``obj`` without its tensors: container and object types, keys and
+    attribute names, and the other leaves (by value when hashable, by type otherwise)."""
+    return _structure(obj, is_tensor, set())
+
+
+def _structure(x: Any, is_tensor: Callable[[Any], bool], visiting: set[int]) -> Any:
+    if is_tensor(x):
+        return _TENSOR
+    if isinstance(x, (list, tuple)):
+        return (type(x), tuple(_structure(e, is_tensor, visiting) for e in x))
+    if isinstance(x, dict):
+        return (type(x), tuple((k, _structure(v, is_tensor, visiting)) for k, v in x.items()))
+    if is_object(type(x)) and id(x) not in visiting:
+        visiting.add(id(x))
+        out = (type(x), tuple((n, _structure(v, is_tensor, visiting)) for n, v in object_fields(x)))
+        visiting.discard(id(x))
+        return out
+    try:
+        hash(x)
+    except TypeError:
+        return ("unhashable", type(x))
+    return x
+
+
+def rebuild(obj: Any, tensors: Sequence[Any], is_tensor: Callable[[Any], bool]) -> Any:
+    """``obj`` with its tensor leaves replaced, in :func:`collect_tensors` order, by ``tensors``.
+
+    Containers are rebuilt; an object is shallow-copied with the attributes that changed set on the
+    copy (the original is never modified), or returned as it is when none changed.
+    """
+    return _rebuild(obj, iter(tensors), is_tensor, set())
+
+
+def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiting: set[int]) -> Any:
+    if is_tensor(x):
+        return next(it)
+    if isinstance(x, list):
+        return [_rebuild(e, it, is_tensor, visiting) for e in x]
+    if isinstance(x, tuple):
+        items = [_rebuild(e, it, is_tensor, visiting) for e in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    if isinstance(x, dict):
+        return type(x)((k, _rebuild(v, it, is_tensor, visiting)) for k, v in x.items())
+    if is_object(type(x)) and id(x) not in visiting:
+        visiting.add(id(x))
+        changed = []
+        for name, v in object_fields(x):
+            new = _rebuild(v, it, is_tensor, visiting)
+            if new is not v:
+                changed.append((name, new))
+        visiting.discard(id(x))
+        if not changed:
+            return x
+        clone = copy.copy(x)
+        for name, new in changed:
+            object.__setattr__(clone, name, new)
+        return clone
+    return x

@@ -1,0 +1,134 @@
+"""The warmup calls of one key: each runs the function once, eagerly, as that call's result, and
+watches what it does.
+
+:func:`watched_call` runs one call and returns its result with an :class:`Observation`: the tensors
+it wrote (version counters, or contents where counters are missing), the tensors it rebound (an
+attribute or list entry that held a tensor now holds another), whether it drew random numbers, and
+whether it synchronised the CPU with the GPU.  :class:`Warmup` gathers the observations of a key's
+warmup calls and decides whether the key can be captured at all (:attr:`Warmup.blocked`) and whether
+verify can check its state (:attr:`Warmup.untracked`).
+
+Everything here runs during warmup, never on the replay path: two walks of the reachable objects and
+one version read per reachable tensor per warmup call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backends.base import Backend
+from .buffers import collect_tensors
+from .reach import Path, describe, rebinds, walk
+from .writes import WriteProbe
+
+
+@dataclass
+class Observation:
+    """What one watched call did."""
+
+    written: list[tuple[Any, Path]]
+    rebound: list[Path]
+    added: list[Path]
+    drew_random: bool
+    syncs: list[str]
+    incomplete: str | None
+
+
+@dataclass
+class Blocked:
+    """Why a key runs uncaptured: ``reason`` (counted in stats) and ``message`` (for the user)."""
+
+    reason: str
+    message: str
+
+
+@dataclass
+class Warmup:
+    """The warmup calls of one key so far."""
+
+    calls: int = 0
+    written: dict[int, tuple[Any, Path]] = field(default_factory=dict)
+    """State the calls wrote besides their tensor inputs (closure, globals, bound object, modules)."""
+    mutated_leaves: set[int] = field(default_factory=set)
+    """Indices (in the key's tensor leaves) of the inputs the calls wrote in place."""
+    drew_random: bool = False
+    untracked: str | None = None
+    blocked: Blocked | None = None
+
+    def note(self, obs: Observation, backend: Backend, outputs: Any, leaves: list[Any]) -> None:
+        """Fold one call's observation in (``leaves``: that call's tensor inputs, in key order); set
+        :attr:`blocked` if the key cannot be graphed."""
+        first = self.calls == 0
+        self.calls += 1
+        leaf_of = {id(t): i for i, t in enumerate(leaves)}
+        for t, path in obs.written:
+            i = leaf_of.get(id(t))
+            if i is not None:
+                self.mutated_leaves.add(i)
+            else:
+                self.written.setdefault(id(t), (t, path))
+        self.drew_random = self.drew_random or obs.drew_random
+        if obs.incomplete and self.untracked is None:
+            self.untracked = obs.incomplete
+        if self.blocked is not None:
+            return
+        self.blocked = _blocked(obs, backend, outputs, first)
+
+    def written_tensors(self) -> list[tuple[Any, Path]]:
+        return list(self.written.values())
+
+
+def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str, Any]], device: str, budget: int,
+                 sync_watch: bool) -> tuple[Any, Observation]:
+    """Run ``run()`` once and observe it (see the module docstring).  Exceptions of ``run`` propagate
+    unchanged; the observation is then lost with them."""
+    b = backend
+    types = b.tensor_types()
+
+    def is_tensor(x: Any) -> bool:
+        return isinstance(x, types)
+
+    before = walk(roots, is_tensor)
+    probe = WriteProbe(b, before, budget)
+    rng = b.rng_state(device)
+    syncs: list[str] = []
+    with b.sync_watch(syncs) if sync_watch else contextlib.nullcontext():
+        out = run()
+    after = walk(roots, is_tensor)
+    rebound, added = rebinds(before, after)
+    drew = rng is not None and not b.rng_equal(b.rng_state(device), rng)
+    obs = Observation(probe.written(), rebound, added, drew, syncs, probe.incomplete)
+    return out, obs
+
+
+def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked | None:
+    if obs.syncs:
+        return Blocked("CPU-GPU sync inside the function",
+                       f"the function synchronises the CPU with the GPU ({obs.syncs[0]}); a CUDA graph cannot "
+                       "contain that. Move the sync out of the graphed function or keep the value a tensor")
+    types = b.tensor_types()
+    outs = collect_tensors(outputs, lambda x: isinstance(x, types))
+    if b.grad_enabled() and any(b.requires_grad(o) for o in outs):
+        return Blocked("outputs require grad",
+                       "outputs require grad (autograd is recording through parameters or inputs that require grad). "
+                       "@graphed captures inference; call it under torch.no_grad()/paddle.no_grad() (or freeze the "
+                       "parameters), or use graphjit.graphed_layer for training")
+    if obs.rebound:
+        where = ", ".join(describe(p) for p in obs.rebound[:3]) + (" ..." if len(obs.rebound) > 3 else "")
+        return Blocked("rebinds a tensor held by an object",
+                       f"the function replaces tensors held by objects it can reach ({where}); a CUDA graph would "
+                       "keep reading and writing the old tensors (a cache that grows by concatenation does this: use "
+                       "a preallocated cache written in place, such as transformers' StaticCache)")
+    if obs.added and not first:
+        where = ", ".join(describe(p) for p in obs.added[:3]) + (" ..." if len(obs.added) > 3 else "")
+        return Blocked("adds tensors to an object on every call",
+                       f"the function stores new tensors in objects it can reach on every call ({where}); a CUDA "
+                       "graph would not do that again on replay")
+    if obs.drew_random:
+        why = b.rng_in_graphs()
+        if why is not None:
+            return Blocked("draws random numbers", why)
+    return None

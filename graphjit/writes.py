@@ -1,0 +1,113 @@
+"""Which tensors a call writes, and copies of them to put back.
+
+:class:`WriteProbe` watches one eager call: before it, it records the version counter of every
+reachable tensor (and, where counters are missing or incomplete, a copy of the contents); after it,
+the tensors whose counter moved or whose contents changed are the ones the call wrote.
+
+:class:`Snapshot` copies a set of tensors and the random generator's state, and puts both back:
+verify runs the eager reference and the graph replay from the same state with it, so the extra
+execution graphjit needs is invisible afterwards.
+
+Both run during warmup and verify only.  Their memory is bounded by ``GRAPHJIT_VERIFY_MAX_BYTES``:
+a probe that would copy more stops copying and reports itself :attr:`WriteProbe.incomplete`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .backends.base import Backend
+from .reach import Path, Reach, describe
+
+
+def tolerance(t: Any) -> float:
+    """Relative error (norm-wise) a replay may differ from eager by: kernels are the same, so this
+    only absorbs a different cuBLAS algorithm choice, never a frozen or stale value."""
+    name = str(getattr(t, "dtype", "")).lower()
+    if "16" in name or "8" in name:
+        return 2e-2
+    return 1e-4
+
+
+class WriteProbe:
+    """The writes of one call to the tensors of a :class:`~graphjit.reach.Reach`.
+
+    Guarantees: a tensor whose version counter moved is reported; with ``versions_complete`` False
+    (or for a tensor without a counter) a non-parameter tensor whose contents changed is reported
+    too, as long as the copies fit ``budget`` bytes.  Refuses nothing; :attr:`incomplete` says what
+    it could not watch.
+    """
+
+    def __init__(self, backend: Backend, reach: Reach, budget: int) -> None:
+        self.backend = backend
+        self.reach = reach
+        self.incomplete: str | None = "the walk of reachable objects stopped at its size limit" if reach.truncated \
+            else None
+        self.versions: list[tuple[Any, int]] = []
+        self.copies: list[tuple[Any, Any]] = []
+        used = 0
+        b = backend
+        for t, path in reach.tensors.values():
+            v = b.version(t)
+            if v is not None:
+                self.versions.append((t, v))
+                if b.versions_complete:
+                    continue
+            if b.is_parameter(t):
+                continue
+            n = b.nbytes(t)
+            if used + n > budget:
+                self.incomplete = (f"comparing {describe(path)} ({n} bytes) would pass GRAPHJIT_VERIFY_MAX_BYTES="
+                                   f"{budget}")
+                continue
+            used += n
+            self.copies.append((t, b.clone(t)))
+        self.copied_bytes = used
+
+    def written(self) -> list[tuple[Any, Path]]:
+        """The tensors the call wrote (call after it), with the path of each."""
+        b = self.backend
+        hit: dict[int, Any] = {}
+        for t, v in self.versions:
+            if b.version(t) != v:
+                hit[id(t)] = t
+        for t, before in self.copies:
+            if id(t) not in hit and not b.equal(t, before):
+                hit[id(t)] = t
+        self.copies = []
+        return [(t, self.reach.tensors[i][1]) for i, t in hit.items()]
+
+
+class Snapshot:
+    """Copies of ``tensors`` and of the generator state of ``device``; :meth:`restore` puts them back."""
+
+    def __init__(self, backend: Backend, tensors: Iterable[Any], device: str) -> None:
+        self.backend = backend
+        self.device = device
+        self.saved = [(t, backend.clone(t)) for t in tensors]
+        self.rng = backend.rng_state(device)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.backend.nbytes(c) for _t, c in self.saved)
+
+    def restore(self) -> None:
+        b = self.backend
+        for t, c in self.saved:
+            b.copy_(t, c)
+        if self.rng is not None:
+            b.set_rng_state(self.device, self.rng)
+
+    def differs(self, current: Sequence[Any], paths: Sequence[str]) -> str | None:
+        """Why ``current`` (one tensor per saved one, in order) is not what was saved, or None."""
+        b = self.backend
+        for (_t, want), got, path in zip(self.saved, current, paths):
+            err = b.rel_error(got, want)
+            if not err <= tolerance(want):
+                return f"the write to {path} differs from eager by {err:.3g} (relative)"
+        return None
+
+    def rng_differs(self) -> bool:
+        """True if the generator is not where it was when this snapshot was taken."""
+        return self.rng is not None and not self.backend.rng_equal(self.backend.rng_state(self.device), self.rng)

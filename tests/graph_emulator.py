@@ -1,0 +1,168 @@
+"""A CPU stand-in for torch's CUDA graphs, for CPU tests of graphjit's call lifecycle (never proof of
+GPU behaviour: the GPU tests are that).
+
+What it keeps of a real CUDA graph, since graphjit's exactly-once bookkeeping depends on it:
+
+* Capture records the aten ops of the function (a ``TorchDispatchMode``) and runs only those that
+  write nothing: an op that writes a tensor in place (``add_``, ``index_copy_``, ``copy_``, ``out=``)
+  is recorded and not run, and every other op runs with the generator put back afterwards, so a capture
+  changes no existing tensor and does not advance the generator, as a CUDA capture does.
+* Replay runs every recorded op again, in order, on the same tensor objects (inputs, intermediates and
+  outputs keep their "addresses"); functional results are copied into the tensors the capture made.
+  Python code does not run again: Python values and object attributes stay as the capture left them.
+  Random ops draw new numbers from the generator and advance it.
+* A sync (``.item()``, ``nonzero``, ``torch.equal``) inside a capture raises, as CUDA does, and is
+  reported by ``sync_watch`` during warmup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import graphjit.backends as registry
+from graphjit.backends.base import GraphHandle
+from graphjit.backends.torch import TorchBackend
+from graphjit.errors import CaptureError
+
+aten = torch.ops.aten
+SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.is_nonzero.default, aten.equal.default,
+            aten.masked_select.default, aten.allclose.default}
+
+
+def _writes(func: Any) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+
+
+def _is_view(func: Any) -> bool:
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+
+
+def _written_returns(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What an in-place / out= op returns, without running it: the arguments it writes."""
+    by_set: dict[Any, Any] = {}
+    schema = func._schema
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(a.name)
+            for s in a.alias_info.before_set:
+                by_set[s] = value
+    rets = []
+    for r in schema.returns:
+        if r.alias_info is None:
+            rets.append(None)
+        else:
+            rets.append(next((by_set[s] for s in r.alias_info.before_set if s in by_set), None))
+    if not rets:
+        return None
+    return rets[0] if len(rets) == 1 else tuple(rets)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, Any, tuple[Any, ...], dict[str, Any], Any]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in SYNC_OPS:
+            raise RuntimeError(f"operation not permitted when stream is capturing (emulated CUDA graph: {func})")
+        if _writes(func):
+            self.ops.append(("write", func, args, kwargs, None))
+            return _written_returns(func, args, kwargs)
+        state = torch.default_generator.get_state()  # a random op (rand_like has no generator argument to tell)
+        out = func(*args, **kwargs)
+        torch.default_generator.set_state(state)
+        self.ops.append(("view" if _is_view(func) else "compute", func, args, kwargs, out))
+        return out
+
+
+class EmulatedGraph(GraphHandle):
+    """The recorded ops of one capture; :meth:`replay` runs them again on the same tensors."""
+
+    def __init__(self, ops: list[tuple[str, Any, tuple[Any, ...], dict[str, Any], Any]]) -> None:
+        self.ops = ops
+        self.replays = 0
+
+    def replay(self) -> None:
+        with torch.no_grad():
+            for kind, func, args, kwargs, out in self.ops:
+                if kind == "view":
+                    continue
+                res = func(*args, **kwargs)
+                if kind == "compute":
+                    got, _ = tree_flatten(res)
+                    want, _ = tree_flatten(out)
+                    for dst, src in zip(want, got):
+                        if isinstance(dst, torch.Tensor) and dst is not src:
+                            dst.copy_(src)
+        self.replays += 1
+
+    def reset(self) -> None:
+        self.ops = []
+
+
+class _SyncWatch(TorchDispatchMode):
+    def __init__(self, hits: list[str]) -> None:
+        super().__init__()
+        self.hits = hits
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if func in SYNC_OPS:
+            frame = next((f for f in reversed(traceback.extract_stack()[:-1])
+                          if "torch" not in f.filename and "graph_emulator" not in f.filename), None)
+            where = f"{frame.filename}:{frame.lineno}" if frame else "?"
+            self.hits.append(f"{func} at {where}")
+        return func(*args, **(kwargs or {}))
+
+
+class EmulatedTorchBackend(TorchBackend):
+    """The torch backend with :class:`EmulatedGraph` captures for CPU tensors."""
+
+    def graphs_unavailable(self, device: str) -> str | None:
+        return None if device == "cpu" else "the emulated backend captures CPU tensors only"
+
+    def new_pool(self, device: str) -> Any:
+        return None
+
+    def device_guard(self, device: str) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def synchronize(self, device: str) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def sync_watch(self, hits: list[str]) -> Iterator[None]:
+        with _SyncWatch(hits):
+            yield
+
+    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any, debug: bool) -> tuple[GraphHandle, Any]:
+        rec = _Recorder()
+        try:
+            with rec:
+                out = fn()
+        except RuntimeError as exc:
+            first = str(exc).splitlines()[0]
+            raise CaptureError(f"capture failed: {first}", reason="capture failed: " + first[:120]) from exc
+        return EmulatedGraph(rec.ops), out
+
+
+@contextlib.contextmanager
+def emulated_torch() -> Iterator[EmulatedTorchBackend]:
+    """graphjit's torch backend replaced by :class:`EmulatedTorchBackend` for the block."""
+    registry.get("torch")
+    saved = registry._instances["torch"]
+    emulated = EmulatedTorchBackend()
+    registry._instances["torch"] = emulated
+    registry._by_type.clear()
+    try:
+        yield emulated
+    finally:
+        registry._instances["torch"] = saved
+        registry._by_type.clear()

@@ -1,0 +1,303 @@
+"""Every graphed call acts like exactly one eager call: the lifecycle on CPU, through the emulated
+CUDA graph of tests/graph_emulator.py (capture runs no write, replay redoes the tensor work and no
+Python).  The same promises on a real GPU: tests/test_gpu_exactly_once.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import graphjit  # noqa: E402
+from graph_emulator import emulated_torch  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture
+def emu():
+    with emulated_torch() as backend:
+        yield backend
+
+
+def _counter_step():
+    """A step that advances a tensor it closes over and writes a cache at it (transformers' StaticCache
+    does this with its cumulative_length)."""
+    counter = torch.zeros((), dtype=torch.long)
+    cache = torch.zeros(32, 4)
+    w = torch.randn(4, 4)
+
+    def step(x):
+        counter.add_(1)
+        cache.index_copy_(0, counter.view(1) - 1, x @ w)
+        return cache.sum(0) * 2
+
+    return step, counter, cache
+
+
+def _eager_reference(n_calls, xs):
+    torch.manual_seed(0)
+    step, counter, cache = _counter_step()
+    return [step(x) for x in xs[:n_calls]], counter.clone(), cache.clone()
+
+
+def _graphed_run(xs, **options):
+    torch.manual_seed(0)
+    step, counter, cache = _counter_step()
+    g = graphjit.graphed(step, **options)
+    return g, [g(x) for x in xs], counter, cache
+
+
+def _inputs(n=20):
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randn(1, 4, generator=gen) for _ in range(n)]
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
+
+
+def test_closed_over_counter_advances_once_per_call(emu):
+    xs = _inputs()
+    want, want_counter, want_cache = _eager_reference(20, xs)
+    g, got, counter, cache = _graphed_run(xs)
+    assert int(counter) == 20 == int(want_counter)
+    assert torch.equal(cache, want_cache)
+    assert _same(got, want)
+    s = g.stats()
+    assert s["graphs"] == 1 and s["replays"] == 18 and s["keys"][0]["warmups"] == 2
+    assert s["keys"][0]["verify"] == "passed"
+    assert s["fallbacks"] == {}
+
+
+def test_inside_capture_scope_one_call_does_everything_once(emu):
+    xs = _inputs()
+    want, want_counter, want_cache = _eager_reference(20, xs)
+    torch.manual_seed(0)
+    step, counter, cache = _counter_step()
+    g = graphjit.graphed(step, warmup=3)
+    with graphjit.capture_scope(progress=False):
+        first = g(xs[0])
+    assert int(counter) == 1  # the scope's call ran once, its extra warmups were undone
+    rest = [g(x) for x in xs[1:]]
+    assert int(counter) == 20
+    assert torch.equal(cache, want_cache)
+    assert _same([first, *rest], want)
+    assert g.stats()["replays"] == 19
+
+
+def test_a_failed_verify_leaves_one_execution(emu):
+    """A Python value the graph would freeze: verify fails, the key falls back, and the state is still
+    that of one eager call per call."""
+    xs = _inputs(8)
+
+    def make():
+        box = {"n": 0}
+        counter = torch.zeros(())
+
+        def step(x):
+            box["n"] += 1
+            counter.add_(1)
+            return x * box["n"] + counter
+
+        return step, counter, box
+
+    step, counter, box = make()
+    want = [step(x) for x in xs]
+    step, counter, box = make()
+    g = graphjit.graphed(step)
+    got = [g(x) for x in xs]
+    assert float(counter) == 8
+    assert _same(got[:2], want[:2])  # the warmup calls
+    for a, b in zip(got, want):  # the Python counter ran once more in the capture: the tensor state did not
+        assert a.shape == b.shape
+    s = g.stats()
+    assert s["graphs"] == 0 and s["keys"][0]["verify"] == "failed"
+    assert s["fallbacks"]["verify failed"] == 6
+
+
+def test_a_failed_capture_leaves_one_execution(emu):
+    xs = _inputs(6)
+    counter = torch.zeros(())
+
+    def step(x):
+        counter.add_(1)
+        if graphjit.scope.phase() == "capture":
+            float(x.sum())  # a sync only the capture sees
+        return x + counter
+
+    g = graphjit.graphed(step)
+    got = [g(x) for x in xs]
+    assert float(counter) == 6
+    assert _same(got, [x + float(i + 1) for i, x in enumerate(xs)])
+    s = g.stats()
+    assert s["graphs"] == 0 and any(r.startswith("capture failed") for r in s["fallbacks"])
+
+
+def test_strict_mode_raises_after_exactly_one_execution(emu):
+    counter = torch.zeros(())
+
+    def step(x):
+        counter.add_(1)
+        return x * float(x.sum())  # a sync: found by the warmup watch
+
+    g = graphjit.graphed(step, strict=True)
+    x = torch.ones(3)
+    with pytest.raises(graphjit.CaptureError) as info:
+        g(x)
+    assert info.value.executed and info.value.reason == "CPU-GPU sync inside the function"
+    assert torch.equal(info.value.result, x * 3)
+    assert float(counter) == 1
+    assert "test_exactly_once.py" in str(info.value)  # the line of the sync
+
+
+@dataclasses.dataclass
+class Cache:
+    keys: torch.Tensor
+    length: torch.Tensor
+    note: str = "kv"
+
+
+def test_an_argument_object_holding_tensors_is_walked_like_a_container(emu):
+    def step(x, cache):
+        cache.keys.index_copy_(0, cache.length.view(1), x)
+        cache.length.add_(1)
+        return cache.keys.sum(0)
+
+    g = graphjit.graphed(step)
+    a = Cache(torch.zeros(16, 4), torch.zeros((), dtype=torch.long))
+    ref = Cache(torch.zeros(16, 4), torch.zeros((), dtype=torch.long))
+    xs = _inputs(10)
+    for x in xs:
+        assert torch.equal(g(x, a), step(x, ref))
+    assert torch.equal(a.keys, ref.keys) and int(a.length) == 10
+    s = g.stats()
+    assert s["graphs"] == 1 and s["replays"] == 8
+    assert "cache.keys[16, 4]" in s["keys"][0]["key"]
+    # Another object of the same shapes is the same key: its tensors are inputs, copied in and back.
+    b = Cache(torch.zeros(16, 4), torch.zeros((), dtype=torch.long))
+    ref_b = Cache(torch.zeros(16, 4), torch.zeros((), dtype=torch.long))
+    for x in xs[:5]:
+        assert torch.equal(g(x, b), step(x, ref_b))
+    assert torch.equal(b.keys, ref_b.keys) and int(b.length) == 5
+    assert torch.equal(a.keys, ref.keys)  # the first object is not written any more
+    # A different non-tensor attribute is a different key.
+    c = Cache(torch.zeros(16, 4), torch.zeros((), dtype=torch.long), note="other")
+    g(xs[0], c)
+    assert len(g.stats()["keys"]) == 2
+
+
+class GrowingCache:
+    """transformers' DynamicCache in miniature: concatenation rebinds the tensor every call."""
+
+    def __init__(self):
+        self.keys = torch.zeros(0, 4)
+
+
+def test_a_rebound_tensor_runs_uncaptured_and_says_where(emu):
+    def step(x, cache):
+        cache.keys = torch.cat([cache.keys, x])
+        return cache.keys.sum(0)
+
+    g = graphjit.graphed(step)
+    c, ref = GrowingCache(), GrowingCache()
+    for x in _inputs(6):
+        assert torch.equal(g(x, c), step(x, ref))
+    assert torch.equal(c.keys, ref.keys)
+    s = g.stats()
+    assert s["graphs"] == 0
+    assert sum(s["fallbacks"].values()) == 5 and "rebinds a tensor held by an object" in s["fallbacks"]
+    assert "argument 'cache'.keys" in g.report()
+
+
+def test_a_closed_over_object_that_rebinds_is_found_too(emu):
+    holder = GrowingCache()
+
+    def step(x):
+        holder.keys = torch.cat([holder.keys, x])
+        return holder.keys.sum(0)
+
+    g = graphjit.graphed(step)
+    for x in _inputs(4):
+        g(x)
+    assert holder.keys.shape == (4, 4)
+    assert "closure variable 'holder'.keys" in g.report()
+
+
+def test_grad_mode_is_part_of_the_key(emu):
+    lin = torch.nn.Linear(4, 4)
+    g = graphjit.graphed(lambda x: lin(x))
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(4):
+            g(x)
+    out = g(x)  # grad enabled: another key, eager, with a grad_fn
+    assert out.grad_fn is not None
+    keys = {k["key"]: k for k in g.stats()["keys"]}
+    assert any("no_grad" in k for k in keys)
+    assert len(keys) == 2
+
+
+def test_autocast_is_part_of_the_key(emu):
+    w = torch.randn(4, 4)
+    g = graphjit.graphed(lambda x: x @ w)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            assert g(x).dtype == torch.float32
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert g(x).dtype == torch.bfloat16
+    labels = [k["key"] for k in g.stats()["keys"]]
+    assert any("autocast(cpu, bfloat16)" in k for k in labels)
+
+
+def test_random_numbers_are_drawn_anew_on_every_replay_as_eager_draws_them(emu):
+    def step(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+    x = torch.ones(64)
+    torch.manual_seed(7)
+    want = [step(x) for _ in range(12)]
+    after_eager = torch.rand(3)
+    g = graphjit.graphed(step)
+    torch.manual_seed(7)
+    got = [g(x) for _ in range(12)]
+    assert torch.equal(torch.rand(3), after_eager)  # the generator advanced exactly as eager's
+    assert _same(got, want)
+    assert len({tuple(t.tolist()) for t in got}) == 12
+    assert g.stats()["replays"] == 10
+    torch.manual_seed(7)  # seeding between calls acts as in eager
+    assert torch.equal(g(x), want[0])
+
+
+def test_verify_over_its_memory_budget_is_skipped_and_counted(emu, monkeypatch):
+    monkeypatch.setenv("GRAPHJIT_VERIFY_MAX_BYTES", "16")
+    graphjit.refresh_env()
+    xs = _inputs(6)
+    want, want_counter, want_cache = _eager_reference(6, xs)
+    g, got, counter, cache = _graphed_run(xs)
+    assert int(counter) == 6 and torch.equal(cache, want_cache) and _same(got, want)
+    s = g.stats()
+    assert s["graphs"] == 1 and s["keys"][0]["verify"].startswith("skipped")
+    assert sum(s["verify_skipped"].values()) == 1
+    assert "captured without verify" in g.report()
+
+
+def test_a_python_counter_the_output_depends_on_never_replays_frozen(emu):
+    class Step:
+        def __init__(self):
+            self.n = 0
+
+        def __call__(self, x):
+            self.n += 1
+            return x + self.n
+
+    s = Step()
+    g = graphjit.graphed(s)
+    x = torch.zeros(2)
+    outs = [float(g(x)[0]) for _ in range(6)]
+    assert outs[:2] == [1.0, 2.0]
+    assert len(set(outs)) == len(outs)  # never a frozen value twice
+    assert g.stats()["graphs"] == 0

@@ -1,0 +1,213 @@
+"""What a call writes, rebinds and draws, found by graphjit.reach / writes / warmup, for both frameworks;
+and the framework modes that are part of every key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import graphjit
+from graphjit import backends, reach
+from graphjit.warmup import Warmup, watched_call
+from graphjit.writes import Snapshot, WriteProbe
+
+BUDGET = 1 << 30
+
+
+def _fw(name):
+    return pytest.importorskip(name)
+
+
+def _tensor_fns(name):
+    if name == "torch":
+        torch = _fw("torch")
+        return torch, (lambda *s: torch.zeros(*s)), (lambda t: t.add_(1)), (lambda d, s: d.copy_(s))
+    paddle = _fw("paddle")
+    return paddle, (lambda *s: paddle.zeros(list(s))), (lambda t: t.add_(paddle.ones_like(t))), \
+        (lambda d, s: d.copy_(s, False))
+
+
+FRAMEWORKS = [pytest.param("torch", marks=pytest.mark.torch), pytest.param("paddle", marks=pytest.mark.paddle)]
+
+
+@dataclasses.dataclass
+class Holder:
+    a: object
+    b: object
+    label: str = "h"
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_walk_finds_tensors_in_closures_globals_objects_and_names_their_paths(name):
+    fw, zeros, _inc, _copy = _tensor_fns(name)
+    cache = Holder(zeros(2), [zeros(3), {"k": zeros(4)}])
+    state = zeros(1)
+
+    def helper():
+        return GLOBAL_STATE
+
+    def fn(x):
+        helper()
+        return x + state + cache.a
+
+    globals()["GLOBAL_STATE"] = zeros(5)
+    try:
+        b = backends.get(name)
+        found = reach.walk(reach.roots(fn, None, [("argument 'x'", zeros(6))]), lambda t: isinstance(t, b.tensor_types()))
+        paths = sorted(reach.describe(p) for _t, p in found.tensors.values())
+        assert paths == sorted(["argument 'x'", "closure variable 'cache'.a", "closure variable 'cache'.b[0]",
+                                "closure variable 'cache'.b[1]['k']", "closure variable 'state'",
+                                "global 'GLOBAL_STATE'"])
+        assert not found.truncated
+    finally:
+        del globals()["GLOBAL_STATE"]
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_write_probe_finds_in_place_writes_and_copies(name):
+    fw, zeros, inc, copy = _tensor_fns(name)
+    t1, t2, t3 = zeros(3), zeros(3), zeros(3)
+    b = backends.get(name)
+    r = reach.walk([("a", t1), ("b", t2), ("c", t3)], lambda t: isinstance(t, b.tensor_types()))
+    probe = WriteProbe(b, r, BUDGET)
+    inc(t1)
+    copy(t2, t1)  # Paddle's copy_ moves no version counter: found by contents
+    written = sorted(reach.describe(p) for _t, p in probe.written())
+    assert written == ["a", "b"]
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_snapshot_restores_tensors_and_the_generator(name):
+    fw, zeros, inc, _copy = _tensor_fns(name)
+    b = backends.get(name)
+    t = zeros(3)
+    snap = Snapshot(b, [t], "cpu")
+    inc(t)
+    first = fw.rand([4])
+    assert snap.rng_differs()
+    snap.restore()
+    assert not snap.rng_differs()
+    assert b.equal(t, zeros(3))
+    assert b.equal(fw.rand([4]), first)  # the same numbers again: the generator was put back
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_watched_call_reports_rebinds_additions_and_random_draws(name):
+    fw, zeros, _inc, _copy = _tensor_fns(name)
+    b = backends.get(name)
+    h = Holder(zeros(2), None)
+
+    def grow():
+        h.a = fw.concat([h.a, zeros(1)]) if name == "paddle" else fw.cat([h.a, zeros(1)])
+        h.b = zeros(1)
+        return fw.rand([2])
+
+    out, obs = watched_call(b, grow, [("argument 'h'", h)], "cpu", BUDGET, sync_watch=False)
+    assert [reach.describe(p) for p in obs.rebound] == ["argument 'h'.a"]
+    assert [reach.describe(p) for p in obs.added] == ["argument 'h'.b"]
+    assert obs.drew_random
+    warm = Warmup()
+    warm.note(obs, b, out, [])
+    assert warm.blocked is not None and warm.blocked.reason == "rebinds a tensor held by an object"
+    assert "argument 'h'.a" in warm.blocked.message
+
+
+def test_paddle_random_draws_block_the_key_with_paddles_reason():
+    paddle = _fw("paddle")
+    b = backends.get("paddle")
+    out, obs = watched_call(b, lambda: paddle.rand([3]), [], "cpu", BUDGET, sync_watch=False)
+    warm = Warmup()
+    warm.note(obs, b, out, [])
+    assert warm.blocked is not None and warm.blocked.reason == "draws random numbers"
+    assert "seed and offset" in warm.blocked.message
+
+
+def test_torch_random_draws_do_not_block():
+    torch = _fw("torch")
+    b = backends.get("torch")
+    out, obs = watched_call(b, lambda: torch.rand(3), [], "cpu", BUDGET, sync_watch=False)
+    warm = Warmup()
+    warm.note(obs, b, out, [])
+    assert obs.drew_random and warm.blocked is None
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_writes_to_inputs_are_mutated_leaves_and_others_are_state(name):
+    fw, zeros, inc, _copy = _tensor_fns(name)
+    b = backends.get(name)
+    x, state = zeros(2), zeros(2)
+
+    def run():
+        inc(x)
+        inc(state)
+
+    _out, obs = watched_call(b, run, [("argument 'x'", x), ("global 'state'", state)], "cpu", BUDGET, False)
+    warm = Warmup()
+    warm.note(obs, b, None, [x])
+    assert warm.mutated_leaves == {0}
+    assert [reach.describe(p) for _t, p in warm.written_tensors()] == ["global 'state'"]
+
+
+def test_paddle_content_probe_respects_the_budget():
+    paddle = _fw("paddle")
+    b = backends.get("paddle")
+    t = paddle.zeros([1024])
+    probe = WriteProbe(b, reach.walk([("big", t)], lambda x: isinstance(x, paddle.Tensor)), budget=16)
+    assert probe.incomplete is not None and "GRAPHJIT_VERIFY_MAX_BYTES" in probe.incomplete
+
+
+def test_torch_modes_are_part_of_the_key_and_shown_in_labels():
+    torch = _fw("torch")
+    g = graphjit.graphed(lambda x: x * 2)
+    x = torch.ones(2)
+    g(x)
+    with torch.no_grad():
+        g(x)
+    with torch.inference_mode():
+        g(x)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        g(x)
+    labels = sorted(k["key"] for k in g.stats()["keys"])
+    assert len(labels) == 4
+    assert any(label.endswith("float32@cpu") for label in labels)  # the default mode shows nothing
+    assert any("inference_mode" in label for label in labels)
+    assert any("no_grad autocast(cpu, bfloat16)" in label for label in labels)
+
+
+def test_paddle_modes_are_part_of_the_key_and_shown_in_labels():
+    paddle = _fw("paddle")
+    g = graphjit.graphed(lambda x: x * 2, tracer="eager")
+    x = paddle.ones([2])
+    g(x)
+    with paddle.no_grad():
+        g(x)
+    labels = sorted(k["key"] for k in g.stats()["keys"])
+    assert len(labels) == 2 and any("no_grad" in label for label in labels)
+    b = backends.get("paddle")
+    tracer = paddle.base.framework._dygraph_tracer()
+    saved = (tracer._amp_level, tracer._amp_dtype)
+    try:  # AMP has no effect on a CPU place; set the tracer's state as auto_cast would on a GPU
+        tracer._amp_level = paddle.base.core.AmpLevel.O1
+        tracer._amp_dtype = "bfloat16"
+        amp = b.modes()
+    finally:
+        tracer._amp_level, tracer._amp_dtype = saved
+    assert amp != b.modes()
+    assert b.describe_modes(amp) == "amp(O1, bfloat16)"
+
+
+def test_an_object_argument_is_keyed_by_its_tensors_and_attributes():
+    torch = _fw("torch")
+    from graphjit.keys import Signer
+
+    def f(x, h):
+        return x
+
+    s = Signer(f, None, "auto", "f")
+    a = s.sign(None, (torch.ones(2), Holder(torch.ones(3), 1)), {})
+    b = s.sign(None, (torch.ones(2), Holder(torch.zeros(3), 1)), {})
+    c = s.sign(None, (torch.ones(2), Holder(torch.ones(4), 1)), {})
+    d = s.sign(None, (torch.ones(2), Holder(torch.ones(3), 2)), {})
+    assert a.key == b.key and a.key != c.key and a.key != d.key
+    assert len(a.tensors) == 2 and a.paths[1] == "argument 'h'.a"
