@@ -371,10 +371,25 @@ class _WalkState:
         if oid in self.visiting:  # a reference back to an object on the current path
             return (tp, "cycle")
         self.visiting.add(oid)
+        parts: list[Any] = [tp]
+        by_type = backends.cached_type_lookup
         try:
-            return (tp, tuple((name, self.leaf(v, (*label, name), tensors, labels)) for name, v in object_fields(x)))
+            for name, v in object_fields(x):  # the common leaves inline: this is on the replay path
+                vt = type(v)
+                if vt in _SCALARS:
+                    parts.append((name, vt, v))
+                    continue
+                b = by_type(vt, _MISSING)
+                if b is not _MISSING and b is not None and b is self.backend:
+                    assert b is not None  # checked above; `is self.backend` re-widens it to Backend | None
+                    tensors.append(v)
+                    labels.append((*label, Attr(name)))
+                    parts.append((name, b.meta_key(v)))
+                    continue
+                parts.append((name, self.leaf(v, (*label, Attr(name)), tensors, labels)))
         finally:
             self.visiting.discard(oid)
+        return tuple(parts)
 
 
 __all__ = ["CallSignature", "Pad", "Signer", "rebuild", "rebuild_call"]

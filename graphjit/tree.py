@@ -56,19 +56,40 @@ def _classify(tp: type) -> bool:
     return tp.__eq__ is object.__eq__ or tp.__hash__ is None  # value types stay values
 
 
-def object_fields(x: Any) -> list[tuple[Attr, Any]]:
+_LAYOUT: dict[type, tuple[bool, tuple[str, ...]]] = {}
+
+
+def _layout(tp: type) -> tuple[bool, tuple[str, ...]]:
+    """``(read __dict__, fixed attribute names)`` of an object type: a dataclass's fields, else the
+    instance dict followed by the ``__slots__`` of the class and its bases."""
+    layout = _LAYOUT.get(tp)
+    if layout is None:
+        if dataclasses.is_dataclass(tp):
+            layout = (False, tuple(f.name for f in dataclasses.fields(tp)))
+        else:
+            slots: list[str] = []
+            for cls in tp.__mro__:
+                own = cls.__dict__.get("__slots__", ())
+                names = (own,) if isinstance(own, str) else own
+                slots.extend(n for n in names if n not in ("__dict__", "__weakref__"))
+            layout = ("__dict__" in dir(tp), tuple(slots))
+        _LAYOUT[tp] = layout
+    return layout
+
+
+def object_fields(x: Any) -> list[tuple[str, Any]]:
     """The attributes of an object that :func:`is_object` accepts, in a fixed order."""
-    if dataclasses.is_dataclass(x):
-        return [(Attr(f.name), getattr(x, f.name, None)) for f in dataclasses.fields(x)]
-    out: list[tuple[Attr, Any]] = []
-    d = getattr(x, "__dict__", None)
-    if isinstance(d, dict):
-        out.extend((Attr(k), v) for k, v in d.items())
-    for cls in type(x).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name not in ("__dict__", "__weakref__") and hasattr(x, name):
-                out.append((Attr(name), getattr(x, name)))
+    use_dict, names = _layout(type(x))
+    out: list[tuple[str, Any]] = []
+    if use_dict:
+        d = getattr(x, "__dict__", None)
+        if isinstance(d, dict):
+            out.extend(d.items())
+    for name in names:
+        try:
+            out.append((name, getattr(x, name)))
+        except AttributeError:  # an unset slot
+            continue
     return out
 
 

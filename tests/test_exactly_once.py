@@ -10,8 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import graphjit  # noqa: E402
 from graph_emulator import emulated_torch  # noqa: E402
+
+import graphjit  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -74,7 +75,7 @@ def test_closed_over_counter_advances_once_per_call(emu):
 
 def test_inside_capture_scope_one_call_does_everything_once(emu):
     xs = _inputs()
-    want, want_counter, want_cache = _eager_reference(20, xs)
+    want, _want_counter, want_cache = _eager_reference(20, xs)
     torch.manual_seed(0)
     step, counter, cache = _counter_step()
     g = graphjit.graphed(step, warmup=3)
@@ -104,9 +105,9 @@ def test_a_failed_verify_leaves_one_execution(emu):
 
         return step, counter, box
 
-    step, counter, box = make()
+    step, _counter, _box = make()
     want = [step(x) for x in xs]
-    step, counter, box = make()
+    step, counter, _box = make()
     g = graphjit.graphed(step)
     got = [g(x) for x in xs]
     assert float(counter) == 8
@@ -276,7 +277,7 @@ def test_verify_over_its_memory_budget_is_skipped_and_counted(emu, monkeypatch):
     monkeypatch.setenv("GRAPHJIT_VERIFY_MAX_BYTES", "16")
     graphjit.refresh_env()
     xs = _inputs(6)
-    want, want_counter, want_cache = _eager_reference(6, xs)
+    want, _want_counter, want_cache = _eager_reference(6, xs)
     g, got, counter, cache = _graphed_run(xs)
     assert int(counter) == 6 and torch.equal(cache, want_cache) and _same(got, want)
     s = g.stats()

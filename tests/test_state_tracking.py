@@ -40,12 +40,12 @@ class Holder:
 
 @pytest.mark.parametrize("name", FRAMEWORKS)
 def test_walk_finds_tensors_in_closures_globals_objects_and_names_their_paths(name):
-    fw, zeros, _inc, _copy = _tensor_fns(name)
+    _fw_mod, zeros, _inc, _copy = _tensor_fns(name)
     cache = Holder(zeros(2), [zeros(3), {"k": zeros(4)}])
     state = zeros(1)
 
     def helper():
-        return GLOBAL_STATE
+        return GLOBAL_STATE  # noqa: F821 - set below, for the walk to find
 
     def fn(x):
         helper()
@@ -54,7 +54,8 @@ def test_walk_finds_tensors_in_closures_globals_objects_and_names_their_paths(na
     globals()["GLOBAL_STATE"] = zeros(5)
     try:
         b = backends.get(name)
-        found = reach.walk(reach.roots(fn, None, [("argument 'x'", zeros(6))]), lambda t: isinstance(t, b.tensor_types()))
+        roots = reach.roots(fn, None, [("argument 'x'", zeros(6))])
+        found = reach.walk(roots, lambda t: isinstance(t, b.tensor_types()))
         paths = sorted(reach.describe(p) for _t, p in found.tensors.values())
         assert paths == sorted(["argument 'x'", "closure variable 'cache'.a", "closure variable 'cache'.b[0]",
                                 "closure variable 'cache'.b[1]['k']", "closure variable 'state'",
@@ -66,7 +67,7 @@ def test_walk_finds_tensors_in_closures_globals_objects_and_names_their_paths(na
 
 @pytest.mark.parametrize("name", FRAMEWORKS)
 def test_write_probe_finds_in_place_writes_and_copies(name):
-    fw, zeros, inc, copy = _tensor_fns(name)
+    _fw_mod, zeros, inc, copy = _tensor_fns(name)
     t1, t2, t3 = zeros(3), zeros(3), zeros(3)
     b = backends.get(name)
     r = reach.walk([("a", t1), ("b", t2), ("c", t3)], lambda t: isinstance(t, b.tensor_types()))
@@ -134,7 +135,7 @@ def test_torch_random_draws_do_not_block():
 
 @pytest.mark.parametrize("name", FRAMEWORKS)
 def test_writes_to_inputs_are_mutated_leaves_and_others_are_state(name):
-    fw, zeros, inc, _copy = _tensor_fns(name)
+    _fw_mod, zeros, inc, _copy = _tensor_fns(name)
     b = backends.get(name)
     x, state = zeros(2), zeros(2)
 
