@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "paddlepaddle==3.3.1" "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q -e ".[test,bench,hf]"
 	touch $(STAMP)
 
 install: $(STAMP)

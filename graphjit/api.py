@@ -333,7 +333,7 @@ class _State:
                 return self.replay(entry, sig, settings, instance, args, kwargs)
             if self.blocked_fn is not None:
                 st = self.key_stats(backend, sig)
-                st.state, st.reason = State.FALLBACK, self.blocked_fn.message
+                st.state, st.reason, st.detail = State.FALLBACK, self.blocked_fn.reason, self.blocked_fn.message
                 return self.fallback(self.blocked_fn.reason, backend, instance, args, kwargs, sig.key)
             warm = self.warming.get(sig.key)
             if warm is None:
@@ -419,7 +419,7 @@ class _State:
         st = self.key_stats(backend, sig)
         self.failed[sig.key] = blocked.reason
         self.warming.pop(sig.key, None)
-        st.state, st.reason = State.FALLBACK, blocked.message
+        st.state, st.reason, st.detail = State.FALLBACK, blocked.reason, blocked.message
         if blocked.reason in FUNCTION_WIDE:
             self.blocked_fn = blocked
         active = scope_mod.current()
@@ -507,7 +507,7 @@ class _State:
         one eager execution (already run, or run now)."""
         self.failed[sig.key] = exc.reason
         self.warming.pop(sig.key, None)
-        st.state, st.reason = State.FALLBACK, str(exc)
+        st.state, st.reason, st.detail = State.FALLBACK, exc.reason, str(exc)
         active = scope_mod.current()
         if active is not None:
             active.note_capture(self.name, st.label, 0.0, ok=False, reason=exc.reason)

@@ -38,7 +38,8 @@ class KeyStats:
     pool_bytes: int = 0
     input_copies: int = 0
     copy_backs: int = 0
-    reason: str | None = None
+    reason: str | None = None  # short: the reason its calls are counted under
+    detail: str | None = None  # the full message (what happened and what to do)
     verify: str | None = None  # "passed", "off", "failed" or "skipped: why"
     state_bytes: int = 0  # bytes of the reachable tensors the function writes (what verify copies, twice)
 
@@ -55,6 +56,7 @@ class KeyStats:
             "input_copies": self.input_copies,
             "copy_backs": self.copy_backs,
             "reason": self.reason,
+            "detail": self.detail,
             "verify": self.verify,
             "state_bytes": self.state_bytes,
         }
@@ -98,10 +100,14 @@ class FunctionStats:
             lines.append(f"  fallback x{n}: {reason}")
         for reason, n in sorted(self.verify_skipped.items(), key=lambda item: -item[1]):
             lines.append(f"  captured without verify x{n}: {reason}")
+        details: dict[str, str] = {}
         for k in keys_sorted(self.keys.values()):
             lines.append(
                 f"  [{k.state.value:8s}] {k.label}  captures={k.captures} replays={k.replays}"
                 f" capture_ms={k.capture_ms:.1f}" + (f"  reason: {k.reason}" if k.reason else ""))
+            if k.reason and k.detail:
+                details.setdefault(k.reason, k.detail)
+        lines.extend(f"  why {reason!r}: {detail}" for reason, detail in details.items())
         return "\n".join(lines)
 
 

@@ -77,7 +77,8 @@ def test_tracers_capture_and_replay_on_new_inputs(rng, tracer):
             assert rel(got, ref(x_np, y_np)) < TF32, (tracer, i)
             assert rel(got, chain(x, y).numpy()) < 1e-6, (tracer, i)  # same kernels as eager
     s = step.stats()
-    assert s["graphs"] == 1 and s["replays"] == 6 and not s["fallbacks"], s
+    # 2 warmup calls (eager, on the caller's tensors), then the capturing call's replay and 3 more
+    assert s["graphs"] == 1 and s["replays"] == 4 and not s["fallbacks"], s
 
 
 def test_outputs_copy_are_fresh_and_alias_are_static(rng):
@@ -90,6 +91,8 @@ def test_outputs_copy_are_fresh_and_alias_are_static(rng):
         y = T(y_np)
         c1, c2 = copy_step(T(xs[0]), y), copy_step(T(xs[1]), y)
         assert rel(c1.numpy(), ref(xs[0], y_np)) < TF32 and rel(c2.numpy(), ref(xs[1], y_np)) < TF32
+        for _ in range(2):  # the warmup calls return eager outputs
+            alias_step(T(xs[0]), y)
         a1 = alias_step(T(xs[0]), y)
         a2 = alias_step(T(xs[1]), y)
         assert a1.data_ptr() == a2.data_ptr()
@@ -103,6 +106,8 @@ def test_alias_poisoning_with_check_outputs(rng, monkeypatch):
     step = graphjit.graphed(chain, tracer="eager", outputs="alias")
     y = T(rng.standard_normal((128, 8)))
     with paddle.no_grad():
+        for _ in range(2):  # the warmup calls return eager outputs
+            step(T(rng.standard_normal((4, 128))), y)
         a = step(T(rng.standard_normal((4, 128))), y)
         b = step(T(rng.standard_normal((4, 128))), y)
     assert np.isnan(a.numpy()).all() and not np.isnan(b.numpy()).any()
@@ -154,7 +159,7 @@ def test_sync_falls_back_and_process_exits_cleanly():
             print("FALLBACKS", s["fallbacks"], flush=True)
             assert s["fallbacks"] == {"CPU-GPU sync inside the function": 2}, s
             g = graphjit.graphed(lambda x: paddle.matmul(x, x), tracer="eager")
-            for _ in range(3):
+            for _ in range(5):
                 assert np.allclose(g(x).numpy(), a @ a)
             assert g.stats()["replays"] == 3, g.stats()
             # A sync the warmup check cannot see (here: a raw capture of .numpy()) leaves Paddle 2.6 in
@@ -202,8 +207,9 @@ def test_verify_catches_a_stale_output(rng):
     step = graphjit.graphed(frozen, tracer="eager")
     x_np = rng.standard_normal((2, 8)).astype(np.float32)
     with paddle.no_grad():
-        out = step(T(x_np)).numpy()
-    assert rel(out, x_np @ ws_np[counter["n"] % 2]) < TF32  # the call itself returns the eager result
+        for _ in range(3):  # 2 warmups, then the capture, whose verify fails
+            out = step(T(x_np)).numpy()
+            assert rel(out, x_np @ ws_np[counter["n"] % 2]) < TF32  # every call returns the eager result
     key = step.stats()["keys"][0]
     assert key["state"] == "fallback" and "verify failed" in key["reason"], key
 
@@ -218,7 +224,7 @@ def test_normal_interpreter_exit_after_captures(tmp_path):
         outs = []
         for tracer in ("eager", "ast", "sot"):
             step = graphjit.graphed(f, tracer=tracer)
-            for _ in range(3):
+            for _ in range(5):
                 x = paddle.to_tensor(np.ones((4, 16), np.float32), place=paddle.CUDAPlace(0))
                 outs.append(step(x))
             assert step.stats()["replays"] == 3, (tracer, step.stats())

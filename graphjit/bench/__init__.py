@@ -51,6 +51,9 @@ register("decode", "graphjit.bench.decode",
          "decode step (L x matmul/silu/add/RMSNorm): eager vs raw CUDA graph vs @graphed vs compile (needs a GPU)")
 register("dispatch", "graphjit.bench.dispatch",
          "host cost of graphjit's key path per call (Signer.sign, @graphed on CPU) against a direct call")
+register("hf", "graphjit.bench.hf",
+         "Hugging Face Llama decode step (StaticCache): eager vs hand-made CUDA graph vs @graphed vs compile "
+         "(torch + transformers; needs a GPU)")
 register("train", "graphjit.bench.train",
          "training step (forward, backward, SGD) of an MLP and a transformer block: eager vs graphed_layer "
          "(torch; needs a GPU)")
