@@ -221,15 +221,15 @@ class PaddleBackend(Backend):
         return _PARAM_TYPE is not None and isinstance(t, _PARAM_TYPE)
 
     def modes(self) -> tuple[Any, ...]:
-        tracer = _tracer()
+        tracer = _GLOBALS._dygraph_tracer_ if _GLOBALS is not None else None  # thread-local, as Paddle keeps it
         if tracer is None:
             return (paddle.is_grad_enabled(),)
-        return (paddle.is_grad_enabled(), str(tracer._amp_level), str(tracer._amp_dtype))
+        return (paddle.is_grad_enabled(), tracer._amp_level, tracer._amp_dtype)
 
     def describe_modes(self, modes: tuple[Any, ...]) -> str:
         parts = [] if modes[0] else ["no_grad"]
-        if len(modes) == 3 and not modes[1].endswith("O0"):
-            parts.append(f"amp({modes[1].rsplit('.', 1)[-1]}, {modes[2]})")
+        if len(modes) == 3 and not str(modes[1]).endswith("O0"):
+            parts.append(f"amp({str(modes[1]).rsplit('.', 1)[-1]}, {modes[2]})")
         return " ".join(parts)
 
     def _generator(self, device: str) -> Any:
@@ -426,12 +426,9 @@ def _state_text(state: Any) -> str:
     return " ".join(tok for tok in str(state).split() if not tok.startswith("0x"))
 
 
-def _tracer() -> Any:
-    """Paddle's dygraph tracer, which holds the AMP level and dtype (None outside dygraph mode)."""
-    try:
-        return paddle.base.framework._dygraph_tracer()
-    except Exception:
-        return None
+_GLOBALS: Any = getattr(getattr(getattr(paddle, "base", None), "framework", None), "global_var", None)
+"""Paddle's thread-local framework state; its ``_dygraph_tracer_`` holds the AMP level and dtype (None
+outside dygraph mode)."""
 
 
 def _end_quietly(graph: Any) -> bool:

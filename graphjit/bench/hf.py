@@ -29,9 +29,10 @@ from .common import say
 VARIANTS = ("eager", "cuda_graph", "graphed", "graphed_compile", "reduce_overhead")
 EAGER_KERNELS = ("cuda_graph", "graphed")  # the same kernels as eager: their tokens must be eager's
 TARGETS = {"graphed_vs_cuda_graph": 1.10, "graphed_compile_vs_reduce_overhead": 1.0}
-GPU_DEFAULTS: dict[str, Any] = {"layers": [8], "batch": [1, 8], "hidden": 1024, "vocab": 32000, "steps": 50, "repeats": 5,
-                "warmup": 8}
-CPU_DEFAULTS: dict[str, Any] = {"layers": [2], "batch": [1], "hidden": 64, "vocab": 256, "steps": 3, "repeats": 2, "warmup": 4}
+GPU_DEFAULTS: dict[str, Any] = {"layers": [8], "batch": [1, 8], "hidden": 1024, "vocab": 32000, "steps": 50,
+                                "repeats": 5, "warmup": 8}
+CPU_DEFAULTS: dict[str, Any] = {"layers": [2], "batch": [1], "hidden": 64, "vocab": 256, "steps": 3, "repeats": 2,
+                                "warmup": 4}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
