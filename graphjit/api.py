@@ -390,14 +390,18 @@ class _State:
         return reach.roots(self.fn, instance, pairs)
 
     def watched(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
-                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One eager run of the function as a warmup, observed (:func:`graphjit.warmup.watched_call`)."""
+                args: tuple[Any, ...], kwargs: dict[str, Any], sync_watch: bool) -> Any:
+        """One eager run of the function as a warmup, observed (:func:`graphjit.warmup.watched_call`).
+
+        ``sync_watch``: also look for CPU-GPU syncs (the last warmup run before a capture; not the first
+        of several, in which tracers translate and compilers may synchronise for themselves)."""
         st = self.key_stats(backend, sig)
         st.state = State.WARMUP
         with scope_mod.graphed_call("warmup"):
             out, obs = watched_call(backend, lambda: self.run_traced(backend, instance, args, kwargs),
                                     self.roots(instance, args, kwargs), device, env.settings().verify_max_bytes,
-                                    sync_watch=True)
+                                    sync_watch=sync_watch)
+        warm.sync_watched = warm.sync_watched or sync_watch
         warm.note(obs, backend, out, sig.tensors)
         st.warmups += 1
         if env.settings().debug:
@@ -409,7 +413,8 @@ class _State:
     def warm_call(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A warmup call: the function runs once, eagerly, and that is the call's result."""
-        out = self.watched(backend, device, sig, warm, instance, args, kwargs)
+        last = warm.calls + 1 >= self.options.warmup
+        out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last)
         if warm.blocked is not None:
             self.block(backend, sig, warm.blocked, out)
         return out
@@ -420,6 +425,8 @@ class _State:
         self.failed[sig.key] = blocked.reason
         self.warming.pop(sig.key, None)
         st.state, st.reason, st.detail = State.FALLBACK, blocked.reason, blocked.message
+        self.stats.fallback(blocked.reason)  # this call ran eagerly too, and no graph will follow
+        st.uncaptured += 1
         if blocked.reason in FUNCTION_WIDE:
             self.blocked_fn = blocked
         active = scope_mod.current()
@@ -441,8 +448,8 @@ class _State:
             return  # cannot undo them: capture after the call's own run
         snap = Snapshot(backend, written, device)
         known = {id(t) for t in written}
-        for _ in range(count):
-            self.watched(backend, device, sig, warm, instance, args, kwargs)
+        for k in range(count):
+            self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=k == count - 1)
             snap.restore()
             new = [p for t, p in warm.written_tensors() if id(t) not in known]
             if new and warm.blocked is None:
@@ -461,10 +468,16 @@ class _State:
         scope_run = scope_mod.current() is not None and warm.calls < self.options.warmup
         own: Any = None
         if scope_run:
-            own = self.watched(backend, device, sig, warm, instance, args, kwargs)
+            own = self.watched(backend, device, sig, warm, instance, args, kwargs,
+                               sync_watch=warm.calls + 1 >= self.options.warmup)
             if warm.blocked is None and warm.calls < self.options.warmup:
                 self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance, args,
                                    kwargs)
+            if warm.blocked is None and not warm.sync_watched and not backend.captures_recoverable:
+                warm.blocked = Blocked("no sync-checked warmup", f"{backend.name} cannot recover from a capture that a "
+                                       "CPU-GPU sync breaks, and the extra warmup run that checks for syncs could not "
+                                       "be undone (see GRAPHJIT_VERIFY_MAX_BYTES); call it once before the capture "
+                                       "scope, or raise the limit")
             if warm.blocked is not None:
                 self.block(backend, sig, warm.blocked, own)
                 return own

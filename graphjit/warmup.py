@@ -57,6 +57,7 @@ class Warmup:
     drew_random: bool = False
     untracked: str | None = None
     blocked: Blocked | None = None
+    sync_watched: bool = False  # a warmup run was watched for CPU-GPU syncs
 
     def note(self, obs: Observation, backend: Backend, outputs: Any, leaves: list[Any]) -> None:
         """Fold one call's observation in (``leaves``: that call's tensor inputs, in key order); set

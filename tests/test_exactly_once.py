@@ -146,11 +146,12 @@ def test_strict_mode_raises_after_exactly_one_execution(emu):
 
     g = graphjit.graphed(step, strict=True)
     x = torch.ones(3)
+    assert torch.equal(g(x), x * 3)  # the first of 2 warmup calls is not watched (tracers translate there)
     with pytest.raises(graphjit.CaptureError) as info:
         g(x)
     assert info.value.executed and info.value.reason == "CPU-GPU sync inside the function"
     assert torch.equal(info.value.result, x * 3)
-    assert float(counter) == 1
+    assert float(counter) == 2
     assert "test_exactly_once.py" in str(info.value)  # the line of the sync
 
 
@@ -209,7 +210,7 @@ def test_a_rebound_tensor_runs_uncaptured_and_says_where(emu):
     assert torch.equal(c.keys, ref.keys)
     s = g.stats()
     assert s["graphs"] == 0
-    assert sum(s["fallbacks"].values()) == 5 and "rebinds a tensor held by an object" in s["fallbacks"]
+    assert s["fallbacks"] == {"rebinds a tensor held by an object": 6}  # the call that found it ran eagerly too
     assert "argument 'cache'.keys" in g.report()
 
 

@@ -244,7 +244,8 @@ def test_sync_inside_falls_back_and_process_exits_cleanly():
                 assert torch.equal(step(x), x * 2)
         s = step.stats()
         print("REASON", list(s["fallbacks"]))
-        assert s["fallbacks"] == {"CPU-GPU sync inside the function": 3}, s
+        # the second call (the last warmup) is watched for syncs: it and the third are counted
+        assert s["fallbacks"] == {"CPU-GPU sync inside the function": 2}, s
         # a graph still captures fine afterwards (no stream left capturing)
         g = graphjit.graphed(lambda x: x + 1)
         for _ in range(5):
@@ -271,8 +272,10 @@ def test_sync_inside_falls_back_and_process_exits_cleanly():
 
 def test_strict_mode_raises_on_sync(dev):
     step = graphjit.graphed(lambda x: x * float(x.sum()), strict=True)
-    with pytest.raises(graphjit.CaptureError, match="synchronises the CPU with the GPU"):
+    step(torch.ones(4, device=dev))  # the first of 2 warmup calls is not watched (tracers translate there)
+    with pytest.raises(graphjit.CaptureError, match="synchronises the CPU with the GPU") as info:
         step(torch.ones(4, device=dev))
+    assert info.value.executed
 
 
 def test_max_graphs_then_uncaptured(dev):

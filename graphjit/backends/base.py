@@ -89,6 +89,9 @@ class Backend(abc.ABC):
     default_tracer: str = "eager"
     poisoned: str | None = None
     """Set when the framework cannot run GPU work any more in this process (the reason, for users)."""
+    captures_recoverable: bool = True
+    """False where a capture broken by a CPU-GPU sync leaves the framework unusable (Paddle 2.6): graphjit
+    then captures a key only after a warmup run watched for syncs."""
 
     # -- tensors ---------------------------------------------------------------------------
     @abc.abstractmethod

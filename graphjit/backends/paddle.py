@@ -100,6 +100,7 @@ class PaddleBackend(Backend):
     name = "paddle"
     tracers = ("sot", "ast", "eager")
     default_tracer = "sot"
+    captures_recoverable = False  # 2.6 stays in capture mode after a capture a sync broke
 
     def __init__(self) -> None:
         self._unavailable: dict[str, str | None] = {}

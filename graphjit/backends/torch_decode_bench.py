@@ -203,7 +203,8 @@ class TorchDecodeRunner(DecodeRunner):
             calls[label] = (lambda fn=fn: fn(*inputs))
             if self.on_gpu:  # the zero-copy path: the caller passes the graph's own input buffers
                 try:
-                    fn(*inputs)
+                    for _ in range(fn.graphjit_options.warmup + 1):  # the warmup calls, then the capture
+                        fn(*inputs)
                     static_args, _ = fn.static_inputs(*inputs)
                     calls[label.replace("graphed", "graphed_static")] = (lambda fn=fn, a=static_args: fn(*a))
                 except Exception as exc:
