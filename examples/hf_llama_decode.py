@@ -84,7 +84,7 @@ def main() -> int:
     p.add_argument("--cache", choices=("static", "dynamic"), default="static")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     args = p.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")  # graphjit names itself
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
     layers = args.layers or (8 if gpu else 2)

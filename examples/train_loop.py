@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     args = parser.parse_args()
     # graphjit logs at INFO why a block runs without graphs (e.g. no CUDA); show it.
-    logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")  # graphjit names itself
     logging.getLogger("graphjit").setLevel(logging.INFO)
     (torch_loop if args.framework == "torch" else paddle_loop)(args.steps)
 

@@ -21,6 +21,8 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 
+from . import __version__
+
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -87,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="graphjit: automatic, safe CUDA graphs for Paddle and PyTorch.")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log graphjit's decisions (-v: info, -vv: debug)")
+    parser.add_argument("--version", action="version", version=f"graphjit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
@@ -99,7 +102,7 @@ def _logging(verbose: int) -> Iterator[None]:
     logger = logging.getLogger("graphjit")
     level = logging.WARNING if verbose <= 0 else (logging.INFO if verbose == 1 else logging.DEBUG)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("graphjit %(levelname)s: %(message)s"))
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))  # the messages name graphjit
     handler.setLevel(level)
     previous = logger.level
     if logger.getEffectiveLevel() > level or logger.level == logging.NOTSET:

@@ -30,79 +30,27 @@ from typing import Any, TypeVar, overload
 
 import wrapt
 
-from . import backends, env, reach
+from . import backends, env
 from . import scope as scope_mod
 from .backends.base import Backend
 from .buffers import InputMoved
-from .capture import BuildRequest, KeyEntry, build
-from .errors import (
-    BackendError,
-    BucketOverflowError,
-    CaptureError,
-    ConfigError,
-    GraphjitError,
-    SignatureError,
-    TracerError,
-    UnrecoverableCaptureError,
-)
+from .capture import KeyEntry
+from .errors import BucketOverflowError, CaptureError, GraphjitError, SignatureError, UnrecoverableCaptureError
+from .invoke import Invoker
 from .keys import BucketsArg, CallSignature, Signer, rebuild_call
+from .labels import changed_argument, key_label, key_order
+from .lifecycle import KeyLifecycle
+from .options import DEFAULT_MAX_GRAPHS, Options, check_callable, make_options
 from .stats import FunctionStats, KeyStats, State
 from .tree import collect_tensors
-from .warmup import Blocked, Warmup, watched_call
-from .writes import Snapshot
+from .warmup import Blocked, Warmup
 
 log = logging.getLogger("graphjit")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-BACKENDS = ("auto", "paddle", "torch")
-TRACERS = ("auto", "sot", "ast", "eager", "compile")
-OUTPUTS = ("copy", "alias")
-POOLS = ("shared", "private")
-DEFAULT_MAX_GRAPHS = 64
-FUNCTION_WIDE = frozenset(("rebinds a tensor held by an object", "adds tensors to an object on every call"))
-"""Reasons that hold for every key of the function once seen (a cache that grows makes a new key per call)."""
-
-
-@dataclass(frozen=True)
-class Options:
-    """The validated options of one graphed function."""
-
-    backend: str = "auto"
-    tracer: str = "auto"
-    buckets: BucketsArg = None
-    warmup: int = 2
-    max_graphs: int | None = None
-    outputs: str = "copy"
-    verify: bool | None = None
-    pool: str = "shared"
-    strict: bool | None = None
-
-
-def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if not isinstance(value, str) or value not in allowed:
-        raise ConfigError(f"{name}={value!r}: expected one of {', '.join(repr(a) for a in allowed)}")
-
-
-def _validate(o: Options) -> None:
-    _check_choice("backend", o.backend, BACKENDS)
-    _check_choice("tracer", o.tracer, TRACERS)
-    _check_choice("outputs", o.outputs, OUTPUTS)
-    _check_choice("pool", o.pool, POOLS)
-    if isinstance(o.warmup, bool) or not isinstance(o.warmup, int) or o.warmup < 1:
-        raise ConfigError(f"warmup={o.warmup!r}: expected an integer >= 1 (graphjit needs one eager run to find "
-                          "in-place mutations and to verify the capture)")
-    if o.max_graphs is not None and (isinstance(o.max_graphs, bool) or not isinstance(o.max_graphs, int)
-                                     or o.max_graphs < 1):
-        raise ConfigError(f"max_graphs={o.max_graphs!r}: expected an integer >= 1 or None")
-    for name in ("verify", "strict"):
-        value = getattr(o, name)
-        if value is not None and not isinstance(value, bool):
-            raise ConfigError(f"{name}={value!r}: expected True, False or None (None: from GRAPHJIT_{name.upper()})")
-    if o.backend == "paddle" and o.tracer == "compile":
-        raise ConfigError("tracer='compile' is a torch tracer; paddle tracers are 'sot', 'ast' and 'eager'")
-    if o.backend == "torch" and o.tracer in ("sot", "ast"):
-        raise ConfigError(f"tracer={o.tracer!r} is a paddle tracer; torch tracers are 'eager' and 'compile'")
+NEW_KEY_WARNING_AFTER = 8
+"""Keys made before graphjit checks whether most calls make a new one (and says which argument changes)."""
 
 
 @dataclass(frozen=True)
@@ -112,31 +60,36 @@ class _Ran:
     result: Any
 
 
-class _State:
+class _State(KeyLifecycle):
     """Per-function state: options, keys, graphs, stats.  Shared by every binding of the wrapper."""
 
     def __init__(self, fn: Callable[..., Any], options: Options) -> None:
         self.fn = fn
         self.options = options
         self.name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
-        self.signer = Signer(fn, options.buckets, options.backend, self.name)
+        self.invoker = Invoker(fn, self.name, options.tracer)
+        # A bound method is called as it is: wrapt hands its __self__ as the instance, which must not bind again.
+        self.prebound = inspect.ismethod(fn)
+        owner = fn.__self__ if self.prebound else self.invoker.module  # type: ignore[attr-defined]
+        self.signer = Signer(self.invoker.signature_target(), options.buckets, options.backend, self.name,
+                             owner=owner)
         self.stats = FunctionStats(self.name)
         self.entries: dict[tuple[Any, ...], KeyEntry] = {}
         self.warming: dict[tuple[Any, ...], Warmup] = {}
         self.failed: dict[tuple[Any, ...], str] = {}
         self.blocked_fn: Blocked | None = None
         self.lock = threading.RLock()
-        self.traced: dict[str, Callable[..., Any]] = {}
         self.pools: dict[tuple[str, str], Any] = {}
         self.said: set[str] = set()
         self.handed_out: list[Any] = []
         self.poison_backend: Backend | None = None
         self.copy_outputs = options.outputs == "copy"
-        # A Layer/Module instance is traced through its class's forward (to_static must not replace
-        # the instance's forward); a plain callable object through itself.
-        self.self_call: Any = None
-        if not inspect.isfunction(fn) and not inspect.ismethod(fn) and hasattr(type(fn), "forward"):
-            self.self_call = fn
+        self.last_new_key: tuple[Any, ...] | None = None
+
+    @property
+    def traced(self) -> dict[str, Callable[..., Any]]:
+        """The traced callables made so far, by framework (empty until the first call traces)."""
+        return self.invoker._traced
 
     # -- helpers --------------------------------------------------------------------------
     def say_once(self, level: int, topic: str, msg: str, *args: Any) -> None:
@@ -171,29 +124,6 @@ class _State:
                              f"arguments ({'both paddle and torch are' if present else 'neither paddle nor torch is'} "
                              "imported); pass backend='paddle' or backend='torch' to graphed()")
 
-    def tracer_name(self, backend: Backend) -> str:
-        tracer = self.options.tracer
-        if tracer == "auto":
-            return backend.default_tracer
-        if tracer not in backend.tracers:
-            raise BackendError(f"{self.name}: tracer={tracer!r} does not apply to {backend.name} tensors; "
-                               f"{backend.name} tracers are {', '.join(backend.tracers)}")
-        return tracer
-
-    def traced_for(self, backend: Backend) -> Callable[..., Any]:
-        """The traced callable (created at the first call, never at decoration)."""
-        t = self.traced.get(backend.name)
-        if t is None:
-            with self.lock:
-                t = self.traced.get(backend.name)
-                if t is None:
-                    target = type(self.self_call).forward if self.self_call is not None else self.fn
-                    t = backend.trace(target, self.tracer_name(backend))
-                    self.traced[backend.name] = t
-                    if env.settings().debug:
-                        log.debug("graphjit %s: traced with %s/%s", self.name, backend.name, self.tracer_name(backend))
-        return t
-
     def pool_for(self, backend: Backend, device: str) -> Any:
         if self.options.pool == "private":
             return None
@@ -205,24 +135,9 @@ class _State:
             self.pools[key] = backend.new_pool(device)
         return self.pools[key]
 
-    def label(self, backend: Backend, sig: CallSignature) -> str:
-        parts = []
-        for label, t in zip(sig.labels, sig.tensors):
-            parts.append(f"{self.signer.short(label)}{list(backend.shape(t))}")
-        pads = {p.leaf: p for p in sig.pads}
-        for leaf, p in pads.items():
-            parts[leaf] += f"->{p.dim}:{p.padded}"
-        if sig.tensors:
-            meta = backend.meta_key(sig.tensors[0])
-            dtype = str(meta[1]).replace("paddle.", "").replace("torch.", "")
-            parts.append(f"{dtype}@{backend.device_str(sig.tensors[0])}")
-        others = len(sig.key) - 2 - len(sig.tensors)
-        if others > 0:
-            parts.append(f"+{others} non-tensor")
-        modes = backend.describe_modes(sig.key[-1][1]) if sig.backend is not None else ""
-        if modes:
-            parts.append(modes)
-        return " ".join(parts) if parts else "()"
+    def roots(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+        method = instance is not None
+        return self.invoker.roots(instance, args, kwargs, lambda i: self.signer.short((method, i)))
 
     # -- the call -------------------------------------------------------------------------
     def call(self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -230,9 +145,15 @@ class _State:
         if settings.disable:
             self.stats.disabled_calls += 1
             return wrapped(*args, **kwargs)
+        if scope_mod.phase() is not None:  # inside another graphed call's warmup, capture or verify: part of it
+            self.stats.nested_calls += 1
+            return wrapped(*args, **kwargs)
         self.stats.calls += 1
         if self.handed_out:
             self.poison_previous()
+        if self.prebound:
+            instance = None
+        args, kwargs = self.signer.binder.bind(instance is not None, args, kwargs)
         try:
             sig = self.signer.sign(instance, args, kwargs)
         except SignatureError:
@@ -266,32 +187,6 @@ class _State:
             self.hand_out(entry, result)
         return result
 
-    def bind(self, fn: Callable[..., Any], instance: Any) -> Callable[..., Any]:
-        """``fn`` bound to the instance of a method call (or to the graphed Layer/Module object).
-
-        The tracer wraps the unbound function once; binding goes through the descriptor protocol, as
-        Python binds methods (Paddle's StaticFunction caches one translation per instance there).
-        """
-        owner = self.self_call if self.self_call is not None else instance
-        if owner is None:
-            return fn
-        return fn.__get__(owner, type(owner))  # type: ignore[no-any-return]
-
-    def run_traced(self, backend: Backend, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        fn = self.bind(self.traced_for(backend), instance)
-        try:
-            with backend.traced_call_guard():  # Paddle's translators are not thread-safe
-                return fn(*args, **kwargs)
-        except Exception as exc:
-            why = backend.tracer_failure(exc)
-            if why is None:
-                raise  # the function's own error
-            tracer = self.tracer_name(backend)
-            raise TracerError(
-                f"{self.name}: the {backend.name} tracer {tracer!r} failed inside itself ({why}); this is a "
-                f"limitation of {backend.name}'s {tracer}, not of graphjit's capture: use "
-                "@graphjit.graphed(tracer=\"eager\") (still captured into a CUDA graph) or tracer=\"ast\"") from exc
-
     def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
                  kwargs: dict[str, Any], key: tuple[Any, ...] | None = None) -> Any:
         """Run the traced function uncaptured, counted under ``reason`` (and under the key, if any)."""
@@ -300,14 +195,34 @@ class _State:
             st = self.stats.keys.get(key)
             if st is not None:
                 st.uncaptured += 1
-        return self.run_traced(backend, instance, args, kwargs)
+        if env.settings().debug:
+            log.debug("graphjit %s: call %d runs uncaptured (%s)", self.name, self.stats.calls, reason)
+        return self.invoker.run(backend, instance, args, kwargs)
 
-    def key_stats(self, backend: Backend, sig: CallSignature) -> KeyStats:
+    def key_stats(self, backend: Backend, sig: CallSignature, args: tuple[Any, ...] = (),
+                  kwargs: dict[str, Any] | None = None, method: bool = False) -> KeyStats:
+        """The key's counters, made (with its label, from the call's arguments) at its first call."""
         st = self.stats.keys.get(sig.key)
         if st is None:
-            st = KeyStats(label=self.label(backend, sig))
+            st = KeyStats(label=key_label(self.signer, backend, sig, method, args, kwargs or {}),
+                          order=key_order(backend, sig))
             self.stats.keys[sig.key] = st
+            self.note_new_key(sig, method)
+            if env.settings().debug:
+                log.debug("graphjit %s: new key [%s]", self.name, st.label)
         return st
+
+    def note_new_key(self, sig: CallSignature, method: bool) -> None:
+        """Warn once when most calls make a new key, naming the argument that changed last."""
+        before, self.last_new_key = self.last_new_key, sig.key
+        made = len(self.stats.keys)
+        if before is None or made < NEW_KEY_WARNING_AFTER or 2 * made <= self.stats.calls:
+            return
+        what = changed_argument(self.signer, method, before, sig.key) or "an argument"
+        self.say_once(logging.WARNING, "new-keys", "graphjit %s: %d input signatures in %d calls; %s changes from "
+                      "call to call. Each new signature runs its warmup calls eagerly and is captured on its own "
+                      "(max_graphs=%d): pass values that change as tensors, or pad varying dims with buckets=",
+                      self.name, made, self.stats.calls, what, self.max_graphs())
 
     def slow(self, sig: CallSignature, settings: env.Settings, instance: Any, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> Any:
@@ -315,6 +230,7 @@ class _State:
         backend = self.pick_backend(sig)
         if backend.poisoned is not None:
             raise UnrecoverableCaptureError(f"{self.name}: {backend.poisoned}")
+        self.key_stats(backend, sig, args, kwargs, method=instance is not None)
         if sig.overflow is not None:  # a bad call on every machine, so checked before the no-CUDA fallback
             if self.strict():
                 raise BucketOverflowError(f"{self.name}: {sig.overflow} (strict mode)")
@@ -363,12 +279,15 @@ class _State:
         if unavailable is None:
             return device
         self.say_once(logging.INFO, "nocuda:" + unavailable, "graphjit %s: no CUDA graph (%s); running the %s %s "
-                      "function", self.name, unavailable, backend.name, self.tracer_name(backend))
+                      "function", self.name, unavailable, backend.name, self.invoker.tracer_name(backend))
         reason = "no CUDA graphs: " + unavailable
         with self.lock:
             st = self.key_stats(backend, sig)
             st.state, st.reason = State.EAGER, reason
             self.failed[sig.key] = reason
+        active = scope_mod.current()
+        if active is not None:
+            active.note_uncaptured(reason)
         return _Ran(self.fallback(reason, backend, instance, args, kwargs, sig.key))
 
     def new_warmup(self, key: tuple[Any, ...]) -> Warmup:
@@ -379,166 +298,6 @@ class _State:
             self.warming.pop(next(iter(self.warming)))
         warm = self.warming[key] = Warmup()
         return warm
-
-    def roots(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
-        """Where the call may find the state it writes (:func:`graphjit.reach.roots`)."""
-        method = instance is not None
-        pairs = [(f"argument {self.signer.short((method, i))!r}", a) for i, a in enumerate(args)]
-        pairs += [(f"argument {k!r}", v) for k, v in kwargs.items()]
-        if self.self_call is not None:
-            return reach.roots(type(self.self_call).forward, self.self_call, pairs)
-        return reach.roots(self.fn, instance, pairs)
-
-    def watched(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
-                args: tuple[Any, ...], kwargs: dict[str, Any], sync_watch: bool) -> Any:
-        """One eager run of the function as a warmup, observed (:func:`graphjit.warmup.watched_call`).
-
-        ``sync_watch``: also look for CPU-GPU syncs (the last warmup run before a capture; not the first
-        of several, in which tracers translate and compilers may synchronise for themselves)."""
-        st = self.key_stats(backend, sig)
-        st.state = State.WARMUP
-        with scope_mod.graphed_call("warmup"):
-            out, obs = watched_call(backend, lambda: self.run_traced(backend, instance, args, kwargs),
-                                    self.roots(instance, args, kwargs), device, env.settings().verify_max_bytes,
-                                    sync_watch=sync_watch)
-        warm.sync_watched = warm.sync_watched or sync_watch
-        warm.note(obs, backend, out, sig.tensors)
-        st.warmups += 1
-        if env.settings().debug:
-            log.debug("graphjit %s [%s]: warmup %d/%d wrote %s%s", self.name, st.label, warm.calls,
-                      self.options.warmup, [reach.describe(p) for _t, p in obs.written] or "nothing",
-                      f"; blocked: {warm.blocked.reason}" if warm.blocked else "")
-        return out
-
-    def warm_call(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
-                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A warmup call: the function runs once, eagerly, and that is the call's result."""
-        last = warm.calls + 1 >= self.options.warmup
-        out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last)
-        if warm.blocked is not None:
-            self.block(backend, sig, warm.blocked, out)
-        return out
-
-    def block(self, backend: Backend, sig: CallSignature, blocked: Blocked, result: Any) -> None:
-        """The key runs uncaptured from now on (``result``: of the call that found out)."""
-        st = self.key_stats(backend, sig)
-        self.failed[sig.key] = blocked.reason
-        self.warming.pop(sig.key, None)
-        st.state, st.reason, st.detail = State.FALLBACK, blocked.reason, blocked.message
-        self.stats.fallback(blocked.reason)  # this call ran eagerly too, and no graph will follow
-        st.uncaptured += 1
-        if blocked.reason in FUNCTION_WIDE:
-            self.blocked_fn = blocked
-        active = scope_mod.current()
-        if active is not None:
-            active.note_capture(self.name, st.label, 0.0, ok=False, reason=blocked.reason)
-        if self.strict():
-            raise CaptureError(f"{self.name} [{st.label}]: {blocked.message} (strict mode)",
-                               reason=blocked.reason).after_run(result)
-        self.say_once(logging.WARNING, "fail:" + blocked.reason, "graphjit %s [%s]: %s; running uncaptured",
-                      self.name, st.label, blocked.message)
-
-    def extra_warmups(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, count: int,
-                      instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Inside a capture scope: ``count`` more warmup runs after the call's own, each undone (the state
-        it writes and the generator put back), so that the call still acts like one eager call."""
-        written = [t for t, _p in warm.written_tensors()] + [sig.tensors[i] for i in sorted(warm.mutated_leaves)]
-        nbytes = sum(backend.nbytes(t) for t in written)
-        if nbytes > env.settings().verify_max_bytes or warm.untracked is not None:
-            return  # cannot undo them: capture after the call's own run
-        snap = Snapshot(backend, written, device)
-        known = {id(t) for t in written}
-        for k in range(count):
-            self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=k == count - 1)
-            snap.restore()
-            new = [p for t, p in warm.written_tensors() if id(t) not in known]
-            if new and warm.blocked is None:
-                warm.blocked = Blocked("writes different tensors on different calls",
-                                       f"a warmup run wrote {reach.describe(new[0])}, which the call's own run did not "
-                                       "write; graphjit cannot undo that run there")
-            if warm.blocked is not None:
-                return
-
-    def capture_key(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
-                    args: tuple[Any, ...], kwargs: dict[str, Any], no_adopt: frozenset[int]) -> Any:
-        """The call that captures: after the key's warmup calls (the result comes from the first replay),
-        or the first call of the key inside a capture scope (the result is the call's own eager run)."""
-        settings = env.settings()
-        st = self.key_stats(backend, sig)
-        scope_run = scope_mod.current() is not None and warm.calls < self.options.warmup
-        own: Any = None
-        if scope_run:
-            own = self.watched(backend, device, sig, warm, instance, args, kwargs,
-                               sync_watch=warm.calls + 1 >= self.options.warmup)
-            if warm.blocked is None and warm.calls < self.options.warmup:
-                self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance, args,
-                                   kwargs)
-            if warm.blocked is None and not warm.sync_watched and not backend.captures_recoverable:
-                warm.blocked = Blocked("no sync-checked warmup", f"{backend.name} cannot recover from a capture that a "
-                                       "CPU-GPU sync breaks, and the extra warmup run that checks for syncs could not "
-                                       "be undone (see GRAPHJIT_VERIFY_MAX_BYTES); call it once before the capture "
-                                       "scope, or raise the limit")
-            if warm.blocked is not None:
-                self.block(backend, sig, warm.blocked, own)
-                return own
-        st.state_bytes = (sum(backend.nbytes(t) for t, _p in warm.written_tensors())
-                          + sum(backend.nbytes(sig.tensors[i]) for i in warm.mutated_leaves))
-        traced = self.traced_for(backend)
-        original = type(self.self_call).forward if self.self_call is not None else self.fn
-        capture_fn = backend.capture_callable(traced, original, self.tracer_name(backend))
-        req = BuildRequest(
-            fn_name=self.name, backend=backend, device=device, traced=self.bind(traced, instance),
-            capture_fn=self.bind(capture_fn, instance), args=args, kwargs=kwargs, sig=sig, stats=st, warm=warm,
-            roots=lambda: self.roots(instance, args, kwargs), verify=self.verify(),
-            verify_budget=settings.verify_max_bytes, replay_result=not scope_run,
-            copy_outputs=self.options.outputs == "copy" or settings.check_outputs,
-            pool=self.pool_for(backend, device), dump_dir=settings.dump_dir, debug=settings.debug,
-            no_adopt=no_adopt)
-        active = scope_mod.current()
-        try:
-            entry, result = build(req)
-        except CaptureError as exc:
-            return self.capture_failed(exc, backend, sig, st, own if scope_run else None, scope_run, instance, args,
-                                       kwargs)
-        self.warming.pop(sig.key, None)
-        self.entries[sig.key] = entry
-        if st.verify is not None and st.verify.startswith("skipped"):
-            self.stats.verify_skipped[st.verify.split(": ", 1)[-1]] += 1
-            self.say_once(logging.INFO, "verify-skip:" + st.verify, "graphjit %s [%s]: captured without verify (%s)",
-                          self.name, st.label, st.verify)
-        if active is not None:
-            active.note_capture(self.name, st.label, st.capture_ms, ok=True)
-        if scope_run:
-            return own
-        if settings.check_outputs and self.options.outputs == "alias":
-            self.hand_out(entry, result)
-        return result
-
-    def capture_failed(self, exc: CaptureError, backend: Backend, sig: CallSignature, st: KeyStats, own: Any,
-                       scope_run: bool, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The key's capture or verify failed: it runs uncaptured from now on; this call's result is its
-        one eager execution (already run, or run now)."""
-        self.failed[sig.key] = exc.reason
-        self.warming.pop(sig.key, None)
-        st.state, st.reason, st.detail = State.FALLBACK, exc.reason, str(exc)
-        active = scope_mod.current()
-        if active is not None:
-            active.note_capture(self.name, st.label, 0.0, ok=False, reason=exc.reason)
-        if isinstance(exc, UnrecoverableCaptureError):
-            raise exc
-        if scope_run:
-            result = own
-        elif exc.executed:
-            result = exc.result
-            self.stats.fallback(exc.reason)
-            st.uncaptured += 1
-        else:
-            result = self.fallback(exc.reason, backend, instance, args, kwargs, sig.key)
-        if self.strict():
-            raise exc.after_run(result)
-        self.say_once(logging.WARNING, "fail:" + exc.reason, "graphjit %s [%s]: %s; running uncaptured",
-                      self.name, st.label, exc)
-        return result
 
     def recapture(self, entry: KeyEntry, leaf: int, sig: CallSignature, instance: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Any:
@@ -555,11 +314,23 @@ class _State:
         return self.capture_key(backend, device, sig, entry.warm, instance, args, kwargs, entry.no_adopt | {leaf})
 
     def static_inputs(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        if self.prebound:
+            instance = None
+        args, kwargs = self.signer.binder.bind(instance is not None, args, kwargs)
         sig = self.signer.sign(instance, args, kwargs)
         entry = self.entries.get(sig.key)
         if entry is None:
-            raise GraphjitError(f"{self.name}: no graph is captured for these arguments yet; call the function once "
-                                "with them (or inside graphjit.capture_scope()) first")
+            failed = self.failed.get(sig.key) or (self.blocked_fn.reason if self.blocked_fn else None)
+            warm = self.warming.get(sig.key)
+            if failed is not None:
+                why = f"these arguments run uncaptured ({failed}), so there are no static buffers"
+            elif warm is not None:
+                why = (f"this signature is captured on the call after its {self.options.warmup} warmup call(s); "
+                       f"{warm.calls} so far: call the function with them (or inside graphjit.capture_scope()) first")
+            else:
+                why = ("no graph is captured for these arguments yet: call the function with them "
+                       f"{self.options.warmup + 1} times (or once inside graphjit.capture_scope()) first")
+            raise GraphjitError(f"{self.name}: {why}")
         b = entry.inputs.backend
         return rebuild_call(args, kwargs, entry.inputs.statics, lambda x: isinstance(x, b.tensor_types()))
 
@@ -594,9 +365,22 @@ class _State:
             self.stats.keys.clear()
             self.said.clear()
             self.handed_out = []
+            self.last_new_key = None
 
 
-class BoundGraphedFunction(wrapt.BoundFunctionWrapper):  # type: ignore[misc]
+class _KeepsWrapped:
+    """Paddle's SOT, binding a call's arguments to a function it inlines, deletes ``__wrapped__`` for a
+    moment and sets it back; a wrapt proxy refuses that.  Here the deletion is a no-op (the setter then
+    sets the same function), so that SOT inlines a graphed function called from another one (its code is
+    the wrapped function's) and the inner call becomes part of the outer's program."""
+
+    def __delattr__(self, name: str) -> None:
+        if name == "__wrapped__":
+            return
+        super().__delattr__(name)  # type: ignore[misc]
+
+
+class BoundGraphedFunction(_KeepsWrapped, wrapt.BoundFunctionWrapper):  # type: ignore[misc]
     """A graphed method bound to an instance; ``stats()``/``reset()`` act on the whole function."""
 
     def stats(self) -> dict[str, Any]:
@@ -612,7 +396,7 @@ class BoundGraphedFunction(wrapt.BoundFunctionWrapper):  # type: ignore[misc]
         return self._self_parent._self_state.static_inputs(self._self_instance, args, kwargs)
 
 
-class GraphedFunction(wrapt.FunctionWrapper):  # type: ignore[misc]
+class GraphedFunction(_KeepsWrapped, wrapt.FunctionWrapper):  # type: ignore[misc]
     """The object ``@graphed`` returns: calls like the function, plus :meth:`stats` and :meth:`reset`.
 
     Name, docstring, signature and method binding of the wrapped function are kept (wrapt).
@@ -652,6 +436,16 @@ class GraphedFunction(wrapt.FunctionWrapper):  # type: ignore[misc]
         return self._self_state.options
 
 
+_OPTION_DOC = """Capture ``fn`` into CUDA graphs keyed on its input signature, and replay them.
+
+    Usable bare (``@graphed``) or with options (``@graphed(buckets=...)``).  Options are validated
+    here (``ConfigError`` naming the option, and the closest valid name for a misspelt one); nothing
+    is traced or run until the first call.  Refused here too: generator and async functions, and
+    classmethod / staticmethod objects (put ``@graphed`` under them).  See the module docstring for
+    what a graph cannot capture.
+    """
+
+
 @overload
 def graphed(fn: F, *, backend: str = ..., tracer: str = ..., buckets: BucketsArg = ..., warmup: int = ...,
             max_graphs: int | None = ..., outputs: str = ..., verify: bool | None = ..., pool: str = ...,
@@ -664,26 +458,16 @@ def graphed(fn: None = None, *, backend: str = ..., tracer: str = ..., buckets: 
             strict: bool | None = ...) -> Callable[[F], F]: ...
 
 
-def graphed(fn: Callable[..., Any] | None = None, *, backend: str = "auto", tracer: str = "auto",
-            buckets: BucketsArg = None, warmup: int = 2, max_graphs: int | None = None, outputs: str = "copy",
-            verify: bool | None = None, pool: str = "shared", strict: bool | None = None) -> Any:
-    """Capture ``fn`` into CUDA graphs keyed on its input signature, and replay them.
-
-    Usable bare (``@graphed``) or with options (``@graphed(buckets=...)``).  Options are validated
-    here (``ConfigError`` naming the option); nothing is traced or run until the first call.
-    See the module docstring for what a graph cannot capture.
-    """
-    options = Options(backend=backend, tracer=tracer, buckets=buckets, warmup=warmup, max_graphs=max_graphs,
-                      outputs=outputs, verify=verify, pool=pool, strict=strict)
-    _validate(options)
+def graphed(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    options_ = make_options(options)
     if fn is None:
-        return functools.partial(_decorate, options=options)
-    return _decorate(fn, options)
+        return functools.partial(_decorate, options=options_)
+    return _decorate(fn, options_)
+
+
+graphed.__doc__ = _OPTION_DOC
 
 
 def _decorate(fn: Callable[..., Any], options: Options) -> GraphedFunction:
-    if not callable(fn):
-        raise ConfigError(f"graphed() needs a function or callable, got {type(fn).__name__}")
-    if isinstance(fn, (GraphedFunction, BoundGraphedFunction)):
-        raise ConfigError(f"{getattr(fn, '__qualname__', fn)!r} is already graphed")
+    check_callable(fn, (GraphedFunction, BoundGraphedFunction))
     return GraphedFunction(fn, options)

@@ -85,19 +85,26 @@ class Signer:
     """Computes :class:`CallSignature` for calls of one function.
 
     Refuses (``ConfigError``, at decoration time) bucket specifications that name a parameter the
-    function does not have, a dimension that is not a non-negative integer, or sizes that are not
-    positive integers.  Refuses (``SignatureError``, at call time) unhashable non-tensor arguments,
-    tensors of two frameworks in one call, and bucketed arguments that are missing, not tensors, or
-    have fewer dimensions than the bucket names.
+    function does not have, a dimension that is not an integer (negative dims count from the end), or
+    sizes that are not positive integers or repeat one.  Refuses (``SignatureError``, at call time)
+    unhashable non-tensor arguments, tensors of two frameworks in one call, and bucketed tensors with
+    fewer dimensions than the bucket names.  A bucketed argument that is not a tensor (an optional
+    ``mask=None``) is keyed as a plain argument.
+
+    ``owner``: the object every call is bound to (a graphed Layer/Module object), whose ``training``
+    flag is part of the key, as it is for the instance of a method call.
     """
 
-    def __init__(self, fn: Callable[..., Any], buckets: BucketsArg, backend: str, fn_name: str) -> None:
+    def __init__(self, fn: Callable[..., Any], buckets: BucketsArg, backend: str, fn_name: str,
+                 owner: Any = None) -> None:
         self.fn_name = fn_name
         self.forced_backend = backend
+        self.owner = owner
         try:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
             sig = None
+        self.binder = Binder(sig)
         self._positional: list[str] = []
         self._has_var_pos = self._has_var_kw = False
         self._names: set[str] = set()
@@ -167,15 +174,19 @@ class Signer:
                                   f"{{dim: [sizes]}}, got {dims!r}")
             parsed = []
             for dim, sizes in dims.items():
-                if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
-                    raise ConfigError(f"{self.fn_name}: buckets[{target!r}] dim {dim!r} must be an integer >= 0")
+                if isinstance(dim, bool) or not isinstance(dim, int):
+                    raise ConfigError(f"{self.fn_name}: buckets[{target!r}] dim {dim!r} must be an integer (negative "
+                                      "dims count from the end)")
                 if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or not sizes:
                     raise ConfigError(f"{self.fn_name}: buckets[{target!r}][{dim}] must be a non-empty list "
                                       f"of sizes, got {sizes!r}")
                 if any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in sizes):
                     raise ConfigError(f"{self.fn_name}: buckets[{target!r}][{dim}] sizes must be positive "
                                       f"integers, got {list(sizes)!r}")
-                parsed.append((dim, tuple(sorted(set(sizes)))))
+                if len(set(sizes)) != len(sizes):
+                    twice = sorted({n for n in sizes if list(sizes).count(n) > 1})
+                    raise ConfigError(f"{self.fn_name}: buckets[{target!r}][{dim}] lists {twice} more than once")
+                parsed.append((dim, tuple(sorted(sizes))))  # any order: a call pads up to the next larger size
             label = repr(target)
             out.append(_Bucket(label, index, position, name, tuple(sorted(parsed))))
         return tuple(out)
@@ -225,8 +236,9 @@ class Signer:
             if kwargs:
                 for name in sorted(kwargs):
                     parts.append((name, leaf(kwargs[name], (method, name), tensors, labels)))
-            if method:
-                parts.append(("self", id(instance)))
+            owner = instance if method else self.owner
+            if owner is not None:
+                parts.append(("self", id(owner), getattr(owner, "training", None)))
             parts.append(state.modes())
             return CallSignature(tuple(parts), tensors, state.backend, (), None, labels, (), self)
         pads: list[Pad] = []
@@ -234,11 +246,9 @@ class Signer:
         overflow: str | None = None
         by_pos = self._bucket_pos[method]
         by_name = self._bucket_by_name[method]
-        seen: set[int] = set()
         for i, a in enumerate(args):
             bucket = by_pos.get(i)
             if bucket is not None:
-                seen.add(id(bucket))
                 entry, ovf = self._bucketed(a, bucket, (method, i), tensors, labels, pads, bucketed, state)
                 overflow = overflow or ovf
             else:
@@ -248,18 +258,14 @@ class Signer:
             a = kwargs[name]
             bucket = by_name.get(name)
             if bucket is not None:
-                seen.add(id(bucket))
                 entry, ovf = self._bucketed(a, bucket, (method, name), tensors, labels, pads, bucketed, state)
                 overflow = overflow or ovf
             else:
                 entry = state.leaf(a, (method, name), tensors, labels)
             parts.append((name, entry))
-        for b in self.buckets:
-            if id(b) not in seen:
-                raise SignatureError(f"{self.fn_name}: buckets names argument {b.label}, which this call did "
-                                     "not pass; pass it (as a tensor) or remove it from buckets=")
-        if method:
-            parts.append(("self", id(instance)))
+        owner = instance if method else self.owner
+        if owner is not None:
+            parts.append(("self", id(owner), getattr(owner, "training", None)))
         parts.append(state.modes())
         return CallSignature(tuple(parts), tensors, state.backend, tuple(pads), overflow, labels, tuple(bucketed),
                              self)
@@ -268,22 +274,22 @@ class Signer:
                   labels: list[tuple[Any, ...]], pads: list[Pad], bucketed: list[tuple[int, int, int]],
                   state: _WalkState) -> tuple[Any, str | None]:
         backend = backends.for_type(type(a))
-        if backend is None:
-            raise SignatureError(f"{self.fn_name}: buckets names {self.describe(label)}, which must be a tensor, but "
-                                 f"the call passed {type(a).__name__}")
+        if backend is None:  # an optional tensor left out (mask=None), or any non-tensor: a plain argument
+            return state.leaf(a, label, tensors, labels), None
         state.use(backend, label)
         shape = backend.shape(a)
         padded = list(shape)
         overflow = None
-        for dim, sizes in bucket.dims:
-            if dim >= len(shape):
-                raise SignatureError(f"{self.fn_name}: buckets names dim {dim} of {self.describe(label)}, but it has "
-                                     f"{len(shape)} dims (shape {list(shape)})")
+        for given, sizes in bucket.dims:
+            dim = given if given >= 0 else len(shape) + given
+            if not 0 <= dim < len(shape):
+                raise SignatureError(f"{self.fn_name}: buckets names dim {given} of {self.describe(label)}, but it "
+                                     f"has {len(shape)} dims (shape {list(shape)})")
             n = shape[dim]
             at = bisect.bisect_left(sizes, n)
             if at == len(sizes):
                 overflow = (f"{self.describe(label)} dim {dim} is {n}, larger than the largest bucket {sizes[-1]}; "
-                            f"add a larger size to buckets[{bucket.label}][{dim}]")
+                            f"add a larger size to buckets[{bucket.label}][{given}]")
                 continue
             padded[dim] = sizes[at]
             bucketed.append((len(tensors), dim, sizes[at]))
@@ -328,6 +334,9 @@ class _WalkState:
         tp = type(x)
         if tp in _SCALARS:
             return (tp, x)
+        if tp is slice:  # unhashable before Python 3.12: keyed by its bounds
+            return (slice, (self.leaf(x.start, label, tensors, labels), self.leaf(x.stop, label, tensors, labels),
+                            self.leaf(x.step, label, tensors, labels)))
         backend = backends.for_type(tp)
         if backend is not None:
             if backend is not self.backend:
@@ -392,7 +401,61 @@ class _WalkState:
         return tuple(parts)
 
 
-__all__ = ["CallSignature", "Pad", "Signer", "rebuild", "rebuild_call"]
+__all__ = ["Binder", "CallSignature", "Pad", "Signer", "rebuild", "rebuild_call"]
+
+
+class Binder:
+    """Puts a call's arguments in parameter order with the defaults applied, so that equivalent calls
+    (``f(x)``, ``f(x=x)``, ``f(x, 2.0)``, ``f(x, scale=2.0)``) are one key and run alike.
+
+    Guarantees: the function receives the same values for the same parameters as with the call as
+    written.  A call that does not bind (a missing or unexpected argument) is passed on as it is, so
+    that the function itself raises Python's error.  The common case (every parameter passed
+    positionally) costs one comparison.
+    """
+
+    def __init__(self, sig: inspect.Signature | None) -> None:
+        params = list(sig.parameters.values()) if sig is not None else None
+        self._plans = {False: _plan(params), True: _plan(params[1:] if params else params)}
+
+    def bind(self, method: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
+                                                                                         dict[str, Any]]:
+        plan = self._plans[method]
+        if plan is None:
+            return args, kwargs
+        names, defaults, general = plan
+        if not kwargs and len(args) == len(names) and general is None:
+            return args, kwargs
+        if general is not None:  # *args, **kwargs, keyword-only or positional-only parameters
+            try:
+                bound = general.bind(*args, **kwargs)
+            except TypeError:
+                return args, kwargs
+            bound.apply_defaults()
+            return bound.args, bound.kwargs
+        if len(args) > len(names):
+            return args, kwargs
+        out = list(args)
+        used = 0
+        for name, default in zip(names[len(args):], defaults[len(args):]):
+            if name in kwargs:
+                out.append(kwargs[name])
+                used += 1
+            elif default is not inspect.Parameter.empty:
+                out.append(default)
+            else:
+                return args, kwargs
+        if used != len(kwargs):
+            return args, kwargs
+        return tuple(out), {}
+
+
+def _plan(params: list[inspect.Parameter] | None) -> tuple[list[str], list[Any], inspect.Signature | None] | None:
+    if params is None:
+        return None
+    simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+    return ([p.name for p in params], [p.default for p in params],
+            None if simple else inspect.Signature(params))
 
 
 def rebuild_call(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Sequence[Any],

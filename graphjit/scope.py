@@ -10,7 +10,10 @@ traces, warms up and captures right there (as it would outside), but:
   the eager branch into the program);
 * progress is logged, one line per capture (``progress=True``), with ``k/total`` when ``total`` is given.
 
-Scopes nest; the outermost one owns the pool.  Nothing is traced or warmed up at decoration time.
+Scopes nest; the outermost one owns the pool.  A scope belongs to the thread that entered it: other
+threads do not see it (:func:`in_capture_scope` is per thread), and entering one scope object twice is
+a :class:`~graphjit.errors.ConfigError` (nest a new ``capture_scope()`` instead).  Nothing is traced or
+warmed up at decoration time.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from typing import Any
 log = logging.getLogger("graphjit")
 
 _lock = threading.Lock()
-_stack: list[CaptureScope] = []
 _tls = threading.local()
 _capture_ids = itertools.count(1)
 
@@ -51,6 +53,7 @@ class CaptureScope:
         self.name = name
         self.captures = 0
         self.failures = 0
+        self.uncaptured: dict[str, int] = {}  # calls that could not capture at all (no CUDA here), by reason
         self.capture_ms = 0.0
         self.started = 0.0
         self._pools: dict[tuple[str, str], Any] = {}
@@ -82,25 +85,37 @@ class CaptureScope:
             status = f"{ms:.1f} ms" if ok else f"not captured ({reason})"
             log.info("graphjit %s [%s] %s %s: %s%s", self.name, count, function, key, status, eta)
 
+    def note_uncaptured(self, reason: str) -> None:
+        """Count one call in the scope that could not try to capture (no CUDA graphs on this machine)."""
+        self.uncaptured[reason] = self.uncaptured.get(reason, 0) + 1
+
     def stats(self) -> dict[str, Any]:
         return {"captures": self.captures, "failures": self.failures, "capture_ms": round(self.capture_ms, 3),
+                "uncaptured": dict(self.uncaptured),
                 "seconds": round(time.perf_counter() - self.started, 3) if self.started else 0.0}
 
     def __enter__(self) -> CaptureScope:
-        with _lock:
-            self.parent = _stack[-1] if _stack else None
-            _stack.append(self)
+        stack = _thread_stack()
+        if self in stack:
+            from .errors import ConfigError
+
+            raise ConfigError(f"{self.name} is already active on this thread: a scope object is entered once; "
+                              "nest a new graphjit.capture_scope() instead")
+        self.parent = stack[-1] if stack else None
+        stack.append(self)
         self.started = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        with _lock:
-            if self in _stack:
-                _stack.remove(self)
+        stack = _thread_stack()
+        if self in stack:
+            stack.remove(self)
         if self.progress:
             s = self.stats()
-            log.info("graphjit %s: %d captures (%d not captured) in %.2f s, %.1f ms capturing",
-                     self.name, s["captures"], s["failures"], s["seconds"], s["capture_ms"])
+            why = "; ".join(f"{n} call(s): {reason}" for reason, n in self.uncaptured.items())
+            log.info("graphjit %s: %d captures (%d not captured) in %.2f s, %.1f ms capturing%s",
+                     self.name, s["captures"], s["failures"], s["seconds"], s["capture_ms"],
+                     f"; uncaptured: {why}" if why else "")
 
 
 def capture_scope(progress: bool = True, total: int | None = None) -> CaptureScope:
@@ -108,14 +123,23 @@ def capture_scope(progress: bool = True, total: int | None = None) -> CaptureSco
     return CaptureScope(progress=progress, total=total)
 
 
+def _thread_stack() -> list[CaptureScope]:
+    stack = getattr(_tls, "scopes", None)
+    if stack is None:
+        stack = _tls.scopes = []
+    return stack  # type: ignore[no-any-return]
+
+
 def current() -> CaptureScope | None:
-    """The innermost active capture scope, or None."""
-    return _stack[-1] if _stack else None
+    """The innermost capture scope active on this thread, or None."""
+    stack = getattr(_tls, "scopes", None)
+    return stack[-1] if stack else None
 
 
 def in_capture_scope() -> bool:
-    """True inside ``capture_scope()`` (user code may branch on it, e.g. to skip a debug print)."""
-    return bool(_stack)
+    """True inside ``capture_scope()`` on this thread (user code may branch on it, e.g. to skip a debug
+    print); other threads do not see this thread's scope."""
+    return bool(getattr(_tls, "scopes", None))
 
 
 @contextlib.contextmanager
@@ -150,6 +174,6 @@ def collective_mode() -> str | None:
     p = phase()
     if p == "capture":
         return "capture"
-    if p is not None or _stack:
+    if p is not None or getattr(_tls, "scopes", None):
         return "graphed"
     return None

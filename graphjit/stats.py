@@ -29,6 +29,7 @@ class KeyStats:
     """Counters of one graph key (one input signature)."""
 
     label: str
+    order: Any = None  # what report rows sort by (the tensors' shapes)
     state: State = State.NEW
     warmups: int = 0
     captures: int = 0
@@ -69,6 +70,7 @@ class FunctionStats:
     name: str
     calls: int = 0
     disabled_calls: int = 0
+    nested_calls: int = 0  # calls made inside another graphed call (run as part of it)
     fallbacks: Counter[str] = field(default_factory=Counter)
     verify_skipped: Counter[str] = field(default_factory=Counter)
     keys: dict[Any, KeyStats] = field(default_factory=dict)
@@ -83,6 +85,7 @@ class FunctionStats:
             "function": self.name,
             "calls": self.calls,
             "disabled_calls": self.disabled_calls,
+            "nested_calls": self.nested_calls,
             "graphs": sum(1 for k in self.keys.values() if k.state is State.REPLAY),
             "captures": sum(k.captures for k in self.keys.values()),
             "replays": sum(k.replays for k in self.keys.values()),
@@ -95,7 +98,8 @@ class FunctionStats:
     def report(self) -> str:
         """A short human-readable table of the counters (for logs and the command line)."""
         d = self.as_dict()
-        lines = [f"{self.name}: {d['calls']} calls, {d['graphs']} graphs, {d['replays']} replays"]
+        lines = [f"{self.name}: {d['calls']} calls, {d['graphs']} graphs, {d['replays']} replays"
+                 + (f", {self.nested_calls} calls inside other graphed calls" if self.nested_calls else "")]
         for reason, n in sorted(self.fallbacks.items(), key=lambda item: -item[1]):
             lines.append(f"  fallback x{n}: {reason}")
         for reason, n in sorted(self.verify_skipped.items(), key=lambda item: -item[1]):
@@ -112,4 +116,5 @@ class FunctionStats:
 
 
 def keys_sorted(keys: Any) -> list[KeyStats]:
-    return sorted(keys, key=lambda k: k.label)
+    """Keys in the order of their tensors' shapes (numerically: x[2] before x[16]), then by label."""
+    return sorted(keys, key=lambda k: (k.order is None, k.order or (), k.label))

@@ -939,7 +939,7 @@ class GraphedLayerMixin:
     _graphjit_core: GraphedLayerCore
 
     def _attach_core(self, glue: Glue, options: dict[str, Any]) -> None:
-        core = GraphedLayerCore(glue, f"graphed_layer({type(glue.layer).__name__})", **options)
+        core = GraphedLayerCore(glue, _layer_name(type(glue.layer).__name__), **options)
         object.__setattr__(self, "_graphjit_core", core)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -978,6 +978,19 @@ class GraphedLayerMixin:
     def extra_repr(self) -> str:
         c = self._graphjit_core
         return f"warmup={c.warmup}, max_in_flight={c.max_in_flight}, outputs={c.outputs!r}"
+
+
+_NAMES_GIVEN: collections.Counter[str] = collections.Counter()
+_NAMES_LOCK = threading.Lock()
+
+
+def _layer_name(cls_name: str) -> str:
+    """``graphed_layer(Block)`` for the first graphed layer of a class, ``graphed_layer(Block#2)`` for the
+    second, ...: reports and logs of two layers of one class are told apart."""
+    with _NAMES_LOCK:
+        _NAMES_GIVEN[cls_name] += 1
+        n = _NAMES_GIVEN[cls_name]
+    return f"graphed_layer({cls_name})" if n == 1 else f"graphed_layer({cls_name}#{n})"
 
 
 def _unsupported_leaf(x: Any, is_tensor: Callable[[Any], bool], path: str = "") -> tuple[str, type] | None:

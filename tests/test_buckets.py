@@ -54,8 +54,20 @@ def test_sizes_in_one_bucket_share_a_key_and_other_buckets_do_not():
 
 
 @pytest.mark.torch
-def test_unsorted_and_duplicate_sizes_are_normalised():
-    assert sign({"x": {0: [8, 2, 4, 2]}}, torch.ones(3)).key[1][0] == (4,)
+def test_sizes_in_any_order_are_sorted_and_repeated_sizes_are_refused():
+    assert sign({"x": {0: [8, 2, 4]}}, torch.ones(3)).key[1][0] == (4,)  # documented: a call pads to the next size
+    with pytest.raises(graphjit.ConfigError, match=r"buckets\['x'\]\[0\] lists \[2\] more than once"):
+        graphjit.graphed(step, buckets={"x": {0: [8, 2, 4, 2]}})
+
+
+@pytest.mark.torch
+def test_negative_dims_count_from_the_end():
+    x = torch.ones(2, 3)
+    last = sign({"x": {-1: SIZES}}, x)
+    assert tuple(last.key[1][0]) == (2, 4) and last.pads == (Pad(0, 1, 3, 4),)
+    assert sign({"x": {-1: SIZES}}, x).key == sign({"x": {1: SIZES}}, x).key
+    with pytest.raises(graphjit.SignatureError, match=r"buckets names dim -3 of argument 'x', but it has 2 dims"):
+        sign({"x": {-3: SIZES}}, x)
 
 
 @pytest.mark.paddle
@@ -134,9 +146,8 @@ def test_graphed_method_with_buckets_runs_and_keys_per_instance():
 @pytest.mark.parametrize(("buckets", "match"), [
     ({"y": {0: SIZES}}, r"step: buckets names argument 'y', which the function does not have; its parameters "
                         r"are: mask, n, x"),
-    ({"x": {-1: SIZES}}, r"buckets\['x'\] dim -1 must be an integer >= 0"),
-    ({"x": {"0": SIZES}}, r"buckets\['x'\] dim '0' must be an integer >= 0"),
-    ({"x": {True: SIZES}}, r"buckets\['x'\] dim True must be an integer >= 0"),
+    ({"x": {"0": SIZES}}, r"buckets\['x'\] dim '0' must be an integer \(negative dims count from the end\)"),
+    ({"x": {True: SIZES}}, r"buckets\['x'\] dim True must be an integer"),
     ({"x": {0: []}}, r"buckets\['x'\]\[0\] must be a non-empty list of sizes, got \[\]"),
     ({"x": {0: 8}}, r"buckets\['x'\]\[0\] must be a non-empty list of sizes, got 8"),
     ({"x": {0: "1248"}}, r"buckets\['x'\]\[0\] must be a non-empty list of sizes"),
@@ -177,21 +188,27 @@ def test_bucket_names_pass_through_var_kwargs_and_var_args():
 
 
 @pytest.mark.torch
-def test_call_missing_the_bucketed_argument_names_it():
-    g = graphjit.graphed(step, buckets={"mask": {0: SIZES}})
-    with pytest.raises(graphjit.SignatureError,
-                       match=r"step: buckets names argument 'mask', which this call did not pass"):
-        g(torch.ones(2))
+def test_an_optional_bucketed_tensor_may_be_left_out_or_none():
+    def attn(x, mask=None):
+        return x if mask is None else x * mask
+
+    g = graphjit.graphed(attn, buckets={"mask": {0: SIZES}})
+    x = torch.ones(3)
+    assert torch.equal(g(x), x) and torch.equal(g(x, None), x) and torch.equal(g(x, mask=None), x)
+    assert torch.equal(g(x, torch.full((3,), 2.0)), x * 2)
+    keys = g.stats()["keys"]
+    assert len(keys) == 2  # left out, None and mask=None are one call; a tensor mask is bucketed
+    signer = g._self_state.signer
+    padded = signer.sign(None, *signer.binder.bind(False, (x, torch.ones(3)), {}))
+    assert padded.pads == (Pad(1, 0, 3, 4),)
 
 
 @pytest.mark.torch
 @pytest.mark.parametrize("value", [[1.0, 2.0], 3, None])
-def test_non_tensor_bucketed_argument_names_it(value):
+def test_a_non_tensor_bucketed_argument_is_a_plain_argument(value):
     g = graphjit.graphed(step, buckets={"mask": {0: SIZES}})
-    with pytest.raises(graphjit.SignatureError,
-                       match=rf"step: buckets names argument 'mask', which must be a tensor, but the call passed "
-                             rf"{type(value).__name__}"):
-        g(torch.ones(2), value)
+    assert torch.equal(g(torch.ones(2), value), torch.ones(2) * 2)
+    assert g.stats()["keys"][0]["key"].startswith("x[2]")
 
 
 @pytest.mark.paddle

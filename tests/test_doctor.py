@@ -61,7 +61,7 @@ def test_doctor_on_cpu_says_no_gpu_and_exits_0() -> None:
                           timeout=120, cwd=ROOT, env=environ)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first = proc.stdout.splitlines()[0]
-    assert first.startswith("graphjit doctor: no GPU"), first
+    assert first.startswith(f"graphjit {graphjit.__version__} doctor: no GPU"), first
     assert "will not be captured" in first and "traced function" in first
     rows = _table_rows(proc.stdout)
     assert rows and all(mark in ("pass", "fail", "skip") for mark, _ in rows), rows
@@ -483,7 +483,7 @@ def test_report_exit_code_counts_only_blocking_failures() -> None:
     r.add("s", "optional", doctor.FAIL, "broken", "do this", blocking=False, lines=["GPU0 X"])
     assert r.exit_code == 0
     text = r.render()
-    assert text.splitlines()[0] == "graphjit doctor: a summary"
+    assert text.splitlines()[0] == f"graphjit {graphjit.__version__} doctor: a summary"
     assert "fix: do this" in text and "GPU0 X" in text and "exit status 0" in text
     r.add("s", "needed", doctor.FAIL, "broken", "do that")
     assert r.exit_code == 1 and "exit status 1: 1 failed check(s) stop what you asked for: needed" in r.render()

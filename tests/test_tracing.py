@@ -62,7 +62,7 @@ def test_paddle_control_flow_equals_eager(tracer):
             np.testing.assert_allclose(got_y.numpy(), want_y.numpy(), rtol=1e-6, atol=1e-6)
             np.testing.assert_allclose(got_s.numpy(), want_s.numpy(), rtol=1e-5, atol=1e-5)
     traced = traced_of(g, "paddle")
-    expected = {"auto": "SymbolicStaticFunction", "sot": "SymbolicStaticFunction", "ast": "ASTStaticFunction"}
+    expected = {"auto": "SotFunction", "sot": "SotFunction", "ast": "ASTStaticFunction"}
     if tracer == "eager":
         assert traced is control_flow
     else:
@@ -150,7 +150,7 @@ def test_paddle_layer_method_with_the_default_sot_tracer_equals_eager():
         for m in (a, b, a):  # each instance its own translation, with its own weights
             want = paddle.nn.functional.relu(m.lin(x)) + m.k
             np.testing.assert_allclose(m(x).numpy(), want.numpy(), rtol=1e-5)
-    assert type(Block.__dict__["forward"]._self_state.traced["paddle"]).__name__ == "SymbolicStaticFunction"
+    assert type(Block.__dict__["forward"]._self_state.traced["paddle"]).__name__ == "SotFunction"
 
 
 @pytest.mark.paddle

@@ -240,6 +240,10 @@ class Backend(abc.ABC):
         """A one-line description if ``exc`` is the tracer's own internal failure, else None."""
         return None
 
+    def original_error(self, exc: BaseException) -> BaseException | None:
+        """The function's own exception behind ``exc`` where the tracer re-raised it changed, else None."""
+        return None
+
     @contextlib.contextmanager
     def sync_watch(self, hits: list[str]) -> Iterator[None]:
         """Append a description of every CPU-GPU synchronisation inside the block to ``hits`` (with the

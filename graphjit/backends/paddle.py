@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import inspect
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -96,6 +98,69 @@ def _places_hash_by_value() -> bool:
         return False
 
 
+_DY2ST_ERROR_DATA = "Error data about original source code information and traceback."  # paddle.jit error.py
+_OWN_DIRS = (os.path.dirname(paddle.__file__) + os.sep, str(Path(__file__).resolve().parents[1]) + os.sep)
+
+
+def _foreign_frames(exc: BaseException) -> bool:
+    """True if the traceback of ``exc`` has a frame outside Paddle and graphjit (the user's code ran)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_OWN_DIRS):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def skip_graphjit_in_sot() -> bool:
+    """Add graphjit's package folder to the file prefixes SOT never translates (Paddle 2.6 and 3.x
+    keep them in ``skip_files.skip_file_names`` and hand them to the frame hook).  False if this
+    Paddle has no such list (then SOT may trace into graphjit; the swap's graph break still holds)."""
+    try:
+        from paddle.jit.sot.opcode_translator import skip_files
+    except ImportError:
+        return False
+    names = getattr(skip_files, "skip_file_names", None)
+    setter = getattr(paddle.framework.core, "eval_frame_skip_file_prefix", None)
+    if not isinstance(names, set) or setter is None:
+        return False
+    names.add(str(Path(__file__).resolve().parents[1]) + os.sep)
+    setter(tuple(names))
+    return True
+
+
+class SotFunction:
+    """``fn`` run through SOT: ``paddle.jit.sot.symbolic_translate``, which is what
+    ``to_static(full_graph=False)`` runs once its own argument handling is done (Paddle 2.6 and 3.x).
+    Skipping that handling keeps what SOT itself translates and to_static refuses (``*args`` functions,
+    methods of classes that are not Layers, ``range`` arguments, functions behind ``functools.wraps``, a
+    first parameter named ``self``); a ``functools.partial`` is translated through its function.  Bound
+    to a Layer (the descriptor protocol, as a method), it translates in the Layer's train/eval mode."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.func = fn.func if isinstance(fn, functools.partial) else fn
+        self.bound_args = (fn.args, fn.keywords) if isinstance(fn, functools.partial) else ((), {})
+
+    def __get__(self, instance: Any, owner: Any = None) -> Callable[..., Any]:
+        if instance is None:
+            return self
+        return functools.partial(self.run, instance)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.run(None, *args, **kwargs)
+
+    def run(self, instance: Any, *args: Any, **kwargs: Any) -> Any:
+        from paddle.jit.sot import symbolic_translate
+
+        training = bool(getattr(instance, "training", True))
+        traced = symbolic_translate(self.func, training=training)
+        pre, kw = self.bound_args
+        if instance is not None:
+            pre = (instance, *pre)
+        return traced(*pre, *args, **{**kw, **kwargs})
+
+
 class PaddleBackend(Backend):
     name = "paddle"
     tracers = ("sot", "ast", "eager")
@@ -106,6 +171,7 @@ class PaddleBackend(Backend):
         self._unavailable: dict[str, str | None] = {}
         self._sync_thread = threading.local()
         self._flags_set = False
+        skip_graphjit_in_sot()  # SOT must never translate graphjit's own code (a nested graphed call runs it)
         import paddle.device.cuda.graphs as _graphs  # not imported by `import paddle` in 2.6
 
         self._graphs = _graphs
@@ -259,7 +325,7 @@ class PaddleBackend(Backend):
         if tracer == "eager":
             return fn
         if tracer == "sot":
-            return paddle.jit.to_static(fn, full_graph=False)
+            return SotFunction(fn)
         if tracer == "ast":
             return paddle.jit.to_static(fn, full_graph=True)
         raise BackendError(f"tracer={tracer!r} is not a paddle tracer; expected one of {self.tracers}")
@@ -271,11 +337,25 @@ class PaddleBackend(Backend):
         return _TRACE_LOCK
 
     def tracer_failure(self, exc: BaseException) -> str | None:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        text = lines[-1][:300] if lines else type(exc).__name__
         # SOT's InnerError: SOT failed inside itself (e.g. Paddle 2.6 cannot translate float(tensor)).
         if type(exc).__name__ == "InnerError" and type(exc).__module__.startswith("paddle.jit.sot"):
-            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-            return lines[-1][:300] if lines else type(exc).__name__
+            return text
+        # to_static's own argument handling or transformation raised: no frame of the call ran outside Paddle
+        # and graphjit (the function's own errors come from its own frames, or from its transformed code,
+        # which Paddle marks with its error data).
+        if isinstance(exc, (TypeError, ValueError, AttributeError, NotImplementedError)) \
+                and getattr(exc, _DY2ST_ERROR_DATA, None) is None and not _foreign_frames(exc):
+            return f"{type(exc).__name__} in paddle: {text}"
         return None
+
+    def original_error(self, exc: BaseException) -> BaseException | None:
+        """The function's own exception that to_static re-raised with a longer message (and, for a KeyError,
+        as another type): Paddle keeps it in the error data it attaches."""
+        data = getattr(exc, _DY2ST_ERROR_DATA, None)
+        original = getattr(data, "error_value", None)
+        return original if isinstance(original, BaseException) else None
 
     # -- devices and graphs ----------------------------------------------------------------
     def graphs_unavailable(self, device: str) -> str | None:

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import pickle
 from collections.abc import Hashable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,28 +28,12 @@ import paddle
 import paddle.distributed as dist
 
 from .dist_base import Call, DistBackend, TensorInfo
+from .paddle import skip_graphjit_in_sot
 
 _DTYPES = {paddle.float32: "float32", paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
 # What paddle.device.current_stream wraps: the current stream of a GPU index, without building a Stream
 # object; None where this Paddle has no such call (the public route then serves).
 _RAW_STREAM = getattr(getattr(getattr(paddle, "base", None), "core", None), "_get_current_stream", None)
-
-
-def _skip_graphjit_in_sot() -> bool:
-    """Add graphjit's package folder to the file prefixes SOT never translates (Paddle 2.6 and 3.x
-    keep them in ``skip_files.skip_file_names`` and hand them to the frame hook).  False if this
-    Paddle has no such list (then SOT may trace into graphjit; the swap's graph break still holds)."""
-    try:
-        from paddle.jit.sot.opcode_translator import skip_files
-    except ImportError:
-        return False
-    names = getattr(skip_files, "skip_file_names", None)
-    setter = getattr(paddle.framework.core, "eval_frame_skip_file_prefix", None)
-    if not isinstance(names, set) or setter is None:
-        return False
-    names.add(str(Path(__file__).resolve().parents[1]) + os.sep)
-    setter(tuple(names))
-    return True
 
 
 class CompletedTask:
@@ -86,7 +68,7 @@ class Dist(DistBackend):
         break, not a wrapt proxy (Paddle 2.6's SOT traces into the proxy's call, and into graphjit).
         Also puts graphjit's own files on SOT's skip list: the call runs eagerly after the graph
         break, and SOT's frame hook must not translate graphjit's dispatch code then."""
-        _skip_graphjit_in_sot()
+        skip_graphjit_in_sot()
 
         @functools.wraps(wrapper)
         def all_reduce(*args: Any, **kwargs: Any) -> Any:

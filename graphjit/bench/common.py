@@ -32,8 +32,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Options every ``bench`` subcommand takes."""
     g = parser.add_argument_group("output")
     g.add_argument("--out", default=None, metavar="PATH",
-                   help=f"folder for the JSON and PNG (default: {DEFAULT_OUT}); a path ending in .json names the "
-                        "JSON file itself (the PNG goes next to it)")
+                   help=f"folder for the JSON and PNG (default: {DEFAULT_OUT} under the current folder, created if "
+                        "missing); a path ending in .json names the JSON file itself (the PNG goes next to it)")
     g.add_argument("--tag", default=None,
                    help="short machine tag used in the file name (default: this host's name, sanitised)")
     g.add_argument("--no-plot", action="store_true", help="write the JSON only")

@@ -63,7 +63,9 @@ class Report:
         """The text the command prints: the summary, the table (fixes and hints under their rows) and a last
         line on the exit status."""
         width = max([len(r.check) for r in self.rows] + [5])
-        out = [*(f"graphjit doctor: {s}" for s in self.summary[:1]), *self.summary[1:], ""]
+        from .. import __version__
+
+        out = [*(f"graphjit {__version__} doctor: {s}" for s in self.summary[:1]), *self.summary[1:], ""]
         out.append(f"{'mark':4s}  {'check':{width}s}  result")
         out.append(f"{'-' * 4}  {'-' * width}  {'-' * 6}")
         indent = " " * (6 + width + 2)

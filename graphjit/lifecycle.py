@@ -1,0 +1,239 @@
+"""The calls of a key that has no graph yet: warmup calls, the capturing call, and what happens when
+a key cannot be graphed (the methods :class:`graphjit.api._State` inherits from :class:`KeyLifecycle`).
+
+Every method here keeps the exactly-once promise of :mod:`graphjit.capture`: the call runs the
+function once, eagerly or as the first replay, and the runs graphjit adds for itself (extra warmups
+inside a capture scope, verify's eager reference) are undone.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from typing import TYPE_CHECKING, Any
+
+from . import env, reach
+from . import scope as scope_mod
+from .backends.base import Backend
+from .capture import BuildRequest, KeyEntry, build
+from .errors import CaptureError, UnrecoverableCaptureError
+from .keys import CallSignature
+from .stats import KeyStats, State
+from .warmup import Blocked, Warmup, watched_call
+from .writes import Snapshot
+
+if TYPE_CHECKING:
+    from .invoke import Invoker
+    from .options import Options
+    from .stats import FunctionStats
+
+log = logging.getLogger("graphjit")
+
+FUNCTION_WIDE = frozenset(("rebinds a tensor held by an object", "adds tensors to an object on every call"))
+"""Reasons that hold for every key of the function once seen (a cache that grows makes a new key per call)."""
+
+
+class KeyLifecycle(abc.ABC):
+    """Warmup, capture and failure handling of the keys of one graphed function (a mixin of ``_State``)."""
+
+    name: str
+    options: Options
+    invoker: Invoker
+    stats: FunctionStats
+    entries: dict[tuple[Any, ...], KeyEntry]
+    warming: dict[tuple[Any, ...], Warmup]
+    failed: dict[tuple[Any, ...], str]
+    blocked_fn: Blocked | None
+
+    # -- provided by _State -------------------------------------------------------------------
+    @abc.abstractmethod
+    def key_stats(self, backend: Backend, sig: CallSignature) -> KeyStats: ...
+
+    @abc.abstractmethod
+    def roots(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]: ...
+
+    @abc.abstractmethod
+    def strict(self) -> bool: ...
+
+    @abc.abstractmethod
+    def verify(self) -> bool: ...
+
+    @abc.abstractmethod
+    def say_once(self, level: int, topic: str, msg: str, *args: Any) -> None: ...
+
+    @abc.abstractmethod
+    def pool_for(self, backend: Backend, device: str) -> Any: ...
+
+    @abc.abstractmethod
+    def hand_out(self, entry: KeyEntry, result: Any) -> None: ...
+
+    @abc.abstractmethod
+    def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], key: tuple[Any, ...] | None = None) -> Any: ...
+
+    # -- the calls ------------------------------------------------------------------------------
+    def watched(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
+                args: tuple[Any, ...], kwargs: dict[str, Any], sync_watch: bool) -> Any:
+        """One eager run of the function as a warmup, observed (:func:`graphjit.warmup.watched_call`).
+
+        ``sync_watch``: also look for CPU-GPU syncs (the last warmup run before a capture; not the first
+        of several, in which tracers translate and compilers may synchronise for themselves)."""
+        st = self.key_stats(backend, sig)
+        st.state = State.WARMUP
+        with scope_mod.graphed_call("warmup"):
+            out, obs = watched_call(backend, lambda: self.invoker.run(backend, instance, args, kwargs),
+                                    self.roots(instance, args, kwargs), device, env.settings().verify_max_bytes,
+                                    sync_watch=sync_watch)
+        warm.sync_watched = warm.sync_watched or sync_watch
+        warm.note(obs, backend, out, sig.tensors)
+        st.warmups += 1
+        if env.settings().debug:
+            log.debug("graphjit %s [%s]: warmup %d/%d wrote %s%s", self.name, st.label, warm.calls,
+                      self.options.warmup, [reach.describe(p) for _t, p in obs.written] or "nothing",
+                      f"; blocked: {warm.blocked.reason}" if warm.blocked else "")
+        return out
+
+    def warm_call(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A warmup call: the function runs once, eagerly, and that is the call's result."""
+        last = warm.calls + 1 >= self.options.warmup
+        out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last)
+        if warm.blocked is not None:
+            self.block(backend, sig, warm.blocked, out)
+        return out
+
+    def block(self, backend: Backend, sig: CallSignature, blocked: Blocked, result: Any) -> None:
+        """The key runs uncaptured from now on (``result``: of the call that found out)."""
+        st = self.key_stats(backend, sig)
+        self.failed[sig.key] = blocked.reason
+        self.warming.pop(sig.key, None)
+        st.state, st.reason, st.detail = State.FALLBACK, blocked.reason, blocked.message
+        self.stats.fallback(blocked.reason)  # this call ran eagerly too, and no graph will follow
+        st.uncaptured += 1
+        if blocked.reason in FUNCTION_WIDE:
+            self.blocked_fn = blocked
+        active = scope_mod.current()
+        if active is not None:
+            active.note_capture(self.name, st.label, 0.0, ok=False, reason=blocked.reason)
+        if self.strict():
+            raise CaptureError(f"{self.name} [{st.label}]: {blocked.message} (strict mode)",
+                               reason=blocked.reason).after_run(result)
+        self.say_once(logging.WARNING, "fail:" + blocked.reason, "graphjit %s [%s]: %s; running uncaptured",
+                      self.name, st.label, blocked.message)
+
+    def extra_warmups(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, count: int,
+                      instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Inside a capture scope: ``count`` more warmup runs after the call's own, each undone (the state
+        it writes and the generator put back), so that the call still acts like one eager call."""
+        written = [t for t, _p in warm.written_tensors()] + [sig.tensors[i] for i in sorted(warm.mutated_leaves)]
+        nbytes = sum(backend.nbytes(t) for t in written)
+        if nbytes > env.settings().verify_max_bytes or warm.untracked is not None:
+            return  # cannot undo them: capture after the call's own run
+        snap = Snapshot(backend, written, device)
+        known = {id(t) for t in written}
+        for k in range(count):
+            self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=k == count - 1)
+            snap.restore()
+            new = [p for t, p in warm.written_tensors() if id(t) not in known]
+            if new and warm.blocked is None:
+                warm.blocked = Blocked("writes different tensors on different calls",
+                                       f"a warmup run wrote {reach.describe(new[0])}, which the call's own run did not "
+                                       "write; graphjit cannot undo that run there")
+            if warm.blocked is not None:
+                return
+
+    def capture_key(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
+                    args: tuple[Any, ...], kwargs: dict[str, Any], no_adopt: frozenset[int]) -> Any:
+        """The call that captures: after the key's warmup calls (the result comes from the first replay),
+        or the first call of the key inside a capture scope (the result is the call's own eager run)."""
+        settings = env.settings()
+        st = self.key_stats(backend, sig)
+        scope_run = scope_mod.current() is not None and warm.calls < self.options.warmup
+        own: Any = None
+        if scope_run:
+            own = self.watched(backend, device, sig, warm, instance, args, kwargs,
+                               sync_watch=warm.calls + 1 >= self.options.warmup)
+            if warm.blocked is None and warm.calls < self.options.warmup:
+                self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance, args,
+                                   kwargs)
+            if warm.blocked is None and not warm.sync_watched and not backend.captures_recoverable:
+                warm.blocked = Blocked("no sync-checked warmup", f"{backend.name} cannot recover from a capture that a "
+                                       "CPU-GPU sync breaks, and the extra warmup run that checks for syncs could not "
+                                       "be undone (see GRAPHJIT_VERIFY_MAX_BYTES); call it once before the capture "
+                                       "scope, or raise the limit")
+            if warm.blocked is not None:
+                self.block(backend, sig, warm.blocked, own)
+                return own
+        st.state_bytes = (sum(backend.nbytes(t) for t, _p in warm.written_tensors())
+                          + sum(backend.nbytes(sig.tensors[i]) for i in warm.mutated_leaves))
+        inv = self.invoker
+        traced = inv.traced(backend)
+        capture_fn = backend.capture_callable(traced, inv.target, inv.tracer_name(backend))
+        req = BuildRequest(
+            fn_name=self.name, backend=backend, device=device, traced=inv.callable(traced, instance),
+            capture_fn=inv.callable(capture_fn, instance), args=args, kwargs=kwargs, sig=sig, stats=st, warm=warm,
+            roots=lambda: self.roots(instance, args, kwargs), verify=self.verify(),
+            verify_budget=settings.verify_max_bytes, replay_result=not scope_run,
+            copy_outputs=self.options.outputs == "copy" or settings.check_outputs,
+            pool=self.pool_for(backend, device), dump_dir=settings.dump_dir, debug=settings.debug,
+            no_adopt=no_adopt)
+        active = scope_mod.current()
+        try:
+            entry, result = build(req)
+        except CaptureError as exc:
+            return self.capture_failed(exc, backend, sig, st, own if scope_run else None, scope_run, instance, args,
+                                       kwargs)
+        self.warming.pop(sig.key, None)
+        self.entries[sig.key] = entry
+        if st.verify is not None and st.verify.startswith("skipped"):
+            self.stats.verify_skipped[st.verify.split(": ", 1)[-1]] += 1
+            self.say_once(logging.INFO, "verify-skip:" + st.verify, "graphjit %s [%s]: captured without verify (%s)",
+                          self.name, st.label, st.verify)
+        if active is not None:
+            active.note_capture(self.name, st.label, st.capture_ms, ok=True)
+        if scope_run:
+            return own
+        if settings.check_outputs and self.options.outputs == "alias":
+            self.hand_out(entry, result)
+        return result
+
+    def capture_failed(self, exc: CaptureError, backend: Backend, sig: CallSignature, st: KeyStats, own: Any,
+                       scope_run: bool, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The key's capture or verify failed: it runs uncaptured from now on; this call's result is its
+        one eager execution (already run, or run now)."""
+        self.failed[sig.key] = exc.reason
+        self.warming.pop(sig.key, None)
+        st.state, st.reason, st.detail = State.FALLBACK, exc.reason, str(exc)
+        active = scope_mod.current()
+        if active is not None:
+            active.note_capture(self.name, st.label, 0.0, ok=False, reason=exc.reason)
+        if isinstance(exc, UnrecoverableCaptureError):
+            raise exc
+        if scope_run:
+            result = own
+        elif exc.executed:
+            result = exc.result
+            self.stats.fallback(exc.reason)
+            st.uncaptured += 1
+        else:
+            result = self.fallback(exc.reason, backend, instance, args, kwargs, sig.key)
+        if self.strict():
+            raise exc.after_run(result)
+        self.say_once(logging.WARNING, "fail:" + exc.reason, "graphjit %s [%s]: %s; running uncaptured",
+                      self.name, st.label, exc)
+        return result
+
+    def recapture(self, entry: KeyEntry, leaf: int, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+        backend = entry.inputs.backend
+        path = sig.paths[leaf] if leaf < len(sig.paths) else f"input {leaf}"
+        self.say_once(logging.INFO, f"moved:{leaf}",
+                      "graphjit %s: %s is updated in place and arrived at a new address; recapturing with a "
+                      "graphjit-owned buffer that is copied in and back each call (pass the same tensor every "
+                      "call to avoid the copies)", self.name, path)
+        del self.entries[sig.key]
+        entry.release()
+        entry.stats.reason = f"recaptured: {path} moved"
+        device = backend.device_str(sig.tensors[0])
+        return self.capture_key(backend, device, sig, entry.warm, instance, args, kwargs, entry.no_adopt | {leaf})
+

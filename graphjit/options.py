@@ -1,0 +1,97 @@
+"""The options of ``@graphed``, checked when a function is decorated.
+
+:func:`make_options` refuses, with a :class:`~graphjit.errors.ConfigError` naming the option and what it
+accepts: an unknown option name (with the closest valid one), a value of the wrong kind, and
+combinations that cannot work (a Paddle tracer for torch).  :func:`check_callable` refuses what
+``@graphed`` cannot wrap: generator and async functions, classmethod and staticmethod objects (put
+``@graphed`` under them), something already graphed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ConfigError
+from .keys import BucketsArg
+
+BACKENDS = ("auto", "paddle", "torch")
+TRACERS = ("auto", "sot", "ast", "eager", "compile")
+OUTPUTS = ("copy", "alias")
+POOLS = ("shared", "private")
+DEFAULT_MAX_GRAPHS = 64
+
+
+@dataclass(frozen=True)
+class Options:
+    """The validated options of one graphed function."""
+
+    backend: str = "auto"
+    tracer: str = "auto"
+    buckets: BucketsArg = None
+    warmup: int = 2
+    max_graphs: int | None = None
+    outputs: str = "copy"
+    verify: bool | None = None
+    pool: str = "shared"
+    strict: bool | None = None
+
+
+NAMES = tuple(f.name for f in fields(Options))
+
+
+def make_options(given: dict[str, Any]) -> Options:
+    """:class:`Options` from the keyword arguments given to ``graphed()``, validated."""
+    for name in given:
+        if name not in NAMES:
+            close = difflib.get_close_matches(name, NAMES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"graphed() has no option {name!r}{hint} (its options are {', '.join(NAMES)})")
+    o = Options(**given)
+    _check_choice("backend", o.backend, BACKENDS)
+    _check_choice("tracer", o.tracer, TRACERS)
+    _check_choice("outputs", o.outputs, OUTPUTS)
+    _check_choice("pool", o.pool, POOLS)
+    if isinstance(o.warmup, bool) or not isinstance(o.warmup, int) or o.warmup < 1:
+        raise ConfigError(f"warmup={o.warmup!r}: expected an integer >= 1 (graphjit needs one eager call to find "
+                          "what the function writes and to verify the capture)")
+    if o.max_graphs is not None and (isinstance(o.max_graphs, bool) or not isinstance(o.max_graphs, int)
+                                     or o.max_graphs < 1):
+        raise ConfigError(f"max_graphs={o.max_graphs!r}: expected an integer >= 1 or None")
+    for name in ("verify", "strict"):
+        value = getattr(o, name)
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"{name}={value!r}: expected True, False or None (None: from GRAPHJIT_{name.upper()})")
+    if o.backend == "paddle" and o.tracer == "compile":
+        raise ConfigError("tracer='compile' is a torch tracer; paddle tracers are 'sot', 'ast' and 'eager'")
+    if o.backend == "torch" and o.tracer in ("sot", "ast"):
+        raise ConfigError(f"tracer={o.tracer!r} is a paddle tracer; torch tracers are 'eager' and 'compile'")
+    return o
+
+
+def check_callable(fn: Any, already_graphed: tuple[type, ...]) -> None:
+    """Refuse what ``@graphed`` cannot wrap (see the module docstring)."""
+    if isinstance(fn, (classmethod, staticmethod)):
+        kind = type(fn).__name__
+        raise ConfigError(f"graphed() got a {kind} object: put @graphjit.graphed under @{kind} (@{kind} on top, "
+                          "then @graphjit.graphed, then def)")
+    if not callable(fn):
+        raise ConfigError(f"graphed() needs a function or callable, got {type(fn).__name__}")
+    if isinstance(fn, already_graphed):
+        raise ConfigError(f"{getattr(fn, '__qualname__', fn)!r} is already graphed")
+    cls = type(fn)
+    target = fn if inspect.isroutine(fn) else (getattr(cls, "forward", None) or cls.__call__)
+    if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
+        raise ConfigError(f"graphed() got a generator function ({getattr(target, '__qualname__', target)}): a CUDA "
+                          "graph replays one call's work, and a generator's work happens as it is iterated; graph "
+                          "the function that computes one item instead")
+    if inspect.iscoroutinefunction(target):
+        raise ConfigError(f"graphed() got an async function ({getattr(target, '__qualname__', target)}): graph a "
+                          "plain function that runs the GPU work, and await around it")
+
+
+def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(f"{name}={value!r}: expected one of {', '.join(repr(a) for a in allowed)}")
