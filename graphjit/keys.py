@@ -35,6 +35,21 @@ _MISSING = object()
 BucketsArg = Mapping[str | int, Mapping[int, Sequence[int]]] | None
 
 
+class Key(tuple):  # type: ignore[type-arg]
+    """A call's key: a tuple whose hash is computed once.  Its parts hash slowly for some frameworks
+    (a Paddle dtype hashes in about 0.5 us), and a call that has no graph looks its key up several times."""
+
+    _hash: int
+
+    def __new__(cls, parts: Sequence[Any]) -> Key:
+        key = super().__new__(cls, parts)
+        key._hash = tuple.__hash__(key)
+        return key
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 @dataclass(frozen=True)
 class Pad:
     """A bucketed dimension of one tensor leaf: its real size and the size it is padded to."""
@@ -240,7 +255,7 @@ class Signer:
             if owner is not None:
                 parts.append(("self", id(owner), getattr(owner, "training", None)))
             parts.append(state.modes())
-            return CallSignature(tuple(parts), tensors, state.backend, (), None, labels, (), self)
+            return CallSignature(Key(parts), tensors, state.backend, (), None, labels, (), self)
         pads: list[Pad] = []
         bucketed: list[tuple[int, int, int]] = []
         overflow: str | None = None
@@ -267,7 +282,7 @@ class Signer:
         if owner is not None:
             parts.append(("self", id(owner), getattr(owner, "training", None)))
         parts.append(state.modes())
-        return CallSignature(tuple(parts), tensors, state.backend, tuple(pads), overflow, labels, tuple(bucketed),
+        return CallSignature(Key(parts), tensors, state.backend, tuple(pads), overflow, labels, tuple(bucketed),
                              self)
 
     def _bucketed(self, a: Any, bucket: _Bucket, label: tuple[Any, ...], tensors: list[Any],
@@ -401,7 +416,7 @@ class _WalkState:
         return tuple(parts)
 
 
-__all__ = ["Binder", "CallSignature", "Pad", "Signer", "rebuild", "rebuild_call"]
+__all__ = ["Binder", "CallSignature", "Key", "Pad", "Signer", "rebuild", "rebuild_call"]
 
 
 class Binder:
