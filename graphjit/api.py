@@ -299,20 +299,6 @@ class _State(KeyLifecycle):
         warm = self.warming[key] = Warmup()
         return warm
 
-    def recapture(self, entry: KeyEntry, leaf: int, sig: CallSignature, instance: Any, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> Any:
-        backend = entry.inputs.backend
-        path = sig.paths[leaf] if leaf < len(sig.paths) else f"input {leaf}"
-        self.say_once(logging.INFO, f"moved:{leaf}",
-                      "graphjit %s: %s is updated in place and arrived at a new address; recapturing with a "
-                      "graphjit-owned buffer that is copied in and back each call (pass the same tensor every "
-                      "call to avoid the copies)", self.name, path)
-        del self.entries[sig.key]
-        entry.release()
-        entry.stats.reason = f"recaptured: {path} moved"
-        device = backend.device_str(sig.tensors[0])
-        return self.capture_key(backend, device, sig, entry.warm, instance, args, kwargs, entry.no_adopt | {leaf})
-
     def static_inputs(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         if self.prebound:
             instance = None

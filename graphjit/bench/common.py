@@ -322,6 +322,18 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def pick(bench: str, what: str, text: str, allowed: Sequence[str]) -> list[str] | None:
+    """The comma-separated names of ``text``; None (after a one-line error on stderr) if any is not in
+    ``allowed`` or there are none."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        print(f"graphjit bench {bench}: unknown {what} {', '.join(unknown) or '(none)'}; expected some of "
+              f"{', '.join(allowed)}", file=sys.stderr, flush=True)
+        return None
+    return names
+
+
 def say(*parts: Any) -> None:
     """print + flush (benchmarks run for minutes; output must show up as it happens)."""
     print(*parts, flush=True)

@@ -71,11 +71,8 @@ def run(args: argparse.Namespace) -> int:
     for key, value in (GPU_DEFAULTS if on_gpu else CPU_DEFAULTS).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or not variants:
-        print(f"graphjit bench hf: --variants: unknown {', '.join(unknown) or '(none)'}; expected some of "
-              f"{', '.join(VARIANTS)}", file=sys.stderr, flush=True)
+    variants = common.pick("hf", "variant(s)", args.variants, VARIANTS)
+    if variants is None:
         return 2
     if args.warmup < 3:
         print(f"graphjit bench hf: --warmup {args.warmup}: expected at least 3 (@graphed captures on its third "

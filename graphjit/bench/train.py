@@ -92,11 +92,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"graphjit bench train: needs a CUDA GPU ({reason}); run it on a GPU machine, or pass --allow-cpu "
               "for a tiny CPU smoke run", file=sys.stderr, flush=True)
         return 1
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in models if m not in MODELS]
-    if unknown or not models:
-        print(f"graphjit bench train: unknown model(s) {', '.join(unknown) or '(none)'}; expected some of "
-              f"{', '.join(MODELS)}", file=sys.stderr, flush=True)
+    models = common.pick("train", "model(s)", args.models, MODELS)
+    if models is None:
         return 2
     _resolve(args, on_gpu)
     if args.warmup <= GRAPHED_WARMUP:
