@@ -132,7 +132,7 @@ def _record_guard() -> Iterator[None]:
         _tls.recording = previous
 
 
-# -- the framework glue: implemented in backends/torch_training.py and backends/paddle_training.py ---
+# -- the framework glue: implemented in backends/torch/training.py and backends/paddle/training.py ---
 class Glue(abc.ABC):
     """What the state machine needs from a framework's autograd, for one wrapped layer."""
 
@@ -1081,10 +1081,10 @@ def graphed_layer(layer: Any, warmup: int = DEFAULT_WARMUP, *, max_in_flight: in
     options = {"warmup": warmup, "max_in_flight": max_in_flight, "outputs": outputs, "verify": verify,
                "strict": strict, "max_graphs": max_graphs, "simulate": bool(_simulate)}
     if framework == "torch":
-        from .backends.torch_training import GraphedModule
+        from .backends.torch.training import GraphedModule
 
         return GraphedModule(layer, options)
-    from .backends.paddle_training import GraphedPaddleLayer
+    from .backends.paddle.training import GraphedPaddleLayer
 
     return GraphedPaddleLayer(layer, options)
 

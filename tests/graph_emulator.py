@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten
 
 import graphjit.backends as registry
 from graphjit.backends.base import GraphHandle
-from graphjit.backends.torch import TorchBackend
+from graphjit.backends.torch.graphs import TorchBackend
 from graphjit.errors import CaptureError
 
 aten = torch.ops.aten

@@ -142,7 +142,7 @@ def test_timeout_stops_the_workers_and_says_so(tmp_path: Path) -> None:
 def test_one_failed_worker_gets_the_other_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 1 fails at once, rank 0 hangs: rank 0 is killed after the grace period, and the JSON names rank 1."""
     fake = tmp_path / "fake-python"
-    fake.write_text("#!/bin/sh\n"  # argv: -m graphjit.backends.torch_allreduce_bench --worker CONFIG RANK
+    fake.write_text("#!/bin/sh\n"  # argv: -m graphjit.bench.torch.allreduce --worker CONFIG RANK
                     'if [ "$5" = "1" ]; then echo "rank 1 exploded" >&2; exit 3; fi\nexec sleep 60\n')
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(fake))

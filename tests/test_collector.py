@@ -136,5 +136,5 @@ def test_every_backend_capture_runs_with_the_collector_paused() -> None:
     for module, name in (("torch", "TorchBackend"), ("paddle", "PaddleBackend")):
         if importlib.util.find_spec(module) is None:
             continue
-        cls = getattr(importlib.import_module(f"graphjit.backends.{module}"), name)
+        cls = getattr(importlib.import_module(f"graphjit.backends.{module}.graphs"), name)
         assert "capture_graph" in cls.__dict__ and "capture" not in cls.__dict__, cls

@@ -276,7 +276,7 @@ def test_no_garbage_collection_during_a_capture(rng):
 
 def test_collectives_read_the_current_stream_paddle_would():
     """The swap's stream read (Paddle's core getter) is the handle of ``paddle.device.current_stream``."""
-    from graphjit.backends.paddle_dist import Dist
+    from graphjit.backends.paddle.dist import Dist
 
     d = Dist()
     public = paddle.device.current_stream(paddle.CUDAPlace(0))

@@ -496,7 +496,7 @@ def test_a_dropped_function_gives_its_pool_memory_back(dev):
 def test_collectives_read_the_stream_and_device_the_framework_would(dev):
     """The swap's fast reads (the raw current stream, the cached device names) agree with torch's own
     objects: on the default stream, on a side stream, during a capture, and for a tensor on each GPU."""
-    from graphjit.backends.torch_dist import Dist
+    from graphjit.backends.torch.dist import Dist
 
     d = Dist()
     assert d.current_stream(0) == torch.cuda.current_stream(0).cuda_stream

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import graphjit
-from graphjit.backends.torch_train_bench import build_model
+from graphjit.bench.torch.train import build_model
 
 TORCH = [pytest.mark.gpu, pytest.mark.torch]
 PADDLE = [pytest.mark.gpu, pytest.mark.paddle]

@@ -44,7 +44,7 @@ def test_paddle_same_shape_and_dtype_is_the_same_key():
 @pytest.mark.paddle
 def test_paddle_place_in_the_key_is_compared_by_value():
     """Paddle 3.x Places hash by value (the key holds the Place); 2.6's by identity (the key holds its name)."""
-    from graphjit.backends import paddle as paddle_backend
+    from graphjit.backends.paddle import graphs as paddle_backend
 
     b = paddle_backend.PaddleBackend()
     t = paddle.ones([2])

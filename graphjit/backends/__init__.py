@@ -1,11 +1,17 @@
-"""Backend registry: picks the framework from the tensors of a call, imports it only on demand.
+"""The registry of framework code: picks the framework from the tensors of a call, and finds the module
+that does one job for one framework, imported only on demand.
 
-These modules are the only place where graphjit imports paddle or torch.  Detection by type looks
-only at frameworks the program already imported (``sys.modules``), so graphjit never imports a
-framework the user did not.
+A framework is imported only by modules inside a folder named after it, with the same file names for the
+same jobs (``tests/test_layout.py`` checks it)::
 
-The modules named ``*bench*`` hold the framework code of ``python -m graphjit bench`` (see
-:mod:`graphjit.bench`); the registry never imports them.
+    graphjit/backends/{torch,paddle}/  graphs (the Backend), dist (the all-reduce swap's view of the
+                                       process group), training (graphed_layer's glue), device (the GPUs)
+    graphjit/bench/{torch,paddle}/     the benchmarks' framework halves
+    graphjit/doctor/{torch,paddle}/    the doctor's rows and probes
+
+:func:`load` finds any of them; :func:`get` makes the framework's :class:`Backend`.  Detection by type looks
+only at frameworks the program already imported (``sys.modules``), so graphjit never imports a framework
+the user did not.
 """
 
 from __future__ import annotations
@@ -19,8 +25,27 @@ from ..errors import BackendError
 from .base import Backend, GraphHandle
 
 NAMES = ("paddle", "torch")
-_MODULES = {"paddle": ".paddle", "torch": ".torch"}
 _CLASSES = {"paddle": "PaddleBackend", "torch": "TorchBackend"}
+JOBS = {
+    "backends": ("graphs", "dist", "training", "device"),
+    "bench": ("decode", "train", "hf", "allreduce", "dispatch"),
+    "doctor": ("rows", "ipc", "allreduce", "probe"),
+}
+"""The jobs each area's framework folders hold (not every framework has every job)."""
+
+
+def module_name(framework: str, job: str, area: str = "backends") -> str:
+    """``graphjit.<area>.<framework>.<job>``, checked against :data:`NAMES` and :data:`JOBS`."""
+    if framework not in NAMES:
+        raise BackendError(f"framework {framework!r} is unknown; expected one of {', '.join(map(repr, NAMES))}")
+    if job not in JOBS.get(area, ()):
+        raise BackendError(f"{area} has no job {job!r}; its jobs are {', '.join(JOBS.get(area, ()))}")
+    return f"graphjit.{area}.{framework}.{job}"
+
+
+def load(framework: str, job: str, area: str = "backends") -> Any:
+    """The module doing ``job`` for ``framework`` in ``area`` (imports it, and with it the framework)."""
+    return importlib.import_module(module_name(framework, job, area))
 
 _lock = threading.Lock()
 _instances: dict[str, Backend] = {}
@@ -32,12 +57,12 @@ def get(name: str) -> Backend:
     backend = _instances.get(name)
     if backend is not None:
         return backend
-    if name not in _MODULES:
+    if name not in NAMES:
         raise BackendError(f"backend={name!r} is unknown; expected one of 'auto', " + ", ".join(repr(n) for n in NAMES))
     with _lock:
         if name not in _instances:
             try:
-                module = importlib.import_module(_MODULES[name], __name__)
+                module = load(name, "graphs")
             except ImportError as exc:
                 raise BackendError(
                     f"backend={name!r} needs the {name} package, which cannot be imported ({exc}); "
@@ -103,4 +128,4 @@ def is_tensor(obj: Any) -> bool:
     return for_type(type(obj)) is not None
 
 
-__all__ = ["NAMES", "Backend", "GraphHandle", "for_type", "get", "imported", "is_tensor"]
+__all__ = ["JOBS", "NAMES", "Backend", "GraphHandle", "for_type", "get", "imported", "is_tensor", "load", "module_name"]

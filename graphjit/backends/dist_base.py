@@ -1,7 +1,7 @@
 """The distributed-backend protocol: what :mod:`graphjit.collectives` needs from a framework.
 
 :mod:`graphjit.collectives` (the custom all-reduce and the swap of ``all_reduce``) never imports
-paddle or torch; it talks to a :class:`DistBackend`.  ``torch_dist`` and ``paddle_dist`` implement
+paddle or torch; it talks to a :class:`DistBackend`.  ``torch/dist.py`` and ``paddle/dist.py`` implement
 it; :func:`load` imports one of them on demand (and so the framework, which the program has
 imported already when it calls ``collectives.init``).
 
@@ -172,7 +172,6 @@ class DistBackend(abc.ABC):
         """A numpy copy of ``t`` (float32 for bfloat16)."""
 
 
-_MODULES = {"torch": ".torch_dist", "paddle": ".paddle_dist"}
 _instances: dict[str, DistBackend] = {}
 
 
@@ -181,10 +180,10 @@ def load(name: str) -> DistBackend:
     backend = _instances.get(name)
     if backend is not None:
         return backend
-    if name not in _MODULES:
+    if name not in ("torch", "paddle"):
         raise BackendError(f"backend={name!r}: expected 'torch' or 'paddle'")
     try:
-        module = importlib.import_module(_MODULES[name], __package__)
+        module = importlib.import_module(f"{__package__}.{name}.dist")
     except ImportError as exc:
         raise BackendError(f"backend={name!r} needs {name}, which cannot be imported ({exc})") from exc
     backend = module.Dist()

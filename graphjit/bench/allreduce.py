@@ -1,7 +1,7 @@
 """``python -m graphjit bench allreduce``: graphjit's custom all-reduce against NCCL on 2 (4, 6, 8) GPUs.
 
 One worker process per GPU (torch, one NCCL group, as many ranks as GPUs are visible, rounded down
-to 2, 4, 6 or 8, or ``--world-size``; ``python -m graphjit.backends.torch_allreduce_bench
+to 2, 4, 6 or 8, or ``--world-size``; ``python -m graphjit.bench.torch.allreduce
 --worker CONFIG RANK``, started with :mod:`subprocess` by the command, rendezvous through a file in a
 temporary folder), sizes 4 KiB to 64 MiB in powers of two (``--sizes``), dtype bf16 (``--dtype``).
 
@@ -63,7 +63,7 @@ processes on the CPU that times only the framework's all-reduce (recorded under 
 
 This module is framework-neutral: options, the checks, the supervision of the workers, the worker protocol's
 progress file and the combining of the ranks' results, ratios, crossovers, targets, summary, table and plot.
-The worker itself (torch) is :mod:`graphjit.backends.torch_allreduce_bench`.
+The worker itself (torch) is :mod:`graphjit.bench.torch.allreduce`.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ RECORDED_ENV = re.compile(r"^(NCCL_|TORCH_NCCL_|TORCH_SYMM_MEM_|GRAPHJIT_|PYTORC
 GRACE_S = 30.0  # after one worker failed or finished, how long the other may still run
 COLLECTIVE_TIMEOUT_S = 300.0  # process groups (NCCL watchdog, gloo) at most; the custom kernel at most 60 s
 CUSTOM_TIMEOUT_S = 60.0
-WORKER_MODULE = "graphjit.backends.torch_allreduce_bench"
+WORKER_MODULE = "graphjit.bench.torch.allreduce"
 """The workers' module (torch), run as ``python -m WORKER_MODULE --worker CONFIG RANK``."""
 
 
@@ -232,10 +232,10 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..backends.bench_devices import cuda_gpus
+    from .. import backends
 
     try:
-        gpus, seen = cuda_gpus()
+        gpus, seen = backends.load("torch", "device").gpus()
     except ImportError as exc:
         return _fail(f"needs torch, which cannot be imported ({exc})")
     world = args.world_size or max([w for w in SUPPORTED_WORLDS if w <= gpus] or [2])
@@ -655,7 +655,7 @@ def plot(data: dict[str, Any], png_path: Path) -> str | None:
                                    f"{cfg.get('repeats')}, max over ranks; custom max_bytes {cfg.get('ar_max_bytes')}"])
 
 
-# -- the workers' side, framework-neutral (the worker: graphjit.backends.torch_allreduce_bench) ------
+# -- the workers' side, framework-neutral (the worker: graphjit.bench.torch.allreduce) ------
 class WorkerStatus:
     """This rank's progress file (stage, error), read by the command when something goes wrong."""
 

@@ -1,7 +1,7 @@
 """What every benchmark shares: common options, output paths, environment info, JSON, plots, tables.
 
 Nothing here imports a framework; :func:`environment` describes only the frameworks the benchmark
-already imported (``sys.modules``, through :mod:`graphjit.backends.bench_devices`), plus the installed
+already imported (``sys.modules``, through their ``device`` modules: :func:`graphjit.backends.load`), plus the installed
 versions read from package metadata.
 """
 
@@ -156,15 +156,20 @@ def environment() -> dict[str, Any]:
         "packages": {name: _dist_version(name) for name in
                      ("torch", "paddlepaddle", "paddlepaddle-gpu", "numpy", "matplotlib", "triton", "wrapt")},
     }
-    if "torch" in sys.modules:
-        from ..backends.bench_devices import torch_info
+    from .. import backends
 
-        env["torch"] = torch_info()
-    if "paddle" in sys.modules:
-        from ..backends.bench_devices import paddle_info
-
-        env["paddle"] = paddle_info()
+    for framework in backends.NAMES:
+        if framework in sys.modules:
+            env[framework] = backends.load(framework, "device").describe()
     return env
+
+
+def gpu_unavailable(framework: str) -> str | None:
+    """None when ``framework`` can run CUDA work here, else why not (imports it: ImportError if it is not
+    installed)."""
+    from .. import backends
+
+    return backends.load(framework, "device").cuda_unavailable()  # type: ignore[no-any-return]
 
 
 def header(benchmark: str, args: argparse.Namespace, tag: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ microseconds per call):
 Ratios ``graphed / direct`` and ``sign / direct`` and the absolute overhead ``graphed - direct`` are
 reported.  Writes ``dispatch_<tag>_<date>.json`` and a PNG bar plot next to it.
 
-The input tensors are made in :mod:`graphjit.backends.dispatch_bench_inputs`; nothing here imports a framework.
+The input tensors are made in ``graphjit.bench.{torch,paddle}.dispatch``; nothing here imports a framework.
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ def measure(framework: str, iters: int, repeats: int) -> dict[str, Any]:
     import graphjit
     from graphjit.keys import Signer
 
-    from ..backends.dispatch_bench_inputs import make_inputs
+    from .. import backends
 
-    args = make_inputs(framework)
+    args = backends.load(framework, "dispatch", "bench").make_inputs(N_TENSORS, SHAPE)
     signer = Signer(trivial, None, "auto", "trivial")
     step = cast(graphjit.GraphedFunction, graphjit.graphed(trivial))
     steps: dict[str, Callable[..., Any]] = {"graphed": step}

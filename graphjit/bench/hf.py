@@ -14,12 +14,13 @@ tokens.  Needs transformers (``pip install "graphjit[hf]"``) and a CUDA GPU; ``-
 smoke version (no graphs) for CI.
 
 This module is framework-neutral; the model and the timed loop are in
-:mod:`graphjit.backends.torch_hf_bench`, imported when the benchmark starts.
+:mod:`graphjit.bench.torch.hf`, imported when the benchmark starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from typing import Any
 
@@ -54,11 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..backends.bench_devices import gpu_unavailable
+    from .common import gpu_unavailable
 
     try:
         reason = gpu_unavailable("torch")
-        import transformers  # noqa: F401 - only to say clearly that it is missing
+        if importlib.util.find_spec("transformers") is None:
+            raise ImportError("No module named 'transformers'")
     except ImportError as exc:
         print(f"graphjit bench hf: needs torch and transformers (pip install 'graphjit[hf]'): {exc}",
               file=sys.stderr, flush=True)
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"hf [torch, {data['device']}, {args.dtype}]: layers={args.layers} batch={args.batch} hidden={args.hidden} "
         f"-> {json_path}")
     try:
-        from ..backends.torch_hf_bench import HfBench
+        from .torch.hf import HfBench
 
         bench = HfBench(args, on_gpu)
         data["env"] = common.environment()

@@ -20,7 +20,7 @@ GPU kit's paddlepaddle-gpu 2.6.2 computes elementwise kernels wrong on Hopper, s
 step there means anything.
 
 This module is framework-neutral (options, the loop, summary, JSON, table, plot); the models and the torch
-step are in :mod:`graphjit.backends.torch_train_bench`, imported when the benchmark starts.
+step are in :mod:`graphjit.bench.torch.train`, imported when the benchmark starts.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _resolve(args: argparse.Namespace, on_gpu: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..backends.bench_devices import gpu_unavailable
+    from .common import gpu_unavailable
 
     try:
         reason = gpu_unavailable("torch")
@@ -121,9 +121,9 @@ def run(args: argparse.Namespace) -> int:
     say(f"train [torch, {data['device']}, {args.dtype}]: models={','.join(models)} batch={args.batch} "
         f"hidden={args.hidden} layers={args.layers} seq={args.seq} -> {json_path}")
     try:
-        from ..backends.torch_train_bench import TrainBench
+        from .torch.train import TrainBench
 
-        bench = TrainBench(args, on_gpu)
+        bench = TrainBench(args, on_gpu, GRAPHED_WARMUP, TOLERANCE)
         data["env"] = common.environment()  # now with torch's device info
     except Exception as exc:
         data["error"] = common.error_text(exc)

@@ -12,11 +12,11 @@ original with the caller's arguments unchanged, and counts why.
   before the swap keeps calling the original (and is not counted).  Call ``collectives.init`` early,
   or call ``torch.distributed.all_reduce`` through the module.
 * Paddle SOT: the wrapper is registered as a graph-break function, so SOT runs the call eagerly
-  between two compiled subgraphs (see :mod:`graphjit.backends.paddle_dist`).
+  between two compiled subgraphs (see :mod:`graphjit.backends.paddle.dist`).
 * torch.compile (``tracer="compile"``): while the custom all-reduce is enabled for some group
   (:func:`set_opaque`, called by ``collectives.init`` and ``shutdown``), the attribute holds a
   function Dynamo cannot take for the original: a default-group SUM becomes graphjit's custom op in
-  the compiled graph, any other call a graph break (see :mod:`graphjit.backends.torch_dist`); either
+  the compiled graph, any other call a graph break (see :mod:`graphjit.backends.torch.dist`); either
   way the swap runs on real tensors.  Otherwise it holds the plain wrapper, which Dynamo rewrites
   as it rewrites the original.  :func:`swapped` finds the wrapper behind either.
 * ``GRAPHJIT_DISABLE=1``: the wrapper calls the original at once (counted as "disabled").

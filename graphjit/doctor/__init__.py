@@ -41,7 +41,7 @@ says which failures count.
 
 ``--json PATH`` also writes every row (and the facts behind it) as JSON.  This package imports no
 framework, not even inside its functions: a framework's checks live in
-:mod:`graphjit.backends.torch_doctor` and :mod:`graphjit.backends.paddle_doctor`, imported on first use,
+:mod:`graphjit.doctor.torch.rows` and :mod:`graphjit.doctor.paddle.rows`, imported on first use,
 and the probes that run in their own processes in ``graphjit.backends.*_doctor_*`` modules.  The modules:
 
 * :mod:`.report`: the rows, the table and the exit status;

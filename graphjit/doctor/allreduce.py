@@ -1,12 +1,12 @@
 """The ``custom all-reduce`` row (``--collectives`` only; plain ``doctor`` never starts NCCL): two processes,
-one per GPU, in a torch NCCL group (``python -m graphjit.backends.torch_doctor_ar``) or, where torch cannot
+one per GPU, in a torch NCCL group (``python -m graphjit.doctor.torch.allreduce``) or, where torch cannot
 run it and Paddle sees the GPUs (or with ``--framework paddle``), a Paddle one
-(``python -m graphjit.backends.paddle_doctor_ar``), run :func:`graphjit.collectives.init` and custom
+(``python -m graphjit.doctor.paddle.allreduce``), run :func:`graphjit.collectives.init` and custom
 all-reduces, eager and graphed, each compared with NCCL.
 
 This module starts and supervises the pair (:func:`run_ar_pair`: a timeout, then the survivor is stopped)
 and turns their JSON results into the row (:func:`ar_verdict`); it imports no framework (torch's view of
-the GPUs comes from :mod:`graphjit.backends.torch_doctor`, imported lazily).
+the GPUs comes from :mod:`graphjit.doctor.torch.rows`, imported lazily).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ AR_SIZES = (16, 16 * 1001, 1 << 18, 1 << 21, AR_MAX_BYTES)
 AR_GRAPHED = (("float32", 4096), ("bfloat16", 1 << 20))
 """(dtype, elements) of the graphed steps (``y = 2x; all_reduce(y); y + 1``), 4 calls each."""
 
-AR_PROBES = {"torch": "graphjit.backends.torch_doctor_ar", "paddle": "graphjit.backends.paddle_doctor_ar"}
+AR_PROBES = {"torch": "graphjit.doctor.torch.allreduce", "paddle": "graphjit.doctor.paddle.allreduce"}
 """The module each of the 2 ranks runs, per framework: ``python -m MODULE RANK PORTS OUT DEVICE(cuda|shared|cpu)
 TIMEOUT`` (PORTS: one free port for torch; three, comma-separated, for Paddle)."""
 AR_PROBE = AR_PROBES["torch"]

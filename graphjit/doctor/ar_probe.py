@@ -1,6 +1,6 @@
 """What the 2-process all-reduce probes of ``doctor --collectives`` share (framework-neutral).
 
-Each framework's probe (:mod:`graphjit.backends.torch_doctor_ar`, :mod:`graphjit.backends.paddle_doctor_ar`)
+Each framework's probe (:mod:`graphjit.doctor.torch.allreduce`, :mod:`graphjit.doctor.paddle.allreduce`)
 runs as one rank and reports through a :class:`ProbeRun`: a JSON result rewritten atomically at every stage
 (so that a hang or a crash still says where it stopped), the cases, the collectives' statistics, and an exit
 through ``os._exit`` (no interpreter teardown with NCCL and IPC mappings alive).

@@ -1,19 +1,19 @@
 """What the checks of one doctor run share: the :class:`Context` (the report, the options, what earlier
 checks found), the driver text for GPU rows, and the lazy way to a framework's checks.
 
-A framework's checks live in ``graphjit.backends.<framework>_doctor`` (``graphjit.backends`` is the only
-place where paddle and torch are imported); :func:`framework_checks` imports that module on first use, so
-importing :mod:`graphjit.doctor` imports no framework.
+A framework's checks live in ``graphjit.doctor.<framework>.rows`` (a framework is imported only in a folder
+named after it); :func:`framework_checks` imports that module on first use, so importing
+:mod:`graphjit.doctor` imports no framework.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from .. import backends
 from .driver import CudaDriver
 from .report import SKIP, Report
 
@@ -66,4 +66,4 @@ def driver_text(ctx: Context) -> str | None:
 def framework_checks(framework: str) -> ModuleType:
     """``graphjit.backends.<framework>_doctor`` (``torch`` or ``paddle``), imported on first use.  Importing it
     imports no framework either: its checks import the framework inside themselves."""
-    return importlib.import_module(f"graphjit.backends.{framework}_doctor")
+    return backends.load(framework, "rows", "doctor")

@@ -1,9 +1,9 @@
 """The peer rows of the custom all-reduce: ``P2P access`` (the can-access-peer matrix between the visible GPUs),
 ``NVLink`` (from ``nvidia-smi topo -m``) and ``CUDA IPC`` (a GPU 0 tensor shared with a second process).
 
-The matrix is torch's when torch sees the GPUs (:mod:`graphjit.backends.torch_doctor`, imported lazily),
+The matrix is torch's when torch sees the GPUs (:mod:`graphjit.doctor.torch.rows`, imported lazily),
 else from the CUDA driver API; the IPC probe runs in its own processes
-(``python -m graphjit.backends.torch_doctor_ipc``).  Failures block the exit status only with ``--collectives``.
+(``python -m graphjit.doctor.torch.ipc``).  Failures block the exit status only with ``--collectives``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .context import Context, framework_checks
 from .report import FAIL, PASS, SKIP
 from .text import count_names
 
-IPC_PROBE = "graphjit.backends.torch_doctor_ipc"
+IPC_PROBE = "graphjit.doctor.torch.ipc"
 """The module of the CUDA IPC probe, run as ``python -m IPC_PROBE`` (it needs torch with CUDA)."""
 
 

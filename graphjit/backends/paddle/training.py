@@ -5,7 +5,7 @@ backward graph is ``paddle.grad(outputs, inputs + parameters, grad_outputs)`` ca
 the forward graph (never ``.backward()`` inside a capture, which would accumulate into ``.grad``
 there); the layer's trainable parameters are inputs of :class:`_GraphedStep`, so Paddle's own
 gradient accumulation stores their gradients as in eager mode.  Graphs are never destroyed (see
-:class:`graphjit.backends.paddle.PaddleGraph`).
+:class:`graphjit.backends.paddle.graphs.PaddleGraph`).
 
 Unlike Paddle's ``CUDAGraphedLayer``, any number of outputs may carry gradients, and a forward issued
 before earlier backwards gets its own graph pair.  Paddle's autograd engine re-raises an exception
@@ -21,8 +21,8 @@ from typing import Any
 
 import paddle
 
-from ..training import Glue, GraphedLayerCore, GraphedLayerMixin, MicroBatch
-from . import get
+from ...training import Glue, GraphedLayerCore, GraphedLayerMixin, MicroBatch
+from .. import get
 
 
 class _GraphedStep(paddle.autograd.PyLayer):

@@ -1,7 +1,7 @@
 """graphjit doctor: CUDA IPC between two processes (a GPU 0 tensor shared with a process on GPU 1).
 
 Run in its own process by the ``CUDA IPC`` row of :func:`graphjit.doctor.peers.check_peers`, as
-``python -m graphjit.backends.torch_doctor_ipc``: it makes a tensor on GPU 0, hands it to a second (spawned)
+``python -m graphjit.doctor.torch.ipc``: it makes a tensor on GPU 0, hands it to a second (spawned)
 process on GPU 1 through a torch multiprocessing queue (``cudaIpcOpenMemHandle``), which doubles it in place
 and reads it across GPUs.  It prints one line, :data:`~graphjit.doctor.children.RESULT_MARK` followed by JSON
 (``ok``, ``written``, ``peer_read``; or ``error``), and ends with ``os._exit(0)``.
@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
-from ..doctor.children import RESULT_MARK
+from ..children import RESULT_MARK
 
 
 def consumer(q: Any, back: Any) -> None:

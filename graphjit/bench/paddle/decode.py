@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from ..bench.decode import EPS, HOST_SHAPE, DecodeRunner, errors_entry, tolerance
+from ..decode_runner import EPS, HOST_SHAPE, DecodeRunner, errors_entry, tolerance
 
 # The Paddle step lives at module level and reads its weights from a module-level dict: Paddle's AST
 # tracer re-executes the function's source and cannot see closure variables.  PaddleDecodeRunner.build sets them.

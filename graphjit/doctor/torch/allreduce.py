@@ -2,7 +2,7 @@
 
 Run as ranks 0 and 1 by :func:`graphjit.doctor.allreduce.run_ar_pair`::
 
-    python -m graphjit.backends.torch_doctor_ar RANK PORT OUT DEVICE(cuda|shared|cpu) TIMEOUT
+    python -m graphjit.doctor.torch.allreduce RANK PORT OUT DEVICE(cuda|shared|cpu) TIMEOUT
 
 "shared": both ranks on GPU 0 in a gloo group (GRAPHJIT_AR_SHARED_GPU=1, a test mode), against gloo.  "cpu"
 (tests of this script) runs the same steps in a gloo group, where collectives.init turns the custom
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NoReturn, cast
 
-from ..doctor.allreduce import AR_GRAPHED, AR_SIZES
-from ..doctor.ar_probe import ProbeRun, close_graphed_case, custom_calls, placement, record_diff, set_algo
+from ..allreduce import AR_GRAPHED, AR_SIZES
+from ..ar_probe import ProbeRun, close_graphed_case, custom_calls, placement, record_diff, set_algo
 
 
 def main(argv: list[str]) -> NoReturn:

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ..errors import BackendError, CaptureError
-from .base import CAPTURE_LOCK, Backend, GraphHandle, collector_paused
+from ...errors import BackendError, CaptureError
+from ..base import CAPTURE_LOCK, Backend, GraphHandle, collector_paused
 
 log = logging.getLogger("graphjit")
 

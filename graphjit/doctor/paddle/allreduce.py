@@ -1,9 +1,9 @@
 """graphjit doctor: the custom all-reduce in a 2-process Paddle group, one process per GPU, against the exact sum.
 
-The Paddle twin of :mod:`graphjit.backends.torch_doctor_ar`, for machines without torch.  Run as ranks 0 and 1
+The Paddle twin of :mod:`graphjit.doctor.torch.allreduce`, for machines without torch.  Run as ranks 0 and 1
 by :func:`graphjit.doctor.allreduce.run_ar_pair`::
 
-    python -m graphjit.backends.paddle_doctor_ar RANK PORTS OUT DEVICE(cuda|shared|cpu) TIMEOUT
+    python -m graphjit.doctor.paddle.allreduce RANK PORTS OUT DEVICE(cuda|shared|cpu) TIMEOUT
 
 PORTS: three free ports, comma-separated (rank 0's and rank 1's endpoints, then the master's).  "shared":
 both ranks on GPU 0 in a gloo group (GRAPHJIT_AR_SHARED_GPU=1, a test mode), against gloo.  "cpu" (tests of
@@ -31,8 +31,8 @@ from typing import Any, NoReturn, cast
 
 import numpy as np
 
-from ..doctor.allreduce import AR_GRAPHED, AR_SIZES
-from ..doctor.ar_probe import ProbeRun, close_graphed_case, custom_calls, placement, record_diff, set_algo
+from ..allreduce import AR_GRAPHED, AR_SIZES
+from ..ar_probe import ProbeRun, close_graphed_case, custom_calls, placement, record_diff, set_algo
 
 DTYPES = ("float32", "float16")
 

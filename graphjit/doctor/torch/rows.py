@@ -8,8 +8,8 @@ collectives rows.
 
 torch is imported inside these functions only, never when this module is imported, so that the doctor
 can report a torch that is missing or does not import.  :mod:`graphjit.doctor` imports this module lazily.
-The probes torch runs in their own processes are :mod:`graphjit.backends.torch_doctor_ipc` and
-:mod:`graphjit.backends.torch_doctor_ar`.
+The probes torch runs in their own processes are :mod:`graphjit.doctor.torch.ipc` and
+:mod:`graphjit.doctor.torch.allreduce`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import importlib.util
 import re
 from typing import Any, cast
 
-from ..doctor.capture import graphed_row
-from ..doctor.context import Context, driver_text
-from ..doctor.report import FAIL, PASS, SKIP
-from ..doctor.text import first_line, gpu_text
+from ..capture import graphed_row
+from ..context import Context, driver_text
+from ..report import FAIL, PASS, SKIP
+from ..text import first_line, gpu_text
 
 
 def check(ctx: Context) -> None:

@@ -1,6 +1,6 @@
 """torch half of ``python -m graphjit bench allreduce``: the worker process, one per rank.
 
-``python -m graphjit.backends.torch_allreduce_bench --worker CONFIG RANK`` is what
+``python -m graphjit.bench.torch.allreduce --worker CONFIG RANK`` is what
 :func:`graphjit.bench.allreduce.supervise_workers` starts for every rank.  :class:`_Worker` joins the process
 group (NCCL, or gloo for the smoke runs), sets up graphjit's custom all-reduce and torch's symmetric memory, then
 for every size checks and times every variant, agreeing with the other ranks through a gloo side group; rank 0
@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..bench import common
-from ..bench.allreduce import (
+from .. import common
+from ..allreduce import (
     CUSTOM_TIMEOUT_S,
     FORCED_ENV,
     RECORDED_ENV,
@@ -42,7 +42,7 @@ from ..bench.allreduce import (
     table,
     variant_cell,
 )
-from ..bench.common import say
+from ..common import say
 
 
 class _Worker:
@@ -449,6 +449,6 @@ def _worker_main(argv: list[str]) -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         _worker_main(sys.argv[2:])
-    print("usage: python -m graphjit bench allreduce [options]  (this module's entry point is for its workers)",  # noqa: T201
+    print("usage: python -m graphjit bench allreduce [options]  (this module's entry point is for its workers)",
           file=sys.stderr)
     sys.exit(2)

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ..errors import BackendError, CaptureError, UnrecoverableCaptureError
-from .base import Backend, GraphHandle
+from ...errors import BackendError, CaptureError, UnrecoverableCaptureError
+from ..base import Backend, GraphHandle
 
 log = logging.getLogger("graphjit")
 
@@ -99,7 +99,8 @@ def _places_hash_by_value() -> bool:
 
 
 _DY2ST_ERROR_DATA = "Error data about original source code information and traceback."  # paddle.jit error.py
-_OWN_DIRS = (os.path.dirname(paddle.__file__) + os.sep, str(Path(__file__).resolve().parents[1]) + os.sep)
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[2]) + os.sep  # the graphjit package
+_OWN_DIRS = (os.path.dirname(paddle.__file__) + os.sep, _PACKAGE_DIR)
 
 
 def _foreign_frames(exc: BaseException) -> bool:
@@ -124,7 +125,7 @@ def skip_graphjit_in_sot() -> bool:
     setter = getattr(paddle.framework.core, "eval_frame_skip_file_prefix", None)
     if not isinstance(names, set) or setter is None:
         return False
-    names.add(str(Path(__file__).resolve().parents[1]) + os.sep)
+    names.add(_PACKAGE_DIR)
     setter(tuple(names))
     return True
 

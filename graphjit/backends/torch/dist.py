@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .dist_base import Call, DistBackend, TensorInfo, from_compiled_graph
+from ..dist_base import Call, DistBackend, TensorInfo, from_compiled_graph
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _COMPILE_REASON = ("graphjit's all_reduce swap runs eagerly for calls with a group, an op other than SUM or "

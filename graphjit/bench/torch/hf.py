@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..bench import common
+from .. import common
 
 PROMPT = 8
 

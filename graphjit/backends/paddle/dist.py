@@ -27,8 +27,8 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from .dist_base import Call, DistBackend, TensorInfo
-from .paddle import skip_graphjit_in_sot
+from ..dist_base import Call, DistBackend, TensorInfo
+from .graphs import skip_graphjit_in_sot
 
 _DTYPES = {paddle.float32: "float32", paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
 # What paddle.device.current_stream wraps: the current stream of a GPU index, without building a Stream

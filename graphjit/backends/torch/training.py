@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ..training import Glue, GraphedLayerCore, GraphedLayerMixin, MicroBatch
-from . import get
+from ...training import Glue, GraphedLayerCore, GraphedLayerMixin, MicroBatch
+from .. import get
 
 _MAX_NODES = 200_000  # bound on the autograd-graph walk of stray_leaves
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from ..bench import common
-from ..bench.decode import EPS, HOST_SHAPE, DecodeRunner, errors_entry, tolerance
+from .. import common
+from ..decode_runner import EPS, HOST_SHAPE, DecodeRunner, errors_entry, tolerance
 
 
 class TorchDecodeRunner(DecodeRunner):

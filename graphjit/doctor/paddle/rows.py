@@ -4,7 +4,7 @@
   limit), ``paddle GPUs`` (count, names, compute capability, CUDA graph support) and the capture flags
   (:func:`_paddle_flags`);
 * with a GPU, :func:`_paddle_gpu_probes`: eager and SOT capture-and-replay, each in its own process
-  (``python -m graphjit.backends.paddle_doctor_probe``: a Paddle crash cannot end the doctor), and
+  (``python -m graphjit.doctor.paddle.probe``: a Paddle crash cannot end the doctor), and
   :func:`_paddle_kernels` (does an elementwise add on the GPU compute right; never blocking);
 * without one, :func:`_paddle_cpu_fallback`: the traced (SOT) function runs in this process and must
   match eager;
@@ -24,13 +24,13 @@ import sys
 import warnings
 from typing import Any, cast
 
-from ..doctor.capture import graphed_row
-from ..doctor.children import run_child
-from ..doctor.context import Context, driver_text
-from ..doctor.report import FAIL, PASS, SKIP
-from ..doctor.text import first_line, gpu_text
+from ..capture import graphed_row
+from ..children import run_child
+from ..context import Context, driver_text
+from ..report import FAIL, PASS, SKIP
+from ..text import first_line, gpu_text
 
-PADDLE_PROBE = "graphjit.backends.paddle_doctor_probe"
+PADDLE_PROBE = "graphjit.doctor.paddle.probe"
 """The module of the GPU probe, run as ``python -m PADDLE_PROBE TRACER KERNELS(kernels|-) PLACE(gpu|cpu)``."""
 
 

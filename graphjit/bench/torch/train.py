@@ -17,8 +17,7 @@ import copy
 import time
 from typing import Any
 
-from ..bench import common
-from ..bench.train import GRAPHED_WARMUP, TOLERANCE
+from .. import common
 
 
 # -- models ---------------------------------------------------------------------------------------
@@ -64,10 +63,15 @@ def build_model(torch: Any, kind: str, layers: int, hidden: int, seq: int) -> An
 class TrainBench:
     """One run's torch side: the device and dtype of ``args``, models, data, the step, check and timing."""
 
-    def __init__(self, args: argparse.Namespace, on_gpu: bool) -> None:
+    def __init__(self, args: argparse.Namespace, on_gpu: bool, graphed_warmup: int,
+                 tolerance: dict[str, float]) -> None:
+        """``graphed_warmup``: graphed_layer's eager steps before its capture; ``tolerance``: the largest relative
+        loss/parameter difference counted as correct, per dtype (:mod:`graphjit.bench.train` sets both)."""
         import torch
 
         self.torch = torch
+        self.graphed_warmup = graphed_warmup
+        self.tolerance = tolerance
         self.args = args
         self.on_gpu = on_gpu
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
@@ -102,7 +106,7 @@ class TrainBench:
 
         if variant == "eager":
             return model
-        return graphjit.graphed_layer(model, warmup=GRAPHED_WARMUP,
+        return graphjit.graphed_layer(model, warmup=self.graphed_warmup,
                                       outputs="alias" if variant == "graphed_alias" else "copy")
 
     def stepper(self, model: Any) -> Any:
@@ -137,7 +141,7 @@ class TrainBench:
         for p, q in zip(eager.parameters(), graphed.layer.parameters()):
             a, b = q.detach().double(), p.detach().double()
             param_rel = max(param_rel, float((a - b).norm() / b.norm().clamp_min(1e-30)))
-        tol = TOLERANCE[self.args.dtype]
+        tol = self.tolerance[self.args.dtype]
         stats = graphed.stats()
         return {"steps": n, "loss_first": float(le[0]), "loss_last": float(le[-1]), "max_loss_rel_diff": loss_rel,
                 "max_param_rel_diff": param_rel, "tolerance": tol,

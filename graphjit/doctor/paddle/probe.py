@@ -1,8 +1,8 @@
 """graphjit doctor: a tiny Paddle capture-and-replay on GPU 0 (matmul and copies only, checked in numpy).
 
-Run in its own process by :func:`graphjit.backends.paddle_doctor._paddle_gpu_probes`, one per tracer::
+Run in its own process by :func:`graphjit.doctor.paddle.rows._paddle_gpu_probes`, one per tracer::
 
-    python -m graphjit.backends.paddle_doctor_probe TRACER KERNELS PLACE
+    python -m graphjit.doctor.paddle.probe TRACER KERNELS PLACE
 
 ``TRACER``: ``eager`` or ``sot``; ``KERNELS``: ``kernels`` also checks an elementwise add on the device
 (``-``: not); ``PLACE``: ``gpu`` (GPU 0) or ``cpu`` (tests of this probe).  It prints one line,
@@ -19,7 +19,7 @@ import sys
 import traceback
 from typing import Any, NoReturn, cast
 
-from ..doctor.children import RESULT_MARK
+from ..children import RESULT_MARK
 
 # Module globals, as in a script: tiny() reads them (the tracers see global loads), main() sets them.
 paddle: Any = None
