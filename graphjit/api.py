@@ -35,12 +35,13 @@ from . import scope as scope_mod
 from .backends.base import Backend
 from .buffers import InputMoved
 from .capture import KeyEntry
-from .errors import BucketOverflowError, CaptureError, GraphjitError, SignatureError, UnrecoverableCaptureError
+from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
 from .invoke import Invoker
 from .keys import BucketsArg, CallSignature, Signer, rebuild_call
 from .labels import changed_argument, key_label, key_order
 from .lifecycle import KeyLifecycle
-from .options import DEFAULT_MAX_GRAPHS, Options, check_callable, make_options
+from .options import Options, check_callable, make_options
+from .policy import Policy
 from .stats import FunctionStats, KeyStats, State
 from .tree import collect_tensors
 from .warmup import Blocked, Warmup
@@ -60,13 +61,14 @@ class _Ran:
     result: Any
 
 
-class _State(KeyLifecycle):
+class _State(Policy, KeyLifecycle):
     """Per-function state: options, keys, graphs, stats.  Shared by every binding of the wrapper."""
 
     def __init__(self, fn: Callable[..., Any], options: Options) -> None:
+        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+        Policy.__init__(self, name, options.strict, options.verify, options.max_graphs)
         self.fn = fn
         self.options = options
-        self.name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
         self.invoker = Invoker(fn, self.name, options.tracer)
         # A bound method is called as it is: wrapt hands its __self__ as the instance, which must not bind again.
         self.prebound = inspect.ismethod(fn)
@@ -80,7 +82,6 @@ class _State(KeyLifecycle):
         self.blocked_fn: Blocked | None = None
         self.lock = threading.RLock()
         self.pools: dict[tuple[str, str], Any] = {}
-        self.said: set[str] = set()
         self.handed_out: list[Any] = []
         self.poison_backend: Backend | None = None
         self.copy_outputs = options.outputs == "copy"
@@ -92,23 +93,6 @@ class _State(KeyLifecycle):
         return self.invoker._traced
 
     # -- helpers --------------------------------------------------------------------------
-    def say_once(self, level: int, topic: str, msg: str, *args: Any) -> None:
-        if topic not in self.said:
-            self.said.add(topic)
-            log.log(level, msg, *args)
-
-    def strict(self) -> bool:
-        return env.settings().strict if self.options.strict is None else self.options.strict
-
-    def verify(self) -> bool:
-        return env.settings().verify if self.options.verify is None else self.options.verify
-
-    def max_graphs(self) -> int:
-        if self.options.max_graphs is not None:
-            return self.options.max_graphs
-        from_env = env.settings().max_graphs
-        return DEFAULT_MAX_GRAPHS if from_env is None else from_env
-
     def pick_backend(self, sig: CallSignature) -> Backend:
         if sig.backend is not None:
             if self.options.backend != "auto" and sig.backend.name != self.options.backend:
@@ -253,12 +237,8 @@ class _State(KeyLifecycle):
                 return self.fallback(self.blocked_fn.reason, backend, instance, args, kwargs, sig.key)
             warm = self.warming.get(sig.key)
             if warm is None:
-                if len(self.entries) >= self.max_graphs():
-                    msg = (f"max_graphs={self.max_graphs()} graphs already captured; new input signatures run "
-                           "uncaptured (use buckets= to pad dims to fewer sizes, or raise max_graphs)")
-                    if self.strict():
-                        raise CaptureError(f"{self.name}: {msg}", reason="max_graphs reached")
-                    self.say_once(logging.WARNING, "max_graphs", "graphjit %s: %s", self.name, msg)
+                if self.over_key_limit(len(self.entries), "graphs", "use buckets= to pad dims to fewer sizes, or "
+                                       "raise max_graphs"):
                     return self.fallback("max_graphs reached", backend, instance, args, kwargs)
                 warm = self.new_warmup(sig.key)
             if scope_mod.current() is not None or warm.calls >= self.options.warmup:

@@ -16,12 +16,13 @@ from typing import Any
 
 from .errors import ConfigError
 from .keys import BucketsArg
+from .policy import DEFAULT_MAX_GRAPHS, check_choice, check_count, check_flag, check_max_graphs
 
 BACKENDS = ("auto", "paddle", "torch")
 TRACERS = ("auto", "sot", "ast", "eager", "compile")
 OUTPUTS = ("copy", "alias")
 POOLS = ("shared", "private")
-DEFAULT_MAX_GRAPHS = 64
+__all__ = ["DEFAULT_MAX_GRAPHS", "NAMES", "Options", "check_callable", "make_options"]
 
 
 @dataclass(frozen=True)
@@ -50,20 +51,15 @@ def make_options(given: dict[str, Any]) -> Options:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"graphed() has no option {name!r}{hint} (its options are {', '.join(NAMES)})")
     o = Options(**given)
-    _check_choice("backend", o.backend, BACKENDS)
-    _check_choice("tracer", o.tracer, TRACERS)
-    _check_choice("outputs", o.outputs, OUTPUTS)
-    _check_choice("pool", o.pool, POOLS)
-    if isinstance(o.warmup, bool) or not isinstance(o.warmup, int) or o.warmup < 1:
-        raise ConfigError(f"warmup={o.warmup!r}: expected an integer >= 1 (graphjit needs one eager call to find "
-                          "what the function writes and to verify the capture)")
-    if o.max_graphs is not None and (isinstance(o.max_graphs, bool) or not isinstance(o.max_graphs, int)
-                                     or o.max_graphs < 1):
-        raise ConfigError(f"max_graphs={o.max_graphs!r}: expected an integer >= 1 or None")
-    for name in ("verify", "strict"):
-        value = getattr(o, name)
-        if value is not None and not isinstance(value, bool):
-            raise ConfigError(f"{name}={value!r}: expected True, False or None (None: from GRAPHJIT_{name.upper()})")
+    check_choice("backend", o.backend, BACKENDS)
+    check_choice("tracer", o.tracer, TRACERS)
+    check_choice("outputs", o.outputs, OUTPUTS)
+    check_choice("pool", o.pool, POOLS)
+    check_count("warmup", o.warmup, "graphjit needs one eager call to find what the function writes and to verify "
+                "the capture")
+    check_max_graphs(o.max_graphs)
+    check_flag("verify", o.verify)
+    check_flag("strict", o.strict)
     if o.backend == "paddle" and o.tracer == "compile":
         raise ConfigError("tracer='compile' is a torch tracer; paddle tracers are 'sot', 'ast' and 'eager'")
     if o.backend == "torch" and o.tracer in ("sot", "ast"):
@@ -91,7 +87,3 @@ def check_callable(fn: Any, already_graphed: tuple[type, ...]) -> None:
         raise ConfigError(f"graphed() got an async function ({getattr(target, '__qualname__', target)}): graph a "
                           "plain function that runs the GPU work, and await around it")
 
-
-def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if not isinstance(value, str) or value not in allowed:
-        raise ConfigError(f"{name}={value!r}: expected one of {', '.join(repr(a) for a in allowed)}")

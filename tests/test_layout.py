@@ -2,7 +2,8 @@
 
 * a framework (torch, paddle, transformers) is imported only by modules inside a folder named after it
   (``graphjit/backends/torch/``, ``graphjit/bench/paddle/``, ...), imports inside functions included;
-* no import cycle among graphjit's modules (imports inside functions count: they are still a dependency);
+* no import cycle among graphjit's modules (imports inside functions count: they are still a dependency;
+  imports under ``if TYPE_CHECKING:`` do not: they run no code);
 * no module over 600 lines.
 
 ``python tests/test_layout.py`` prints the import graph's cycles and the longest modules.
@@ -55,7 +56,7 @@ def dependencies(path: Path, modules: set[str]) -> set[str]:
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names if alias.name in modules)
         elif isinstance(node, ast.ImportFrom):
@@ -72,6 +73,20 @@ def dependencies(path: Path, modules: set[str]) -> set[str]:
                     out.add(target)
             elif target in modules:
                 out.add(target)
+    return out
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node except those under ``if TYPE_CHECKING:`` (imports for annotations only run no code)."""
+    out: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
     return out
 
 

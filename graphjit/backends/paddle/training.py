@@ -21,7 +21,10 @@ from typing import Any
 
 import paddle
 
-from ...training import Glue, GraphedLayerCore, GraphedLayerMixin, MicroBatch
+from ...training.core import GraphedLayerCore
+from ...training.glue import Glue
+from ...training.slots import MicroBatch
+from ...training.wrapper import GraphedLayerMixin
 from .. import get
 
 

@@ -17,7 +17,10 @@ from typing import Any
 
 import torch
 
-from ...training import Glue, GraphedLayerCore, GraphedLayerMixin, MicroBatch
+from ...training.core import GraphedLayerCore
+from ...training.glue import Glue
+from ...training.slots import MicroBatch
+from ...training.wrapper import GraphedLayerMixin
 from .. import get
 
 _MAX_NODES = 200_000  # bound on the autograd-graph walk of stray_leaves
