@@ -18,8 +18,10 @@ import contextlib
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from . import __version__
 
@@ -72,13 +74,46 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_bench, _add
 
 
 def _add_build(sub: argparse._SubParsersAction) -> None:
-    from .collectives import _lib
-
     p = sub.add_parser("build", help="compile csrc (the custom all-reduce) ahead of time into GRAPHJIT_CACHE_DIR",
                        description="Compile csrc/ with nvcc for each GPU architecture into the cache directory, "
                                    "under a file lock, as collectives.init() would on first use.")
-    _lib.add_build_arguments(p)
-    p.set_defaults(handler=_lib.run_build)
+    _build_arguments(p)
+    p.set_defaults(handler=_cmd_build)
+
+
+def _build_arguments(p: Any) -> None:
+    p.add_argument("--arch", default=None,
+                   help="comma-separated GPU architectures, e.g. sm_80,sm_90 (default: the GPUs of this machine)")
+    p.add_argument("--cache-dir", default=None, help="where to put the libraries (default: GRAPHJIT_CACHE_DIR)")
+    p.add_argument("--nvcc", default=None, help="the nvcc to use (default: GRAPHJIT_NVCC, PATH, CUDA_HOME)")
+    p.add_argument("--force", action="store_true", help="rebuild even if the cached library exists")
+
+
+def _cmd_build(args: Any) -> int:
+    """The ``build`` command: compile csrc for each architecture; prints one line per library."""
+    from .collectives import csrc_build
+
+    try:
+        given = [a for a in args.arch.split(",") if a.strip()] if args.arch else []
+        archs = [csrc_build.normalize_arch(a) for a in given] if given else csrc_build.detect_archs()
+        if not archs:
+            raise csrc_build.BuildError("no GPU found on this machine (nvidia-smi); pass --arch, e.g. "
+                                        "--arch sm_80,sm_90")
+        for arch in archs:
+            t0 = time.perf_counter()
+            existed = (not args.force) and csrc_build.library_path(arch, args.cache_dir).is_file()
+            if not existed:
+                sys.stderr.write(f"graphjit build: compiling csrc for {arch} with nvcc (about 10 s) ...\n")
+                sys.stderr.flush()
+            path = csrc_build.build(arch, cache=args.cache_dir, nvcc=args.nvcc, force=args.force)
+            state = "cached" if existed else f"built in {time.perf_counter() - t0:.1f} s"
+            sys.stdout.write(f"{arch}: {path} ({state})\n")
+            sys.stdout.flush()
+    except csrc_build.BuildError as exc:
+        sys.stdout.write(f"graphjit build: {exc}\n")
+        sys.stdout.flush()
+        return 1
+    return 0
 
 
 COMMANDS.append(_add_build)

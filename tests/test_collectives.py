@@ -36,13 +36,14 @@ if str(ROOT) not in sys.path:
 
 from graphjit import env, scope  # noqa: E402
 from graphjit.backends.dist_base import Call, DistBackend, TensorInfo, from_compiled_graph  # noqa: E402
-from graphjit.collectives import _lib, custom_ar, topology  # noqa: E402
-from graphjit.collectives._lib import BuildError, CollectiveError  # noqa: E402
+from graphjit.collectives import communicator, csrc_build, custom_ar, library, topology  # noqa: E402
+from graphjit.collectives.csrc_build import BuildError  # noqa: E402
+from graphjit.collectives.library import CollectiveError  # noqa: E402
 from graphjit.errors import CaptureError, ConfigError  # noqa: E402
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_PADDLE = importlib.util.find_spec("paddle") is not None
-NVCC = _lib.find_nvcc()[0]
+NVCC = csrc_build.find_nvcc()[0]
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed (set GRAPHJIT_NVCC or CUDA_HOME)")
 
 
@@ -55,7 +56,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if NVCC is None:
         pytest.skip("nvcc is not installed (set GRAPHJIT_NVCC or CUDA_HOME)")
     out = tmp_path_factory.mktemp("csrc")
-    folder = _lib.csrc_dir()
+    folder = csrc_build.csrc_dir()
     assert folder is not None, "csrc/ not found next to the graphjit package"
 
     def compile_only(arch: str) -> subprocess.CompletedProcess[str]:
@@ -68,7 +69,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(3) as pool:
         jobs = {arch: pool.submit(compile_only, arch) for arch in ("sm_80", "sm_90")}
-        library = pool.submit(_lib.build, "sm_80", cache=out / "cache")
+        library = pool.submit(csrc_build.build, "sm_80", cache=out / "cache")
         results = {arch: job.result() for arch, job in jobs.items()}
         path = library.result()
     return {"dir": out, "results": results, "library": path, "seconds": time.perf_counter() - t0}
@@ -88,7 +89,7 @@ def test_csrc_compiles(compiled: dict[str, Any], arch: str) -> None:
 
 @needs_nvcc
 def test_built_library_exports_the_c_api(compiled: dict[str, Any]) -> None:
-    lib = _lib.Library(compiled["library"])
+    lib = library.Library(compiled["library"])
     assert lib.limits() == {"max_ranks": 8, "max_blocks": 64, "threads": 512,
                             "header_bytes": custom_ar.HEADER_BYTES, "handle_bytes": 64}
     # automatic algorithm: one-shot below 1 MiB for 2 ranks, below 512 KiB for 4, below 256 KiB above
@@ -99,98 +100,98 @@ def test_built_library_exports_the_c_api(compiled: dict[str, Any]) -> None:
 
 @needs_nvcc
 @pytest.mark.parametrize(("call", "code", "words"), [
-    (lambda lib: lib.all_reduce(0, 16, 16, 4, 0, 0, 0), _lib.ERR_ARGUMENT, "null context"),
-    (lambda lib: lib.choose_algo(3, 64), _lib.ERR_UNSUPPORTED, "world size 3"),
+    (lambda lib: lib.all_reduce(0, 16, 16, 4, 0, 0, 0), library.ERR_ARGUMENT, "null context"),
+    (lambda lib: lib.choose_algo(3, 64), library.ERR_UNSUPPORTED, "world size 3"),
     (lambda lib: lib.create(0, 5, 0, [b"h" * 64] * 5, 256, 8192 + 1024, [b"h" * 64] * 5, 512, 1024, 64, 36, 1.0),
-     _lib.ERR_UNSUPPORTED, "world size 5"),
+     library.ERR_UNSUPPORTED, "world size 5"),
     (lambda lib: lib.create(2, 2, 0, [b"h" * 64] * 2, 256, 8192 + 1024, [b"h" * 64] * 2, 512, 1024, 64, 36, 1.0),
-     _lib.ERR_ARGUMENT, "rank 2"),
+     library.ERR_ARGUMENT, "rank 2"),
     (lambda lib: lib.create(0, 2, 0, [b"h" * 64] * 2, 256, 8192, [b"h" * 64] * 2, 512, 1024, 64, 36, 1.0),
-     _lib.ERR_ARGUMENT, "scratch"),
+     library.ERR_ARGUMENT, "scratch"),
     (lambda lib: lib.create(0, 2, 0, [b"h" * 64] * 2, 256, 8192 + 1024, [b"h" * 64] * 2, 512, 1000, 64, 36, 1.0),
-     _lib.ERR_ARGUMENT, "staging buffer of 1000 bytes"),
+     library.ERR_ARGUMENT, "staging buffer of 1000 bytes"),
     (lambda lib: lib.create(0, 2, 0, [b"h" * 64] * 2, 256, 8192 + 1024, [b"h" * 64] * 2, 512, 1024, 1, 36, 1.0),
-     _lib.ERR_ARGUMENT, "pointer table capacity 1"),
+     library.ERR_ARGUMENT, "pointer table capacity 1"),
     (lambda lib: lib.create(0, 2, 0, [b"h" * 64] * 2, 256, 8192 + 1024, [b"h" * 64] * 2, 512, 1024, 64, 65, 1.0),
-     _lib.ERR_ARGUMENT, "max_blocks 65"),
-    (lambda lib: lib.alloc(0, 1000), _lib.ERR_ARGUMENT, "multiple of 16"),
-    (lambda lib: lib.alloc(0, 1024), _lib.ERR_CUDA, "cuda"),  # no GPU/driver here: a CUDA error, with its name
-    (lambda lib: lib.drop_pending(0, 1), _lib.ERR_ARGUMENT, "null context"),
-    (lambda lib: lib.reset(0), _lib.ERR_ARGUMENT, "null context"),
+     library.ERR_ARGUMENT, "max_blocks 65"),
+    (lambda lib: lib.alloc(0, 1000), library.ERR_ARGUMENT, "multiple of 16"),
+    (lambda lib: lib.alloc(0, 1024), library.ERR_CUDA, "cuda"),  # no GPU/driver here: a CUDA error, with its name
+    (lambda lib: lib.drop_pending(0, 1), library.ERR_ARGUMENT, "null context"),
+    (lambda lib: lib.reset(0), library.ERR_ARGUMENT, "null context"),
     (lambda lib: lib.create_local(0, 5, 0, [256] * 5, [512] * 5, 8192 + 1024, 1024, 64, 36, 1.0),
-     _lib.ERR_UNSUPPORTED, "world size 5"),
+     library.ERR_UNSUPPORTED, "world size 5"),
     (lambda lib: lib.create_local(0, 2, 0, [256, 272], [512, 768], 8192 + 1024, 1024, 64, 36, 1.0),
-     _lib.ERR_ARGUMENT, "buffer of rank 1"),
+     library.ERR_ARGUMENT, "buffer of rank 1"),
     (lambda lib: lib.create_local(0, 2, 0, [256, 0], [512, 768], 8192 + 1024, 1024, 64, 36, 1.0),
-     _lib.ERR_ARGUMENT, "buffer of rank 1"),
+     library.ERR_ARGUMENT, "buffer of rank 1"),
     (lambda lib: lib.create_local(0, 2, 0, [256], [512], 8192 + 1024, 1024, 64, 36, 1.0),
-     _lib.ERR_ARGUMENT, "1 signal and 1 staging buffers for a world of 2"),
+     library.ERR_ARGUMENT, "1 signal and 1 staging buffers for a world of 2"),
     (lambda lib: lib.create_local(0, 2, 0, [256, 512], [768, 1024], 8192 + 1024, 1024, 64, 0, 1.0),
-     _lib.ERR_ARGUMENT, "max_blocks 0"),
-    (lambda lib: lib.register_local(0, [[256], [512]], 0), _lib.ERR_ARGUMENT, "null argument"),
-    (lambda lib: lib.register_local(0, [[256, 512], [768]], 0), _lib.ERR_ARGUMENT, "all of the same length"),
+     library.ERR_ARGUMENT, "max_blocks 0"),
+    (lambda lib: lib.register_local(0, [[256], [512]], 0), library.ERR_ARGUMENT, "null argument"),
+    (lambda lib: lib.register_local(0, [[256, 512], [768]], 0), library.ERR_ARGUMENT, "all of the same length"),
 ])
 def test_c_api_errors_carry_a_code_and_a_message(compiled: dict[str, Any], call: Callable[[Any], Any], code: int,
                                                   words: str) -> None:
-    lib = _lib.Library(compiled["library"])
+    lib = library.Library(compiled["library"])
     with pytest.raises(CollectiveError) as info:
         call(lib)
     assert info.value.code == code, str(info.value)
     assert words.lower() in str(info.value).lower()
-    assert f"[{_lib.STATUS_NAMES[code]}]" in str(info.value)
+    assert f"[{library.STATUS_NAMES[code]}]" in str(info.value)
 
 
 def test_loading_a_broken_library_says_what_to_do(tmp_path: Path) -> None:
     bad = tmp_path / "graphjit_ar-sm_90-0000.so"
     bad.write_bytes(b"not an ELF file")
     with pytest.raises(BuildError, match="delete it to rebuild"):
-        _lib.Library(bad)
+        library.Library(bad)
 
 
 # ================================================================================================
 # build cache: key, lock, nvcc discovery, errors, the CLI
 # ================================================================================================
 def test_cache_key_changes_with_sources_and_arch() -> None:
-    sources = _lib.read_sources()
-    assert set(sources) == set(_lib.SOURCES)
-    base = _lib.cache_key(sources, "sm_90")
-    assert base == _lib.cache_key(dict(sources), "9.0") == _lib.cache_key(sources, (9, 0))
+    sources = csrc_build.read_sources()
+    assert set(sources) == set(csrc_build.SOURCES)
+    base = csrc_build.cache_key(sources, "sm_90")
+    assert base == csrc_build.cache_key(dict(sources), "9.0") == csrc_build.cache_key(sources, (9, 0))
     assert len(base) == 64
     edited = dict(sources)
     edited["custom_all_reduce.cuh"] = sources["custom_all_reduce.cuh"] + b"\n// edited\n"
-    assert _lib.cache_key(edited, "sm_90") != base
+    assert csrc_build.cache_key(edited, "sm_90") != base
     edited = dict(sources)
     edited["graphjit_ar.cu"] = sources["graphjit_ar.cu"].replace(b"kAbiVersion = 2", b"kAbiVersion = 3")
-    assert _lib.cache_key(edited, "sm_90") != base
-    assert _lib.cache_key(sources, "sm_80") != base
-    assert _lib.cache_key(sources, "sm_90", flags=["-O0"]) != base
-    path = _lib.library_path("sm_90", "/cache", sources)
+    assert csrc_build.cache_key(edited, "sm_90") != base
+    assert csrc_build.cache_key(sources, "sm_80") != base
+    assert csrc_build.cache_key(sources, "sm_90", flags=["-O0"]) != base
+    path = csrc_build.library_path("sm_90", "/cache", sources)
     assert path == Path("/cache") / f"graphjit_ar-sm_90-{base[:16]}.so"
-    assert _lib.library_path("sm_80", "/cache", sources) != path
+    assert csrc_build.library_path("sm_80", "/cache", sources) != path
 
 
 def test_cache_dir_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GRAPHJIT_CACHE_DIR", str(tmp_path / "c"))
     env.refresh()
-    assert _lib.library_path("sm_90").parent == tmp_path / "c"
+    assert csrc_build.library_path("sm_90").parent == tmp_path / "c"
 
 
 @pytest.mark.parametrize(("given", "want"), [("sm_90", "sm_90"), ("90", "sm_90"), ("9.0", "sm_90"), ((8, 0), "sm_80"),
                                              ("compute_86", "sm_86"), ("sm_90a", "sm_90a"), ("10.0", "sm_100")])
 def test_normalize_arch(given: Any, want: str) -> None:
-    assert _lib.normalize_arch(given) == want
+    assert csrc_build.normalize_arch(given) == want
 
 
 @pytest.mark.parametrize("given", ["sm_61", "hopper", "", "sm_9x"])
 def test_normalize_arch_rejects(given: str) -> None:
     with pytest.raises(BuildError, match="architecture"):
-        _lib.normalize_arch(given)
+        csrc_build.normalize_arch(given)
 
 
 _LOCK_CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from graphjit.collectives._lib import FileLock
+    from graphjit.collectives.csrc_build import FileLock
     with FileLock({lock!r}, timeout=60):
         start = time.monotonic()
         time.sleep(0.4)
@@ -214,8 +215,8 @@ def test_file_lock_serialises_two_processes(tmp_path: Path) -> None:
 
 def test_file_lock_times_out_with_a_clear_message(tmp_path: Path) -> None:
     lock = tmp_path / "y.lock"
-    with _lib.FileLock(lock), pytest.raises(BuildError, match="waited 0 s for the lock"):
-        _lib.FileLock(lock, timeout=0.2).__enter__()
+    with csrc_build.FileLock(lock), pytest.raises(BuildError, match="waited 0 s for the lock"):
+        csrc_build.FileLock(lock, timeout=0.2).__enter__()
 
 
 def _fake_nvcc(tmp_path: Path, body: str) -> Path:
@@ -237,8 +238,8 @@ printf 'fake library' > "$out"
 _BUILD_CHILD = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
-    from graphjit.collectives import _lib
-    print(_lib.build("sm_90", cache={cache!r}, nvcc={nvcc!r}))
+    from graphjit.collectives import csrc_build, library
+    print(csrc_build.build("sm_90", cache={cache!r}, nvcc={nvcc!r}))
 """)
 
 
@@ -253,7 +254,7 @@ def test_concurrent_ranks_build_once(tmp_path: Path) -> None:
     assert (tmp_path / "invocations").read_text().count("x") == 1, "both processes ran nvcc"
     assert not list(cache.glob(".*.tmp")), "a temporary file was left behind"
     # a third build finds it cached and does not call nvcc
-    assert _lib.build("sm_90", cache=cache, nvcc=str(nvcc)) == Path(outs[0])
+    assert csrc_build.build("sm_90", cache=cache, nvcc=str(nvcc)) == Path(outs[0])
     assert (tmp_path / "invocations").read_text().count("x") == 1
 
 
@@ -261,7 +262,7 @@ def test_missing_nvcc_is_a_clear_reason(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("GRAPHJIT_NVCC", str(tmp_path / "no-such-nvcc"))
     env.refresh()
     with pytest.raises(BuildError) as info:
-        _lib.build("sm_90", cache=tmp_path)
+        csrc_build.build("sm_90", cache=tmp_path)
     text = str(info.value)
     assert "nvcc was not found" in text and "GRAPHJIT_NVCC" in text and "python -m graphjit build" in text
 
@@ -269,7 +270,7 @@ def test_missing_nvcc_is_a_clear_reason(monkeypatch: pytest.MonkeyPatch, tmp_pat
 def test_compile_error_shows_the_command_and_nvcc_output(tmp_path: Path) -> None:
     nvcc = _fake_nvcc(tmp_path, 'echo "graphjit_ar.cu(12): error: boom" >&2\nexit 2\n')
     with pytest.raises(BuildError) as info:
-        _lib.build("sm_80", cache=tmp_path / "cache", nvcc=str(nvcc))
+        csrc_build.build("sm_80", cache=tmp_path / "cache", nvcc=str(nvcc))
     text = str(info.value)
     assert "nvcc failed (exit status 2)" in text and "boom" in text and "-gencode=arch=compute_80" in text
     assert not list((tmp_path / "cache").glob("*.so"))
@@ -573,7 +574,7 @@ class FakeLib:
     def all_reduce(self, ctx: int, src: int, dst: int, numel: int, dtype: int, algo: int, stream: int) -> None:
         if stream == 7:
             if self.next_slot >= self.capacity:
-                raise CollectiveError("the pointer table is full", _lib.ERR_TABLE_FULL)
+                raise CollectiveError("the pointer table is full", library.ERR_TABLE_FULL)
             self.pending_list.append((src, self.next_slot))
             self.next_slot += 1
             return
@@ -731,7 +732,7 @@ def test_simulated_fallbacks_at_call_time(clean_stats: custom_ar.Stats, monkeypa
 def test_simulated_auto_sends_big_eager_calls_to_the_framework(clean_stats: custom_ar.Stats,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     assert custom_ar.EAGER_NCCL_ABOVE == 32 << 20 and "crossover" in custom_ar.REASONS
-    monkeypatch.setattr(custom_ar, "EAGER_NCCL_ABOVE", 64)  # bytes: what 32 MiB is to a real max_bytes
+    monkeypatch.setattr(communicator, "EAGER_NCCL_ABOVE", 64)  # bytes: what 32 MiB is to a real max_bytes
 
     def rank_body(rank: int, world: FakeWorld) -> list[str]:
         comm, dist, _ = _comm(rank, world, scope_name="always")
@@ -1139,7 +1140,7 @@ def _torch_worker(rank: int, port: int) -> dict[str, Any]:
         out["opaque_fullgraph_error"] = str(exc)
     collectives.shutdown()  # no group has the custom all-reduce on any more: the plain wrapper again
     out["plain_again"] = swap.swapped(dist.all_reduce) is dist.all_reduce
-    out["installed_twice"] = swap.install(load("torch"))
+    out["installed_twice"] = swap.install(load("torch"), custom_ar.dispatch)
     swap.uninstall("torch")
     out["restored"] = dist.all_reduce is original
     return out

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -17,10 +16,10 @@ import pytest
 import graphjit.env
 from graphjit import doctor
 from graphjit.__main__ import main
+from graphjit.collectives import csrc_build, library
+from graphjit.doctor import allreduce, children, context, peers, system, toolchain
 from graphjit.doctor.paddle import rows as paddle_doctor
 from graphjit.doctor.torch import rows as torch_doctor
-from graphjit.collectives import _lib
-from graphjit.doctor import allreduce, children, context, peers, system, toolchain
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -115,7 +114,7 @@ def test_collectives_on_cpu_exits_1_and_says_why(monkeypatch: pytest.MonkeyPatch
     if toolchain.find_nvcc()[0] is not None:
         assert csrc["status"] == "pass", csrc
         assert "compiled csrc for sm_90 as a toolchain check" in csrc["result"]
-        assert f"(ABI {_lib.ABI_VERSION})" in csrc["result"]
+        assert f"(ABI {csrc_build.ABI_VERSION})" in csrc["result"]
         assert csrc["data"]["test_arch"] == "sm_90" and csrc["data"]["seconds"] < 120
         assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").glob("*.so"))  # a temporary build
     else:
@@ -143,7 +142,7 @@ def test_progress_lines_go_to_stderr_one_per_section(monkeypatch: pytest.MonkeyP
 def test_csrc_row_without_nvcc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No nvcc, no GPU: plain doctor skips the build (exit 0); --collectives fails it with the fix, unless a
     library built ahead of time for these sources is in GRAPHJIT_CACHE_DIR (then it is loaded)."""
-    from graphjit.collectives import _lib
+    from graphjit.collectives import csrc_build
 
     monkeypatch.setenv("GRAPHJIT_NVCC", str(tmp_path / "no-such-nvcc"))
     monkeypatch.setenv("GRAPHJIT_CACHE_DIR", str(tmp_path / "cache"))
@@ -162,10 +161,10 @@ def test_csrc_row_without_nvcc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert "GRAPHJIT_NVCC" in csrc.fix and "python -m graphjit build --arch sm_90" in csrc.fix
     assert rows["custom all-reduce"].status == "fail" and report.exit_code == 1
 
-    library = _lib.library_path("sm_90")  # as if `python -m graphjit build --arch sm_90` had run
-    library.parent.mkdir(parents=True)
-    library.write_bytes(b"")
-    monkeypatch.setattr(_lib, "Library", lambda path: object())
+    built = csrc_build.library_path("sm_90")  # as if `python -m graphjit build --arch sm_90` had run
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"")
+    monkeypatch.setattr(library, "Library", lambda path: object())
     report = doctor.diagnose(INSTALLED[0], collectives=True)
     csrc = next(r for r in report.rows if r.check == "csrc build")
     assert csrc.status == "pass" and "built ahead of time (sm_90" in csrc.result, csrc.result
@@ -190,8 +189,6 @@ def _gpu_context(collectives: bool = False) -> context.Context:
 def test_csrc_row_loads_or_builds_for_the_gpu_arch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """With GPUs (faked): the library for their architecture is built (no nvcc here: a failure with the fix, blocking
     only with --collectives) or loaded from the cache, and asked about GPU 0."""
-    from graphjit.collectives import _lib
-
     monkeypatch.setenv("GRAPHJIT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("GRAPHJIT_NVCC", str(tmp_path / "no-such-nvcc"))
     graphjit.env.refresh()
@@ -203,15 +200,15 @@ def test_csrc_row_loads_or_builds_for_the_gpu_arch(monkeypatch: pytest.MonkeyPat
         assert row.result.startswith("sm_90: building failed: nvcc was not found"), row.result
         assert row.fix and "GRAPHJIT_NVCC" in row.fix and ctx.csrc == "fail" and ctx.csrc_fix == row.fix
 
-    library = _lib.library_path("sm_90")
-    library.parent.mkdir(parents=True)
-    library.write_bytes(b"")
-    monkeypatch.setattr(_lib, "Library", _FakeLibrary)
+    built = csrc_build.library_path("sm_90")
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"")
+    monkeypatch.setattr(library, "Library", _FakeLibrary)
     ctx = _gpu_context()
     toolchain.check_csrc(ctx)
     row = ctx.report.rows[-1]
     assert row.status == "pass" and ctx.csrc == "pass"
-    assert row.result.startswith(f"sm_90 cached ({library.name})")
+    assert row.result.startswith(f"sm_90 cached ({built.name})")
     assert "GPU 0 is sm_90 at 00000000:1B:00.0" in row.result
 
 
@@ -606,20 +603,21 @@ def test_wheel_ships_every_module_and_csrc(tmp_path: Path) -> None:
         assert f"graphjit/csrc/{name}" in names
         assert (site / "graphjit" / "csrc" / name).read_bytes() == (ROOT / "csrc" / name).read_bytes()
 
-    code = ("from graphjit.collectives import _lib; print(_lib.csrc_dir()); print(_lib.library_path('sm_90').name)")
+    code = ("from graphjit.collectives import csrc_build; print(csrc_build.csrc_dir()); "
+            "print(csrc_build.library_path('sm_90').name)")
     environ = dict(os.environ, PYTHONPATH=str(site), GRAPHJIT_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environ,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    from graphjit.collectives import _lib
+    from graphjit.collectives import csrc_build
 
     folder, name = proc.stdout.split()
     assert Path(folder) == site / "graphjit" / "csrc"
-    assert name == _lib.library_path("sm_90", cache=tmp_path / "cache").name  # a checkout's build is reused
+    assert name == csrc_build.library_path("sm_90", cache=tmp_path / "cache").name  # a checkout's build is reused
 
     proc = subprocess.run([sys.executable, "-c", "from setuptools import build_meta as b; print(b.build_sdist('sd'))"],
                           capture_output=True, text=True, timeout=300, cwd=src)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with tarfile.open(src / "sd" / proc.stdout.split()[-1]) as tf:
         members = {m.split("/", 1)[1] for m in tf.getnames() if "/" in m}
-    assert {"csrc/graphjit_ar.cu", "csrc/custom_all_reduce.cuh", "graphjit/collectives/_lib.py"} <= members
+    assert {"csrc/graphjit_ar.cu", "csrc/custom_all_reduce.cuh", "graphjit/collectives/csrc_build.py"} <= members

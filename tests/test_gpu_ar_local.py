@@ -36,7 +36,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("no CUDA GPU", allow_module_level=True)
 
-from graphjit.collectives import _lib  # noqa: E402
+from graphjit.collectives import csrc_build, library  # noqa: E402
 
 ONE_SHOT, TWO_SHOT, AUTO = 1, 2, 0
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -49,8 +49,8 @@ RESULTS: dict[str, Any] = {}
 def lib() -> Any:
     major, minor = torch.cuda.get_device_capability()
     try:
-        return _lib.load(f"sm_{major}{minor}")
-    except _lib.BuildError as exc:  # no nvcc and nothing built ahead of time
+        return library.load(f"sm_{major}{minor}")
+    except csrc_build.BuildError as exc:  # no nvcc and nothing built ahead of time
         pytest.skip(str(exc))
 
 
@@ -256,28 +256,28 @@ def test_register_local_refuses_a_different_capture_order(world: LocalWorld) -> 
         world.lib.all_reduce(world.ctxs[0], a[0].data_ptr(), a[0].data_ptr(), 64, 0, AUTO, s)
         world.lib.all_reduce(world.ctxs[0], b[0].data_ptr(), b[0].data_ptr(), 64, 0, AUTO, s)
     swapped = [[b[r].data_ptr(), a[r].data_ptr()] for r in range(n)]
-    with pytest.raises(_lib.CollectiveError, match="its capture recorded") as info:
+    with pytest.raises(library.CollectiveError, match="its capture recorded") as info:
         world.lib.register_local(world.ctxs[0], swapped, world.streams[0].cuda_stream)
-    assert info.value.code == _lib.ERR_STATE
-    with pytest.raises(_lib.CollectiveError, match="1 entries given, 2 pending") as info:
+    assert info.value.code == library.ERR_STATE
+    with pytest.raises(library.CollectiveError, match="1 entries given, 2 pending") as info:
         world.lib.register_local(world.ctxs[0], [[a[r].data_ptr()] for r in range(n)], world.streams[0].cuda_stream)
-    assert info.value.code == _lib.ERR_STATE
-    with pytest.raises(_lib.CollectiveError, match="rows for 1 ranks") as info:
+    assert info.value.code == library.ERR_STATE
+    with pytest.raises(library.CollectiveError, match="rows for 1 ranks") as info:
         world.lib.register_local(world.ctxs[0], [[a[0].data_ptr(), b[0].data_ptr()]], world.streams[0].cuda_stream)
-    assert info.value.code == _lib.ERR_ARGUMENT
-    with pytest.raises(_lib.CollectiveError, match="registers with gj_ar_register_local") as info:
+    assert info.value.code == library.ERR_ARGUMENT
+    with pytest.raises(library.CollectiveError, match="registers with gj_ar_register_local") as info:
         world.lib.register_pending(world.ctxs[0], 2, [[b"h" * 64] * 2] * n, [[0, 0]] * n, world.streams[0].cuda_stream)
-    assert info.value.code == _lib.ERR_STATE
+    assert info.value.code == library.ERR_STATE
     world.lib.reset(world.ctxs[0])  # the graph is never replayed: its slots were never filled
     del g
 
 
 def test_oversize_and_misaligned_calls_are_refused_in_c(world: LocalWorld) -> None:
     x = torch.zeros(MAX_BYTES // 4 + 4, device="cuda")
-    with pytest.raises(_lib.CollectiveError, match="exceed the scratch buffer") as info:
+    with pytest.raises(library.CollectiveError, match="exceed the scratch buffer") as info:
         world.lib.all_reduce(world.ctxs[0], x.data_ptr(), x.data_ptr(), x.numel(), 0, AUTO, 0)
-    assert info.value.code == _lib.ERR_BOUNDS
-    with pytest.raises(_lib.CollectiveError, match="not 16-byte aligned") as info:
+    assert info.value.code == library.ERR_BOUNDS
+    with pytest.raises(library.CollectiveError, match="not 16-byte aligned") as info:
         world.lib.all_reduce(world.ctxs[0], x.data_ptr() + 4, x.data_ptr() + 4, 16, 0, AUTO, 0)
-    assert info.value.code == _lib.ERR_UNSUPPORTED
+    assert info.value.code == library.ERR_UNSUPPORTED
     torch.cuda.synchronize()  # nothing was launched: the context is still healthy

@@ -545,7 +545,7 @@ class Worker:
     def section_c_api(self) -> dict[str, Any]:
         """The C library's own checks (bypassing Python's), and a full pointer table."""
         torch, dist = self.torch, self.dist
-        from graphjit.collectives import _lib, custom_ar
+        from graphjit.collectives import custom_ar, library
 
         failures: list[str] = []
         comm = next(c for c in custom_ar.communicators() if c.scope == "graphed")
@@ -554,19 +554,19 @@ class Worker:
         big = torch.zeros(MAX_BYTES // 4 + 8, device=self.device)
         p = big.data_ptr()
         checks = [
-            ("larger than the buffers", (p, p, MAX_BYTES // 4 + 4, 0, 0), _lib.ERR_BOUNDS, "exceed"),
-            ("misaligned", (p + 4, p + 4, 1024, 0, 0), _lib.ERR_UNSUPPORTED, "aligned"),
-            ("dtype code 7", (p, p, 1024, 7, 0), _lib.ERR_UNSUPPORTED, "dtype code 7"),
-            ("algorithm code 9", (p, p, 1024, 0, 9), _lib.ERR_ARGUMENT, "algorithm code 9"),
-            ("overlap", (p, p + 16, 1024, 0, 0), _lib.ERR_ARGUMENT, "overlap"),
-            ("no elements", (p, p, 0, 0, 0), _lib.ERR_ARGUMENT, "numel 0"),
-            ("12 bytes", (p, p, 3, 0, 0), _lib.ERR_UNSUPPORTED, "multiple of 16"),
+            ("larger than the buffers", (p, p, MAX_BYTES // 4 + 4, 0, 0), library.ERR_BOUNDS, "exceed"),
+            ("misaligned", (p + 4, p + 4, 1024, 0, 0), library.ERR_UNSUPPORTED, "aligned"),
+            ("dtype code 7", (p, p, 1024, 7, 0), library.ERR_UNSUPPORTED, "dtype code 7"),
+            ("algorithm code 9", (p, p, 1024, 0, 9), library.ERR_ARGUMENT, "algorithm code 9"),
+            ("overlap", (p, p + 16, 1024, 0, 0), library.ERR_ARGUMENT, "overlap"),
+            ("no elements", (p, p, 0, 0, 0), library.ERR_ARGUMENT, "numel 0"),
+            ("12 bytes", (p, p, 3, 0, 0), library.ERR_UNSUPPORTED, "multiple of 16"),
         ]
         for name, (src, dst, numel, dtype, algo), code, words in checks:
             try:
                 lib.all_reduce(ctx, src, dst, numel, dtype, algo, stream)
                 failures.append(f"{name}: accepted")
-            except _lib.CollectiveError as exc:
+            except library.CollectiveError as exc:
                 if exc.code != code or words not in str(exc):
                     failures.append(f"{name}: {exc} (code {exc.code}, want {code} and {words!r})")
         torch.cuda.synchronize()
@@ -587,12 +587,12 @@ class Worker:
                 try:
                     tcomm.lib.all_reduce(tcomm.ctx, x.data_ptr(), x.data_ptr(), 1024, 0, 0, s)
                     codes.append(0)
-                except _lib.CollectiveError as exc:
+                except library.CollectiveError as exc:
                     codes.append(exc.code)
         del graph  # never replayed: its slot is never registered
         tcomm.lib.drop_pending(tcomm.ctx, tcomm.lib.pending(tcomm.ctx))
         tcomm.lib.reset(tcomm.ctx)
-        if codes != [0, _lib.ERR_TABLE_FULL]:
+        if codes != [0, library.ERR_TABLE_FULL]:
             failures.append(f"full table: codes {codes}")
         if self.shared:  # the fallback below runs the framework's collective inside a graph: not gloo
             return {"failures": failures, "table_full_fallbacks": None}

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import importlib
 import threading
 from collections.abc import Hashable, Iterator
 from typing import Any, NamedTuple
 
 from ..errors import BackendError
+from . import load as framework_module
 
 _compiled = threading.local()
 
@@ -183,7 +183,7 @@ def load(name: str) -> DistBackend:
     if name not in ("torch", "paddle"):
         raise BackendError(f"backend={name!r}: expected 'torch' or 'paddle'")
     try:
-        module = importlib.import_module(f"{__package__}.{name}.dist")
+        module = framework_module(name, "dist")
     except ImportError as exc:
         raise BackendError(f"backend={name!r} needs {name}, which cannot be imported ({exc})") from exc
     backend = module.Dist()

@@ -9,14 +9,15 @@ From then on ``torch.distributed.all_reduce`` / ``paddle.distributed.all_reduce`
 one-shot/two-shot CUDA kernel for eligible calls inside graphed calls and capture scopes (or for
 every call with ``scope="always"``), and the framework's collective for everything else;
 :func:`stats` counts both and says why.  See :mod:`.custom_ar` for the protocol and the fallback
-reasons, :mod:`.swap` for the wrapping, :mod:`._lib` for the build, ``csrc/`` for the kernels.
+reasons (:mod:`.reasons`), :mod:`.communicator` for one group, :mod:`.swap` for the wrapping,
+:mod:`.csrc_build` for the build and :mod:`.library` for the ctypes library, ``csrc/`` for the kernels.
 
 Importing this package imports no framework and builds nothing.
 """
 
 from __future__ import annotations
 
-from ._lib import BuildError, CollectiveError, build
+from .csrc_build import BuildError, build
 from .custom_ar import (
     REASONS,
     Report,
@@ -28,6 +29,7 @@ from .custom_ar import (
     stats,
     status,
 )
+from .library import CollectiveError
 
 __all__ = [
     "REASONS",

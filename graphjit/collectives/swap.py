@@ -2,7 +2,8 @@
 
 :func:`install` replaces the framework's public ``all_reduce`` attribute with a ``wrapt``
 function wrapper (name, docstring, signature and ``inspect`` behaviour of the original are kept).
-The wrapper hands every call to :func:`graphjit.collectives.custom_ar.dispatch`, which either runs
+The wrapper hands every call to the dispatcher :func:`install` is given
+(:func:`graphjit.collectives.custom_ar.dispatch`), which either runs
 the custom kernel (eligible call, inside a graphed call or capture scope, or always with
 ``scope="always"``) with the original's in-place semantics and return value, or calls the
 original with the caller's arguments unchanged, and counts why.
@@ -26,13 +27,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import wrapt
 
 from ..backends.dist_base import DistBackend
-from . import custom_ar
 
 log = logging.getLogger("graphjit")
 
@@ -68,21 +69,26 @@ def swapped(obj: Any) -> SwappedAllReduce | None:
     return inner if isinstance(inner, SwappedAllReduce) else None
 
 
-def _handler(dist: DistBackend) -> Any:
+Dispatch = Callable[[DistBackend, Any, tuple[Any, ...], dict[str, Any]], Any]
+"""``dispatch(dist, original, args, kwargs)``: what a call of the wrapper runs."""
+
+
+def _handler(dist: DistBackend, dispatch: Dispatch) -> Any:
     def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return custom_ar.dispatch(dist, wrapped, args, kwargs)
+        return dispatch(dist, wrapped, args, kwargs)
 
     return handler
 
 
-def install(dist: DistBackend) -> bool:
-    """Wrap ``dist``'s ``all_reduce`` unless already wrapped; True if this call wrapped it."""
+def install(dist: DistBackend, dispatch: Dispatch) -> bool:
+    """Wrap ``dist``'s ``all_reduce`` unless already wrapped (every call then goes to ``dispatch``); True if
+    this call wrapped it."""
     with _lock:
         module, attr = dist.wrap_target()
         current = getattr(module, attr)
         if swapped(current) is not None:
             return False
-        wrapper = SwappedAllReduce(current, _handler(dist))
+        wrapper = SwappedAllReduce(current, _handler(dist, dispatch))
         setattr(module, attr, wrapper)
         _installed[dist.name] = _Installed(module, attr, current, wrapper, dist, wrapper)
         log.debug("graphjit: wrapped %s.%s", module.__name__, attr)

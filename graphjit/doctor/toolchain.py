@@ -22,7 +22,7 @@ from .text import first_line
 
 def find_nvcc() -> tuple[str | None, str, str | None]:
     """(path, where it came from, problem): GRAPHJIT_NVCC, then PATH, then $CUDA_HOME/bin/nvcc, then
-    /usr/local/cuda/bin/nvcc (the order of :func:`graphjit.collectives._lib.find_nvcc`)."""
+    /usr/local/cuda/bin/nvcc (the order of :func:`graphjit.collectives.csrc_build.find_nvcc`)."""
     from .. import env
     from ..errors import ConfigError
 
@@ -88,7 +88,7 @@ def check_nvcc(ctx: Context) -> None:
 
 def _gpu_archs(ctx: Context) -> list[str]:
     """The architectures (sm_XX) of this machine's GPUs: a framework's view, else nvidia-smi's."""
-    from ..collectives import _lib
+    from ..collectives import csrc_build
 
     caps = [d.get("capability") for devices in ctx.gpus.values() for d in devices]
     if not caps and ctx.smi:
@@ -96,7 +96,7 @@ def _gpu_archs(ctx: Context) -> list[str]:
     archs: list[str] = []
     for cap in caps:
         with contextlib.suppress(Exception):
-            arch = _lib.normalize_arch(cap)
+            arch = csrc_build.normalize_arch(cap)
             if arch not in archs:
                 archs.append(arch)
     return archs
@@ -104,13 +104,13 @@ def _gpu_archs(ctx: Context) -> list[str]:
 
 def _cached_archs(sources: dict[str, bytes]) -> list[str]:
     """Architectures with a library for the current sources in GRAPHJIT_CACHE_DIR (nothing is built)."""
-    from ..collectives import _lib
+    from ..collectives import csrc_build
 
     found: list[str] = []
     with contextlib.suppress(Exception):
-        for path in sorted(_lib.cache_dir().glob(f"{_lib.LIBRARY_PREFIX}-sm_*-*.so")):
+        for path in sorted(csrc_build.cache_dir().glob(f"{csrc_build.LIBRARY_PREFIX}-sm_*-*.so")):
             arch = path.name.split("-")[1]
-            if arch not in found and _lib.library_path(arch, sources=sources) == path:
+            if arch not in found and csrc_build.library_path(arch, sources=sources) == path:
                 found.append(arch)
     return found
 
@@ -145,20 +145,20 @@ def check_csrc(ctx: Context) -> None:
     compile it once into a temporary directory: a toolchain check)."""
     r = ctx.report
     ctx.csrc = FAIL
-    from ..collectives import _lib
+    from ..collectives import csrc_build, library
 
-    folder = _lib.csrc_dir()
+    folder = csrc_build.csrc_dir()
     if folder is None:
         ctx.csrc_fix = _build_fix("sources", "sm_90")
         r.add("collectives", "csrc build", FAIL, "the CUDA sources (csrc/graphjit_ar.cu, csrc/custom_all_reduce.cuh) "
               "are not next to the graphjit package", ctx.csrc_fix, blocking=ctx.collectives)
         return
-    sources = _lib.read_sources(folder)
+    sources = csrc_build.read_sources(folder)
     cached = _cached_archs(sources)
     archs = _gpu_archs(ctx)
     facts: dict[str, Any] = {"sources": str(folder), "cached": cached, "nvcc": ctx.nvcc}
     with contextlib.suppress(Exception):
-        facts["cache_dir"] = str(_lib.cache_dir())
+        facts["cache_dir"] = str(csrc_build.cache_dir())
     where = f"GRAPHJIT_CACHE_DIR={facts.get('cache_dir', '?')}"
     if not archs and ctx.system_gpus():
         ctx.csrc = SKIP
@@ -175,11 +175,11 @@ def check_csrc(ctx: Context) -> None:
     for arch in archs:
         existed = False
         try:
-            existed = _lib.library_path(arch, sources=sources).is_file()
+            existed = csrc_build.library_path(arch, sources=sources).is_file()
             t0 = time.perf_counter()
             ctx.say(f"csrc build for {arch} (compiles on first use, about 10 s)")
-            path = _lib.build(arch, nvcc=ctx.nvcc, timeout=ctx.timeout, lock_timeout=ctx.timeout)
-            lib = _lib.Library(path)
+            path = csrc_build.build(arch, nvcc=ctx.nvcc, timeout=ctx.timeout, lock_timeout=ctx.timeout)
+            lib = library.Library(path)
         except Exception as exc:
             _build_error_row(ctx, exc, arch, f"{arch}: " + ("loading the cached library failed" if existed
                                                             else "building failed"), **facts)
@@ -205,7 +205,7 @@ def _csrc_without_gpu(ctx: Context, cached: list[str], where: str, facts: dict[s
     """The ``csrc build`` row without a GPU: a skip; with ``--collectives`` a test build for sm_90 (sm_80 before
     CUDA 11.8) in a temporary directory, or, without nvcc, a load of the libraries built ahead of time."""
     r = ctx.report
-    from ..collectives import _lib
+    from ..collectives import csrc_build, library
 
     have = f"; libraries built ahead of time for these sources: {', '.join(cached)}" if cached else ""
     if not ctx.collectives:
@@ -218,7 +218,7 @@ def _csrc_without_gpu(ctx: Context, cached: list[str], where: str, facts: dict[s
         if cached:  # a library built ahead of time: check that it loads (nothing to compile it with here)
             try:
                 for arch in cached:
-                    _lib.Library(_lib.library_path(arch))
+                    library.Library(csrc_build.library_path(arch))
             except Exception as exc:
                 _build_error_row(ctx, exc, arch, f"{arch}: loading the cached library failed", **facts)
                 return
@@ -235,8 +235,8 @@ def _csrc_without_gpu(ctx: Context, cached: list[str], where: str, facts: dict[s
     with tempfile.TemporaryDirectory(prefix="graphjit-doctor-csrc-") as tmp:
         try:
             ctx.say(f"a test build of csrc for {arch} (a few seconds)")
-            path = _lib.build(arch, cache=tmp, nvcc=ctx.nvcc, timeout=ctx.timeout, lock_timeout=ctx.timeout)
-            abi = _lib.Library(path)._dll.gj_ar_abi_version()
+            path = csrc_build.build(arch, cache=tmp, nvcc=ctx.nvcc, timeout=ctx.timeout, lock_timeout=ctx.timeout)
+            abi = library.Library(path)._dll.gj_ar_abi_version()
         except Exception as exc:
             _build_error_row(ctx, exc, arch, f"test build for {arch} failed", **facts)
             return

@@ -32,7 +32,7 @@ MAX_BYTES = 1 << 20
 def worker(rank: int, conn: Any, replays: int, out: dict[str, Any]) -> None:
     import torch
 
-    from graphjit.collectives import _lib
+    from graphjit.collectives import csrc_build, library
 
     steps: dict[str, Any] = {}
     out.update(rank=rank, steps=steps)
@@ -45,7 +45,7 @@ def worker(rank: int, conn: Any, replays: int, out: dict[str, Any]) -> None:
 
     torch.cuda.set_device(0)
     major, minor = torch.cuda.get_device_capability()
-    lib = _lib.load(f"sm_{major}{minor}")
+    lib = library.load(f"sm_{major}{minor}")
     header = lib.limits()["header_bytes"]
     signal, sh = lib.alloc(0, header + MAX_BYTES)
     staging, th = lib.alloc(0, MAX_BYTES)
