@@ -26,10 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import common
-from ..allreduce import (
-    CUSTOM_TIMEOUT_S,
-    FORCED_ENV,
-    RECORDED_ENV,
+from ..allreduce import CUSTOM_TIMEOUT_S, FORCED_ENV, RECORDED_ENV
+from ..allreduce_results import (
     VARIANTS,
     WorkerStatus,
     combine_checks,
