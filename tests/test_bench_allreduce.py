@@ -16,6 +16,7 @@ import pytest
 from graphjit.__main__ import main
 from graphjit.bench import REGISTRY
 from graphjit.bench import allreduce as ar
+from graphjit.bench import allreduce_results as res
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -201,7 +202,7 @@ def _synthetic() -> dict[str, Any]:
 
 
 def test_finalize_crossovers_targets_and_ratios(tmp_path: Path) -> None:
-    data = ar.finalize(_synthetic())
+    data = res.finalize(_synthetic())
     g = data["crossovers"]["graph"]
     assert g["2shot_vs_1shot"]["from_bytes"] == 1 << 20 and g["2shot_vs_1shot"]["changes"] == 1
     assert g["nccl_vs_custom_auto"]["from_bytes"] == 8 << 20
@@ -215,16 +216,16 @@ def test_finalize_crossovers_targets_and_ratios(tmp_path: Path) -> None:
     assert slower["graph"]["ok"] is False and slower["graph"]["slower_at"] == [8 << 20, 16 << 20, 32 << 20, 64 << 20]
     assert slower["eager"]["ok"] is True
     ratio = data["ratios"]["custom_auto_graph/nccl_graph"]
-    assert ratio["4096"] == pytest.approx(ar.us_of(data["results"][0], "custom_auto_graph") /
-                                          ar.us_of(data["results"][0], "nccl_graph"))
+    assert ratio["4096"] == pytest.approx(res.us_of(data["results"][0], "custom_auto_graph") /
+                                          res.us_of(data["results"][0], "nccl_graph"))
     assert data["summary"]["ok"] is True  # the symmetric-memory reference may be skipped
-    text = ar.table(data)
+    text = res.table(data)
     assert "MISS" in text and "1 MiB" in text
-    lines = "\n".join(ar.report_lines(data))
+    lines = "\n".join(res.report_lines(data))
     assert "custom_2shot faster than custom_1shot: from 1 MiB" in lines
     assert "nccl faster than custom_auto: from 8 MiB" in lines and "slower at 8 MiB" in lines
     assert "auto picks: 1shot at 4 KiB..64 MiB" in lines
-    assert ar.plot(data, tmp_path / "p.png") is None
+    assert res.plot(data, tmp_path / "p.png") is None
     assert (tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
 
 
@@ -232,20 +233,20 @@ def test_fallbacks_are_not_timings_and_are_problems() -> None:
     before = {"custom": {"eager": 5, "captured": 2}, "fallbacks": {"scope": 1}, "reasons": {"scope": "x"}}
     after = {"custom": {"eager": 5, "captured": 2}, "fallbacks": {"scope": 1, "bytes > max": 3},
              "reasons": {"scope": "x", "bytes > max": "67108864 bytes > max_bytes=8388608"}}
-    d = ar.custom_delta(before, after, expect="eager")
+    d = res.custom_delta(before, after, expect="eager")
     assert d["status"] == "fallback" and d["fallback_reasons"] == {"bytes > max": "67108864 bytes > max_bytes=8388608"}
     assert d["fallback_calls"] == {"bytes > max": 3}
-    nothing = ar.custom_delta(before, before, expect="captured")
+    nothing = res.custom_delta(before, before, expect="captured")
     assert nothing["status"] == "fallback" and "not run" in nothing["fallback_reasons"]
-    ran = ar.custom_delta(before, {**before, "custom": {"eager": 6, "captured": 2}}, expect="eager")
+    ran = res.custom_delta(before, {**before, "custom": {"eager": 6, "captured": 2}}, expect="eager")
     assert "status" not in ran and ran["custom_calls"] == {"eager": 1, "captured": 0}
 
     ok = {"status": "ok", "samples_us": [5.0, 6.0], "median_us": 5.5, "host_us_per_call": 9.0}
-    t = ar.combine_timings([ok, {**ok, "median_us": 6.5}])
+    t = res.combine_timings([ok, {**ok, "median_us": 6.5}])
     assert t["status"] == "ok" and t["us_per_call"] == 6.5 and t["rank_us"] == [5.5, 6.5]
-    t = ar.combine_timings([ok, {"status": "fallback", "fallback_reasons": {"VMM memory": "y"}}])
+    t = res.combine_timings([ok, {"status": "fallback", "fallback_reasons": {"VMM memory": "y"}}])
     assert t["status"] == "fallback" and "us_per_call" not in t and t["fallback_reasons"] == {"VMM memory": "y"}
-    c = ar.combine_checks([{"status": "ok", "check": {"max_abs_diff": 0.0, "tol": 1.0, "correct": True,
+    c = res.combine_checks([{"status": "ok", "check": {"max_abs_diff": 0.0, "tol": 1.0, "correct": True,
                                                        "against": "NCCL"}},
                             {"status": "error", "error": "RuntimeError: boom", "traceback": "tb"}])
     assert c["status"] == "error" and c["errors"] == {"1": "RuntimeError: boom"} and c["check"]["correct"] is False
@@ -255,9 +256,9 @@ def test_fallbacks_are_not_timings_and_are_problems() -> None:
                                                             "fallback_reasons": {"VMM memory": "y"}}
     data["results"][4]["variants"]["custom_1shot_eager"]["check"] = {"correct": False, "max_abs_diff": 2.0,
                                                                      "tol": 0.1, "against": "NCCL"}
-    problems = ar.finalize(data)["summary"]["problems"]
+    problems = res.finalize(data)["summary"]["problems"]
     assert len(problems) == 2 and "fell back" in problems[0] and "differs from NCCL" in problems[1]
-    assert "fb" in ar.table(data)
+    assert "fb" in res.table(data)
 
 
 def test_auto_handing_big_eager_calls_to_nccl_is_by_design_and_never_slower() -> None:
@@ -265,12 +266,12 @@ def test_auto_handing_big_eager_calls_to_nccl_is_by_design_and_never_slower() ->
     for r in data["results"][-2:]:  # 32 and 64 MiB: auto's eager calls went to NCCL (the measured crossover)
         r["variants"]["custom_auto_eager"] = {"status": "fallback", "fallback_reasons": {"crossover": "x"}}
         r["variants"]["nccl_eager"]["us_per_call"] = 1.0  # would make auto slower, were auto timed there
-    done = ar.finalize(data)
+    done = res.finalize(data)
     eager = done["targets"]["auto_never_slower_than_nccl"]["eager"]
     assert eager["ok"] is True and eager["not_measured"] == [] and eager["framework_by_design"] == [32 << 20, 64 << 20]
     assert done["summary"]["ok"] is True, done["summary"]
     data["results"][-1]["variants"]["custom_auto_eager"]["fallback_reasons"] = {"crossover": "x", "VMM memory": "y"}
-    problems = ar.finalize(data)["summary"]["problems"]
+    problems = res.finalize(data)["summary"]["problems"]
     assert len(problems) == 1 and "64 MiB custom_auto_eager: fell back" in problems[0]
 
 
@@ -291,7 +292,7 @@ def test_shared_gpu_smoke_skips_are_not_problems_and_the_report_says_timings_mea
         "nccl_graph": {"status": "skipped", "reason": "shared-GPU smoke run: the framework's all-reduce is gloo there"},
         "custom_auto_graph": {"status": "skipped", "reason": "collectives.init raised: boom"}}}
     data = {"device": "cuda", "shared_gpu": True, "config": {"variants": list(entry["variants"])}, "results": [entry]}
-    summary = ar.summary(data)
+    summary = res.summary(data)
     assert summary["problems"] == ["4 KiB custom_auto_graph: skipped: collectives.init raised: boom"]
     data["targets"] = {}
-    assert any("shared-GPU smoke run" in line and "mean nothing" in line for line in ar.report_lines(data))
+    assert any("shared-GPU smoke run" in line and "mean nothing" in line for line in res.report_lines(data))

@@ -84,30 +84,8 @@ from typing import Any
 
 from ..procs import kill_all, supervise
 from . import common
-from .allreduce_results import (
-    BY_DESIGN,
-    KIB,
-    LATENCY_TARGETS,
-    MIB,
-    VARIANTS,
-    WorkerStatus,
-    combine_checks,
-    combine_timings,
-    custom_delta,
-    finalize,
-    plot,
-    report_lines,
-    size_label,
-    summary,
-    table,
-    us_of,
-    variant_cell,
-)
+from .allreduce_results import KIB, LATENCY_TARGETS, MIB, VARIANTS, size_label
 from .common import say
-
-__all__ = ["BY_DESIGN", "KIB", "LATENCY_TARGETS", "MIB", "VARIANTS", "WorkerStatus", "combine_checks",
-           "combine_timings", "custom_delta", "finalize", "plot", "report_lines", "size_label", "summary", "table",
-           "us_of", "variant_cell"]
 
 SUPPORTED_WORLDS = (2, 4, 6, 8)  # the custom kernel's world sizes
 

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -162,6 +163,25 @@ def environment() -> dict[str, Any]:
         if framework in sys.modules:
             env[framework] = backends.load(framework, "device").describe()
     return env
+
+
+def gpu_or_exit(bench: str, framework: str, allow_cpu: bool, needs: str | None = None) -> tuple[bool, int | None]:
+    """``(on_gpu, None)``: the benchmark runs on a GPU, or as the CPU smoke run with ``--allow-cpu``; or
+    ``(False, exit status)`` after a one-line error on stderr: ``framework`` (or ``needs``) cannot be
+    imported, or there is no GPU and no ``--allow-cpu``."""
+    try:
+        reason = gpu_unavailable(framework)
+        if needs is not None and importlib.util.find_spec(needs) is None:
+            raise ImportError(f"No module named {needs!r}")
+    except ImportError as exc:
+        what = framework if needs is None else f"{framework} and {needs}"
+        print(f"graphjit bench {bench}: needs {what}, which cannot be imported ({exc})", file=sys.stderr, flush=True)
+        return False, 1
+    if reason is not None and not allow_cpu:
+        print(f"graphjit bench {bench}: needs a CUDA GPU ({reason}); run it on a GPU machine, or pass --allow-cpu "
+              "for a tiny CPU smoke run", file=sys.stderr, flush=True)
+        return False, 1
+    return reason is None, None
 
 
 def gpu_unavailable(framework: str) -> str | None:

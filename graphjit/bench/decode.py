@@ -204,19 +204,10 @@ def run(args: argparse.Namespace) -> int:
     if not faulthandler.is_enabled():  # a crash inside a framework prints where it happened
         with contextlib.suppress(Exception):
             faulthandler.enable(file=cast(Any, sys.__stderr__))  # None (no stderr) is accepted at runtime too
-    from .common import gpu_unavailable
 
-    try:
-        reason = gpu_unavailable(args.backend)
-    except ImportError as exc:
-        print(f"graphjit bench decode: --backend {args.backend} needs {args.backend}, which cannot be imported "
-              f"({exc})", file=sys.stderr, flush=True)
-        return 1
-    on_gpu = reason is None
-    if not on_gpu and not args.allow_cpu:
-        print(f"graphjit bench decode: needs a CUDA GPU ({reason}); run it on a GPU machine, or pass --allow-cpu "
-              "for a tiny CPU smoke run", file=sys.stderr, flush=True)
-        return 1
+    on_gpu, code = common.gpu_or_exit("decode", args.backend, args.allow_cpu)
+    if code is not None:
+        return code
     _resolve(args, on_gpu)
     try:
         variants, skipped = _pick_variants(args, on_gpu)

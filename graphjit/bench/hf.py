@@ -20,7 +20,6 @@ This module is framework-neutral; the model and the timed loop are in
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from typing import Any
 
@@ -55,21 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .common import gpu_unavailable
 
-    try:
-        reason = gpu_unavailable("torch")
-        if importlib.util.find_spec("transformers") is None:
-            raise ImportError("No module named 'transformers'")
-    except ImportError as exc:
-        print(f"graphjit bench hf: needs torch and transformers (pip install 'graphjit[hf]'): {exc}",
-              file=sys.stderr, flush=True)
-        return 1
-    on_gpu = reason is None
-    if not on_gpu and not args.allow_cpu:
-        print(f"graphjit bench hf: needs a CUDA GPU ({reason}); pass --allow-cpu for a tiny CPU smoke run",
-              file=sys.stderr, flush=True)
-        return 1
+    on_gpu, code = common.gpu_or_exit("hf", "torch", args.allow_cpu, needs="transformers")  # pip install 'graphjit[hf]'
+    if code is not None:
+        return code
     for key, value in (GPU_DEFAULTS if on_gpu else CPU_DEFAULTS).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)

@@ -79,19 +79,10 @@ def _resolve(args: argparse.Namespace, on_gpu: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .common import gpu_unavailable
 
-    try:
-        reason = gpu_unavailable("torch")
-    except ImportError as exc:
-        print(f"graphjit bench train: needs torch, which cannot be imported ({exc})", file=sys.stderr,
-              flush=True)
-        return 1
-    on_gpu = reason is None
-    if not on_gpu and not args.allow_cpu:
-        print(f"graphjit bench train: needs a CUDA GPU ({reason}); run it on a GPU machine, or pass --allow-cpu "
-              "for a tiny CPU smoke run", file=sys.stderr, flush=True)
-        return 1
+    on_gpu, code = common.gpu_or_exit("train", "torch", args.allow_cpu)
+    if code is not None:
+        return code
     models = common.pick("train", "model(s)", args.models, MODELS)
     if models is None:
         return 2
