@@ -35,13 +35,13 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_env(sub: argparse._SubParsersAction) -> None:
+def _add_env(sub: argparse._SubParsersAction, argv: Sequence[str]) -> None:
     p = sub.add_parser("env", help="print the GRAPHJIT_* environment variables (markdown table)",
                        description="Print every GRAPHJIT_* environment variable, its values, default and effect.")
     p.set_defaults(handler=_cmd_env)
 
 
-def _add_doctor(sub: argparse._SubParsersAction) -> None:
+def _add_doctor(sub: argparse._SubParsersAction, argv: Sequence[str]) -> None:
     from . import doctor
 
     p = sub.add_parser("doctor", help="check what works on this machine (GPUs, builds, capture) and why not",
@@ -52,7 +52,9 @@ def _add_doctor(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=doctor.run)
 
 
-def _add_bench(sub: argparse._SubParsersAction) -> None:
+def _add_bench(sub: argparse._SubParsersAction, argv: Sequence[str]) -> None:
+    """``bench NAME``: only the benchmark ``argv`` names is imported (for its options); the others are listed
+    with their one-line help."""
     from . import bench
     from .bench import common
 
@@ -60,20 +62,23 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                        description="Run a benchmark; results go to --out as JSON plus a PNG plot.")
     names = p.add_subparsers(dest="benchmark", metavar="{" + ",".join(bench.REGISTRY) + "}")
     names.required = True
+    words = [a for a in argv if not a.startswith("-")]
+    wanted = words[words.index("bench") + 1] if "bench" in words[:1] and len(words) > 1 else None
     for b in bench.REGISTRY.values():
-        module = b.load()
         q = names.add_parser(b.name, help=b.help, description=b.help)
-        module.add_arguments(q)
+        if b.name == wanted:
+            module = b.load()
+            module.add_arguments(q)
+            q.set_defaults(handler=module.run)
         common.add_common_arguments(q)
-        q.set_defaults(handler=module.run)
 
 
 # Top-level commands: each entry adds one subparser (with set_defaults(handler=...)).  Adding a command is a
 # function and a line here; adding a benchmark is a line in graphjit.bench.REGISTRY.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_bench, _add_doctor, _add_env]
+COMMANDS: list[Callable[[argparse._SubParsersAction, Sequence[str]], None]] = [_add_bench, _add_doctor, _add_env]
 
 
-def _add_build(sub: argparse._SubParsersAction) -> None:
+def _add_build(sub: argparse._SubParsersAction, argv: Sequence[str]) -> None:
     p = sub.add_parser("build", help="compile csrc (the custom all-reduce) ahead of time into GRAPHJIT_CACHE_DIR",
                        description="Compile csrc/ with nvcc for each GPU architecture into the cache directory, "
                                    "under a file lock, as collectives.init() would on first use.")
@@ -119,7 +124,8 @@ def _cmd_build(args: Any) -> int:
 COMMANDS.append(_add_build)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The command line; a benchmark's options are added only when ``argv`` names it."""
     parser = argparse.ArgumentParser(prog="python -m graphjit",
                                      description="graphjit: automatic, safe CUDA graphs for Paddle and PyTorch.")
     parser.add_argument("-v", "--verbose", action="count", default=0,
@@ -127,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"graphjit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS:
-        add(sub)
+        add(sub, argv)
     return parser
 
 
@@ -152,9 +158,10 @@ def _logging(verbose: int) -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (``--hard-exit`` ends the process instead)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words)
+    args = parser.parse_args(words)
+    args.argv = words
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

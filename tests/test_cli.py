@@ -211,3 +211,15 @@ def test_decode_cpu_smoke_paddle(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert v["raw_graph"]["status"] == "skipped"
     assert v["graphed"]["status"] == "ok" and v["graphed"]["rel_error"] == 0.0
     assert data["plot"] is None and not (tmp_path / "decode_paddle_ci.png").exists()
+
+
+def test_the_command_line_imports_only_the_benchmark_it_runs() -> None:
+    """Building the parser for ``bench dispatch`` imports that benchmark's module and no other one."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from graphjit.__main__ import build_parser; build_parser(['bench', 'dispatch']); "
+            "print(sorted(m for m in sys.modules if m.startswith('graphjit.bench.') and m != 'graphjit.bench.common'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['graphjit.bench.dispatch']"]

@@ -479,7 +479,7 @@ class FakeDist(DistBackend):
     def parse_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
         if len(args) != 1 or set(kwargs) - {"op", "group", "async_op"}:
             return None
-        return Call(args[0], kwargs.get("op", "sum"), kwargs.get("group"), kwargs.get("async_op", False))
+        return Call(args[0], kwargs.get("op", "sum"), kwargs.get("group"), not kwargs.get("async_op", False))
 
     def is_sum(self, op: Any) -> bool:
         return op == "sum"
@@ -490,7 +490,7 @@ class FakeDist(DistBackend):
         return TensorInfo(t.dtype, t.arr.size, t.arr.nbytes, t.ptr, True, t.device)
 
     def result(self, call: Call) -> Any:
-        return "work" if call.flag else None
+        return None if call.blocking else "work"
 
     def cuda_unavailable(self) -> str | None:
         return None
@@ -656,17 +656,17 @@ def test_simulated_init_eager_and_captured_calls(clean_stats: custom_ar.Stats) -
         original = _original(original_calls)
         x = FakeTensor(world, np.full(8, rank + 1.0, np.float32), f"cuda:{rank}")
         # outside any graphed call: the original, counted under "scope"
-        assert comm.call(Call(x, "sum", None, False), original, (x,), {}) == "original"
+        assert comm.call(Call(x, "sum", None, True), original, (x,), {}) == "original"
         # inside a graphed call's warmup: the eager path returns the right sum in place
         with scope.graphed_call("warmup"):
-            assert comm.call(Call(x, "sum", None, True), original, (x,), {"async_op": True}) == "work"
+            assert comm.call(Call(x, "sum", None, False), original, (x,), {"async_op": True}) == "work"
         np.testing.assert_array_equal(x.arr, np.full(8, 3.0))
         # a capture: zero copy, one slot per call, registered after the capture on every rank
         y = FakeTensor(world, np.full(8, rank + 1.0, np.float32), f"cuda:{rank}")
         with scope.graphed_call("capture"):
             dist.capture = True
-            assert comm.call(Call(y, "sum", None, False), original, (y,), {}) is None
-            assert comm.call(Call(y, "sum", None, False), original, (y,), {}) is None
+            assert comm.call(Call(y, "sum", None, True), original, (y,), {}) is None
+            assert comm.call(Call(y, "sum", None, True), original, (y,), {}) is None
             dist.capture = False
         assert lib.pending_list and comm.pending_seq == [scope.last_capture()] * 2
         assert comm.register(scope.last_capture()) == 2
@@ -698,7 +698,7 @@ def test_simulated_fallbacks_at_call_time(clean_stats: custom_ar.Stats, monkeypa
             try:  # foreign: a compiled graph's all-reduce captured by someone else (reduce-overhead)
                 with scope.graphed_call("capture" if capture and not foreign else "warmup"), \
                         (from_compiled_graph() if foreign else contextlib.nullcontext()):
-                    comm.call(Call(t, op, None, False), _original([]), (t,), {})
+                    comm.call(Call(t, op, None, True), _original([]), (t,), {})
             finally:
                 dist.capture = False
             after = clean_stats.fallbacks
@@ -742,7 +742,7 @@ def test_simulated_auto_sends_big_eager_calls_to_the_framework(clean_stats: cust
             x = FakeTensor(world, np.full(n, rank + 1.0, np.float32), f"cuda:{rank}")
             dist.capture = capture
             with scope.graphed_call("capture" if capture else "warmup"):
-                got = comm.call(Call(x, "sum", None, False), _original([]), (x,), {})
+                got = comm.call(Call(x, "sum", None, True), _original([]), (x,), {})
             dist.capture = False
             outcome.append("framework" if got == "original" else "custom")
         return outcome
@@ -822,7 +822,7 @@ def test_simulated_registration_drops_failed_captures_and_checks_counts(clean_st
             with scope.graphed_call("capture"):
                 dist.capture = True
                 for _ in range(calls):
-                    comm.call(Call(t, "sum", None, False), _original([]), (t,), {})
+                    comm.call(Call(t, "sum", None, True), _original([]), (t,), {})
                 dist.capture = False
 
         capture(2)                      # a capture that failed afterwards: never registered
@@ -1238,11 +1238,10 @@ def test_parse_call_binds_like_the_original_all_reduce(framework: str) -> None:
 
     d = load(framework)
     flag, default = d.flag_name, d.flag_default
-    assert d.parse_call(("t",), {}) == Call("t", d.default_op, None, default)
-    assert d.parse_call(("t", "max", "g", not default), {}) == Call("t", "max", "g", not default)
-    assert d.parse_call((), {"tensor": "t", "group": "g", flag: not default}) == Call("t", d.default_op, "g",
-                                                                                     not default)
-    assert d.parse_call(("t",), {"op": "max"}) == Call("t", "max", None, default)
+    assert d.parse_call(("t",), {}) == Call("t", d.default_op, None, True)  # both frameworks default to waiting
+    assert d.parse_call(("t", "max", "g", not default), {}) == Call("t", "max", "g", False)
+    assert d.parse_call((), {"tensor": "t", "group": "g", flag: not default}) == Call("t", d.default_op, "g", False)
+    assert d.parse_call(("t",), {"op": "max"}) == Call("t", "max", None, True)
     assert d.parse_call(("t",), {"tensor": "u"}) is None  # repeated
     assert d.parse_call(("t",), {"bogus": 1}) is None
     assert d.parse_call(("t", 1, 2, 3, 4), {}) is None

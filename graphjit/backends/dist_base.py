@@ -47,8 +47,9 @@ class Call(NamedTuple):
     tensor: Any
     op: Any
     group: Any
-    flag: bool
-    """torch: ``async_op``; paddle: ``sync_op``."""
+    blocking: bool
+    """The caller waits for the result (torch: ``async_op=False``; Paddle: ``sync_op=True``), so the original
+    returns no work handle to wait on (torch) or a completed task (Paddle)."""
 
 
 class TensorInfo(NamedTuple):
@@ -68,6 +69,7 @@ class DistBackend(abc.ABC):
     name: str = "base"
     flag_name: str = "async_op"  # the 4th parameter of all_reduce(tensor, op, group, <flag>)
     flag_default: bool = False
+    flag_is_blocking: bool = False  # True where the flag says "wait" (Paddle's sync_op), False for "do not" (async_op)
     default_op: Any = None  # the framework's ReduceOp.SUM
 
     # -- the function the swap wraps ---------------------------------------------------------
@@ -114,7 +116,8 @@ class DistBackend(abc.ABC):
         """The call's arguments as ``all_reduce(tensor, op=SUM, group=None, <flag>=<default>)`` binds
         them, or None if this is not a plain call (more arguments, unknown or repeated keywords, no tensor)."""
         if len(args) == 1 and not kwargs:  # all_reduce(t), the common call: no binding to do
-            return Call(args[0], self.default_op, None, self.flag_default) if args[0] is not None else None
+            return Call(args[0], self.default_op, None, self._blocking(self.flag_default)) if args[0] is not None \
+                else None
         names = ("tensor", "op", "group", self.flag_name)
         if len(args) > 4 or any(k not in names or names.index(k) < len(args) for k in kwargs):
             return None
@@ -124,7 +127,10 @@ class DistBackend(abc.ABC):
         if tensor is None:
             return None
         return Call(tensor, values.get("op", self.default_op), values.get("group"),
-                    bool(values.get(self.flag_name, self.flag_default)))
+                    self._blocking(bool(values.get(self.flag_name, self.flag_default))))
+
+    def _blocking(self, flag: bool) -> bool:
+        return flag if self.flag_is_blocking else not flag
 
     @abc.abstractmethod
     def is_sum(self, op: Any) -> bool: ...

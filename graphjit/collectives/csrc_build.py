@@ -116,25 +116,37 @@ def library_path(arch: Any, cache: str | os.PathLike[str] | None = None,
 
 
 # -- nvcc ------------------------------------------------------------------------------------
-def find_nvcc(explicit: str | None = None) -> tuple[str | None, list[str]]:
-    """The nvcc to use and the places looked at (for the error message)."""
+def locate_nvcc(explicit: str | None = None,
+                setting: str | None = None) -> tuple[str | None, str, list[str]]:
+    """``(path, where it came from, the places looked at)`` of the nvcc to use, in this order: ``explicit``,
+    ``setting`` (``GRAPHJIT_NVCC``), nvcc on PATH, ``$CUDA_HOME/bin/nvcc``, ``$CUDA_PATH/bin/nvcc``,
+    ``/usr/local/cuda/bin/nvcc``.  An explicit or configured nvcc that is not an executable gives ``path`` None
+    (the search stops there: the user asked for that one)."""
     tried: list[str] = []
-    setting = explicit or env.settings().nvcc
-    if setting:
-        tried.append(f"GRAPHJIT_NVCC={setting}" if not explicit else setting)
-        path = shutil.which(setting) or (setting if os.access(setting, os.X_OK) else None)
-        return path, tried
+    given = explicit or setting
+    if given:
+        tried.append(given if explicit else f"GRAPHJIT_NVCC={given}")
+        path = shutil.which(given) or (given if os.access(given, os.X_OK) else None)
+        return path, "argument" if explicit else "GRAPHJIT_NVCC", tried
     found = shutil.which("nvcc")
     tried.append("nvcc on PATH")
     if found:
-        return found, tried
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        return found, "PATH", tried
+    for var, root in (("CUDA_HOME", os.environ.get("CUDA_HOME")), ("CUDA_PATH", os.environ.get("CUDA_PATH")),
+                      ("/usr/local/cuda", "/usr/local/cuda")):
         if root:
             candidate = os.path.join(root, "bin", "nvcc")
             tried.append(candidate)
             if os.access(candidate, os.X_OK):
-                return candidate, tried
-    return None, tried
+                return candidate, var, tried
+    return None, "", tried
+
+
+def find_nvcc(explicit: str | None = None) -> tuple[str | None, list[str]]:
+    """The nvcc to use and the places looked at (for the error message): :func:`locate_nvcc` with
+    ``GRAPHJIT_NVCC``."""
+    path, _where, tried = locate_nvcc(explicit, None if explicit else env.settings().nvcc)
+    return path, tried
 
 
 _versions: dict[str, str] = {}

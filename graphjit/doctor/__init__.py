@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     print(report.render(), flush=True)
     code = report.exit_code
     if args.json:
-        from ..bench.common import write_json
+        from ..records import write_json
 
         data = report.as_dict()
         data["argv"] = list(getattr(args, "argv", []) or [])

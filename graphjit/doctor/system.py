@@ -29,7 +29,7 @@ def check_system(ctx: Context) -> None:
     ``ctx.smi`` and ``ctx.disabled``."""
     r = ctx.report
     from .. import __version__
-    from ..bench.common import git_commit
+    from ..records import git_commit
 
     vi = sys.version_info
     py = f"{platform.python_version()} ({platform.python_implementation()}, {platform.system()} {platform.machine()})"

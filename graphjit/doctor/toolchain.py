@@ -6,12 +6,9 @@ temporary directory).  Failures here block the exit status only with ``--collect
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shutil
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from .children import run_command
@@ -24,27 +21,17 @@ def find_nvcc() -> tuple[str | None, str, str | None]:
     """(path, where it came from, problem): GRAPHJIT_NVCC, then PATH, then $CUDA_HOME/bin/nvcc, then
     /usr/local/cuda/bin/nvcc (the order of :func:`graphjit.collectives.csrc_build.find_nvcc`)."""
     from .. import env
+    from ..collectives import csrc_build
     from ..errors import ConfigError
 
     try:
         configured = env.settings().nvcc
     except ConfigError:  # another variable is malformed (its own row says so)
         configured = None
-    if configured:
-        path = shutil.which(configured) or (configured if os.access(configured, os.X_OK) else None)
-        if path is None:
-            return None, "GRAPHJIT_NVCC", f"GRAPHJIT_NVCC={configured!r} is not an executable"
-        return path, "GRAPHJIT_NVCC", None
-    path = shutil.which("nvcc")
-    if path:
-        return path, "PATH", None
-    for var, home in (("CUDA_HOME", os.environ.get("CUDA_HOME")), ("CUDA_PATH", os.environ.get("CUDA_PATH")),
-                      ("/usr/local/cuda", "/usr/local/cuda")):
-        if home:
-            candidate = Path(home) / "bin" / "nvcc"
-            if os.access(candidate, os.X_OK):
-                return str(candidate), var, None
-    return None, "", None
+    path, where, _tried = csrc_build.locate_nvcc(setting=configured)
+    if path is None and configured:
+        return None, where, f"GRAPHJIT_NVCC={configured!r} is not an executable"
+    return path, where, None
 
 
 NVCC_FIX = ("install the CUDA toolkit (nvcc) or set GRAPHJIT_NVCC / CUDA_HOME; or run `python -m graphjit build "

@@ -56,6 +56,7 @@ class Dist(DistBackend):
     name = "paddle"
     flag_name = "sync_op"
     flag_default = True
+    flag_is_blocking = True
     default_op = dist.ReduceOp.SUM
 
     def wrap_target(self) -> tuple[Any, str]:

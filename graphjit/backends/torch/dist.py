@@ -128,7 +128,7 @@ class Dist(DistBackend):
             if custom is not None and is_compiling():
                 call = self.parse_call(args, kwargs)  # a default-group, synchronous SUM of a tensor?
                 if (call is not None and isinstance(call.tensor, torch.Tensor) and call.op is _SUM
-                        and call.group is None and not call.flag):
+                        and call.group is None and call.blocking):
                     custom(call.tensor)  # into the compiled graph; the op calls the swap when the graph runs
                     return None
             return eager(*args, **kwargs)
@@ -182,7 +182,7 @@ class Dist(DistBackend):
                           numel * t.element_size(), t.data_ptr(), t.is_contiguous(), device)
 
     def result(self, call: Call) -> Any:
-        if not call.flag:
+        if call.blocking:
             return None
         t = call.tensor
         make = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
