@@ -1,21 +1,27 @@
 """``@graphjit.graphed``: trace, key, warm up, capture, verify and replay a function.
 
-See ``ARCHITECTURE.md`` for the semantics.  In short: each distinct input signature (see
-:mod:`graphjit.keys`) gets its own CUDA graph, captured at its first call (inside
-``capture_scope()`` if one is active) and replayed afterwards.  Anything that cannot be graphed runs
-the traced function instead, and the reason is counted in :meth:`GraphedFunction.stats` and logged
-once; ``strict=True`` (or ``GRAPHJIT_STRICT=1``) raises instead.
+See ``docs/architecture.md`` for the module map and a call's path, and the README's "What graphjit
+guarantees" for the semantics.  In short: each distinct input signature (see :mod:`graphjit.keys`)
+gets its own CUDA graph.  The first ``warmup`` calls of a signature run the function eagerly (each is
+that call's one execution), the next call captures and replays (:mod:`graphjit.capture`), later calls
+replay; inside ``capture_scope()`` the first call of a signature does all of it.  Anything that cannot
+be graphed runs the traced function instead, and the reason is counted in
+:meth:`GraphedFunction.stats` and logged once; ``strict=True`` (or ``GRAPHJIT_STRICT=1``) raises.
 
 Restrictions (as for any CUDA graph):
 
-* Tensors the function closes over (weights, caches held as attributes) are captured by address.
-  After replacing them (loading new weights, say) call :meth:`GraphedFunction.reset`.
-* Python side effects and Python values computed inside the function run only during warmup and
-  capture; a replay re-runs the GPU work only.  ``verify`` catches outputs that depend on them.
+* Tensors the function closes over (weights) are captured by address.  After replacing them (loading
+  new weights, say) call :meth:`GraphedFunction.reset`.
+* Python side effects and Python values computed inside the function run in warmup calls, the
+  capture and verify's eager reference, never in a replay.  ``verify`` catches outputs and written
+  state that depend on them.
 * The function must not synchronise the CPU with the GPU (``.item()``, ``.numpy()``, printing a
-  tensor); such a key falls back with that reason.
+  tensor); such a key runs uncaptured with that reason (and the file and line of the sync).
 * Graphs capture inference: a key whose outputs require grad runs uncaptured (use
   :func:`graphjit.graphed_layer` for training).
+
+This module holds the decorator, the wrappers it returns and the per-call decision (:meth:`_State.call`
+and :meth:`_State.slow`: replay, warm up, capture or fall back).
 """
 
 from __future__ import annotations

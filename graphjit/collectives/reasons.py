@@ -24,7 +24,7 @@ HEADER_BYTES = 8192  # gjar::kHeaderBytes
 # Eager calls with GRAPHJIT_AR_ALGO=auto above this size run the framework's collective: an eager call
 # first copies its tensor into the staging buffer, and on 2 x H200 (bf16, NV18) that copy makes the
 # custom path as slow as NCCL at 32 MiB (126-133 vs 135 us) and slower at 64 MiB in one of three runs
-# (259 vs 246 us; benchmarks/results/allreduce_h200x2_*.json).  Captured calls are zero copy and stay
+# (259 vs 246 us; benchmarks/results/allreduce_h200x2.json).  Captured calls are zero copy and stay
 # faster than NCCL up to 64 MiB (222 vs 271 us), so they have no crossover below max_bytes.
 EAGER_NCCL_ABOVE = 32 << 20
 

@@ -270,8 +270,8 @@ def _child(name, result_path):
     rec.stage("import")
     global paddle, psdb
     import paddle
+    import paddle.device.cuda.graphs
     from paddle.jit.sot import psdb
-    import paddle.device.cuda.graphs  # noqa: F401  (not imported by `import paddle` in 2.6.2)
 
     rec.set(paddle_version=paddle.__version__, python=sys.version.split()[0], fake_graph=fake)
     cuda = paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
@@ -414,7 +414,6 @@ def _child(name, result_path):
 
     grad_ctx = paddle.no_grad() if cfg["no_grad"] else contextlib.nullcontext()
     kind = cfg["kind"]
-    rc = 0
 
     # ================================================================ info
     if kind == "info":
@@ -526,7 +525,7 @@ def _child(name, result_path):
         rec.set(partial_programs_set=n_set)
         rec.stage("runprog_calls")
         results = []
-        for i in range(3):
+        for _i in range(3):
             xi = ints(M, K)
             try:
                 with grad_ctx:
@@ -550,7 +549,7 @@ def _child(name, result_path):
         for _i in range(cfg["warmups"]):
             xw = ints(M, K)
             copy_in(xs, xw)
-            rec.event("warmup_ok_%d" % _i, close(fsync(xs), ref(xw))[0])
+            rec.event(f"warmup_ok_{_i}", close(fsync(xs), ref(xw))[0])
         rec.set(sot_sirs_before=sot_sir_count())
         g = new_graph(cfg["mode"])
         rec.stage("sync_capture_begin")
@@ -613,7 +612,7 @@ def _child(name, result_path):
     warm_ok = []
     with grad_ctx:
         rec.stage("warmup")
-        for i in range(cfg["warmups"]):
+        for _i in range(cfg["warmups"]):
             xi = ints(M, K)
             copy_in(x, xi)
             o = fn(x)
@@ -650,7 +649,7 @@ def _child(name, result_path):
 
         rec.stage("replay")
         replays = []
-        for i in range(2):
+        for _i in range(2):
             xn = ints(M, K)
             copy_in(x, xn)
             g.replay()
@@ -755,7 +754,7 @@ def child_main(name, result_path):
     code = 1
     try:
         code = _child(name, result_path)
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:
         traceback.print_exc()
         try:
             with open(result_path) as f:
@@ -793,14 +792,14 @@ def run_variant(name, tmpdir, timeout):
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                          start_new_session=True)
     try:
-        out, err = p.communicate(timeout=timeout)
+        _out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except Exception:
             p.kill()
-        out, err = p.communicate()
+        _out, err = p.communicate()
     wall = time.time() - t0
     rc = p.returncode
     res = {"name": name, "config": cfg}
@@ -824,9 +823,9 @@ def run_variant(name, tmpdir, timeout):
             res.setdefault("crash_hint", ln.strip()[:300])
             break
     if timed_out:
-        res["outcome"] = "TIMEOUT(stage=%s)" % res.get("stage")
+        res["outcome"] = "TIMEOUT(stage={})".format(res.get("stage"))
     elif rc is not None and rc < 0:
-        res["outcome"] = "%s(stage=%s)" % (res["signal"], res.get("stage"))
+        res["outcome"] = "{}(stage={})".format(res["signal"], res.get("stage"))
     elif res.get("status") == "no CUDA":
         res["outcome"] = "no CUDA"
     elif rc == 0 and res.get("status") == "ok":
@@ -836,14 +835,14 @@ def run_variant(name, tmpdir, timeout):
         res["outcome"] = "sync-fail: %s; recovered" % (
             "capture_end raised" if ev.get("capture_end") != "no error" else "no error raised")
     else:
-        res["outcome"] = "rc=%s %s(stage=%s)" % (rc, res.get("status"), res.get("stage"))
+        res["outcome"] = "rc={} {}(stage={})".format(rc, res.get("status"), res.get("stage"))
     if str(cfg.get("fn", "")).startswith(("sot", "eager_calls_sot", "wrap")) or \
             cfg.get("kind") == "runprog":
         ns = [res.get(k) for k in ("sot_sirs_before", "sot_sirs_after", "sot_sirs")]
         ns = [n for n in ns if isinstance(n, int)]
         if ns:
             n = max(ns)
-            res["outcome"] += " [SOT subgraphs: %d]" % n
+            res["outcome"] += f" [SOT subgraphs: {n}]"
     return res
 
 
@@ -864,7 +863,7 @@ def print_table(results):
     for r in results:
         post = r.get("post_call_ok")
         print(f"{r['name']:38s} {r.get('outcome', '?')[:42]:42s} {_fmt(r.get('capture_ok')):8s} "
-              f"{_fmt(r.get('replay_ok')):7s} {_fmt(post):5s} {str(r.get('returncode')):>5s}")
+              f"{_fmt(r.get('replay_ok')):7s} {_fmt(post):5s} {r.get('returncode')!s:>5s}")
 
 
 def driver(args):
