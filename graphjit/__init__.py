@@ -21,12 +21,14 @@ from .errors import (
     CaptureError,
     ConfigError,
     GraphjitError,
+    IslandError,
     SignatureError,
     TracerError,
     UnrecoverableCaptureError,
     UnsupportedOutputError,
     VerifyError,
 )
+from .islands import eager
 from .scope import CaptureScope, capture_scope, in_capture_scope
 from .training import graphed_layer
 
@@ -46,6 +48,7 @@ __all__ = [
     "ConfigError",
     "GraphedFunction",
     "GraphjitError",
+    "IslandError",
     "Options",
     "SignatureError",
     "TracerError",
@@ -55,6 +58,7 @@ __all__ = [
     "__version__",
     "capture_scope",
     "collectives",
+    "eager",
     "graphed",
     "graphed_layer",
     "in_capture_scope",

@@ -41,6 +41,7 @@ from . import scope as scope_mod
 from .backends.base import Backend
 from .buffers import InputMoved
 from .capture import KeyEntry
+from .dynamic import DynamicArgs
 from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
 from .invoke import Invoker
 from .keys import BucketsArg, CallSignature, Signer, rebuild_call
@@ -81,6 +82,8 @@ class _State(Policy, KeyLifecycle):
         owner = fn.__self__ if self.prebound else self.invoker.module  # type: ignore[attr-defined]
         self.signer = Signer(self.invoker.signature_target(), options.buckets, options.backend, self.name,
                              owner=owner)
+        self.dynamic = (DynamicArgs(options.dynamic, self.signer.signature, self.name, self.signer.bucket_targets())
+                        if options.dynamic else None)
         self.stats = FunctionStats(self.name)
         self.entries: dict[tuple[Any, ...], KeyEntry] = {}
         self.warming: dict[tuple[Any, ...], Warmup] = {}
@@ -126,7 +129,11 @@ class _State(Policy, KeyLifecycle):
         return self.pools[key]
 
     def roots(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+        """What the call can reach (writes are tracked there), dynamic arguments left out: they are per-call
+        data (verify copies the current call's own, see capture._written_state)."""
         method = instance is not None
+        if self.dynamic is not None:
+            args, kwargs, _values = self.dynamic.split(method, args, kwargs)
         return self.invoker.roots(instance, args, kwargs, lambda i: self.signer.short((method, i)))
 
     # -- the call -------------------------------------------------------------------------
@@ -145,13 +152,20 @@ class _State(Policy, KeyLifecycle):
             instance = None
         args, kwargs = self.signer.binder.bind(instance is not None, args, kwargs)
         try:
-            sig = self.signer.sign(instance, args, kwargs)
+            if self.dynamic is None:
+                sig = self.signer.sign(instance, args, kwargs)
+            else:
+                plain_args, plain_kwargs, values = self.dynamic.split(instance is not None, args, kwargs)
+                sig = self.signer.sign(instance, plain_args, plain_kwargs)
+                sig.dynamic = values
         except SignatureError:
             if backends.translating():  # a to_static translation re-applied this decorator: not a call
                 return wrapped(*args, **kwargs)
             raise
         entry = self.entries.get(sig.key)
         if entry is not None:
+            if entry.recheck is not None:
+                return self.recheck(entry, sig, instance, args, kwargs)
             return self.replay(entry, sig, settings, instance, args, kwargs)
         if backends.translating():
             return wrapped(*args, **kwargs)
@@ -421,13 +435,13 @@ _OPTION_DOC = """Capture ``fn`` into CUDA graphs keyed on its input signature, a
 @overload
 def graphed(fn: F, *, backend: str = ..., tracer: str = ..., buckets: BucketsArg = ..., warmup: int = ...,
             max_graphs: int | None = ..., outputs: str = ..., verify: bool | None = ..., pool: str = ...,
-            strict: bool | None = ...) -> F: ...
+            strict: bool | None = ..., dynamic: tuple[str, ...] = ...) -> F: ...
 
 
 @overload
 def graphed(fn: None = None, *, backend: str = ..., tracer: str = ..., buckets: BucketsArg = ..., warmup: int = ...,
             max_graphs: int | None = ..., outputs: str = ..., verify: bool | None = ..., pool: str = ...,
-            strict: bool | None = ...) -> Callable[[F], F]: ...
+            strict: bool | None = ..., dynamic: tuple[str, ...] = ...) -> Callable[[F], F]: ...
 
 
 def graphed(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:

@@ -39,9 +39,14 @@ from typing import Any
 from . import scope
 from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import StaticInputs, StaticOutputs, collect_tensors, real_view
-from .errors import CaptureError, VerifyError
+from .dynamic import DynamicArgs, Index
+from .errors import CaptureError, UnrecoverableCaptureError, VerifyError
+from .islands import recording
 from .keys import CallSignature, rebuild_call
+from .pieces import PiecewiseGraph
 from .reach import describe, rebinds, walk
+from .recheck import DynamicCheck
+from .sites import in_traceback
 from .stats import KeyStats, State
 from .tree import structure
 from .warmup import Warmup
@@ -75,12 +80,14 @@ class BuildRequest:
     dump_dir: Path | None = None
     debug: bool = False
     no_adopt: frozenset[int] = field(default_factory=frozenset)
+    dynamic: DynamicArgs | None = None  # the function's dynamic parameters (their values: sig.dynamic)
+    method: bool = False  # a method call (args without self): where the dynamic parameters sit
 
 
 class KeyEntry:
     """A captured graph of one key, with its static inputs and outputs."""
 
-    __slots__ = ("graph", "inputs", "no_adopt", "outputs", "stats", "warm")
+    __slots__ = ("device", "graph", "inputs", "no_adopt", "outputs", "recheck", "stats", "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
                  no_adopt: frozenset[int], warm: Warmup) -> None:
@@ -90,13 +97,18 @@ class KeyEntry:
         self.stats = stats
         self.no_adopt = no_adopt
         self.warm = warm  # what warmup found; holds the state tensors the graph writes, so they stay alive with it
+        self.device = ""  # the key's device (set by build)
+        self.recheck: DynamicCheck | None = None  # still to verify on a call with other dynamic values
 
     def replay(self, sig: CallSignature, copy: bool) -> Any:
         """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``."""
         inputs = self.inputs
         before = inputs.copies
         inputs.load(sig.tensors)
-        self.graph.replay()
+        graph = self.graph
+        if isinstance(graph, PiecewiseGraph):
+            graph.dynamic = sig.dynamic
+        graph.replay()
         if inputs.mutated_idx:
             inputs.store_back(sig.tensors)
         st = self.stats
@@ -135,6 +147,11 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         before = walk(req.roots(), _is_tensor_of(b))
         st.state = State.CAPTURE
         graph, static_out, capture_ms = capture_graph(req, statics)
+        if isinstance(graph, PiecewiseGraph):
+            graph.dynamic = req.sig.dynamic
+            st.segments, st.islands = len(graph.segments), len(graph.islands)
+        else:
+            st.segments, st.islands = 1, 0
         try:
             after_capture(req, before)
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed})
@@ -153,7 +170,9 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             log.debug("graphjit %s [%s]: captured in %.1f ms (build %.1f ms), verify %s, adopted=%s", req.fn_name,
                       st.label, capture_ms, (time.perf_counter() - t_start) * 1e3, st.verify,
                       [req.sig.paths[i] for i in statics.inputs.adopted_idx])
-        return KeyEntry(graph, statics.inputs, outputs, st, req.no_adopt, req.warm), result
+        entry = KeyEntry(graph, statics.inputs, outputs, st, req.no_adopt, req.warm)
+        entry.device = req.device
+        return entry, result
 
 
 # -- phase 1 ---------------------------------------------------------------------------------------
@@ -191,19 +210,53 @@ def static_buffers(req: BuildRequest) -> Statics:
                           grad_free=not any(b.requires_grad(t) for t in tensors))
     inputs.load(tensors)
     is_tensor = _is_tensor_of(b)
-    sargs, skwargs = rebuild_call(req.args, req.kwargs, statics, is_tensor)
+    if req.dynamic is not None and sig.dynamic:
+        plain_args, plain_kwargs, values = req.dynamic.split(req.method, req.args, req.kwargs)
+        sargs, skwargs = rebuild_call(plain_args, plain_kwargs, statics, is_tensor)
+        sargs, skwargs = req.dynamic.merge(req.method, sargs, skwargs, values)
+    else:
+        sargs, skwargs = rebuild_call(req.args, req.kwargs, statics, is_tensor)
     return Statics(inputs, sargs, skwargs, full_shapes)
 
 
 # -- phase 2 ---------------------------------------------------------------------------------------
 def capture_graph(req: BuildRequest, statics: Statics) -> tuple[GraphHandle, Any, float]:
-    """Capture ``req.capture_fn`` on the static inputs; returns the graph, its outputs and the ms it took."""
-    b = req.backend
+    """Capture ``req.capture_fn`` on the static inputs; returns the graph, its outputs and the ms it took.
+
+    Where the function calls islands (the warmup saw them), the capture is cut at each: the graph is then a
+    :class:`~graphjit.pieces.PiecewiseGraph`.  A failure names the line of the user's code it happened at."""
+    b, warm = req.backend, req.warm
     t0 = time.perf_counter()
-    with scope.graphed_call("capture"), b.traced_call_guard():
-        graph, static_out = b.capture(lambda: req.capture_fn(*statics.args, **statics.kwargs), req.device, req.pool,
-                                      debug=req.dump_dir is not None)
+    index = Index(req.sig.dynamic) if req.sig.dynamic else None
+    try:
+        with scope.graphed_call("capture"), b.traced_call_guard(), recording(b, warm.islands or [], index) as rec:
+            graph, static_out = b.capture(lambda: req.capture_fn(*statics.args, **statics.kwargs), req.device,
+                                          req.pool, debug=req.dump_dir is not None)
+    except CaptureError as exc:
+        raise _with_site(exc) from exc.__cause__
+    seen = len(warm.islands or [])
+    if rec.islands != seen:
+        graph.reset()
+        rec.release()
+        raise CaptureError(f"{req.fn_name} {req.stats.label}: the capture called {rec.islands} island(s) where the "
+                           f"warmup called {seen}; a key's calls must run the same islands in the same order",
+                           reason="islands differ between calls")
+    if rec.steps:
+        graph = PiecewiseGraph([*rec.steps, graph], req.stats)
     return graph, static_out, (time.perf_counter() - t0) * 1e3
+
+
+def _with_site(exc: CaptureError) -> CaptureError:
+    """``exc`` with the user's line it happened at (from its cause's traceback) and what to mark as an island."""
+    if isinstance(exc, UnrecoverableCaptureError) or exc.__cause__ is None:
+        return exc
+    where = in_traceback(exc.__cause__)
+    if where is None:
+        return exc
+    new = CaptureError(f"{exc} It happened at {where}: mark that function (or the one around the line) "
+                       "@graphjit.eager to run it as an island, eagerly on every call, and graph the rest",
+                       reason=exc.reason)
+    return new
 
 
 # -- phase 3 ---------------------------------------------------------------------------------------
@@ -266,7 +319,7 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
     pre.restore()
     graph.replay()
     b.synchronize(req.device)
-    problem = _compare_outputs(b, outputs, static_out, expected, expected_shape, is_tensor)
+    problem = _compare_outputs(b, outputs.result(sig.pads, copy=False), expected, expected_shape, is_tensor)
     problem = problem or post.differs(current, paths)
     if problem is None and post.rng is not None and post.rng_differs():
         problem = "the random generator is not where the eager call left it (a generator the graph does not replay)"
@@ -307,16 +360,23 @@ def _written_state(req: BuildRequest, statics: Statics) -> tuple[list[Any], list
         written.append(t)
         paths.append(sig.paths[i])
         current.append(t if inputs.adopted[i] else real_view(b, inputs.statics[i], b.shape(t), statics.full_shapes[i]))
+    if sig.dynamic:  # this call's own dynamic tensors: an island may write them (undone with the rest)
+        for name, value in sig.dynamic.items():
+            for t in collect_tensors(value, _is_tensor_of(b)):
+                written.append(t)
+                paths.append(f"dynamic argument {name!r}")
+                current.append(t)
     return written, paths, current
 
 
-def _compare_outputs(b: Backend, outputs: StaticOutputs, static_out: Any, expected: list[Any], expected_shape: Any,
+def _compare_outputs(b: Backend, got: Any, expected: list[Any], expected_shape: Any,
                      is_tensor: Callable[[Any], bool]) -> str | None:
-    got_shape = structure(static_out, is_tensor)
-    if got_shape != expected_shape or len(outputs.tensors) != len(expected):
+    """Why the replay's result ``got`` (padding sliced off) is not the eager reference's, or None."""
+    tensors = collect_tensors(got, is_tensor)
+    if structure(got, is_tensor) != expected_shape or len(tensors) != len(expected):
         return "the non-tensor part of the output differs between the eager call and the capture"
-    for j, (got, want) in enumerate(zip(outputs.tensors, expected)):
-        err = b.rel_error(got, want)
+    for j, (t, want) in enumerate(zip(tensors, expected)):
+        err = b.rel_error(t, want)
         if not err <= tolerance(want):
             return f"output {j} differs from eager by {err:.3g} (relative)"
     return None

@@ -110,3 +110,10 @@ __all__ = [
     "UnsupportedOutputError",
     "VerifyError",
 ]
+
+
+class IslandError(GraphjitError, RuntimeError):
+    """An island (``@graphjit.eager``) broke its contract on a replay: it returned outputs of another
+    structure, shape or dtype than when the key was captured, or a dynamic argument it read no longer
+    resolves.  The segments before it have run (as the code before it would have, eagerly)."""
+

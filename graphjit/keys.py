@@ -60,10 +60,13 @@ class Pad:
     padded: int
 
 
+_NO_DYNAMIC: dict[str, Any] = {}
+
+
 class CallSignature:
     """What :meth:`Signer.sign` found in one call (a slotted class: it is built on every call)."""
 
-    __slots__ = ("_paths", "backend", "bucketed", "key", "labels", "overflow", "pads", "signer", "tensors")
+    __slots__ = ("_paths", "backend", "bucketed", "dynamic", "key", "labels", "overflow", "pads", "signer", "tensors")
 
     def __init__(self, key: tuple[Any, ...], tensors: list[Any], backend: Backend | None, pads: tuple[Pad, ...] = (),
                  overflow: str | None = None, labels: list[tuple[Any, ...]] | None = None,
@@ -76,6 +79,7 @@ class CallSignature:
         self.labels = labels if labels is not None else []  # raw; formatted on demand by .paths
         self.bucketed = bucketed  # (leaf, dim, padded size) of every bucketed dim
         self.signer = signer
+        self.dynamic: dict[str, Any] = _NO_DYNAMIC  # the call's dynamic arguments (graphjit.dynamic), by name
         self._paths: list[str] | None = None
 
     @property
@@ -120,6 +124,7 @@ class Signer:
         except (TypeError, ValueError):
             sig = None
         self.binder = Binder(sig)
+        self.signature = sig
         self._positional: list[str] = []
         self._has_var_pos = self._has_var_kw = False
         self._names: set[str] = set()
@@ -205,6 +210,16 @@ class Signer:
             label = repr(target)
             out.append(_Bucket(label, index, position, name, tuple(sorted(parsed))))
         return tuple(out)
+
+    def bucket_targets(self) -> list[str]:
+        """The parameter names ``buckets`` pads (an index names the parameter at that position)."""
+        names = []
+        for b in self.buckets:
+            if b.name is not None:
+                names.append(b.name)
+            elif b.index is not None:
+                names.extend(self._positional[i] for i in (b.index, b.index + 1) if i < len(self._positional))
+        return names
 
     # -- call time ------------------------------------------------------------------------
     def describe(self, label: tuple[Any, ...]) -> str:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import abc
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from . import env, reach
+from . import recheck as recheck_mod
 from . import scope as scope_mod
 from .backends.base import Backend
+from .buffers import InputMoved, collect_tensors
 from .capture import BuildRequest, KeyEntry, build
+from .dynamic import DynamicArgs
 from .errors import CaptureError, UnrecoverableCaptureError
 from .keys import CallSignature
 from .stats import KeyStats, State
@@ -44,6 +48,8 @@ class KeyLifecycle(abc.ABC):
     warming: dict[tuple[Any, ...], Warmup]
     failed: dict[tuple[Any, ...], str]
     blocked_fn: Blocked | None
+    dynamic: DynamicArgs | None
+    lock: threading.RLock
 
     # -- provided by _State -------------------------------------------------------------------
     @abc.abstractmethod
@@ -176,7 +182,7 @@ class KeyLifecycle(abc.ABC):
             verify_budget=settings.verify_max_bytes, replay_result=not scope_run,
             copy_outputs=self.options.outputs == "copy" or settings.check_outputs,
             pool=self.pool_for(backend, device), dump_dir=settings.dump_dir, debug=settings.debug,
-            no_adopt=no_adopt)
+            no_adopt=no_adopt, dynamic=self.dynamic, method=instance is not None)
         active = scope_mod.current()
         try:
             entry, result = build(req)
@@ -185,6 +191,8 @@ class KeyLifecycle(abc.ABC):
                                        kwargs)
         self.warming.pop(sig.key, None)
         self.entries[sig.key] = entry
+        if sig.dynamic and st.verify == "passed":
+            entry.recheck = recheck_mod.DynamicCheck(recheck_mod.fingerprint(backend, sig.dynamic))
         if st.verify is not None and st.verify.startswith("skipped"):
             self.stats.verify_skipped[st.verify.split(": ", 1)[-1]] += 1
             self.say_once(logging.INFO, "verify-skip:" + st.verify, "graphjit %s [%s]: captured without verify (%s)",
@@ -222,6 +230,67 @@ class KeyLifecycle(abc.ABC):
         self.say_once(logging.WARNING, "fail:" + exc.reason, "graphjit %s [%s]: %s; running uncaptured",
                       self.name, st.label, exc)
         return result
+
+    def recheck(self, entry: KeyEntry, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        """A replayed call of a key with dynamic arguments not yet proven independent of them
+        (:mod:`graphjit.recheck`): replay, or verify against eager when its dynamic values are new."""
+        check = entry.recheck
+        assert check is not None
+        backend = entry.inputs.backend
+        st = entry.stats
+        if recheck_mod.fingerprint(backend, sig.dynamic) == check.fingerprint:
+            check.left -= 1
+            if check.left <= 0:
+                entry.recheck = None
+                st.verify = (f"passed (the dynamic arguments did not change in {recheck_mod.CALLS} calls: "
+                             "not re-checked)")
+            return self.replay(entry, sig, env.settings(), instance, args, kwargs)
+        entry.recheck = None
+        mutated = sorted(entry.warm.mutated_leaves)
+        written = [t for t, _p in entry.warm.written_tensors()] + [sig.tensors[i] for i in mutated]
+        paths = [reach.describe(p) for _t, p in entry.warm.written_tensors()] + [sig.paths[i] for i in mutated]
+        for name, value in sig.dynamic.items():
+            for t in collect_tensors(value, lambda x: isinstance(x, backend.tensor_types())):
+                written.append(t)
+                paths.append(f"dynamic argument {name!r}")
+
+        def eager() -> Any:
+            with scope_mod.graphed_call("warmup"):
+                return self.invoker.run(backend, instance, args, kwargs)
+
+        with self.lock:
+            try:
+                outcome, post = recheck_mod.against_eager(backend, entry.device, written, paths, eager,
+                                                          lambda: entry.replay(sig, True))
+            except InputMoved as moved:  # nothing replayed; the eager run was undone
+                return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)
+        if outcome.problem is None:
+            st.verify = "passed (and on a call with other dynamic values)"
+            return outcome.result
+        post.restore()  # the state the eager reference left: the call ran exactly once
+        backend.synchronize(entry.device)
+        st.replays -= 1  # the rejected replay was verify's, not the call's
+        del self.entries[sig.key]
+        entry.release()
+        reason = recheck_mod.REASON
+        message = (f"on a call with other dynamic arguments ({', '.join(sig.dynamic)}) the graph's result differs from "
+                   f"eager: {outcome.problem}. A graphed segment reads them (or a value computed from them outside an "
+                   "island): move that code into an @graphjit.eager island, or pass the value as a plain argument")
+        self.failed[sig.key] = reason
+        st.state, st.reason, st.detail, st.verify = State.FALLBACK, reason, message, "failed"
+        self.stats.fallback(reason)
+        st.uncaptured += 1
+        if self.strict():
+            raise CaptureError(f"{self.name} [{st.label}]: {message} (strict mode)", reason=reason).after_run(
+                outcome.reference)
+        self.say_once(logging.WARNING, "fail:" + reason, "graphjit %s [%s]: %s; running uncaptured", self.name,
+                      st.label, message)
+        return outcome.reference
+
+    @abc.abstractmethod
+    def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
+               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
 
     def recapture(self, entry: KeyEntry, leaf: int, sig: CallSignature, instance: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Any:

@@ -38,6 +38,7 @@ class Options:
     verify: bool | None = None
     pool: str = "shared"
     strict: bool | None = None
+    dynamic: tuple[str, ...] = ()
 
 
 NAMES = tuple(f.name for f in fields(Options))
@@ -50,7 +51,15 @@ def make_options(given: dict[str, Any]) -> Options:
             close = difflib.get_close_matches(name, NAMES, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"graphed() has no option {name!r}{hint} (its options are {', '.join(NAMES)})")
+    dyn = given.get("dynamic", ())
+    if isinstance(dyn, str):
+        given = {**given, "dynamic": (dyn,)}
+    elif isinstance(dyn, list):
+        given = {**given, "dynamic": tuple(dyn)}
     o = Options(**given)
+    if not isinstance(o.dynamic, tuple) or not all(isinstance(n, str) and n.isidentifier() for n in o.dynamic):
+        raise ConfigError(f"graphed(dynamic={o.dynamic!r}): expected a tuple of parameter names, such as "
+                          "dynamic=('meta',)")
     check_choice("backend", o.backend, BACKENDS)
     check_choice("tracer", o.tracer, TRACERS)
     check_choice("outputs", o.outputs, OUTPUTS)

@@ -43,6 +43,10 @@ class KeyStats:
     detail: str | None = None  # the full message (what happened and what to do)
     verify: str | None = None  # "passed", "off", "failed" or "skipped: why"
     state_bytes: int = 0  # bytes of the reachable tensors the function writes (what verify copies, twice)
+    segments: int = 0  # captured segments (1 for a whole graph)
+    islands: int = 0  # islands between them (graphjit.eager)
+    replay_us: float = 0.0  # host time of the piecewise replays, in total
+    island_us: float = 0.0  # of which in islands
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +64,11 @@ class KeyStats:
             "detail": self.detail,
             "verify": self.verify,
             "state_bytes": self.state_bytes,
+            "segments": self.segments,
+            "islands": self.islands,
+            **({"replay_us": round(self.replay_us / self.replays, 2) if self.replays else None,
+                "island_us": round(self.island_us / self.replays, 2) if self.replays else None}
+               if self.islands else {}),
         }
 
 
@@ -108,11 +117,21 @@ class FunctionStats:
         for k in keys_sorted(self.keys.values()):
             lines.append(
                 f"  [{k.state.value:8s}] {k.label}  captures={k.captures} replays={k.replays}"
-                f" capture_ms={k.capture_ms:.1f}" + (f"  reason: {k.reason}" if k.reason else ""))
+                f" capture_ms={k.capture_ms:.1f}" + _pieces(k) + (f"  reason: {k.reason}" if k.reason else ""))
             if k.reason and k.detail:
                 details.setdefault(k.reason, k.detail)
         lines.extend(f"  why {reason!r}: {detail}" for reason, detail in details.items())
         return "\n".join(lines)
+
+
+def _pieces(k: KeyStats) -> str:
+    """`` segments=3 islands=2 replay_us=.. island_us=..`` for a piecewise key (per replay, host time)."""
+    if not k.islands:
+        return ""
+    text = f" segments={k.segments} islands={k.islands}"
+    if k.replays:
+        text += f" replay_us={k.replay_us / k.replays:.1f} island_us={k.island_us / k.replays:.1f}"
+    return text
 
 
 def keys_sorted(keys: Any) -> list[KeyStats]:

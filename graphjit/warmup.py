@@ -21,8 +21,13 @@ from typing import Any
 
 from .backends.base import Backend
 from .buffers import collect_tensors
+from .islands import IslandCall, collecting
 from .reach import Path, describe, rebinds, walk
+from .sites import with_function
 from .writes import WriteProbe
+
+ISLAND_HINT = ("Move the sync out of the graphed function, keep the value a tensor, or mark the function around "
+               "it with @graphjit.eager: an island runs eagerly on every call and the rest is still graphed")
 
 
 @dataclass
@@ -35,6 +40,7 @@ class Observation:
     drew_random: bool
     syncs: list[str]
     incomplete: str | None
+    islands: list[IslandCall] = field(default_factory=list)
 
 
 @dataclass
@@ -58,6 +64,8 @@ class Warmup:
     untracked: str | None = None
     blocked: Blocked | None = None
     sync_watched: bool = False  # a warmup run was watched for CPU-GPU syncs
+    islands: list[IslandCall] | None = None
+    """The islands the last warmup call ran, in order (None before the first call)."""
 
     def note(self, obs: Observation, backend: Backend, outputs: Any, leaves: list[Any]) -> None:
         """Fold one call's observation in (``leaves``: that call's tensor inputs, in key order); set
@@ -72,6 +80,13 @@ class Warmup:
             else:
                 self.written.setdefault(id(t), (t, path))
         self.drew_random = self.drew_random or obs.drew_random
+        previous, self.islands = self.islands, obs.islands
+        if previous is not None and [c.island for c in previous] != [c.island for c in obs.islands] \
+                and self.blocked is None:
+            self.blocked = Blocked("islands differ between calls",
+                                   f"one call ran the islands {_names(previous)} and another {_names(obs.islands)}; "
+                                   "a key's calls must run the same islands in the same order (make what decides "
+                                   "it part of the key: a plain argument)")
         if obs.incomplete and self.untracked is None:
             self.untracked = obs.incomplete
         if self.blocked is not None:
@@ -96,20 +111,25 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     probe = WriteProbe(b, before, budget)
     rng = b.rng_state(device)
     syncs: list[str] = []
-    with b.sync_watch(syncs) if sync_watch else contextlib.nullcontext():
+    with b.sync_watch(syncs) if sync_watch else contextlib.nullcontext(), collecting(b, device) as isl:
         out = run()
     after = walk(roots, is_tensor)
     rebound, added = rebinds(before, after)
-    drew = rng is not None and not b.rng_equal(b.rng_state(device), rng)
-    obs = Observation(probe.written(), rebound, added, drew, syncs, probe.incomplete)
+    drew = rng is not None and isl.drew_outside(rng, b.rng_state(device))
+    obs = Observation(probe.written(), rebound, added, drew, [with_function(s) for s in syncs], probe.incomplete,
+                      isl.calls)
     return out, obs
+
+
+def _names(calls: list[IslandCall]) -> str:
+    return "[" + ", ".join(c.island.name for c in calls) + "]"
 
 
 def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked | None:
     if obs.syncs:
         return Blocked("CPU-GPU sync inside the function",
                        f"the function synchronises the CPU with the GPU ({obs.syncs[0]}); a CUDA graph cannot "
-                       "contain that. Move the sync out of the graphed function or keep the value a tensor")
+                       f"contain that. {ISLAND_HINT}")
     types = b.tensor_types()
     outs = collect_tensors(outputs, lambda x: isinstance(x, types))
     if b.grad_enabled() and any(b.requires_grad(o) for o in outs):

@@ -27,11 +27,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import graphjit.backends as registry
-from graphjit.backends.base import GraphHandle
+from graphjit.backends.base import GraphHandle, Segments, in_island, segments_open
 from graphjit.backends.torch.graphs import TorchBackend
 from graphjit.errors import CaptureError
 
 aten = torch.ops.aten
+__graphjit_skip_frames__ = True  # reasons name the test's line, not the emulator's
 SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.is_nonzero.default, aten.equal.default,
             aten.masked_select.default, aten.allclose.default}
 
@@ -114,7 +115,7 @@ class _SyncWatch(TorchDispatchMode):
         self.hits = hits
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        if func in SYNC_OPS:
+        if func in SYNC_OPS and not in_island():
             frame = next((f for f in reversed(traceback.extract_stack()[:-1])
                           if "torch" not in f.filename and "graph_emulator" not in f.filename), None)
             where = f"{frame.filename}:{frame.lineno}" if frame else "?"
@@ -143,14 +144,44 @@ class EmulatedTorchBackend(TorchBackend):
             yield
 
     def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any, debug: bool) -> tuple[GraphHandle, Any]:
-        rec = _Recorder()
+        segments = _Segments()
+        segments.resume()
         try:
-            with rec:
+            with segments_open(segments):
                 out = fn()
         except RuntimeError as exc:
+            segments.end()
             first = str(exc).splitlines()[0]
             raise CaptureError(f"capture failed: {first}", reason="capture failed: " + first[:120]) from exc
-        return EmulatedGraph(rec.ops), out
+        except BaseException:
+            segments.end()
+            raise
+        return segments.cut(), out
+
+
+class _Segments(Segments):
+    """Emulated segments: one recorder per segment, entered and left by hand."""
+
+    def __init__(self) -> None:
+        self.rec: _Recorder | None = None
+        self.cuts = 0
+
+    def cut(self) -> GraphHandle:
+        rec, self.rec = self.rec, None
+        assert rec is not None, "cut outside a segment"
+        rec.__exit__(None, None, None)
+        self.cuts += 1
+        return EmulatedGraph(rec.ops)
+
+    def resume(self) -> None:
+        assert self.rec is None, "resume inside a segment"
+        self.rec = _Recorder()
+        self.rec.__enter__()
+
+    def end(self) -> None:
+        if self.rec is not None:
+            self.rec.__exit__(None, None, None)
+            self.rec = None
 
 
 @contextlib.contextmanager

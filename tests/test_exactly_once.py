@@ -303,3 +303,15 @@ def test_a_python_counter_the_output_depends_on_never_replays_frozen(emu):
     assert outs[:2] == [1.0, 2.0]
     assert len(set(outs)) == len(outs)  # never a frozen value twice
     assert g.stats()["graphs"] == 0
+
+
+def test_a_padded_capturing_call_is_verified_on_its_real_rows(emu):
+    """Verify compares the replay's result with padding sliced off against the eager call on the caller's
+    unpadded tensors (it compared the padded buffer, failed, and left every padded key uncaptured)."""
+    w = torch.randn(2, 2)
+    g = graphjit.graphed(lambda x: torch.tanh(x @ w) * 2, buckets={0: {0: [4]}})
+    xs = [torch.randn(1 + i % 3, 2) for i in range(8)]
+    for x in xs:
+        assert torch.allclose(g(x), torch.tanh(x @ w) * 2)
+    s = g.stats()
+    assert s["graphs"] == 1 and s["keys"][0]["verify"] == "passed" and s["fallbacks"] == {}

@@ -5,7 +5,8 @@ A framework is imported only by modules inside a folder named after it, with the
 same jobs (``tests/test_layout.py`` checks it)::
 
     graphjit/backends/{torch,paddle}/  graphs (the Backend), dist (the all-reduce swap's view of the
-                                       process group), training (graphed_layer's glue), device (the GPUs)
+                                       process group), training (graphed_layer's glue), device (the GPUs),
+                                       breaks (a function the tracer runs eagerly: islands)
     graphjit/bench/{torch,paddle}/     the benchmarks' framework halves
     graphjit/doctor/{torch,paddle}/    the doctor's rows and probes
 
@@ -27,7 +28,7 @@ from .base import Backend, GraphHandle
 NAMES = ("paddle", "torch")
 _CLASSES = {"paddle": "PaddleBackend", "torch": "TorchBackend"}
 JOBS = {
-    "backends": ("graphs", "dist", "training", "device"),
+    "backends": ("graphs", "dist", "training", "device", "breaks"),
     "bench": ("decode", "train", "hf", "allreduce", "dispatch"),
     "doctor": ("rows", "ipc", "allreduce", "probe"),
 }

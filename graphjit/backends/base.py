@@ -72,6 +72,51 @@ class GraphHandle(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot write graph dumps")
 
 
+class Segments(abc.ABC):
+    """A capture in progress that an island cuts in two (piecewise capture, :mod:`graphjit.pieces`).
+
+    The backend's :meth:`Backend.capture_graph` opens one for the duration of the capture
+    (:func:`segments_open`); an island called inside the captured function ends the current segment
+    with :meth:`cut` and, after recording itself, starts the next with :meth:`resume`.  Every segment
+    is captured on the same stream into the same memory pool, so a segment may read what an earlier
+    one left in the pool; they must be replayed in the order they were captured.
+    """
+
+    @abc.abstractmethod
+    def cut(self) -> GraphHandle:
+        """End the capture of the current segment and return its graph (captured, never replayed)."""
+
+    @abc.abstractmethod
+    def resume(self) -> None:
+        """Begin capturing the next segment (same stream, same pool).  Only right after :meth:`cut`."""
+
+
+_segments_tls = threading.local()
+_island_tls = threading.local()
+
+
+def in_island() -> bool:
+    """True inside :meth:`Backend.island_guard` on this thread."""
+    return getattr(_island_tls, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def segments_open(segments: Segments) -> Iterator[Segments]:
+    """Make ``segments`` the capture in progress on this thread for the block (nested captures restore
+    the outer one)."""
+    previous = getattr(_segments_tls, "current", None)
+    _segments_tls.current = segments
+    try:
+        yield segments
+    finally:
+        _segments_tls.current = previous
+
+
+def open_segments() -> Segments | None:
+    """The capture in progress on this thread that an island may cut, or None."""
+    return getattr(_segments_tls, "current", None)
+
+
 class Backend(abc.ABC):
     """What graphjit's core needs from one framework.
 
@@ -250,6 +295,17 @@ class Backend(abc.ABC):
         Python file and line where the backend can tell).  Never raises for a sync: the block runs to
         its end, so a watched call is a complete eager call."""
         yield
+
+    @contextlib.contextmanager
+    def island_guard(self) -> Iterator[None]:
+        """Around an island's run inside a watched warmup: CPU-GPU syncs inside the block are allowed
+        (an island runs eagerly on every call), so :meth:`sync_watch` does not report them
+        (:func:`in_island` is True in the block; watchers that record per call check it)."""
+        _island_tls.depth = getattr(_island_tls, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            _island_tls.depth -= 1
 
     def capture(self, fn: Callable[[], Any], device: str, pool: Any,
                 debug: bool) -> tuple[GraphHandle, Any]:

@@ -28,6 +28,7 @@ import paddle
 import paddle.distributed as dist
 
 from ..dist_base import Call, DistBackend, TensorInfo
+from . import breaks
 from .graphs import skip_graphjit_in_sot
 
 _DTYPES = {paddle.float32: "float32", paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
@@ -79,24 +80,7 @@ class Dist(DistBackend):
         return all_reduce
 
     def mark_graph_break(self, fn: Any) -> str | None:
-        try:
-            from paddle.jit.sot.utils import paddle_api_config as config
-        except ImportError:
-            return None
-        add_function = getattr(config, "add_break_graph_function", None)
-        if add_function is not None:  # Paddle 3.x: any function can break the graph
-            add_function(fn)
-            return "registered with SOT as a graph break"
-        add_apis = getattr(config, "add_break_graph_apis", None)
-        apis = getattr(config, "paddle_api_list", None)
-        if add_apis is not None and isinstance(apis, list):
-            # Paddle 2.6: only a function SOT takes for a Paddle API is checked against the break
-            # list; anything else would be inlined (SOT would trace the original all_reduce's body).
-            if not any(a is fn for a in apis):
-                apis.append(fn)
-            add_apis([fn])
-            return "registered with SOT as a Paddle API that breaks the graph"
-        return None
+        return breaks.register(fn)
 
     # -- process groups ----------------------------------------------------------------------
     def initialized(self) -> bool:

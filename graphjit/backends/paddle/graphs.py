@@ -26,7 +26,7 @@ import numpy as np
 import paddle
 
 from ...errors import BackendError, CaptureError, UnrecoverableCaptureError
-from ..base import Backend, GraphHandle
+from ..base import Backend, GraphHandle, Segments, in_island, segments_open
 
 log = logging.getLogger("graphjit")
 
@@ -79,6 +79,31 @@ class PaddleGraph(GraphHandle):
     def dump(self, path: Path) -> None:
         # Paddle writes one dot file per graph into a folder.
         self._graph.print_to_dot_files(str(path.with_suffix("")))
+
+
+class _PaddleSegments(Segments):
+    """The capture in progress: one Paddle ``CUDAGraph`` per segment, made by ``make`` (same place, mode and
+    pool id for all)."""
+
+    def __init__(self, make: Callable[[], Any], index: int) -> None:
+        self.make = make
+        self.index = index
+        self.graph: Any = None
+        self.capturing = False
+        self.reserved = _reserved(index)
+
+    def cut(self) -> GraphHandle:
+        self.capturing = False
+        self.graph.capture_end()
+        now = _reserved(self.index)
+        done = PaddleGraph(self.graph, max(0, now - self.reserved))
+        self.reserved = now
+        return done
+
+    def resume(self) -> None:
+        self.graph = self.make()
+        self.graph.capture_begin()
+        self.capturing = True
 
 
 def _to_numpy(t: Any) -> np.ndarray:
@@ -417,14 +442,14 @@ class PaddleBackend(Backend):
 
         def guard(name: str, original: Any) -> Any:
             def patched(self_: Any, *args: Any, **kwargs: Any) -> Any:
-                if threading.get_ident() == me and self_.place.is_gpu_place():
+                if threading.get_ident() == me and not in_island() and self_.place.is_gpu_place():
                     hits.append(f"Tensor.{name} on a GPU tensor at {where()}")
                 return original(self_, *args, **kwargs)
             return patched
 
         def guard_fn(name: str, original: Any) -> Any:
             def patched(*args: Any, **kwargs: Any) -> Any:
-                if threading.get_ident() == me:
+                if threading.get_ident() == me and not in_island():
                     hits.append(f"{name} at {where()}")
                 return original(*args, **kwargs)
             return patched
@@ -455,16 +480,19 @@ class PaddleBackend(Backend):
 
     def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
                       debug: bool) -> tuple[GraphHandle, Any]:
+        """Capture ``fn()`` with ``CUDAGraph(mode="thread_local")``, in segments where an island cuts it
+        (:class:`_PaddleSegments`); returns the last segment's graph."""
         self._ensure_flags()
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         kwargs = {"pool_id": pool} if (pool is not None and self.shared_pools) else {}
-        graph = self._graphs.CUDAGraph(place=paddle.CUDAPlace(index), mode="thread_local", **kwargs)
-        before = _reserved(index)
-        graph.capture_begin()
+        segments = _PaddleSegments(lambda: self._graphs.CUDAGraph(place=paddle.CUDAPlace(index), mode="thread_local",
+                                                                  **kwargs), index)
+        segments.resume()
         try:
-            out = fn()
+            with segments_open(segments):
+                out = fn()
         except BaseException as exc:
-            ended = _end_quietly(graph)
+            ended = _end_quietly(segments.graph) if segments.capturing else True
             text = str(exc).strip().splitlines()
             first = text[-1] if text else type(exc).__name__
             self._check_not_capturing(first)
@@ -475,14 +503,14 @@ class PaddleBackend(Backend):
                 + ("" if ended else " (ending the capture failed too)"),
                 reason="capture failed: " + first[:120]) from exc
         try:
-            graph.capture_end()
+            last = segments.cut()
         except Exception as exc:
             text = str(exc).strip().splitlines()
             first = text[-1] if text else type(exc).__name__
             self._check_not_capturing(first)
             raise CaptureError(f"capture failed at capture_end: {first[:300]}. Usual causes: {_SYNC_HINT}",
                                reason="capture failed: " + first[:120]) from exc
-        return PaddleGraph(graph, max(0, _reserved(index) - before)), out
+        return last, out
 
     def _check_not_capturing(self, cause: str) -> None:
         """After a failed capture: if Paddle is still in capture mode, nothing on the GPU can run again."""

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..dist_base import Call, DistBackend, TensorInfo, from_compiled_graph
+from . import breaks
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _COMPILE_REASON = ("graphjit's all_reduce swap runs eagerly for calls with a group, an op other than SUM or "
@@ -117,10 +118,7 @@ class Dist(DistBackend):
         is_compiling = getattr(compiler, "is_compiling", None)
         if disable is None or is_compiling is None:  # torch < 2.3: no collective rewrites to avoid either
             return wrapper
-        try:
-            eager = disable(wrapper, reason=_COMPILE_REASON)
-        except TypeError:  # torch.compiler.disable without reason= (torch < 2.7)
-            eager = disable(wrapper)
+        eager = breaks.graph_break(wrapper, _COMPILE_REASON)
         custom = _compile_op()
 
         @functools.wraps(wrapper)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ...errors import BackendError, CaptureError
-from ..base import CAPTURE_LOCK, Backend, GraphHandle, collector_paused
+from ..base import CAPTURE_LOCK, Backend, GraphHandle, Segments, collector_paused, segments_open
 
 log = logging.getLogger("graphjit")
 
@@ -45,6 +45,39 @@ class TorchGraph(GraphHandle):
 
     def dump(self, path: Path) -> None:
         self._graph.debug_dump(str(path))
+
+
+class _TorchSegments(Segments):
+    """The capture in progress: one ``CUDAGraph`` per segment, all on the capture stream (the current
+    stream while they are captured) and into one pool (the given one, else the first segment's)."""
+
+    def __init__(self, pool: Any, debug: bool, reserved_before: int, index: int) -> None:
+        self.pool = pool
+        self.debug = debug
+        self.reserved = reserved_before
+        self.index = index
+        self.graph: Any = None
+
+    def begin(self) -> None:
+        graph = _new_graph(keep=self.debug)
+        if self.debug:
+            graph.enable_debug_mode()
+        self.graph = graph
+        if self.pool is None:
+            graph.capture_begin(capture_error_mode="thread_local")
+            self.pool = graph.pool()
+        else:
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+
+    def cut(self) -> GraphHandle:
+        self.graph.capture_end()
+        now = torch.cuda.memory_reserved(self.index)
+        done = TorchGraph(self.graph, max(0, now - self.reserved))
+        self.reserved = now
+        return done
+
+    def resume(self) -> None:
+        self.begin()
 
 
 class TorchPool:
@@ -76,6 +109,7 @@ class TorchBackend(Backend):
         self._streams: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._unavailable: dict[str, str | None] = {}
+        self._watching = False  # inside sync_watch (single-threaded programs only)
 
     # -- tensors ---------------------------------------------------------------------------
     def tensor_types(self) -> tuple[type, ...]:
@@ -291,9 +325,11 @@ class TorchBackend(Backend):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
+            self._watching = True
             try:
                 yield
             finally:
+                self._watching = False
                 torch.cuda.set_sync_debug_mode(previous)
         for w in caught:
             text = str(w.message)
@@ -302,19 +338,40 @@ class TorchBackend(Backend):
             elif "sync debug mode" not in text and "prototype" not in text:  # the user's own warnings go on
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
+    @contextlib.contextmanager
+    def island_guard(self) -> Iterator[None]:
+        """Inside :meth:`sync_watch`: the block's sync warnings are dropped (an island may sync), its
+        other warnings passed on."""
+        with super().island_guard():
+            if not self._watching:
+                yield
+                return
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                yield
+        for w in caught:
+            if "synchroniz" not in str(w.message):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
     def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
                       debug: bool) -> tuple[GraphHandle, Any]:
-        graph = _new_graph(keep=debug)
-        if debug:
-            graph.enable_debug_mode()
+        """Capture ``fn()`` on the side stream, as ``torch.cuda.graph`` does (synchronise, free cached
+        blocks, ``capture_begin`` with ``capture_error_mode="thread_local"``), in segments where an island
+        cuts it (:class:`_TorchSegments`); returns the last segment's graph."""
         stream = self._side_stream(device)
-        before = torch.cuda.memory_reserved(_index(device))
+        index = _index(device)
+        before = torch.cuda.memory_reserved(index)
+        handle = pool.handle if isinstance(pool, TorchPool) else pool
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        segments = _TorchSegments(handle, debug, before, index)
         try:
-            handle = pool.handle if isinstance(pool, TorchPool) else pool
-            with torch.cuda.graph(graph, pool=handle, stream=stream, capture_error_mode="thread_local"):
+            with torch.cuda.stream(stream), segments_open(segments):
+                segments.begin()
                 out = fn()
+                last = segments.cut()
         except BaseException as exc:
-            self._end_capture(graph, stream)
+            self._end_capture(segments.graph, stream)
             text = str(exc)
             if "capturing" in text or "capture" in text.lower():
                 raise CaptureError(
@@ -324,8 +381,7 @@ class TorchBackend(Backend):
                 ) from exc
             raise
         torch.cuda.current_stream().wait_stream(stream)
-        pool_bytes = max(0, torch.cuda.memory_reserved(_index(device)) - before)
-        return TorchGraph(graph, pool_bytes), out
+        return last, out
 
     def _end_capture(self, graph: Any, stream: Any) -> None:
         """Make sure ``stream`` is no longer capturing (torch normally ended it already)."""

@@ -1,0 +1,398 @@
+"""Piecewise capture on CPU: islands (``@graphjit.eager``) between captured segments, dynamic arguments,
+and the reasons that point to a line, through the emulated CUDA graph of tests/graph_emulator.py (capture
+records and writes nothing, replay redoes the tensor work and no Python).  The same on a GPU:
+tests/test_gpu_islands.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from graph_emulator import emulated_torch  # noqa: E402
+
+import graphjit  # noqa: E402
+from graphjit.islands import island_of  # noqa: E402
+from graphjit.pieces import PiecewiseGraph  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture
+def emu():
+    with emulated_torch() as backend:
+        yield backend
+
+
+@dataclasses.dataclass
+class Meta:
+    """Per-call attention metadata: how many tokens each sequence has (a Python list: no graph can hold it)."""
+
+    lens: list[int]
+
+
+def _decoder(layers=8, dim=8, max_batch=8, max_len=64, seed=0):
+    """A decode step of ``layers`` layers: projections graphed, attention an island that writes each sequence's
+    key at its own length and attends over a length that differs per sequence and per call."""
+    gen = torch.Generator().manual_seed(seed)
+    ws = [torch.randn(dim, dim, generator=gen) / dim**0.5 for _ in range(layers)]
+    caches = [torch.zeros(max_batch, max_len, dim) for _ in range(layers)]
+
+    @graphjit.eager
+    def attention(q, cache, meta):
+        out = torch.zeros_like(q)
+        for i, n in enumerate(meta.lens):
+            cache[i, n] = q[i]
+            k = cache[i, : n + 1]
+            out[i] = torch.softmax(k @ q[i], 0) @ k
+        return out
+
+    def step(x, meta):
+        h = x
+        for w, cache in zip(ws, caches):
+            q = torch.tanh(h @ w)
+            h = h + attention(q, cache, meta)
+        return h * 2
+
+    return step, caches, attention
+
+
+def _calls(n, dim=8, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        b = [1, 3, 4, 6, 8][i % 5]
+        lens = [int(v) for v in torch.randint(0, 60, (b,), generator=gen)]
+        out.append((torch.randn(b, dim, generator=gen), Meta(lens)))
+    return out
+
+
+def test_decode_step_with_attention_islands_equals_eager_over_200_calls(emu):
+    calls = _calls(200)
+    ref_step, ref_caches, _ = _decoder()
+    want = [ref_step(x, m) for x, m in calls]
+    step, caches, attention = _decoder()
+    g = graphjit.graphed(step, dynamic=("meta",), buckets={"x": {0: [2, 4, 8]}})
+    got = [g(x, m) for x, m in calls]
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+    for c, r in zip(caches, ref_caches):
+        assert torch.equal(c, r)  # the islands wrote each cache once per call
+    s = g.stats()
+    assert s["graphs"] == 3 and s["fallbacks"] == {}
+    for k in s["keys"]:
+        assert k["segments"] == 9 and k["islands"] == 8
+        assert k["verify"].startswith("passed")
+        assert k["island_us"] > 0 and k["replay_us"] >= k["island_us"]
+    assert sum(k["replays"] for k in s["keys"]) == 200 - 3 * 2  # every call but the warmup calls
+    assert "segments=9 islands=8" in g.report()
+    assert island_of(attention) is not None
+
+
+def test_island_with_a_sync_inside_is_graphed_around(emu):
+    counter = torch.zeros(())
+
+    @graphjit.eager
+    def scale_by_max(h):
+        return h / float(h.abs().max())  # a sync: fine in an island
+
+    def step(x):
+        counter.add_(1)
+        return scale_by_max(x * 3) + counter
+
+    g = graphjit.graphed(step)
+    xs = [torch.randn(4) for _ in range(6)]
+    got = [g(x) for x in xs]
+    for i, (x, y) in enumerate(zip(xs, got)):
+        assert torch.allclose(y, x * 3 / float((x * 3).abs().max()) + (i + 1))
+    assert float(counter) == 6
+    s = g.stats()
+    assert s["graphs"] == 1 and s["keys"][0]["islands"] == 1 and s["replays"] == 4
+
+
+def test_a_sync_outside_islands_names_the_line_the_function_and_the_fix(emu):
+    def step(x):
+        y = x * 2
+        n = float(y.sum())
+        return y * n
+
+    g = graphjit.graphed(step, warmup=1)
+    g(torch.ones(3))
+    detail = g.stats()["keys"][0]["detail"]
+    assert "test_islands.py" in detail and "in step()" in detail
+    assert "@graphjit.eager" in detail and "island" in detail
+
+
+def test_a_capture_failure_names_the_users_line(emu):
+    def step(x):
+        if graphjit.scope.phase() == "capture":
+            torch.nonzero(x)  # an op the capture refuses, which the warmup did not run
+        return x + 1
+
+    g = graphjit.graphed(step, warmup=1)
+    assert torch.equal(g(torch.ones(3)), torch.full((3,), 2.0))
+    assert torch.equal(g(torch.ones(3)), torch.full((3,), 2.0))  # the capture fails; the call runs eagerly
+    detail = g.stats()["keys"][0]["detail"]
+    assert detail.startswith("capture failed") and "test_islands.py" in detail and "in step()" in detail
+    assert "@graphjit.eager" in detail
+
+
+def test_a_segment_that_reads_a_dynamic_argument_is_caught_on_the_next_call_with_new_values(emu, caplog):
+    w = torch.randn(4, 4)
+    counter = torch.zeros(())
+
+    @graphjit.eager
+    def gather(h, idx):
+        return h[idx]
+
+    def step(x, idx):
+        counter.add_(1)
+        h = (x @ w) * idx.float().mean()  # a segment reads the dynamic tensor: frozen at capture
+        return gather(h, idx) + counter
+
+    g = graphjit.graphed(step, dynamic=("idx",))
+    xs = [torch.randn(6, 4) for _ in range(8)]
+    idxs = [torch.tensor([0, 1, 2])] * 3 + [torch.tensor([5, 4, 3])] * 5
+    with caplog.at_level(logging.WARNING, logger="graphjit"):
+        got = [g(x, i) for x, i in zip(xs, idxs)]
+    for n, (x, i, y) in enumerate(zip(xs, idxs, got)):
+        want = ((x @ w) * i.float().mean())[i] + (n + 1)
+        assert torch.allclose(y, want, atol=1e-5)
+    assert float(counter) == 8  # exactly once per call, the rejected check included
+    s = g.stats()
+    assert s["graphs"] == 0 and s["fallbacks"] == {"reads dynamic arguments outside islands": 5}
+    assert s["keys"][0]["verify"] == "failed"
+    assert "@graphjit.eager" in caplog.text
+
+
+def test_dynamic_values_reach_the_island_by_path(emu):
+    """The island receives meta.lens and meta.tables[1] (taken out of the dynamic argument in a segment):
+    each replay gets the current call's objects."""
+
+    @graphjit.eager
+    def pick(h, lens, table):
+        return h[: len(lens)].sum(0) * table.sum()
+
+    @dataclasses.dataclass
+    class M:
+        lens: list[int]
+        tables: list[torch.Tensor]
+
+    def step(x, m):
+        return pick(x + 1, m.lens, m.tables[1]) * 2
+
+    g = graphjit.graphed(step, dynamic=("m",))
+    for n in range(8):
+        m = M(list(range(1 + n % 4)), [torch.ones(2), torch.full((3,), float(n))])
+        x = torch.randn(5, 2)
+        assert torch.allclose(g(x, m), step(x, m))
+    assert g.stats()["graphs"] == 1 and g.stats()["replays"] == 6
+
+
+def test_in_place_island_output_is_not_copied(emu):
+    @graphjit.eager
+    def fill(out, src):
+        out.copy_(src * 3)
+        return out
+
+    def step(x):
+        buf = torch.empty_like(x)
+        return fill(buf, x + 1) - 1
+
+    g = graphjit.graphed(step)
+    for _ in range(5):
+        x = torch.randn(3)
+        assert torch.allclose(g(x), (x + 1) * 3 - 1)
+    graph = next(iter(g._self_state.entries.values())).graph
+    assert isinstance(graph, PiecewiseGraph)
+    step_ = graph.islands[0]
+    assert step_.buffers[0] is step_.template.args[0]  # the island's own input is its output buffer
+
+
+def test_exactly_once_with_state_in_segments_and_islands(emu):
+    seg_counter = torch.zeros(())
+    isl_counter = torch.zeros(())
+    log: list[int] = []
+
+    @graphjit.eager
+    def note(h):
+        isl_counter.add_(1)
+        log.append(1)  # Python effects of an island happen on every call, replays included
+        return h + isl_counter
+
+    def step(x):
+        seg_counter.add_(1)
+        return note(x * seg_counter)
+
+    g = graphjit.graphed(step)
+    out = [g(torch.ones(2)) for _ in range(10)]
+    assert float(seg_counter) == 10 and float(isl_counter) == 10
+    assert [float(o[0]) for o in out] == [float(2 * i) for i in range(1, 11)]
+    assert len(log) == 10 + 1  # one extra: verify's eager reference at the capture (its tensor writes undone)
+
+
+def test_capture_scope_captures_a_piecewise_key(emu):
+    counter = torch.zeros(())
+
+    @graphjit.eager
+    def island(h):
+        return h.clone() * float(h.sum() != 0)
+
+    def step(x):
+        counter.add_(1)
+        return island(x + counter)
+
+    g = graphjit.graphed(step)
+    with graphjit.capture_scope(progress=False):
+        first = g(torch.ones(2))
+    assert float(counter) == 1 and torch.equal(first, torch.full((2,), 2.0))
+    rest = [g(torch.ones(2)) for _ in range(4)]
+    assert float(counter) == 5 and torch.equal(rest[-1], torch.full((2,), 6.0))
+    s = g.stats()
+    assert s["graphs"] == 1 and s["replays"] == 4 and s["keys"][0]["islands"] == 1
+
+
+def test_island_output_shape_change_on_replay_is_a_clear_error(emu):
+    @graphjit.eager
+    def grow(h, n):
+        return h.repeat(n[0])
+
+    def step(x, n):
+        return grow(x * 2, n) + 1
+
+    g = graphjit.graphed(step, dynamic=("n",), verify=False)
+    for _ in range(3):
+        g(torch.ones(2), [1])
+    with pytest.raises(graphjit.IslandError, match=r"grow.*shape"):
+        g(torch.ones(2), [3])
+
+
+def test_island_output_shape_change_found_by_the_dynamic_check_falls_back(emu):
+    counter = torch.zeros(())
+
+    @graphjit.eager
+    def grow(h, n):
+        return h.repeat(n[0])
+
+    def step(x, n):
+        counter.add_(1)
+        return grow(x * counter, n) + 1
+
+    g = graphjit.graphed(step, dynamic=("n",))
+    got = [g(torch.ones(2), [1]) for _ in range(3)] + [g(torch.ones(2), [3])]
+    assert float(counter) == 4 and torch.equal(got[-1], torch.full((6,), 5.0))
+    s = g.stats()
+    assert s["graphs"] == 0 and s["fallbacks"] == {"reads dynamic arguments outside islands": 1}
+    assert "shape" in s["keys"][0]["detail"]
+
+
+def test_islands_that_differ_between_calls_block_the_key(emu):
+    @graphjit.eager
+    def a(h):
+        return h + 1
+
+    @graphjit.eager
+    def b(h):
+        return h - 1
+
+    flip = {"n": 0}
+
+    def step(x):
+        flip["n"] += 1
+        return a(x) if flip["n"] % 2 else b(x)
+
+    g = graphjit.graphed(step)
+    out = [g(torch.zeros(2)) for _ in range(4)]
+    assert [float(o[0]) for o in out] == [1, -1, 1, -1]
+    assert g.stats()["fallbacks"] == {"islands differ between calls": 3}
+
+
+def test_disable_and_plain_calls(emu, monkeypatch):
+    @graphjit.eager
+    def island(h):
+        return h * 2
+
+    assert torch.equal(island(torch.ones(2)), torch.full((2,), 2.0))  # outside a graphed call: the function
+    monkeypatch.setenv("GRAPHJIT_DISABLE", "1")
+    graphjit.refresh_env()
+    try:
+        g = graphjit.graphed(lambda x: island(x) + 1)
+        assert torch.equal(g(torch.ones(2)), torch.full((2,), 3.0))
+        assert g.stats()["disabled_calls"] == 1
+    finally:
+        monkeypatch.delenv("GRAPHJIT_DISABLE")
+        graphjit.refresh_env()
+
+
+def test_strict_mode_with_islands_that_differ(emu):
+    @graphjit.eager
+    def a(h):
+        return h + 1
+
+    n = {"calls": 0}
+
+    def step(x):
+        n["calls"] += 1
+        return a(x) if n["calls"] == 1 else x
+
+    g = graphjit.graphed(step, strict=True)
+    g(torch.zeros(2))
+    with pytest.raises(graphjit.CaptureError) as info:
+        g(torch.zeros(2))
+    assert info.value.reason == "islands differ between calls" and info.value.executed
+
+
+def test_eager_refuses_what_it_cannot_mark():
+    with pytest.raises(graphjit.ConfigError, match="needs a function"):
+        graphjit.eager(int)
+
+    def gen():
+        yield 1
+
+    with pytest.raises(graphjit.ConfigError, match="generator"):
+        graphjit.eager(gen)
+    island = graphjit.eager(lambda x: x)
+    with pytest.raises(graphjit.ConfigError, match="already an island"):
+        graphjit.eager(island)
+    with pytest.raises(graphjit.ConfigError, match="graphed"):
+        graphjit.eager(graphjit.graphed(lambda x: x))
+
+
+def test_eager_is_a_graph_break_for_torch_compile():
+    island = graphjit.eager(lambda x: x)
+    assert getattr(island, "_torchdynamo_disable", False) or "disable" in repr(island).lower() or \
+        getattr(island, "__wrapped__", None) is not None
+    assert island_of(island) is not None
+
+
+@pytest.mark.parametrize("dynamic, match", [
+    (("nope",), "does not have"),
+    (("args",), r"\*args"),
+    (("x",), "both dynamic and buckets"),
+    ((1,), "tuple of parameter names"),
+    (("m", "m"), "twice"),
+])
+def test_dynamic_is_validated_at_decoration(dynamic, match):
+    def step(x, m, *args):
+        return x
+
+    with pytest.raises(graphjit.ConfigError, match=match):
+        graphjit.graphed(step, dynamic=dynamic, buckets={"x": {0: [2, 4]}})
+
+
+def test_dynamic_argument_is_not_part_of_the_key(emu):
+    @graphjit.eager
+    def island(h, m):
+        return h * len(m)
+
+    def step(x, m):
+        return island(x, m)
+
+    g = graphjit.graphed(step, dynamic="m")
+    for n in range(1, 7):
+        assert torch.equal(g(torch.ones(2), list(range(n))), torch.full((2,), float(n)))
+    s = g.stats()
+    assert len(s["keys"]) == 1 and s["graphs"] == 1 and s["replays"] == 4
