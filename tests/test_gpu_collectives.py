@@ -166,6 +166,16 @@ def test_graphed_steps_capture_register_and_replay(main_run: list[dict[str, Any]
 
 
 @needs_gpu
+def test_all_reduce_in_a_segment_and_in_an_island(main_run: list[dict[str, Any]]) -> None:
+    for r, sec in enumerate(_section(main_run, "islands")):
+        assert sec["failures"] == [], f"rank {r}: {sec['failures'][:5]}"
+        assert sec["graphs"] == 1 and sec["replays"] == 6 and sec["fallbacks"] == {}, sec
+        assert sec["segments"] == 2 and sec["islands"] == 1, sec
+        assert sec["captured"] >= 1, sec  # the segment's all-reduce is the custom kernel, captured
+        assert sec["eager_custom"] >= 8, sec  # the island's ran eagerly on every call (and verify's reference)
+
+
+@needs_gpu
 def test_compiled_step_breaks_at_the_swapped_all_reduce(main_run: list[dict[str, Any]]) -> None:
     """tracer="compile": torch.compile cannot trace into the swap, breaks the graph there, and the
     custom kernel is captured between the compiled parts (not rewritten into a functional collective)."""
@@ -374,6 +384,40 @@ class Worker:
         s1 = self.stats()
         return {"failures": failures, "captured": s1["custom"]["captured"] - s0["custom"]["captured"],
                 "registrations": s1["registrations"] - s0["registrations"], "fn_fallbacks": fn_fallbacks}
+
+    def section_islands(self) -> dict[str, Any]:
+        """A piecewise step: an all-reduce captured in a segment and one inside an island (eager, every call)."""
+        torch, dist = self.torch, self.dist
+        failures: list[str] = []
+        s0 = self.stats()
+
+        @self.graphjit.eager
+        def island(y: Any) -> Any:
+            z = y * 1.0
+            dist.all_reduce(z)  # eager, inside a graphed call: the custom kernel's eager path
+            return z + float(z[0].item() * 0.0)  # a sync: fine in an island
+
+        def step(x: Any) -> Any:
+            y = x * 2.0
+            dist.all_reduce(y)  # captured in the first segment
+            return island(y) + 1.0
+
+        total = WORLD * (WORLD + 1) // 2
+        g = self.graphjit.graphed(step)
+        with torch.no_grad():
+            for i in range(8):
+                x = torch.full((4096,), float(self.rank + 1 + i), device=self.device)
+                out = g(x)
+                want = WORLD * 2.0 * (total + WORLD * i) + 1.0
+                if not bool((out == want).all()):
+                    failures.append(f"call {i}: got {out[0].item()}, want {want}")
+        st = g.stats()
+        s1 = self.stats()
+        key = (st.get("keys") or [{}])[0]
+        return {"failures": failures, "graphs": st["graphs"], "replays": st["replays"], "fallbacks": st["fallbacks"],
+                "segments": key.get("segments"), "islands": key.get("islands"),
+                "captured": s1["custom"]["captured"] - s0["custom"]["captured"],
+                "eager_custom": s1["custom"]["eager"] - s0["custom"]["eager"]}
 
     def section_compile(self) -> dict[str, Any]:
         torch, dist = self.torch, self.dist
@@ -725,8 +769,8 @@ class Worker:
 
 
 SECTIONS = {
-    "main": ["init", "sizes", "graphed", "compile", "manual", "replays", "fallbacks", "c_api", "mlp", "scope",
-             "reset"],
+    "main": ["init", "sizes", "graphed", "islands", "compile", "manual", "replays", "fallbacks", "c_api", "mlp",
+             "scope", "reset"],
     "vmm": ["init", "vmm"],
 }
 

@@ -362,10 +362,35 @@ def test_eager_refuses_what_it_cannot_mark():
 
 
 def test_eager_is_a_graph_break_for_torch_compile():
-    island = graphjit.eager(lambda x: x)
-    assert getattr(island, "_torchdynamo_disable", False) or "disable" in repr(island).lower() or \
-        getattr(island, "__wrapped__", None) is not None
+    import torch._dynamo as dynamo
+
+    @graphjit.eager
+    def island(x):
+        return x * 3
+
+    def f(x):
+        return island(x + 1) * 2
+
+    explained = dynamo.explain(f)(torch.ones(2))
+    assert explained.graph_break_count == 1
+    assert "graphjit island" in str(explained.break_reasons[0].reason)
     assert island_of(island) is not None
+
+
+def test_islands_see_a_graphed_call_for_collectives(emu):
+    """The custom all-reduce takes calls made inside graphed code: inside an island's replay too."""
+    modes: list[str | None] = []
+
+    @graphjit.eager
+    def island(h):
+        modes.append(graphjit.scope.collective_mode())
+        return h + 1
+
+    g = graphjit.graphed(lambda x: island(x * 2))
+    for _ in range(5):
+        g(torch.ones(2))
+    assert g.stats()["replays"] == 3
+    assert modes == ["graphed"] * len(modes) and len(modes) == 6  # 2 warmups, verify's reference, 3 replays
 
 
 @pytest.mark.parametrize("dynamic, match", [

@@ -29,7 +29,7 @@ NAMES = ("paddle", "torch")
 _CLASSES = {"paddle": "PaddleBackend", "torch": "TorchBackend"}
 JOBS = {
     "backends": ("graphs", "dist", "training", "device", "breaks"),
-    "bench": ("decode", "train", "hf", "allreduce", "dispatch"),
+    "bench": ("decode", "train", "hf", "allreduce", "dispatch", "piecewise"),
     "doctor": ("rows", "ipc", "allreduce", "probe"),
 }
 """The jobs each area's framework folders hold (not every framework has every job)."""

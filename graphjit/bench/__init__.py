@@ -7,10 +7,10 @@ Each benchmark is a module of this package with two functions:
 * ``run(args) -> int``: run it, write ``JSON`` + ``PNG`` under ``--out``, print a short table, return
   the exit status.
 
-Modules here never import a framework: their torch and paddle code lives in :mod:`graphjit.backends`
-(the modules named ``*bench*``), which they import inside functions, so building the command line
-costs nothing.  Adding a benchmark is one module plus one :func:`register` line below (and, for its
-framework code, a module in :mod:`graphjit.backends`).
+Modules here never import a framework: their torch and paddle halves live in :mod:`graphjit.bench.torch`
+and :mod:`graphjit.bench.paddle` (same file names), imported inside functions, so building the command
+line costs nothing.  Adding a benchmark is one module plus one :func:`register` line below (and its
+framework halves).
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ register("dispatch", "graphjit.bench.dispatch",
 register("hf", "graphjit.bench.hf",
          "Hugging Face Llama decode step (StaticCache): eager vs hand-made CUDA graph vs @graphed vs compile "
          "(torch + transformers; needs a GPU)")
+register("piecewise", "graphjit.bench.piecewise",
+         "decode step with per-call attention metadata: eager vs piecewise capture (attention an island) vs a whole "
+         "graph of its fixed-shape variant, and the cost of one island boundary (torch; needs a GPU)")
 register("train", "graphjit.bench.train",
          "training step (forward, backward, SGD) of an MLP and a transformer block: eager vs graphed_layer "
          "(torch; needs a GPU)")

@@ -3,8 +3,11 @@ subgraphs)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
+
+import paddle
 
 from .graphs import skip_graphjit_in_sot
 
@@ -32,8 +35,24 @@ def register(fn: Any) -> str | None:
 
 
 def graph_break(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
-    """``fn``, registered as a SOT graph break, with graphjit's own files on SOT's skip list (the call runs
-    eagerly after the break, and SOT's frame hook must not translate graphjit's code then)."""
+    """A function that calls ``fn`` with SOT's frame hook off (``core.set_eval_frame(None)``, what SOT's own
+    ``breakpoint`` does), registered as a SOT graph break, with graphjit's own files on SOT's skip list: SOT
+    runs the call eagerly between two subgraphs, and nothing ``fn`` calls is translated."""
     skip_graphjit_in_sot()
-    register(fn)
-    return fn
+    set_eval_frame = getattr(getattr(paddle, "framework", None), "core", None)
+    set_eval_frame = getattr(set_eval_frame, "set_eval_frame", None)
+
+    @functools.wraps(fn)
+    def untraced(*args: Any, **kwargs: Any) -> Any:
+        if set_eval_frame is None:
+            return fn(*args, **kwargs)
+        previous = set_eval_frame(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            set_eval_frame(previous)
+
+    # Not a Paddle module: SOT must not take the function for a Paddle op.
+    untraced.__module__ = getattr(fn, "__module__", None) or __name__
+    register(untraced)
+    return untraced

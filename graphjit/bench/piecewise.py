@@ -1,0 +1,171 @@
+"""``python -m graphjit bench piecewise``: a decode step whose attention reads per-call metadata (so no whole
+CUDA graph can hold it), eager against piecewise capture (attention as an island, the rest graphed) and
+against a whole graph of the same step with fixed-shape attention; plus the cost of one island boundary.
+
+The step: ``--layers`` layers of RMSNorm, QKV projection, attention, output projection, RMSNorm and a SiLU
+MLP, hidden ``--hidden``, bf16.  Attention writes each sequence's new key and value at its own position and
+attends over the first ``max_len`` cache entries, ``max_len`` a Python int that changes every call (what a
+varlen attention kernel takes), masked per sequence.  Variants:
+
+* ``eager``: the step as written;
+* ``piecewise``: ``@graphed(step, dynamic=("meta",))`` with attention an island (``@graphjit.eager``);
+* ``whole_fixed``: the fixed-shape variant (attention over the whole cache, masked; no host int) under
+  ``@graphed``, one graph: the ceiling piecewise is measured against.
+
+Per size (``--layers`` x ``--batch``) each variant runs ``--warmup`` untimed calls (checked against eager on
+the same inputs), then ``--repeats`` x ``--steps`` timed calls (CUDA events; median us per step).  The
+boundary cost: a graphed chain of ``--layers`` small matmuls with an identity island between each two layers
+against the same chain without islands; ``(piecewise - whole) / islands``.
+
+Targets (``summary``): piecewise at least 3x faster than eager at 8 layers batch 1; piecewise at most 1.3x
+the whole fixed-shape graph.  Needs a CUDA GPU; ``--allow-cpu`` runs a tiny smoke version for CI (graphs
+emulated nowhere: the variants run eagerly and are only checked).  Framework code:
+:mod:`graphjit.bench.torch.piecewise`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from . import common
+from .common import say
+
+VARIANTS = ("eager", "piecewise", "whole_fixed")
+TARGETS = {"eager_vs_piecewise_min": 3.0, "piecewise_vs_whole_fixed_max": 1.3}
+GPU_DEFAULTS: dict[str, Any] = {"layers": [8, 32], "batch": [1, 8], "hidden": 1024, "steps": 50, "repeats": 5,
+                                "warmup": 6, "max_cache": 512}
+CPU_DEFAULTS: dict[str, Any] = {"layers": [2], "batch": [1], "hidden": 64, "steps": 3, "repeats": 2, "warmup": 4,
+                                "max_cache": 32}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("piecewise")
+    g.add_argument("--layers", type=common.int_list, default=None, help="layers, comma-separated (default 8,32)")
+    g.add_argument("--batch", type=common.int_list, default=None, help="batch sizes, comma-separated (default 1,8)")
+    g.add_argument("--hidden", type=common.positive_int, default=None, help="hidden size (default 1024)")
+    g.add_argument("--max-cache", type=common.positive_int, default=None,
+                   help="KV cache length per sequence (default 512)")
+    g.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {', '.join(VARIANTS)}")
+    g.add_argument("--steps", type=common.positive_int, default=None, help="timed steps per repeat (default 50)")
+    g.add_argument("--repeats", type=common.positive_int, default=None, help="timed repeats (default 5)")
+    g.add_argument("--warmup", type=common.positive_int, default=None,
+                   help="untimed, checked steps per variant (default 6; at least 3: @graphed captures on the third)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--allow-cpu", action="store_true", help="without a CUDA GPU, a tiny smoke run (for CI)")
+
+
+def run(args: argparse.Namespace) -> int:
+    on_gpu, code = common.gpu_or_exit("piecewise", "torch", args.allow_cpu)
+    if code is not None:
+        return code
+    for key, value in (GPU_DEFAULTS if on_gpu else CPU_DEFAULTS).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    variants = common.pick("piecewise", "variant(s)", args.variants, VARIANTS)
+    if variants is None:
+        return 2
+    if args.warmup < 3:
+        print(f"graphjit bench piecewise: --warmup {args.warmup}: expected at least 3 (@graphed captures on its "
+              "third call)", file=sys.stderr, flush=True)
+        return 2
+    tag = common.machine_tag(args)
+    json_path, png_path = common.output_paths(args.out, f"piecewise_decode_torch_{tag}.json")
+    data = common.header("piecewise", args, tag)
+    data.update({"backend": "torch", "device": "cuda" if on_gpu else "cpu", "smoke": not on_gpu,
+                 "config": {"layers": args.layers, "batch": args.batch, "hidden": args.hidden,
+                            "max_cache": args.max_cache, "variants": variants, "steps": args.steps,
+                            "repeats": args.repeats, "warmup": args.warmup, "dtype": "bf16" if on_gpu else "fp32",
+                            "timer": "cuda_events" if on_gpu else "host"},
+                 "env": common.environment(), "results": {}, "complete": False})
+    say(f"piecewise [torch, {data['device']}]: layers={args.layers} batch={args.batch} hidden={args.hidden} "
+        f"-> {json_path}")
+    try:
+        from .torch.piecewise import PiecewiseBench
+
+        bench = PiecewiseBench(args, on_gpu)
+    except Exception as exc:
+        data["error"] = common.error_text(exc)
+        common.write_json(json_path, data)
+        say(f"piecewise: could not start: {data['error']}")
+        return 1
+    groups = []
+    for layers in args.layers:
+        for batch in args.batch:
+            name = f"L{layers} B{batch}"
+            groups.append(name)
+            entry: dict[str, Any] = {"layers": layers, "batch": batch, "variants": {}}
+            data["results"][name] = entry
+            for v in variants:
+                say(f"piecewise: {name}: {v} ...")
+                entry["variants"][v] = common.guarded(lambda v=v, layers=layers, batch=batch:
+                                                      bench.run_variant(v, layers, batch))
+                common.write_json(json_path, data)
+            entry["ratios"] = _ratios(entry)
+    say("piecewise: island boundary cost ...")
+    data["boundary"] = common.guarded(lambda: bench.boundary_cost(max(args.layers)))
+    data["summary"] = _summary(data, on_gpu)
+    data["complete"] = True
+    plot_note = None
+    if not args.no_plot:
+        plot_note = common.bar_plot(png_path, f"decode step with per-call attention metadata ({data['device']}, {tag})",
+                                    groups, {v: [_us(data["results"][g], v) for g in groups] for v in variants},
+                                    "microseconds per step (median)")
+    data["plot"] = None if (args.no_plot or plot_note) else png_path.name
+    if plot_note:
+        data["plot_error"] = plot_note
+    common.write_json(json_path, data)
+    rows = [[g, *[_us(data["results"][g], v) for v in variants], data["results"][g]["ratios"].get("eager_vs_piecewise"),
+             data["results"][g]["ratios"].get("piecewise_vs_whole_fixed")] for g in groups]
+    say(common.format_table(["size", *[f"{v} us" for v in variants], "eager/piecewise", "piecewise/whole_fixed"],
+                            rows))
+    b = data["boundary"]
+    if b.get("status") == "ok":
+        say(f"piecewise: one island boundary costs {b['us_per_boundary']:.2f} us ({b['islands']} islands: "
+            f"{b['piecewise_us']:.1f} us against {b['whole_us']:.1f} us without)")
+    for problem in data["summary"]["problems"]:
+        say(f"piecewise: {problem}")
+    say(f"wrote {json_path}" + (f" and {png_path}" if data["plot"] else ""))
+    return 0 if data["summary"]["ok"] else 1
+
+
+def _us(entry: dict[str, Any], variant: str) -> float | None:
+    v = entry.get("variants", {}).get(variant) or {}
+    return v.get("us_per_step") if v.get("status") == "ok" else None
+
+
+def _ratios(entry: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for name, (a, b) in {"eager_vs_piecewise": ("eager", "piecewise"),
+                         "piecewise_vs_whole_fixed": ("piecewise", "whole_fixed")}.items():
+        x, y = _us(entry, a), _us(entry, b)
+        if x and y:
+            out[name] = x / y
+    return out
+
+
+def _summary(data: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
+    problems: list[str] = []
+    targets: dict[str, Any] = {}
+    for name, entry in data["results"].items():
+        for v, res in entry["variants"].items():
+            if res.get("status") not in ("ok", "skipped"):
+                problems.append(f"{name}/{v}: {res.get('status')}: {res.get('error') or res.get('stats')}")
+            elif res.get("status") == "ok" and not res.get("equal_eager"):
+                problems.append(f"{name}/{v}: outputs differ from eager ({res.get('max_rel_diff')})")
+        if not on_gpu:
+            continue
+        ratios = entry["ratios"]
+        if entry["layers"] == 8 and entry["batch"] == 1:
+            got = ratios.get("eager_vs_piecewise")
+            targets[f"{name} eager/piecewise"] = {"ratio": got, "target": f">= {TARGETS['eager_vs_piecewise_min']}",
+                                                  "met": got is not None and got >= TARGETS["eager_vs_piecewise_min"]}
+        got = ratios.get("piecewise_vs_whole_fixed")
+        targets[f"{name} piecewise/whole_fixed"] = {
+            "ratio": got, "target": f"<= {TARGETS['piecewise_vs_whole_fixed_max']}",
+            "met": got is not None and got <= TARGETS["piecewise_vs_whole_fixed_max"]}
+    b = data.get("boundary") or {}
+    if b.get("status") not in ("ok", "skipped"):
+        problems.append(f"boundary: {b.get('status')}: {b.get('error')}")
+    return {"ok": not problems, "problems": problems, "targets": targets}

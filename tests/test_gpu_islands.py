@@ -1,0 +1,168 @@
+"""GPU tests, torch: piecewise capture with real CUDA graphs (make test-gpu).  A decode step whose attention
+reads per-sequence lengths that change every call (no whole graph can hold it): attention an island,
+everything else graphed, equal to eager over 200 calls with changing lengths and batch sizes in buckets;
+an island with a ``.item()``; exactly-once state; ``capture_scope``.  The all-reduce inside an island is in
+tests/test_gpu_collectives.py (section "islands")."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import graphjit
+
+pytestmark = [pytest.mark.gpu, pytest.mark.torch]
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def dev():
+    return torch.device("cuda", 0)
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@dataclasses.dataclass
+class Meta:
+    lens: torch.Tensor  # per-sequence positions (device)
+    max_len: int  # a host int that changes every call
+
+
+def decoder(dev, layers=8, dim=64, max_batch=8, max_len=128, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ws = [(torch.randn(dim, dim, generator=gen) / dim**0.5).to(dev) for _ in range(layers)]
+    caches = [torch.zeros(max_batch, max_len, dim, device=dev) for _ in range(layers)]
+
+    @graphjit.eager
+    def attention(q, cache, meta):
+        b = meta.lens.shape[0]
+        rows = torch.arange(b, device=q.device)
+        cache[rows, meta.lens] = q[:b]
+        k = cache[:b, : meta.max_len]  # a shape that changes every call
+        mask = torch.arange(meta.max_len, device=q.device)[None, :] <= meta.lens[:, None]
+        scores = torch.einsum("bd,btd->bt", q[:b], k).masked_fill(~mask, float("-inf"))
+        out = torch.zeros_like(q)
+        out[:b] = torch.einsum("bt,btd->bd", torch.softmax(scores, -1), k)
+        return out
+
+    def step(x, meta):
+        h = x
+        for w, cache in zip(ws, caches):
+            q = torch.tanh(h @ w)
+            h = h + attention(q, cache, meta)
+        return h * 2
+
+    return step, caches
+
+
+def calls(dev, n, dim=64, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        b = [1, 3, 4, 6, 8][i % 5]
+        lens = torch.randint(0, 120, (b,), generator=gen)
+        out.append((torch.randn(b, dim, generator=gen).to(dev), Meta(lens.to(dev), int(lens.max()) + 1)))
+    return out
+
+
+def test_decode_step_with_attention_islands_equals_eager_over_200_calls(dev):
+    cs = calls(dev, 200)
+    ref_step, ref_caches = decoder(dev)
+    step, caches = decoder(dev)
+    g = graphjit.graphed(step, dynamic=("meta",), buckets={"x": {0: [2, 4, 8]}})
+    with torch.no_grad():
+        want = [ref_step(x, m) for x, m in cs]
+        got = [g(x, m) for x, m in cs]
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.shape == b.shape and rel(a, b) < 1e-5, i
+    for c, r in zip(caches, ref_caches):
+        assert rel(c, r) < 1e-6
+    s = g.stats()
+    assert s["graphs"] == 3 and s["fallbacks"] == {}, s["fallbacks"]
+    for k in s["keys"]:
+        assert k["segments"] == 9 and k["islands"] == 8 and k["verify"].startswith("passed"), k
+    assert s["replays"] == 200 - 3 * 2
+
+
+def test_island_with_item_inside(dev):
+    counter = torch.zeros(1, device=dev)
+
+    @graphjit.eager
+    def normalise(h):
+        return h / h.abs().max().item()
+
+    def step(x):
+        counter.add_(1)
+        return normalise(x * 3) + counter
+
+    g = graphjit.graphed(step)
+    xs = [torch.randn(256, device=dev) for _ in range(10)]
+    with torch.no_grad():
+        got = [g(x) for x in xs]
+    for i, (x, y) in enumerate(zip(xs, got)):
+        want = x * 3 / (x * 3).abs().max() + (i + 1)
+        assert rel(y, want) < 1e-6, i
+    assert float(counter) == 10
+    s = g.stats()
+    assert s["graphs"] == 1 and s["keys"][0]["islands"] == 1 and s["replays"] == 8
+
+
+def test_exactly_once_state_in_segments_and_islands(dev):
+    seg = torch.zeros(1, device=dev)
+    isl = torch.zeros(1, device=dev)
+
+    @graphjit.eager
+    def bump(h):
+        isl.add_(1)
+        return h + isl
+
+    def step(x):
+        seg.add_(1)
+        return bump(x * seg)
+
+    g = graphjit.graphed(step)
+    with torch.no_grad():
+        out = [g(torch.ones(4, device=dev)) for _ in range(12)]
+    assert float(seg) == 12 and float(isl) == 12
+    assert [float(o[0]) for o in out] == [2.0 * n for n in range(1, 13)]
+
+
+def test_capture_scope_piecewise(dev):
+    counter = torch.zeros(1, device=dev)
+
+    @graphjit.eager
+    def island(h):
+        return h * (1.0 if h.sum().item() >= 0 else -1.0)
+
+    def step(x):
+        counter.add_(1)
+        return island(x + counter)
+
+    g = graphjit.graphed(step)
+    with torch.no_grad():
+        with graphjit.capture_scope(progress=False):
+            first = g(torch.ones(8, device=dev))
+        assert float(counter) == 1 and float(first[0]) == 2.0
+        rest = [g(torch.ones(8, device=dev)) for _ in range(5)]
+    assert float(counter) == 6 and float(rest[-1][0]) == 7.0
+    s = g.stats()
+    assert s["graphs"] == 1 and s["replays"] == 5 and s["keys"][0]["islands"] == 1
+
+
+def test_a_sync_outside_an_island_names_its_line(dev):
+    def step(x):
+        y = x * 2
+        scale = y.max().item()
+        return y / scale
+
+    g = graphjit.graphed(step)
+    with torch.no_grad():
+        for _ in range(3):
+            g(torch.randn(16, device=dev))
+    detail = g.stats()["keys"][0]["detail"]
+    assert "test_gpu_islands.py" in detail and "in step()" in detail and "@graphjit.eager" in detail
