@@ -22,6 +22,8 @@ log="$out/proof-torch.log"
   timeout 240 python3 -m graphjit bench train --out "$out" --tag h200 2>&1 | tail -30
   echo "== bench hf (transformers' Llama decode step)"
   timeout 420 python3 -m graphjit bench hf --out "$out" --tag h200 2>&1 | tail -20
+  echo "== bench piecewise (attention islands)"
+  timeout 300 python3 -m graphjit bench piecewise --out "$out" --tag h200 2>&1 | tail -20
   echo "== bench dispatch"
   timeout 120 python3 -m graphjit bench dispatch --out "$out" --tag h200 2>&1 | tail -15
 } >> "$log" 2>&1
