@@ -167,6 +167,7 @@ class SotFunction:
         self.fn = fn
         self.func = fn.func if isinstance(fn, functools.partial) else fn
         self.bound_args = (fn.args, fn.keywords) if isinstance(fn, functools.partial) else ((), {})
+        self._translated: dict[bool, Callable[..., Any]] = {}
 
     def __get__(self, instance: Any, owner: Any = None) -> Callable[..., Any]:
         if instance is None:
@@ -180,7 +181,14 @@ class SotFunction:
         from paddle.jit.sot import symbolic_translate
 
         training = bool(getattr(instance, "training", True))
-        traced = symbolic_translate(self.func, training=training)
+        # One translated callable per mode, made at the first call, which runs under the trace lock
+        # (PaddleBackend.traced_call_guard); so does putting graphjit on SOT's skip list (SOT must never translate
+        # graphjit's own code: a nested graphed call runs it).  Done at backend creation instead, outside that
+        # lock, Paddle 2.6 crashed now and then with several threads calling (tests/test_threads.py: 1 run in 8).
+        traced = self._translated.get(training)
+        if traced is None:
+            skip_graphjit_in_sot()
+            traced = self._translated[training] = symbolic_translate(self.func, training=training)
         pre, kw = self.bound_args
         if instance is not None:
             pre = (instance, *pre)
@@ -197,7 +205,6 @@ class PaddleBackend(Backend):
         self._unavailable: dict[str, str | None] = {}
         self._sync_thread = threading.local()
         self._flags_set = False
-        skip_graphjit_in_sot()  # SOT must never translate graphjit's own code (a nested graphed call runs it)
         import paddle.device.cuda.graphs as _graphs  # not imported by `import paddle` in 2.6
 
         self._graphs = _graphs
