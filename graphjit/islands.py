@@ -26,6 +26,8 @@ What an island guarantees and what it asks:
   and other islands run as plain code.
 * Tracers: the island is a graph break for Paddle SOT (registered as one) and for ``torch.compile``
   (``torch.compiler.disable``); for frameworks imported when ``eager`` runs (import the framework first).
+  Paddle's AST tracer makes a static program, which runs no Python: an island called while it translates
+  raises ``ConfigError`` (use ``tracer="sot"`` or ``"eager"``).
   The custom all-reduce works inside islands (collectives see a graphed call there).
 """
 
@@ -64,6 +66,11 @@ class Island:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         sink = getattr(_tls, "sink", None)
         if sink is None:
+            if backends.translating():
+                raise ConfigError(f"island {self.name} was called while Paddle translates a static program "
+                                  "(tracer='ast', or paddle.jit.to_static around it): a static program runs no Python, "
+                                  "so it cannot run an island eagerly on every call; use tracer='sot' (the default) or "
+                                  "'eager'")
             return self.fn(*args, **kwargs)
         return sink.call(self, args, kwargs)
 
@@ -157,6 +164,9 @@ class Collector:
         self.rng_marks: list[tuple[Any, Any]] = []
 
     def call(self, island: Island, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if backends.translating():
+            with _sink(None):
+                return island(*args, **kwargs)  # raises: no island in a static program
         b = self.backend
         site = sites.caller(2)
         before = b.rng_state(self.device)

@@ -166,3 +166,25 @@ def test_a_sync_outside_an_island_names_its_line(dev):
             g(torch.randn(16, device=dev))
     detail = g.stats()["keys"][0]["detail"]
     assert "test_gpu_islands.py" in detail and "in step()" in detail and "@graphjit.eager" in detail
+
+
+def test_compile_tracer_breaks_at_the_island(dev):
+    """tracer="compile": Dynamo breaks its graph at the island; the compiled pieces are captured as segments."""
+    w = (torch.randn(64, 64, generator=torch.Generator().manual_seed(3)) / 8).to(dev)
+
+    @graphjit.eager
+    def island(h):
+        return h / h.abs().max().item()
+
+    def step(x):
+        return island(torch.tanh(x @ w)) @ w
+
+    g = graphjit.graphed(step, tracer="compile")
+    xs = [torch.randn(8, 64, device=dev) for _ in range(6)]
+    with torch.no_grad():
+        got = [g(x) for x in xs]
+        want = [step(x) for x in xs]
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert rel(a, b) < 1e-5, i
+    s = g.stats()
+    assert s["graphs"] == 1 and s["keys"][0]["islands"] == 1 and s["replays"] == 4, s

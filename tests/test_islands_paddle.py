@@ -80,3 +80,18 @@ def test_sync_watch_lets_islands_sync_and_names_the_function_elsewhere():
     assert len(hits) == 1
     assert "test_islands_paddle.py" in hits[0]
     assert with_function(hits[0]).endswith("in users_code()")
+
+
+@graphjit.eager
+def _double(h):
+    return h * 2
+
+
+def _ast_step(x):  # module level: Paddle 2.6's AST tracer cannot see closure variables
+    return _double(x) + 1
+
+
+def test_the_ast_tracer_refuses_islands_clearly():
+    g = graphjit.graphed(_ast_step, tracer="ast")
+    with pytest.raises(graphjit.ConfigError, match="static program.*tracer='sot'"):
+        g(paddle.ones([2]))

@@ -54,5 +54,8 @@ def graph_break(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
 
     # Not a Paddle module: SOT must not take the function for a Paddle op.
     untraced.__module__ = getattr(fn, "__module__", None) or __name__
+    not_to_static = getattr(paddle.jit, "not_to_static", None)
+    if not_to_static is not None:  # the AST tracer calls it as it is (and the island refuses static mode)
+        untraced = not_to_static(untraced)
     register(untraced)
     return untraced
