@@ -93,5 +93,5 @@ def _ast_step(x):  # module level: Paddle 2.6's AST tracer cannot see closure va
 
 def test_the_ast_tracer_refuses_islands_clearly():
     g = graphjit.graphed(_ast_step, tracer="ast")
-    with pytest.raises(graphjit.ConfigError, match="static program.*tracer='sot'"):
+    with pytest.raises(graphjit.ConfigError, match=r"static program.*tracer='sot'"):
         g(paddle.ones([2]))
