@@ -302,8 +302,15 @@ class _State(Policy, KeyLifecycle):
     def static_inputs(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         if self.prebound:
             instance = None
-        args, kwargs = self.signer.binder.bind(instance is not None, args, kwargs)
-        sig = self.signer.sign(instance, args, kwargs)
+        method = instance is not None
+        args, kwargs = self.signer.binder.bind(method, args, kwargs)
+        values: dict[str, Any] = {}
+        if self.dynamic is not None:  # dynamic arguments are no graph inputs: handed back as they are
+            plain_args, plain_kwargs, values = self.dynamic.split(method, args, kwargs)
+            sig = self.signer.sign(instance, plain_args, plain_kwargs)
+        else:
+            plain_args, plain_kwargs = args, kwargs
+            sig = self.signer.sign(instance, args, kwargs)
         entry = self.entries.get(sig.key)
         if entry is None:
             failed = self.failed.get(sig.key) or (self.blocked_fn.reason if self.blocked_fn else None)
@@ -318,7 +325,8 @@ class _State(Policy, KeyLifecycle):
                        f"{self.options.warmup + 1} times (or once inside graphjit.capture_scope()) first")
             raise GraphjitError(f"{self.name}: {why}")
         b = entry.inputs.backend
-        return rebuild_call(args, kwargs, entry.inputs.statics, lambda x: isinstance(x, b.tensor_types()))
+        out = rebuild_call(plain_args, plain_kwargs, entry.inputs.statics, lambda x: isinstance(x, b.tensor_types()))
+        return self.dynamic.merge(method, *out, values) if self.dynamic is not None else out
 
     def hand_out(self, entry: KeyEntry, result: Any) -> None:
         b = entry.inputs.backend

@@ -421,3 +421,17 @@ def test_dynamic_argument_is_not_part_of_the_key(emu):
         assert torch.equal(g(torch.ones(2), list(range(n))), torch.full((2,), float(n)))
     s = g.stats()
     assert len(s["keys"]) == 1 and s["graphs"] == 1 and s["replays"] == 4
+
+
+def test_static_inputs_hand_dynamic_arguments_back(emu):
+    @graphjit.eager
+    def island(h, m):
+        return h * len(m)
+
+    g = graphjit.graphed(lambda x, m: island(x + 1, m), dynamic=("m",))
+    for _ in range(3):
+        g(torch.ones(2), [1, 2])
+    (sx, sm), _kw = g.static_inputs(torch.ones(2), [7, 7, 7])
+    assert sm == [7, 7, 7] and isinstance(sx, torch.Tensor)
+    sx.copy_(torch.full((2,), 2.0))
+    assert torch.equal(g(sx, sm), torch.full((2,), 9.0))
