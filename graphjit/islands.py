@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from . import backends, sites
-from .backends.base import Backend, GraphHandle, open_segments
+from .backends.base import Backend, GraphHandle, open_segments, thread_value
 from .dynamic import Index
 from .errors import CaptureError, ConfigError
 from .pieces import IslandStep, template_of
@@ -130,14 +130,8 @@ def island_of(fn: Any) -> Island | None:
     return found if isinstance(found, Island) else None
 
 
-@contextlib.contextmanager
-def _sink(sink: Any) -> Iterator[Any]:
-    previous = getattr(_tls, "sink", None)
-    _tls.sink = sink
-    try:
-        yield sink
-    finally:
-        _tls.sink = previous
+def _sink(sink: Any) -> contextlib.AbstractContextManager[Any]:
+    return thread_value(_tls, "sink", sink)
 
 
 # -- warmup ------------------------------------------------------------------------------------

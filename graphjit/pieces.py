@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,23 +93,24 @@ def _fill(x: Any, values: dict[str, Any]) -> Any:
     return x
 
 
+@dataclass(eq=False)
 class IslandStep:
     """One island of a piecewise graph: the function, its recorded arguments and its output buffers."""
 
-    __slots__ = ("backend", "buffers", "fn", "is_tensor", "name", "shapes", "site", "structure", "template")
+    backend: Backend
+    fn: Callable[..., Any]
+    name: str
+    site: str  # where the graphed function called it
+    template: Template
+    buffers: list[Any]  # what the next segment reads
+    structure: Any  # of its outputs at capture (tree.structure)
+    shapes: list[Any] = field(init=False)
+    is_tensor: Callable[[Any], bool] = field(init=False)
 
-    def __init__(self, backend: Backend, fn: Callable[..., Any], name: str, site: str, template: Template,
-                 buffers: list[Any], out_structure: Any) -> None:
-        self.backend = backend
-        self.fn = fn
-        self.name = name
-        self.site = site
-        self.template = template
-        self.buffers = buffers
-        self.structure = out_structure
-        self.shapes = [backend.meta_key(t)[:2] for t in buffers]
-        types = backend.tensor_types()
-        self.is_tensor: Callable[[Any], bool] = lambda x: isinstance(x, types)
+    def __post_init__(self) -> None:
+        self.shapes = [self.backend.meta_key(t)[:2] for t in self.buffers]
+        types = self.backend.tensor_types()
+        self.is_tensor = lambda x: isinstance(x, types)
 
     def run(self, values: dict[str, Any]) -> None:
         """Call the island eagerly and leave its outputs in the buffers; raises :class:`IslandError`."""

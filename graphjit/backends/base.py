@@ -101,15 +101,20 @@ def in_island() -> bool:
 
 
 @contextlib.contextmanager
-def segments_open(segments: Segments) -> Iterator[Segments]:
+def thread_value(tls: threading.local, name: str, value: Any) -> Iterator[Any]:
+    """``tls.<name>`` is ``value`` on this thread for the block, as before afterwards (blocks nest)."""
+    previous = getattr(tls, name, None)
+    setattr(tls, name, value)
+    try:
+        yield value
+    finally:
+        setattr(tls, name, previous)
+
+
+def segments_open(segments: Segments) -> contextlib.AbstractContextManager[Segments]:
     """Make ``segments`` the capture in progress on this thread for the block (nested captures restore
     the outer one)."""
-    previous = getattr(_segments_tls, "current", None)
-    _segments_tls.current = segments
-    try:
-        yield segments
-    finally:
-        _segments_tls.current = previous
+    return thread_value(_segments_tls, "current", segments)
 
 
 def open_segments() -> Segments | None:

@@ -307,3 +307,101 @@ def guarded(fn: Callable[..., dict[str, Any]]) -> dict[str, Any]:
         return fn()
     except Exception as exc:
         return {"status": "error", "error": error_text(exc), "traceback": traceback_tail(exc)}
+
+
+# -- a grid of sizes x variants (bench hf, bench piecewise) ----------------------------------------
+def run_grid(bench: str, data: dict[str, Any], json_path: Path, layers: Sequence[int], batches: Sequence[int],
+             variants: Sequence[str], run_variant: Callable[[str, int, int], dict[str, Any]],
+             ratios: Callable[[dict[str, Any]], dict[str, float]]) -> list[str]:
+    """Every variant at every ``layers`` x ``batch`` size into ``data["results"]["L.. B.."]`` (each guarded,
+    the JSON rewritten after each), then each size's ``ratios``; returns the size names in order."""
+    groups = []
+    for n_layers in layers:
+        for batch in batches:
+            name = f"L{n_layers} B{batch}"
+            groups.append(name)
+            entry: dict[str, Any] = {"layers": n_layers, "batch": batch, "variants": {}}
+            data["results"][name] = entry
+            for v in variants:
+                say(f"{bench}: {name}: {v} ...")
+                entry["variants"][v] = guarded(lambda v=v, n=n_layers, b=batch: run_variant(v, n, b))
+                write_json(json_path, data)
+            entry["ratios"] = ratios(entry)
+    return groups
+
+
+def us_per_step(entry: dict[str, Any], variant: str) -> float | None:
+    """A grid entry's median microseconds per step for ``variant`` (None unless it ran ok)."""
+    v = entry.get("variants", {}).get(variant) or {}
+    return v.get("us_per_step") if v.get("status") == "ok" else None
+
+
+def plot_grid(data: dict[str, Any], png_path: Path, no_plot: bool, title: str, groups: Sequence[str],
+              variants: Sequence[str], ylabel: str) -> None:
+    """The grid's bar plot (unless ``no_plot``); sets ``data["plot"]`` (and ``data["plot_error"]``)."""
+    note = None
+    if not no_plot:
+        note = bar_plot(png_path, title, groups,
+                        {v: [us_per_step(data["results"][g], v) for g in groups] for v in variants}, ylabel)
+    data["plot"] = None if (no_plot or note) else png_path.name
+    if note:
+        data["plot_error"] = note
+
+
+def grid_options(bench: str, args: argparse.Namespace, on_gpu: bool, gpu_defaults: Mapping[str, Any],
+                 cpu_defaults: Mapping[str, Any], allowed: Sequence[str], warmup_why: str) -> list[str] | None:
+    """Fill the options left unset from the GPU or CPU defaults and check ``--variants`` and ``--warmup`` (at
+    least 3: ``warmup_why``); returns the variants, or None after a one-line error on stderr (exit status 2)."""
+    for key, value in (gpu_defaults if on_gpu else cpu_defaults).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    variants = pick(bench, "variant(s)", args.variants, allowed)
+    if variants is None:
+        return None
+    if args.warmup < 3:
+        print(f"graphjit bench {bench}: --warmup {args.warmup}: expected at least 3 ({warmup_why})", file=sys.stderr,
+              flush=True)
+        return None
+    return variants
+
+
+def ratios(entry: dict[str, Any], pairs: Mapping[str, tuple[str, str]]) -> dict[str, float]:
+    """``{name: us(a) / us(b)}`` for each ``name: (a, b)`` of ``pairs`` where both variants ran ok."""
+    out = {}
+    for name, (a, b) in pairs.items():
+        x, y = us_per_step(entry, a), us_per_step(entry, b)
+        if x and y:
+            out[name] = x / y
+    return out
+
+
+def grid_problems(data: dict[str, Any], wrong: Callable[[str, dict[str, Any]], str | None]) -> list[str]:
+    """``size/variant: ...`` for every variant that did not run ok (nor was skipped), and for every ok one
+    that ``wrong(variant, result)`` finds wrong (its text)."""
+    problems = []
+    for name, entry in data["results"].items():
+        for v, res in entry["variants"].items():
+            if res.get("status") not in ("ok", "skipped"):
+                problems.append(f"{name}/{v}: {res.get('status')}: {res.get('error') or res.get('stats')}")
+            elif res.get("status") == "ok":
+                why = wrong(v, res)
+                if why:
+                    problems.append(f"{name}/{v}: {why}")
+    return problems
+
+
+def finish(bench: str, data: dict[str, Any], json_path: Path, png_path: Path) -> int:
+    """Print the summary's problems and the files written; the exit status (0: no problem)."""
+    for problem in data["summary"]["problems"]:
+        say(f"{bench}: {problem}")
+    say(f"wrote {json_path}" + (f" and {png_path}" if data["plot"] else ""))
+    return 0 if data["summary"]["ok"] else 1
+
+
+def grid_header(bench: str, args: argparse.Namespace, tag: str, on_gpu: bool, config: dict[str, Any]) -> dict[str, Any]:
+    """The JSON record of a torch grid benchmark before its results (``config`` plus the timer used)."""
+    data = header(bench, args, tag)
+    data.update({"backend": "torch", "device": "cuda" if on_gpu else "cpu", "smoke": not on_gpu,
+                 "config": {**config, "timer": "cuda_events" if on_gpu else "host"}, "env": environment(),
+                 "results": {}, "complete": False})
+    return data

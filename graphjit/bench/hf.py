@@ -20,7 +20,6 @@ This module is framework-neutral; the model and the timed loop are in
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from . import common
@@ -29,6 +28,9 @@ from .common import say
 VARIANTS = ("eager", "cuda_graph", "graphed", "graphed_compile", "reduce_overhead")
 EAGER_KERNELS = ("cuda_graph", "graphed")  # the same kernels as eager: their tokens must be eager's
 TARGETS = {"graphed_vs_cuda_graph": 1.10, "graphed_compile_vs_reduce_overhead": 1.0}
+RATIOS = {"graphed_vs_cuda_graph": ("graphed", "cuda_graph"),
+          "graphed_compile_vs_reduce_overhead": ("graphed_compile", "reduce_overhead"),
+          "eager_vs_graphed": ("eager", "graphed")}
 GPU_DEFAULTS: dict[str, Any] = {"layers": [8], "batch": [1, 8], "hidden": 1024, "vocab": 32000, "steps": 50,
                                 "repeats": 5, "warmup": 8}
 CPU_DEFAULTS: dict[str, Any] = {"layers": [2], "batch": [1], "hidden": 64, "vocab": 256, "steps": 3, "repeats": 2,
@@ -58,26 +60,17 @@ def run(args: argparse.Namespace) -> int:
     on_gpu, code = common.gpu_or_exit("hf", "torch", args.allow_cpu, needs="transformers")  # pip install 'graphjit[hf]'
     if code is not None:
         return code
-    for key, value in (GPU_DEFAULTS if on_gpu else CPU_DEFAULTS).items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    variants = common.pick("hf", "variant(s)", args.variants, VARIANTS)
+    variants = common.grid_options("hf", args, on_gpu, GPU_DEFAULTS, CPU_DEFAULTS, VARIANTS,
+                                   "@graphed captures on its third call, the hand-made graph after two warmup steps")
     if variants is None:
-        return 2
-    if args.warmup < 3:
-        print(f"graphjit bench hf: --warmup {args.warmup}: expected at least 3 (@graphed captures on its third "
-              "call, the hand-made graph after two warmup steps)", file=sys.stderr, flush=True)
         return 2
     tag = common.machine_tag(args)
     json_path, png_path = common.output_paths(args.out, f"hf_llama_torch_{tag}.json")
-    data = common.header("hf", args, tag)
-    data.update({"backend": "torch", "device": "cuda" if on_gpu else "cpu", "smoke": not on_gpu,
-                 "config": {"layers": args.layers, "batch": args.batch, "hidden": args.hidden, "vocab": args.vocab,
-                            "dtype": args.dtype, "variants": variants, "steps": args.steps, "repeats": args.repeats,
-                            "warmup": args.warmup, "model": "transformers.LlamaForCausalLM (random weights), "
-                            "StaticCache closed over; loop: logits = step(tok, pos); tok = logits.argmax(-1)",
-                            "timer": "cuda_events" if on_gpu else "host"},
-                 "env": common.environment(), "results": {}, "complete": False})
+    data = common.grid_header("hf", args, tag, on_gpu, {
+        "layers": args.layers, "batch": args.batch, "hidden": args.hidden, "vocab": args.vocab, "dtype": args.dtype,
+        "variants": variants, "steps": args.steps, "repeats": args.repeats, "warmup": args.warmup,
+        "model": "transformers.LlamaForCausalLM (random weights), StaticCache closed over; loop: "
+                 "logits = step(tok, pos); tok = logits.argmax(-1)"})
     say(f"hf [torch, {data['device']}, {args.dtype}]: layers={args.layers} batch={args.batch} hidden={args.hidden} "
         f"-> {json_path}")
     try:
@@ -90,67 +83,26 @@ def run(args: argparse.Namespace) -> int:
         common.write_json(json_path, data)
         say(f"hf: could not start: {data['error']}")
         return 1
-    groups = []
-    for layers in args.layers:
-        for batch in args.batch:
-            name = f"L{layers} B{batch}"
-            groups.append(name)
-            entry: dict[str, Any] = {"layers": layers, "batch": batch, "variants": {}}
-            data["results"][name] = entry
-            for v in variants:
-                say(f"hf: {name}: {v} ...")
-                entry["variants"][v] = common.guarded(lambda v=v, layers=layers, batch=batch:
-                                                      bench.run_variant(v, layers, batch))
-                common.write_json(json_path, data)
-            entry["ratios"] = _ratios(entry)
+    groups = common.run_grid("hf", data, json_path, args.layers, args.batch, variants, bench.run_variant,
+                             lambda entry: common.ratios(entry, RATIOS))
     data["summary"] = _summary(data, on_gpu)
     data["complete"] = True
-    plot_note = None
-    if not args.no_plot:
-        plot_note = common.bar_plot(
-            png_path, f"HF Llama decode step (torch {args.dtype}, hidden {args.hidden}, {data['device']}, {tag})",
-            groups, {v: [_us(data["results"][g], v) for g in groups] for v in variants},
-            "microseconds per decode step (median)")
-    data["plot"] = None if (args.no_plot or plot_note) else png_path.name
-    if plot_note:
-        data["plot_error"] = plot_note
+    title = f"HF Llama decode step (torch {args.dtype}, hidden {args.hidden}, {data['device']}, {tag})"
+    common.plot_grid(data, png_path, args.no_plot, title, groups, variants, "microseconds per decode step (median)")
     common.write_json(json_path, data)
-    rows = [[g, *[_us(data["results"][g], v) for v in variants],
+    rows = [[g, *[common.us_per_step(data["results"][g], v) for v in variants],
              data["results"][g]["ratios"].get("graphed_vs_cuda_graph"),
              data["results"][g]["ratios"].get("graphed_compile_vs_reduce_overhead")] for g in groups]
     say(common.format_table(["size", *[f"{v} us" for v in variants], "graphed/cuda_graph",
                              "graphed_compile/reduce_overhead"], rows))
-    for problem in data["summary"]["problems"]:
-        say(f"hf: {problem}")
-    say(f"wrote {json_path}" + (f" and {png_path}" if data["plot"] else ""))
-    return 0 if data["summary"]["ok"] else 1
-
-
-def _us(entry: dict[str, Any], variant: str) -> float | None:
-    v = entry.get("variants", {}).get(variant) or {}
-    return v.get("us_per_step") if v.get("status") == "ok" else None
-
-
-def _ratios(entry: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for name, (a, b) in {"graphed_vs_cuda_graph": ("graphed", "cuda_graph"),
-                         "graphed_compile_vs_reduce_overhead": ("graphed_compile", "reduce_overhead"),
-                         "eager_vs_graphed": ("eager", "graphed")}.items():
-        x, y = _us(entry, a), _us(entry, b)
-        if x and y:
-            out[name] = x / y
-    return out
+    return common.finish("hf", data, json_path, png_path)
 
 
 def _summary(data: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
-    problems: list[str] = []
+    problems = common.grid_problems(data, lambda v, res: "tokens differ from the eager loop's"
+                                    if v in EAGER_KERNELS and not res.get("tokens_equal_eager") else None)
     targets: dict[str, Any] = {}
     for name, entry in data["results"].items():
-        for v, res in entry["variants"].items():
-            if res.get("status") not in ("ok", "skipped"):
-                problems.append(f"{name}/{v}: {res.get('status')}: {res.get('error') or res.get('stats')}")
-            elif v in EAGER_KERNELS and res.get("status") == "ok" and not res.get("tokens_equal_eager"):
-                problems.append(f"{name}/{v}: tokens differ from the eager loop's")
         if on_gpu:
             for ratio, limit in TARGETS.items():
                 got = entry["ratios"].get(ratio)

@@ -26,7 +26,6 @@ emulated nowhere: the variants run eagerly and are only checked).  Framework cod
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from . import common
@@ -34,6 +33,7 @@ from .common import say
 
 VARIANTS = ("eager", "piecewise", "whole_fixed")
 TARGETS = {"eager_vs_piecewise_min": 3.0, "piecewise_vs_whole_fixed_max": 1.3}
+RATIOS = {"eager_vs_piecewise": ("eager", "piecewise"), "piecewise_vs_whole_fixed": ("piecewise", "whole_fixed")}
 GPU_DEFAULTS: dict[str, Any] = {"layers": [8, 32], "batch": [1, 8], "hidden": 1024, "steps": 50, "repeats": 5,
                                 "warmup": 6, "max_cache": 512}
 CPU_DEFAULTS: dict[str, Any] = {"layers": [2], "batch": [1], "hidden": 64, "steps": 3, "repeats": 2, "warmup": 4,
@@ -60,25 +60,16 @@ def run(args: argparse.Namespace) -> int:
     on_gpu, code = common.gpu_or_exit("piecewise", "torch", args.allow_cpu)
     if code is not None:
         return code
-    for key, value in (GPU_DEFAULTS if on_gpu else CPU_DEFAULTS).items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    variants = common.pick("piecewise", "variant(s)", args.variants, VARIANTS)
+    variants = common.grid_options("piecewise", args, on_gpu, GPU_DEFAULTS, CPU_DEFAULTS, VARIANTS,
+                                   "@graphed captures on its third call")
     if variants is None:
-        return 2
-    if args.warmup < 3:
-        print(f"graphjit bench piecewise: --warmup {args.warmup}: expected at least 3 (@graphed captures on its "
-              "third call)", file=sys.stderr, flush=True)
         return 2
     tag = common.machine_tag(args)
     json_path, png_path = common.output_paths(args.out, f"piecewise_decode_torch_{tag}.json")
-    data = common.header("piecewise", args, tag)
-    data.update({"backend": "torch", "device": "cuda" if on_gpu else "cpu", "smoke": not on_gpu,
-                 "config": {"layers": args.layers, "batch": args.batch, "hidden": args.hidden,
-                            "max_cache": args.max_cache, "variants": variants, "steps": args.steps,
-                            "repeats": args.repeats, "warmup": args.warmup, "dtype": "bf16" if on_gpu else "fp32",
-                            "timer": "cuda_events" if on_gpu else "host"},
-                 "env": common.environment(), "results": {}, "complete": False})
+    data = common.grid_header("piecewise", args, tag, on_gpu, {
+        "layers": args.layers, "batch": args.batch, "hidden": args.hidden, "max_cache": args.max_cache,
+        "variants": variants, "steps": args.steps, "repeats": args.repeats, "warmup": args.warmup,
+        "dtype": "bf16" if on_gpu else "fp32"})
     say(f"piecewise [torch, {data['device']}]: layers={args.layers} batch={args.batch} hidden={args.hidden} "
         f"-> {json_path}")
     try:
@@ -90,33 +81,17 @@ def run(args: argparse.Namespace) -> int:
         common.write_json(json_path, data)
         say(f"piecewise: could not start: {data['error']}")
         return 1
-    groups = []
-    for layers in args.layers:
-        for batch in args.batch:
-            name = f"L{layers} B{batch}"
-            groups.append(name)
-            entry: dict[str, Any] = {"layers": layers, "batch": batch, "variants": {}}
-            data["results"][name] = entry
-            for v in variants:
-                say(f"piecewise: {name}: {v} ...")
-                entry["variants"][v] = common.guarded(lambda v=v, layers=layers, batch=batch:
-                                                      bench.run_variant(v, layers, batch))
-                common.write_json(json_path, data)
-            entry["ratios"] = _ratios(entry)
+    groups = common.run_grid("piecewise", data, json_path, args.layers, args.batch, variants, bench.run_variant,
+                             lambda entry: common.ratios(entry, RATIOS))
     say("piecewise: island boundary cost ...")
     data["boundary"] = common.guarded(lambda: bench.boundary_cost(max(args.layers)))
     data["summary"] = _summary(data, on_gpu)
     data["complete"] = True
-    plot_note = None
-    if not args.no_plot:
-        plot_note = common.bar_plot(png_path, f"decode step with per-call attention metadata ({data['device']}, {tag})",
-                                    groups, {v: [_us(data["results"][g], v) for g in groups] for v in variants},
-                                    "microseconds per step (median)")
-    data["plot"] = None if (args.no_plot or plot_note) else png_path.name
-    if plot_note:
-        data["plot_error"] = plot_note
+    title = f"decode step with per-call attention metadata ({data['device']}, {tag})"
+    common.plot_grid(data, png_path, args.no_plot, title, groups, variants, "microseconds per step (median)")
     common.write_json(json_path, data)
-    rows = [[g, *[_us(data["results"][g], v) for v in variants], data["results"][g]["ratios"].get("eager_vs_piecewise"),
+    rows = [[g, *[common.us_per_step(data["results"][g], v) for v in variants],
+             data["results"][g]["ratios"].get("eager_vs_piecewise"),
              data["results"][g]["ratios"].get("piecewise_vs_whole_fixed")] for g in groups]
     say(common.format_table(["size", *[f"{v} us" for v in variants], "eager/piecewise", "piecewise/whole_fixed"],
                             rows))
@@ -124,36 +99,14 @@ def run(args: argparse.Namespace) -> int:
     if b.get("status") == "ok":
         say(f"piecewise: one island boundary costs {b['us_per_boundary']:.2f} us ({b['islands']} islands: "
             f"{b['piecewise_us']:.1f} us against {b['whole_us']:.1f} us without)")
-    for problem in data["summary"]["problems"]:
-        say(f"piecewise: {problem}")
-    say(f"wrote {json_path}" + (f" and {png_path}" if data["plot"] else ""))
-    return 0 if data["summary"]["ok"] else 1
-
-
-def _us(entry: dict[str, Any], variant: str) -> float | None:
-    v = entry.get("variants", {}).get(variant) or {}
-    return v.get("us_per_step") if v.get("status") == "ok" else None
-
-
-def _ratios(entry: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for name, (a, b) in {"eager_vs_piecewise": ("eager", "piecewise"),
-                         "piecewise_vs_whole_fixed": ("piecewise", "whole_fixed")}.items():
-        x, y = _us(entry, a), _us(entry, b)
-        if x and y:
-            out[name] = x / y
-    return out
+    return common.finish("piecewise", data, json_path, png_path)
 
 
 def _summary(data: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
-    problems: list[str] = []
+    problems = common.grid_problems(data, lambda v, res: None if res.get("equal_eager")
+                                    else f"outputs differ from eager ({res.get('max_rel_diff')})")
     targets: dict[str, Any] = {}
     for name, entry in data["results"].items():
-        for v, res in entry["variants"].items():
-            if res.get("status") not in ("ok", "skipped"):
-                problems.append(f"{name}/{v}: {res.get('status')}: {res.get('error') or res.get('stats')}")
-            elif res.get("status") == "ok" and not res.get("equal_eager"):
-                problems.append(f"{name}/{v}: outputs differ from eager ({res.get('max_rel_diff')})")
         if not on_gpu:
             continue
         ratios = entry["ratios"]

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import common
+from .timing import graphed_stats, timed
 
 PROMPT = 8
 
@@ -139,37 +138,17 @@ class HfBench:
                 tokens.append(tok)
             assert fn is not None  # --warmup > 2 is checked by the command line
             self.sync()
-            samples, host = [], []
-            i = a.warmup
-            for _ in range(a.repeats):
-                t0 = time.perf_counter()
-                if self.on_gpu:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                for _ in range(a.steps):
-                    out = fn(tok, positions[i:i + 1])
-                    tok = out.argmax(-1, keepdim=True)
-                    i += 1
-                t_host = time.perf_counter() - t0
-                if self.on_gpu:
-                    end.record()
-                    end.synchronize()
-                    samples.append(start.elapsed_time(end) * 1e3 / a.steps)
-                else:
-                    samples.append(t_host * 1e6 / a.steps)
-                host.append(t_host * 1e6 / a.steps)
-        med = common.median(samples)
-        res: dict[str, Any] = {"status": "ok", "us_per_step": med, "samples_us": samples,
-                               "host_us_per_step": common.median(host),
-                               "spread": (max(samples) - min(samples)) / med if med else None,
-                               "tokens_equal_eager": bool(torch.equal(torch.cat(tokens, 1).cpu(), ref["tokens"])),
-                               "max_logit_rel_diff": max(float((g - w).norm() / w.norm())
-                                                         for g, w in zip(logits, ref["logits"]))}
-        if hasattr(fn, "stats"):
-            st = fn.stats()
-            res["stats"] = {k: st.get(k) for k in ("calls", "graphs", "captures", "replays", "fallbacks")}
-            if self.on_gpu and (not st.get("graphs") or st.get("fallbacks")):
-                res["status"] = "fallback"
+            state = {"tok": tok, "i": a.warmup}
+
+            def one() -> None:
+                i = state["i"]
+                state["tok"] = fn(state["tok"], positions[i:i + 1]).argmax(-1, keepdim=True)
+                state["i"] = i + 1
+
+            res = timed(self.on_gpu, a.repeats, a.steps, one)
+        res.update({"tokens_equal_eager": bool(torch.equal(torch.cat(tokens, 1).cpu(), ref["tokens"])),
+                    "max_logit_rel_diff": max(float((g - w).norm() / w.norm()) for g, w in zip(logits, ref["logits"]))})
+        graphed_stats(fn, self.on_gpu, res)
         return res
 
     def reference(self, layers: int, batch: int) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import common
+from .timing import graphed_stats, timed
 
 HEAD_DIM = 64
 
@@ -120,37 +121,11 @@ class PiecewiseBench:
                 worst = max(worst, float((got - want).norm() / want.norm()))
             x = xs[-1]
             self.sync()
-            samples, host = [], []
-            i = a.warmup
-            for _ in range(a.repeats):
-                t0 = time.perf_counter()
-                if self.on_gpu:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                for _ in range(a.steps):
-                    fn(x, metas[i])
-                    i += 1
-                t_host = time.perf_counter() - t0
-                if self.on_gpu:
-                    end.record()
-                    end.synchronize()
-                    samples.append(start.elapsed_time(end) * 1e3 / a.steps)
-                else:
-                    samples.append(t_host * 1e6 / a.steps)
-                host.append(t_host * 1e6 / a.steps)
-        med = common.median(samples)
+            it = iter(metas[a.warmup:])
+            res = timed(self.on_gpu, a.repeats, a.steps, lambda: fn(x, next(it)))
         tolerance = 2e-2 if self.dtype == torch.bfloat16 else 1e-4
-        res: dict[str, Any] = {"status": "ok", "us_per_step": med, "samples_us": samples,
-                               "host_us_per_step": common.median(host),
-                               "spread": (max(samples) - min(samples)) / med if med else None,
-                               "max_rel_diff": worst, "equal_eager": worst <= tolerance}
-        if hasattr(fn, "stats"):
-            st = fn.stats()
-            res["stats"] = {k: st.get(k) for k in ("calls", "graphs", "captures", "replays", "fallbacks")}
-            keys = st.get("keys") or [{}]
-            res["stats"].update({k: keys[0].get(k) for k in ("segments", "islands", "replay_us", "island_us")})
-            if self.on_gpu and (not st.get("graphs") or st.get("fallbacks")):
-                res["status"] = "fallback"
+        res.update({"max_rel_diff": worst, "equal_eager": worst <= tolerance})
+        graphed_stats(fn, self.on_gpu, res, ("segments", "islands", "replay_us", "island_us"))
         return res
 
     # -- the boundary ------------------------------------------------------------------------------
