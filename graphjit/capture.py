@@ -40,7 +40,7 @@ from . import scope
 from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import StaticInputs, StaticOutputs, collect_tensors, real_view
 from .dynamic import DynamicArgs, Index
-from .errors import CaptureError, UnrecoverableCaptureError, VerifyError
+from .errors import CaptureError, IslandError, UnrecoverableCaptureError, VerifyError
 from .islands import recording
 from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
@@ -317,9 +317,12 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
     expected_shape = structure(ref, is_tensor)
     post = Snapshot(b, written, req.device)
     pre.restore()
-    graph.replay()
-    b.synchronize(req.device)
-    problem = _compare_outputs(b, outputs.result(sig.pads, copy=False), expected, expected_shape, is_tensor)
+    try:
+        graph.replay()
+        b.synchronize(req.device)
+        problem = _compare_outputs(b, outputs.result(sig.pads, copy=False), expected, expected_shape, is_tensor)
+    except IslandError as exc:  # an island broke its contract in verify's replay: restored below like a mismatch
+        problem = f"the replay failed: {exc}"
     problem = problem or post.differs(current, paths)
     if problem is None and post.rng is not None and post.rng_differs():
         problem = "the random generator is not where the eager call left it (a generator the graph does not replay)"

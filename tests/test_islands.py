@@ -435,3 +435,24 @@ def test_static_inputs_hand_dynamic_arguments_back(emu):
     assert sm == [7, 7, 7] and isinstance(sx, torch.Tensor)
     sx.copy_(torch.full((2,), 2.0))
     assert torch.equal(g(sx, sm), torch.full((2,), 9.0))
+
+
+def test_an_island_that_breaks_its_contract_in_verify_leaves_one_execution(emu):
+    counter = torch.zeros(())
+    calls = {"n": 0}
+
+    @graphjit.eager
+    def unstable(h):
+        calls["n"] += 1
+        return h.repeat(2 if calls["n"] >= 4 else 1)  # another shape from verify's replay on
+
+    def step(x):
+        counter.add_(1)
+        return unstable(x * counter)
+
+    g = graphjit.graphed(step)
+    outs = [g(torch.ones(2)) for _ in range(4)]
+    assert float(counter) == 4
+    assert [o.shape[0] for o in outs] == [2, 2, 2, 4]  # the capturing call's result is verify's eager reference
+    s = g.stats()
+    assert s["graphs"] == 0 and s["keys"][0]["verify"] == "failed" and "replay failed" in s["keys"][0]["detail"]
