@@ -152,12 +152,8 @@ class _State(Policy, KeyLifecycle):
             instance = None
         args, kwargs = self.signer.binder.bind(instance is not None, args, kwargs)
         try:
-            if self.dynamic is None:
-                sig = self.signer.sign(instance, args, kwargs)
-            else:
-                plain_args, plain_kwargs, values = self.dynamic.split(instance is not None, args, kwargs)
-                sig = self.signer.sign(instance, plain_args, plain_kwargs)
-                sig.dynamic = values
+            sig = (self.signer.sign(instance, args, kwargs) if self.dynamic is None
+                   else self.sign_dynamic(self.dynamic, instance, args, kwargs))
         except SignatureError:
             if backends.translating():  # a to_static translation re-applied this decorator: not a call
                 return wrapped(*args, **kwargs)
@@ -170,6 +166,14 @@ class _State(Policy, KeyLifecycle):
         if backends.translating():
             return wrapped(*args, **kwargs)
         return self.slow(sig, settings, instance, args, kwargs)
+
+    def sign_dynamic(self, dynamic: DynamicArgs, instance: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> CallSignature:
+        """The signature of a (bound) call without its dynamic arguments, which it carries as ``sig.dynamic``."""
+        plain_args, plain_kwargs, values = dynamic.split(instance is not None, args, kwargs)
+        sig = self.signer.sign(instance, plain_args, plain_kwargs)
+        sig.dynamic = values
+        return sig
 
     def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -304,13 +308,9 @@ class _State(Policy, KeyLifecycle):
             instance = None
         method = instance is not None
         args, kwargs = self.signer.binder.bind(method, args, kwargs)
-        values: dict[str, Any] = {}
-        if self.dynamic is not None:  # dynamic arguments are no graph inputs: handed back as they are
-            plain_args, plain_kwargs, values = self.dynamic.split(method, args, kwargs)
-            sig = self.signer.sign(instance, plain_args, plain_kwargs)
-        else:
-            plain_args, plain_kwargs = args, kwargs
-            sig = self.signer.sign(instance, args, kwargs)
+        dynamic = self.dynamic
+        sig = self.signer.sign(instance, args, kwargs) if dynamic is None else self.sign_dynamic(dynamic, instance,
+                                                                                              args, kwargs)
         entry = self.entries.get(sig.key)
         if entry is None:
             failed = self.failed.get(sig.key) or (self.blocked_fn.reason if self.blocked_fn else None)
@@ -325,8 +325,11 @@ class _State(Policy, KeyLifecycle):
                        f"{self.options.warmup + 1} times (or once inside graphjit.capture_scope()) first")
             raise GraphjitError(f"{self.name}: {why}")
         b = entry.inputs.backend
-        out = rebuild_call(plain_args, plain_kwargs, entry.inputs.statics, lambda x: isinstance(x, b.tensor_types()))
-        return self.dynamic.merge(method, *out, values) if self.dynamic is not None else out
+        is_tensor: Callable[[Any], bool] = lambda x: isinstance(x, b.tensor_types())  # noqa: E731
+        if dynamic is None:
+            return rebuild_call(args, kwargs, entry.inputs.statics, is_tensor)
+        plain_args, plain_kwargs, values = dynamic.split(method, args, kwargs)  # handed back as they are
+        return dynamic.merge(method, *rebuild_call(plain_args, plain_kwargs, entry.inputs.statics, is_tensor), values)
 
     def hand_out(self, entry: KeyEntry, result: Any) -> None:
         b = entry.inputs.backend

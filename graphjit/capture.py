@@ -50,7 +50,7 @@ from .sites import in_traceback
 from .stats import KeyStats, State
 from .tree import structure
 from .warmup import Warmup
-from .writes import Snapshot, tolerance
+from .writes import Snapshot, compare_outputs, tolerance
 
 __all__ = ["BuildRequest", "KeyEntry", "build", "tolerance"]
 
@@ -90,14 +90,14 @@ class KeyEntry:
     __slots__ = ("device", "graph", "inputs", "no_adopt", "outputs", "recheck", "stats", "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
-                 no_adopt: frozenset[int], warm: Warmup) -> None:
+                 no_adopt: frozenset[int], warm: Warmup, device: str) -> None:
         self.graph = graph
         self.inputs = inputs
         self.outputs = outputs
         self.stats = stats
         self.no_adopt = no_adopt
         self.warm = warm  # what warmup found; holds the state tensors the graph writes, so they stay alive with it
-        self.device = ""  # the key's device (set by build)
+        self.device = device
         self.recheck: DynamicCheck | None = None  # still to verify on a call with other dynamic values
 
     def replay(self, sig: CallSignature, copy: bool) -> Any:
@@ -170,9 +170,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             log.debug("graphjit %s [%s]: captured in %.1f ms (build %.1f ms), verify %s, adopted=%s", req.fn_name,
                       st.label, capture_ms, (time.perf_counter() - t_start) * 1e3, st.verify,
                       [req.sig.paths[i] for i in statics.inputs.adopted_idx])
-        entry = KeyEntry(graph, statics.inputs, outputs, st, req.no_adopt, req.warm)
-        entry.device = req.device
-        return entry, result
+        return KeyEntry(graph, statics.inputs, outputs, st, req.no_adopt, req.warm, req.device), result
 
 
 # -- phase 1 ---------------------------------------------------------------------------------------
@@ -320,7 +318,7 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
     try:
         graph.replay()
         b.synchronize(req.device)
-        problem = _compare_outputs(b, outputs.result(sig.pads, copy=False), expected, expected_shape, is_tensor)
+        problem = compare_outputs(b, outputs.result(sig.pads, copy=False), expected, expected_shape, is_tensor)
     except IslandError as exc:  # an island broke its contract in verify's replay: restored below like a mismatch
         problem = f"the replay failed: {exc}"
     problem = problem or post.differs(current, paths)
@@ -347,42 +345,16 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
 
 
 def _written_state(req: BuildRequest, statics: Statics) -> tuple[list[Any], list[str], list[Any]]:
-    """The tensors this call's execution writes, their names, and where the graph's replay leaves each
-    one's new value (an owned static buffer for an input that is not adopted)."""
+    """The tensors this call's execution writes (:meth:`Warmup.state`), their names, and where the graph's replay
+    leaves each one's new value (an owned static buffer for an input that is not adopted)."""
     b, sig = req.backend, req.sig
-    written: list[Any] = []
-    paths: list[str] = []
-    current: list[Any] = []
-    for t, path in req.warm.written_tensors():
-        written.append(t)
-        paths.append(describe(path))
-        current.append(t)
+    written, paths = req.warm.state(sig, b)
+    current = list(written)
     inputs = statics.inputs
-    for i in sorted(req.warm.mutated_leaves):
-        t = sig.tensors[i]
-        written.append(t)
-        paths.append(sig.paths[i])
-        current.append(t if inputs.adopted[i] else real_view(b, inputs.statics[i], b.shape(t), statics.full_shapes[i]))
-    if sig.dynamic:  # this call's own dynamic tensors: an island may write them (undone with the rest)
-        for name, value in sig.dynamic.items():
-            for t in collect_tensors(value, _is_tensor_of(b)):
-                written.append(t)
-                paths.append(f"dynamic argument {name!r}")
-                current.append(t)
+    for k, i in enumerate(sorted(req.warm.mutated_leaves), start=len(req.warm.written)):
+        if not inputs.adopted[i]:
+            current[k] = real_view(b, inputs.statics[i], b.shape(sig.tensors[i]), statics.full_shapes[i])
     return written, paths, current
-
-
-def _compare_outputs(b: Backend, got: Any, expected: list[Any], expected_shape: Any,
-                     is_tensor: Callable[[Any], bool]) -> str | None:
-    """Why the replay's result ``got`` (padding sliced off) is not the eager reference's, or None."""
-    tensors = collect_tensors(got, is_tensor)
-    if structure(got, is_tensor) != expected_shape or len(tensors) != len(expected):
-        return "the non-tensor part of the output differs between the eager call and the capture"
-    for j, (t, want) in enumerate(zip(tensors, expected)):
-        err = b.rel_error(t, want)
-        if not err <= tolerance(want):
-            return f"output {j} differs from eager by {err:.3g} (relative)"
-    return None
 
 
 def _dump(req: BuildRequest, graph: GraphHandle) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import ConfigError, IslandError
+from .reach import describe
 from .tree import is_object, object_fields
 
 
@@ -118,13 +119,10 @@ class DynamicArgs:
         return tuple(out), kw
 
 
-Step = tuple[str, Any]
-"""One step of a path inside a dynamic argument: ``("item", index or key)`` or ``("attr", name)``."""
-
-
 class Index:
-    """Which objects of a call's dynamic values sit where: ``id -> (name, *steps)``, for tensors,
-    containers and objects (never Python numbers or strings, see the module docstring)."""
+    """Which objects of a call's dynamic values sit where: ``id -> path`` (a :data:`graphjit.reach.Path` from
+    the argument's name), for tensors, containers and objects (never Python numbers or strings, see the
+    module docstring)."""
 
     def __init__(self, values: dict[str, Any]) -> None:
         self.paths: dict[int, tuple[Any, ...]] = {}
@@ -142,13 +140,13 @@ class Index:
             return
         if isinstance(x, (list, tuple)):
             for i, e in enumerate(x):
-                self._walk(e, (*path, ("item", i)), depth + 1)
+                self._walk(e, (*path, ("[]", i)), depth + 1)
         elif isinstance(x, dict):
             for k, e in x.items():
-                self._walk(e, (*path, ("item", k)), depth + 1)
+                self._walk(e, (*path, ("[]", k)), depth + 1)
         elif is_object(type(x)):
             for n, e in object_fields(x):
-                self._walk(e, (*path, ("attr", n)), depth + 1)
+                self._walk(e, (*path, (".", n)), depth + 1)
 
     def path_of(self, x: Any) -> tuple[Any, ...] | None:
         if isinstance(x, _SCALARS):
@@ -166,9 +164,9 @@ def resolve(values: dict[str, Any], path: tuple[Any, ...]) -> Any:
     x = values[name]
     for kind, at in steps:
         try:
-            x = getattr(x, at) if kind == "attr" else x[at]
+            x = getattr(x, at) if kind == "." else x[at]
         except (AttributeError, LookupError, TypeError) as exc:
-            where = name + "".join(f".{s}" if k == "attr" else f"[{s!r}]" for k, s in steps)
+            where = describe(path)
             raise IslandError(f"dynamic argument {where} does not resolve in this call ({exc}); an island read it "
                                   "when the key was captured, so every call of the key must have it") from exc
     return x

@@ -17,7 +17,7 @@ from . import env, reach
 from . import recheck as recheck_mod
 from . import scope as scope_mod
 from .backends.base import Backend
-from .buffers import InputMoved, collect_tensors
+from .buffers import InputMoved
 from .capture import BuildRequest, KeyEntry, build
 from .dynamic import DynamicArgs
 from .errors import CaptureError, UnrecoverableCaptureError
@@ -131,7 +131,7 @@ class KeyLifecycle(abc.ABC):
                       instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Inside a capture scope: ``count`` more warmup runs after the call's own, each undone (the state
         it writes and the generator put back), so that the call still acts like one eager call."""
-        written = [t for t, _p in warm.written_tensors()] + [sig.tensors[i] for i in sorted(warm.mutated_leaves)]
+        written, _names = warm.state(sig, backend)
         nbytes = sum(backend.nbytes(t) for t in written)
         if nbytes > env.settings().verify_max_bytes or warm.untracked is not None:
             return  # cannot undo them: capture after the call's own run
@@ -170,8 +170,7 @@ class KeyLifecycle(abc.ABC):
             if warm.blocked is not None:
                 self.block(backend, sig, warm.blocked, own)
                 return own
-        st.state_bytes = (sum(backend.nbytes(t) for t, _p in warm.written_tensors())
-                          + sum(backend.nbytes(sig.tensors[i]) for i in warm.mutated_leaves))
+        st.state_bytes = sum(backend.nbytes(t) for t in warm.state(sig, backend)[0])
         inv = self.invoker
         traced = inv.traced(backend)
         capture_fn = backend.capture_callable(traced, inv.target, inv.tracer_name(backend))
@@ -247,13 +246,7 @@ class KeyLifecycle(abc.ABC):
                              "not re-checked)")
             return self.replay(entry, sig, env.settings(), instance, args, kwargs)
         entry.recheck = None
-        mutated = sorted(entry.warm.mutated_leaves)
-        written = [t for t, _p in entry.warm.written_tensors()] + [sig.tensors[i] for i in mutated]
-        paths = [reach.describe(p) for _t, p in entry.warm.written_tensors()] + [sig.paths[i] for i in mutated]
-        for name, value in sig.dynamic.items():
-            for t in collect_tensors(value, lambda x: isinstance(x, backend.tensor_types())):
-                written.append(t)
-                paths.append(f"dynamic argument {name!r}")
+        written, paths = entry.warm.state(sig, backend)  # after the replay: the caller's own tensors
 
         def eager() -> Any:
             with scope_mod.graphed_call("warmup"):

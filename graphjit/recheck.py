@@ -20,7 +20,7 @@ from typing import Any
 from .backends.base import Backend
 from .errors import GraphjitError
 from .tree import collect_tensors, structure
-from .writes import Snapshot, tolerance
+from .writes import Snapshot, compare_outputs
 
 CALLS = 16
 """Replayed calls looked at for dynamic values that differ from the capturing call's."""
@@ -67,17 +67,7 @@ def against_eager(b: Backend, device: str, written: list[Any], paths: list[str],
         b.synchronize(device)
     except GraphjitError as exc:  # an island broke its contract on these dynamic values (IslandError)
         return Outcome(f"the replay failed: {exc}", ref, None), post
-    got = collect_tensors(result, is_tensor)
-    problem = None
-    if structure(result, is_tensor) != want_shape or len(got) != len(want):
-        problem = "the non-tensor part of the output differs from eager"
-    else:
-        for j, (g, w) in enumerate(zip(got, want)):
-            err = b.rel_error(g, w)
-            if not err <= tolerance(w):
-                problem = f"output {j} differs from eager by {err:.3g} (relative)"
-                break
-    problem = problem or post.differs(written, paths)
+    problem = compare_outputs(b, result, want, want_shape, is_tensor) or post.differs(written, paths)
     if problem is None and post.rng_differs():
         problem = "the random generator is not where the eager call left it"
     return Outcome(problem, ref, result), post

@@ -14,10 +14,13 @@ import functools
 import os
 import re
 import sys
+import sysconfig
 import types
 from pathlib import Path
 
 _OWN = str(Path(__file__).resolve().parent) + os.sep
+_STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve()) + os.sep
+_SITE = tuple({str(Path(sysconfig.get_paths()[k]).resolve()) + os.sep for k in ("purelib", "platlib")})
 _FRAMEWORKS = ("torch", "paddle", "wrapt", "functorch")
 
 
@@ -39,7 +42,11 @@ def is_library(filename: str) -> bool:
         resolved = str(Path(filename).resolve())
     except OSError:
         resolved = filename
-    return resolved.startswith(_library_dirs()) or "contextlib.py" in filename
+    if resolved.startswith(_library_dirs()):
+        return True
+    # Python's own modules (contextlib's wrappers, threading, ...) are not the user's code; installed packages
+    # other than the frameworks (transformers, the user's own) are, though site-packages may sit inside the stdlib.
+    return resolved.startswith(_STDLIB) and not resolved.startswith(_SITE)
 
 
 def caller(skip: int = 1) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend
 from .buffers import collect_tensors
@@ -25,6 +25,9 @@ from .islands import IslandCall, collecting
 from .reach import Path, describe, rebinds, walk
 from .sites import with_function
 from .writes import WriteProbe
+
+if TYPE_CHECKING:
+    from .keys import CallSignature
 
 ISLAND_HINT = ("Move the sync out of the graphed function, keep the value a tensor, or mark the function around "
                "it with @graphjit.eager: an island runs eagerly on every call and the rest is still graphed")
@@ -95,6 +98,22 @@ class Warmup:
 
     def written_tensors(self) -> list[tuple[Any, Path]]:
         return list(self.written.values())
+
+    def state(self, sig: CallSignature, backend: Backend) -> tuple[list[Any], list[str]]:
+        """The tensors one call of the key writes, named: the state the warmups saw written, the call's
+        inputs they wrote in place, and the call's own dynamic tensors (an island may write them).  What verify
+        and the undone extra warmups copy."""
+        tensors = [t for t, _p in self.written.values()]
+        names = [describe(p) for _t, p in self.written.values()]
+        for i in sorted(self.mutated_leaves):
+            tensors.append(sig.tensors[i])
+            names.append(sig.paths[i])
+        types = backend.tensor_types()
+        for name, value in sig.dynamic.items():
+            for t in collect_tensors(value, lambda x: isinstance(x, types)):
+                tensors.append(t)
+                names.append(f"dynamic argument {name!r}")
+        return tensors, names
 
 
 def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str, Any]], device: str, budget: int,

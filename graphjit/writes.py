@@ -14,11 +14,12 @@ a probe that would copy more stops copying and reports itself :attr:`WriteProbe.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .backends.base import Backend
 from .reach import Path, Reach, describe
+from .tree import collect_tensors, structure
 
 
 def tolerance(t: Any) -> float:
@@ -28,6 +29,20 @@ def tolerance(t: Any) -> float:
     if "16" in name or "8" in name:
         return 2e-2
     return 1e-4
+
+
+def compare_outputs(b: Backend, got: Any, expected: Sequence[Any], expected_shape: Any,
+                    is_tensor: Callable[[Any], bool]) -> str | None:
+    """Why a replay's result ``got`` (padding sliced off) is not the eager reference's (``expected``: copies of
+    its tensors, ``expected_shape``: its :func:`~graphjit.tree.structure`), or None."""
+    tensors = collect_tensors(got, is_tensor)
+    if structure(got, is_tensor) != expected_shape or len(tensors) != len(expected):
+        return "the non-tensor part of the output differs between the eager call and the capture"
+    for j, (t, want) in enumerate(zip(tensors, expected)):
+        err = b.rel_error(t, want)
+        if not err <= tolerance(want):
+            return f"output {j} differs from eager by {err:.3g} (relative)"
+    return None
 
 
 class WriteProbe:

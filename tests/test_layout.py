@@ -28,6 +28,15 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` names, a relative one resolved against ``package``."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imports(path: Path) -> list[tuple[str, int]]:
     """``(absolute module, line)`` of every import statement in ``path``, relative ones resolved."""
     tree = ast.parse(path.read_text(), str(path))
@@ -38,12 +47,7 @@ def imports(path: Path) -> list[tuple[str, int]]:
         if isinstance(node, ast.Import):
             out.extend((alias.name, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _absolute(node, package)
             out.append((target, node.lineno))
             out.extend((f"{target}.{alias.name}", node.lineno) for alias in node.names)  # submodules imported by name
     return out
@@ -60,12 +64,7 @@ def dependencies(path: Path, modules: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names if alias.name in modules)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _absolute(node, package)
             subs = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in modules]
             if subs:
                 out.update(subs)

@@ -212,6 +212,16 @@ class GraphedLayerCore(Policy, SlotRecorder):
                       self.fingerprints(outs))
         return outs, [outs[j] for j in slot.nondiff_idx]
 
+    def forward_step(self, ctx: Any, mb: MicroBatch, tensors: Sequence[Any]) -> tuple[Any, ...]:
+        """The body of the framework's autograd function's forward (torch ``autograd.Function``, Paddle
+        ``PyLayer``): replay, keep ``(self, mb)`` on ``ctx`` for backward, mark the non-differentiable outputs."""
+        outs, nondiff = self.forward_replay(mb, tensors[: mb.n_inputs])
+        ctx.graphjit = (self, mb)
+        mb.watch(ctx)
+        if nondiff:
+            ctx.mark_non_differentiable(*nondiff)
+        return tuple(outs)
+
     def backward_replay(self, mb: MicroBatch, grads: Sequence[Any]) -> list[Any]:
         """Check FIFO order, load grad-outputs, replay the backward graph; gradients for the function's
         tensor inputs (layer inputs, then parameters)."""

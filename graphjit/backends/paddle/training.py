@@ -33,12 +33,7 @@ class _GraphedStep(paddle.autograd.PyLayer):
 
     @staticmethod
     def forward(ctx: Any, core: GraphedLayerCore, mb: MicroBatch, *tensors: Any) -> tuple[Any, ...]:  # type: ignore[override]
-        outs, nondiff = core.forward_replay(mb, tensors[: mb.n_inputs])
-        ctx.graphjit = (core, mb)
-        mb.watch(ctx)
-        if nondiff:
-            ctx.mark_non_differentiable(*nondiff)
-        return tuple(outs)
+        return core.forward_step(ctx, mb, tensors)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:  # type: ignore[override]

@@ -31,12 +31,7 @@ class _GraphedStep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, core: GraphedLayerCore, mb: MicroBatch, *tensors: Any) -> tuple[Any, ...]:  # type: ignore[override]
-        outs, nondiff = core.forward_replay(mb, tensors[: mb.n_inputs])
-        ctx.graphjit = (core, mb)
-        mb.watch(ctx)
-        if nondiff:
-            ctx.mark_non_differentiable(*nondiff)
-        return tuple(outs)
+        return core.forward_step(ctx, mb, tensors)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
