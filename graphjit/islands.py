@@ -168,10 +168,11 @@ class Collector:
             out = island.fn(*args, **kwargs)
         self.rng_marks.append((before, b.rng_state(self.device)))
         is_tensor = _is_tensor_of(b)
-        inputs = {id(t): i for i, t in enumerate(collect_tensors((args, kwargs), is_tensor))}
+        inputs = collect_tensors((args, kwargs), is_tensor)
+        position = {id(t): i for i, t in enumerate(inputs)}
+        metas = [b.meta_key(t)[:2] for t in inputs]
         leaves = collect_tensors(out, is_tensor)
-        in_place = {j: inputs[id(t)] for j, t in enumerate(leaves) if id(t) in inputs}
-        metas = [b.meta_key(t)[:2] for t in collect_tensors((args, kwargs), is_tensor)]
+        in_place = {j: position[id(t)] for j, t in enumerate(leaves) if id(t) in position}
         shaped_like = {}
         for j, t in enumerate(leaves):
             meta = b.meta_key(t)[:2]
