@@ -44,7 +44,7 @@ from .errors import CaptureError, IslandError, UnrecoverableCaptureError, Verify
 from .islands import recording
 from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
-from .reach import describe, rebinds, walk
+from .reach import addresses, describe, moved, rebinds, walk
 from .recheck import DynamicCheck
 from .sites import in_traceback
 from .stats import KeyStats, State
@@ -144,7 +144,8 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
     t_start = time.perf_counter()
     with CAPTURE_LOCK, b.device_guard(req.device):
         statics = static_buffers(req)
-        before = walk(req.roots(), _is_tensor_of(b))
+        before = walk(req.roots(), _is_tensor_of(b), b.tensor_state)
+        where = addresses(before, b.data_ptr)
         st.state = State.CAPTURE
         graph, static_out, capture_ms = capture_graph(req, statics)
         if isinstance(graph, PiecewiseGraph):
@@ -153,7 +154,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         else:
             st.segments, st.islands = 1, 0
         try:
-            after_capture(req, before)
+            after_capture(req, before, where)
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed})
             result = verify_and_replay(req, statics, graph, outputs, static_out)
         except BaseException:
@@ -232,6 +233,13 @@ def capture_graph(req: BuildRequest, statics: Statics) -> tuple[GraphHandle, Any
                                           req.pool, debug=req.dump_dir is not None)
     except CaptureError as exc:
         raise _with_site(exc) from exc.__cause__
+    except Exception as exc:  # the function raised only while captured: its eager call runs instead
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        err = CaptureError(f"{req.fn_name} {req.stats.label}: the function raised {type(exc).__name__}({first!r}) "
+                           "while it was captured (its warmup calls did not): it behaves differently under capture",
+                           reason=f"the function raised {type(exc).__name__} during capture")
+        err.__cause__ = exc
+        raise _with_site(err) from exc
     seen = len(warm.islands or [])
     if rec.islands != seen:
         graph.reset()
@@ -258,8 +266,9 @@ def _with_site(exc: CaptureError) -> CaptureError:
 
 
 # -- phase 3 ---------------------------------------------------------------------------------------
-def after_capture(req: BuildRequest, before: Any) -> None:
-    """Run the after-capture hooks, and refuse a capture whose Python code rebound or added tensors."""
+def after_capture(req: BuildRequest, before: Any, where: dict[int, int]) -> None:
+    """Run the after-capture hooks, and refuse a capture whose Python code rebound or added tensors or moved
+    their memory (``where``: their addresses before the capture)."""
     for hook in scope.AFTER_CAPTURE:  # e.g. register captured all-reduce buffers on every rank
         try:
             hook()
@@ -268,11 +277,16 @@ def after_capture(req: BuildRequest, before: Any) -> None:
         except Exception as exc:  # a failed hook fails this capture, never the process
             raise CaptureError(f"{req.fn_name} {req.stats.label}: after the capture, {hook!r} failed: {exc}",
                                reason="after-capture hook failed") from exc
-    rebound, added = rebinds(before, walk(req.roots(), _is_tensor_of(req.backend)))
+    shifted = moved(before, where, req.backend.data_ptr)
+    if shifted:
+        raise CaptureError(f"{req.fn_name} {req.stats.label}: the capture left tensors over other memory than before "
+                           f"({', '.join(describe(p) for p in shifted[:3])}); a replay would use the old memory",
+                           reason="moves the memory of a tensor")
+    rebound, added = rebinds(before, walk(req.roots(), _is_tensor_of(req.backend), req.backend.tensor_state))
     if rebound or added:
-        where = ", ".join(describe(p) for p in (rebound + added)[:3])
+        paths = ", ".join(describe(p) for p in (rebound + added)[:3])
         raise CaptureError(f"{req.fn_name} {req.stats.label}: the capture's Python code replaced or added tensors "
-                           f"held by objects ({where}); a replay would not do that again",
+                           f"held by objects ({paths}); a replay would not do that again",
                            reason="rebinds a tensor held by an object")
 
 

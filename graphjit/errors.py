@@ -75,8 +75,8 @@ class UnrecoverableCaptureError(CaptureError):
     fallback can run) and refuses further captures; restart the process after fixing the function.
     """
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, reason="framework left in capture mode")
+    def __init__(self, message: str, reason: str = "framework left in capture mode") -> None:
+        super().__init__(message, reason=reason)
 
 
 class BackwardOrderError(GraphjitError, RuntimeError):

@@ -97,8 +97,11 @@ def roots(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]]) -
     return out
 
 
-def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool]) -> Reach:
-    """Every tensor reachable from ``roots_`` through containers and object attributes."""
+def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
+         tensor_state: Callable[[Any], Iterable[tuple[str, Any]]] | None = None) -> Reach:
+    """Every tensor reachable from ``roots_`` through containers and object attributes, and through
+    ``tensor_state(t)`` of each tensor found: the state a tensor itself holds (a parameter's ``.grad``,
+    path ``....weight.grad``)."""
     reach = Reach()
     seen: set[int] = set()
     nodes = 0
@@ -108,6 +111,10 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool]) -> Rea
         if is_tensor(obj):
             reach.bindings[path] = id(obj)
             reach.tensors.setdefault(id(obj), (obj, path))
+            if tensor_state is not None and depth <= MAX_DEPTH:
+                for name, child in tensor_state(obj):
+                    if child is not None:
+                        stack.append((child, (*path, (".", name)), depth + 1))
             continue
         tp = type(obj)
         if tp in _ATOMS or isinstance(obj, _OPAQUE):
@@ -126,6 +133,44 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool]) -> Rea
         for step, child in reversed(children):
             stack.append((child, (*path, step), depth + 1))
     return reach
+
+
+def added_tensors(before: Reach, after: Reach) -> list[tuple[Any, Path]]:
+    """The tensors ``after`` reaches at paths that held none in ``before`` (state a call created), each once."""
+    out: dict[int, tuple[Any, Path]] = {}
+    for p, tid in after.bindings.items():
+        if p not in before.bindings and tid not in before.tensors and tid not in out:
+            out[tid] = (after.tensors[tid][0], p)
+    return list(out.values())
+
+
+def addresses(reach: Reach, data_ptr: Callable[[Any], int]) -> dict[int, int]:
+    """``id(tensor) -> address of its memory`` for every tensor of ``reach`` (those that have one)."""
+    out: dict[int, int] = {}
+    for tid, (t, _path) in reach.tensors.items():
+        try:
+            out[tid] = data_ptr(t)
+        except Exception:  # a tensor without memory of its own (meta, sparse): nothing to compare
+            continue
+    return out
+
+
+def moved(reach: Reach, before: dict[int, int], data_ptr: Callable[[Any], int]) -> list[Path]:
+    """Paths of the tensors of ``reach`` whose memory is not where :func:`addresses` found it: the same tensor
+    object now over other memory (torch's ``.data =``/``set_``/``resize_``, a tracer that writes a result back
+    by sharing its buffer).  A CUDA graph would go on reading and writing the old memory."""
+    out = []
+    for tid, (t, path) in reach.tensors.items():
+        old = before.get(tid)
+        if old is None:
+            continue
+        try:
+            now = data_ptr(t)
+        except Exception:  # as in addresses()
+            continue
+        if now != old:
+            out.append(path)
+    return out
 
 
 def rebinds(before: Reach, after: Reach) -> tuple[list[Path], list[Path]]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .backends.base import Backend
 from .buffers import collect_tensors
 from .islands import IslandCall, collecting
-from .reach import Path, describe, rebinds, walk
+from .reach import Path, added_tensors, addresses, describe, moved, rebinds, walk
 from .sites import with_function
 from .writes import WriteProbe
 
@@ -44,6 +44,10 @@ class Observation:
     syncs: list[str]
     incomplete: str | None
     islands: list[IslandCall] = field(default_factory=list)
+    created: list[tuple[Any, Path]] = field(default_factory=list)
+    """Tensors the call stored where none were before (an optimizer's lazily created state, a new ``.grad``)."""
+    moved: list[Path] = field(default_factory=list)
+    """Tensors the call left over other memory than before (same object, new storage)."""
 
 
 @dataclass
@@ -60,7 +64,8 @@ class Warmup:
 
     calls: int = 0
     written: dict[int, tuple[Any, Path]] = field(default_factory=dict)
-    """State the calls wrote besides their tensor inputs (closure, globals, bound object, modules)."""
+    """State the calls wrote besides their tensor inputs (closure, globals, bound object, modules), and the
+    state they created: a later call writes that too, and what undoes a call must put it back."""
     mutated_leaves: set[int] = field(default_factory=set)
     """Indices (in the key's tensor leaves) of the inputs the calls wrote in place."""
     drew_random: bool = False
@@ -82,6 +87,8 @@ class Warmup:
                 self.mutated_leaves.add(i)
             else:
                 self.written.setdefault(id(t), (t, path))
+        for t, path in obs.created:
+            self.written.setdefault(id(t), (t, path))
         self.drew_random = self.drew_random or obs.drew_random
         previous, self.islands = self.islands, obs.islands
         if previous is not None and [c.island for c in previous] != [c.island for c in obs.islands] \
@@ -126,18 +133,27 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     def is_tensor(x: Any) -> bool:
         return isinstance(x, types)
 
-    before = walk(roots, is_tensor)
+    before = walk(roots, is_tensor, b.tensor_state)
+    where = addresses(before, b.data_ptr)
     probe = WriteProbe(b, before, budget)
     rng = b.rng_state(device)
     syncs: list[str] = []
     with b.sync_watch(syncs) if sync_watch else contextlib.nullcontext(), collecting(b, device) as isl:
         out = run()
-    after = walk(roots, is_tensor)
+    after = walk(roots, is_tensor, b.tensor_state)
     rebound, added = rebinds(before, after)
     drew = rng is not None and isl.drew_outside(rng, b.rng_state(device))
     obs = Observation(probe.written(), rebound, added, drew, [with_function(s) for s in syncs], probe.incomplete,
-                      isl.calls)
+                      isl.calls, added_tensors(before, after), moved(before, where, b.data_ptr))
     return out, obs
+
+
+_GRAD_HINT = ("gradients set to None between calls are created anew by every backward: zero them in place "
+              "with optimizer.zero_grad(set_to_none=False), or graph the model with graphjit.graphed_layer")
+
+
+def _grads(paths: list[Path]) -> bool:
+    return any(p and p[-1] == (".", "grad") for p in paths)
 
 
 def _names(calls: list[IslandCall]) -> str:
@@ -156,17 +172,24 @@ def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked
                        "outputs require grad (autograd is recording through parameters or inputs that require grad). "
                        "@graphed captures inference; call it under torch.no_grad()/paddle.no_grad() (or freeze the "
                        "parameters), or use graphjit.graphed_layer for training")
+    if obs.moved:
+        where = ", ".join(describe(p) for p in obs.moved[:3]) + (" ..." if len(obs.moved) > 3 else "")
+        return Blocked("moves the memory of a tensor",
+                       f"after a call, tensors it can reach sit over other memory than before ({where}): the same "
+                       "tensor object with new storage (torch's .data= / set_() / resize_(), or a tracer that writes "
+                       "results back by sharing buffers); a CUDA graph would keep reading and writing the old memory")
     if obs.rebound:
         where = ", ".join(describe(p) for p in obs.rebound[:3]) + (" ..." if len(obs.rebound) > 3 else "")
         return Blocked("rebinds a tensor held by an object",
                        f"the function replaces tensors held by objects it can reach ({where}); a CUDA graph would "
-                       "keep reading and writing the old tensors (a cache that grows by concatenation does this: use "
-                       "a preallocated cache written in place, such as transformers' StaticCache)")
+                       "keep reading and writing the old tensors (" + (_GRAD_HINT if _grads(obs.rebound) else
+                       "a cache that grows by concatenation does this: use a preallocated cache written in place, "
+                       "such as transformers' StaticCache") + ")")
     if obs.added and not first:
         where = ", ".join(describe(p) for p in obs.added[:3]) + (" ..." if len(obs.added) > 3 else "")
         return Blocked("adds tensors to an object on every call",
                        f"the function stores new tensors in objects it can reach on every call ({where}); a CUDA "
-                       "graph would not do that again on replay")
+                       "graph would not do that again on replay" + (f" ({_GRAD_HINT})" if _grads(obs.added) else ""))
     if obs.drew_random:
         why = b.rng_in_graphs()
         if why is not None:

@@ -222,6 +222,12 @@ class Backend(abc.ABC):
     """True if every in-place write bumps :meth:`version` (torch); False if some do not (Paddle's
     ``copy_``), so that tensors whose version did not move are also compared by contents."""
 
+    def tensor_state(self, t: Any) -> tuple[tuple[str, Any], ...]:
+        """Tensors that ``t`` itself holds and a call may write, rebind or create (a parameter's gradient),
+        as ``(attribute, tensor or None)``; walked with the objects a call reaches (:func:`graphjit.reach.walk`).
+        Cheap: it runs for every reachable tensor in every warmup walk."""
+        return ()
+
     def is_parameter(self, t: Any) -> bool:
         """True for a trainable parameter (``nn.Parameter``, Paddle's ``EagerParamBase``): a step
         graphjit captures does not write those, so they are never compared by contents."""
@@ -294,12 +300,11 @@ class Backend(abc.ABC):
         """The function's own exception behind ``exc`` where the tracer re-raised it changed, else None."""
         return None
 
-    @contextlib.contextmanager
-    def sync_watch(self, hits: list[str]) -> Iterator[None]:
+    def sync_watch(self, hits: list[str]) -> contextlib.AbstractContextManager[None]:
         """Append a description of every CPU-GPU synchronisation inside the block to ``hits`` (with the
         Python file and line where the backend can tell).  Never raises for a sync: the block runs to
         its end, so a watched call is a complete eager call."""
-        yield
+        return contextlib.nullcontext()
 
     @contextlib.contextmanager
     def island_guard(self) -> Iterator[None]:

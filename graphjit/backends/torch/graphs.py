@@ -21,6 +21,8 @@ import torch
 
 from ...errors import BackendError, CaptureError
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, Segments, collector_paused, segments_open
+from .recovery import recover
+from .syncs import SyncWatcher
 
 log = logging.getLogger("graphjit")
 
@@ -49,7 +51,10 @@ class TorchGraph(GraphHandle):
 
 class _TorchSegments(Segments):
     """The capture in progress: one ``CUDAGraph`` per segment, all on the capture stream (the current
-    stream while they are captured) and into one pool (the given one, else the first segment's)."""
+    stream while they are captured) and into one pool (a handle: the function's, or one made for it).
+
+    ``open`` is True from the moment a segment's ``capture_begin`` returned until its ``capture_end``
+    returned: what :func:`.recovery.recover` must clean up after a failure."""
 
     def __init__(self, pool: Any, debug: bool, reserved_before: int, index: int) -> None:
         self.pool = pool
@@ -57,20 +62,19 @@ class _TorchSegments(Segments):
         self.reserved = reserved_before
         self.index = index
         self.graph: Any = None
+        self.open = False
 
     def begin(self) -> None:
         graph = _new_graph(keep=self.debug)
         if self.debug:
             graph.enable_debug_mode()
         self.graph = graph
-        if self.pool is None:
-            graph.capture_begin(capture_error_mode="thread_local")
-            self.pool = graph.pool()
-        else:
-            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+        graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+        self.open = True
 
     def cut(self) -> GraphHandle:
         self.graph.capture_end()
+        self.open = False
         now = torch.cuda.memory_reserved(self.index)
         done = TorchGraph(self.graph, max(0, now - self.reserved))
         self.reserved = now
@@ -109,7 +113,6 @@ class TorchBackend(Backend):
         self._streams: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._unavailable: dict[str, str | None] = {}
-        self._watching = False  # inside sync_watch (single-threaded programs only)
 
     # -- tensors ---------------------------------------------------------------------------
     def tensor_types(self) -> tuple[type, ...]:
@@ -215,6 +218,13 @@ class TorchBackend(Backend):
     def is_parameter(self, t: Any) -> bool:
         return isinstance(t, torch.nn.Parameter)
 
+    def tensor_state(self, t: Any) -> tuple[tuple[str, Any], ...]:
+        """A leaf that requires grad holds its ``.grad``: backward accumulates into it (a write),
+        ``zero_grad(set_to_none=True)`` then backward replaces it (a rebinding)."""
+        if t.requires_grad and t.is_leaf:
+            return (("grad", t.grad),)
+        return ()
+
     def modes(self) -> tuple[Any, ...]:
         autocast = _autocast_modes() if _any_autocast() else None
         return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast,
@@ -310,58 +320,36 @@ class TorchBackend(Backend):
         torch.cuda.current_stream().wait_stream(side)
         side.synchronize()
 
-    @contextlib.contextmanager
-    def sync_watch(self, hits: list[str]) -> Iterator[None]:
-        """Append a description (with the Python line) of every CPU-GPU sync in the block to ``hits``;
-        the block runs to its end either way.
-
-        torch's sync debug mode is process-wide: with other Python threads running it would report
-        their syncs too, so it is used only in single-threaded programs.  Elsewhere the capture itself
-        reports the sync (and is ended cleanly)."""
-        if threading.active_count() > 1 or not torch.cuda.is_available():
-            yield
-            return
-        previous = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            self._watching = True
-            try:
-                yield
-            finally:
-                self._watching = False
-                torch.cuda.set_sync_debug_mode(previous)
-        for w in caught:
-            text = str(w.message)
-            if "synchroniz" in text:
-                hits.append(f"{text.splitlines()[0].strip()} at {w.filename}:{w.lineno}")
-            elif "sync debug mode" not in text and "prototype" not in text:  # the user's own warnings go on
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    def sync_watch(self, hits: list[str]) -> contextlib.AbstractContextManager[None]:
+        """Append ``"<torch's report> at <file>:<line>"`` to ``hits`` for every CPU-GPU sync this thread
+        makes in the block (:mod:`.syncs`: only torch's report of a synchronising call counts, other
+        threads' syncs do not); the block runs to its end either way."""
+        if not torch.cuda.is_available():
+            return contextlib.nullcontext()
+        return _SYNC_WATCHER.watch(hits)
 
     @contextlib.contextmanager
     def island_guard(self) -> Iterator[None]:
-        """Inside :meth:`sync_watch`: the block's sync warnings are dropped (an island may sync), its
-        other warnings passed on."""
-        with super().island_guard():
-            if not self._watching:
-                yield
-                return
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                yield
-        for w in caught:
-            if "synchroniz" not in str(w.message):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        """Inside :meth:`sync_watch`: the block's syncs are allowed (an island may sync)."""
+        with super().island_guard(), _SYNC_WATCHER.island():
+            yield
 
     def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
                       debug: bool) -> tuple[GraphHandle, Any]:
         """Capture ``fn()`` on the side stream, as ``torch.cuda.graph`` does (synchronise, free cached
         blocks, ``capture_begin`` with ``capture_error_mode="thread_local"``), in segments where an island
-        cuts it (:class:`_TorchSegments`); returns the last segment's graph."""
+        cuts it (:class:`_TorchSegments`); returns the last segment's graph.
+
+        On failure the capture is ended and torch's allocator and generator are put back
+        (:func:`.recovery.recover`), then :class:`CaptureError` is raised for a failure of the capture
+        itself and the function's own exception is re-raised unchanged."""
         stream = self._side_stream(device)
         index = _index(device)
         before = torch.cuda.memory_reserved(index)
         handle = pool.handle if isinstance(pool, TorchPool) else pool
+        if handle is None:
+            handle = torch.cuda.graph_pool_handle()  # known to graphjit, so a failed capture can release it
+        _prime_blas(stream, index)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         segments = _TorchSegments(handle, debug, before, index)
@@ -371,7 +359,7 @@ class TorchBackend(Backend):
                 out = fn()
                 last = segments.cut()
         except BaseException as exc:
-            self._end_capture(segments.graph, stream)
+            recover(segments.graph, segments.open, stream, handle, index)
             text = str(exc)
             if "capturing" in text or "capture" in text.lower():
                 raise CaptureError(
@@ -383,23 +371,12 @@ class TorchBackend(Backend):
         torch.cuda.current_stream().wait_stream(stream)
         return last, out
 
-    def _end_capture(self, graph: Any, stream: Any) -> None:
-        """Make sure ``stream`` is no longer capturing (torch normally ended it already)."""
-        with torch.cuda.stream(stream):
-            if torch.cuda.is_current_stream_capturing():
-                with contextlib.suppress(Exception):
-                    graph.capture_end()
-            still = torch.cuda.is_current_stream_capturing()
-        if still:  # pragma: no cover - would be a torch bug; never silently continue
-            raise CaptureError("the capture stream is still capturing after a failed capture; "
-                               "the process cannot use CUDA safely any more", reason="stream left capturing")
-        with contextlib.suppress(Exception):
-            torch.cuda.synchronize()
-
     def synchronize(self, device: str) -> None:
         if device.startswith("cuda"):
             torch.cuda.synchronize(_index(device))
 
+
+_SYNC_WATCHER = SyncWatcher(torch.cuda.get_sync_debug_mode, torch.cuda.set_sync_debug_mode)
 
 _any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
@@ -412,6 +389,20 @@ def _autocast_modes() -> tuple[tuple[str, bool, Any], ...]:
     except TypeError:  # torch < 2.4
         return (("cuda", bool(torch.is_autocast_enabled()), torch.get_autocast_gpu_dtype()),
                 ("cpu", bool(torch.is_autocast_cpu_enabled()), torch.get_autocast_cpu_dtype()))
+
+
+def _prime_blas(stream: Any, index: int) -> None:
+    """Make cuBLAS and cuBLASLt give this thread's handle a workspace for ``stream`` outside the capture.
+
+    torch caches one workspace per (handle, stream) and allocates it at the first matrix product on that
+    stream; made during a capture, it comes from the graph's pool and pins that pool's memory for as long
+    as the process lives (a dropped function would never give its pool back).  Tiny products of the kinds
+    that reach each library, once per capture (a lookup once the workspaces exist)."""
+    with torch.cuda.stream(stream), torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16):
+            a = torch.ones(8, 8, device=f"cuda:{index}", dtype=dtype)
+            torch.nn.functional.linear(a, a, a[0])  # addmm with a bias: cuBLASLt
+            torch.mm(a, a)  # cuBLAS
 
 
 def _new_graph(keep: bool) -> Any:
