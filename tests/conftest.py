@@ -82,3 +82,62 @@ def freed_by_refcount():
                 gc.enable()
 
     return check
+
+
+# -- GPU process health ----------------------------------------------------------------------------------
+def torch_health_problem() -> str | None:
+    """None if this process can still use CUDA through torch as a program would: no stream left capturing,
+    the default generator draws numbers (its state put back afterwards), queued work completes."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    try:
+        if torch.cuda.is_current_stream_capturing():
+            return "the current stream is still capturing"
+        torch.cuda.synchronize()
+        for i in range(torch.cuda.device_count()):
+            gen = torch.cuda.default_generators[i]
+            state = gen.get_state()
+            try:
+                torch.empty(1, device=f"cuda:{i}").uniform_()
+            finally:
+                gen.set_state(state)
+        torch.cuda.synchronize()
+    except Exception as exc:  # any failure here is the finding
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _gpu_process_stays_healthy(request: pytest.FixtureRequest):
+    """After every torch GPU test: the process must still be usable (a graphjit failure must never poison it).
+    An unhealthy process fails the test after which it was found, not the tests that come later."""
+    yield
+    node = request.node
+    if "gpu" not in node.keywords or "paddle" in node.keywords:
+        return
+    problem = torch_health_problem()
+    if problem is not None:
+        pytest.fail(f"the process is not healthy after this test: {problem}", pytrace=False)
+
+
+_exit_status = [0]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status[0] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """With GRAPHJIT_TEST_HARD_EXIT=1 (tools/gpu_tests.py): leave at once after the report (Paddle 2.6 may hang
+    in its exit handlers on the GPU machine)."""
+    import os
+    import sys
+
+    if os.environ.get("GRAPHJIT_TEST_HARD_EXIT") == "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status[0])

@@ -52,7 +52,7 @@ def test_closed_over_state_advances_exactly_once_per_call(tracer):
     def step(x):
         new = paddle.matmul(_S["state"], _S["shift"])
         paddle.assign(new, _S["state"])  # in place: the state advances one place per call
-        return paddle.matmul(x, new)
+        return paddle.matmul(new, x)
 
     g = graphjit.graphed(step, tracer=tracer)
     eye = np.eye(N, dtype=np.float32)
@@ -74,7 +74,7 @@ def test_inside_capture_scope_and_after_a_failed_verify():
         box["n"] += 1
         new = paddle.matmul(_S["state"], _S["shift"])
         paddle.assign(new, _S["state"])
-        return paddle.matmul(x, new)
+        return paddle.matmul(new, x)
 
     g = graphjit.graphed(step, tracer="eager")
     eye = np.eye(N, dtype=np.float32)
@@ -93,7 +93,7 @@ def test_inside_capture_scope_and_after_a_failed_verify():
         box["n"] += 1
         new = paddle.matmul(_S["state"], _S["shift"])
         paddle.assign(new, _S["state"])
-        return paddle.matmul(paddle.matmul(x, new), leaky_w[box["n"] % 2])  # a Python value the graph freezes
+        return paddle.matmul(paddle.matmul(new, x), leaky_w[box["n"] % 2])  # a Python value the graph freezes
 
     f = graphjit.graphed(leaky, tracer="eager")
     with paddle.no_grad():
@@ -115,7 +115,7 @@ def test_an_argument_object_that_holds_tensors():
     def step(x, holder):
         new = paddle.matmul(holder.state, sh)
         holder.state.copy_(new, False)  # Paddle's copy_ bumps no version counter: found by contents
-        return paddle.matmul(x, new)
+        return paddle.matmul(new, x)
 
     g = graphjit.graphed(step, tracer="eager")
     h = Holder(T(start()))

@@ -49,7 +49,7 @@ def test_matmul_segments_around_an_island(tracer):
     def step(x, meta):
         new = paddle.matmul(_S["state"], _S["shift"])
         paddle.assign(new, _S["state"])  # the state advances one place per call (segment 0)
-        h = rotate_by(paddle.matmul(x, new), meta)  # the island: its own roll, different every call
+        h = rotate_by(paddle.matmul(new, x), meta)  # the island: its own roll, different every call
         return paddle.matmul(h, _S["shift"])  # segment 1
 
     g = graphjit.graphed(step, tracer=tracer, dynamic=("meta",))
