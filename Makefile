@@ -42,12 +42,13 @@ test-paddle26: $(STAMP26)
 	$(VENV26)/bin/python -m pytest -q -m "not gpu" tests -p no:cacheprovider
 
 # On the GPU machine: runs from the source tree, installs nothing (python3 there has torch;
-# Paddle through the kit: `. /tmp/pdc/env.sh && make test-gpu-paddle`).
+# Paddle through the kit: `. /tmp/pdc/env.sh && make test-gpu-paddle`). Each GPU test file runs in a
+# process of its own, a few at a time (tools/gpu_tests.py).
 test-gpu:
-	PYTHONPATH=. python3 -m pytest -q -m "gpu and not paddle" tests -p no:cacheprovider
+	python3 tools/gpu_tests.py -m "gpu and not paddle" -j 4
 
 test-gpu-paddle:
-	PYTHONPATH=.:$$PYTHONPATH $$PY311 -m pytest -q -m "gpu and paddle" tests -p no:cacheprovider
+	$$PY311 tools/gpu_tests.py -m "gpu and paddle" -j 3 --python $$PY311
 
 bench-dispatch: $(STAMP)
 	$(PY) -m graphjit bench dispatch

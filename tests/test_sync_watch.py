@@ -121,3 +121,30 @@ def test_a_user_who_runs_the_debug_mode_keeps_it_and_sees_other_threads_syncs():
         shown_elsewhere = [str(m.message) for m in shown]
     assert hits == [] and shown_elsewhere == [syncs.SYNC_REPORT]
     assert mode.history == [] and mode.value == 1
+
+
+def test_a_catch_warnings_that_outlives_the_watch_puts_back_a_hook_that_still_works():
+    """A block that enters catch_warnings() inside a watch and leaves it after the watch restores graphjit's hook
+    (it had saved it); warnings then still reach the user, and later watches still work (no loop)."""
+    mode = Mode()
+    w = syncs.SyncWatcher(mode.get, mode.set)
+    saved = warnings.showwarning
+    outer = warnings.catch_warnings()
+    hits: list[str] = []
+    with w.watch(hits):
+        outer.__enter__()  # saves graphjit's hook
+    outer.__exit__(None, None, None)  # puts it back after the watch
+    try:
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("always")
+            warnings.warn("after the watch", UserWarning, stacklevel=1)
+        for _ in range(2):
+            with w.watch(hits):
+                warnings.warn(syncs.SYNC_REPORT, UserWarning, stacklevel=1)
+        with warnings.catch_warnings(record=True) as later:
+            warnings.simplefilter("always")
+            warnings.warn("later", UserWarning, stacklevel=1)
+    finally:
+        warnings.showwarning = saved
+    assert [str(m.message) for m in shown] == ["after the watch"] and [str(m.message) for m in later] == ["later"]
+    assert len(hits) == 2

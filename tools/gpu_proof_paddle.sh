@@ -9,7 +9,7 @@ log="$out/proof-paddle.log"
   . /tmp/pdc/env.sh
   export PYTHONUNBUFFERED=1 PYTHONPATH=.:$PYTHONPATH MIN_GRAPH_SIZE=0
   echo "== $(date -u +%FT%TZ) paddle GPU tests"
-  timeout 420 $PY311 -m pytest -q -m "gpu and paddle" tests -p no:cacheprovider -rfEs 2>&1 | grep -v '^[WI][0-9]' | tail -60
+  timeout 420 $PY311 tools/gpu_tests.py -m "gpu and paddle" -j 3 --python $PY311 2>&1 | grep -v '^[WI][0-9]' | tail -80
   echo "== doctor (paddle)"
   timeout 150 $PY311 -m graphjit doctor --framework paddle 2>&1 | grep -v '^[WI][0-9]' | tail -30
   echo "== bench decode (paddle; timings only, numerics unverified on Hopper with 2.6.2)"

@@ -11,7 +11,7 @@ log="$out/proof-torch.log"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   echo "== make test-gpu (torch)"
-  timeout 420 python3 -m pytest -q -m "gpu and not paddle" tests -p no:cacheprovider -rfEs 2>&1 | tail -60
+  timeout 420 python3 tools/gpu_tests.py -m "gpu and not paddle" -j 4 2>&1 | tail -80
   echo "== doctor"
   timeout 120 python3 -m graphjit doctor --framework torch 2>&1 | tail -40
 } > "$log" 2>&1

@@ -353,21 +353,27 @@ class TorchBackend(Backend):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         segments = _TorchSegments(handle, debug, before, index)
+        cache = torch.is_autocast_cache_enabled()
+        # No autocast cast cache in the capture: a graph that read a cached cast would read it after the
+        # user's autocast block freed it; the casts are captured instead.
+        torch.set_autocast_cache_enabled(False)
         try:
             with torch.cuda.stream(stream), segments_open(segments):
                 segments.begin()
                 out = fn()
                 last = segments.cut()
         except BaseException as exc:
+            torch.set_autocast_cache_enabled(cache)
             recover(segments.graph, segments.open, stream, handle, index)
             text = str(exc)
-            if "capturing" in text or "capture" in text.lower():
+            if isinstance(exc, RuntimeError) and ("capturing" in text or "capture" in text.lower()):
                 raise CaptureError(
                     f"capture failed: {text.splitlines()[0] if text else type(exc).__name__}. "
                     f"Usual causes: {_SYNC_HINT}",
                     reason="capture failed: " + (text.splitlines()[0][:120] if text else type(exc).__name__),
                 ) from exc
             raise
+        torch.set_autocast_cache_enabled(cache)
         torch.cuda.current_stream().wait_stream(stream)
         return last, out
 

@@ -117,7 +117,9 @@ class SyncWatcher:
     # -- the process-wide part, under self._lock -------------------------------------------------------
     def _install(self) -> None:
         self._previous_mode = int(self._get_mode())
-        self._previous_show = warnings.showwarning
+        current = warnings.showwarning
+        if current is not self._show:  # a catch_warnings() that saved the hook may have put it back since
+            self._previous_show = current
         # Every sync report reaches the hook: none is swallowed as "already shown at this line".
         warnings.filterwarnings("always", message=re.escape(SYNC_REPORT))
         self._filter = warnings.filters[0]
@@ -140,12 +142,15 @@ class SyncWatcher:
     def _show(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None,
               line: Any = None) -> None:
         text = str(message)
+        if self._depth == 0:  # put back after the watch by a catch_warnings() that had saved it
+            _forward(self._previous_show, message, category, filename, lineno, file, line)
+            return
         if is_sync_report(text):
             mine = self._threads.get(threading.get_ident())
             if mine is not None:
                 if mine.islands == 0:
                     for w in mine.watches:
-                        w.hits.append(f"{text.strip()} at {filename}:{lineno}")
+                        w.hits.append(f"{SYNC_REPORT} at {filename}:{lineno}")
                 return
             if self._previous_mode == 0:
                 return  # another thread: reported only because graphjit switched the mode on
@@ -157,7 +162,8 @@ class SyncWatcher:
 def _forward(show: Any, message: Any, category: Any, filename: str, lineno: int, file: Any, line: Any) -> None:
     """Display a warning the way it would have been without the watch (a replaced ``showwarning``, or the
     default implementation that ``catch_warnings(record=True)`` redirects)."""
-    if show is not None and show is not _ORIGINAL_SHOWWARNING:
+    hook = isinstance(getattr(show, "__self__", None), SyncWatcher)  # never back into a watcher: no loop
+    if show is not None and show is not _ORIGINAL_SHOWWARNING and not hook:
         show(message, category, filename, lineno, file, line)
         return
     impl = getattr(warnings, "_showwarnmsg_impl", None)
