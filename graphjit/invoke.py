@@ -44,6 +44,7 @@ class Invoker:
             self.module = fn
         self.target: Callable[..., Any] = type(fn).forward if self.module is not None else fn  # type: ignore
         self._traced: dict[str, Callable[..., Any]] = {}
+        self.replaced: dict[str, str] = {}  # backend name -> why its tracer was replaced by "eager"
         self._lock = threading.RLock()  # one call through a module's __call__ with a swapped forward at a time
 
     def signature_target(self) -> Callable[..., Any]:
@@ -51,6 +52,8 @@ class Invoker:
         return self.module.forward if self.module is not None else self.fn  # type: ignore[no-any-return]
 
     def tracer_name(self, backend: Backend) -> str:
+        if backend.name in self.replaced:
+            return "eager"
         tracer = self.tracer_option
         if tracer == "auto":
             return backend.default_tracer
@@ -70,6 +73,16 @@ class Invoker:
                     if env.settings().debug:
                         log.debug("graphjit %s: traced with %s/%s", self.name, backend.name, self.tracer_name(backend))
         return t
+
+    def replace_tracer(self, backend: Backend, why: str) -> None:
+        """Trace with ``eager`` from now on for ``backend`` (the chosen tracer computed wrong results)."""
+        with self._lock:
+            self.replaced[backend.name] = why
+            self._traced[backend.name] = backend.trace(self.target, "eager")
+
+    def run_untraced(self, backend: Backend, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call of the Python function itself (hooks included), whatever the tracer."""
+        return self.callable(self.target, instance)(*args, **kwargs)
 
     def callable(self, fn: Callable[..., Any], instance: Any) -> Callable[..., Any]:
         """``fn`` (the traced function, or what the backend captures) ready to call with a call's arguments."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 import abc
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import env, reach
+from . import env, reach, tracer_check
 from . import recheck as recheck_mod
 from . import scope as scope_mod
 from .backends.base import Backend
@@ -50,6 +51,7 @@ class KeyLifecycle(abc.ABC):
     blocked_fn: Blocked | None
     dynamic: DynamicArgs | None
     lock: threading.RLock
+    tracer_checked: set[tuple[Any, ...]]  # keys whose first call checked the tracer (tracer_check)
 
     # -- provided by _State -------------------------------------------------------------------
     @abc.abstractmethod
@@ -86,10 +88,13 @@ class KeyLifecycle(abc.ABC):
         of several, in which tracers translate and compilers may synchronise for themselves)."""
         st = self.key_stats(backend, sig)
         st.state = State.WARMUP
+        budget = env.settings().verify_max_bytes
         with scope_mod.graphed_call("warmup"):
-            out, obs = watched_call(backend, lambda: self.invoker.run(backend, instance, args, kwargs),
-                                    self.roots(instance, args, kwargs), device, env.settings().verify_max_bytes,
+            run, traced = self.runner(backend, device, sig.key, instance, args, kwargs)
+            out, obs = watched_call(backend, run, self.roots(instance, args, kwargs), device, budget,
                                     sync_watch=sync_watch)
+        if traced is not None:
+            self.check_tracer(backend, traced, out)
         warm.sync_watched = warm.sync_watched or sync_watch
         warm.note(obs, backend, out, sig.tensors)
         st.warmups += 1
@@ -98,6 +103,34 @@ class KeyLifecycle(abc.ABC):
                       self.options.warmup, [reach.describe(p) for _t, p in obs.written] or "nothing",
                       f"; blocked: {warm.blocked.reason}" if warm.blocked else "")
         return out
+
+    def runner(self, backend: Backend, device: str, key: tuple[Any, ...], instance: Any, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> tuple[Callable[[], Any], tracer_check.TracedRun | None]:
+        """What runs a call: the traced function, or, on the first call of a key whose tracer is checked
+        (:mod:`graphjit.tracer_check`), the Python function after a run of the traced one that is put back
+        (then hand the returned run to :meth:`check_tracer` with the call's result)."""
+        inv = self.invoker
+        if key in self.tracer_checked or inv.tracer_name(backend) not in backend.checked_tracers:
+            return (lambda: inv.run(backend, instance, args, kwargs)), None
+        self.tracer_checked.add(key)
+        traced = tracer_check.traced_run(backend, device, self.roots(instance, args, kwargs),
+                                         lambda: inv.run(backend, instance, args, kwargs),
+                                         env.settings().verify_max_bytes)
+        return (lambda: inv.run_untraced(backend, instance, args, kwargs)), traced
+
+    def check_tracer(self, backend: Backend, traced: tracer_check.TracedRun, result: Any) -> None:
+        """Replace the tracer by ``eager`` (logged once, shown in ``report()``) if its program's first run of a
+        key differed from the Python function's (:mod:`graphjit.tracer_check`)."""
+        tracer = self.invoker.tracer_name(backend)
+        problem = traced.differs(backend, result)
+        if problem is None:
+            return
+        why = (f'{backend.name} tracer="{tracer}" replaced by "eager": on the first call of a key its program '
+               f"computed other results than the Python function ({problem}), a bug of {backend.name}'s {tracer}; "
+               f'the function is traced with "eager" (and still captured) from now on')
+        self.invoker.replace_tracer(backend, why)
+        self.stats.tracer = why
+        log.warning("graphjit %s: %s", self.name, why)
 
     def warm_call(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

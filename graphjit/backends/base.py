@@ -139,6 +139,9 @@ class Backend(abc.ABC):
     default_tracer: str = "eager"
     poisoned: str | None = None
     """Set when the framework cannot run GPU work any more in this process (the reason, for users)."""
+    checked_tracers: tuple[str, ...] = ()
+    """Tracers whose program is checked against the Python function on the first call of every key
+    (:mod:`graphjit.tracer_check`): translators known to compute wrong results for some functions."""
     captures_recoverable: bool = True
     """False where a capture broken by a CPU-GPU sync leaves the framework unusable (Paddle 2.6): graphjit
     then captures a key only after a warmup run watched for syncs."""

@@ -199,6 +199,7 @@ class PaddleBackend(Backend):
     name = "paddle"
     tracers = ("sot", "ast", "eager")
     default_tracer = "sot"
+    checked_tracers = ("sot", "ast")  # Paddle 2.6's SOT drops in-place writes to state reached through globals
     captures_recoverable = False  # 2.6 stays in capture mode after a capture a sync broke
 
     def __init__(self) -> None:

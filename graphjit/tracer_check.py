@@ -1,0 +1,88 @@
+"""Checking a translating tracer against the Python function, on the first call of each key.
+
+A tracer that translates the function (Paddle's ``sot`` and ``ast``) runs a program of its own making, and
+that program can be wrong where the Python function is right: paddlepaddle 2.6's SOT, for one, drops the
+in-place ``paddle.assign(value, state)`` into a tensor the function reaches through a global, so from the
+second call on the state and the outputs are not eager's (silently, and with or without graphjit).  A CUDA
+graph captured from such a program replays the wrong results faithfully, and verify, which compares the
+replay with the traced function, cannot see it.
+
+So the first call of a key, when the backend asks for it (:attr:`Backend.checked_tracers`), runs the traced
+function once on a copy of the state it can reach, puts that state back, and then runs the Python function
+itself as the call (:func:`traced_run`, then :meth:`TracedRun.differs` on the call's result).  Where they
+differ, the function is traced with ``eager`` from then on (still captured), and the reason is logged and
+shown by ``report()``.  The call's result and effects are always the Python function's: one eager call.
+
+Limits: the traced run's Python side effects (not its tensor writes) happen too; state larger than
+``GRAPHJIT_VERIFY_MAX_BYTES`` or not fully reachable is not checked (:attr:`TracedRun.skipped` says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .backends.base import Backend
+from .reach import describe, walk
+from .tree import collect_tensors, structure
+from .writes import Snapshot, compare_outputs, tolerance
+
+
+@dataclass
+class TracedRun:
+    """What the traced function did on the first call of a key, the state put back since."""
+
+    outputs: list[Any]
+    shape: Any
+    state: list[tuple[Any, Any, str]]  # (tensor, its value after the traced run, its path)
+    skipped: str | None = None
+
+    def differs(self, backend: Backend, result: Any) -> str | None:
+        """Why the Python function's run (its ``result``, the state it left) is not the traced run's, or None."""
+        if self.skipped is not None:
+            return None
+        types = backend.tensor_types()
+
+        def is_tensor(x: Any) -> bool:
+            return isinstance(x, types)
+
+        problem = compare_outputs(backend, result, self.outputs, self.shape, is_tensor)
+        if problem is not None:
+            return problem.replace("the eager call and the capture", "the Python function and the traced one")
+        for t, after, path in self.state:
+            err = backend.rel_error(t, after)
+            if not err <= tolerance(after):
+                return f"the write to {path} differs by {err:.3g} (relative)"
+        return None
+
+
+def traced_run(backend: Backend, device: str, roots: list[tuple[str, Any]], run: Callable[[], Any],
+               budget: int) -> TracedRun:
+    """Run ``run`` (the traced function) once and put back every non-parameter tensor it can reach and the
+    random generator; exceptions of ``run`` propagate after the state is put back."""
+    b = backend
+    types = b.tensor_types()
+
+    def is_tensor(x: Any) -> bool:
+        return isinstance(x, types)
+
+    reach = walk(roots, is_tensor, b.tensor_state)
+    if reach.truncated:
+        return TracedRun([], None, [], skipped="the walk of reachable objects stopped at its size limit")
+    tensors = [(t, describe(p)) for t, p in reach.tensors.values() if not b.is_parameter(t)]
+    nbytes = sum(b.nbytes(t) for t, _p in tensors)
+    if 2 * nbytes > budget:
+        return TracedRun([], None, [], skipped=f"its reachable state ({nbytes} bytes) is larger than half of "
+                                               f"GRAPHJIT_VERIFY_MAX_BYTES={budget}")
+    snap = Snapshot(b, [t for t, _p in tensors], device)
+    try:
+        out = run()
+        b.synchronize(device)
+        outputs = [b.clone(o) for o in collect_tensors(out, is_tensor)]
+        shape = structure(out, is_tensor)
+        state = [(t, b.clone(t), p) for t, p in tensors]
+        del out
+    finally:
+        snap.restore()
+    return TracedRun(outputs, shape, state)
