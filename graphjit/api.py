@@ -43,9 +43,11 @@ from .buffers import InputMoved
 from .capture import KeyEntry
 from .dynamic import DynamicArgs
 from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
+from .history import SIGNATURE_CHANGES, KeyHistory
 from .invoke import Invoker
 from .keys import BucketsArg, CallSignature, Signer, rebuild_call
-from .labels import changed_argument, key_label, key_order
+from .labels import changed_argument, key_order, label_parts
+from .leaves import leaves
 from .lifecycle import KeyLifecycle
 from .options import Options, check_callable, make_options
 from .policy import Policy
@@ -88,6 +90,7 @@ class _State(Policy, KeyLifecycle):
         self.entries: dict[tuple[Any, ...], KeyEntry] = {}
         self.warming: dict[tuple[Any, ...], Warmup] = {}
         self.failed: dict[tuple[Any, ...], str] = {}
+        self.tracer_checked: set[tuple[Any, ...]] = set()
         self.blocked_fn: Blocked | None = None
         self.lock = threading.RLock()
         self.pools: dict[tuple[str, str], Any] = {}
@@ -95,6 +98,8 @@ class _State(Policy, KeyLifecycle):
         self.poison_backend: Backend | None = None
         self.copy_outputs = options.outputs == "copy"
         self.last_new_key: tuple[Any, ...] | None = None
+        self.last_key: tuple[Any, ...] | None = None  # the key of the previous call (any path)
+        self.history = KeyHistory(self.signer)
 
     @property
     def traced(self) -> dict[str, Callable[..., Any]]:
@@ -158,6 +163,7 @@ class _State(Policy, KeyLifecycle):
             if backends.translating():  # a to_static translation re-applied this decorator: not a call
                 return wrapped(*args, **kwargs)
             raise
+        previous, self.last_key = self.last_key, sig.key
         entry = self.entries.get(sig.key)
         if entry is not None:
             if entry.recheck is not None:
@@ -165,7 +171,7 @@ class _State(Policy, KeyLifecycle):
             return self.replay(entry, sig, settings, instance, args, kwargs)
         if backends.translating():
             return wrapped(*args, **kwargs)
-        return self.slow(sig, settings, instance, args, kwargs)
+        return self.slow(sig, settings, instance, args, kwargs, previous)
 
     def sign_dynamic(self, dynamic: DynamicArgs, instance: Any, args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> CallSignature:
@@ -183,6 +189,7 @@ class _State(Policy, KeyLifecycle):
             try:
                 result = entry.replay(sig, copy or check)
             except InputMoved as moved:
+                entry.no_adopt |= moved.leaves  # every input that moved at once: one recapture, not one per input
                 return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)
             except Exception as exc:
                 poisoned = entry.inputs.backend.poisoned
@@ -196,8 +203,9 @@ class _State(Policy, KeyLifecycle):
         return result
 
     def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], key: tuple[Any, ...] | None = None) -> Any:
-        """Run the traced function uncaptured, counted under ``reason`` (and under the key, if any)."""
+                 kwargs: dict[str, Any], key: tuple[Any, ...] | None = None, device: str | None = None) -> Any:
+        """Run the traced function uncaptured, counted under ``reason`` (and under the key, if any).  With a
+        ``device``, the key's first call checks the tracer (:meth:`KeyLifecycle.runner`)."""
         self.stats.fallback(reason)
         if key is not None:
             st = self.stats.keys.get(key)
@@ -205,20 +213,51 @@ class _State(Policy, KeyLifecycle):
                 st.uncaptured += 1
         if env.settings().debug:
             log.debug("graphjit %s: call %d runs uncaptured (%s)", self.name, self.stats.calls, reason)
-        return self.invoker.run(backend, instance, args, kwargs)
+        if key is None or device is None:
+            return self.invoker.run(backend, instance, args, kwargs)
+        run, traced = self.runner(backend, device, key, instance, args, kwargs)
+        out = run()
+        if traced is not None:
+            self.check_tracer(backend, traced, out)
+        return out
 
     def key_stats(self, backend: Backend, sig: CallSignature, args: tuple[Any, ...] = (),
-                  kwargs: dict[str, Any] | None = None, method: bool = False) -> KeyStats:
+                  kwargs: dict[str, Any] | None = None, instance: Any = None) -> KeyStats:
         """The key's counters, made (with its label, from the call's arguments) at its first call."""
         st = self.stats.keys.get(sig.key)
-        if st is None:
-            st = KeyStats(label=key_label(self.signer, backend, sig, method, args, kwargs or {}),
-                          order=key_order(backend, sig))
-            self.stats.keys[sig.key] = st
-            self.note_new_key(sig, method)
-            if env.settings().debug:
-                log.debug("graphjit %s: new key [%s]", self.name, st.label)
+        if st is not None:
+            return st
+        method = instance is not None
+        kwargs = kwargs or {}
+        head, modes = label_parts(self.signer, backend, sig, method, args, kwargs)
+        if self.dynamic is not None:
+            args, kwargs, _values = self.dynamic.split(method, args, kwargs)
+        named = leaves(backend, sig, instance, instance if method else self.signer.owner, args, kwargs)
+        with self.lock:
+            st = self.stats.keys.get(sig.key)
+            if st is None:  # (another thread may have made it meanwhile)
+                st = KeyStats(label="", order=key_order(backend, sig))
+                self.stats.keys[sig.key] = st
+                st.label = self.history.add(sig.key, head, modes, named, self.stats.keys)
+                self.note_new_key(sig, method)
+                if env.settings().debug:
+                    log.debug("graphjit %s: new key [%s]", self.name, st.label)
         return st
+
+    def note_previous(self, previous: tuple[Any, ...] | None, sig: CallSignature) -> None:
+        """A key still warming up whose call was followed by this call, of another key, says why it has not
+        captured yet: where the two signatures differ (its reason and detail in stats() and report(); its calls
+        were warmup calls, counted as such, not fallbacks)."""
+        if previous is None or previous == sig.key or previous in self.entries:
+            return
+        st = self.stats.keys.get(previous)
+        if st is None or st.state is not State.WARMUP or st.reason is not None or not st.warmups:
+            return
+        st.reason, st.detail = self.history.explain(previous, sig.key, self.options.warmup)
+
+    def called_again(self, st: KeyStats) -> None:
+        """A key said to be left behind by a signature change is called again: it is warming up after all."""
+        st.reason = st.detail = None
 
     def note_new_key(self, sig: CallSignature, method: bool) -> None:
         """Warn once when most calls make a new key, naming the argument that changed last."""
@@ -226,25 +265,30 @@ class _State(Policy, KeyLifecycle):
         made = len(self.stats.keys)
         if before is None or made < NEW_KEY_WARNING_AFTER or 2 * made <= self.stats.calls:
             return
-        what = changed_argument(self.signer, method, before, sig.key) or "an argument"
+        what = (self.history.changed(before, sig.key) or changed_argument(self.signer, method, before, sig.key)
+                or "an argument")
         self.say_once(logging.WARNING, "new-keys", "graphjit %s: %d input signatures in %d calls; %s changes from "
                       "call to call. Each new signature runs its warmup calls eagerly and is captured on its own "
                       "(max_graphs=%d): pass values that change as tensors, or pad varying dims with buckets=",
                       self.name, made, self.stats.calls, what, self.max_graphs())
 
     def slow(self, sig: CallSignature, settings: env.Settings, instance: Any, args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> Any:
+             kwargs: dict[str, Any], previous: tuple[Any, ...] | None = None) -> Any:
         """A call whose key has no graph: fall back, warm up, or capture (one screen: the decision)."""
         backend = self.pick_backend(sig)
         if backend.poisoned is not None:
             raise UnrecoverableCaptureError(f"{self.name}: {backend.poisoned}")
-        self.key_stats(backend, sig, args, kwargs, method=instance is not None)
+        st = self.key_stats(backend, sig, args, kwargs, instance=instance)
+        with self.lock:
+            self.note_previous(previous, sig)
+            if st.state is State.WARMUP and st.reason is not None and st.reason.startswith(SIGNATURE_CHANGES):
+                self.called_again(st)
         if sig.overflow is not None:  # a bad call on every machine, so checked before the no-CUDA fallback
             if self.strict():
                 raise BucketOverflowError(f"{self.name}: {sig.overflow} (strict mode)")
             self.say_once(logging.WARNING, "overflow:" + sig.overflow, "graphjit %s: %s; running uncaptured",
                           self.name, sig.overflow)
-            return self.fallback("larger than every bucket", backend, instance, args, kwargs)
+            return self.uncaptured("larger than every bucket", sig.overflow, backend, sig, instance, args, kwargs)
         failed = self.failed.get(sig.key)
         if failed is not None:
             return self.fallback(failed, backend, instance, args, kwargs, sig.key)
@@ -263,7 +307,9 @@ class _State(Policy, KeyLifecycle):
             if warm is None:
                 if self.over_key_limit(len(self.entries), "graphs", "use buckets= to pad dims to fewer sizes, or "
                                        "raise max_graphs"):
-                    return self.fallback("max_graphs reached", backend, instance, args, kwargs)
+                    why = (f"{len(self.entries)} graphs are already captured (max_graphs={self.max_graphs()}): use "
+                           "buckets= to pad dims to fewer sizes, pass changing values as tensors, or raise max_graphs")
+                    return self.uncaptured("max_graphs reached", why, backend, sig, instance, args, kwargs)
                 warm = self.new_warmup(sig.key)
             if scope_mod.current() is not None or warm.calls >= self.options.warmup:
                 return self.capture_key(backend, device, sig, warm, instance, args, kwargs, frozenset())
@@ -276,8 +322,14 @@ class _State(Policy, KeyLifecycle):
         devices = sorted({backend.device_str(t) for t in sig.tensors})
         if len(devices) > 1:
             reason = f"inputs on several devices ({', '.join(devices)})"
-            self.say_once(logging.WARNING, reason, "graphjit %s: %s; running uncaptured", self.name, reason)
-            return _Ran(self.fallback(reason, backend, instance, args, kwargs))
+            first: dict[str, str] = {}
+            for t, path in zip(sig.tensors, sig.paths):
+                first.setdefault(backend.device_str(t), path)
+            where = ", ".join(f"{path} is on {device}" for device, path in sorted(first.items()))
+            why = (f"{where}; a CUDA graph runs on one device: put every tensor the call passes on one device (a "
+                   "cache's counters too; a cache may move them at its first update)")
+            self.say_once(logging.WARNING, reason, "graphjit %s: %s (%s); running uncaptured", self.name, reason, where)
+            return _Ran(self.uncaptured(reason, why, backend, sig, instance, args, kwargs))
         device = devices[0] if devices else ("cuda:0" if backend.graphs_unavailable("cuda:0") is None else "cpu")
         unavailable = backend.graphs_unavailable(device)
         if unavailable is None:
@@ -292,7 +344,16 @@ class _State(Policy, KeyLifecycle):
         active = scope_mod.current()
         if active is not None:
             active.note_uncaptured(reason)
-        return _Ran(self.fallback(reason, backend, instance, args, kwargs, sig.key))
+        return _Ran(self.fallback(reason, backend, instance, args, kwargs, sig.key, device))
+
+    def uncaptured(self, reason: str, detail: str, backend: Backend, sig: CallSignature, instance: Any,
+                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call that cannot even try to capture (bucket overflow, several devices, max_graphs): its key says why,
+        and the call runs uncaptured under that reason."""
+        with self.lock:
+            st = self.key_stats(backend, sig)
+            st.state, st.reason, st.detail = State.FALLBACK, reason, detail
+        return self.fallback(reason, backend, instance, args, kwargs, sig.key)
 
     def new_warmup(self, key: tuple[Any, ...]) -> Warmup:
         """A warmup record for a new key; the oldest records go once there are many (keys that never
@@ -335,7 +396,8 @@ class _State(Policy, KeyLifecycle):
         b = entry.inputs.backend
         self.poison_backend = b
         types = b.tensor_types()
-        self.handed_out = collect_tensors(result, lambda x: isinstance(x, types))
+        own = entry.inputs.own()  # the caller's own tensors (a cache the function returns): never poisoned
+        self.handed_out = [t for t in collect_tensors(result, lambda x: isinstance(x, types)) if id(t) not in own]
 
     def poison_previous(self) -> None:
         b = self.poison_backend
@@ -363,6 +425,8 @@ class _State(Policy, KeyLifecycle):
             self.said.clear()
             self.handed_out = []
             self.last_new_key = None
+            self.last_key = None
+            self.history.clear()
 
 
 class _KeepsWrapped:

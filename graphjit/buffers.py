@@ -12,6 +12,10 @@ written to again).
 
 Outputs.  ``outputs="copy"`` returns fresh tensors; ``outputs="alias"`` returns the graph's static
 output tensors (views, when bucket padding is sliced off), valid until the next call of the function.
+Either way, an output that is an adopted input (the function returns the cache it wrote in place, as
+transformers' models return their cache object) is the caller's own tensor, as an eager call returns
+it: never copied, so an object holding only such tensors comes back as the caller's own object, and
+passing it back in the next call keeps every address the graph was captured with.
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ from .tree import collect_tensors, rebuild
 
 __all__ = ["InputMoved", "StaticInputs", "StaticOutputs", "collect_tensors", "real_view"]
 
-
 class InputMoved(Exception):
-    """An adopted (in-place mutated) input arrived at a new address: the key must be recaptured."""
+    """Adopted (in-place mutated) inputs arrived at new addresses: the key must be recaptured.
 
-    def __init__(self, leaf: int) -> None:
+    ``leaf``: the first of them; ``leaves``: all of them (a cache passed anew moves all its tensors at once)."""
+
+    def __init__(self, leaf: int, leaves: frozenset[int] | None = None) -> None:
         super().__init__(leaf)
         self.leaf = leaf
+        self.leaves = leaves if leaves is not None else frozenset((leaf,))
 
 
 def real_view(backend: Backend, static: Any, real: Sequence[int], full: Sequence[int]) -> Any:
@@ -63,6 +69,10 @@ class StaticInputs:
         self.copies = 0
         self.copy_backs = 0
 
+    def own(self) -> set[int]:
+        """``id`` of each adopted input: the caller's own tensors, which every replay reads and writes in place."""
+        return {id(self.statics[i]) for i in self.adopted_idx}
+
     def load(self, tensors: Sequence[Any]) -> None:
         """Bring the caller's tensors into the static buffers (hot path).
 
@@ -72,7 +82,8 @@ class StaticInputs:
         ptr = b.data_ptr
         for i in self.adopted_idx:
             if ptr(tensors[i]) != self.ptrs[i]:
-                raise InputMoved(i)
+                moved = frozenset(j for j in self.adopted_idx if ptr(tensors[j]) != self.ptrs[j])
+                raise InputMoved(i, moved)
         dsts: list[Any] = []
         srcs: list[Any] = []
         statics, ptrs = self.statics, self.ptrs
@@ -115,19 +126,24 @@ class StaticInputs:
 
 
 class StaticOutputs:
-    """The output structure of one graph: static output tensors plus any constant non-tensor leaves."""
+    """The output structure of one graph: static output tensors plus any constant non-tensor leaves.
+
+    ``inputs``: the graph's static inputs; an output that is one of their adopted inputs is handed back as it
+    is (see the module docstring)."""
 
     def __init__(self, backend: Backend, obj: Any, is_tensor: Callable[[Any], bool],
-                 bucket_dims: set[tuple[int, int]]) -> None:
+                 bucket_dims: set[tuple[int, int]], inputs: StaticInputs | None = None) -> None:
         self.backend = backend
         self.obj = obj
         self.is_tensor = is_tensor
         self.single = is_tensor(obj)
         self.tensors: list[Any] = [obj] if self.single else collect_tensors(obj, is_tensor)
+        own = inputs.own() if inputs is not None else set()
+        self.own = [id(t) in own for t in self.tensors]  # the caller's own tensors: handed back as they are
         self.slice_dims: list[list[tuple[int, int]]] = []
-        for t in self.tensors:
+        for t, mine in zip(self.tensors, self.own):
             shape = backend.shape(t)
-            self.slice_dims.append([(d, n) for d, n in enumerate(shape) if (d, n) in bucket_dims])
+            self.slice_dims.append([] if mine else [(d, n) for d, n in enumerate(shape) if (d, n) in bucket_dims])
 
     def result(self, pads: Sequence[Pad], copy: bool) -> Any:
         """The call's return value: copies (or views) of the static outputs, padding sliced off."""
@@ -135,21 +151,22 @@ class StaticOutputs:
         if not pads:  # the common case: nothing to slice
             if self.single:
                 t = self.tensors[0]
-                return b.clone(t) if copy else t
-            out = [b.clone(t) for t in self.tensors] if copy else list(self.tensors)
+                return b.clone(t) if copy and not self.own[0] else t
+            out = [b.clone(t) if copy and not mine else t for t, mine in zip(self.tensors, self.own)] if copy \
+                else list(self.tensors)
             return rebuild(self.obj, out, self.is_tensor)
         padmap: dict[tuple[int, int], int] = {}
         for p in pads:
             padmap.setdefault((p.dim, p.padded), p.real)
         out = []
-        for t, dims in zip(self.tensors, self.slice_dims):
+        for t, dims, mine in zip(self.tensors, self.slice_dims, self.own):
             v = t
             if padmap and dims:
                 for d, n in dims:
                     real = padmap.get((d, n))
                     if real is not None:
                         v = b.narrow(v, d, 0, real)
-            out.append(b.clone(v) if copy else v)
+            out.append(b.clone(v) if copy and not mine else v)
         if self.single:
             return out[0]
         return rebuild(self.obj, out, self.is_tensor)

@@ -155,7 +155,8 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             st.segments, st.islands = 1, 0
         try:
             after_capture(req, before, where)
-            outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed})
+            outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed},
+                                    statics.inputs)
             result = verify_and_replay(req, statics, graph, outputs, static_out)
         except BaseException:
             graph.reset()

@@ -7,7 +7,9 @@ modes of the call (grad mode, inference mode, autocast / AMP: ``Backend.modes``)
 * a tensor: shape (after bucket padding), dtype, device and whether it requires grad;
 * any other value: its type and the value itself, which must be hashable (a new value is a new
   key, because the graph froze the old one).  Inside an object, an unhashable leaf is keyed by
-  identity, as a value the function closes over would be.
+  identity, as a value the function closes over would be.  An object whose class is unhashable
+  (``__hash__ = None``, a dataclass with ``eq`` and without ``frozen``) is walked only when it holds
+  tensors; passed directly without any, it is refused like any other unhashable value.
 
 Bucket padding: a dimension listed in ``buckets`` is rounded up to the next bucket size, so calls of
 nearby sizes share one graph.  A size beyond the largest bucket is reported in
@@ -388,7 +390,18 @@ class _WalkState:
                 items.append(((type(k), k), self.leaf(v, (*label, k), tensors, labels)))
             return (tp, tuple(items))
         if is_object(tp):
-            return self._object(x, tp, label, tensors, labels)
+            if tp.__hash__ is not None or self.visiting:
+                return self._object(x, tp, label, tensors, labels)
+            held = len(tensors)
+            part = self._object(x, tp, label, tensors, labels)
+            if len(tensors) == held:  # an unhashable object that holds no tensors, passed directly: a plain value
+                raise SignatureError(
+                    f"{self.signer.fn_name}: {self.signer.describe(label)} is a {tp.__module__}.{tp.__qualname__} "
+                    "with __hash__ = None that holds no tensors, so it is neither a tensor nor hashable. graphjit keys "
+                    "graphs on non-tensor arguments by value: make its class hashable (a frozen dataclass, or "
+                    "__hash__ with __eq__), pass its values as plain arguments, or close over the object instead of "
+                    "passing it")
+            return part
         try:
             hash(x)
         except TypeError:

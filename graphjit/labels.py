@@ -3,8 +3,10 @@ function makes a new key on most calls.
 
 A label lists each tensor leaf with its shape (``x[8, 1024]``, ``cache.keys[1, 8, 128, 64]``, padding as
 ``->0:8``), then one dtype and device when all tensors share the dtype (else a dtype after each tensor),
-then the non-tensor arguments by value (``scale=2.0``), then the framework modes when they are not the
-defaults (``no_grad``, ``autocast(cuda, bfloat16)``).
+then the non-tensor arguments by value (``scale=2.0``), then, where two keys of the function would
+otherwise have the same label, the values inside their arguments that tell them apart (``cfg.scale=2.0``,
+``cache.layers[0].n=7``), then the framework modes when they are not the defaults (``no_grad``,
+``autocast(cuda, bfloat16)``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ _SHOWN = (int, float, bool, str, bytes, type(None), complex, slice, range)
 def key_label(signer: Signer, backend: Backend, sig: CallSignature, method: bool, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> str:
     """The label of ``sig`` (see the module docstring)."""
+    head, modes = label_parts(signer, backend, sig, method, args, kwargs)
+    return render(head, [], modes)
+
+
+def label_parts(signer: Signer, backend: Backend, sig: CallSignature, method: bool, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> tuple[str, str]:
+    """A label's two halves: the arguments (tensors, then plain values), and the modes when not the defaults."""
     dtypes = [_dtype(backend, t) for t in sig.tensors]
     uniform = len(set(dtypes)) <= 1
     parts = []
@@ -38,9 +47,14 @@ def key_label(signer: Signer, backend: Backend, sig: CallSignature, method: bool
             text = repr(value)
             parts.append(f"{name}={text if len(text) <= 24 else text[:21] + '...'}")
     modes = backend.describe_modes(sig.key[-1][1]) if sig.backend is not None else ""
-    if modes:
-        parts.append(modes)
-    return " ".join(parts) if parts else "()"
+    return " ".join(parts), modes
+
+
+def render(head: str, extras: list[str], modes: str) -> str:
+    """A label from its halves and the values (``cfg.scale=2.0``) that tell it apart from keys whose halves are
+    the same (:mod:`graphjit.history`)."""
+    text = " ".join(p for p in (head, *extras, modes) if p)
+    return text or "()"
 
 
 def key_order(backend: Backend, sig: CallSignature) -> tuple[Any, ...]:

@@ -111,11 +111,23 @@ class CaptureScope:
         if self in stack:
             stack.remove(self)
         if self.progress:
-            s = self.stats()
-            why = "; ".join(f"{n} call(s): {reason}" for reason, n in self.uncaptured.items())
-            log.info("graphjit %s: %d captures (%d not captured) in %.2f s, %.1f ms capturing%s",
-                     self.name, s["captures"], s["failures"], s["seconds"], s["capture_ms"],
-                     f"; uncaptured: {why}" if why else "")
+            log.info("graphjit %s: %s", self.name, self.summary())
+
+    def summary(self) -> str:
+        """What the scope did, plainly: the graphs captured (and those that failed), and the calls that ran
+        the traced function without a graph and why (``no CUDA graphs: ...`` on a machine without CUDA)."""
+        s = self.stats()
+        captured = self.captures - self.failures
+        parts = []
+        if self.captures:
+            failed = f", {self.failures} key(s) not captured" if self.failures else ""
+            parts.append(f"{captured} graph(s) captured{failed} ({s['capture_ms']:.1f} ms capturing)")
+        elif not self.uncaptured:
+            parts.append("nothing captured")
+        for reason, n in self.uncaptured.items():
+            parts.append(f"{'no graphs: ' if not self.captures else ''}{n} call(s) ran the traced function "
+                         f"uncaptured ({reason})")
+        return "; ".join(parts) + f"; {s['seconds']:.2f} s"
 
 
 def capture_scope(progress: bool = True, total: int | None = None) -> CaptureScope:

@@ -83,10 +83,11 @@ class FunctionStats:
     fallbacks: Counter[str] = field(default_factory=Counter)
     verify_skipped: Counter[str] = field(default_factory=Counter)
     keys: dict[Any, KeyStats] = field(default_factory=dict)
+    tracer: str | None = None  # set when the tracer was replaced: which by which, and why
 
-    def fallback(self, reason: str) -> None:
-        """Count one call that ran without a graph, under ``reason``."""
-        self.fallbacks[reason] += 1
+    def fallback(self, reason: str, calls: int = 1) -> None:
+        """Count ``calls`` calls that ran without a graph, under ``reason``."""
+        self.fallbacks[reason] += calls
 
     def as_dict(self) -> dict[str, Any]:
         keys = [k.as_dict() for k in self.keys.values()]
@@ -100,6 +101,7 @@ class FunctionStats:
             "replays": sum(k.replays for k in self.keys.values()),
             "fallbacks": dict(self.fallbacks),
             "verify_skipped": dict(self.verify_skipped),
+            "tracer": self.tracer,
             "pool_bytes": max((k.pool_bytes for k in self.keys.values()), default=0),
             "keys": keys,
         }
@@ -109,10 +111,15 @@ class FunctionStats:
         d = self.as_dict()
         lines = [f"{self.name}: {d['calls']} calls, {d['graphs']} graphs, {d['replays']} replays"
                  + (f", {self.nested_calls} calls inside other graphed calls" if self.nested_calls else "")]
+        if self.tracer:
+            lines.append(f"  tracer: {self.tracer}")
         for reason, n in sorted(self.fallbacks.items(), key=lambda item: -item[1]):
             lines.append(f"  fallback x{n}: {reason}")
         for reason, n in sorted(self.verify_skipped.items(), key=lambda item: -item[1]):
             lines.append(f"  captured without verify x{n}: {reason}")
+        stuck = Counter(k.reason for k in self.keys.values() if k.state is State.WARMUP and k.reason)
+        for reason, n in sorted(stuck.items(), key=lambda item: -item[1]):
+            lines.append(f"  still warming up x{n} key(s): {reason}")
         details: dict[str, str] = {}
         for k in keys_sorted(self.keys.values()):
             lines.append(

@@ -148,33 +148,40 @@ def rebuild(obj: Any, tensors: Sequence[Any], is_tensor: Callable[[Any], bool]) 
     """``obj`` with its tensor leaves replaced, in :func:`collect_tensors` order, by ``tensors``.
 
     Containers are rebuilt; an object is shallow-copied with the attributes that changed set on the
-    copy (the original is never modified), or returned as it is when none changed.
+    copy (the original is never modified), or returned as it is when no tensor under it changed (a
+    cache object whose tensors are put back as themselves is the caller's own object again, lists of
+    layers and all).
     """
-    return _rebuild(obj, iter(tensors), is_tensor, set())
+    return _rebuild(obj, iter(tensors), is_tensor, set())[0]
 
 
-def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiting: set[int]) -> Any:
+def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiting: set[int]) -> tuple[Any, bool]:
+    """``(rebuilt x, whether every tensor under x was put back as itself)``."""
     if is_tensor(x):
-        return next(it)
-    if isinstance(x, list):
-        return [_rebuild(e, it, is_tensor, visiting) for e in x]
-    if isinstance(x, tuple):
-        items = [_rebuild(e, it, is_tensor, visiting) for e in x]
-        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
-    if isinstance(x, dict):
-        return type(x)((k, _rebuild(v, it, is_tensor, visiting)) for k, v in x.items())
+        t = next(it)
+        return t, t is x
+    if isinstance(x, (list, tuple, dict)):
+        if isinstance(x, dict):
+            pairs = [(k, _rebuild(v, it, is_tensor, visiting)) for k, v in x.items()]
+            return type(x)((k, v) for k, (v, _same) in pairs), all(same for _k, (_v, same) in pairs)
+        parts = [_rebuild(e, it, is_tensor, visiting) for e in x]
+        items = [v for v, _same in parts]
+        same = all(s for _v, s in parts)
+        if isinstance(x, list):
+            return items, same
+        return (type(x)(*items) if hasattr(x, "_fields") else type(x)(items)), same
     if is_object(type(x)) and id(x) not in visiting:
         visiting.add(id(x))
         changed = []
         for name, v in object_fields(x):
-            new = _rebuild(v, it, is_tensor, visiting)
-            if new is not v:
+            new, same = _rebuild(v, it, is_tensor, visiting)
+            if not same:
                 changed.append((name, new))
         visiting.discard(id(x))
         if not changed:
-            return x
+            return x, True
         clone = copy.copy(x)
         for name, new in changed:
             object.__setattr__(clone, name, new)
-        return clone
-    return x
+        return clone, False
+    return x, True

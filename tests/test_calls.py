@@ -376,8 +376,8 @@ def test_on_a_cpu_the_scope_and_static_inputs_say_why_there_is_no_graph(gj_log):
     g = graphjit.graphed(lambda x: x + 1)
     with graphjit.capture_scope() as sc:
         g(torch.ones(2))
-    end = [r.getMessage() for r in gj_log.records if "captures (" in r.getMessage()]
-    assert end and "uncaptured: 1 call(s): no CUDA graphs" in end[-1], end
+    end = [r.getMessage() for r in gj_log.records if "capture_scope:" in r.getMessage()]
+    assert end and "no graphs: 1 call(s) ran the traced function uncaptured (no CUDA graphs" in end[-1], end
     assert sc.stats()["uncaptured"]
     with pytest.raises(graphjit.GraphjitError, match="run uncaptured \\(no CUDA graphs"):
         g.static_inputs(torch.ones(2))

@@ -16,7 +16,7 @@ import numpy as np
 import paddle
 
 sys.path.insert(0, os.getcwd())
-import graphjit  # noqa: E402
+import graphjit
 
 N = 64
 rng = np.random.default_rng(0)

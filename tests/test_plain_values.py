@@ -1,0 +1,105 @@
+"""Arguments graphjit keys by value, and what a capture scope says on a machine without CUDA (issue 20's
+CPU items): an unhashable object that holds no tensors is the documented SignatureError naming the argument
+with every tracer, before the function runs; one that holds tensors is still walked; the scope's summary
+says that no graph was captured, how many calls ran the traced function instead, and why."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+
+import pytest
+
+import graphjit
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+CUDA = HAS_TORCH and __import__("torch").cuda.is_available()
+
+
+class NoHash:
+    """An argument object whose class says it is unhashable, holding only plain values."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+
+@dataclasses.dataclass
+class Settings:  # eq=True without frozen: __hash__ is None too
+    k: float
+
+
+def _tensor(framework: str, n: int = 2):
+    if framework == "paddle":
+        paddle = pytest.importorskip("paddle")
+        return paddle.ones([n])
+    torch = pytest.importorskip("torch")
+    return torch.ones(n)
+
+
+CASES = [pytest.param("paddle", "sot", marks=pytest.mark.paddle),
+         pytest.param("paddle", "eager", marks=pytest.mark.paddle),
+         pytest.param("paddle", "ast", marks=pytest.mark.paddle),
+         pytest.param("torch", "eager", marks=pytest.mark.torch)]
+
+
+@pytest.mark.parametrize(("framework", "tracer"), CASES)
+@pytest.mark.parametrize("make", [NoHash, Settings])
+def test_an_unhashable_object_without_tensors_is_a_signature_error_naming_it(framework, tracer, make):
+    ran = []
+
+    def step(x, opts):
+        ran.append(1)
+        return x * {opts: 2.0}[opts]  # what the user's own code would do with it: hash it
+
+    g = graphjit.graphed(step, tracer=tracer)
+    with pytest.raises(graphjit.SignatureError, match=r"step: argument 'opts' is a .*(NoHash|Settings) with "
+                       r"__hash__ = None that holds no tensors, so it is neither a tensor nor hashable") as info:
+        g(_tensor(framework), make(2.0))
+    assert not isinstance(info.value, graphjit.TracerError)
+    assert "frozen dataclass" in str(info.value) and ran == []
+    with pytest.raises(graphjit.SignatureError, match=r"argument 'opts'\[0\] is a"):
+        g(_tensor(framework), [make(2.0)])  # inside a list it is still passed directly
+
+
+@pytest.mark.parametrize("framework", [pytest.param("paddle", marks=pytest.mark.paddle),
+                                       pytest.param("torch", marks=pytest.mark.torch)])
+def test_an_unhashable_object_that_holds_tensors_is_walked(framework):
+    @dataclasses.dataclass
+    class Box:
+        t: object
+        inner: NoHash  # unhashable, inside an object that holds tensors: walked with it
+
+    g = graphjit.graphed(lambda b: b.t * b.inner.k, tracer="eager")
+    out = g(Box(_tensor(framework), NoHash(3.0)))
+    assert [float(v) for v in out.numpy()] == [3.0, 3.0]
+    assert "b.t[2]" in g.stats()["keys"][0]["key"]
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(CUDA, reason="the no-CUDA path")
+def test_on_a_cpu_the_scope_summary_says_no_graphs_and_how_many_calls_ran_the_traced_function(caplog):
+    import torch
+
+    caplog.set_level(logging.INFO, logger="graphjit")
+    g = graphjit.graphed(lambda x: x + 1)
+    with graphjit.capture_scope(total=3):
+        for n in (4, 2, 1):
+            g(torch.ones(n))
+    (summary,) = [r.getMessage() for r in caplog.records if "capture_scope:" in r.getMessage()]
+    assert summary.startswith(f"graphjit capture_scope: no graphs: 3 call(s) ran the traced function uncaptured "
+                              f"(no CUDA graphs: torch {torch.__version__} is a CPU build); "), summary
+    assert "0 captures" not in summary and "(0 not captured)" not in summary
+
+
+def test_a_scope_that_captured_counts_graphs_and_failures_apart():
+    scope = graphjit.capture_scope(progress=False)
+    with scope:
+        scope.note_capture("f", "x[2]", 1.5, ok=True)
+        scope.note_capture("f", "x[4]", 0.0, ok=False, reason="capture failed: sync")
+        scope.note_uncaptured("inputs on several devices (cpu, cuda:0)")
+    assert scope.summary().startswith("1 graph(s) captured, 1 key(s) not captured (1.5 ms capturing); 1 call(s) ran "
+                                      "the traced function uncaptured (inputs on several devices (cpu, cuda:0)); ")
+    assert graphjit.capture_scope(progress=False).summary().startswith("nothing captured; ")

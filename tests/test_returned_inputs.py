@@ -1,0 +1,130 @@
+"""A function that returns the cache it writes in place (transformers' models return their cache object,
+and generate() passes that object back in the next call) is captured once (issue 20, GPT-2): the returned
+cache is the caller's own, never a copy, so the next call finds every tensor where the graph has it.  Before,
+"copy" outputs handed back a copy of the cache with copies of its tensors, and every later call recaptured
+one "moved" tensor at a time (1 + 3 x layers captures).  CPU lifecycle through tests/graph_emulator.py."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from graph_emulator import emulated_torch  # noqa: E402
+
+import graphjit  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture
+def emu():
+    with emulated_torch() as backend:
+        yield backend
+
+
+class Layer:
+    """transformers' StaticLayer in miniature: a length tensor made at construction, the buffers made (and
+    the length moved to their device) at the first update, then everything written in place."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.length = torch.tensor(0)
+        self.keys: torch.Tensor | None = None
+
+    def update(self, k: torch.Tensor) -> torch.Tensor:
+        if self.keys is None:  # lazy initialisation
+            self.keys = torch.zeros(self.size, k.shape[-1], device=k.device)
+            self.length = self.length.to(k.device)
+        pos = torch.arange(k.shape[0]) + self.length
+        self.keys.index_copy_(0, pos, k)
+        self.length.add_(k.shape[0])
+        return self.keys
+
+
+class Cache:
+    def __init__(self, layers: int, size: int) -> None:
+        self.layers = [Layer(size) for _ in range(layers)]
+
+
+def _model(layers: int = 3, dim: int = 4):
+    gen = torch.Generator().manual_seed(0)
+    ws = [torch.randn(dim, dim, generator=gen) for _ in range(layers)]
+
+    def forward(x, cache):
+        h = x
+        for w, layer in zip(ws, cache.layers):
+            keys = layer.update(h @ w)
+            h = h + keys.sum(0, keepdim=True) * 0.01
+        return {"logits": h.sum(-1), "cache": cache}  # a model output: the cache object itself, like ModelOutput
+
+    return forward
+
+
+def _generate(forward, prompt: torch.Tensor, steps: int, layers: int = 3):
+    """generate()'s loop: the next call gets the cache the previous call returned."""
+    out = forward(prompt, Cache(layers, 32))
+    logits, caches = [out["logits"]], [out["cache"]]
+    x = prompt[-1:]
+    for _ in range(steps):
+        out = forward(x + out["logits"][-1:].unsqueeze(-1), out["cache"])
+        logits.append(out["logits"])
+        caches.append(out["cache"])
+    return logits, caches
+
+
+def test_a_returned_cache_is_the_callers_own_and_the_key_captures_once(emu):
+    forward = _model()
+    prompt = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    want, _ = _generate(forward, prompt, 12)
+    g = graphjit.graphed(forward)
+    got, caches = _generate(g, prompt, 12)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want))
+    assert all(c is caches[0] for c in caches), "the returned cache is the one passed in, as eager returns it"
+    s = g.stats()
+    decode = next(k for k in s["keys"] if k["state"] == "replay")
+    assert decode["captures"] == 1 and decode["reason"] is None, g.report()
+    assert decode["replays"] == 12 - 2 and decode["input_copies"] <= 10, decode  # 2 warmups, then the capture
+    assert s["graphs"] == 1 and not [r for r in s["fallbacks"] if "moved" in r], s
+
+
+def test_a_returned_input_tensor_is_the_callers_tensor_and_is_not_poisoned_as_an_alias(emu, monkeypatch):
+    monkeypatch.setenv("GRAPHJIT_CHECK_OUTPUTS", "1")
+    graphjit.refresh_env()
+
+    def step(x, cache):
+        cache.add_(x)
+        return cache, cache.sum()
+
+    for outputs in ("copy", "alias"):
+        g = graphjit.graphed(step, outputs=outputs)
+        cache = torch.zeros(3)
+        for i in range(6):
+            back, total = g(torch.ones(3), cache)
+            assert back is cache and float(total) == 3.0 * (i + 1), (outputs, i)
+        assert torch.equal(cache, torch.full((3,), 6.0)), outputs  # the alias poisoning skipped the caller's cache
+        assert g.stats()["graphs"] == 1
+
+
+def test_a_cache_passed_anew_with_every_tensor_moved_recaptures_once(emu):
+    forward = _model()
+    g = graphjit.graphed(forward)
+    x = torch.randn(1, 4, generator=torch.Generator().manual_seed(2))
+    cache = Cache(3, 32)
+    forward(torch.randn(2, 4), cache)  # initialised outside
+    for _ in range(4):
+        g(x, cache)
+    moved = copy.deepcopy(cache)  # every tensor at a new address
+    ref = copy.deepcopy(cache)
+    want = forward(x, ref)["logits"]
+    got = g(x, moved)["logits"]
+    assert torch.allclose(got, want, atol=1e-6)
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.length, b.length)
+               for a, b in zip(moved.layers, ref.layers))
+    for _ in range(3):
+        g(x, moved)
+    (key,) = g.stats()["keys"]
+    assert key["captures"] == 2, key  # one recapture for the six tensors that moved together, not six
+    assert key["reason"] == "recaptured: argument 'cache'.layers[0].length moved", key
