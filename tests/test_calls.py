@@ -58,7 +58,8 @@ def test_paddle_layer_object_runs_its_hooks(tracer):
     with paddle.no_grad():
         got = g(x)
     np.testing.assert_array_equal(got.numpy(), np.full((3, 4), 42.0, np.float32))
-    assert seen == ["pre"]
+    checked = tracer in graphjit.backends.get("paddle").checked_tracers  # Paddle 2.x's SOT: run once more, first call
+    assert seen == ["pre"] * (2 if checked else 1)
     assert "forward" not in layer.__dict__
 
 

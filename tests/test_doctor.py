@@ -336,6 +336,12 @@ def test_paddle_view_of_the_gpus_comes_from_the_paddle_rows() -> None:
 
 @pytest.mark.skipif(not HAS_PADDLE, reason="needs paddle")
 @pytest.mark.slow
+def paddle_version() -> str:
+    import paddle
+
+    return str(paddle.__version__)
+
+
 def test_paddle_ar_probe_runs_on_cpu() -> None:
     """Paddle's 2-process probe in a gloo group on the CPU: it starts, runs every case and reports (the custom
     all-reduce is off there: CPU build; every call runs gloo and matches, counted under that reason)."""
@@ -351,7 +357,10 @@ def test_paddle_ar_probe_runs_on_cpu() -> None:
         assert len(eager) == 2 * len(allreduce.AR_SIZES) and len(graphed) == len(allreduce.AR_GRAPHED)
         assert {c["dtype"] for c in cases} == {"float32"}
         assert all(c["max_abs_diff"] == 0.0 and c["max_abs"] > 0 and c["custom"] is False for c in cases), cases
-        assert res["fallbacks"] == {"unavailable": len(eager) + sum(c["calls"] for c in graphed)}, res["fallbacks"]
+        # Paddle 2.x checks its SOT on the first call of each graphed case: one all-reduce more per case
+        checked = len(graphed) if int(paddle_version().split(".")[0]) < 3 else 0
+        assert res["fallbacks"] == {"unavailable": len(eager) + sum(c["calls"] for c in graphed) + checked}, \
+            res["fallbacks"]
     status, text, fix, _, _ = allreduce.ar_verdict(results, tails, why)
     assert status == "fail" and text.startswith("collectives.init turned it off (unavailable)") and fix
 

@@ -37,7 +37,9 @@ def test_an_island_runs_eagerly_under_the_tracer(tracer):
         got = g(x).numpy()
         want = (x.numpy() * 2) / float(np.abs(x.numpy() * 2).max()) + 1
         np.testing.assert_allclose(got, want, rtol=1e-6)
-    assert len(seen) == 4  # the island's Python ran on every call
+    # the island's Python ran on every call (and once more in the first, where Paddle 2.x's SOT is checked)
+    extra = 1 if tracer in backends.get("paddle").checked_tracers else 0
+    assert len(seen) == 4 + extra
     assert island_of(scale) is not None
 
 

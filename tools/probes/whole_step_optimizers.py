@@ -57,7 +57,12 @@ def main() -> None:
     for opt_name, capturable in [("sgd", False), ("adam", False), ("adam", True), ("adamw", True)]:
         for zero in ["outside_none", "inside_none", "inside_in_place"]:
             m0, o0, l0, _ = run(False, opt_name, capturable, zero)
-            m1, o1, l1, st = run(True, opt_name, capturable, zero)
+            try:
+                m1, o1, l1, st = run(True, opt_name, capturable, zero)
+            except Exception as exc:  # the finding
+                print(json.dumps({"opt": opt_name, "capturable": capturable, "zero": zero,
+                                  "error": f"{type(exc).__name__}: {exc}"[:500]}), flush=True)
+                continue
             pd = max(diff(p.detach(), q.detach()) for p, q in zip(m0.parameters(), m1.parameters()))
             gd = max(diff(p.grad, q.grad) for p, q in zip(m0.parameters(), m1.parameters()))
             sd = 0.0
