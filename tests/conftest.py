@@ -57,6 +57,16 @@ def _fresh_env(monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.fixture
+def emu():
+    """graphjit's torch backend replaced by the CPU stand-in for CUDA graphs (tests/graph_emulator.py)."""
+    pytest.importorskip("torch")
+    from graph_emulator import emulated_torch
+
+    with emulated_torch() as backend:
+        yield backend
+
+
+@pytest.fixture
 def gj_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.DEBUG, logger="graphjit")
     return caplog

@@ -12,19 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from graph_emulator import emulated_torch  # noqa: E402
 
 import graphjit  # noqa: E402
 from graphjit.islands import island_of  # noqa: E402
 from graphjit.pieces import PiecewiseGraph  # noqa: E402
 
 pytestmark = pytest.mark.torch
-
-
-@pytest.fixture
-def emu():
-    with emulated_torch() as backend:
-        yield backend
 
 
 @dataclasses.dataclass

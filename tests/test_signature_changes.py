@@ -13,18 +13,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from graph_emulator import emulated_torch  # noqa: E402
 
 import graphjit  # noqa: E402
 from graphjit.history import SIGNATURE_CHANGES  # noqa: E402
 
 pytestmark = pytest.mark.torch
-
-
-@pytest.fixture
-def emu():
-    with emulated_torch() as backend:
-        yield backend
 
 
 class Counter:
