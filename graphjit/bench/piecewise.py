@@ -12,10 +12,15 @@ varlen attention kernel takes), masked per sequence.  Variants:
 * ``whole_fixed``: the fixed-shape variant (attention over the whole cache, masked; no host int) under
   ``@graphed``, one graph: the ceiling piecewise is measured against.
 
-Per size (``--layers`` x ``--batch``) each variant runs ``--warmup`` untimed calls (checked against eager on
-the same inputs), then ``--repeats`` x ``--steps`` timed calls (CUDA events; median us per step).  The
-boundary cost: a graphed chain of ``--layers`` small matmuls with an identity island between each two layers
-against the same chain without islands; ``(piecewise - whole) / islands``.
+Per size (``--layers`` x ``--batch``) every variant is measured the same way (the variants' order does not
+matter): ``--warmup`` untimed calls, each compared with an eager reference of the same function on the same
+inputs and state (whole_fixed: the eager fixed-shape step, whose function is checked to equal the varlen
+step's in float32); one untimed pass over the ``--steps`` metadata of the timed loop (so that every sequence
+length is met warm: cuDNN attention builds a plan for each new length); ``--repeats`` timed passes over
+them (CUDA events; median us per step); one more checked call.  ``equal_eager`` means exactly equal.  The
+boundary cost: a graphed chain of ``max(--layers) + 1`` small layers with an identity island between each
+two against the same chain graphed whole, each call timed alone on the host:
+``(piecewise - whole) / islands``.
 
 Targets (``summary``): piecewise at least 3x faster than eager at 8 layers batch 1; piecewise at most 1.3x
 the whole fixed-shape graph.  Needs a CUDA GPU; ``--allow-cpu`` runs a tiny smoke version for CI (graphs
@@ -34,6 +39,7 @@ from .common import say
 VARIANTS = ("eager", "piecewise", "whole_fixed")
 TARGETS = {"eager_vs_piecewise_min": 3.0, "piecewise_vs_whole_fixed_max": 1.3}
 RATIOS = {"eager_vs_piecewise": ("eager", "piecewise"), "piecewise_vs_whole_fixed": ("piecewise", "whole_fixed")}
+ATTENTION = ("efficient", "cudnn", "math", "auto")
 GPU_DEFAULTS: dict[str, Any] = {"layers": [8, 32], "batch": [1, 8], "hidden": 1024, "steps": 50, "repeats": 5,
                                 "warmup": 6, "max_cache": 512}
 CPU_DEFAULTS: dict[str, Any] = {"layers": [2], "batch": [1], "hidden": 64, "steps": 3, "repeats": 2, "warmup": 4,
@@ -52,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--repeats", type=common.positive_int, default=None, help="timed repeats (default 5)")
     g.add_argument("--warmup", type=common.positive_int, default=None,
                    help="untimed, checked steps per variant (default 6; at least 3: @graphed captures on the third)")
+    g.add_argument("--attention", choices=ATTENTION, default="efficient",
+                   help="the scaled_dot_product_attention kernel every variant uses on a GPU (default efficient: "
+                        "deterministic and without a per-length plan; auto: torch's pick, cuDNN on Hopper)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--allow-cpu", action="store_true", help="without a CUDA GPU, a tiny smoke run (for CI)")
 
@@ -68,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     json_path, png_path = common.output_paths(args.out, f"piecewise_decode_torch_{tag}.json")
     data = common.grid_header("piecewise", args, tag, on_gpu, {
         "layers": args.layers, "batch": args.batch, "hidden": args.hidden, "max_cache": args.max_cache,
+        "attention": args.attention if on_gpu else "auto",
         "variants": variants, "steps": args.steps, "repeats": args.repeats, "warmup": args.warmup,
         "dtype": "bf16" if on_gpu else "fp32"})
     say(f"piecewise [torch, {data['device']}]: layers={args.layers} batch={args.batch} hidden={args.hidden} "
@@ -97,14 +107,31 @@ def run(args: argparse.Namespace) -> int:
                             rows))
     b = data["boundary"]
     if b.get("status") == "ok":
-        say(f"piecewise: one island boundary costs {b['us_per_boundary']:.2f} us ({b['islands']} islands: "
-            f"{b['piecewise_us']:.1f} us against {b['whole_us']:.1f} us without)")
+        gpu = "" if b.get("gpu_us_per_boundary") is None else (
+            f"; on the GPU {b['gpu_us_per_boundary']:.2f} us ({b['gpu_piecewise_us']:.1f} against "
+            f"{b['gpu_whole_us']:.1f})")
+        say(f"piecewise: one island boundary costs {b['us_per_boundary']:.2f} us on the host ({b['islands']} islands: "
+            f"{b['piecewise_us']:.1f} us a call against {b['whole_us']:.1f} us without{gpu})")
     return common.finish("piecewise", data, json_path, png_path)
 
 
+def _wrong(variant: str, res: dict[str, Any]) -> str | None:
+    """Why a variant that ran is not to be trusted: its outputs differ from its eager reference, the fixed-shape
+    step is not the varlen step's function, or a captured segment was empty."""
+    why = []
+    if not res.get("equal_eager"):
+        why.append(f"outputs differ from {res.get('reference', 'eager')} ({res.get('max_rel_diff')})")
+    check = res.get("function_check")
+    if check is not None and not check.get("equal"):
+        why.append(f"the fixed-shape step differs from the varlen step in {check.get('dtype')} "
+                   f"({check.get('max_rel_diff')}, tolerance {check.get('tolerance')})")
+    if res.get("empty_graphs"):
+        why.append(f"{res['empty_graphs']} captured segment(s) empty")
+    return "; ".join(why) or None
+
+
 def _summary(data: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
-    problems = common.grid_problems(data, lambda v, res: None if res.get("equal_eager")
-                                    else f"outputs differ from eager ({res.get('max_rel_diff')})")
+    problems = common.grid_problems(data, _wrong)
     targets: dict[str, Any] = {}
     for name, entry in data["results"].items():
         if not on_gpu:

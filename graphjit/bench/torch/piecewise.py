@@ -1,19 +1,40 @@
 """torch half of ``python -m graphjit bench piecewise``: the decode step with per-call attention metadata,
 eager, piecewise (attention an island) and as a whole graph of its fixed-shape variant; and the cost of one
 island boundary.  The framework-neutral part is :mod:`graphjit.bench.piecewise`.
+
+How each variant is measured, the same way for all three (:meth:`PiecewiseBench.run_variant`):
+
+1. checked calls: ``--warmup`` calls (the graphed variants warm up and capture here), each compared with an
+   eager reference of the same function on the same inputs and state;
+2. a warm pass: one untimed pass over the ``--steps`` metadata the timed loop uses.  Every ``max_len`` the
+   variant will be timed on has then been seen: torch's cuDNN attention (which ``scaled_dot_product_attention``
+   picks for this step on Hopper) builds an execution plan for every new sequence length, about 60 ms each on
+   an H200, and without this pass whichever variant ran first at a batch size (eager) paid for every length in
+   its timed loop while the others met them cached;
+3. timed: ``--repeats`` passes over the same ``--steps`` metadata (:func:`.timing.timed`);
+4. checked again: the reference is given the variant's state (its caches) and both run one more call.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import itertools
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import common
 from .timing import graphed_stats, timed
 
 HEAD_DIM = 64
+EMPTY_GRAPH = "The CUDA Graph is empty"
+"""torch's warning (``CUDAGraph.cpp``) for a captured graph with no nodes: a segment that measures nothing."""
+FUNCTION_TOLERANCE = 1e-5
+"""The largest relative difference in float32 between the fixed-shape step and the varlen step (the same
+math: attention over the whole cache with the positions past each sequence masked)."""
 
 
 class PiecewiseBench:
@@ -28,26 +49,41 @@ class PiecewiseBench:
         self.device = "cuda" if on_gpu else "cpu"
         self.dtype = torch.bfloat16 if on_gpu else torch.float32
 
+    def attention(self) -> contextlib.AbstractContextManager[Any]:
+        """``--attention``: the one ``scaled_dot_product_attention`` kernel every variant runs (on a GPU; the CPU
+        smoke run keeps torch's pick).  torch's own pick on Hopper (``auto``) is cuDNN, which builds an
+        execution plan for every new sequence length (about 60 ms on an H200)."""
+        name = getattr(self.args, "attention", "auto")
+        if not self.on_gpu or name == "auto":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([{"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                             "math": SDPBackend.MATH}[name]])
+
     def sync(self) -> None:
         if self.on_gpu:
             self.torch.cuda.synchronize()
 
     # -- the model ---------------------------------------------------------------------------------
-    def model(self, layers: int, batch: int, fixed: bool) -> tuple[Callable[..., Any], list[Any]]:
-        """The step and its caches: ``fixed`` attends over the whole cache (one shape for every call), else
-        over the first ``meta["max_len"]`` entries, a host int, inside an island."""
+    def model(self, layers: int, batch: int, fixed: bool, dtype: Any = None) -> tuple[Callable[..., Any], list[Any]]:
+        """The step and its caches (weights from ``--seed``: every model of one size has the same ones).
+        ``fixed`` attends over the whole cache (one shape for every call), else over the first
+        ``meta["max_len"]`` entries, a host int, inside an island; both mask the positions past each
+        sequence's own, so they compute the same function."""
         import graphjit
 
         torch, a = self.torch, self.args
+        dtype = self.dtype if dtype is None else dtype
         d, heads = a.hidden, max(1, a.hidden // HEAD_DIM)
         gen = torch.Generator().manual_seed(a.seed)
 
         def w(*shape: int) -> Any:
-            return (torch.randn(*shape, generator=gen) / shape[0] ** 0.5).to(self.device, self.dtype)
+            return (torch.randn(*shape, generator=gen) / shape[0] ** 0.5).to(self.device, dtype)
 
         weights = [(w(d, 3 * d), w(d, d), w(d, 2 * d), w(d, d)) for _ in range(layers)]
-        caches = [(torch.zeros(batch, heads, a.max_cache, HEAD_DIM, device=self.device, dtype=self.dtype),
-                   torch.zeros(batch, heads, a.max_cache, HEAD_DIM, device=self.device, dtype=self.dtype))
+        caches = [(torch.zeros(batch, heads, a.max_cache, HEAD_DIM, device=self.device, dtype=dtype),
+                   torch.zeros(batch, heads, a.max_cache, HEAD_DIM, device=self.device, dtype=dtype))
                   for _ in range(layers)]
         rows = torch.arange(batch, device=self.device)
         sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -82,11 +118,11 @@ class PiecewiseBench:
 
         return step, caches
 
-    def metas(self, batch: int, count: int) -> list[dict[str, Any]]:
-        """Per-step metadata, made before timing: positions (a device tensor), the mask over the cache, and
-        ``max_len``, a host int that changes every step."""
+    def metas(self, batch: int, count: int, salt: int = 0) -> list[dict[str, Any]]:
+        """Per-step metadata, made before any timing: positions (a device tensor), the mask over the cache,
+        and ``max_len``, a host int (the longest sequence) that changes from step to step."""
         torch, a = self.torch, self.args
-        gen = torch.Generator().manual_seed(a.seed + batch)
+        gen = torch.Generator().manual_seed(a.seed + 1000 * salt + batch)
         out = []
         for _ in range(count):
             pos = torch.randint(0, a.max_cache, (batch,), generator=gen)
@@ -95,42 +131,105 @@ class PiecewiseBench:
                         "max_len": int(pos.max()) + 1})
         return out
 
+    def inputs(self, batch: int, count: int, dtype: Any = None) -> list[Any]:
+        torch = self.torch
+        gen = torch.Generator().manual_seed(self.args.seed + 7)
+        return [torch.randn(batch, self.args.hidden, generator=gen).to(self.device, self.dtype if dtype is None
+                                                                        else dtype) for _ in range(count)]
+
+    @staticmethod
+    def fixed_meta(meta: dict[str, Any]) -> dict[str, Any]:
+        """The fixed-shape step's metadata: the same tensors without the host int (which would be part of
+        the key of a graph that does not read it)."""
+        return {"pos": meta["pos"], "mask": meta["mask"]}
+
+    def rel_diff(self, got: Any, want: Any) -> float:
+        """``|got - want| / |want|`` in float32 (0.0 for equal tensors, whatever their values)."""
+        got, want = got.float(), want.float()
+        den = float(want.norm())
+        num = float((got - want).norm())
+        return num / den if den else num
+
+    def function_check(self, layers: int, batch: int, dtype: Any = None, calls: int = 4) -> float:
+        """The largest relative difference between the fixed-shape step and the varlen step (eager, the
+        same weights, inputs and metadata, each with its own caches) over ``calls`` calls; in float32
+        unless ``dtype``."""
+        torch = self.torch
+        dtype = torch.float32 if dtype is None else dtype
+        varlen, _ = self.model(layers, batch, fixed=False, dtype=dtype)
+        fixed, _ = self.model(layers, batch, fixed=True, dtype=dtype)
+        worst = 0.0
+        with torch.no_grad():
+            for x, meta in zip(self.inputs(batch, calls, dtype), self.metas(batch, calls, salt=2)):
+                worst = max(worst, self.rel_diff(fixed(x, self.fixed_meta(meta)), varlen(x, meta)))
+        return worst
+
     # -- one variant -------------------------------------------------------------------------------
     def run_variant(self, variant: str, layers: int, batch: int) -> dict[str, Any]:
+        """Check, warm, time and check again one variant (module docstring); ``equal_eager``: every checked
+        call equals the eager reference of the same function exactly."""
+        with self.attention():
+            return self._run_variant(variant, layers, batch)
+
+    def _run_variant(self, variant: str, layers: int, batch: int) -> dict[str, Any]:
         import graphjit
 
         torch, a = self.torch, self.args
-        total = a.warmup + a.repeats * a.steps
-        metas = self.metas(batch, total)
-        gen = torch.Generator().manual_seed(a.seed + 7)
-        xs = [torch.randn(batch, a.hidden, generator=gen).to(self.device, self.dtype) for _ in range(a.warmup)]
-        ref_step, _ = self.model(layers, batch, fixed=False)
-        step, _caches = self.model(layers, batch, fixed=variant == "whole_fixed")
+        fixed = variant == "whole_fixed"
+        # The reference: the same function, eager (the fixed-shape step for whole_fixed: the same math as the
+        # varlen one, checked separately in float32 below, but other kernels, so other bf16 rounding).
+        ref_step, ref_caches = self.model(layers, batch, fixed=fixed)
+        step, caches = self.model(layers, batch, fixed=fixed)
         if variant == "eager":
             fn: Callable[..., Any] = step
         elif variant == "piecewise":
             fn = graphjit.graphed(step, dynamic=("meta",))
         else:  # the fixed-shape step reads no host int: its metadata is two tensors, static inputs of one graph
             fn = graphjit.graphed(step)
-            metas = [{"pos": m["pos"], "mask": m["mask"]} for m in metas]
-        worst = 0.0
-        with torch.no_grad():
-            for i in range(a.warmup):
-                want = ref_step(xs[i], {**metas[i], "max_len": int(metas[i]["pos"].max()) + 1}).float()
-                got = fn(xs[i], metas[i]).float()
-                worst = max(worst, float((got - want).norm() / want.norm()))
-            x = xs[-1]
+        shape_meta: Callable[[dict[str, Any]], dict[str, Any]] = self.fixed_meta if fixed else dict
+        checked = [shape_meta(m) for m in self.metas(batch, a.warmup + 1, salt=1)]
+        timed_metas = [shape_meta(m) for m in self.metas(batch, a.steps)]
+        xs = self.inputs(batch, a.warmup + 1)
+        diffs: list[float] = []
+        with torch.no_grad(), _graph_warnings() as empty:
+            for x, meta in zip(xs[:-1], checked[:-1]):
+                want = ref_step(x, meta)
+                diffs.append(self.rel_diff(fn(x, meta), want))
+            x = xs[0]
+            t0 = time.perf_counter()
+            for meta in timed_metas:  # the warm pass: every length of the timed loop seen once, untimed
+                fn(x, meta)
             self.sync()
-            it = iter(metas[a.warmup:])
-            res = timed(self.on_gpu, a.repeats, a.steps, lambda: fn(x, next(it)))
-        tolerance = 2e-2 if self.dtype == torch.bfloat16 else 1e-4
-        res.update({"max_rel_diff": worst, "equal_eager": worst <= tolerance})
+            first_pass = (time.perf_counter() - t0) * 1e6 / len(timed_metas)
+            metas = itertools.cycle(timed_metas)
+            res = timed(self.on_gpu, a.repeats, a.steps, lambda: fn(x, next(metas)))
+            for (rk, rv), (k, v) in zip(ref_caches, caches):  # the reference takes the variant's state
+                rk.copy_(k)
+                rv.copy_(v)
+            diffs.append(self.rel_diff(fn(xs[-1], checked[-1]), ref_step(xs[-1], checked[-1])))
+        worst = max(diffs)
+        res.update({"reference": "eager, fixed-shape step" if fixed else "eager, varlen step",
+                    "checked_calls": len(diffs), "max_rel_diff": worst, "equal_eager": worst == 0.0,
+                    "first_pass_host_us_per_step": first_pass})
+        if empty:
+            res["empty_graphs"] = len(empty)
+        if fixed:  # the fixed-shape step computes the varlen step's function: same math, masked
+            same = self.function_check(layers, batch)
+            res["function_check"] = {"dtype": "float32", "max_rel_diff": same, "tolerance": FUNCTION_TOLERANCE,
+                                     "equal": same <= FUNCTION_TOLERANCE}
+            if self.dtype != torch.float32:  # for the record: what other kernels' rounding does over the layers
+                res["function_check"]["bf16_max_rel_diff"] = self.function_check(layers, batch, self.dtype)
         graphed_stats(fn, self.on_gpu, res, ("segments", "islands", "replay_us", "island_us"))
         return res
 
     # -- the boundary ------------------------------------------------------------------------------
-    def boundary_cost(self, layers: int) -> dict[str, Any]:
-        """A graphed chain of ``layers`` small matmuls, with and without an identity island between layers."""
+    def boundary_cost(self, islands: int) -> dict[str, Any]:
+        """The host cost of one island boundary: a graphed chain of ``islands + 1`` small layers with an identity
+        island between each two (``islands + 1`` segments, none empty), against the same chain graphed whole.
+
+        Each call is timed alone: synchronised before, the host clock around the call itself (what the host
+        spends issuing it, with an empty launch queue, so a launch never waits for the GPU) and CUDA events
+        around it (its span on the GPU).  ``host_us_per_boundary = (host piecewise - host whole) / islands``."""
         import graphjit
 
         torch, a = self.torch, self.args
@@ -140,33 +239,82 @@ class PiecewiseBench:
         def nothing(h: Any) -> Any:
             return h  # returns its input: no copy, so the time is the boundary itself
 
-        def chain(x: Any, islands: bool) -> Any:
-            h = x
-            for _ in range(layers):
-                h = torch.tanh(h @ w)
-                if islands:
+        def chain(x: Any, cut: bool) -> Any:
+            h = torch.tanh(x @ w)
+            for _ in range(islands):
+                if cut:
                     h = nothing(h)
+                h = torch.tanh(h @ w)  # every segment, the last included, holds a layer
             return h
 
-        timings = {}
-        x = torch.randn(8, 64).to(self.device, self.dtype)
-        for islands in (False, True):
-            g: Any = graphjit.graphed(lambda x, islands=islands: chain(x, islands))
-            with torch.no_grad():
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(a.seed + 1)).to(self.device, self.dtype)
+        host: dict[bool, float | None] = {}
+        span: dict[bool, float | None] = {}
+        outs: dict[bool, Any] = {}
+        out: dict[str, Any] = {"status": "ok", "islands": islands, "layers": islands + 1}
+        with torch.no_grad(), _graph_warnings() as empty:
+            want = chain(x, False)
+            for cut in (False, True):
+                g: Any = graphjit.graphed(lambda x, cut=cut: chain(x, cut))
                 for _ in range(a.warmup):
                     g(x)
-                self.sync()
-                samples = []
-                for _ in range(a.repeats):
-                    t0 = time.perf_counter()
-                    for _ in range(a.steps):
-                        g(x)
-                    self.sync()
-                    samples.append((time.perf_counter() - t0) * 1e6 / a.steps)
-            timings[islands] = common.median(samples)
-            if self.on_gpu and not g.stats()["graphs"]:
-                return {"status": "fallback", "stats": g.stats()["fallbacks"]}
-        whole, piecewise = timings[False], timings[True]
+                host[cut], span[cut] = self._each_call(functools.partial(g, x), a.repeats * a.steps)
+                outs[cut] = g(x)
+                st = g.stats()
+                key = (st.get("keys") or [{}])[0]
+                out["stats_piecewise" if cut else "stats_whole"] = {
+                    k: st.get(k) for k in ("calls", "graphs", "replays", "fallbacks")} | {
+                    k: key.get(k) for k in ("segments", "islands")}
+                if self.on_gpu and (not st["graphs"] or st["fallbacks"]):
+                    return {**out, "status": "fallback", "stats": st["fallbacks"]}
+        if empty:
+            return {**out, "status": "error", "error": f"{len(empty)} captured segment(s) empty ({empty[0]})"}
+        diff = max(self.rel_diff(outs[cut], want) for cut in (False, True))
+        if diff != 0.0:
+            return {**out, "status": "error", "error": f"the graphed chains differ from eager ({diff:.3g})"}
+        if self.on_gpu and out["stats_piecewise"]["segments"] != islands + 1:
+            return {**out, "status": "error",
+                    "error": f"expected {islands + 1} segments, got {out['stats_piecewise']['segments']}"}
+        whole, piecewise, gpu_whole, gpu_piecewise = host[False], host[True], span[False], span[True]
         assert whole is not None and piecewise is not None
-        return {"status": "ok", "islands": layers, "whole_us": whole, "piecewise_us": piecewise,
-                "us_per_boundary": (piecewise - whole) / layers, "timer": "host, synchronised per repeat"}
+        out.update({"whole_us": whole, "piecewise_us": piecewise, "us_per_boundary": (piecewise - whole) / islands,
+                    "gpu_whole_us": gpu_whole, "gpu_piecewise_us": gpu_piecewise,
+                    "gpu_us_per_boundary": None if gpu_whole is None or gpu_piecewise is None
+                    else (gpu_piecewise - gpu_whole) / islands,
+                    "timer": "host clock around each call alone, synchronised before it (median); gpu: CUDA events "
+                             "around it"})
+        return out
+
+    def _each_call(self, call: Callable[[], Any], count: int) -> tuple[float | None, float | None]:
+        """Median host microseconds of ``call`` alone, each after a synchronisation, and on a GPU the median
+        span between CUDA events around it."""
+        torch = self.torch
+        host, gpu = [], []
+        for _ in range(count):
+            self.sync()
+            if self.on_gpu:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            t0 = time.perf_counter()
+            call()
+            host.append((time.perf_counter() - t0) * 1e6)
+            if self.on_gpu:
+                end.record()
+                end.synchronize()
+                gpu.append(start.elapsed_time(end) * 1e3)
+        return common.median(host), common.median(gpu)
+
+
+@contextlib.contextmanager
+def _graph_warnings() -> Iterator[list[str]]:
+    """Collect torch's "The CUDA Graph is empty" warnings raised in the block (a captured segment with no
+    work: a measurement of nothing); every other warning is passed on as it was."""
+    empty: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield empty
+    for w in caught:
+        if EMPTY_GRAPH in str(w.message):
+            empty.append(str(w.message).splitlines()[0])
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
