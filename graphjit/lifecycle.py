@@ -89,10 +89,10 @@ class KeyLifecycle(abc.ABC):
         st = self.key_stats(backend, sig)
         st.state = State.WARMUP
         budget = env.settings().verify_max_bytes
+        roots = self.roots(instance, args, kwargs)
         with scope_mod.graphed_call("warmup"):
-            run, traced = self.runner(backend, device, sig.key, instance, args, kwargs)
-            out, obs = watched_call(backend, run, self.roots(instance, args, kwargs), device, budget,
-                                    sync_watch=sync_watch)
+            run, traced = self.runner(backend, device, sig.key, instance, args, kwargs, roots)
+            out, obs = watched_call(backend, run, roots, device, budget, sync_watch=sync_watch)
         if traced is not None:
             self.check_tracer(backend, traced, out)
         warm.sync_watched = warm.sync_watched or sync_watch
@@ -105,15 +105,18 @@ class KeyLifecycle(abc.ABC):
         return out
 
     def runner(self, backend: Backend, device: str, key: tuple[Any, ...], instance: Any, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> tuple[Callable[[], Any], tracer_check.TracedRun | None]:
+               kwargs: dict[str, Any], roots: list[tuple[str, Any]] | None = None
+               ) -> tuple[Callable[[], Any], tracer_check.TracedRun | None]:
         """What runs a call: the traced function, or, on the first call of a key whose tracer is checked
         (:mod:`graphjit.tracer_check`), the Python function after a run of the traced one that is put back
-        (then hand the returned run to :meth:`check_tracer` with the call's result)."""
+        (then hand the returned run to :meth:`check_tracer` with the call's result).  ``roots``: the call's
+        (:meth:`roots`), if the caller has them."""
         inv = self.invoker
         if key in self.tracer_checked or inv.tracer_name(backend) not in backend.checked_tracers:
             return (lambda: inv.run(backend, instance, args, kwargs)), None
         self.tracer_checked.add(key)
-        traced = tracer_check.traced_run(backend, device, self.roots(instance, args, kwargs),
+        traced = tracer_check.traced_run(backend, device, roots if roots is not None else
+                                         self.roots(instance, args, kwargs),
                                          lambda: inv.run(backend, instance, args, kwargs),
                                          env.settings().verify_max_bytes)
         return (lambda: inv.run_untraced(backend, instance, args, kwargs)), traced

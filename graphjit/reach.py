@@ -159,18 +159,9 @@ def moved(reach: Reach, before: dict[int, int], data_ptr: Callable[[Any], int]) 
     """Paths of the tensors of ``reach`` whose memory is not where :func:`addresses` found it: the same tensor
     object now over other memory (torch's ``.data =``/``set_``/``resize_``, a tracer that writes a result back
     by sharing its buffer).  A CUDA graph would go on reading and writing the old memory."""
-    out = []
-    for tid, (t, path) in reach.tensors.items():
-        old = before.get(tid)
-        if old is None:
-            continue
-        try:
-            now = data_ptr(t)
-        except Exception:  # as in addresses()
-            continue
-        if now != old:
-            out.append(path)
-    return out
+    now = addresses(reach, data_ptr)
+    return [path for tid, (_t, path) in reach.tensors.items()
+            if tid in before and tid in now and now[tid] != before[tid]]
 
 
 def rebinds(before: Reach, after: Reach) -> tuple[list[Path], list[Path]]:

@@ -97,10 +97,6 @@ class SyncWatcher:
                 if self._depth == 0:
                     self._uninstall()
 
-    def watching(self) -> bool:
-        """True if this thread is inside :meth:`watch`."""
-        return threading.get_ident() in self._threads
-
     @contextlib.contextmanager
     def island(self) -> Iterator[None]:
         """Inside :meth:`watch` on this thread: the block's syncs are allowed (not recorded)."""
