@@ -36,16 +36,17 @@ from typing import Any, TypeVar, overload
 
 import wrapt
 
-from . import backends, env
+from . import backends, env, guards
 from . import scope as scope_mod
 from .backends.base import Backend
 from .buffers import InputMoved
 from .capture import KeyEntry
 from .dynamic import DynamicArgs
-from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
+from .errors import BucketOverflowError, CaptureError, GraphjitError, SignatureError, UnrecoverableCaptureError
+from .guards import READ_VALUES, Drift, Sources
 from .history import SIGNATURE_CHANGES, KeyHistory
 from .invoke import Invoker
-from .keys import BucketsArg, CallSignature, Signer, rebuild_call
+from .keys import BucketsArg, CallSignature, Key, Signer, rebuild_call
 from .labels import changed_argument, key_order, label_parts
 from .leaves import leaves
 from .lifecycle import KeyLifecycle
@@ -100,6 +101,8 @@ class _State(Policy, KeyLifecycle):
         self.last_new_key: tuple[Any, ...] | None = None
         self.last_key: tuple[Any, ...] | None = None  # the key of the previous call (any path)
         self.history = KeyHistory(self.signer)
+        self.variants: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # keys for other values of what fn reads
+        self.drift: dict[tuple[Any, ...], Drift] = {}  # per key of the arguments: how its read values change
 
     @property
     def traced(self) -> dict[str, Callable[..., Any]]:
@@ -141,6 +144,12 @@ class _State(Policy, KeyLifecycle):
             args, kwargs, _values = self.dynamic.split(method, args, kwargs)
         return self.invoker.roots(instance, args, kwargs, lambda i: self.signer.short((method, i)))
 
+    def guard_sources(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sources:
+        """Where the call finds the Python values it reads without receiving them (:mod:`graphjit.guards`)."""
+        if self.dynamic is not None:
+            args, kwargs, _values = self.dynamic.split(instance is not None, args, kwargs)
+        return self.invoker.guard_sources(instance, args, kwargs)
+
     # -- the call -------------------------------------------------------------------------
     def call(self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         settings = env.settings()
@@ -166,12 +175,63 @@ class _State(Policy, KeyLifecycle):
         previous, self.last_key = self.last_key, sig.key
         entry = self.entries.get(sig.key)
         if entry is not None:
+            if entry.check is not None and not entry.check():
+                return self.values_changed(entry, sig, settings, instance, args, kwargs, previous)
             if entry.recheck is not None:
                 return self.recheck(entry, sig, instance, args, kwargs)
             return self.replay(entry, sig, settings, instance, args, kwargs)
         if backends.translating():
             return wrapped(*args, **kwargs)
         return self.slow(sig, settings, instance, args, kwargs, previous)
+
+    def values_changed(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
+                       args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any:
+        """A call whose arguments have a graph, but a value the function reads (:mod:`graphjit.guards`) is not
+        what that graph was captured with: replay the graph captured for the current values, if any; else the
+        call is a call of the key of those values (warmed up and captured as any key); or, where the values
+        change on every call, it runs uncaptured with the reason."""
+        base = sig.key
+        for key in self.variants.get(base, ()):
+            other = self.entries.get(key)
+            if other is not None and other is not entry and (other.check is None or other.check()):
+                vsig = sig if key == base else sig.for_values(key, {})
+                if other.recheck is not None:
+                    return self.recheck(other, vsig, instance, args, kwargs)
+                return self.replay(other, vsig, settings, instance, args, kwargs)
+        guard = entry.guards
+        assert guard is not None
+        change = guard.change() or ("a value", "?", "?")
+        values = guard.values()
+        backend = entry.inputs.backend
+        if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
+            self.invoker.retrace(backend)  # its program froze the old values: translate again
+        drift = self.drift.setdefault(base, Drift())
+        if drift.note(values) or values is None:
+            return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
+        vkey = Key((*base[:-1], (READ_VALUES, values), base[-1]))  # the modes stay last
+        shown = guard.shown()
+        self.history.note_values(base, {path: old for path, (old, _new) in shown.items()})
+        return self.slow(sig.for_values(vkey, {path: new for path, (_old, new) in shown.items()}), settings, instance,
+                         args, kwargs, previous)
+
+    def values_uncaptured(self, backend: Backend, sig: CallSignature, change: tuple[str, str, str], instance: Any,
+                          args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call whose read values changed on every recent call: uncaptured, under the path's reason."""
+        path, old, new = change
+        reason = f"{guards.REASON}: {path}"
+        detail = (f"{path} was {old} when the graph was captured and is {new} now, and it changed on each of the last "
+                  f"{Drift.VOLATILE} calls; a CUDA graph freezes the values the function reads, so these calls run "
+                  "uncaptured. Pass it as an argument (a new value is a new graph) or keep it in a tensor updated in "
+                  "place (an optimizer's lr: torch.tensor(lr) with capturable=True); a value that settles is captured "
+                  "again")
+        st = self.stats.keys.get(sig.key)
+        if st is not None:
+            st.reason, st.detail = reason, detail
+        result = self.fallback(reason, backend, instance, args, kwargs, sig.key)
+        if self.strict():
+            raise CaptureError(f"{self.name}: {detail} (strict mode)", reason=reason).after_run(result)
+        self.say_once(logging.WARNING, "values:" + path, "graphjit %s: %s", self.name, detail)
+        return result
 
     def sign_dynamic(self, dynamic: DynamicArgs, instance: Any, args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> CallSignature:
@@ -233,6 +293,8 @@ class _State(Policy, KeyLifecycle):
         if self.dynamic is not None:
             args, kwargs, _values = self.dynamic.split(method, args, kwargs)
         named = leaves(backend, sig, instance, instance if method else self.signer.owner, args, kwargs)
+        for path, value in (sig.guarded or {}).items():
+            named[("<read>", path)] = value
         with self.lock:
             st = self.stats.keys.get(sig.key)
             if st is None:  # (another thread may have made it meanwhile)
@@ -427,6 +489,8 @@ class _State(Policy, KeyLifecycle):
             self.last_new_key = None
             self.last_key = None
             self.history.clear()
+            self.variants.clear()
+            self.drift.clear()
 
 
 class _KeepsWrapped:

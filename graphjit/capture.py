@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import scope
+from . import guards, scope
 from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import StaticInputs, StaticOutputs, collect_tensors, real_view
 from .dynamic import DynamicArgs, Index
@@ -44,6 +44,7 @@ from .errors import CaptureError, IslandError, UnrecoverableCaptureError, Verify
 from .islands import recording
 from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
+from .pystate import PyState
 from .reach import addresses, describe, moved, rebinds, walk
 from .recheck import DynamicCheck
 from .sites import in_traceback
@@ -82,15 +83,22 @@ class BuildRequest:
     no_adopt: frozenset[int] = field(default_factory=frozenset)
     dynamic: DynamicArgs | None = None  # the function's dynamic parameters (their values: sig.dynamic)
     method: bool = False  # a method call (args without self): where the dynamic parameters sit
+    guard_sources: Callable[[], guards.Sources] | None = None  # where the values the function reads live
+    tracer_guard: Callable[[tuple[Any, ...], dict[str, Any]], Any] = lambda _a, _k: None
+    """Given the captured call's (static) arguments: the tracer's own guard check (``Backend.tracer_guard``)."""
 
 
 class KeyEntry:
     """A captured graph of one key, with its static inputs and outputs."""
 
-    __slots__ = ("device", "graph", "inputs", "no_adopt", "outputs", "recheck", "stats", "warm")
+    __slots__ = ("check", "device", "graph", "guards", "inputs", "no_adopt", "outputs", "recheck", "stats", "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
-                 no_adopt: frozenset[int], warm: Warmup, device: str) -> None:
+                 no_adopt: frozenset[int], warm: Warmup, device: str, guard: guards.GuardSet | None = None) -> None:
+        self.guards = guard
+        # What a replay checks first: every value the capture read still holds (None: nothing to check).
+        self.check: Callable[[], bool] | None = (guard.holds if guard is not None and (len(guard) or guard.extra)
+                                                 else None)
         self.graph = graph
         self.inputs = inputs
         self.outputs = outputs
@@ -144,22 +152,37 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
     t_start = time.perf_counter()
     with CAPTURE_LOCK, b.device_guard(req.device):
         statics = static_buffers(req)
-        before = walk(req.roots(), _is_tensor_of(b), b.tensor_state)
+        roots = req.roots()
+        before = walk(roots, _is_tensor_of(b), b.tensor_state)
         where = addresses(before, b.data_ptr)
+        values = guards.scan(req.guard_sources(), _is_tensor_of(b), req.warm.names) if req.guard_sources else None
+        py = PyState(b, roots)  # the capture's Python effects are undone where they are not the call's
         st.state = State.CAPTURE
-        graph, static_out, capture_ms = capture_graph(req, statics)
+        try:
+            graph, static_out, capture_ms = capture_graph(req, statics)
+        except BaseException:
+            py.restore()
+            raise
         if isinstance(graph, PiecewiseGraph):
             graph.dynamic = req.sig.dynamic
             st.segments, st.islands = len(graph.segments), len(graph.islands)
         else:
             st.segments, st.islands = 1, 0
+        executed = False
         try:
-            after_capture(req, before, where)
+            after_capture(req, before, where, values)
+            guard = guards.GuardSet(values, req.tracer_guard(statics.args, statics.kwargs)) if values is not None \
+                else None
+            if guard is not None:
+                st.guards = guard.size
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed},
                                     statics.inputs)
-            result = verify_and_replay(req, statics, graph, outputs, static_out)
+            executed = True  # from here on the Python state is what verify's eager reference leaves
+            result = verify_and_replay(req, statics, graph, outputs, static_out, py)
         except BaseException:
             graph.reset()
+            if not executed:
+                py.restore()
             raise
         if req.dump_dir is not None:
             _dump(req, graph)
@@ -172,7 +195,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             log.debug("graphjit %s [%s]: captured in %.1f ms (build %.1f ms), verify %s, adopted=%s", req.fn_name,
                       st.label, capture_ms, (time.perf_counter() - t_start) * 1e3, st.verify,
                       [req.sig.paths[i] for i in statics.inputs.adopted_idx])
-        return KeyEntry(graph, statics.inputs, outputs, st, req.no_adopt, req.warm, req.device), result
+        return KeyEntry(graph, statics.inputs, outputs, st, req.no_adopt, req.warm, req.device, guard), result
 
 
 # -- phase 1 ---------------------------------------------------------------------------------------
@@ -267,9 +290,10 @@ def _with_site(exc: CaptureError) -> CaptureError:
 
 
 # -- phase 3 ---------------------------------------------------------------------------------------
-def after_capture(req: BuildRequest, before: Any, where: dict[int, int]) -> None:
+def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values: guards.Scan | None = None) -> None:
     """Run the after-capture hooks, and refuse a capture whose Python code rebound or added tensors or moved
-    their memory (``where``: their addresses before the capture)."""
+    their memory (``where``: their addresses before the capture), or changed a Python value the function reads
+    (``values``: those values before the capture)."""
     for hook in scope.AFTER_CAPTURE:  # e.g. register captured all-reduce buffers on every rank
         try:
             hook()
@@ -289,6 +313,14 @@ def after_capture(req: BuildRequest, before: Any, where: dict[int, int]) -> None
         raise CaptureError(f"{req.fn_name} {req.stats.label}: the capture's Python code replaced or added tensors "
                            f"held by objects ({paths}); a replay would not do that again",
                            reason="rebinds a tensor held by an object")
+    if values is not None and req.guard_sources is not None:
+        changed = guards.written(values, guards.scan(req.guard_sources(), _is_tensor_of(req.backend), values.names))
+        if changed:
+            path, old, new = changed[0]
+            raise CaptureError(f"{req.fn_name} {req.stats.label}: the function changes {path} ({old} -> {new}) when "
+                               "it runs; a replay runs its kernels, not its Python code, and would leave it as it is: "
+                               "keep that state in a tensor updated in place, or move the update out of the graphed "
+                               "function", reason=guards.WRITES)
 
 
 # -- phase 4 ---------------------------------------------------------------------------------------
@@ -306,14 +338,20 @@ def verify_plan(req: BuildRequest) -> str | None:
 
 
 def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, outputs: StaticOutputs,
-                      static_out: Any) -> Any:
-    """Phase 4 (see the module docstring); returns the call's result (None inside a scope)."""
+                      static_out: Any, py: PyState | None = None) -> Any:
+    """Phase 4 (see the module docstring); returns the call's result (None inside a scope).
+
+    ``py``: the Python state before the capture.  Put back before verify's eager reference (whose Python
+    effects are then the call's), and at the end inside a scope (the call's own eager run was its execution);
+    without verify, the capture's Python effects are the call's."""
     b, st, sig = req.backend, req.stats, req.sig
     inputs = statics.inputs
     skip = verify_plan(req)
     if skip is not None:
         st.verify = skip
         if not req.replay_result:
+            if py is not None:
+                py.restore()
             return None
         graph.replay()
         st.replays += 1
@@ -322,6 +360,8 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
     written, paths, current = _written_state(req, statics)
     is_tensor = _is_tensor_of(b)
     pre = Snapshot(b, written, req.device)
+    if py is not None:
+        py.restore()
     with scope.graphed_call("warmup"), b.traced_call_guard():
         ref = req.traced(*req.args, **req.kwargs)
     b.synchronize(req.device)
@@ -349,10 +389,14 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
             b.synchronize(req.device)
             raise VerifyError(msg).after_run(ref)
         pre.restore()
+        if py is not None:
+            py.restore()
         raise VerifyError(msg)
     st.verify = "passed"
     if not req.replay_result:
         pre.restore()  # undo verify's replay: the call's own eager run stays its execution
+        if py is not None:
+            py.restore()
         return None
     st.replays += 1
     inputs.store_back(sig.tensors)

@@ -93,6 +93,14 @@ class KeyHistory:
         found = self._changes(before, after)
         return name(self.signer, found[0].label) if found else None
 
+    def note_values(self, key: Hashable, values: dict[str, str]) -> None:
+        """Key ``key`` was captured with these values of what the function reads (``path -> value``), which a key
+        made for other values of them shows in its label (:mod:`graphjit.guards`): so does this one."""
+        record = self.records.get(key)
+        if record is not None:
+            for path, value in values.items():
+                record.leaves.setdefault(("<read>", path), value)
+
     def clear(self) -> None:
         self.records.clear()
         self.extras.clear()

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import env, reach
+from . import env, guards, reach
 from .backends.base import Backend
 from .errors import BackendError, TracerError
 
@@ -73,6 +73,11 @@ class Invoker:
                     if env.settings().debug:
                         log.debug("graphjit %s: traced with %s/%s", self.name, backend.name, self.tracer_name(backend))
         return t
+
+    def retrace(self, backend: Backend) -> None:
+        """Translate again at the next call (the program froze Python values that changed since)."""
+        with self._lock:
+            self._traced.pop(backend.name, None)
 
     def replace_tracer(self, backend: Backend, why: str) -> None:
         """Trace with ``eager`` from now on for ``backend`` (the chosen tracer computed wrong results)."""
@@ -139,6 +144,28 @@ class Invoker:
             way = "use another tracer: " + ", ".join(f'tracer="{t}"' for t in backend.tracers if t != tracer)
         return (f"{self.name}: {backend.name}'s tracer (tracer=\"{tracer}\") failed inside itself ({why}); this is a "
                 f"limitation of {backend.name}'s {tracer}, not of graphjit's capture: {way}")
+
+    def frame_locals(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The locals a call with these arguments starts the traced function's frame with (parameters by name,
+        defaults applied); empty where the signature cannot be read or the call does not bind."""
+        bound = self.module if self.module is not None else instance
+        target = self.target if self.module is not None else getattr(self.fn, "__func__", self.fn)
+        if inspect.ismethod(self.fn):
+            bound = self.fn.__self__
+        try:
+            sig = inspect.signature(target)
+            call = sig.bind(*((bound,) if bound is not None else ()), *args, **kwargs)
+        except (TypeError, ValueError):
+            return {}
+        call.apply_defaults()
+        return dict(call.arguments)
+
+    def guard_sources(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> guards.Sources:
+        """Where a call finds the Python values it reads without receiving them (:func:`graphjit.guards.sources`)."""
+        pairs = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+        if self.module is not None:
+            return guards.sources(self.target, self.module, pairs)
+        return guards.sources(self.fn, instance, pairs)
 
     def roots(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               name_of: Callable[[int], str]) -> list[tuple[str, Any]]:

@@ -68,7 +68,8 @@ _NO_DYNAMIC: dict[str, Any] = {}
 class CallSignature:
     """What :meth:`Signer.sign` found in one call (a slotted class: it is built on every call)."""
 
-    __slots__ = ("_paths", "backend", "bucketed", "dynamic", "key", "labels", "overflow", "pads", "signer", "tensors")
+    __slots__ = ("_paths", "backend", "base", "bucketed", "dynamic", "guarded", "key", "labels", "overflow", "pads",
+                 "signer", "tensors")
 
     def __init__(self, key: tuple[Any, ...], tensors: list[Any], backend: Backend | None, pads: tuple[Pad, ...] = (),
                  overflow: str | None = None, labels: list[tuple[Any, ...]] | None = None,
@@ -83,6 +84,19 @@ class CallSignature:
         self.signer = signer
         self.dynamic: dict[str, Any] = _NO_DYNAMIC  # the call's dynamic arguments (graphjit.dynamic), by name
         self._paths: list[str] | None = None
+        self.base: tuple[Any, ...] | None = None  # a key for other guarded values: the key of the arguments
+        self.guarded: dict[str, str] | None = None  # and the values (path -> value) that tell it apart
+
+    def for_values(self, key: tuple[Any, ...], guarded: dict[str, str]) -> CallSignature:
+        """This call's signature under ``key``: the key of the same arguments with other values of what the
+        function reads (:mod:`graphjit.guards`); ``guarded`` names those values."""
+        sig = CallSignature(key, self.tensors, self.backend, self.pads, self.overflow, self.labels, self.bucketed,
+                            self.signer)
+        sig.dynamic = self.dynamic
+        sig._paths = self._paths
+        sig.base = self.key if self.base is None else self.base
+        sig.guarded = guarded
+        return sig
 
     @property
     def paths(self) -> list[str]:

@@ -75,6 +75,8 @@ def changed_argument(signer: Signer, method: bool, before: tuple[Any, ...], afte
         part = after[i]
         if isinstance(part, tuple) and part and part[0] == "modes":
             return "the framework mode (grad, autocast, AMP)"
+        if isinstance(part, tuple) and part and part[0] == "values the function reads":
+            return "a value the function reads (not an argument)"
         if isinstance(part, tuple) and part and part[0] == "self":
             return "the bound object or its training flag"
         if isinstance(part, tuple) and part and isinstance(part[0], str):

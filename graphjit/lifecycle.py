@@ -22,7 +22,9 @@ from .buffers import InputMoved
 from .capture import BuildRequest, KeyEntry, build
 from .dynamic import DynamicArgs
 from .errors import CaptureError, UnrecoverableCaptureError
+from .guards import Sources
 from .keys import CallSignature
+from .pystate import PyState
 from .stats import KeyStats, State
 from .warmup import Blocked, Warmup, watched_call
 from .writes import Snapshot
@@ -52,6 +54,7 @@ class KeyLifecycle(abc.ABC):
     dynamic: DynamicArgs | None
     lock: threading.RLock
     tracer_checked: set[tuple[Any, ...]]  # keys whose first call checked the tracer (tracer_check)
+    variants: dict[tuple[Any, ...], list[tuple[Any, ...]]]  # a key of the arguments -> its keys for other values
 
     # -- provided by _State -------------------------------------------------------------------
     @abc.abstractmethod
@@ -59,6 +62,9 @@ class KeyLifecycle(abc.ABC):
 
     @abc.abstractmethod
     def roots(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]: ...
+
+    @abc.abstractmethod
+    def guard_sources(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sources: ...
 
     @abc.abstractmethod
     def strict(self) -> bool: ...
@@ -90,9 +96,10 @@ class KeyLifecycle(abc.ABC):
         st.state = State.WARMUP
         budget = env.settings().verify_max_bytes
         roots = self.roots(instance, args, kwargs)
+        guard_src = self.guard_sources(instance, args, kwargs) if sync_watch else None
         with scope_mod.graphed_call("warmup"):
             run, traced = self.runner(backend, device, sig.key, instance, args, kwargs, roots)
-            out, obs = watched_call(backend, run, roots, device, budget, sync_watch=sync_watch)
+            out, obs = watched_call(backend, run, roots, device, budget, sync_watch=sync_watch, guard_src=guard_src)
         if traced is not None:
             self.check_tracer(backend, traced, out)
         warm.sync_watched = warm.sync_watched or sync_watch
@@ -172,10 +179,12 @@ class KeyLifecycle(abc.ABC):
         if nbytes > env.settings().verify_max_bytes or warm.untracked is not None:
             return  # cannot undo them: capture after the call's own run
         snap = Snapshot(backend, written, device)
+        py = PyState(backend, self.roots(instance, args, kwargs))
         known = {id(t) for t in written}
         for k in range(count):
             self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=k == count - 1)
             snap.restore()
+            py.restore()
             new = [p for t, p in warm.written_tensors() if id(t) not in known]
             if new and warm.blocked is None:
                 warm.blocked = Blocked("writes different tensors on different calls",
@@ -217,7 +226,10 @@ class KeyLifecycle(abc.ABC):
             verify_budget=settings.verify_max_bytes, replay_result=not scope_run,
             copy_outputs=self.options.outputs == "copy" or settings.check_outputs,
             pool=self.pool_for(backend, device), dump_dir=settings.dump_dir, debug=settings.debug,
-            no_adopt=no_adopt, dynamic=self.dynamic, method=instance is not None)
+            no_adopt=no_adopt, dynamic=self.dynamic, method=instance is not None,
+            guard_sources=lambda: self.guard_sources(instance, args, kwargs),
+            tracer_guard=lambda sargs, skwargs: backend.tracer_guard(
+                inv.target, inv.tracer_name(backend), inv.frame_locals(instance, sargs, skwargs)))
         active = scope_mod.current()
         try:
             entry, result = build(req)
@@ -226,6 +238,10 @@ class KeyLifecycle(abc.ABC):
                                        kwargs)
         self.warming.pop(sig.key, None)
         self.entries[sig.key] = entry
+        if sig.base is not None:  # a graph for other values of what the function reads: found from the arguments' key
+            keys = self.variants.setdefault(sig.base, [sig.base])
+            if sig.key not in keys:
+                keys.append(sig.key)
         if sig.dynamic and st.verify == "passed":
             entry.recheck = recheck_mod.DynamicCheck(recheck_mod.fingerprint(backend, sig.dynamic))
         if st.verify is not None and st.verify.startswith("skipped"):

@@ -45,6 +45,7 @@ class KeyStats:
     state_bytes: int = 0  # bytes of the reachable tensors the function writes (what verify copies, twice)
     segments: int = 0  # captured segments (1 for a whole graph)
     islands: int = 0  # islands between them (graphjit.eager)
+    guards: tuple[int, int] = (0, 0)  # (containers, values) of Python values checked before each replay
     replay_us: float = 0.0  # host time of the piecewise replays, in total
     island_us: float = 0.0  # of which in islands
 
@@ -66,6 +67,7 @@ class KeyStats:
             "state_bytes": self.state_bytes,
             "segments": self.segments,
             "islands": self.islands,
+            "guarded_values": self.guards[1],
             **({"replay_us": round(self.replay_us / self.replays, 2) if self.replays else None,
                 "island_us": round(self.island_us / self.replays, 2) if self.replays else None}
                if self.islands else {}),

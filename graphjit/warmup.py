@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import guards
 from .backends.base import Backend
 from .buffers import collect_tensors
 from .islands import IslandCall, collecting
@@ -48,6 +49,10 @@ class Observation:
     """Tensors the call stored where none were before (an optimizer's lazily created state, a new ``.grad``)."""
     moved: list[Path] = field(default_factory=list)
     """Tensors the call left over other memory than before (same object, new storage)."""
+    py_written: list[tuple[str, str, str]] = field(default_factory=list)
+    """Python values the function reads (:mod:`graphjit.guards`) that the call changed: ``(path, old, new)``."""
+    names: set[str] = field(default_factory=set)
+    """The names the Python code of the call used (only when watched for guards)."""
 
 
 @dataclass
@@ -74,6 +79,8 @@ class Warmup:
     sync_watched: bool = False  # a warmup run was watched for CPU-GPU syncs
     islands: list[IslandCall] | None = None
     """The islands the last warmup call ran, in order (None before the first call)."""
+    names: set[str] = field(default_factory=set)
+    """Names the Python code of the watched warmup calls used: which values the guards check."""
 
     def note(self, obs: Observation, backend: Backend, outputs: Any, leaves: list[Any]) -> None:
         """Fold one call's observation in (``leaves``: that call's tensor inputs, in key order); set
@@ -90,6 +97,7 @@ class Warmup:
         for t, path in obs.created:
             self.written.setdefault(id(t), (t, path))
         self.drew_random = self.drew_random or obs.drew_random
+        self.names |= obs.names
         previous, self.islands = self.islands, obs.islands
         if previous is not None and [c.island for c in previous] != [c.island for c in obs.islands] \
                 and self.blocked is None:
@@ -102,6 +110,12 @@ class Warmup:
         if self.blocked is not None:
             return
         self.blocked = _blocked(obs, backend, outputs, first)
+        if self.blocked is None and obs.py_written and not first:
+            where, old, new = obs.py_written[0]
+            self.blocked = Blocked(guards.WRITES, f"the function changes {where} ({old} -> {new}) on every call; a CUDA "
+                                   "graph replays its kernels, not its Python code, so a replay would leave it as it "
+                                   "is: keep that state in a tensor updated in place, or move the update out of the "
+                                   "graphed function")
 
     def written_tensors(self) -> list[tuple[Any, Path]]:
         return list(self.written.values())
@@ -124,9 +138,10 @@ class Warmup:
 
 
 def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str, Any]], device: str, budget: int,
-                 sync_watch: bool) -> tuple[Any, Observation]:
+                 sync_watch: bool, guard_src: guards.Sources | None = None) -> tuple[Any, Observation]:
     """Run ``run()`` once and observe it (see the module docstring).  Exceptions of ``run`` propagate
-    unchanged; the observation is then lost with them."""
+    unchanged; the observation is then lost with them.  ``guard_src``: also record the names the call's code
+    uses and the Python values it changes (:mod:`graphjit.guards`)."""
     b = backend
     types = b.tensor_types()
 
@@ -138,13 +153,20 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     probe = WriteProbe(b, before, budget)
     rng = b.rng_state(device)
     syncs: list[str] = []
-    with b.sync_watch(syncs) if sync_watch else contextlib.nullcontext(), collecting(b, device) as isl:
+    values = guards.scan(guard_src, is_tensor) if guard_src is not None else None
+    recorder = guards.NameRecorder()
+    with b.sync_watch(syncs) if sync_watch else contextlib.nullcontext(), collecting(b, device) as isl, \
+            recorder if guard_src is not None else contextlib.nullcontext():
         out = run()
     after = walk(roots, is_tensor, b.tensor_state)
     rebound, added = rebinds(before, after)
     drew = rng is not None and isl.drew_outside(rng, b.rng_state(device))
     obs = Observation(probe.written(), rebound, added, drew, [with_function(s) for s in syncs], probe.incomplete,
                       isl.calls, added_tensors(before, after), moved(before, where, b.data_ptr))
+    if guard_src is not None and values is not None:
+        obs.names = recorder.names
+        values.names |= recorder.names
+        obs.py_written = guards.written(values, guards.scan(guard_src, is_tensor, recorder.names))
     return out, obs
 
 

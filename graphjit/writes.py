@@ -49,8 +49,9 @@ class WriteProbe:
     """The writes of one call to the tensors of a :class:`~graphjit.reach.Reach`.
 
     Guarantees: a tensor whose version counter moved is reported; with ``versions_complete`` False
-    (or for a tensor without a counter) a non-parameter tensor whose contents changed is reported
-    too, as long as the copies fit ``budget`` bytes.  Refuses nothing; :attr:`incomplete` says what
+    (or for a tensor without a counter, or one the backend says kernels write without moving it: a module
+    buffer) a non-parameter tensor whose contents changed is reported too, as long as the copies fit
+    ``budget`` bytes.  Refuses nothing; :attr:`incomplete` says what
     it could not watch.
     """
 
@@ -67,7 +68,7 @@ class WriteProbe:
             v = b.version(t)
             if v is not None:
                 self.versions.append((t, v))
-                if b.versions_complete:
+                if b.versions_complete and not b.version_blind(path):
                     continue
             if b.is_parameter(t):
                 continue

@@ -5,7 +5,8 @@ What it keeps of a real CUDA graph, since graphjit's exactly-once bookkeeping de
 
 * Capture records the aten ops of the function (a ``TorchDispatchMode``) and runs only those that
   write nothing: an op that writes a tensor in place (``add_``, ``index_copy_``, ``copy_``, ``out=``)
-  is recorded and not run, and every other op runs with the generator put back afterwards, so a capture
+  is recorded and not run (BatchNorm's update of its running statistics, which its schema does not mark,
+  runs on copies), and every other op runs with the generator put back afterwards, so a capture
   changes no existing tensor and does not advance the generator, as a CUDA capture does.
 * Replay runs every recorded op again, in order, on the same tensor objects (inputs, intermediates and
   outputs keep their "addresses"); functional results are copied into the tensors the capture made.
@@ -35,6 +36,10 @@ aten = torch.ops.aten
 __graphjit_skip_frames__ = True  # reasons name the test's line, not the emulator's
 SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.is_nonzero.default, aten.equal.default,
             aten.masked_select.default, aten.allclose.default}
+
+
+UNMARKED_WRITES = {aten.native_batch_norm.default}
+"""Ops that write arguments their schema does not mark written (and that move no version counter)."""
 
 
 def _writes(func: Any) -> bool:
@@ -77,6 +82,14 @@ class _Recorder(TorchDispatchMode):
         if _writes(func):
             self.ops.append(("write", func, args, kwargs, None))
             return _written_returns(func, args, kwargs)
+        if func in UNMARKED_WRITES and args[5] and args[3] is not None:  # training: updates the running stats
+            # native_batch_norm writes running_mean/var (args 3, 4) without saying so in its schema (a real
+            # capture records it without running it): run it on copies, and the op itself on replay.
+            state = list(args)
+            state[3], state[4] = args[3].clone(), args[4].clone()
+            out = func(*state, **kwargs)
+            self.ops.append(("compute", func, args, kwargs, out))
+            return out
         state = torch.default_generator.get_state()  # a random op (rand_like has no generator argument to tell)
         out = func(*args, **kwargs)
         torch.default_generator.set_state(state)

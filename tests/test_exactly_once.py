@@ -82,9 +82,9 @@ def test_inside_capture_scope_one_call_does_everything_once(emu):
     assert g.stats()["replays"] == 19
 
 
-def test_a_failed_verify_leaves_one_execution(emu):
-    """A Python value the graph would freeze: verify fails, the key falls back, and the state is still
-    that of one eager call per call."""
+def test_a_python_counter_the_function_advances_runs_uncaptured_once_per_call(emu):
+    """A Python value the function changes on every call: a replay would not change it, so the key runs
+    uncaptured with that reason, every call once, the capture's extra Python run included (none)."""
     xs = _inputs(8)
 
     def make():
@@ -100,13 +100,33 @@ def test_a_failed_verify_leaves_one_execution(emu):
 
     step, _counter, _box = make()
     want = [step(x) for x in xs]
-    step, counter, _box = make()
+    step, counter, box = make()
+    g = graphjit.graphed(step)
+    got = [g(x) for x in xs]
+    assert float(counter) == 8 and box["n"] == 8
+    assert _same(got, want)
+    s = g.stats()
+    assert s["graphs"] == 0 and s["keys"][0]["reason"] == "writes a Python value on every call"
+    assert "closure variable 'box'['n'] (1 -> 2)" in s["keys"][0]["detail"]
+    assert s["fallbacks"] == {"writes a Python value on every call": 7}
+
+
+def test_a_failed_verify_leaves_one_execution(emu):
+    """A value the graph freezes and no guard sees (the host's random generator): verify fails, the key falls back,
+    and the state is still that of one eager call per call."""
+    import random
+
+    xs = _inputs(8)
+    counter = torch.zeros(())
+
+    def step(x):
+        counter.add_(1)
+        return x * random.random() + counter
+
     g = graphjit.graphed(step)
     got = [g(x) for x in xs]
     assert float(counter) == 8
-    assert _same(got[:2], want[:2])  # the warmup calls
-    for a, b in zip(got, want):  # the Python counter ran once more in the capture: the tensor state did not
-        assert a.shape == b.shape
+    assert all(a.shape == x.shape for a, x in zip(got, xs))
     s = g.stats()
     assert s["graphs"] == 0 and s["keys"][0]["verify"] == "failed"
     assert s["fallbacks"]["verify failed"] == 6

@@ -231,6 +231,15 @@ class Backend(abc.ABC):
         Cheap: it runs for every reachable tensor in every warmup walk."""
         return ()
 
+    def set_tensor_state(self, t: Any, name: str, value: Any) -> None:  # noqa: B027 - optional, as tensor_state
+        """Bind ``value`` (a tensor or None) as ``t``'s state ``name`` again (what :meth:`tensor_state` returned
+        before a run graphjit undoes)."""
+
+    def version_blind(self, path: tuple[Any, ...]) -> bool:
+        """True for a tensor at ``path`` (:mod:`graphjit.reach`) that kernels may write without moving its
+        version counter, so that warmup compares its contents too (torch's BatchNorm running statistics)."""
+        return False
+
     def is_parameter(self, t: Any) -> bool:
         """True for a trainable parameter (``nn.Parameter``, Paddle's ``EagerParamBase``): a step
         graphjit captures does not write those, so they are never compared by contents."""
@@ -294,6 +303,18 @@ class Backend(abc.ABC):
     def traced_call_guard(self) -> contextlib.AbstractContextManager[Any]:
         """Held around calls of the traced function (Paddle serialises its translators)."""
         return contextlib.nullcontext()
+
+    def tracer_rereads_values(self, tracer: str) -> bool:
+        """True if the traced function reads the Python values it uses on each call, or guards them itself (a
+        new value runs new code); False for a translator that freezes them into its program at the first call
+        (a changed value then needs a new translation)."""
+        return True
+
+    def tracer_guard(self, target: Any, tracer: str, f_locals: dict[str, Any]) -> Any:
+        """For a tracer with guards of its own: a callable returning None while the guards of the translation
+        that ran for ``f_locals`` (the captured call's arguments by parameter name) still hold, else what failed
+        (checked before each replay, beside graphjit's own guards).  None where there is nothing to check."""
+        return None
 
     def tracer_failure(self, exc: BaseException) -> str | None:
         """A one-line description if ``exc`` is the tracer's own internal failure, else None."""

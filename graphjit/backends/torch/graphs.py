@@ -225,6 +225,15 @@ class TorchBackend(Backend):
             return (("grad", t.grad),)
         return ()
 
+    def set_tensor_state(self, t: Any, name: str, value: Any) -> None:
+        if name == "grad":
+            t.grad = value
+
+    def version_blind(self, path: tuple[Any, ...]) -> bool:
+        """A module buffer: ``native_batch_norm`` / ``cudnn_batch_norm`` update the running statistics in place
+        without moving their version counters (their schemas do not mark them written)."""
+        return len(path) >= 3 and path[-2] == (".", "_buffers")
+
     def modes(self) -> tuple[Any, ...]:
         autocast = _autocast_modes() if _any_autocast() else None
         return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast,
@@ -264,6 +273,14 @@ class TorchBackend(Backend):
             # Inductor's own CUDA graphs off: graphjit captures the compiled kernels itself.
             return torch.compile(fn, options={"triton.cudagraphs": False})
         raise BackendError(f"tracer={tracer!r} is not a torch tracer; expected one of {self.tracers}")
+
+    def tracer_guard(self, target: Any, tracer: str, f_locals: dict[str, Any]) -> Any:
+        """``tracer="compile"``: the guards of the Dynamo cache entry of ``target``'s code that ``f_locals`` (the
+        captured call, static buffers and all) selects, checked with those same locals before each replay:
+        they hold while every value Dynamo read (globals, attributes, closure cells, config) is unchanged."""
+        if tracer != "compile":
+            return None
+        return _dynamo_guard(target, f_locals)
 
     # -- devices and graphs ----------------------------------------------------------------
     def graphs_unavailable(self, device: str) -> str | None:
@@ -395,6 +412,41 @@ def _autocast_modes() -> tuple[tuple[str, bool, Any], ...]:
     except TypeError:  # torch < 2.4
         return (("cuda", bool(torch.is_autocast_enabled()), torch.get_autocast_gpu_dtype()),
                 ("cpu", bool(torch.is_autocast_cpu_enabled()), torch.get_autocast_cpu_dtype()))
+
+
+def _dynamo_guard(target: Any, f_locals: dict[str, Any]) -> Callable[[], str | None] | None:
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    if code is None:
+        return None
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        entries = _debug_get_cache_entry_list(code)
+    except Exception:  # a torch without this API: graphjit's own guards still hold
+        return None
+    for entry in entries:
+        manager = getattr(entry, "guard_manager", None)
+        check = getattr(manager, "check", None)
+        if check is None:
+            continue
+        try:
+            if not check(f_locals):
+                continue
+        except Exception:
+            continue
+
+        def failed(manager: Any = manager, check: Any = check) -> str | None:
+            try:
+                if check(f_locals):
+                    return None
+                verbose = manager.check_verbose(f_locals)
+                parts = getattr(verbose, "verbose_code_parts", None) or ["a guard"]
+                return str(parts[0])[:200]
+            except Exception as exc:  # a guard that cannot be evaluated does not hold
+                return f"{type(exc).__name__}: {exc}"[:200]
+
+        return failed
+    return None
 
 
 def _prime_blas(stream: Any, index: int) -> None:

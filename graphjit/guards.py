@@ -1,0 +1,561 @@
+"""Guards: the Python values a graph froze when it was captured, checked before every replay.
+
+A CUDA graph holds the kernels of one run of the function, with every Python value that run read baked
+in: a temperature in an attribute, a global flag, the learning rate in an optimizer's ``param_groups``,
+a slice bound.  The key (:mod:`graphjit.keys`) covers the arguments; everything else the function reads
+is guarded here, as Dynamo and Paddle's SOT guard the values a compiled frame reads.
+
+What is guarded (decided once per key, at capture, by :func:`scan`):
+
+* **Where**: the closure cells and the globals of the function (and of the Python functions it reaches
+  through them, up to :data:`MAX_FUNCTIONS`; islands are not followed: they run on every call), the object
+  it is bound to (``self``, a graphed Layer/Module object), a callable object's attributes, and the
+  Layer/Module objects passed as arguments (keyed by identity); from there, containers (lists, tuples,
+  dicts) and object attributes (``__dict__``, ``__slots__``): submodules, configs, optimizers and their
+  ``param_groups``, schedulers.  Tensors are not values: they are captured by address.
+* **Which values**: numbers, bools, strings, bytes, ``None``, enum members, other hashable atoms without
+  attributes (``torch.dtype``, ``torch.device``), and tuples of these.
+* **Which names**: an attribute or string dict key is guarded only if some code the function may run
+  names it: the function's own code, the functions reached above, the methods of the classes of the
+  objects reached, and the Python code the last warmup call ran (outside the framework's and graphjit's
+  own modules, outside islands).  A value only the training loop names (``model.step_count``) is not
+  read by the function and changes nothing.  List items and non-string keys are always guarded.
+
+:class:`GuardSet` keeps one getter per container (``operator.itemgetter`` / ``attrgetter`` of the
+guarded names) and the values it returned at capture; :meth:`GuardSet.holds` calls every getter and
+compares the results with one list comparison (identity first, then ``==``): the per-replay cost is about
+35 ns per container plus a few ns per value, with no per-value Python code.
+
+:func:`scan` runs at capture and in watched warmup calls (to find a function that writes a Python value on
+every call, which a replay would not do: :func:`written`); never on the replay path.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+import sys
+import types
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import backends
+from .backends.base import in_island
+from .reach import Path, describe
+
+MAX_NODES = 100_000
+MAX_DEPTH = 48
+MAX_FUNCTIONS = 64
+MAX_TUPLE = 64
+
+_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+           types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType, types.MethodWrapperType,
+           types.WrapperDescriptorType, types.MethodDescriptorType, property, staticmethod, classmethod,
+           types.CellType, BaseException)
+_SKIP_CODE = ("torch", "paddle", "graphjit", "functools", "contextlib", "threading", "typing", "abc", "weakref",
+              "importlib", "inspect", "logging", "warnings", "collections", "enum", "dataclasses")
+"""Top-level packages whose running code does not add names (their methods of reached classes still do)."""
+
+REASON = "value read by the function changed"
+"""The start of the reason of a call whose guarded values differ from every captured graph's (a path follows)."""
+READ_VALUES = "values the function reads"
+"""The part of a key, before its modes, that holds the read values a graph was captured for (:class:`GuardSet`)."""
+WRITES = "writes a Python value on every call"
+"""The reason of a key whose function changes a guarded value itself (a replay would not)."""
+
+
+def guardable(v: Any, depth: int = 0) -> bool:
+    """True if ``v`` is a value a guard compares (see the module docstring)."""
+    if isinstance(v, _SCALARS) or isinstance(v, enum.Enum):
+        return True
+    tp = type(v)
+    if isinstance(v, (tuple, frozenset)):
+        return depth < 3 and len(v) <= MAX_TUPLE and all(guardable(e, depth + 1) for e in v)
+    if isinstance(v, (list, dict, set, bytearray)) or isinstance(v, _OPAQUE) or backends.for_type(tp) is not None:
+        return False
+    if hasattr(v, "__dict__") or any(c.__dict__.get("__slots__") for c in tp.__mro__ if c is not object):
+        return False  # an object: walked, its values guarded one by one
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True  # a hashable atom written in C: torch.dtype, torch.device, numpy scalars
+
+
+@dataclass
+class _Box:
+    """One container's guarded entries: ``kind`` is ``"item"`` (a dict, a list) or ``"attr"`` (an object
+    without ``__dict__``, a closure cell)."""
+
+    container: Any
+    kind: str
+    entries: dict[Any, tuple[Any, Path]] = field(default_factory=dict)  # key -> (value, path)
+
+
+@dataclass
+class Scan:
+    """The guardable values one walk found, by container, and the names the code may read."""
+
+    boxes: dict[int, _Box] = field(default_factory=dict)
+    names: set[str] = field(default_factory=set)
+    truncated: bool = False
+
+    def add(self, container: Any, kind: str, key: Any, value: Any, path: Path) -> None:
+        box = self.boxes.get(id(container))
+        if box is None:
+            box = self.boxes[id(container)] = _Box(container, kind)
+        box.entries.setdefault(key, (value, path))
+
+    def values(self) -> dict[tuple[int, Any], tuple[Any, Path]]:
+        """``(id(container), key) -> (value, path)`` of every candidate, names filter applied."""
+        names = self.names
+        out: dict[tuple[int, Any], tuple[Any, Path]] = {}
+        for cid, box in self.boxes.items():
+            for key, vp in box.entries.items():
+                if _named(key, box, names):
+                    out[(cid, key)] = vp
+        return out
+
+
+def _named(key: Any, box: _Box, names: set[str]) -> bool:
+    if box.kind == "cell" or box.kind == "globals":
+        return True
+    if isinstance(key, str):
+        return key in names
+    return True  # a list index, a non-string dict key
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where a call finds the values it reads without receiving them (see :func:`sources`)."""
+
+    objects: list[tuple[str, Any]]
+    slots: list[tuple[Any, str, Any, Path]]  # (container, kind, key, path) of closure cells and globals
+    names: frozenset[str]
+
+
+def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] = ()) -> Sources:
+    """The closure cells and globals of ``fn`` and of the Python functions it reaches through them, the
+    objects to walk (``bound``, a callable object, Layer/Module objects among ``args``), and the names the
+    code of those functions uses.  Islands (:func:`graphjit.eager`) are not followed."""
+    from .islands import island_of
+
+    objects: list[tuple[str, Any]] = []
+    slots: list[tuple[Any, str, Any, Path]] = []
+    names: set[str] = set()
+    if bound is not None:
+        objects.append(("self", bound))
+    for name, value in args:
+        objects.extend(_identity_keyed(name, value))
+    seen: set[int] = set()
+    todo = [fn]
+    while todo and len(seen) < MAX_FUNCTIONS:
+        f = todo.pop()
+        if island_of(f) is not None:
+            continue
+        f = _unwrap(f)
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if isinstance(f, types.MethodType):
+            objects.append(("self", f.__self__))
+            f = f.__func__
+        if not isinstance(f, types.FunctionType):
+            if f is not None and not isinstance(f, _OPAQUE):
+                objects.append(("the callable", f))
+            continue
+        code = f.__code__
+        names.update(code_names(code))
+        for var, cell in zip(code.co_freevars, f.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            path: Path = (f"closure variable {var!r}",)
+            if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
+                todo.append(value)
+            elif guardable(value):
+                slots.append((cell, "cell", "cell_contents", path))
+            elif not isinstance(value, _OPAQUE):
+                objects.append((path[0], value))
+        g = f.__globals__
+        for var in _global_names(code):
+            if var not in g:
+                continue
+            value = g[var]
+            path = (f"global {var!r}",)
+            if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
+                todo.append(value)
+            elif guardable(value):
+                slots.append((g, "globals", var, path))
+            elif not isinstance(value, _OPAQUE):
+                objects.append((path[0], value))
+    return Sources(objects, slots, frozenset(names))
+
+
+def _identity_keyed(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """Layer/Module objects inside an argument (the key holds them by identity, not by their values)."""
+    if depth > 3:
+        return
+    if backends.identity_keyed(type(value)):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value[:64]):
+            yield from _identity_keyed(f"{name}[{i}]", v, depth + 1)
+    elif isinstance(value, dict):
+        for k, v in list(value.items())[:64]:
+            yield from _identity_keyed(f"{name}[{k!r}]", v, depth + 1)
+
+
+def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] = ()) -> Scan:
+    """Every guardable value the sources reach (see the module docstring); ``ran``: names the code of a
+    warmup call used (:class:`NameRecorder`)."""
+    out = Scan()
+    out.names.update(src.names)
+    out.names.update(ran)
+    for container, kind, key, path in src.slots:
+        try:
+            value = container[key] if kind == "globals" else container.cell_contents
+        except (KeyError, ValueError):
+            continue
+        out.add(container, "item" if kind == "globals" else "cell", key, value, path)
+        out.boxes[id(container)].kind = kind
+    classes: set[type] = set()
+    seen: set[int] = set()
+    nodes = 0
+    stack: list[tuple[Any, Path, int]] = [(value, (name,), 0) for name, value in reversed(src.objects)]
+    while stack:
+        obj, path, depth = stack.pop()
+        if is_tensor(obj) or isinstance(obj, _OPAQUE) or type(obj) in _SCALAR_TYPES:
+            continue
+        oid = id(obj)
+        if oid in seen:
+            continue
+        seen.add(oid)
+        nodes += 1
+        if nodes > MAX_NODES or depth > MAX_DEPTH:
+            out.truncated = True
+            if nodes > MAX_NODES:
+                break
+            continue
+        if isinstance(obj, (tuple, frozenset, set)):
+            for i, child in enumerate(obj if isinstance(obj, tuple) else ()):
+                if not guardable(child):
+                    stack.append((child, (*path, ("[]", i)), depth + 1))
+            continue
+        if isinstance(obj, list):
+            for i, child in enumerate(obj):
+                if guardable(child):
+                    out.add(obj, "item", i, child, (*path, ("[]", i)))
+                else:
+                    stack.append((child, (*path, ("[]", i)), depth + 1))
+            continue
+        if isinstance(obj, dict):
+            for k, child in list(obj.items()):
+                if guardable(child):
+                    out.add(obj, "item", k, child, (*path, ("[]", k)))
+                else:
+                    stack.append((child, (*path, ("[]", k)), depth + 1))
+            continue
+        tp = type(obj)
+        classes.add(tp)
+        d = _instance_dict(obj)
+        if d is not None:
+            for k, child in list(d.items()):
+                if not isinstance(k, str):
+                    continue
+                if guardable(child):
+                    out.add(d, "item", k, child, (*path, (".", k)))
+                else:
+                    stack.append((child, (*path, (".", k)), depth + 1))
+        for name in _slots(tp):
+            try:
+                child = object.__getattribute__(obj, name)
+            except (AttributeError, TypeError):
+                continue
+            if guardable(child):
+                out.add(obj, "attr", name, child, (*path, (".", name)))
+            else:
+                stack.append((child, (*path, (".", name)), depth + 1))
+    for tp in classes:
+        out.names.update(class_names(tp))
+    return out
+
+
+_SCALAR_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))
+
+
+class GuardSet:
+    """The guarded values of one captured graph (see the module docstring).
+
+    ``holds()`` is the replay's check: True while every value is what it was at capture.  ``change()``
+    names the first value that is not, with both values (for reasons and logs); ``values()`` is a hashable
+    tuple of the current values (the key of a graph captured for them), or None if a container lost a
+    guarded entry.  ``extra``: a check of the tracer's own guards (``torch.compile``), returning None when
+    they hold, else what failed.
+    """
+
+    __slots__ = ("containers", "expected", "extra", "getters", "keys", "paths")
+
+    def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None) -> None:
+        chosen = scan_.values()
+        by_box: dict[int, list[Any]] = {}
+        for cid, key in chosen:
+            by_box.setdefault(cid, []).append(key)
+        self.containers: list[Any] = []
+        self.getters: list[Callable[[Any], Any]] = []
+        self.keys: list[list[Any]] = []
+        self.paths: list[list[Path]] = []
+        for cid, keys in by_box.items():
+            box = scan_.boxes[cid]
+            self.containers.append(box.container)
+            getter = operator.attrgetter(*keys) if box.kind in ("attr", "cell") else operator.itemgetter(*keys)
+            self.getters.append(getter)
+            self.keys.append(keys)
+            self.paths.append([chosen[(cid, k)][1] for k in keys])
+        self.expected: list[Any] = [self._get(i) for i in range(len(self.containers))]
+        self.extra = extra
+
+    def __len__(self) -> int:
+        return sum(len(k) for k in self.keys)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """``(containers, values)`` checked per replay."""
+        return len(self.containers), len(self)
+
+    def _get(self, i: int) -> Any:
+        return self.getters[i](self.containers[i])
+
+    def holds(self) -> bool:
+        """True while every guarded value is what it was at capture (the replay path: one pass)."""
+        try:
+            if list(map(operator.call, self.getters, self.containers)) != self.expected:
+                return False
+        except Exception:  # a guarded entry was deleted (KeyError, IndexError, AttributeError)
+            return False
+        return self.extra is None or self.extra() is None
+
+    def change(self) -> tuple[str, str, str] | None:
+        """``(path, old, new)`` of the first guarded value that differs, else of the tracer's failed guard."""
+        for i, keys in enumerate(self.keys):
+            want = self.expected[i] if len(keys) > 1 else (self.expected[i],)
+            for j, key in enumerate(keys):
+                try:
+                    now = self._one(i, key)
+                except Exception:
+                    return describe(self.paths[i][j]), _show(want[j]), "(deleted)"
+                if not (now is want[j] or now == want[j]):
+                    return describe(self.paths[i][j]), _show(want[j]), _show(now)
+        if self.extra is not None:
+            failed = self.extra()
+            if failed is not None:
+                return "torch.compile's guards", "held", f"failed: {failed}"
+        return None
+
+    def _one(self, i: int, key: Any) -> Any:
+        c = self.containers[i]
+        return getattr(c, key) if isinstance(self.getters[i], operator.attrgetter) else c[key]
+
+    def values(self) -> tuple[Any, ...] | None:
+        """The current guarded values, hashable (None where an entry is gone or a value is unhashable)."""
+        try:
+            now = tuple(map(operator.call, self.getters, self.containers))
+            hash(now)
+        except Exception:
+            return None
+        return now
+
+    def shown(self) -> dict[str, tuple[str, str]]:
+        """``path -> (value at capture, value now)`` of the values that differ (for the keys' labels)."""
+        out: dict[str, tuple[str, str]] = {}
+        for i, keys in enumerate(self.keys):
+            want = self.expected[i] if len(keys) > 1 else (self.expected[i],)
+            for j, key in enumerate(keys):
+                try:
+                    now = self._one(i, key)
+                except Exception:
+                    continue
+                if not (now is want[j] or now == want[j]):
+                    out[describe(self.paths[i][j])] = (_show(want[j]), _show(now))
+        return out
+
+
+class Drift:
+    """How the read values of one key of the arguments changed on the calls whose guards failed: values new on
+    each of :data:`VOLATILE` such calls in a row change on every call (graphing them would make one graph per
+    call); values seen on a recent such call (a flag toggled back, a value that settled) get a graph."""
+
+    VOLATILE = 3
+    RECENT = 16
+
+    __slots__ = ("changes", "recent")
+
+    def __init__(self) -> None:
+        self.recent: dict[tuple[Any, ...], None] = {}
+        self.changes = 0
+
+    def note(self, values: tuple[Any, ...] | None) -> bool:
+        """Record the values of a call whose guards failed; True if they change on every call (run it uncaptured)."""
+        if values is not None and values in self.recent:
+            self.changes = 0
+            self.recent.pop(values)
+        else:
+            self.changes += 1
+        if values is not None:
+            self.recent[values] = None
+            while len(self.recent) > self.RECENT:
+                self.recent.pop(next(iter(self.recent)))
+        return self.changes >= self.VOLATILE
+
+
+def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
+    """``(path, old, new)`` of the guardable values one call changed (or deleted) in containers both scans
+    reached, names filter of ``after`` applied."""
+    old = before.values()
+    out = []
+    for (cid, key), (value, path) in after.values().items():
+        was = old.get((cid, key))
+        if was is not None and not (was[0] is value or was[0] == value):
+            out.append((describe(path), _show(was[0]), _show(value)))
+    return out
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- names -------------------------------------------------------------------------------------------
+_CLASS_NAMES: dict[type, frozenset[str]] = {}
+_CODE_NAMES: dict[types.CodeType, frozenset[str]] = {}
+
+
+def code_names(code: types.CodeType) -> frozenset[str]:
+    """The attribute and global names and the string constants of ``code`` and the code nested in it."""
+    found = _CODE_NAMES.get(code)
+    if found is None:
+        names: set[str] = set()
+        todo = [code]
+        while todo:
+            c = todo.pop()
+            names.update(c.co_names)
+            for k in c.co_consts:
+                if isinstance(k, str):
+                    names.add(k)
+                elif isinstance(k, types.CodeType):
+                    todo.append(k)
+                elif isinstance(k, tuple):
+                    names.update(s for s in k if isinstance(s, str))
+        found = _CODE_NAMES[code] = frozenset(names)
+    return found
+
+
+def class_names(tp: type) -> frozenset[str]:
+    """The names the Python methods (and properties) of ``tp`` and its bases use."""
+    found = _CLASS_NAMES.get(tp)
+    if found is None:
+        names: set[str] = set()
+        for cls in tp.__mro__:
+            if cls is object or cls.__module__ == "builtins":
+                continue
+            for attr in list(vars(cls).values()):
+                for f in _functions_of(attr):
+                    names.update(code_names(f.__code__))
+        found = _CLASS_NAMES[tp] = frozenset(names)
+    return found
+
+
+def _functions_of(attr: Any) -> Iterator[types.FunctionType]:
+    if isinstance(attr, (staticmethod, classmethod)):
+        attr = attr.__func__
+    if isinstance(attr, property):
+        for f in (attr.fget, attr.fset, attr.fdel):
+            yield from _functions_of(f)
+        return
+    f = _unwrap(attr)
+    if isinstance(f, types.FunctionType) and getattr(attr, "__graphjit_island__", None) is None:
+        yield f
+
+
+class NameRecorder:
+    """Collects the names used by the Python code a call runs (a ``sys.setprofile`` hook on this thread,
+    for the block), outside the frameworks', graphjit's and the standard library's own modules and outside
+    islands.  Does nothing where a profiler is already set (its hook is kept)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.codes: set[types.CodeType] = set()
+        self.active = False
+
+    def __enter__(self) -> NameRecorder:
+        if sys.getprofile() is None:
+            sys.setprofile(self._hook)
+            self.active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.active:
+            sys.setprofile(None)
+            self.active = False
+        for code in self.codes:
+            self.names.update(code_names(code))
+        self.codes.clear()
+
+    def _hook(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        code = frame.f_code
+        if code in self.codes or in_island():
+            return
+        top = frame.f_globals.get("__name__", "").partition(".")[0]
+        if top in _SKIP_CODE:
+            return
+        self.codes.add(code)
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+_SLOTS: dict[type, tuple[str, ...]] = {}
+
+
+def _slots(tp: type) -> tuple[str, ...]:
+    found = _SLOTS.get(tp)
+    if found is None:
+        names: list[str] = []
+        for cls in tp.__mro__:
+            own = cls.__dict__.get("__slots__", ())
+            for n in (own,) if isinstance(own, str) else own:
+                if n not in ("__dict__", "__weakref__"):
+                    names.append(n)
+        found = _SLOTS[tp] = tuple(names)
+    return found
+
+
+def _instance_dict(obj: Any) -> dict[str, Any] | None:
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return d if type(d) is dict else None
+
+
+def _unwrap(fn: Any) -> Any:
+    seen = 0
+    while seen < 16:
+        inner = getattr(fn, "__wrapped__", None) if not isinstance(fn, type) else None
+        if inner is None or inner is fn:
+            break
+        fn, seen = inner, seen + 1
+    return fn
+
+
+def _global_names(code: types.CodeType) -> list[str]:
+    names: list[str] = []
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        names.extend(c.co_names)
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return list(dict.fromkeys(names))

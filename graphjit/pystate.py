@@ -1,0 +1,163 @@
+"""The Python side of the state a call can reach, copied and put back around the runs graphjit adds.
+
+A capture runs the function's Python code once more than the call would: the kernels it launches are
+recorded, not run, but its Python effects are real.  An optimizer's per-step bookkeeping, a GradScaler's
+per-optimizer stage and ``found_inf`` tensors (made during the capture, from the graph's memory), a
+lazily created attribute: after a capture that fails, they would describe a step that never ran, and the
+call's eager run would start from them (a GradScaler then reads a ``found_inf`` nobody computed).
+
+:class:`PyState` copies, shallowly, every container the call can reach (object ``__dict__`` and
+``__slots__``, dicts, lists) and every tensor-held binding (a leaf's ``.grad``) before the capture, and
+:meth:`PyState.restore` puts back each one whose contents changed: afterwards the objects hold what they
+held before, and whatever the run created is no longer referenced.  Tensor *contents* are not its job
+(:class:`graphjit.writes.Snapshot` copies those).
+
+Runs at capture only (a walk and a shallow copy of each container), never on the replay path.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable
+from typing import Any
+
+from .backends.base import Backend
+
+MAX_NODES = 200_000
+MAX_DEPTH = 64
+_ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None), range, slice))
+_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+           types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType, types.MethodWrapperType,
+           types.WrapperDescriptorType, types.MethodDescriptorType, property, staticmethod, classmethod)
+
+
+class PyState:
+    """Shallow copies of the containers reachable from ``roots`` (see the module docstring).
+
+    Guarantees: after :meth:`restore`, each copied container holds the same keys and the same objects (by
+    identity) as when the copy was taken, and each tensor's bindings (``.grad``) are the same objects.
+    Containers the walk did not reach (past its size limit, or only C code holds them) are not touched.
+    """
+
+    def __init__(self, backend: Backend, roots: Iterable[tuple[str, Any]]) -> None:
+        self.backend = backend
+        self.dicts: list[tuple[dict[Any, Any], dict[Any, Any]]] = []
+        self.lists: list[tuple[list[Any], list[Any]]] = []
+        self.slots: list[tuple[Any, str, Any]] = []
+        self.bindings: list[tuple[Any, str, Any]] = []
+        types_ = backend.tensor_types()
+        seen: set[int] = set()
+        nodes = 0
+        stack: list[tuple[Any, int]] = [(value, 0) for _name, value in roots]
+        while stack:
+            obj, depth = stack.pop()
+            if isinstance(obj, types_):
+                if id(obj) not in seen:
+                    seen.add(id(obj))
+                    for name, child in backend.tensor_state(obj):
+                        self.bindings.append((obj, name, child))
+                continue
+            if type(obj) in _ATOMS or isinstance(obj, _OPAQUE):
+                continue
+            oid = id(obj)
+            if oid in seen:
+                continue
+            seen.add(oid)
+            nodes += 1
+            if nodes > MAX_NODES or depth > MAX_DEPTH:
+                if nodes > MAX_NODES:
+                    break
+                continue
+            children: Iterable[Any]
+            if isinstance(obj, dict):
+                self.dicts.append((obj, dict(obj)))
+                children = list(obj.values())
+            elif isinstance(obj, list):
+                self.lists.append((obj, list(obj)))
+                children = list(obj)
+            elif isinstance(obj, (tuple, frozenset, set)):
+                children = list(obj) if isinstance(obj, tuple) else ()
+            else:
+                children = []
+                d = _instance_dict(obj)
+                if d is not None:
+                    stack.append((d, depth + 1))
+                for name in _slots(type(obj)):
+                    try:
+                        value = object.__getattribute__(obj, name)
+                    except (AttributeError, TypeError):
+                        value = _UNSET
+                    self.slots.append((obj, name, value))
+                    if value is not _UNSET:
+                        children.append(value)
+            for child in children:
+                stack.append((child, depth + 1))
+
+    def restore(self) -> int:
+        """Put back every container and binding that changed; returns how many were put back."""
+        n = 0
+        for d, saved in self.dicts:
+            if not _same_dict(d, saved):
+                d.clear()
+                d.update(saved)
+                n += 1
+        for lst, items in self.lists:
+            if len(lst) != len(items) or any(a is not b for a, b in zip(lst, items)):
+                lst[:] = items
+                n += 1
+        for obj, name, value in self.slots:
+            try:
+                now = object.__getattribute__(obj, name)
+            except (AttributeError, TypeError):
+                now = _UNSET
+            if now is value:
+                continue
+            if value is _UNSET:
+                try:
+                    object.__delattr__(obj, name)
+                except (AttributeError, TypeError):
+                    continue
+            else:
+                object.__setattr__(obj, name, value)
+            n += 1
+        for t, name, value in self.bindings:
+            if dict(self.backend.tensor_state(t)).get(name) is not value:
+                self.backend.set_tensor_state(t, name, value)
+                n += 1
+        return n
+
+
+_UNSET = object()
+
+
+def _same_dict(d: dict[Any, Any], saved: dict[Any, Any]) -> bool:
+    if len(d) != len(saved):
+        return False
+    for k, v in saved.items():
+        if d.get(k, _UNSET) is not v:
+            return False
+    return True
+
+
+def _instance_dict(obj: Any) -> dict[str, Any] | None:
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+_SLOTS: dict[type, tuple[str, ...]] = {}
+
+
+def _slots(tp: type) -> tuple[str, ...]:
+    found = _SLOTS.get(tp)
+    if found is None:
+        names: list[str] = []
+        for cls in tp.__mro__:
+            own = cls.__dict__.get("__slots__", ())
+            for n in (own,) if isinstance(own, str) else own:
+                if n not in ("__dict__", "__weakref__"):
+                    names.append(n)
+        found = _SLOTS[tp] = tuple(names)
+    return found
