@@ -229,7 +229,7 @@ class _State(Policy, KeyLifecycle):
             st.reason, st.detail = reason, detail
         result = self.fallback(reason, backend, instance, args, kwargs, sig.key)
         if self.strict():
-            raise CaptureError(f"{self.name}: {detail} (strict mode)", reason=reason).after_run(result)
+            raise CaptureError(f"{self.name}: {reason}: {detail} (strict mode)", reason=reason).after_run(result)
         self.say_once(logging.WARNING, "values:" + path, "graphjit %s: %s", self.name, detail)
         return result
 

@@ -7,6 +7,7 @@ from numpy, and every result is checked with numpy, never with Paddle's own redu
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -199,18 +200,19 @@ def test_verify_catches_a_stale_output(rng):
     """The weight is picked by a Python counter: the graph freezes the pick made at capture."""
     ws_np = [np.eye(8, dtype=np.float32) * k for k in (1.0, 2.0)]
     ws = [T(w) for w in ws_np]
-    counter = {"n": 0}
+    turns = itertools.count(1)  # a host value no guard sees (C state): verify is what catches it
+    seen: list[int] = []
 
     def frozen(x):
-        counter["n"] += 1
-        return paddle.matmul(x, ws[counter["n"] % 2])
+        seen.append(next(turns))
+        return paddle.matmul(x, ws[seen[-1] % 2])
 
     step = graphjit.graphed(frozen, tracer="eager")
     x_np = rng.standard_normal((2, 8)).astype(np.float32)
     with paddle.no_grad():
         for _ in range(3):  # 2 warmups, then the capture, whose verify fails
             out = step(T(x_np)).numpy()
-            assert rel(out, x_np @ ws_np[counter["n"] % 2]) < TF32  # every call returns the eager result
+            assert rel(out, x_np @ ws_np[seen[-1] % 2]) < TF32  # every call returns the eager result
     key = step.stats()["keys"][0]
     assert key["state"] == "fallback" and "verify failed" in key["reason"], key
 

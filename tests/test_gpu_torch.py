@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -184,18 +185,19 @@ def test_alias_outputs_are_the_static_buffers(dev):
 
 
 def test_verify_catches_a_stale_output(dev):
-    counter = {"n": 0}
+    turns = itertools.count(1)  # a host value no guard sees (C state): verify is what catches it
+    seen: list[int] = []
 
     def leaky(x):
-        counter["n"] += 1
-        return x * counter["n"]  # a Python value the graph freezes at capture
+        seen.append(next(turns))
+        return x * seen[-1]  # a Python value the graph freezes at capture
 
     step = graphjit.graphed(leaky)
     x = torch.randn(8, device=dev)
     with torch.no_grad():
         for _ in range(3):  # 2 warmups, then the capture, whose verify fails
             out = step(x)
-            assert rel(out, x * counter["n"]) < 1e-6  # every call returns the eager result
+            assert rel(out, x * seen[-1]) < 1e-6  # every call returns the eager result
     s = step.stats()
     assert s["keys"][0]["state"] == "fallback" and "verify failed" in s["keys"][0]["reason"], s
     strict = graphjit.graphed(leaky, strict=True)
@@ -203,7 +205,7 @@ def test_verify_catches_a_stale_output(dev):
         strict(x), strict(x)
         with pytest.raises(graphjit.VerifyError, match="verify failed") as info:
             strict(x)
-    assert info.value.executed and rel(info.value.result, x * counter["n"]) < 1e-6
+    assert info.value.executed and rel(info.value.result, x * seen[-1]) < 1e-6
 
 
 def test_outputs_requiring_grad_fall_back(dev):

@@ -1,0 +1,289 @@
+"""The cases of the guarded-values promise, shared by the CPU tests (emulated CUDA graphs, test_guards.py) and the
+GPU tests (test_gpu_guards.py): each one a function that reads a Python value it does not receive, the value
+changed between calls as users change it, run graphed and eagerly from the same seed.
+
+A case is built by ``make(device)`` and returns a :class:`Case`: the function to graph, ``before(i)`` (what the
+user's loop does before call ``i``: change the value, step a scheduler), ``inputs(i)`` and ``state()`` (the
+tensors that must equal the eager run's after every call: parameters, buffers, optimizer state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import graphjit
+
+SCALE = 1.0  # a module global the "global" case's function reads
+
+
+@dataclass
+class Case:
+    fn: Callable[..., Any]
+    inputs: Callable[[int], tuple[Any, ...]]
+    before: Callable[[int], None] = lambda i: None
+    state: Callable[[], list[torch.Tensor]] = lambda: []
+    grad: bool = False  # the call runs with autograd on (a training step)
+    calls: int = 12
+    keeps_graph: bool = True  # the value settles (or toggles), so a graph serves later calls
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _gen(device: str, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _xs(device: str, n: int, shape: tuple[int, ...], seed: int = 1) -> list[torch.Tensor]:
+    g = _gen(device, seed)
+    return [torch.randn(*shape, generator=g, device=device) for _ in range(n)]
+
+
+# -- the function reads a value of an object, a global, a closed-over container ---------------------------
+def attribute(device: str) -> Case:
+    """``x / m.temp``, the temperature changed before every call (then settles)."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(16, 16).to(device)
+    m.temp = 1.0
+    xs = _xs(device, 16, (4, 16))
+
+    def step(x):
+        return m(x) / m.temp
+
+    def before(i):
+        m.temp = 1.0 + min(i, 8)  # changes on every call up to call 8, then stays
+
+    return Case(step, lambda i: (xs[i],), before, lambda: [m.weight], calls=16)
+
+
+def global_value(device: str) -> Case:
+    """A module global float, toggled between two values."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    xs = _xs(device, 12, (4, 16))
+
+    def step(x):
+        return (x @ w) * SCALE
+
+    def before(i):
+        global SCALE
+        SCALE = 2.0 if i % 2 else 0.5
+
+    return Case(step, lambda i: (xs[i],), before)
+
+
+def list_item(device: str) -> Case:
+    """An item of a closed-over list, changed on every call: runs uncaptured, right."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    scales = [1.0, 3.0]
+    xs = _xs(device, 10, (4, 16))
+
+    def step(x):
+        return (x @ w) * scales[0] + scales[1]
+
+    def before(i):
+        scales[0] = 1.0 + 0.5 * i
+
+    return Case(step, lambda i: (xs[i],), before, calls=10, keeps_graph=False)
+
+
+def slice_bound(device: str) -> Case:
+    """``y[:, :self.k]``: k goes from 8 to 4 once; the graph for k=8 must never return 8 columns again."""
+    torch.manual_seed(0)
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+            self.k = 8
+
+        def forward(self, x):
+            return self.lin(x)[:, : self.k]
+
+    m = Head().to(device)
+    xs = _xs(device, 12, (4, 16))
+
+    def before(i):
+        m.k = 8 if i < 5 else 4
+
+    return Case(m, lambda i: (xs[i],), before)
+
+
+def dict_item(device: str) -> Case:
+    """A closed-over dict item picks which weight to multiply by (toggled)."""
+    torch.manual_seed(0)
+    weights = {"a": torch.randn(16, 16, device=device), "b": torch.randn(16, 16, device=device)}
+    cfg = {"which": "a"}
+    xs = _xs(device, 12, (4, 16))
+
+    def step(x):
+        return x @ weights[cfg["which"]]
+
+    def before(i):
+        cfg["which"] = "a" if (i // 3) % 2 == 0 else "b"
+
+    return Case(step, lambda i: (xs[i],), before)
+
+
+VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item, "slice_bound": slice_bound,
+          "dict_item": dict_item}
+
+
+# -- training loops as users write them --------------------------------------------------------------------
+def _mlp(device: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(device)
+
+
+def _train_case(device: str, model: torch.nn.Module, opt: torch.optim.Optimizer, before: Callable[[int], None],
+                calls: int = 24, keeps_graph: bool = True, bn: torch.nn.Module | None = None) -> Case:
+    xs = _xs(device, calls, (8, 16))
+    ys = _xs(device, calls, (8, 4), seed=2)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    def state():
+        out = [p for p in model.parameters()] + [b for b in model.buffers()]
+        for s in opt.state.values():
+            out += [v for v in s.values() if isinstance(v, torch.Tensor)]
+        return out
+
+    return Case(step, lambda i: (xs[i], ys[i]), before, state, grad=True, calls=calls, keeps_graph=keeps_graph)
+
+
+def _adamw(model: torch.nn.Module, device: str, lr: Any = 1e-2, **kw: Any) -> torch.optim.Optimizer:
+    """AdamW(capturable=True) on a GPU; on the CPU (no capturable AdamW there: its step counts are read with
+    .item()) SGD with momentum, which keeps the same hyperparameters in ``param_groups``."""
+    if device == "cpu":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, **kw)
+    return torch.optim.AdamW(model.parameters(), lr=lr, capturable=True, **kw)
+
+
+def lambda_lr(device: str) -> Case:
+    """LambdaLR stepped after every call (a float lr that changes every step): uncaptured, right."""
+    model = _mlp(device)
+    opt = _adamw(model, device)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.95 ** s)
+
+    def before(i):
+        if i:
+            sched.step()
+
+    return _train_case(device, model, opt, before, keeps_graph=False)
+
+
+def warmup_by_hand(device: str) -> Case:
+    """``for g in opt.param_groups: g["lr"] = ...`` for 8 steps, then constant: captured once it settles."""
+    model = _mlp(device)
+    opt = _adamw(model, device)
+
+    def before(i):
+        for g in opt.param_groups:
+            g["lr"] = 1e-2 * min(1.0, (i + 1) / 8)
+
+    return _train_case(device, model, opt, before)
+
+
+def step_lr_sgd(device: str) -> Case:
+    """SGD(momentum=0.9) with StepLR (the lr halves every 6 steps): one graph per lr."""
+    model = _mlp(device)
+    opt = torch.optim.SGD(model.parameters(), lr=5e-2, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=6, gamma=0.5)
+
+    def before(i):
+        if i:
+            sched.step()
+
+    return _train_case(device, model, opt, before)
+
+
+def weight_decay(device: str) -> Case:
+    """``weight_decay`` changed in ``param_groups`` half way."""
+    model = _mlp(device)
+    opt = _adamw(model, device, weight_decay=0.01)
+
+    def before(i):
+        if i == 12:
+            opt.param_groups[0]["weight_decay"] = 0.2
+
+    return _train_case(device, model, opt, before)
+
+
+def tensor_lr(device: str) -> Case:
+    """The lr in a tensor the scheduler fills (torch's recipe): graphed throughout."""
+    model = _mlp(device)
+    opt = _adamw(model, device, lr=torch.tensor(1e-2, device=device))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.95 ** s)
+
+    def before(i):
+        if i:
+            sched.step()
+
+    case = _train_case(device, model, opt, before)
+    case.extra["cpu_sync"] = True
+    return case
+
+
+def batchnorm_step(device: str) -> Case:
+    """A whole training step of a model with BatchNorm: running statistics as eager's after every call."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 4)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=5e-2, momentum=0.9)
+    return _train_case(device, model, opt, lambda i: None, calls=10)
+
+
+TRAINING = {"lambda_lr": lambda_lr, "warmup_by_hand": warmup_by_hand, "step_lr_sgd": step_lr_sgd,
+            "weight_decay": weight_decay, "tensor_lr": tensor_lr, "batchnorm_step": batchnorm_step}
+
+
+def batchnorm_no_grad(device: str) -> Case:
+    """BatchNorm in train mode under no_grad: running statistics equal eager's after every call."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32)).to(device).train()
+    xs = _xs(device, 8, (16, 16))
+    return Case(model, lambda i: (xs[i],), lambda i: None, lambda: list(model.buffers()), calls=8)
+
+
+# -- running a case ---------------------------------------------------------------------------------------------
+def run(make: Callable[[str], Case], device: str, graph: bool, check_each: bool = True,
+        **options: Any) -> tuple[list[Any], list[list[torch.Tensor]], Any]:
+    """Outputs of every call, the state after every call (copies), and the graphed function (or None)."""
+    case = make(device)
+    f = graphjit.graphed(case.fn, **options) if graph else case.fn
+    outs: list[Any] = []
+    states: list[list[torch.Tensor]] = []
+    for i in range(case.calls):
+        case.before(i)
+        args = case.inputs(i)
+        if case.grad:
+            out = f(*args)
+        else:
+            with torch.no_grad():
+                out = f(*args)
+        outs.append(out.detach().clone() if isinstance(out, torch.Tensor) else out)
+        if check_each or i == case.calls - 1:
+            states.append([t.detach().clone() for t in case.state()])
+    return outs, states, (f if graph else None)
+
+
+def max_diff(a: list[Any], b: list[Any]) -> float:
+    """The largest absolute difference between two lists of tensors (inf where shapes differ or NaN appears)."""
+    worst = 0.0
+    assert len(a) == len(b), (len(a), len(b))
+    for x, y in zip(a, b):
+        if x.shape != y.shape:
+            return float("inf")
+        if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+            return float("inf")
+        if x.numel():
+            worst = max(worst, float((x.double() - y.double()).abs().max()))
+    return worst

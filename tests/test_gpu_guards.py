@@ -1,0 +1,122 @@
+"""GPU tests, torch: never a stale replay.  Every case of tests/guard_cases.py (a function that reads a Python
+value it does not receive: an attribute, a global, a closed-over list or dict item, a slice bound; training loops
+with a float-lr scheduler, a hand-written warmup, StepLR, weight decay changed, a tensor lr; BatchNorm) graphed
+with both torch tracers equals the same loop run eagerly, call by call, outputs and state (parameters, buffers,
+optimizer state); where the value settles or toggles, graphs replay.  A failed capture (fused AdamW with a
+GradScaler, fp16) leaves no trace.  The CPU counterparts: tests/test_guards.py (emulated graphs)."""
+
+from __future__ import annotations
+
+import pytest
+
+import graphjit
+from graphjit import guards
+
+pytestmark = [pytest.mark.gpu, pytest.mark.torch]
+
+torch = pytest.importorskip("torch")
+
+import guard_cases as cases  # noqa: E402
+
+DEV = "cuda"
+TOL = 1e-5  # the same kernels in the same order: differences are a different cuBLAS algorithm at most
+
+
+def _check(make, **options):
+    want_out, want_state, _ = cases.run(make, DEV, graph=False)
+    got_out, got_state, g = cases.run(make, DEV, graph=True, **options)
+    assert cases.max_diff(got_out, want_out) <= TOL, g.report()
+    for i, (a, b) in enumerate(zip(got_state, want_state)):
+        assert cases.max_diff(a, b) <= TOL, (i, cases.max_diff(a, b), g.report())
+    return g.stats(), g
+
+
+TRACERS = ["eager", "compile"]
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+@pytest.mark.parametrize("name", sorted(cases.VALUES))
+def test_a_changed_value_never_replays_a_stale_graph(name, tracer):
+    make = cases.VALUES[name]
+    st, g = _check(make, tracer=tracer)
+    if make(DEV).keeps_graph:
+        assert st["graphs"] >= 2 and st["replays"] >= 3, g.report()
+    else:
+        assert any(r.startswith(guards.REASON) for r in st["fallbacks"]), g.report()
+    assert "verify failed" not in st["fallbacks"], g.report()
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+@pytest.mark.parametrize("name", sorted(cases.TRAINING))
+def test_training_loops_equal_eager_after_every_call(name, tracer):
+    make = cases.TRAINING[name]
+    st, g = _check(make, tracer=tracer)
+    if make(DEV).keeps_graph:
+        assert st["replays"] >= 4, g.report()
+    else:
+        assert any(r.startswith(guards.REASON) for r in st["fallbacks"]), g.report()
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_batchnorm_running_statistics_equal_eager_after_every_call(tracer):
+    st, g = _check(cases.batchnorm_no_grad, tracer=tracer)
+    assert st["replays"] >= 5, g.report()
+
+
+def _amp_step(fused: bool, graph: bool, steps: int = 12):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).to(DEV)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
+    scaler = torch.amp.GradScaler("cuda")
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss.detach().float()
+
+    f = graphjit.graphed(step) if graph else step
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(32, 64, device=DEV, generator=gen)
+        y = torch.randn(32, 8, device=DEV, generator=gen)
+        losses.append(f(x, y))
+    state = [p.detach().clone() for p in model.parameters()]
+    for s in opt.state.values():
+        state += [v.detach().clone() for v in s.values() if isinstance(v, torch.Tensor)]
+    state += [scaler._scale.clone(), scaler._growth_tracker.clone()]
+    return losses, state, f
+
+
+def test_a_failed_capture_with_fused_adamw_and_a_grad_scaler_leaves_no_trace():
+    want_losses, want_state, _ = _amp_step(fused=True, graph=False)
+    got_losses, got_state, f = _amp_step(fused=True, graph=True)
+    st = f.stats()
+    assert st["graphs"] == 0 and st["fallbacks"], f.report()  # AdamW(fused=True) without capturable refuses capture
+    assert all(torch.isfinite(t).all() for t in got_losses + got_state)
+    assert cases.max_diff(got_losses, want_losses) <= TOL, f.report()
+    assert cases.max_diff(got_state, want_state) <= TOL, f.report()
+
+
+def test_the_dynamo_guards_of_a_compiled_function_are_checked_before_a_replay():
+    """tracer="compile": a value only Dynamo's guards see (a module attribute graphjit's walk does not reach) makes
+    the call leave the old graph."""
+    import types
+
+    holder = types.ModuleType("holder")  # modules are not walked by graphjit's guards; Dynamo guards their values
+    holder.scale = 1.0
+    w = torch.randn(16, 16, device=DEV)
+
+    def step(x):
+        return (x @ w) * holder.scale
+
+    g = graphjit.graphed(step, tracer="compile")
+    x = torch.randn(4, 16, device=DEV)
+    with torch.no_grad():
+        for i in range(8):
+            holder.scale = 1.0 if i < 4 else 3.0
+            assert torch.allclose(g(x), (x @ w) * holder.scale, rtol=1e-4, atol=1e-4), (i, g.report())

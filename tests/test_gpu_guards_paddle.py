@@ -1,0 +1,81 @@
+"""GPU tests, Paddle (through the kit): never a stale replay.  A closed-over dict item, a Layer attribute and a
+module global pick which weight the function multiplies by; changed between calls, the graphed function (tracers
+eager, sot, ast) equals numpy on every call: a graph for each value where it toggles, uncaptured with the reason
+where it changes on every call.  Paddle 2.6.2 computes only matmul and copies right on Hopper: numpy checks all."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import graphjit
+from graphjit import guards
+
+pytestmark = [pytest.mark.gpu, pytest.mark.paddle]
+
+os.environ.setdefault("MIN_GRAPH_SIZE", "0")
+
+paddle = pytest.importorskip("paddle")
+
+N = 32
+TF32 = 2e-3
+PICK = {"which": 0}  # module level: the AST tracer reads globals, not closure variables
+WS: list = []
+
+
+def T(a: np.ndarray):
+    return paddle.to_tensor(np.ascontiguousarray(a, dtype=np.float32), place=paddle.CUDAPlace(0))
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def _weights(rng: np.random.Generator, n: int) -> list[np.ndarray]:
+    return [rng.standard_normal((N, N)).astype(np.float32) for _ in range(n)]
+
+
+@pytest.mark.parametrize("tracer", ["eager", "sot", "ast"])
+def test_a_dict_item_that_picks_the_weight_is_guarded(tracer):
+    rng = np.random.default_rng(0)
+    ws_np = _weights(rng, 2)
+    WS[:] = [T(w) for w in ws_np]
+
+    def step(x):
+        return paddle.matmul(x, WS[PICK["which"]])
+
+    g = graphjit.graphed(step, tracer=tracer)
+    with paddle.no_grad():
+        for i in range(12):
+            PICK["which"] = (i // 3) % 2  # three calls with each weight, toggled
+            x = rng.standard_normal((4, N)).astype(np.float32)
+            assert rel(g(T(x)).numpy(), x @ ws_np[PICK["which"]]) < TF32, (tracer, i, g.report())
+    st = g.stats()
+    assert st["graphs"] == 2 and st["replays"] >= 4, g.report()
+
+
+@pytest.mark.parametrize("tracer", ["eager", "sot"])
+def test_a_layer_attribute_that_changes_on_every_call_runs_uncaptured(tracer):
+    rng = np.random.default_rng(1)
+    ws_np = _weights(rng, 12)
+
+    class Pick(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.ws = [T(w) for w in ws_np]
+            self.k = 0
+
+        def forward(self, x):
+            return paddle.matmul(x, self.ws[self.k])
+
+    layer = Pick()
+    g = graphjit.graphed(layer, tracer=tracer)
+    with paddle.no_grad():
+        for i in range(12):
+            layer.k = i
+            x = rng.standard_normal((4, N)).astype(np.float32)
+            assert rel(g(T(x)).numpy(), x @ ws_np[i]) < TF32, (tracer, i, g.report())
+    st = g.stats()
+    assert any(r.startswith(guards.REASON) and "self.k" in r for r in st["fallbacks"]), g.report()

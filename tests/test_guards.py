@@ -1,0 +1,165 @@
+"""Guarded values on the CPU, through the emulated CUDA graph (tests/graph_emulator.py: a replay runs the recorded
+tensor work and no Python, so it freezes Python values as a real graph does): every case of tests/guard_cases.py
+graphed equals the same loop run eagerly, call by call, outputs and state; graphs serve the calls once the value
+settles; a value that changes on every call runs uncaptured with its path and both values.  The same cases on a
+GPU, both torch tracers and Paddle: tests/test_gpu_guards.py."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import guard_cases as cases  # noqa: E402
+
+import graphjit  # noqa: E402
+from graphjit import guards  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _check(make, emu_device="cpu", **options):
+    want_out, want_state, _ = cases.run(make, emu_device, graph=False)
+    got_out, got_state, g = cases.run(make, emu_device, graph=True, **options)
+    assert cases.max_diff(got_out, want_out) <= 1e-6, g.report()
+    for i, (a, b) in enumerate(zip(got_state, want_state)):
+        assert cases.max_diff(a, b) <= 1e-6, (i, g.report())
+    return g.stats(), g
+
+
+@pytest.mark.parametrize("name", sorted(cases.VALUES))
+def test_a_changed_value_never_replays_a_stale_graph(emu, name):
+    make = cases.VALUES[name]
+    st, g = _check(make)
+    reasons = [k["reason"] or "" for k in st["keys"]] + list(st["fallbacks"])
+    if make("cpu").keeps_graph:
+        assert st["graphs"] >= 2 and st["replays"] >= 3, g.report()
+    else:
+        changed = [r for r in st["fallbacks"] if r.startswith(guards.REASON)]
+        assert changed and st["fallbacks"][changed[0]] >= 3, g.report()
+        detail = next(k["detail"] for k in st["keys"] if (k["reason"] or "").startswith(guards.REASON))
+        assert "when the graph was captured and is" in detail and "tensor" in detail
+    assert not any("verify failed" in r for r in reasons), g.report()
+
+
+def test_the_reason_names_the_path_and_both_values(emu):
+    st, _g = _check(cases.list_item)
+    assert "value read by the function changed: closure variable 'scales'[0]" in st["fallbacks"], st["fallbacks"]
+    key = next(k for k in st["keys"] if k["reason"] == "value read by the function changed: closure variable "
+               "'scales'[0]")
+    assert "closure variable 'scales'[0] was 2.0 when the graph was captured and is" in key["detail"]
+
+
+def test_a_shape_deciding_value_never_returns_the_old_shape(emu):
+    st, _g = _check(cases.slice_bound)
+    labels = [k["key"] for k in st["keys"] if k["state"] == "replay"]
+    assert any("self.k=4" in label for label in labels) and any("self.k=8" in label for label in labels), labels
+
+
+@pytest.mark.parametrize("name", sorted(cases.TRAINING))
+def test_training_loops_equal_eager_after_every_call(emu, name):
+    make = cases.TRAINING[name]
+    st, g = _check(make)
+    if make("cpu").extra.get("cpu_sync"):
+        return  # on the CPU this optimizer reads its lr tensor with .item(): uncaptured there, equal all the same
+    if make("cpu").keeps_graph:
+        assert st["replays"] >= 4, g.report()
+    else:
+        assert any(r.startswith(guards.REASON) for r in st["fallbacks"]), g.report()
+
+
+def test_batchnorm_running_statistics_equal_eager_after_the_capture_call(emu):
+    st, g = _check(cases.batchnorm_no_grad)
+    assert st["replays"] >= 5, g.report()
+
+
+def test_a_value_only_the_loop_names_is_not_guarded(emu):
+    """An attribute the function's code never names (a step counter the training loop keeps on the model) does
+    not end the graph when it changes."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(8, 8)
+    m.loop_step_count = 0
+    g = graphjit.graphed(m)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        for i in range(8):
+            m.loop_step_count = i
+            assert torch.equal(g(x), m(x))
+    assert g.stats()["replays"] == 6 and not g.stats()["fallbacks"]
+
+
+def test_guards_are_decided_at_capture_and_counted(emu):
+    st, _g = _check(cases.attribute)
+    captured = [k for k in st["keys"] if k["state"] == "replay"]
+    assert captured and all(k["guarded_values"] >= 1 for k in captured)
+
+
+def test_strict_mode_raises_after_the_uncaptured_call(emu):
+    make = cases.list_item
+    case = make("cpu")
+    g = graphjit.graphed(case.fn, strict=True)
+    with torch.no_grad(), pytest.raises(graphjit.CaptureError, match="value read by the function changed") as info:
+        for i in range(case.calls):
+            case.before(i)
+            g(*case.inputs(i))
+    assert info.value.executed
+
+
+def test_a_function_that_writes_a_python_value_runs_uncaptured(emu):
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.lin(x) * self.calls
+
+    m = Counter()
+    g = graphjit.graphed(m)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        outs = [g(x) for _ in range(5)]
+    assert m.calls == 5
+    assert all(torch.allclose(o, m.lin(x) * (i + 1)) for i, o in enumerate(outs))
+    assert g.stats()["keys"][0]["reason"] == guards.WRITES
+    assert "self.calls (1 -> 2)" in g.stats()["keys"][0]["detail"]
+
+
+def test_a_failed_capture_leaves_no_python_trace(emu):
+    """The capture's Python run changed an object's state, created state holding tensors, then failed: the call's
+    eager run starts from the state before the capture (a GradScaler's per-optimizer record, an optimizer's
+    found_inf), and every later call equals eager."""
+
+    class Book:
+        def __init__(self):
+            self.stage = "ready"
+            self.found = {}
+
+    def make():
+        book = Book()
+        w = torch.ones(4)
+
+        def step(x):
+            if book.stage != "ready":
+                raise RuntimeError("step() called twice without update()")
+            book.stage = "stepped"
+            book.found["inf"] = x.sum() * 0  # a tensor the run made (the graph's memory in a real capture)
+            if graphjit.scope.phase() == "capture":
+                raise RuntimeError("not capturable")  # what AdamW(capturable=False) raises under capture
+            w.add_(x)
+            book.stage, book.found = "ready", {}  # update(): a fresh record for the next step
+            return w * 2
+
+        return step, book, w
+
+    step, _book, w_eager = make()
+    xs = [torch.full((4,), float(i)) for i in range(6)]
+    want = [step(x).clone() for x in xs]
+    step, book, w = make()
+    g = graphjit.graphed(step)
+    got = [g(x).clone() for x in xs]
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and torch.equal(w, w_eager)
+    assert book.stage == "ready" and g.stats()["graphs"] == 0
+    assert any("capturable" in r for r in g.stats()["fallbacks"]), g.stats()["fallbacks"]
