@@ -15,6 +15,7 @@ graphed Layer/Module object, called through the object itself so that its hooks 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
@@ -158,7 +159,12 @@ class Invoker:
         except (TypeError, ValueError):
             return {}
         call.apply_defaults()
-        return dict(call.arguments)
+        out = dict(call.arguments)
+        code = getattr(target, "__code__", None)
+        for name, cell in zip(getattr(code, "co_freevars", ()), getattr(target, "__closure__", None) or ()):
+            with contextlib.suppress(ValueError):  # a frame's locals hold its free variables (Dynamo guards them so)
+                out.setdefault(name, cell.cell_contents)
+        return out
 
     def guard_sources(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> guards.Sources:
         """Where a call finds the Python values it reads without receiving them (:func:`graphjit.guards.sources`)."""

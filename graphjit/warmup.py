@@ -112,9 +112,9 @@ class Warmup:
         self.blocked = _blocked(obs, backend, outputs, first)
         if self.blocked is None and obs.py_written and not first:
             where, old, new = obs.py_written[0]
-            self.blocked = Blocked(guards.WRITES, f"the function changes {where} ({old} -> {new}) on every call; a CUDA "
-                                   "graph replays its kernels, not its Python code, so a replay would leave it as it "
-                                   "is: keep that state in a tensor updated in place, or move the update out of the "
+            self.blocked = Blocked(guards.WRITES, f"the function changes {where} ({old} -> {new}) on every call; a "
+                                   "CUDA graph replays its kernels, not its Python code, so a replay would leave it as "
+                                   "it is: keep that state in a tensor updated in place, or move the update out of the "
                                    "graphed function")
 
     def written_tensors(self) -> list[tuple[Any, Path]]:

@@ -51,7 +51,8 @@ def test_a_changed_value_never_replays_a_stale_graph(name, tracer):
 def test_training_loops_equal_eager_after_every_call(name, tracer):
     make = cases.TRAINING[name]
     st, g = _check(make, tracer=tracer)
-    if make(DEV).keeps_graph:
+    print(g.report())  # with torch.compile too, whether the step graphs (the promise here is equality)
+    if make(DEV).keeps_graph and tracer == "eager":
         assert st["replays"] >= 4, g.report()
     else:
         assert any(r.startswith(guards.REASON) for r in st["fallbacks"]), g.report()

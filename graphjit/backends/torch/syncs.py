@@ -13,7 +13,7 @@ The debug mode and Python's warning machinery are process-wide, while a watch be
 ``collector_paused``) and sorts each warning by the thread that issued it:
 
 * a watched thread's sync reports are recorded for that thread's watch (dropped inside an island, which
-  may sync by contract);
+  may sync by contract, and while torch.compile compiles: the compiler's own syncs are not in its kernels);
 * another thread's sync reports exist only because graphjit switched the mode on: they are dropped
   (passed on unchanged where the user had the debug mode on already);
 * every other warning goes on to whatever displays warnings (the user's ``showwarning``, pytest's
@@ -29,7 +29,9 @@ only when the capture fails on them.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -144,7 +146,7 @@ class SyncWatcher:
         if is_sync_report(text):
             mine = self._threads.get(threading.get_ident())
             if mine is not None:
-                if mine.islands == 0:
+                if mine.islands == 0 and not _compiling():
                     for w in mine.watches:
                         w.hits.append(f"{SYNC_REPORT} at {filename}:{lineno}")
                 return
@@ -153,6 +155,23 @@ class SyncWatcher:
         elif self._previous_mode == 0 and text.strip().startswith(DEBUG_MODE_NOTICE):
             return  # about the mode graphjit switched on, not about the user's code
         _forward(self._previous_show, message, category, filename, lineno, file, line)
+
+
+_COMPILER = (f"{os.sep}torch{os.sep}_dynamo{os.sep}", f"{os.sep}torch{os.sep}_inductor{os.sep}")
+
+
+def _compiling() -> bool:
+    """True while torch.compile translates or compiles (its frames are on the stack): a sync there is the
+    compiler's own (a guard's value, a logged tensor), made once per compilation, never part of the kernels it
+    produces; a replay does not run it."""
+    frame = sys._getframe(2)
+    depth = 0
+    while frame is not None and depth < 200:
+        name = frame.f_code.co_filename
+        if _COMPILER[0] in name or _COMPILER[1] in name:
+            return True
+        frame, depth = frame.f_back, depth + 1
+    return False
 
 
 def _forward(show: Any, message: Any, category: Any, filename: str, lineno: int, file: Any, line: Any) -> None:
