@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import subprocess
@@ -396,7 +397,7 @@ def test_garbage_collection_cannot_break_a_capture(dev):
     with torch.cuda.graph(victim):
         b = a * 2  # memory of the victim's own pool: destroying the victim releases that pool (cudaFree)
     del b
-    victims = [victim]
+    victims = collections.deque([victim])  # (a deque: what the capture's Python run does to it is not undone)
     del victim
     calls = itertools.count(1)  # (a Python counter the function advanced would keep it from capturing)
     seen: list[int] = []

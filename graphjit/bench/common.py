@@ -172,6 +172,32 @@ def traceback_tail(exc: BaseException, lines: int = 12) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+def guard_cost(fn: Any, iters: int = 20000) -> dict[str, Any] | None:
+    """What checking a graphed function's guards costs on the host before each replay (:mod:`graphjit.guards`):
+    for its most replayed graph, the containers and values checked and the microseconds per check (median of
+    5 timings of ``iters`` checks), or None if nothing is captured."""
+    import time
+
+    state = getattr(fn, "_self_state", None)
+    entries = list(getattr(state, "entries", {}).values())
+    if not entries:
+        return None
+    entry = max(entries, key=lambda e: e.stats.replays)
+    guard = entry.guards
+    containers, values = guard.size if guard is not None else (0, 0)
+    check = entry.check
+    if check is None:
+        return {"containers": containers, "values": values, "tracer_guard": False, "us": 0.0}
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            check()
+        runs.append((time.perf_counter() - t0) / iters * 1e6)
+    return {"containers": containers, "values": values, "tracer_guard": guard is not None and guard.extra is not None,
+            "us": round(statistics.median(runs), 3)}
+
+
 def median(values: Sequence[float]) -> float | None:
     return float(statistics.median(values)) if values else None
 

@@ -53,6 +53,7 @@ TARGETS = {
     "graphed_vs_raw": 1.10,  # @graphed step time / raw graph replay step time
     "graphed_compile_vs_reduce_overhead": 1.0,  # graphed(tracer="compile") / torch.compile reduce-overhead
     "host_graphed_us": 15.0,  # host cost of one @graphed call with 4 tensor inputs
+    "guard_us": 1.0,  # what checking the Python values a 4-input step reads adds to a replay
 }
 
 GPU_DEFAULTS: dict[str, Any] = {"layers": [8, 32], "hidden": [1024], "batch": [1, 8], "iters": 200, "repeats": 5,
@@ -167,6 +168,11 @@ def host_ratios(host: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
                                           met=bool(us["graphed"] <= TARGETS["host_graphed_us"]))
         if "raw_replay" in us:
             out["graphed_minus_raw_replay_us"] = {"value": us["graphed"] - us["raw_replay"]}
+        if "graphed_reads" in us:  # the same call reading four Python values: their guards' cost
+            out["guard_us"] = {"value": us["graphed_reads"] - us["graphed"]}
+            if on_gpu:
+                out["guard_us"].update(target=TARGETS["guard_us"], met=bool(us["graphed_reads"] - us["graphed"]
+                                                                              <= TARGETS["guard_us"]))
     return out
 
 

@@ -150,6 +150,9 @@ class DecodeRunner:
         if graphed_opts is not None:  # the timed calls must have replayed
             status, more = _graphed_status(keep[-1].stats(), self.on_gpu)
             result.update(more, status=status)
+            guard = common.guard_cost(keep[-1])
+            if guard is not None:
+                result["guard"] = guard  # host cost of checking the Python values the graph froze, per replay
         self.release(keep)
         del keep
         self._free()

@@ -204,7 +204,7 @@ class TorchBackend(Backend):
 
     def fingerprint(self, t: Any) -> str:
         data = t.detach().contiguous().cpu()
-        raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+        raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
         return hashlib.blake2b(raw, digest_size=6).hexdigest()
 
     # -- state a call may write, modes, random numbers --------------------------------------
@@ -230,9 +230,11 @@ class TorchBackend(Backend):
             t.grad = value
 
     def version_blind(self, path: tuple[Any, ...]) -> bool:
-        """A module buffer: ``native_batch_norm`` / ``cudnn_batch_norm`` update the running statistics in place
-        without moving their version counters (their schemas do not mark them written)."""
-        return len(path) >= 3 and path[-2] == (".", "_buffers")
+        """A module buffer (``native_batch_norm`` / ``cudnn_batch_norm`` update the running statistics in place
+        without moving their version counters: their schemas do not mark them written), or an optimizer's state
+        (on CUDA, torch 2.11's ``_foreach_lerp_`` updates Adam's ``exp_avg`` without moving its counter: seen on
+        an H200)."""
+        return (len(path) >= 3 and path[-2] == (".", "_buffers")) or (".", "state") in path[1:]
 
     def modes(self) -> tuple[Any, ...]:
         autocast = _autocast_modes() if _any_autocast() else None

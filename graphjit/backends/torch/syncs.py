@@ -33,6 +33,7 @@ import os
 import re
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -164,7 +165,7 @@ def _compiling() -> bool:
     """True while torch.compile translates or compiles (its frames are on the stack): a sync there is the
     compiler's own (a guard's value, a logged tensor), made once per compilation, never part of the kernels it
     produces; a replay does not run it."""
-    frame = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(2)
     depth = 0
     while frame is not None and depth < 200:
         name = frame.f_code.co_filename

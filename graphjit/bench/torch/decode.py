@@ -209,6 +209,19 @@ class TorchDecodeRunner(DecodeRunner):
                     calls[label.replace("graphed", "graphed_static")] = (lambda fn=fn, a=static_args: fn(*a))
                 except Exception as exc:
                     out["errors"][label.replace("graphed", "graphed_static")] = common.error_text(exc)
+        # The same call reading Python values it does not receive (an attribute of an object it closes over, a
+        # global), as decode steps do: the difference to "graphed" is what checking them before a replay costs.
+        import types
+
+        cfg = types.SimpleNamespace(scale=1.0, shift=0.0, causal=True, mode="decode")
+
+        def tiny_reads(a: Any, b: Any, c: Any, d: Any) -> Any:
+            out = tiny(a, b, c, d) * cfg.scale
+            return out + cfg.shift if cfg.causal and cfg.mode == "decode" else out
+
+        reads = cast(graphjit.GraphedFunction, graphjit.graphed(tiny_reads))
+        keep.append(reads)
+        calls["graphed_reads"] = lambda: reads(*inputs)
         # Parts of the graphed call, for the breakdown: the key, the input copies, the output copy.
         from graphjit.keys import Signer
 

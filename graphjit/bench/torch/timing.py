@@ -43,6 +43,9 @@ def graphed_stats(fn: Any, on_gpu: bool, res: dict[str, Any], keys: tuple[str, .
         return
     st = fn.stats()
     res["stats"] = {k: st.get(k) for k in ("calls", "graphs", "captures", "replays", "fallbacks")}
+    guard = common.guard_cost(fn)
+    if guard is not None:
+        res["guard"] = guard  # host cost of checking the Python values the graph froze, per replay
     if keys:
         first = (st.get("keys") or [{}])[0]
         res["stats"].update({k: first.get(k) for k in keys})
