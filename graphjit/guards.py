@@ -453,15 +453,24 @@ def code_names(code: types.CodeType) -> frozenset[str]:
     return found
 
 
+_NOT_CALLED = frozenset(("__init__", "__new__", "__post_init__", "__repr__", "__str__", "extra_repr", "__getstate__",
+                         "__setstate__", "__reduce__", "__reduce_ex__", "__init_subclass__", "__del__"))
+"""Methods that set an object up or describe it, not what a call of the function runs: an attribute only
+they name (a step counter the constructor sets and the training loop advances) is not read by the call."""
+
+
 def class_names(tp: type) -> frozenset[str]:
-    """The names the Python methods (and properties) of ``tp`` and its bases use."""
+    """The names the Python methods (and properties) of ``tp`` and its bases use, constructors and
+    descriptions (:data:`_NOT_CALLED`) aside."""
     found = _CLASS_NAMES.get(tp)
     if found is None:
         names: set[str] = set()
         for cls in tp.__mro__:
             if cls is object or cls.__module__ == "builtins":
                 continue
-            for attr in list(vars(cls).values()):
+            for key, attr in list(vars(cls).items()):
+                if key in _NOT_CALLED:
+                    continue
                 for f in _functions_of(attr):
                     names.update(code_names(f.__code__))
         found = _CLASS_NAMES[tp] = frozenset(names)

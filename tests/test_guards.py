@@ -163,3 +163,35 @@ def test_a_failed_capture_leaves_no_python_trace(emu):
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and torch.equal(w, w_eager)
     assert book.stage == "ready" and g.stats()["graphs"] == 0
     assert any("capturable" in r for r in g.stats()["fallbacks"]), g.stats()["fallbacks"]
+
+
+def test_module_buffers_and_optimizer_state_are_compared_by_contents():
+    """Kernels that move no version counter (BatchNorm's running statistics; on CUDA, torch 2.11's
+    _foreach_lerp_ on Adam's exp_avg) still count as writes: those tensors are compared by contents in warmup."""
+    from graphjit.backends.torch.graphs import TorchBackend
+
+    b = TorchBackend()
+    buffer = ("self", (".", "_modules"), ("[]", "bn"), (".", "_buffers"), ("[]", "running_mean"))
+    state = ("closure variable 'opt'", (".", "state"), ("[]", "p"), ("[]", "exp_avg"))
+    param = ("self", (".", "_modules"), ("[]", "lin"), (".", "_parameters"), ("[]", "weight"))
+    assert b.version_blind(buffer) and b.version_blind(state) and not b.version_blind(param)
+
+
+def test_guard_sources_skip_islands_and_follow_functions():
+    flags = {"island_reads": 1, "step_reads": 2.0}
+
+    @graphjit.eager
+    def island(x):
+        return x * flags["island_reads"]
+
+    def helper(x):
+        return x * flags["step_reads"]
+
+    def step(x):
+        return island(helper(x))
+
+    src = guards.sources(step, None)
+    found = guards.scan(src, lambda x: isinstance(x, torch.Tensor))
+    paths = {"".join(map(str, p[1:])) for _v, p in found.values().values()}
+    assert any("step_reads" in p for p in paths)
+    assert not any("island_reads" in p for p in paths), paths  # only the island names it

@@ -1,0 +1,49 @@
+"""Guarded values with Paddle on the CPU: what the guards find in a Layer and a closure (the CPU has no CUDA
+graphs for Paddle, so the replays themselves are tested on the GPU: tests/test_gpu_guards_paddle.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+import graphjit
+from graphjit import backends, guards
+
+pytestmark = pytest.mark.paddle
+
+paddle = pytest.importorskip("paddle")
+
+
+def test_a_layer_attribute_and_a_closed_over_dict_item_are_guarded():
+    class Pick(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.lin = paddle.nn.Linear(4, 4)
+            self.k = 1
+            self.step_count = 0  # named by no code the layer runs
+
+        def forward(self, x):
+            return self.lin(x) * self.k * CFG["scale"]
+
+    CFG = {"scale": 2.0}
+    layer = Pick()
+    src = guards.sources(type(layer).forward, layer)
+    found = guards.scan(src, lambda x: isinstance(x, paddle.Tensor))
+    guard = guards.GuardSet(found)
+    paths = {guards.describe(p) for _v, p in found.values().values()}
+    assert "self.k" in paths and "self.training" in paths and "self.step_count" not in paths, paths
+    assert any("'scale'" in p for p in paths), paths
+    assert guard.holds()
+    layer.step_count = 5
+    assert guard.holds()  # the loop's own counter ends no graph
+    layer.k = 3
+    assert not guard.holds() and guard.change() == ("self.k", "1", "3")
+    CFG["scale"] = 4.0
+    layer.k = 1
+    assert not guard.holds() and guard.change()[0].endswith("['scale']")
+
+
+def test_the_ast_tracer_is_translated_again_when_a_value_changes():
+    backend = backends.get("paddle")
+    assert not backend.tracer_rereads_values("ast")
+    assert backend.tracer_rereads_values("sot") and backend.tracer_rereads_values("eager")
+    assert graphjit.graphed(lambda x: x, tracer="ast") is not None
