@@ -155,6 +155,9 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
         f = todo.pop()
         if island_of(f) is not None:
             continue
+        if isinstance(f, types.MethodType):  # before unwrapping: a decorated method's __wrapped__ is unbound
+            objects.append(("self", f.__self__))
+            f = f.__func__
         f = _unwrap(f)
         if id(f) in seen:
             continue

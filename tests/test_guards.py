@@ -195,3 +195,35 @@ def test_guard_sources_skip_islands_and_follow_functions():
     paths = {"".join(map(str, p[1:])) for _v, p in found.values().values()}
     assert any("step_reads" in p for p in paths)
     assert not any("island_reads" in p for p in paths), paths  # only the island names it
+
+
+def test_a_graphed_bound_method_guards_its_object_through_decorators(emu):
+    """``model.forward = graphed(model.forward)`` (transformers' forward is decorated with functools.wraps)."""
+    import functools
+
+    def decorated(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.scale = 1.0
+
+        @decorated
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+    m = Scaled()
+    m.forward = graphjit.graphed(m.forward)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for i in range(6):
+            m.scale = 1.0 if i < 3 else 2.0
+            assert torch.allclose(m(x), m.lin(x) * m.scale)
+    st = m.forward.stats()
+    assert max(k["guarded_values"] for k in st["keys"]) >= 1 and st["graphs"] == 2, m.forward.report()
