@@ -204,7 +204,7 @@ class _State(Policy, KeyLifecycle):
         values = guard.values()
         backend = entry.inputs.backend
         if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
-            self.invoker.retrace(backend)  # its program froze the old values: translate again
+            return self.values_uncaptured(backend, sig, change, instance, args, kwargs, frozen=True)
         drift = self.drift.setdefault(base, Drift())
         if drift.note(values) or values is None:
             return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
@@ -215,19 +215,29 @@ class _State(Policy, KeyLifecycle):
                          args, kwargs, previous)
 
     def values_uncaptured(self, backend: Backend, sig: CallSignature, change: tuple[str, str, str], instance: Any,
-                          args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A call whose read values changed on every recent call: uncaptured, under the path's reason."""
+                          args: tuple[Any, ...], kwargs: dict[str, Any], frozen: bool = False) -> Any:
+        """A call whose read values changed on every recent call (or, ``frozen``, under a tracer whose program froze
+        them): uncaptured, under the path's reason; a frozen program is not run, the Python function is."""
         path, old, new = change
         reason = f"{guards.REASON}: {path}"
-        detail = (f"{path} was {old} when the graph was captured and is {new} now, and it changed on each of the last "
-                  f"{Drift.VOLATILE} calls; a CUDA graph freezes the values the function reads, so these calls run "
-                  "uncaptured. Pass it as an argument (a new value is a new graph) or keep it in a tensor updated in "
-                  "place (an optimizer's lr: torch.tensor(lr) with capturable=True); a value that settles is captured "
-                  "again")
+        tracer = self.invoker.tracer_name(backend)
+        why = (f"{backend.name}'s {tracer} tracer froze it into its program, so calls with another value run the "
+               'Python function uncaptured; tracer="sot" or "eager" capture a graph per value' if frozen else
+               f"it changed on each of the last {Drift.VOLATILE} calls; a CUDA graph freezes the values the function "
+               "reads, so these calls run uncaptured")
+        detail = (f"{path} was {old} when the graph was captured and is {new} now, and {why}. Pass it as an argument "
+                  "(a new value is a new graph) or keep it in a tensor updated in place (an optimizer's lr: "
+                  "torch.tensor(lr) with capturable=True); a value that settles is captured again")
         st = self.stats.keys.get(sig.key)
         if st is not None:
             st.reason, st.detail = reason, detail
-        result = self.fallback(reason, backend, instance, args, kwargs, sig.key)
+        if frozen:
+            self.stats.fallback(reason)
+            if st is not None:
+                st.uncaptured += 1
+            result = self.invoker.run_untraced(backend, instance, args, kwargs)
+        else:
+            result = self.fallback(reason, backend, instance, args, kwargs, sig.key)
         if self.strict():
             raise CaptureError(f"{self.name}: {reason}: {detail} (strict mode)", reason=reason).after_run(result)
         self.say_once(logging.WARNING, "values:" + path, "graphjit %s: %s", self.name, detail)

@@ -75,11 +75,6 @@ class Invoker:
                         log.debug("graphjit %s: traced with %s/%s", self.name, backend.name, self.tracer_name(backend))
         return t
 
-    def retrace(self, backend: Backend) -> None:
-        """Translate again at the next call (the program froze Python values that changed since)."""
-        with self._lock:
-            self._traced.pop(backend.name, None)
-
     def replace_tracer(self, backend: Backend, why: str) -> None:
         """Trace with ``eager`` from now on for ``backend`` (the chosen tracer computed wrong results)."""
         with self._lock:

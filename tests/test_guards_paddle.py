@@ -42,7 +42,7 @@ def test_a_layer_attribute_and_a_closed_over_dict_item_are_guarded():
     assert not guard.holds() and guard.change()[0].endswith("['scale']")
 
 
-def test_the_ast_tracer_is_translated_again_when_a_value_changes():
+def test_the_ast_tracer_is_known_to_freeze_values():
     backend = backends.get("paddle")
     assert not backend.tracer_rereads_values("ast")
     assert backend.tracer_rereads_values("sot") and backend.tracer_rereads_values("eager")

@@ -371,8 +371,9 @@ class PaddleBackend(Backend):
         return not paddle.in_dynamic_mode()
 
     def tracer_rereads_values(self, tracer: str) -> bool:
-        """The AST tracer builds a static program once per input spec, with the Python values it read then;
-        SOT guards what it reads and translates again; eager reads them on every call."""
+        """The AST tracer builds a static program once per input spec, with the Python values it read then (a call
+        with other values runs the Python function); SOT guards what it reads and translates again; eager reads
+        them on every call."""
         return tracer != "ast"
 
     def traced_call_guard(self) -> contextlib.AbstractContextManager[Any]:
