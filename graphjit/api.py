@@ -36,17 +36,17 @@ from typing import Any, TypeVar, overload
 
 import wrapt
 
-from . import backends, env, guards
+from . import backends, env
 from . import scope as scope_mod
 from .backends.base import Backend
 from .buffers import InputMoved
 from .capture import KeyEntry
 from .dynamic import DynamicArgs
-from .errors import BucketOverflowError, CaptureError, GraphjitError, SignatureError, UnrecoverableCaptureError
-from .guards import READ_VALUES, Drift, Sources
+from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
+from .guards import Drift, Sources
 from .history import SIGNATURE_CHANGES, KeyHistory
 from .invoke import Invoker
-from .keys import BucketsArg, CallSignature, Key, Signer, rebuild_call
+from .keys import BucketsArg, CallSignature, Signer, rebuild_call
 from .labels import changed_argument, key_order, label_parts
 from .leaves import leaves
 from .lifecycle import KeyLifecycle
@@ -54,6 +54,7 @@ from .options import Options, check_callable, make_options
 from .policy import Policy
 from .stats import FunctionStats, KeyStats, State
 from .tree import collect_tensors
+from .variants import ValueVariants
 from .warmup import Blocked, Warmup
 
 log = logging.getLogger("graphjit")
@@ -71,7 +72,7 @@ class _Ran:
     result: Any
 
 
-class _State(Policy, KeyLifecycle):
+class _State(Policy, KeyLifecycle, ValueVariants):
     """Per-function state: options, keys, graphs, stats.  Shared by every binding of the wrapper."""
 
     def __init__(self, fn: Callable[..., Any], options: Options) -> None:
@@ -183,65 +184,6 @@ class _State(Policy, KeyLifecycle):
         if backends.translating():
             return wrapped(*args, **kwargs)
         return self.slow(sig, settings, instance, args, kwargs, previous)
-
-    def values_changed(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
-                       args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any:
-        """A call whose arguments have a graph, but a value the function reads (:mod:`graphjit.guards`) is not
-        what that graph was captured with: replay the graph captured for the current values, if any; else the
-        call is a call of the key of those values (warmed up and captured as any key); or, where the values
-        change on every call, it runs uncaptured with the reason."""
-        base = sig.key
-        for key in self.variants.get(base, ()):
-            other = self.entries.get(key)
-            if other is not None and other is not entry and (other.check is None or other.check()):
-                vsig = sig if key == base else sig.for_values(key, {})
-                if other.recheck is not None:
-                    return self.recheck(other, vsig, instance, args, kwargs)
-                return self.replay(other, vsig, settings, instance, args, kwargs)
-        guard = entry.guards
-        assert guard is not None
-        change = guard.change() or ("a value", "?", "?")
-        values = guard.values()
-        backend = entry.inputs.backend
-        if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
-            return self.values_uncaptured(backend, sig, change, instance, args, kwargs, frozen=True)
-        drift = self.drift.setdefault(base, Drift())
-        if drift.note(values) or values is None:
-            return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
-        vkey = Key((*base[:-1], (READ_VALUES, values), base[-1]))  # the modes stay last
-        shown = guard.shown()
-        self.history.note_values(base, {path: old for path, (old, _new) in shown.items()})
-        return self.slow(sig.for_values(vkey, {path: new for path, (_old, new) in shown.items()}), settings, instance,
-                         args, kwargs, previous)
-
-    def values_uncaptured(self, backend: Backend, sig: CallSignature, change: tuple[str, str, str], instance: Any,
-                          args: tuple[Any, ...], kwargs: dict[str, Any], frozen: bool = False) -> Any:
-        """A call whose read values changed on every recent call (or, ``frozen``, under a tracer whose program froze
-        them): uncaptured, under the path's reason; a frozen program is not run, the Python function is."""
-        path, old, new = change
-        reason = f"{guards.REASON}: {path}"
-        tracer = self.invoker.tracer_name(backend)
-        why = (f"{backend.name}'s {tracer} tracer froze it into its program, so calls with another value run the "
-               'Python function uncaptured; tracer="sot" or "eager" capture a graph per value' if frozen else
-               f"it changed on each of the last {Drift.VOLATILE} calls; a CUDA graph freezes the values the function "
-               "reads, so these calls run uncaptured")
-        detail = (f"{path} was {old} when the graph was captured and is {new} now, and {why}. Pass it as an argument "
-                  "(a new value is a new graph) or keep it in a tensor updated in place (an optimizer's lr: "
-                  "torch.tensor(lr) with capturable=True); a value that settles is captured again")
-        st = self.stats.keys.get(sig.key)
-        if st is not None:
-            st.reason, st.detail = reason, detail
-        if frozen:
-            self.stats.fallback(reason)
-            if st is not None:
-                st.uncaptured += 1
-            result = self.invoker.run_untraced(backend, instance, args, kwargs)
-        else:
-            result = self.fallback(reason, backend, instance, args, kwargs, sig.key)
-        if self.strict():
-            raise CaptureError(f"{self.name}: {reason}: {detail} (strict mode)", reason=reason).after_run(result)
-        self.say_once(logging.WARNING, "values:" + path, "graphjit %s: %s", self.name, detail)
-        return result
 
     def sign_dynamic(self, dynamic: DynamicArgs, instance: Any, args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> CallSignature:

@@ -1,0 +1,122 @@
+"""Calls whose Python values changed since their graph was captured (:mod:`graphjit.guards`): the methods
+:class:`graphjit.api._State` inherits from :class:`ValueVariants`.
+
+A key of the arguments may hold several graphs, one per set of values the function reads (``variants``);
+the replay path checks the graph of the arguments' key first (:attr:`KeyEntry.check`) and comes here only when
+its guards fail.  Here the call replays another graph whose guards hold, or is a call of the key of its current
+values (warmed up and captured like any key), or, where the values change on every call (:class:`Drift`), runs
+uncaptured with the path and both values in its reason.  Every path keeps the exactly-once promise: the call
+runs the function once, as a replay, a warmup call or an uncaptured call.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from typing import TYPE_CHECKING, Any
+
+from . import env, guards
+from .backends.base import Backend
+from .capture import KeyEntry
+from .errors import CaptureError
+from .guards import READ_VALUES, Drift
+from .keys import CallSignature, Key
+
+if TYPE_CHECKING:
+    from .history import KeyHistory
+    from .invoke import Invoker
+    from .stats import FunctionStats
+
+
+class ValueVariants(abc.ABC):
+    """What a call does when a value its graph read has changed (a mixin of ``_State``)."""
+
+    name: str
+    invoker: Invoker
+    stats: FunctionStats
+    entries: dict[tuple[Any, ...], KeyEntry]
+    variants: dict[tuple[Any, ...], list[tuple[Any, ...]]]
+    drift: dict[tuple[Any, ...], Drift]
+    history: KeyHistory
+
+    @abc.abstractmethod
+    def strict(self) -> bool: ...
+
+    @abc.abstractmethod
+    def say_once(self, level: int, topic: str, msg: str, *args: Any) -> None: ...
+
+    @abc.abstractmethod
+    def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
+               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+    @abc.abstractmethod
+    def recheck(self, entry: KeyEntry, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any: ...
+
+    @abc.abstractmethod
+    def slow(self, sig: CallSignature, settings: env.Settings, instance: Any, args: tuple[Any, ...],
+             kwargs: dict[str, Any], previous: tuple[Any, ...] | None = None) -> Any: ...
+
+    @abc.abstractmethod
+    def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], key: tuple[Any, ...] | None = None) -> Any: ...
+
+    def values_changed(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
+                       args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any:
+        """A call whose arguments have a graph, but a value the function reads (:mod:`graphjit.guards`) is not
+        what that graph was captured with: replay the graph captured for the current values, if any; else the
+        call is a call of the key of those values (warmed up and captured as any key); or, where the values
+        change on every call, it runs uncaptured with the reason."""
+        base = sig.key
+        for key in self.variants.get(base, ()):
+            other = self.entries.get(key)
+            if other is not None and other is not entry and (other.check is None or other.check()):
+                vsig = sig if key == base else sig.for_values(key, {})
+                if other.recheck is not None:
+                    return self.recheck(other, vsig, instance, args, kwargs)
+                return self.replay(other, vsig, settings, instance, args, kwargs)
+        guard = entry.guards
+        assert guard is not None
+        change = guard.change() or ("a value", "?", "?")
+        values = guard.values()
+        backend = entry.inputs.backend
+        if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
+            return self.values_uncaptured(backend, sig, change, instance, args, kwargs, frozen=True)
+        drift = self.drift.setdefault(base, Drift())
+        if drift.note(values) or values is None:
+            return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
+        vkey = Key((*base[:-1], (READ_VALUES, values), base[-1]))  # the modes stay last
+        shown = guard.shown()
+        self.history.note_values(base, {path: old for path, (old, _new) in shown.items()})
+        return self.slow(sig.for_values(vkey, {path: new for path, (_old, new) in shown.items()}), settings, instance,
+                         args, kwargs, previous)
+
+    def values_uncaptured(self, backend: Backend, sig: CallSignature, change: tuple[str, str, str], instance: Any,
+                          args: tuple[Any, ...], kwargs: dict[str, Any], frozen: bool = False) -> Any:
+        """A call whose read values changed on every recent call (or, ``frozen``, under a tracer whose program froze
+        them): uncaptured, under the path's reason; a frozen program is not run, the Python function is."""
+        path, old, new = change
+        reason = f"{guards.REASON}: {path}"
+        tracer = self.invoker.tracer_name(backend)
+        why = (f"{backend.name}'s {tracer} tracer froze it into its program, so calls with another value run the "
+               'Python function uncaptured; tracer="sot" or "eager" capture a graph per value' if frozen else
+               f"it changed on each of the last {Drift.VOLATILE} calls; a CUDA graph freezes the values the function "
+               "reads, so these calls run uncaptured")
+        detail = (f"{path} was {old} when the graph was captured and is {new} now, and {why}. Pass it as an argument "
+                  "(a new value is a new graph) or keep it in a tensor updated in place (an optimizer's lr: "
+                  "torch.tensor(lr) with capturable=True); a value that settles is captured again")
+        st = self.stats.keys.get(sig.key)
+        if st is not None:
+            st.reason, st.detail = reason, detail
+        if frozen:
+            self.stats.fallback(reason)
+            if st is not None:
+                st.uncaptured += 1
+            result = self.invoker.run_untraced(backend, instance, args, kwargs)
+        else:
+            result = self.fallback(reason, backend, instance, args, kwargs, sig.key)
+        if self.strict():
+            raise CaptureError(f"{self.name}: {reason}: {detail} (strict mode)", reason=reason).after_run(result)
+        self.say_once(logging.WARNING, "values:" + path, "graphjit %s: %s", self.name, detail)
+        return result
+
