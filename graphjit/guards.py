@@ -48,6 +48,9 @@ MAX_NODES = 100_000
 MAX_DEPTH = 48
 MAX_FUNCTIONS = 64
 MAX_TUPLE = 64
+MAX_ITEMS = 256
+"""A list or dict with more items is not guarded item by item (a lookup table: checking it would cost more than
+the replay saves); the README's "What a graph remembers" says so."""
 
 _SCALARS = (int, float, complex, str, bytes, bool, type(None))
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
@@ -249,15 +252,21 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] = ()
                     stack.append((child, (*path, ("[]", i)), depth + 1))
             continue
         if isinstance(obj, list):
+            big = len(obj) > MAX_ITEMS
             for i, child in enumerate(obj):
                 if guardable(child):
+                    if big:
+                        continue
                     out.add(obj, "item", i, child, (*path, ("[]", i)))
                 else:
                     stack.append((child, (*path, ("[]", i)), depth + 1))
             continue
         if isinstance(obj, dict):
+            big = len(obj) > MAX_ITEMS
             for k, child in list(obj.items()):
                 if guardable(child):
+                    if big and not isinstance(k, str):
+                        continue
                     out.add(obj, "item", k, child, (*path, ("[]", k)))
                 else:
                     stack.append((child, (*path, ("[]", k)), depth + 1))

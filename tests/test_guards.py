@@ -227,3 +227,15 @@ def test_a_graphed_bound_method_guards_its_object_through_decorators(emu):
             assert torch.allclose(m(x), m.lin(x) * m.scale)
     st = m.forward.stats()
     assert max(k["guarded_values"] for k in st["keys"]) >= 1 and st["graphs"] == 2, m.forward.report()
+
+
+def test_a_lookup_table_is_not_guarded_item_by_item():
+    table = [float(i) for i in range(1000)]
+    small = [1.0, 2.0]
+
+    def step(x):
+        return x * table[3] * small[0]
+
+    found = guards.scan(guards.sources(step, None), lambda x: isinstance(x, torch.Tensor))
+    paths = {guards.describe(p) for _v, p in found.values().values()}
+    assert "closure variable 'small'[0]" in paths and not any("'table'" in p for p in paths), paths
