@@ -155,7 +155,8 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         roots = req.roots()
         before = walk(roots, _is_tensor_of(b), b.tensor_state)
         where = addresses(before, b.data_ptr)
-        values = guards.scan(req.guard_sources(), _is_tensor_of(b), req.warm.names) if req.guard_sources else None
+        values = (guards.scan(req.guard_sources(), _is_tensor_of(b), req.warm.names, b.tensor_holders)
+                  if req.guard_sources else None)
         py = PyState(b, roots)  # the capture's Python effects are undone where they are not the call's
         st.state = State.CAPTURE
         try:
@@ -314,7 +315,8 @@ def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values:
                            f"held by objects ({paths}); a replay would not do that again",
                            reason="rebinds a tensor held by an object")
     if values is not None and req.guard_sources is not None:
-        changed = guards.written(values, guards.scan(req.guard_sources(), _is_tensor_of(req.backend), values.names))
+        changed = guards.written(values, guards.scan(req.guard_sources(), _is_tensor_of(req.backend), values.names,
+                                                     req.backend.tensor_holders))
         if changed:
             path, old, new = changed[0]
             raise CaptureError(f"{req.fn_name} {req.stats.label}: the function changes {path} ({old} -> {new}) when "

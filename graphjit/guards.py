@@ -14,12 +14,16 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   dicts) and object attributes (``__dict__``, ``__slots__``): submodules, configs, optimizers and their
   ``param_groups``, schedulers.  Tensors are not values: they are captured by address.
 * **Which values**: numbers, bools, strings, bytes, ``None``, enum members, other hashable atoms without
-  attributes (``torch.dtype``, ``torch.device``), and tuples of these.
-* **Which names**: an attribute or string dict key is guarded only if some code the function may run
-  names it: the function's own code, the functions reached above, the methods of the classes of the
-  objects reached, and the Python code the last warmup call ran (outside the framework's and graphjit's
-  own modules, outside islands).  A value only the training loop names (``model.step_count``) is not
-  read by the function and changes nothing.  List items and non-string keys are always guarded.
+  attributes (``torch.dtype``, ``torch.device``), and tuples of these, compared by ``==``; and, by identity,
+  the objects held in attributes, closure cells and globals (a function, a submodule, a config object: a
+  rebound one is another graph's); class attributes the instances do not shadow.  Not: the entries of a
+  Module's ``_parameters`` / ``_buffers`` (captured by address), lists and dicts of more than
+  :data:`MAX_ITEMS` items (lookup tables).
+* **Which names**: every attribute step of a value's path must be named by code the call may run
+  (:mod:`graphjit.names`: the function's code, the functions reached above, and the code its last warmup call
+  ran as Python, or where that is unknown the methods of the classes reached).  A value only the training
+  loop names (``model.step_count``) is not read by the function and changes nothing.  Dict keys and list
+  items below a named attribute always count.
 
 :class:`GuardSet` keeps one getter per container (``operator.itemgetter`` / ``attrgetter`` of the
 guarded names) and the values it returned at capture; :meth:`GuardSet.holds` calls every getter and
@@ -34,14 +38,13 @@ from __future__ import annotations
 
 import enum
 import operator
-import sys
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import backends
-from .backends.base import in_island
+from .names import class_names, code_names
 from .reach import Path, describe
 
 MAX_NODES = 100_000
@@ -57,9 +60,6 @@ _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType
            types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType, types.MethodWrapperType,
            types.WrapperDescriptorType, types.MethodDescriptorType, property, staticmethod, classmethod,
            types.CellType, BaseException)
-_SKIP_CODE = ("torch", "paddle", "graphjit", "functools", "contextlib", "threading", "typing", "abc", "weakref",
-              "importlib", "inspect", "logging", "warnings", "collections", "enum", "dataclasses")
-"""Top-level packages whose running code does not add names (their methods of reached classes still do)."""
 
 REASON = "value read by the function changed"
 """The start of the reason of a call whose guarded values differ from every captured graph's (a path follows)."""
@@ -87,6 +87,31 @@ def guardable(v: Any, depth: int = 0) -> bool:
     return True  # a hashable atom written in C: torch.dtype, torch.device, numpy scalars
 
 
+def by_identity(v: Any, is_tensor: Callable[[Any], bool]) -> bool:
+    """True for a value a guard compares by identity: an object whose equality is identity (a function, a
+    class, a Module or Layer, a plain object), not a tensor, a container or a module.  A replay of a graph that
+    used another such object (a swapped submodule, a rebound global function or config object) would be stale."""
+    if isinstance(v, _FUNCTIONS):  # equal only to themselves (a bound method: same function, same object)
+        return True
+    tp = type(v)
+    if tp.__eq__ is not object.__eq__ or isinstance(v, (types.ModuleType, types.CellType)) or is_tensor(v):
+        return False
+    return True
+
+
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.BuiltinMethodType)
+
+
+def same(a: Any, b: Any) -> bool:
+    """``a is b or a == b``, False where the comparison raises or gives no truth value (arrays, tensors)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
 @dataclass
 class _Box:
     """One container's guarded entries: ``kind`` is ``"item"`` (a dict, a list) or ``"attr"`` (an object
@@ -112,22 +137,16 @@ class Scan:
         box.entries.setdefault(key, (value, path))
 
     def values(self) -> dict[tuple[int, Any], tuple[Any, Path]]:
-        """``(id(container), key) -> (value, path)`` of every candidate, names filter applied."""
+        """``(id(container), key) -> (value, path)`` of every candidate whose path's attribute steps are all named
+        by code the function may run (a closure variable's or global's own name always counts, and so does
+        a dict key: it may come from a variable)."""
         names = self.names
         out: dict[tuple[int, Any], tuple[Any, Path]] = {}
         for cid, box in self.boxes.items():
             for key, vp in box.entries.items():
-                if _named(key, box, names):
+                if all(step[1] in names for step in vp[1][1:] if step[0] == "."):
                     out[(cid, key)] = vp
         return out
-
-
-def _named(key: Any, box: _Box, names: set[str]) -> bool:
-    if box.kind == "cell" or box.kind == "globals":
-        return True
-    if isinstance(key, str):
-        return key in names
-    return True  # a list index, a non-string dict key
 
 
 @dataclass(frozen=True)
@@ -180,11 +199,11 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
             except ValueError:  # an empty cell
                 continue
             path: Path = (f"closure variable {var!r}",)
+            if guardable(value) or by_identity(value, _never):
+                slots.append((cell, "cell", "cell_contents", path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 todo.append(value)
-            elif guardable(value):
-                slots.append((cell, "cell", "cell_contents", path))
-            elif not isinstance(value, _OPAQUE):
+            elif not guardable(value) and not isinstance(value, _OPAQUE):
                 objects.append((path[0], value))
         g = f.__globals__
         for var in _global_names(code):
@@ -192,13 +211,17 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 continue
             value = g[var]
             path = (f"global {var!r}",)
+            if guardable(value) or by_identity(value, _never):
+                slots.append((g, "globals", var, path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 todo.append(value)
-            elif guardable(value):
-                slots.append((g, "globals", var, path))
-            elif not isinstance(value, _OPAQUE):
+            elif not guardable(value) and not isinstance(value, _OPAQUE):
                 objects.append((path[0], value))
     return Sources(objects, slots, frozenset(names))
+
+
+def _never(_v: Any) -> bool:
+    return False
 
 
 def _identity_keyed(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, Any]]:
@@ -215,12 +238,18 @@ def _identity_keyed(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str
             yield from _identity_keyed(f"{name}[{k!r}]", v, depth + 1)
 
 
-def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] = ()) -> Scan:
-    """Every guardable value the sources reach (see the module docstring); ``ran``: names the code of a
-    warmup call used (:class:`NameRecorder`)."""
+def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None,
+         holders: Iterable[str] = ()) -> Scan:
+    """Every guardable value the sources reach (see the module docstring).  ``ran``: the names the code of the
+    last warmup call used (:class:`NameRecorder`, the function run as Python); None where that is not known
+    (a tracer that runs a program instead, a profiler in the way): then every name the methods of the classes
+    of the reached objects use counts.  ``holders``: attributes whose dicts hold a module's tensors
+    (``_parameters``, ``_buffers``: their entries are captured by address, a ``None`` bias among them too)."""
+    holding = frozenset(holders)
     out = Scan()
     out.names.update(src.names)
-    out.names.update(ran)
+    if ran is not None:
+        out.names.update(ran)
     for container, kind, key, path in src.slots:
         try:
             value = container[key] if kind == "globals" else container.cell_contents
@@ -262,16 +291,17 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] = ()
                     stack.append((child, (*path, ("[]", i)), depth + 1))
             continue
         if isinstance(obj, dict):
-            big = len(obj) > MAX_ITEMS
+            big = len(obj) > MAX_ITEMS or (len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding)
             for k, child in list(obj.items()):
                 if guardable(child):
-                    if big and not isinstance(k, str):
-                        continue
-                    out.add(obj, "item", k, child, (*path, ("[]", k)))
+                    if not big:
+                        out.add(obj, "item", k, child, (*path, ("[]", k)))
                 else:
                     stack.append((child, (*path, ("[]", k)), depth + 1))
             continue
         tp = type(obj)
+        if tp.__module__.partition(".")[0] in _SKIP_OBJECTS:
+            continue
         classes.add(tp)
         d = _instance_dict(obj)
         if d is not None:
@@ -280,23 +310,35 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] = ()
                     continue
                 if guardable(child):
                     out.add(d, "item", k, child, (*path, (".", k)))
-                else:
-                    stack.append((child, (*path, (".", k)), depth + 1))
+                    continue
+                if by_identity(child, is_tensor):
+                    out.add(d, "item", k, child, (*path, (".", k)))
+                stack.append((child, (*path, (".", k)), depth + 1))
         for name in _slots(tp):
             try:
                 child = object.__getattribute__(obj, name)
             except (AttributeError, TypeError):
                 continue
-            if guardable(child):
+            if guardable(child) or by_identity(child, is_tensor):
                 out.add(obj, "attr", name, child, (*path, (".", name)))
-            else:
+            if not guardable(child):
                 stack.append((child, (*path, (".", name)), depth + 1))
     for tp in classes:
-        out.names.update(class_names(tp))
+        if ran is None:
+            out.names.update(class_names(tp))
+        for cls in tp.__mro__:  # class attributes the instances read (a default the instance does not shadow)
+            if cls is object or cls.__module__ == "builtins" or id(cls) in out.boxes:
+                continue
+            for k, child in list(vars(cls).items()):
+                if isinstance(k, str) and not k.startswith("__") and guardable(child):
+                    out.add(cls, "attr", k, child, (f"class {cls.__qualname__}", (".", k)))
     return out
 
 
 _SCALAR_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))
+_SKIP_OBJECTS = frozenset(("logging", "threading", "asyncio", "concurrent", "multiprocessing", "queue", "socket",
+                           "_io", "io", "weakref", "_thread", "selectors", "subprocess"))
+"""Objects of these modules are not walked (a logger's manager, a thread, a pool): no value a graph reads."""
 
 
 class GuardSet:
@@ -320,14 +362,19 @@ class GuardSet:
         self.getters: list[Callable[[Any], Any]] = []
         self.keys: list[list[Any]] = []
         self.paths: list[list[Path]] = []
+        self.expected: list[Any] = []
         for cid, keys in by_box.items():
             box = scan_.boxes[cid]
-            self.containers.append(box.container)
             getter = operator.attrgetter(*keys) if box.kind in ("attr", "cell") else operator.itemgetter(*keys)
+            try:
+                expected = getter(box.container)
+            except Exception:  # an entry gone since the scan (the function deleted it): not a value it reads
+                continue
+            self.containers.append(box.container)
             self.getters.append(getter)
             self.keys.append(keys)
             self.paths.append([chosen[(cid, k)][1] for k in keys])
-        self.expected: list[Any] = [self._get(i) for i in range(len(self.containers))]
+            self.expected.append(expected)
         self.extra = extra
 
     def __len__(self) -> int:
@@ -359,7 +406,7 @@ class GuardSet:
                     now = self._one(i, key)
                 except Exception:
                     return describe(self.paths[i][j]), _show(want[j]), "(deleted)"
-                if not (now is want[j] or now == want[j]):
+                if not same(now, want[j]):
                     return describe(self.paths[i][j]), _show(want[j]), _show(now)
         if self.extra is not None:
             failed = self.extra()
@@ -390,7 +437,7 @@ class GuardSet:
                     now = self._one(i, key)
                 except Exception:
                     continue
-                if not (now is want[j] or now == want[j]):
+                if not same(now, want[j]):
                     out[describe(self.paths[i][j])] = (_show(want[j]), _show(now))
         return out
 
@@ -402,139 +449,53 @@ class Drift:
 
     VOLATILE = 3
     RECENT = 16
+    MAX_VALUES = 8
+    """Distinct sets of values one key of the arguments gets graphs for (as Dynamo's recompile limit): a value
+    that drifts slowly (an epoch counter) would otherwise fill ``max_graphs`` with graphs used a few times each."""
 
-    __slots__ = ("changes", "recent")
+    __slots__ = ("changes", "distinct", "recent")
 
     def __init__(self) -> None:
         self.recent: dict[tuple[Any, ...], None] = {}
         self.changes = 0
+        self.distinct = 0
 
     def note(self, values: tuple[Any, ...] | None) -> bool:
-        """Record the values of a call whose guards failed; True if they change on every call (run it uncaptured)."""
+        """Record the values of a call whose guards failed; True if they change on every call, or have taken more
+        than :data:`MAX_VALUES` values (run it uncaptured)."""
         if values is not None and values in self.recent:
             self.changes = 0
             self.recent.pop(values)
         else:
             self.changes += 1
+            self.distinct += 1
         if values is not None:
             self.recent[values] = None
             while len(self.recent) > self.RECENT:
                 self.recent.pop(next(iter(self.recent)))
-        return self.changes >= self.VOLATILE
+        return self.changes >= self.VOLATILE or self.distinct > self.MAX_VALUES
 
 
 def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
     """``(path, old, new)`` of the guardable values one call changed (or deleted) in containers both scans
     reached, names filter of ``after`` applied."""
     old = before.values()
+    now = after.values()
     out = []
-    for (cid, key), (value, path) in after.values().items():
+    for (cid, key), (value, path) in now.items():
         was = old.get((cid, key))
-        if was is not None and not (was[0] is value or was[0] == value):
+        if was is not None and not same(was[0], value):
             out.append((describe(path), _show(was[0]), _show(value)))
+    for (cid, key), (value, path) in old.items():
+        box = after.boxes.get(cid)
+        if box is not None and key not in box.entries:  # deleted, or now a value no guard compares
+            out.append((describe(path), _show(value), "(deleted)"))
     return out
 
 
 def _show(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-# -- names -------------------------------------------------------------------------------------------
-_CLASS_NAMES: dict[type, frozenset[str]] = {}
-_CODE_NAMES: dict[types.CodeType, frozenset[str]] = {}
-
-
-def code_names(code: types.CodeType) -> frozenset[str]:
-    """The attribute and global names and the string constants of ``code`` and the code nested in it."""
-    found = _CODE_NAMES.get(code)
-    if found is None:
-        names: set[str] = set()
-        todo = [code]
-        while todo:
-            c = todo.pop()
-            names.update(c.co_names)
-            for k in c.co_consts:
-                if isinstance(k, str):
-                    names.add(k)
-                elif isinstance(k, types.CodeType):
-                    todo.append(k)
-                elif isinstance(k, tuple):
-                    names.update(s for s in k if isinstance(s, str))
-        found = _CODE_NAMES[code] = frozenset(names)
-    return found
-
-
-_NOT_CALLED = frozenset(("__init__", "__new__", "__post_init__", "__repr__", "__str__", "extra_repr", "__getstate__",
-                         "__setstate__", "__reduce__", "__reduce_ex__", "__init_subclass__", "__del__"))
-"""Methods that set an object up or describe it, not what a call of the function runs: an attribute only
-they name (a step counter the constructor sets and the training loop advances) is not read by the call."""
-
-
-def class_names(tp: type) -> frozenset[str]:
-    """The names the Python methods (and properties) of ``tp`` and its bases use, constructors and
-    descriptions (:data:`_NOT_CALLED`) aside."""
-    found = _CLASS_NAMES.get(tp)
-    if found is None:
-        names: set[str] = set()
-        for cls in tp.__mro__:
-            if cls is object or cls.__module__ == "builtins":
-                continue
-            for key, attr in list(vars(cls).items()):
-                if key in _NOT_CALLED:
-                    continue
-                for f in _functions_of(attr):
-                    names.update(code_names(f.__code__))
-        found = _CLASS_NAMES[tp] = frozenset(names)
-    return found
-
-
-def _functions_of(attr: Any) -> Iterator[types.FunctionType]:
-    if isinstance(attr, (staticmethod, classmethod)):
-        attr = attr.__func__
-    if isinstance(attr, property):
-        for f in (attr.fget, attr.fset, attr.fdel):
-            yield from _functions_of(f)
-        return
-    f = _unwrap(attr)
-    if isinstance(f, types.FunctionType) and getattr(attr, "__graphjit_island__", None) is None:
-        yield f
-
-
-class NameRecorder:
-    """Collects the names used by the Python code a call runs (a ``sys.setprofile`` hook on this thread,
-    for the block), outside the frameworks', graphjit's and the standard library's own modules and outside
-    islands.  Does nothing where a profiler is already set (its hook is kept)."""
-
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-        self.codes: set[types.CodeType] = set()
-        self.active = False
-
-    def __enter__(self) -> NameRecorder:
-        if sys.getprofile() is None:
-            sys.setprofile(self._hook)
-            self.active = True
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.active:
-            sys.setprofile(None)
-            self.active = False
-        for code in self.codes:
-            self.names.update(code_names(code))
-        self.codes.clear()
-
-    def _hook(self, frame: types.FrameType, event: str, arg: Any) -> None:
-        if event != "call":
-            return
-        code = frame.f_code
-        if code in self.codes or in_island():
-            return
-        top = frame.f_globals.get("__name__", "").partition(".")[0]
-        if top in _SKIP_CODE:
-            return
-        self.codes.add(code)
 
 
 # -- helpers -----------------------------------------------------------------------------------------

@@ -99,7 +99,8 @@ class KeyLifecycle(abc.ABC):
         guard_src = self.guard_sources(instance, args, kwargs) if sync_watch else None
         with scope_mod.graphed_call("warmup"):
             run, traced = self.runner(backend, device, sig.key, instance, args, kwargs, roots)
-            out, obs = watched_call(backend, run, roots, device, budget, sync_watch=sync_watch, guard_src=guard_src)
+            out, obs = watched_call(backend, run, roots, device, budget, sync_watch=sync_watch, guard_src=guard_src,
+                                    runs_python=traced is not None or self.invoker.tracer_name(backend) == "eager")
         if traced is not None:
             self.check_tracer(backend, traced, out)
         warm.sync_watched = warm.sync_watched or sync_watch

@@ -57,7 +57,7 @@ class PyState:
                     for name, child in backend.tensor_state(obj):
                         self.bindings.append((obj, name, child))
                 continue
-            if type(obj) in _ATOMS or isinstance(obj, _OPAQUE):
+            if type(obj) in _ATOMS or isinstance(obj, _OPAQUE) or type(obj).__module__.partition(".")[0] in _SKIP:
                 continue
             oid = id(obj)
             if oid in seen:
@@ -94,16 +94,23 @@ class PyState:
                 stack.append((child, depth + 1))
 
     def restore(self) -> int:
-        """Put back every container and binding that changed; returns how many were put back."""
+        """Put back every container and binding that changed; returns how many were put back.  A container that
+        refuses (a dict subclass that forbids updates) is left as it is, and the others are still put back."""
         n = 0
         for d, saved in self.dicts:
             if not _same_dict(d, saved):
-                d.clear()
-                d.update(saved)
+                try:
+                    dict.clear(d)  # dict's own methods: a subclass may forbid its update() (transformers' outputs)
+                    dict.update(d, saved)
+                except Exception:
+                    continue
                 n += 1
         for lst, items in self.lists:
             if len(lst) != len(items) or any(a is not b for a, b in zip(lst, items)):
-                lst[:] = items
+                try:
+                    list.__setitem__(lst, slice(None), items)
+                except Exception:
+                    continue
                 n += 1
         for obj, name, value in self.slots:
             try:
@@ -118,16 +125,26 @@ class PyState:
                 except (AttributeError, TypeError):
                     continue
             else:
-                object.__setattr__(obj, name, value)
+                try:
+                    object.__setattr__(obj, name, value)
+                except (AttributeError, TypeError):
+                    continue
             n += 1
         for t, name, value in self.bindings:
             if dict(self.backend.tensor_state(t)).get(name) is not value:
-                self.backend.set_tensor_state(t, name, value)
+                try:
+                    self.backend.set_tensor_state(t, name, value)
+                except Exception:
+                    continue
                 n += 1
         return n
 
 
 _UNSET = object()
+_SKIP = frozenset(("logging", "threading", "asyncio", "concurrent", "multiprocessing", "queue", "socket", "_io", "io",
+                   "weakref", "_thread", "selectors", "subprocess"))
+"""Objects of these modules are not copied or put back (a logger's manager, a thread, a pool: other threads change
+them while a capture runs)."""
 
 
 def _same_dict(d: dict[Any, Any], saved: dict[Any, Any]) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from . import env, guards
@@ -38,6 +39,7 @@ class ValueVariants(abc.ABC):
     variants: dict[tuple[Any, ...], list[tuple[Any, ...]]]
     drift: dict[tuple[Any, ...], Drift]
     history: KeyHistory
+    lock: threading.RLock
 
     @abc.abstractmethod
     def strict(self) -> bool: ...
@@ -82,8 +84,10 @@ class ValueVariants(abc.ABC):
         backend = entry.inputs.backend
         if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
             return self.values_uncaptured(backend, sig, change, instance, args, kwargs, frozen=True)
-        drift = self.drift.setdefault(base, Drift())
-        if drift.note(values) or values is None:
+        with self.lock:
+            drift = self.drift.setdefault(base, Drift())
+            volatile = drift.note(values)
+        if volatile or values is None:
             return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
         vkey = Key((*base[:-1], (READ_VALUES, values), base[-1]))  # the modes stay last
         shown = guard.shown()
@@ -100,8 +104,8 @@ class ValueVariants(abc.ABC):
         tracer = self.invoker.tracer_name(backend)
         why = (f"{backend.name}'s {tracer} tracer froze it into its program, so calls with another value run the "
                'Python function uncaptured; tracer="sot" or "eager" capture a graph per value' if frozen else
-               f"it changed on each of the last {Drift.VOLATILE} calls; a CUDA graph freezes the values the function "
-               "reads, so these calls run uncaptured")
+               f"it changed on each of the last {Drift.VOLATILE} calls (or took more than {Drift.MAX_VALUES} "
+               "values); a CUDA graph freezes the values the function reads, so these calls run uncaptured")
         detail = (f"{path} was {old} when the graph was captured and is {new} now, and {why}. Pass it as an argument "
                   "(a new value is a new graph) or keep it in a tensor updated in place (an optimizer's lr: "
                   "torch.tensor(lr) with capturable=True); a value that settles is captured again")

@@ -23,6 +23,7 @@ from . import guards
 from .backends.base import Backend
 from .buffers import collect_tensors
 from .islands import IslandCall, collecting
+from .names import NameRecorder
 from .reach import Path, added_tensors, addresses, describe, moved, rebinds, walk
 from .sites import with_function
 from .writes import WriteProbe
@@ -51,8 +52,8 @@ class Observation:
     """Tensors the call left over other memory than before (same object, new storage)."""
     py_written: list[tuple[str, str, str]] = field(default_factory=list)
     """Python values the function reads (:mod:`graphjit.guards`) that the call changed: ``(path, old, new)``."""
-    names: set[str] = field(default_factory=set)
-    """The names the Python code of the call used (only when watched for guards)."""
+    names: set[str] | None = None
+    """The names the Python code of the call used (when watched for guards and the call ran as Python)."""
 
 
 @dataclass
@@ -79,8 +80,9 @@ class Warmup:
     sync_watched: bool = False  # a warmup run was watched for CPU-GPU syncs
     islands: list[IslandCall] | None = None
     """The islands the last warmup call ran, in order (None before the first call)."""
-    names: set[str] = field(default_factory=set)
-    """Names the Python code of the watched warmup calls used: which values the guards check."""
+    names: set[str] | None = None
+    """Names the Python code of the watched warmup calls used: which values the guards check (None where not
+    known: the tracer runs a program, or a profiler kept the recorder out)."""
 
     def note(self, obs: Observation, backend: Backend, outputs: Any, leaves: list[Any]) -> None:
         """Fold one call's observation in (``leaves``: that call's tensor inputs, in key order); set
@@ -97,7 +99,8 @@ class Warmup:
         for t, path in obs.created:
             self.written.setdefault(id(t), (t, path))
         self.drew_random = self.drew_random or obs.drew_random
-        self.names |= obs.names
+        if obs.names is not None:
+            self.names = obs.names if self.names is None else self.names | obs.names
         previous, self.islands = self.islands, obs.islands
         if previous is not None and [c.island for c in previous] != [c.island for c in obs.islands] \
                 and self.blocked is None:
@@ -138,10 +141,12 @@ class Warmup:
 
 
 def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str, Any]], device: str, budget: int,
-                 sync_watch: bool, guard_src: guards.Sources | None = None) -> tuple[Any, Observation]:
+                 sync_watch: bool, guard_src: guards.Sources | None = None,
+                 runs_python: bool = True) -> tuple[Any, Observation]:
     """Run ``run()`` once and observe it (see the module docstring).  Exceptions of ``run`` propagate
-    unchanged; the observation is then lost with them.  ``guard_src``: also record the names the call's code
-    uses and the Python values it changes (:mod:`graphjit.guards`)."""
+    unchanged; the observation is then lost with them.  ``guard_src``: also record the Python values it
+    changes (:mod:`graphjit.guards`) and, where ``runs_python`` (the tracer runs the function as Python), the
+    names its code uses."""
     b = backend
     types = b.tensor_types()
 
@@ -153,8 +158,8 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     probe = WriteProbe(b, before, budget)
     rng = b.rng_state(device)
     syncs: list[str] = []
-    values = guards.scan(guard_src, is_tensor) if guard_src is not None else None
-    recorder = guards.NameRecorder()
+    values = guards.scan(guard_src, is_tensor, None, b.tensor_holders) if guard_src is not None else None
+    recorder = NameRecorder()
     with b.sync_watch(syncs) if sync_watch else contextlib.nullcontext(), collecting(b, device) as isl, \
             recorder if guard_src is not None else contextlib.nullcontext():
         out = run()
@@ -164,9 +169,9 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     obs = Observation(probe.written(), rebound, added, drew, [with_function(s) for s in syncs], probe.incomplete,
                       isl.calls, added_tensors(before, after), moved(before, where, b.data_ptr))
     if guard_src is not None and values is not None:
-        obs.names = recorder.names
-        values.names |= recorder.names
-        obs.py_written = guards.written(values, guards.scan(guard_src, is_tensor, recorder.names))
+        if recorder.complete and runs_python:
+            obs.names = recorder.names
+        obs.py_written = guards.written(values, guards.scan(guard_src, is_tensor, None, b.tensor_holders))
     return out, obs
 
 

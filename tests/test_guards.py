@@ -178,11 +178,12 @@ def test_module_buffers_and_optimizer_state_are_compared_by_contents():
 
 
 def test_guard_sources_skip_islands_and_follow_functions():
-    flags = {"island_reads": 1, "step_reads": 2.0}
+    island_flags = {"island_reads": 1}
+    flags = {"step_reads": 2.0}
 
     @graphjit.eager
     def island(x):
-        return x * flags["island_reads"]
+        return x * island_flags["island_reads"]  # read on every call, by the island itself
 
     def helper(x):
         return x * flags["step_reads"]
@@ -239,3 +240,63 @@ def test_a_lookup_table_is_not_guarded_item_by_item():
     found = guards.scan(guards.sources(step, None), lambda x: isinstance(x, torch.Tensor))
     paths = {guards.describe(p) for _v, p in found.values().values()}
     assert "closure variable 'small'[0]" in paths and not any("'table'" in p for p in paths), paths
+
+
+def test_a_rebound_object_or_function_and_a_class_default_are_guarded(emu):
+    """Rebinding what the function uses (a config object, a global function) or changing a class attribute
+    the instance reads never replays the old graph; a dict read with a key held in a variable is guarded."""
+
+    class Cfg:
+        def __init__(self, k):
+            self.k = k
+
+    class Temp(torch.nn.Module):
+        temp = 1.0  # a class default, not shadowed by the instance
+
+        def __init__(self):
+            super().__init__()
+            self.cfg = Cfg(1.0)
+
+        def forward(self, x, mode):
+            return x * self.temp * self.cfg.k * TABLE[mode] * ACT(x)
+
+    m = Temp()
+    g = graphjit.graphed(m)
+    x = torch.randn(4)
+    changes = [lambda: None, lambda: setattr(m, "cfg", Cfg(2.0)), lambda: setattr(Temp, "temp", 3.0),
+               lambda: TABLE.__setitem__("a", 5.0), lambda: globals().__setitem__("ACT", torch.tanh)]
+    with torch.no_grad():
+        for change in changes:
+            change()
+            for _ in range(4):
+                assert torch.allclose(g(x, "a"), m(x, "a")), g.report()
+    assert g.stats()["graphs"] >= 3
+
+
+TABLE = {"a": 1.0}
+ACT = torch.sigmoid
+
+
+def test_guard_failures_never_raise_when_a_value_becomes_an_array(emu):
+    import numpy as np
+
+    box = {"scale": 2.0}
+    g = graphjit.graphed(lambda x: x * float(np.asarray(box["scale"]).sum()))
+    x = torch.ones(3)
+    with torch.no_grad():
+        for i in range(8):
+            box["scale"] = np.array([1.0, float(i)]) if i >= 4 else 2.0
+            assert torch.allclose(g(x), x * float(np.asarray(box["scale"]).sum()))
+
+
+def test_a_slowly_drifting_value_stops_making_graphs(emu):
+    state = {"epoch": 0}
+    g = graphjit.graphed(lambda x: x * (1.0 + state["epoch"]))
+    x = torch.ones(3)
+    with torch.no_grad():
+        for i in range(120):
+            state["epoch"] = i // 4
+            assert torch.allclose(g(x), x * (1.0 + state["epoch"]))
+    st = g.stats()
+    assert st["graphs"] <= guards.Drift.MAX_VALUES + 1, g.report()
+    assert any(r.startswith(guards.REASON) for r in st["fallbacks"]), g.report()

@@ -231,6 +231,10 @@ class Backend(abc.ABC):
         Cheap: it runs for every reachable tensor in every warmup walk."""
         return ()
 
+    tensor_holders: tuple[str, ...] = ()
+    """Attributes of the framework's Module/Layer objects whose dicts hold its tensors (``_parameters``,
+    ``_buffers``): captured by address, not guarded as values (:mod:`graphjit.guards`)."""
+
     def set_tensor_state(self, t: Any, name: str, value: Any) -> None:  # noqa: B027 - optional, as tensor_state
         """Bind ``value`` (a tensor or None) as ``t``'s state ``name`` again (what :meth:`tensor_state` returned
         before a run graphjit undoes)."""

@@ -1,0 +1,124 @@
+"""Which names the code a call may run uses: what :mod:`graphjit.guards` counts as read.
+
+A guarded value is an attribute or dict entry the function's code may read.  Its names come from the code
+objects of the function and of the functions it reaches (:func:`code_names`), from the code its last warmup
+call ran as Python (:class:`NameRecorder`, a ``sys.setprofile`` hook for that one call), and, where that run
+is not known (a tracer that runs a program, a profiler in the way), from every method of the classes of the
+reached objects (:func:`class_names`).  Nothing here runs on the replay path.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from .backends.base import in_island
+from .reach import _unwrap
+
+_SKIP_CODE = ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch", "torch._subclasses",
+              "torch._library", "torch._ops", "torch.utils._", "torch.cuda", "torch.autograd", "paddle.jit",
+              "paddle.base", "graphjit", "functools", "contextlib", "threading", "typing", "abc", "weakref",
+              "importlib", "inspect", "logging", "warnings", "collections", "enum", "dataclasses", "copy", "re")
+"""Modules whose running code adds no names: tracers and compilers, graphjit, the standard library's
+machinery (a Module's own code, ``torch.nn``, counts: ``Dropout.forward`` reads ``self.p``)."""
+
+_CLASS_NAMES: dict[type, frozenset[str]] = {}
+_CODE_NAMES: dict[types.CodeType, frozenset[str]] = {}
+
+
+def code_names(code: types.CodeType) -> frozenset[str]:
+    """The attribute and global names and the string constants of ``code`` and the code nested in it."""
+    found = _CODE_NAMES.get(code)
+    if found is None:
+        names: set[str] = set()
+        todo = [code]
+        while todo:
+            c = todo.pop()
+            names.update(c.co_names)
+            for k in c.co_consts:
+                if isinstance(k, str):
+                    names.add(k)
+                elif isinstance(k, types.CodeType):
+                    todo.append(k)
+                elif isinstance(k, tuple):
+                    names.update(s for s in k if isinstance(s, str))
+        found = _CODE_NAMES[code] = frozenset(names)
+    return found
+
+
+_NOT_CALLED = frozenset(("__init__", "__new__", "__post_init__", "__repr__", "__str__", "extra_repr", "__getstate__",
+                         "__setstate__", "__reduce__", "__reduce_ex__", "__init_subclass__", "__del__"))
+"""Methods that set an object up or describe it, not what a call of the function runs: an attribute only
+they name (a step counter the constructor sets and the training loop advances) is not read by the call."""
+
+
+def class_names(tp: type) -> frozenset[str]:
+    """The names the Python methods (and properties) of ``tp`` and its bases use, constructors and
+    descriptions (:data:`_NOT_CALLED`) aside."""
+    found = _CLASS_NAMES.get(tp)
+    if found is None:
+        names: set[str] = set()
+        for cls in tp.__mro__:
+            if cls is object or cls.__module__ == "builtins":
+                continue
+            for key, attr in list(vars(cls).items()):
+                if key in _NOT_CALLED:
+                    continue
+                for f in _functions_of(attr):
+                    names.update(code_names(f.__code__))
+        found = _CLASS_NAMES[tp] = frozenset(names)
+    return found
+
+
+def _functions_of(attr: Any) -> Iterator[types.FunctionType]:
+    if isinstance(attr, (staticmethod, classmethod)):
+        attr = attr.__func__
+    if isinstance(attr, property):
+        for f in (attr.fget, attr.fset, attr.fdel):
+            yield from _functions_of(f)
+        return
+    f = _unwrap(attr)
+    if isinstance(f, types.FunctionType) and getattr(attr, "__graphjit_island__", None) is None:
+        yield f
+
+
+class NameRecorder:
+    """Collects the names used by the Python code a call runs (a ``sys.setprofile`` hook on this thread,
+    for the block), outside the frameworks', graphjit's and the standard library's own modules and outside
+    islands.  Does nothing where a profiler is already set (its hook is kept)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.codes: set[types.CodeType] = set()
+        self.active = False
+        self.complete = False  # the whole call ran under the hook (no profiler of the user's was in the way)
+
+    def __enter__(self) -> NameRecorder:
+        if sys.getprofile() is None:
+            sys.setprofile(self._hook)
+            self.active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.active:
+            sys.setprofile(None)
+            self.active = False
+            self.complete = True
+        for code in self.codes:
+            self.names.update(code_names(code))
+        self.codes.clear()
+
+    def _hook(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        code = frame.f_code
+        if code in self.codes or in_island():
+            return
+        module = frame.f_globals.get("__name__", "")
+        if isinstance(module, str) and module.startswith(_SKIP_CODE):
+            return
+        self.codes.add(code)
+
+
