@@ -155,8 +155,8 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         roots = req.roots()
         before = walk(roots, _is_tensor_of(b), b.tensor_state)
         where = addresses(before, b.data_ptr)
-        values = (guards.scan(req.guard_sources(), _is_tensor_of(b), req.warm.names, b.tensor_holders)
-                  if req.guard_sources else None)
+        values = (guards.scan(req.guard_sources(), _is_tensor_of(b), req.warm.names, b.tensor_holders,
+                              req.warm.by_object, b.module_holders) if req.guard_sources else None)
         py = PyState(b, roots)  # the capture's Python effects are undone where they are not the call's
         st.state = State.CAPTURE
         try:

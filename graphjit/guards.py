@@ -21,7 +21,8 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   :data:`MAX_ITEMS` items (lookup tables).
 * **Which names**: every attribute step of a value's path must be named by code the call may run
   (:mod:`graphjit.names`: the function's code, the functions reached above, and the code its last warmup call
-  ran as Python, or where that is unknown the methods of the classes reached).  A value only the training
+  ran as Python, per object: the code that took that object as an argument; where that run is unknown the
+  methods of the classes reached).  A value only the training
   loop names (``model.step_count``) is not read by the function and changes nothing.  Dict keys and list
   items below a named attribute always count.
 
@@ -239,17 +240,36 @@ def _identity_keyed(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str
 
 
 def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None,
-         holders: Iterable[str] = ()) -> Scan:
+         holders: Iterable[str] = (), by_object: dict[int, frozenset[str]] | None = None,
+         transparent: Iterable[str] = ()) -> Scan:
     """Every guardable value the sources reach (see the module docstring).  ``ran``: the names the code of the
     last warmup call used (:class:`NameRecorder`, the function run as Python); None where that is not known
     (a tracer that runs a program instead, a profiler in the way): then every name the methods of the classes
     of the reached objects use counts.  ``holders``: attributes whose dicts hold a module's tensors
-    (``_parameters``, ``_buffers``: their entries are captured by address, a ``None`` bias among them too)."""
+    (``_parameters``, ``_buffers``: their entries are captured by address, a ``None`` bias among them too).
+
+    ``by_object``: ``id(object) -> names`` the code that ran with that object as an argument used (``self``
+    included; :class:`~graphjit.names.NameRecorder`).  With it an attribute of such an object counts only if
+    that code or the function's own code names it (a Linear's ``training`` flag, which no code of the call reads
+    off the Linear, is not a value of the call); an object no code took as an argument (a config reached as
+    ``self.config``) is checked against every name that ran.  ``transparent``: the attributes through which a
+    Module holds its submodules, parameters and buffers: their dict keys count as the owner's attributes."""
     holding = frozenset(holders)
+    through = frozenset(transparent) | holding
     out = Scan()
     out.names.update(src.names)
     if ran is not None:
         out.names.update(ran)
+    own: dict[int, frozenset[str]] = {}
+
+    def names_for(o: Any) -> Any:
+        if by_object is None:
+            return None
+        got = own.get(id(o))
+        if got is None:
+            known = by_object.get(id(o))
+            got = own[id(o)] = frozenset(out.names) if known is None else known | src.names
+        return got
     for container, kind, key, path in src.slots:
         try:
             value = container[key] if kind == "globals" else container.cell_contents
@@ -260,9 +280,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     classes: set[type] = set()
     seen: set[int] = set()
     nodes = 0
-    stack: list[tuple[Any, Path, int]] = [(value, (name,), 0) for name, value in reversed(src.objects)]
+    stack: list[tuple[Any, Path, int, Any]] = [(value, (name,), 0, None) for name, value in reversed(src.objects)]
     while stack:
-        obj, path, depth = stack.pop()
+        obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
         if is_tensor(obj) or isinstance(obj, _OPAQUE) or type(obj) in _SCALAR_TYPES:
             continue
         oid = id(obj)
@@ -278,7 +298,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
         if isinstance(obj, (tuple, frozenset, set)):
             for i, child in enumerate(obj if isinstance(obj, tuple) else ()):
                 if not guardable(child):
-                    stack.append((child, (*path, ("[]", i)), depth + 1))
+                    stack.append((child, (*path, ("[]", i)), depth + 1, None))
             continue
         if isinstance(obj, list):
             big = len(obj) > MAX_ITEMS
@@ -288,33 +308,46 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         continue
                     out.add(obj, "item", i, child, (*path, ("[]", i)))
                 else:
-                    stack.append((child, (*path, ("[]", i)), depth + 1))
+                    stack.append((child, (*path, ("[]", i)), depth + 1, None))
             continue
         if isinstance(obj, dict):
             big = len(obj) > MAX_ITEMS or (len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding)
             for k, child in list(obj.items()):
+                if keys_of is not None and k not in keys_of:
+                    continue  # a submodule (parameter, buffer) no code of the call names
                 if guardable(child):
                     if not big:
                         out.add(obj, "item", k, child, (*path, ("[]", k)))
                 else:
-                    stack.append((child, (*path, ("[]", k)), depth + 1))
+                    stack.append((child, (*path, ("[]", k)), depth + 1, None))
             continue
         tp = type(obj)
         if tp.__module__.partition(".")[0] in _SKIP_OBJECTS:
             continue
         classes.add(tp)
+        named = names_for(obj)
         d = _instance_dict(obj)
         if d is not None:
             for k, child in list(d.items()):
                 if not isinstance(k, str):
                     continue
+                if named is not None and k in through:
+                    # a container module (ModuleList, ModuleDict, Sequential) hands out its entries by index or by
+                    # a key in a variable: all count; another module's entries count where its code names them
+                    keys = None if hasattr(tp, "__getitem__") or hasattr(tp, "__iter__") else named
+                    stack.append((child, (*path, (".", k)), depth + 1, keys))
+                    continue
+                if named is not None and k not in named:
+                    continue  # no code of the call reads it off this object
                 if guardable(child):
                     out.add(d, "item", k, child, (*path, (".", k)))
                     continue
                 if by_identity(child, is_tensor):
                     out.add(d, "item", k, child, (*path, (".", k)))
-                stack.append((child, (*path, (".", k)), depth + 1))
+                stack.append((child, (*path, (".", k)), depth + 1, None))
         for name in _slots(tp):
+            if named is not None and name not in named:
+                continue
             try:
                 child = object.__getattribute__(obj, name)
             except (AttributeError, TypeError):
@@ -322,7 +355,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             if guardable(child) or by_identity(child, is_tensor):
                 out.add(obj, "attr", name, child, (*path, (".", name)))
             if not guardable(child):
-                stack.append((child, (*path, (".", name)), depth + 1))
+                stack.append((child, (*path, (".", name)), depth + 1, None))
     for tp in classes:
         if ran is None:
             out.names.update(class_names(tp))

@@ -17,12 +17,17 @@ from typing import Any
 from .backends.base import in_island
 from .reach import _unwrap
 
-_SKIP_CODE = ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch", "torch._subclasses",
+_ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None), tuple, list, dict))
+_NOT_STATE = (types.FunctionType, types.MethodType, types.ModuleType, type, types.CodeType, types.FrameType,
+              types.GeneratorType, BaseException)
+_SKIP_CODE = ("torch.nn.modules.module", "paddle.nn.layer.layers", "torch._dynamo", "torch._inductor", "torch.fx",
+              "torch._functorch", "torch._subclasses",
               "torch._library", "torch._ops", "torch.utils._", "torch.cuda", "torch.autograd", "paddle.jit",
               "paddle.base", "graphjit", "functools", "contextlib", "threading", "typing", "abc", "weakref",
               "importlib", "inspect", "logging", "warnings", "collections", "enum", "dataclasses", "copy", "re")
-"""Modules whose running code adds no names: tracers and compilers, graphjit, the standard library's
-machinery (a Module's own code, ``torch.nn``, counts: ``Dropout.forward`` reads ``self.p``)."""
+"""Modules whose running code adds no names: the Module/Layer call machinery (it reads every module's hooks and
+compile slot: a ``module.compile()`` after the capture needs ``reset()``), tracers and compilers, graphjit, the
+standard library's machinery.  A Module's own code counts (``Dropout.forward`` reads ``self.p``)."""
 
 _CLASS_NAMES: dict[type, frozenset[str]] = {}
 _CODE_NAMES: dict[types.CodeType, frozenset[str]] = {}
@@ -94,6 +99,8 @@ class NameRecorder:
         self.codes: set[types.CodeType] = set()
         self.active = False
         self.complete = False  # the whole call ran under the hook (no profiler of the user's was in the way)
+        self.arguments: dict[int, set[types.CodeType]] = {}  # id(object) -> code that ran with it as an argument
+        self.by_object: dict[int, frozenset[str]] = {}
 
     def __enter__(self) -> NameRecorder:
         if sys.getprofile() is None:
@@ -109,16 +116,27 @@ class NameRecorder:
         for code in self.codes:
             self.names.update(code_names(code))
         self.codes.clear()
+        for oid, codes in self.arguments.items():
+            names: set[str] = set()
+            for code in codes:
+                names |= code_names(code)
+            self.by_object[oid] = frozenset(names)
+        self.arguments.clear()
 
     def _hook(self, frame: types.FrameType, event: str, arg: Any) -> None:
         if event != "call":
             return
         code = frame.f_code
-        if code in self.codes or in_island():
+        if in_island():
             return
         module = frame.f_globals.get("__name__", "")
         if isinstance(module, str) and module.startswith(_SKIP_CODE):
             return
         self.codes.add(code)
+        for value in frame.f_locals.values():  # the arguments, at the call: which objects this code reads from
+            tp = type(value)  # only the type is asked (an object's own __getattr__ could do anything here)
+            if tp not in _ATOMS and not issubclass(tp, _NOT_STATE) and (tp.__dictoffset__
+                                                                         or "__slots__" in tp.__dict__):
+                self.arguments.setdefault(id(value), set()).add(code)
 
 

@@ -54,6 +54,8 @@ class Observation:
     """Python values the function reads (:mod:`graphjit.guards`) that the call changed: ``(path, old, new)``."""
     names: set[str] | None = None
     """The names the Python code of the call used (when watched for guards and the call ran as Python)."""
+    by_object: dict[int, frozenset[str]] | None = None
+    """And by the object the code took as an argument (:class:`~graphjit.names.NameRecorder`)."""
 
 
 @dataclass
@@ -83,6 +85,8 @@ class Warmup:
     names: set[str] | None = None
     """Names the Python code of the watched warmup calls used: which values the guards check (None where not
     known: the tracer runs a program, or a profiler kept the recorder out)."""
+    by_object: dict[int, frozenset[str]] | None = None
+    """``id(object) -> names`` of the code those calls ran with the object as an argument (``self`` included)."""
 
     def note(self, obs: Observation, backend: Backend, outputs: Any, leaves: list[Any]) -> None:
         """Fold one call's observation in (``leaves``: that call's tensor inputs, in key order); set
@@ -101,6 +105,10 @@ class Warmup:
         self.drew_random = self.drew_random or obs.drew_random
         if obs.names is not None:
             self.names = obs.names if self.names is None else self.names | obs.names
+            merged = dict(self.by_object or {})
+            for oid, names in (obs.by_object or {}).items():
+                merged[oid] = merged.get(oid, frozenset()) | names
+            self.by_object = merged
         previous, self.islands = self.islands, obs.islands
         if previous is not None and [c.island for c in previous] != [c.island for c in obs.islands] \
                 and self.blocked is None:
@@ -170,7 +178,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
                       isl.calls, added_tensors(before, after), moved(before, where, b.data_ptr))
     if guard_src is not None and values is not None:
         if recorder.complete and runs_python:
-            obs.names = recorder.names
+            obs.names, obs.by_object = recorder.names, recorder.by_object
         obs.py_written = guards.written(values, guards.scan(guard_src, is_tensor, None, b.tensor_holders))
     return out, obs
 

@@ -300,3 +300,41 @@ def test_a_slowly_drifting_value_stops_making_graphs(emu):
     st = g.stats()
     assert st["graphs"] <= guards.Drift.MAX_VALUES + 1, g.report()
     assert any(r.startswith(guards.REASON) for r in st["fallbacks"]), g.report()
+
+
+def test_an_attribute_counts_when_code_reads_it_off_that_object(emu):
+    """Per object: a value the code of the call reads off that very object is guarded (a layer in a ModuleList,
+    reached by iteration), a value nothing reads off it is not (a Linear's training flag: Linear.forward never
+    looks at it), so the guards of a deep model stay few."""
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.k = 1.0
+
+        def forward(self, x):
+            return self.lin(x) * self.k
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(Scale() for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    m = Stack().eval()
+    g = graphjit.graphed(m)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for i in range(10):
+            m.layers[1].lin.training = bool(i % 2)  # read by no code of the call: no new graph
+            m.layers[2].k = 1.0 if i < 6 else 2.0  # read by Scale.forward off that layer: guarded
+            assert torch.allclose(g(x), m(x)), g.report()
+    st = g.stats()
+    assert st["graphs"] == 2 and not st["fallbacks"], g.report()
+    paths = [k["guarded_values"] for k in st["keys"] if k["state"] == "replay"]
+    assert paths and max(paths) <= 12, g.report()

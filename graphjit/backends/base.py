@@ -231,6 +231,9 @@ class Backend(abc.ABC):
         Cheap: it runs for every reachable tensor in every warmup walk."""
         return ()
 
+    module_holders: tuple[str, ...] = ()
+    """The attribute through which the framework's Module/Layer objects hold their submodules (``_modules``):
+    a guard reads its keys as the owner's attribute names (:mod:`graphjit.guards`)."""
     tensor_holders: tuple[str, ...] = ()
     """Attributes of the framework's Module/Layer objects whose dicts hold its tensors (``_parameters``,
     ``_buffers``): captured by address, not guarded as values (:mod:`graphjit.guards`)."""

@@ -313,6 +313,7 @@ class PaddleBackend(Backend):
         return hashlib.blake2b(np.ascontiguousarray(_to_numpy(t)).tobytes(), digest_size=6).hexdigest()
 
     # -- state a call may write, modes, random numbers --------------------------------------
+    module_holders = ("_sub_layers",)
     tensor_holders = ("_parameters", "_buffers")
     versions_complete = False  # Tensor.copy_ does not bump inplace_version (seen in 3.3.1)
 

@@ -208,6 +208,7 @@ class TorchBackend(Backend):
         return hashlib.blake2b(raw, digest_size=6).hexdigest()
 
     # -- state a call may write, modes, random numbers --------------------------------------
+    module_holders = ("_modules",)
     tensor_holders = ("_parameters", "_buffers")
     versions_complete = True
 
