@@ -46,7 +46,7 @@ from typing import Any
 
 from . import backends
 from .names import class_names, code_names
-from .reach import Path, describe
+from .reach import Path, describe, global_names, instance_dict, slots_of, unwrap
 
 MAX_NODES = 100_000
 MAX_DEPTH = 48
@@ -181,7 +181,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
         if isinstance(f, types.MethodType):  # before unwrapping: a decorated method's __wrapped__ is unbound
             objects.append(("self", f.__self__))
             f = f.__func__
-        f = _unwrap(f)
+        f = unwrap(f)
         if id(f) in seen:
             continue
         seen.add(id(f))
@@ -207,7 +207,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
             elif not guardable(value) and not isinstance(value, _OPAQUE):
                 objects.append((path[0], value))
         g = f.__globals__
-        for var in _global_names(code):
+        for var in global_names(code):
             if var not in g:
                 continue
             value = g[var]
@@ -326,7 +326,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             continue
         classes.add(tp)
         named = names_for(obj)
-        d = _instance_dict(obj)
+        d = instance_dict(obj)
         if d is not None:
             for k, child in list(d.items()):
                 if not isinstance(k, str):
@@ -345,7 +345,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 if by_identity(child, is_tensor):
                     out.add(d, "item", k, child, (*path, (".", k)))
                 stack.append((child, (*path, (".", k)), depth + 1, None))
-        for name in _slots(tp):
+        for name in slots_of(tp):
             if named is not None and name not in named:
                 continue
             try:
@@ -430,17 +430,24 @@ class GuardSet:
             return False
         return self.extra is None or self.extra() is None
 
-    def change(self) -> tuple[str, str, str] | None:
-        """``(path, old, new)`` of the first guarded value that differs, else of the tracer's failed guard."""
+    def differences(self) -> Iterator[tuple[str, str, str]]:
+        """``(path, value at capture, value now or "(deleted)")`` of each guarded value that differs, in order."""
         for i, keys in enumerate(self.keys):
             want = self.expected[i] if len(keys) > 1 else (self.expected[i],)
             for j, key in enumerate(keys):
                 try:
                     now = self._one(i, key)
                 except Exception:
-                    return describe(self.paths[i][j]), _show(want[j]), "(deleted)"
+                    yield describe(self.paths[i][j]), _show(want[j]), "(deleted)"
+                    continue
                 if not same(now, want[j]):
-                    return describe(self.paths[i][j]), _show(want[j]), _show(now)
+                    yield describe(self.paths[i][j]), _show(want[j]), _show(now)
+
+    def change(self) -> tuple[str, str, str] | None:
+        """``(path, old, new)`` of the first guarded value that differs, else of the tracer's failed guard."""
+        first = next(self.differences(), None)
+        if first is not None:
+            return first
         if self.extra is not None:
             failed = self.extra()
             if failed is not None:
@@ -461,18 +468,8 @@ class GuardSet:
         return now
 
     def shown(self) -> dict[str, tuple[str, str]]:
-        """``path -> (value at capture, value now)`` of the values that differ (for the keys' labels)."""
-        out: dict[str, tuple[str, str]] = {}
-        for i, keys in enumerate(self.keys):
-            want = self.expected[i] if len(keys) > 1 else (self.expected[i],)
-            for j, key in enumerate(keys):
-                try:
-                    now = self._one(i, key)
-                except Exception:
-                    continue
-                if not same(now, want[j]):
-                    out[describe(self.paths[i][j])] = (_show(want[j]), _show(now))
-        return out
+        """``path -> (value at capture, value now)`` of the values that differ and still exist (for labels)."""
+        return {path: (old, new) for path, old, new in self.differences() if new != "(deleted)"}
 
 
 class Drift:
@@ -529,48 +526,3 @@ def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
 def _show(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-# -- helpers -----------------------------------------------------------------------------------------
-_SLOTS: dict[type, tuple[str, ...]] = {}
-
-
-def _slots(tp: type) -> tuple[str, ...]:
-    found = _SLOTS.get(tp)
-    if found is None:
-        names: list[str] = []
-        for cls in tp.__mro__:
-            own = cls.__dict__.get("__slots__", ())
-            for n in (own,) if isinstance(own, str) else own:
-                if n not in ("__dict__", "__weakref__"):
-                    names.append(n)
-        found = _SLOTS[tp] = tuple(names)
-    return found
-
-
-def _instance_dict(obj: Any) -> dict[str, Any] | None:
-    try:
-        d = object.__getattribute__(obj, "__dict__")
-    except (AttributeError, TypeError):
-        return None
-    return d if type(d) is dict else None
-
-
-def _unwrap(fn: Any) -> Any:
-    seen = 0
-    while seen < 16:
-        inner = getattr(fn, "__wrapped__", None) if not isinstance(fn, type) else None
-        if inner is None or inner is fn:
-            break
-        fn, seen = inner, seen + 1
-    return fn
-
-
-def _global_names(code: types.CodeType) -> list[str]:
-    names: list[str] = []
-    todo = [code]
-    while todo:
-        c = todo.pop()
-        names.extend(c.co_names)
-        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return list(dict.fromkeys(names))

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .backends.base import in_island
-from .reach import _unwrap
+from .reach import unwrap
 
 _ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None), tuple, list, dict))
 _NOT_STATE = (types.FunctionType, types.MethodType, types.ModuleType, type, types.CodeType, types.FrameType,
@@ -84,7 +84,7 @@ def _functions_of(attr: Any) -> Iterator[types.FunctionType]:
         for f in (attr.fget, attr.fset, attr.fdel):
             yield from _functions_of(f)
         return
-    f = _unwrap(attr)
+    f = unwrap(attr)
     if isinstance(f, types.FunctionType) and getattr(attr, "__graphjit_island__", None) is None:
         yield f
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .backends.base import Backend
+from .reach import instance_dict, slots_of
 
 MAX_NODES = 200_000
 MAX_DEPTH = 64
@@ -79,10 +80,10 @@ class PyState:
                 children = list(obj) if isinstance(obj, tuple) else ()
             else:
                 children = []
-                d = _instance_dict(obj)
+                d = instance_dict(obj)
                 if d is not None:
                     stack.append((d, depth + 1))
-                for name in _slots(type(obj)):
+                for name in slots_of(type(obj)):
                     try:
                         value = object.__getattribute__(obj, name)
                     except (AttributeError, TypeError):
@@ -154,27 +155,3 @@ def _same_dict(d: dict[Any, Any], saved: dict[Any, Any]) -> bool:
         if d.get(k, _UNSET) is not v:
             return False
     return True
-
-
-def _instance_dict(obj: Any) -> dict[str, Any] | None:
-    try:
-        d = object.__getattribute__(obj, "__dict__")
-    except (AttributeError, TypeError):
-        return None
-    return d if isinstance(d, dict) else None
-
-
-_SLOTS: dict[type, tuple[str, ...]] = {}
-
-
-def _slots(tp: type) -> tuple[str, ...]:
-    found = _SLOTS.get(tp)
-    if found is None:
-        names: list[str] = []
-        for cls in tp.__mro__:
-            own = cls.__dict__.get("__slots__", ())
-            for n in (own,) if isinstance(own, str) else own:
-                if n not in ("__dict__", "__weakref__"):
-                    names.append(n)
-        found = _SLOTS[tp] = tuple(names)
-    return found

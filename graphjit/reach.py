@@ -62,7 +62,7 @@ def roots(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]]) -
     if bound is not None:
         out.append(("self", bound))
     seen_fns: set[int] = set()
-    todo = [_unwrap(fn)]
+    todo = [unwrap(fn)]
     while todo and len(seen_fns) < MAX_FUNCTIONS:
         f = todo.pop()
         if id(f) in seen_fns:
@@ -82,16 +82,16 @@ def roots(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]]) -
             except ValueError:  # an empty cell (a name assigned after the function was made)
                 continue
             if isinstance(value, (types.FunctionType, types.MethodType)):
-                todo.append(_unwrap(value))
+                todo.append(unwrap(value))
             else:
                 out.append((f"closure variable {name!r}", value))
         g = f.__globals__
-        for name in _names(code):
+        for name in global_names(code):
             if name not in g:
                 continue
             value = g[name]
             if isinstance(value, (types.FunctionType, types.MethodType)):
-                todo.append(_unwrap(value))
+                todo.append(unwrap(value))
             elif not isinstance(value, _OPAQUE):
                 out.append((f"global {name!r}", value))
     return out
@@ -181,36 +181,30 @@ def _children(obj: Any) -> list[tuple[tuple[str, Any], Any]]:
     if isinstance(obj, (set, frozenset)):
         return []
     out: list[tuple[tuple[str, Any], Any]] = []
-    try:
-        d = object.__getattribute__(obj, "__dict__")
-    except (AttributeError, TypeError):
-        d = None
-    if isinstance(d, dict):
+    d = instance_dict(obj)
+    if d is not None:
         out.extend(((".", k), v) for k, v in list(d.items()))
-    for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name in ("__dict__", "__weakref__"):
-                continue
-            try:
-                out.append(((".", name), object.__getattribute__(obj, name)))
-            except (AttributeError, TypeError):
-                continue
+    for name in slots_of(type(obj)):
+        try:
+            out.append(((".", name), object.__getattribute__(obj, name)))
+        except (AttributeError, TypeError):
+            continue
     return out
 
 
-def _unwrap(fn: Any) -> Any:
-    """The Python function behind decorators that keep ``__wrapped__`` (functools.wraps, wrapt)."""
+def unwrap(fn: Any) -> Any:
+    """The Python function behind decorators that keep ``__wrapped__`` (functools.wraps, wrapt); a class is
+    returned as it is."""
     seen = 0
     while seen < 16:
-        inner = getattr(fn, "__wrapped__", None)
+        inner = getattr(fn, "__wrapped__", None) if not isinstance(fn, type) else None
         if inner is None or inner is fn:
             break
         fn, seen = inner, seen + 1
     return fn
 
 
-def _names(code: types.CodeType) -> list[str]:
+def global_names(code: types.CodeType) -> list[str]:
     """Global names ``code`` and the code objects nested in it refer to."""
     names: list[str] = []
     todo = [code]
@@ -219,3 +213,29 @@ def _names(code: types.CodeType) -> list[str]:
         names.extend(c.co_names)
         todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
     return list(dict.fromkeys(names))
+
+
+_SLOTS: dict[type, tuple[str, ...]] = {}
+
+
+def slots_of(tp: type) -> tuple[str, ...]:
+    """The ``__slots__`` names of ``tp`` and its bases (``__dict__`` and ``__weakref__`` aside), cached."""
+    found = _SLOTS.get(tp)
+    if found is None:
+        names: list[str] = []
+        for cls in tp.__mro__:
+            own = cls.__dict__.get("__slots__", ())
+            for n in (own,) if isinstance(own, str) else own:
+                if n not in ("__dict__", "__weakref__"):
+                    names.append(n)
+        found = _SLOTS[tp] = tuple(names)
+    return found
+
+
+def instance_dict(obj: Any) -> dict[str, Any] | None:
+    """``obj``'s own ``__dict__`` (read past any ``__getattr__`` / ``__getattribute__`` of its class), or None."""
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return d if isinstance(d, dict) else None
