@@ -155,8 +155,8 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         roots = req.roots()
         before = walk(roots, _is_tensor_of(b), b.tensor_state)
         where = addresses(before, b.data_ptr)
-        values = (guards.scan(req.guard_sources(), _is_tensor_of(b), req.warm.names, b.tensor_holders,
-                              req.warm.by_object, b.module_holders) if req.guard_sources else None)
+        rescan = _guard_scan(req)  # the values the capture reads, found the same way before and after it
+        values = rescan() if rescan is not None else None
         py = PyState(b, roots)  # the capture's Python effects are undone where they are not the call's
         st.state = State.CAPTURE
         try:
@@ -171,7 +171,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             st.segments, st.islands = 1, 0
         executed = False
         try:
-            after_capture(req, before, where, values)
+            after_capture(req, before, where, values, rescan)
             guard = guards.GuardSet(values, req.tracer_guard(statics.args, statics.kwargs)) if values is not None \
                 else None
             if guard is not None:
@@ -291,10 +291,20 @@ def _with_site(exc: CaptureError) -> CaptureError:
 
 
 # -- phase 3 ---------------------------------------------------------------------------------------
-def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values: guards.Scan | None = None) -> None:
+def _guard_scan(req: BuildRequest) -> Callable[[], guards.Scan] | None:
+    """The scan of the values the function reads (:func:`graphjit.guards.scan`, with what its warmup recorded)."""
+    if req.guard_sources is None:
+        return None
+    b, src, warm = req.backend, req.guard_sources(), req.warm
+    is_tensor = _is_tensor_of(b)
+    return lambda: guards.scan(src, is_tensor, warm.names, b.tensor_holders, warm.by_object, b.module_holders)
+
+
+def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values: guards.Scan | None = None,
+                  rescan: Callable[[], guards.Scan] | None = None) -> None:
     """Run the after-capture hooks, and refuse a capture whose Python code rebound or added tensors or moved
     their memory (``where``: their addresses before the capture), or changed a Python value the function reads
-    (``values``: those values before the capture)."""
+    (``values``: those values before the capture, ``rescan`` finds them again)."""
     for hook in scope.AFTER_CAPTURE:  # e.g. register captured all-reduce buffers on every rank
         try:
             hook()
@@ -314,9 +324,8 @@ def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values:
         raise CaptureError(f"{req.fn_name} {req.stats.label}: the capture's Python code replaced or added tensors "
                            f"held by objects ({paths}); a replay would not do that again",
                            reason="rebinds a tensor held by an object")
-    if values is not None and req.guard_sources is not None:
-        changed = guards.written(values, guards.scan(req.guard_sources(), _is_tensor_of(req.backend), values.names,
-                                                     req.backend.tensor_holders))
+    if values is not None and rescan is not None:
+        changed = guards.written(values, rescan())
         if changed:
             path, old, new = changed[0]
             raise CaptureError(f"{req.fn_name} {req.stats.label}: the function changes {path} ({old} -> {new}) when "

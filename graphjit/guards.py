@@ -46,7 +46,7 @@ from typing import Any
 
 from . import backends
 from .names import class_names, code_names
-from .reach import Path, describe, global_names, instance_dict, slots_of, unwrap
+from .reach import FOREIGN_MODULES, OPAQUE, Path, Visits, describe, global_names, instance_dict, slots_of, unwrap
 
 MAX_NODES = 100_000
 MAX_DEPTH = 48
@@ -57,10 +57,7 @@ MAX_ITEMS = 256
 the replay saves); the README's "What a graph remembers" says so."""
 
 _SCALARS = (int, float, complex, str, bytes, bool, type(None))
-_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-           types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType, types.MethodWrapperType,
-           types.WrapperDescriptorType, types.MethodDescriptorType, property, staticmethod, classmethod,
-           types.CellType, BaseException)
+_OPAQUE = (*OPAQUE, types.CellType, BaseException)
 
 REASON = "value read by the function changed"
 """The start of the reason of a call whose guarded values differ from every captured graph's (a path follows)."""
@@ -115,8 +112,8 @@ def same(a: Any, b: Any) -> bool:
 
 @dataclass
 class _Box:
-    """One container's guarded entries: ``kind`` is ``"item"`` (a dict, a list) or ``"attr"`` (an object
-    without ``__dict__``, a closure cell)."""
+    """One container's guarded entries, read by ``kind``: ``"item"`` or ``"globals"`` by subscript (a dict, a list,
+    a module's globals), ``"attr"`` or ``"cell"`` by attribute (an object's slots, a class, a closure cell)."""
 
     container: Any
     kind: str
@@ -275,24 +272,16 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             value = container[key] if kind == "globals" else container.cell_contents
         except (KeyError, ValueError):
             continue
-        out.add(container, "item" if kind == "globals" else "cell", key, value, path)
-        out.boxes[id(container)].kind = kind
+        out.add(container, kind, key, value, path)
     classes: set[type] = set()
-    seen: set[int] = set()
-    nodes = 0
+    visits = Visits(MAX_NODES, MAX_DEPTH)
     stack: list[tuple[Any, Path, int, Any]] = [(value, (name,), 0, None) for name, value in reversed(src.objects)]
     while stack:
         obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
         if is_tensor(obj) or isinstance(obj, _OPAQUE) or type(obj) in _SCALAR_TYPES:
             continue
-        oid = id(obj)
-        if oid in seen:
-            continue
-        seen.add(oid)
-        nodes += 1
-        if nodes > MAX_NODES or depth > MAX_DEPTH:
-            out.truncated = True
-            if nodes > MAX_NODES:
+        if not visits.first(obj, depth):
+            if visits.full:
                 break
             continue
         if isinstance(obj, (tuple, frozenset, set)):
@@ -322,7 +311,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     stack.append((child, (*path, ("[]", k)), depth + 1, None))
             continue
         tp = type(obj)
-        if tp.__module__.partition(".")[0] in _SKIP_OBJECTS:
+        if tp.__module__.partition(".")[0] in FOREIGN_MODULES:
             continue
         classes.add(tp)
         named = names_for(obj)
@@ -356,6 +345,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 out.add(obj, "attr", name, child, (*path, (".", name)))
             if not guardable(child):
                 stack.append((child, (*path, (".", name)), depth + 1, None))
+    out.truncated = visits.truncated
     for tp in classes:
         if ran is None:
             out.names.update(class_names(tp))
@@ -369,9 +359,6 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
 
 
 _SCALAR_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))
-_SKIP_OBJECTS = frozenset(("logging", "threading", "asyncio", "concurrent", "multiprocessing", "queue", "socket",
-                           "_io", "io", "weakref", "_thread", "selectors", "subprocess"))
-"""Objects of these modules are not walked (a logger's manager, a thread, a pool): no value a graph reads."""
 
 
 class GuardSet:

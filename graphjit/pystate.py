@@ -17,19 +17,11 @@ Runs at capture only (a walk and a shallow copy of each container), never on the
 
 from __future__ import annotations
 
-import types
 from collections.abc import Iterable
 from typing import Any
 
 from .backends.base import Backend
-from .reach import instance_dict, slots_of
-
-MAX_NODES = 200_000
-MAX_DEPTH = 64
-_ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None), range, slice))
-_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-           types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType, types.MethodWrapperType,
-           types.WrapperDescriptorType, types.MethodDescriptorType, property, staticmethod, classmethod)
+from .reach import ATOMS, FOREIGN_MODULES, OPAQUE, Visits, instance_dict, slots_of
 
 
 class PyState:
@@ -47,26 +39,22 @@ class PyState:
         self.slots: list[tuple[Any, str, Any]] = []
         self.bindings: list[tuple[Any, str, Any]] = []
         types_ = backend.tensor_types()
-        seen: set[int] = set()
-        nodes = 0
+        tensors: set[int] = set()
+        visits = Visits()
         stack: list[tuple[Any, int]] = [(value, 0) for _name, value in roots]
         while stack:
             obj, depth = stack.pop()
             if isinstance(obj, types_):
-                if id(obj) not in seen:
-                    seen.add(id(obj))
+                if id(obj) not in tensors:
+                    tensors.add(id(obj))
                     for name, child in backend.tensor_state(obj):
                         self.bindings.append((obj, name, child))
                 continue
-            if type(obj) in _ATOMS or isinstance(obj, _OPAQUE) or type(obj).__module__.partition(".")[0] in _SKIP:
+            tp = type(obj)
+            if tp in ATOMS or isinstance(obj, OPAQUE) or tp.__module__.partition(".")[0] in FOREIGN_MODULES:
                 continue
-            oid = id(obj)
-            if oid in seen:
-                continue
-            seen.add(oid)
-            nodes += 1
-            if nodes > MAX_NODES or depth > MAX_DEPTH:
-                if nodes > MAX_NODES:
+            if not visits.first(obj, depth):
+                if visits.full:
                     break
                 continue
             children: Iterable[Any]
@@ -142,10 +130,6 @@ class PyState:
 
 
 _UNSET = object()
-_SKIP = frozenset(("logging", "threading", "asyncio", "concurrent", "multiprocessing", "queue", "socket", "_io", "io",
-                   "weakref", "_thread", "selectors", "subprocess"))
-"""Objects of these modules are not copied or put back (a logger's manager, a thread, a pool: other threads change
-them while a capture runs)."""
 
 
 def _same_dict(d: dict[Any, Any], saved: dict[Any, Any]) -> bool:

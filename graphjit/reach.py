@@ -26,10 +26,45 @@ MAX_NODES = 200_000
 MAX_DEPTH = 64
 MAX_FUNCTIONS = 64
 
-_ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None), range, slice))
-_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-           types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType, types.MethodWrapperType,
-           types.WrapperDescriptorType, types.MethodDescriptorType, property, staticmethod, classmethod)
+ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None), range, slice))
+"""Values a walk does not enter: they hold nothing."""
+OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+          types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType, types.MethodWrapperType,
+          types.WrapperDescriptorType, types.MethodDescriptorType, property, staticmethod, classmethod)
+"""Objects a walk does not enter: code, classes and modules, not state."""
+FOREIGN_MODULES = frozenset(("logging", "threading", "asyncio", "concurrent", "multiprocessing", "queue", "socket",
+                             "_io", "io", "weakref", "_thread", "selectors", "subprocess"))
+"""Top-level modules whose objects (a logger's manager, a thread, a pool) hold no value a graph reads and are
+changed by other threads: the guards' and the Python-state walks do not enter them."""
+
+
+class Visits:
+    """The budget of one walk: each object once, at most ``max_nodes`` objects, at most ``max_depth`` deep.
+
+    :meth:`first` is True the first time an object is met within the limits; past them it is False and
+    :attr:`truncated` is set, and past ``max_nodes`` :attr:`full` too (the walk stops)."""
+
+    __slots__ = ("full", "max_depth", "max_nodes", "nodes", "seen", "truncated")
+
+    def __init__(self, max_nodes: int = 200_000, max_depth: int = 64) -> None:
+        self.seen: set[int] = set()
+        self.nodes = 0
+        self.max_nodes = max_nodes
+        self.max_depth = max_depth
+        self.truncated = False
+        self.full = False
+
+    def first(self, obj: Any, depth: int) -> bool:
+        oid = id(obj)
+        if oid in self.seen:
+            return False
+        self.seen.add(oid)
+        self.nodes += 1
+        if self.nodes > self.max_nodes or depth > self.max_depth:
+            self.truncated = True
+            self.full = self.nodes > self.max_nodes
+            return False
+        return True
 
 
 @dataclass
@@ -72,7 +107,7 @@ def roots(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]]) -
             out.append(("self", f.__self__))
             f = f.__func__
         if not isinstance(f, types.FunctionType):
-            if f is not None and not isinstance(f, _OPAQUE):
+            if f is not None and not isinstance(f, OPAQUE):
                 out.append(("the callable", f))  # a callable object: its attributes are its state
             continue
         code = f.__code__
@@ -92,7 +127,7 @@ def roots(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]]) -
             value = g[name]
             if isinstance(value, (types.FunctionType, types.MethodType)):
                 todo.append(unwrap(value))
-            elif not isinstance(value, _OPAQUE):
+            elif not isinstance(value, OPAQUE):
                 out.append((f"global {name!r}", value))
     return out
 
@@ -103,8 +138,7 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
     ``tensor_state(t)`` of each tensor found: the state a tensor itself holds (a parameter's ``.grad``,
     path ``....weight.grad``)."""
     reach = Reach()
-    seen: set[int] = set()
-    nodes = 0
+    visits = Visits(MAX_NODES, MAX_DEPTH)
     stack: list[tuple[Any, Path, int]] = [(value, (name,), 0) for name, value in reversed(roots_)]
     while stack:
         obj, path, depth = stack.pop()
@@ -117,21 +151,16 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
                         stack.append((child, (*path, (".", name)), depth + 1))
             continue
         tp = type(obj)
-        if tp in _ATOMS or isinstance(obj, _OPAQUE):
+        if tp in ATOMS or isinstance(obj, OPAQUE):
             continue
-        oid = id(obj)
-        if oid in seen:
-            continue
-        seen.add(oid)
-        nodes += 1
-        if nodes > MAX_NODES or depth > MAX_DEPTH:
-            reach.truncated = True
-            if nodes > MAX_NODES:
+        if not visits.first(obj, depth):
+            if visits.full:
                 break
             continue
         children = _children(obj)
         for step, child in reversed(children):
             stack.append((child, (*path, step), depth + 1))
+    reach.truncated = visits.truncated
     return reach
 
 
