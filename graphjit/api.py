@@ -43,6 +43,7 @@ from .buffers import InputMoved
 from .capture import KeyEntry
 from .dynamic import DynamicArgs
 from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
+from .feeds import Feeds
 from .guards import Drift, Sources
 from .history import SIGNATURE_CHANGES, KeyHistory
 from .invoke import Invoker
@@ -104,6 +105,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         self.history = KeyHistory(self.signer)
         self.variants: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # keys for other values of what fn reads
         self.drift: dict[tuple[Any, ...], Drift] = {}  # per key of the arguments: how its read values change
+        self.step_feeds: dict[tuple[Any, ...], Feeds | None] = {}  # per key: the hyperparameters fed to its graph
 
     @property
     def traced(self) -> dict[str, Callable[..., Any]]:
@@ -176,14 +178,45 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         previous, self.last_key = self.last_key, sig.key
         entry = self.entries.get(sig.key)
         if entry is not None:
-            if entry.check is not None and not entry.check():
-                return self.values_changed(entry, sig, settings, instance, args, kwargs, previous)
-            if entry.recheck is not None:
-                return self.recheck(entry, sig, instance, args, kwargs)
-            return self.replay(entry, sig, settings, instance, args, kwargs)
+            if entry.feeds is None:
+                return self.captured(entry, sig, settings, instance, args, kwargs, previous)
+            with entry.feeds:
+                return self.captured(entry, sig, settings, instance, args, kwargs, previous)
         if backends.translating():
             return wrapped(*args, **kwargs)
-        return self.slow(sig, settings, instance, args, kwargs, previous)
+        feeds = self.feeds_of(sig, instance, args, kwargs)
+        if feeds is None:
+            return self.slow(sig, settings, instance, args, kwargs, previous)
+        with feeds:
+            return self.slow(sig, settings, instance, args, kwargs, previous)
+
+    def captured(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
+                 args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any:
+        """A call whose key has a graph: replayed while what the function read still holds."""
+        if entry.check is not None and not entry.check():
+            return self.values_changed(entry, sig, settings, instance, args, kwargs, previous)
+        if entry.recheck is not None:
+            return self.recheck(entry, sig, instance, args, kwargs)
+        return self.replay(entry, sig, settings, instance, args, kwargs)
+
+    def feeds_of(self, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Feeds | None:
+        """The training-step preparation of a key, once, at its first call (:meth:`Backend.prepare_step`: the
+        optimizers it reaches made capturable, their learning rates fed from tensors); its feeds."""
+        try:
+            return self.step_feeds[sig.key]
+        except KeyError:
+            pass
+        backend = self.pick_backend(sig)
+        device = backend.device_str(sig.tensors[0]) if sig.tensors else "cuda:0"
+        if backend.graphs_unavailable(device) is not None or env.settings().disable:
+            self.step_feeds[sig.key] = None
+            return None
+        notes, feeds = backend.prepare_step(self.roots(instance, args, kwargs))
+        for note in notes:
+            self.say_once(logging.INFO, "prepare:" + note, "graphjit %s: %s", self.name, note)
+        self.step_feeds[sig.key] = feeds
+        return feeds
 
     def sign_dynamic(self, dynamic: DynamicArgs, instance: Any, args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> CallSignature:
@@ -443,6 +476,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
             self.history.clear()
             self.variants.clear()
             self.drift.clear()
+            self.step_feeds.clear()
 
 
 class _KeepsWrapped:

@@ -41,6 +41,7 @@ from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import StaticInputs, StaticOutputs, collect_tensors, real_view
 from .dynamic import DynamicArgs, Index
 from .errors import CaptureError, IslandError, UnrecoverableCaptureError, VerifyError
+from .feeds import Feeds
 from .islands import recording
 from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
@@ -91,7 +92,8 @@ class BuildRequest:
 class KeyEntry:
     """A captured graph of one key, with its static inputs and outputs."""
 
-    __slots__ = ("check", "device", "graph", "guards", "inputs", "no_adopt", "outputs", "recheck", "stats", "warm")
+    __slots__ = ("check", "device", "feeds", "graph", "guards", "inputs", "no_adopt", "outputs", "recheck", "stats",
+                 "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
                  no_adopt: frozenset[int], warm: Warmup, device: str, guard: guards.GuardSet | None = None) -> None:
@@ -107,6 +109,7 @@ class KeyEntry:
         self.warm = warm  # what warmup found; holds the state tensors the graph writes, so they stay alive with it
         self.device = device
         self.recheck: DynamicCheck | None = None  # still to verify on a call with other dynamic values
+        self.feeds: Feeds | None = None  # hyperparameters filled into device tensors around each call (feeds.py)
 
     def replay(self, sig: CallSignature, copy: bool) -> Any:
         """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``."""

@@ -22,6 +22,7 @@ from .buffers import InputMoved
 from .capture import BuildRequest, KeyEntry, build
 from .dynamic import DynamicArgs
 from .errors import CaptureError, UnrecoverableCaptureError
+from .feeds import Feeds
 from .guards import Sources
 from .keys import CallSignature
 from .pystate import PyState
@@ -55,6 +56,7 @@ class KeyLifecycle(abc.ABC):
     lock: threading.RLock
     tracer_checked: set[tuple[Any, ...]]  # keys whose first call checked the tracer (tracer_check)
     variants: dict[tuple[Any, ...], list[tuple[Any, ...]]]  # a key of the arguments -> its keys for other values
+    step_feeds: dict[tuple[Any, ...], Feeds | None]  # a key -> the hyperparameters fed to its graph (feeds.py)
 
     # -- provided by _State -------------------------------------------------------------------
     @abc.abstractmethod
@@ -238,6 +240,7 @@ class KeyLifecycle(abc.ABC):
             return self.capture_failed(exc, backend, sig, st, own if scope_run else None, scope_run, instance, args,
                                        kwargs)
         self.warming.pop(sig.key, None)
+        entry.feeds = self.step_feeds.get(sig.key) or (self.step_feeds.get(sig.base) if sig.base is not None else None)
         self.entries[sig.key] = entry
         if sig.base is not None:  # a graph for other values of what the function reads: found from the arguments' key
             keys = self.variants.setdefault(sig.base, [sig.base])

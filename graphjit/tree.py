@@ -1,12 +1,16 @@
 """The tree of a call's arguments and of a function's outputs: which values are containers, and how
 to take their tensors out (:func:`collect_tensors`) and put others in (:func:`rebuild`).
 
-Containers are lists, tuples (NamedTuples keep their type), dicts, and *objects that hold tensors*:
-dataclass instances and plain objects (with ``__dict__`` or ``__slots__``) whose type does not define
-its own equality.  Their attributes are walked like a dict's values, in the order
-:func:`object_fields` lists them.  Not walked: value types (a type with its own ``__eq__`` and
-``__hash__``: ``torch.dtype``, enums, frozensets), ``nn.Module`` / ``paddle.nn.Layer`` instances
-(their tensors are state, captured by address), functions, classes and modules.
+Containers are lists, tuples, dicts and deques, subclasses included (each rebuilt as its own type:
+NamedTuples, ``OrderedDict``, ``defaultdict`` with its factory, a ``deque`` with its ``maxlen``, a user's
+dict or list subclass with its attributes), and *objects that hold tensors*: dataclass instances and plain
+objects (with ``__dict__`` or ``__slots__``) whose type does not define its own equality.  Their attributes
+are walked like a dict's values, in the order :func:`object_fields` lists them.  Not walked: value types (a
+type with its own ``__eq__`` and ``__hash__``: ``torch.dtype``, enums, frozensets), the framework's stateful
+objects (``nn.Module`` / ``paddle.nn.Layer``, optimizers, learning-rate schedulers, gradient scalers: their
+tensors are state, captured by address, and the key holds them by identity), functions, classes and
+modules.  A container that cannot be rebuilt as its own type is refused with a :class:`SignatureError`
+naming it.
 
 The walks are module-level functions, not recursive closures: a closure that calls itself is a
 reference cycle, and it would keep the tensors it collects alive until the garbage collector runs.
@@ -14,6 +18,7 @@ reference cycle, and it would keep the tensors it collects alive until the garba
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import enum
@@ -23,8 +28,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import backends
+from .errors import SignatureError
 
-_CONTAINERS = (list, tuple, dict, set, frozenset)
+_CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
+_SEQUENCES = (list, tuple, collections.deque)
 _NOT_OBJECTS = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                 functools.partial, enum.Enum, BaseException, *_CONTAINERS)
 _KIND: dict[type, bool] = {}
@@ -103,7 +110,7 @@ def collect_tensors(obj: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
 def _collect(x: Any, is_tensor: Callable[[Any], bool], found: list[Any], visiting: set[int]) -> None:
     if is_tensor(x):
         found.append(x)
-    elif isinstance(x, (list, tuple)):
+    elif isinstance(x, _SEQUENCES):
         for e in x:
             _collect(e, is_tensor, found, visiting)
     elif isinstance(x, dict):
@@ -128,7 +135,7 @@ def structure(obj: Any, is_tensor: Callable[[Any], bool]) -> Any:
 def _structure(x: Any, is_tensor: Callable[[Any], bool], visiting: set[int]) -> Any:
     if is_tensor(x):
         return _TENSOR
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, _SEQUENCES):
         return (type(x), tuple(_structure(e, is_tensor, visiting) for e in x))
     if isinstance(x, dict):
         return (type(x), tuple((k, _structure(v, is_tensor, visiting)) for k, v in x.items()))
@@ -160,16 +167,18 @@ def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiti
     if is_tensor(x):
         t = next(it)
         return t, t is x
-    if isinstance(x, (list, tuple, dict)):
-        if isinstance(x, dict):
-            pairs = [(k, _rebuild(v, it, is_tensor, visiting)) for k, v in x.items()]
-            return type(x)((k, v) for k, (v, _same) in pairs), all(same for _k, (_v, same) in pairs)
+    if isinstance(x, dict):
+        pairs = [(k, _rebuild(v, it, is_tensor, visiting)) for k, v in x.items()]
+        return _own_type(x, [(k, v) for k, (v, _same) in pairs]), all(same for _k, (_v, same) in pairs)
+    if isinstance(x, _SEQUENCES):
         parts = [_rebuild(e, it, is_tensor, visiting) for e in x]
         items = [v for v, _same in parts]
         same = all(s for _v, s in parts)
-        if isinstance(x, list):
+        if type(x) is list:
             return items, same
-        return (type(x)(*items) if hasattr(x, "_fields") else type(x)(items)), same
+        if type(x) is tuple:
+            return tuple(items), same
+        return _own_type(x, items), same
     if is_object(type(x)) and id(x) not in visiting:
         visiting.add(id(x))
         changed = []
@@ -185,3 +194,40 @@ def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiti
             object.__setattr__(clone, name, new)
         return clone, False
     return x, True
+
+
+def _own_type(x: Any, items: list[Any]) -> Any:
+    """A copy of the container ``x`` (a dict: ``items`` are pairs) holding ``items``, as ``x``'s own type: a
+    NamedTuple by its fields, a ``defaultdict`` with its factory, a deque with its ``maxlen``, any other type by
+    its constructor from the items (``OrderedDict``, transformers' ``ModelOutput``, a user's list or dict), or,
+    where the constructor takes other arguments, as a shallow copy refilled.  Raises :class:`SignatureError`
+    naming the type where both fail."""
+    tp = type(x)
+    if isinstance(x, tuple):
+        return tp(*items) if hasattr(x, "_fields") else tp(items)
+    if isinstance(x, collections.defaultdict):
+        clone = copy.copy(x)
+        clone.clear()
+        clone.update(items)
+        return clone
+    if isinstance(x, collections.deque) and tp is collections.deque:
+        return collections.deque(items, maxlen=x.maxlen)
+    try:
+        return tp(items)
+    except Exception:  # a constructor that takes other arguments: refill a copy
+        pass
+    try:
+        clone = copy.copy(x)
+        if isinstance(x, (dict, collections.deque)):
+            clone.clear()
+            if isinstance(x, dict):
+                clone.update(items)
+            else:
+                clone.extend(items)
+        else:
+            clone[:] = items
+        return clone
+    except Exception as exc:
+        raise SignatureError(f"graphjit cannot rebuild a {tp.__module__}.{tp.__qualname__} holding tensors with "
+                             f"other tensors in them ({type(exc).__name__}: {exc}); pass the tensors in a plain "
+                             "list, tuple or dict, or give the type a constructor from its items") from exc

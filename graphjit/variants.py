@@ -29,6 +29,13 @@ if TYPE_CHECKING:
     from .stats import FunctionStats
 
 
+OPTIMIZER_HINT = ("An optimizer's hyperparameter: graphjit feeds a float lr from a tensor to Adam and AdamW (made "
+                  "capturable) and to SGD(fused=True); other hyperparameters (betas, momentum, weight_decay) and "
+                  "the lr of SGD without fused=True are read as Python numbers: keep them constant while the step "
+                  "is graphed (OneCycleLR(..., cycle_momentum=False)), use SGD(..., fused=True), or pass "
+                  "lr=torch.tensor(...) with capturable=True")
+
+
 class ValueVariants(abc.ABC):
     """What a call does when a value its graph read has changed (a mixin of ``_State``)."""
 
@@ -106,9 +113,10 @@ class ValueVariants(abc.ABC):
                'Python function uncaptured; tracer="sot" or "eager" capture a graph per value' if frozen else
                f"it changed on each of the last {Drift.VOLATILE} calls (or took more than {Drift.MAX_VALUES} "
                "values); a CUDA graph freezes the values the function reads, so these calls run uncaptured")
-        detail = (f"{path} was {old} when the graph was captured and is {new} now, and {why}. Pass it as an argument "
-                  "(a new value is a new graph) or keep it in a tensor updated in place (an optimizer's lr: "
-                  "torch.tensor(lr) with capturable=True); a value that settles is captured again")
+        todo = OPTIMIZER_HINT if "param_groups" in path else (
+            "Pass it as an argument (a new value is a new graph) or keep it in a tensor updated in place")
+        detail = (f"{path} was {old} when the graph was captured and is {new} now, and {why}. {todo}; a value that "
+                  "settles is captured again")
         st = self.stats.keys.get(sig.key)
         if st is not None:
             st.reason, st.detail = reason, detail

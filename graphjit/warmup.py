@@ -163,7 +163,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
 
     before = walk(roots, is_tensor, b.tensor_state)
     where = addresses(before, b.data_ptr)
-    probe = WriteProbe(b, before, budget)
+    probe = WriteProbe(b, before, budget, b.unversioned_writes(roots))
     rng = b.rng_state(device)
     syncs: list[str] = []
     values = guards.scan(guard_src, is_tensor, None, b.tensor_holders) if guard_src is not None else None

@@ -55,7 +55,7 @@ class WriteProbe:
     it could not watch.
     """
 
-    def __init__(self, backend: Backend, reach: Reach, budget: int) -> None:
+    def __init__(self, backend: Backend, reach: Reach, budget: int, unversioned: frozenset[int] = frozenset()) -> None:
         self.backend = backend
         self.reach = reach
         self.incomplete: str | None = "the walk of reachable objects stopped at its size limit" if reach.truncated \
@@ -68,9 +68,9 @@ class WriteProbe:
             v = b.version(t)
             if v is not None:
                 self.versions.append((t, v))
-                if b.versions_complete and not b.version_blind(path):
+                if b.versions_complete and not b.version_blind(path) and id(t) not in unversioned:
                     continue
-            if b.is_parameter(t):
+            if b.is_parameter(t) and id(t) not in unversioned:
                 continue
             n = b.nbytes(t)
             if used + n > budget:

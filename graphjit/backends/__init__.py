@@ -95,20 +95,36 @@ def for_type(tp: type) -> Backend | None:
     return found
 
 
-_IDENTITY_KEYED = (("torch", "torch.nn", "Module"), ("paddle", "paddle.nn", "Layer"))
+_IDENTITY_KEYED = (
+    ("torch", "torch.nn", "Module"), ("torch", "torch.optim", "Optimizer"),
+    ("torch", "torch.optim.lr_scheduler", "LRScheduler"), ("torch", "torch.optim.lr_scheduler", "ReduceLROnPlateau"),
+    ("torch", "torch.amp", "GradScaler"),
+    ("paddle", "paddle.nn", "Layer"), ("paddle", "paddle.optimizer", "Optimizer"),
+    ("paddle", "paddle.optimizer.lr", "LRScheduler"), ("paddle", "paddle.amp", "GradScaler"),
+)
+_KEYED: dict[type, bool] = {}
 
 
 def identity_keyed(tp: type) -> bool:
-    """True for a framework's module/layer class (``torch.nn.Module``, ``paddle.nn.Layer``): keyed by
-    identity, never walked attribute by attribute (only frameworks already imported are checked)."""
+    """True for a framework's stateful object class: a module/layer (``torch.nn.Module``, ``paddle.nn.Layer``),
+    an optimizer, a learning-rate scheduler, a gradient scaler.  Such objects are keyed by identity and never
+    walked attribute by attribute as arguments: their tensors are state, captured by address, and the Python
+    values their code reads are guarded (only frameworks already imported are checked)."""
+    known = _KEYED.get(tp)
+    if known is not None:
+        return known
+    found = False
     for top, module_name, cls_name in _IDENTITY_KEYED:
         if top not in sys.modules:
             continue
         module = sys.modules.get(module_name)
         base = getattr(module, cls_name, None) if module is not None else None
         if isinstance(base, type) and issubclass(tp, base):
-            return True
-    return False
+            found = True
+            break
+    if found or all(top in sys.modules for top, _m, _c in _IDENTITY_KEYED):
+        _KEYED[tp] = found  # a framework imported later could still claim the type
+    return found
 
 
 def translating() -> bool:

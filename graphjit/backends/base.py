@@ -13,7 +13,10 @@ import gc
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..feeds import Feeds
 
 CAPTURE_LOCK = threading.RLock()
 """One capture at a time per process: graphjit's captures, warmups on the capture stream and pool anchors
@@ -316,6 +319,18 @@ class Backend(abc.ABC):
         new value runs new code); False for a translator that freezes them into its program at the first call
         (a changed value then needs a new translation)."""
         return True
+
+    def prepare_step(self, roots: list[tuple[str, Any]]) -> tuple[list[str], Feeds | None]:
+        """Once per key, before its first warmup call: make the training state the call reaches (``roots``)
+        capturable where the framework allows it (an optimizer's step counts moved to the GPU), and the
+        :class:`~graphjit.feeds.Feeds` of the hyperparameters its graph should read from tensors.  Returns one
+        line per change made (logged once) and the feeds (None: nothing fed)."""
+        return [], None
+
+    def unversioned_writes(self, roots: list[tuple[str, Any]]) -> frozenset[int]:
+        """``id()`` of the parameters among what ``roots`` reach that kernels may write without moving their
+        version counters (warmup then compares their contents to see the write)."""
+        return frozenset()
 
     def tracer_guard(self, target: Any, tracer: str, f_locals: dict[str, Any]) -> Any:
         """For a tracer with guards of its own: a callable returning None while the guards of the translation

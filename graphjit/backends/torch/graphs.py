@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ...errors import BackendError, CaptureError
+from ...feeds import Feeds
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, Segments, collector_paused, segments_open
 from .recovery import recover
 from .syncs import SyncWatcher
@@ -230,6 +231,16 @@ class TorchBackend(Backend):
     def set_tensor_state(self, t: Any, name: str, value: Any) -> None:
         if name == "grad":
             t.grad = value
+
+    def prepare_step(self, roots: list[tuple[str, Any]]) -> tuple[list[str], Feeds | None]:
+        from .optimizers import prepare
+
+        return prepare(roots)
+
+    def unversioned_writes(self, roots: list[tuple[str, Any]]) -> frozenset[int]:
+        from .optimizers import fused_parameters
+
+        return fused_parameters(roots)
 
     def version_blind(self, path: tuple[Any, ...]) -> bool:
         """A module buffer (``native_batch_norm`` / ``cudnn_batch_norm`` update the running statistics in place

@@ -1,0 +1,141 @@
+"""torch optimizers in a graphed training step: made capturable, and their learning rate fed from a tensor.
+
+:func:`prepare` runs once per key, before the key's first warmup call, over the objects the call reaches
+(arguments, closure, globals, the bound object, and the attributes and items of plain holders of those).
+
+* **Capturable.** An optimizer with a ``capturable`` flag (Adam, AdamW, Adamax, NAdam, RAdam, RMSprop, ASGD,
+  Adadelta, ...) whose parameters all sit on CUDA and whose flag is off (as constructed by default) is turned
+  capturable, its step counts moved to the parameters' device, as Dynamo does when it compiles ``opt.step()``.
+  Without that its ``step()`` keeps its step counts on the CPU, which a CUDA graph cannot advance, and torch
+  refuses the capture.  Results are those of the capturable algorithm: the same update, with its bias
+  corrections computed on the GPU in the parameters' precision (within float rounding of the default path).
+* **Fed learning rate.** A float ``lr`` of a group of Adam or AdamW (capturable or fused) or of a fused SGD is
+  fed through :mod:`graphjit.feeds`: a schedule that changes it every step costs no new capture.  Other
+  hyperparameters, and the lr of other optimizers (SGD with ``foreach``, the default, reads it as a Python
+  number), stay guarded: a new value gets its own graph, a value that changes every call runs uncaptured and
+  says what to change.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ...feeds import Feeds, slot
+
+log = logging.getLogger("graphjit")
+
+_FEEDS_LR = (torch.optim.Adam, torch.optim.AdamW)
+_MAX_DEPTH = 2
+_MAX_ITEMS = 64
+
+
+def optimizers(roots: list[tuple[str, Any]]) -> list[tuple[str, torch.optim.Optimizer]]:
+    """The optimizers among ``roots`` and, up to two levels down, in their lists, dicts and plain objects'
+    attributes (a trainer object holding ``.optimizer``), each once, named by where it was found."""
+    found: dict[int, tuple[str, torch.optim.Optimizer]] = {}
+    for name, value in roots:
+        for where, opt in _find(name, value, 0, set()):
+            found.setdefault(id(opt), (where, opt))
+    return list(found.values())
+
+
+def _find(name: str, value: Any, depth: int, seen: set[int]) -> Iterator[tuple[str, torch.optim.Optimizer]]:
+    if isinstance(value, torch.optim.Optimizer):
+        yield name, value
+        return
+    if depth >= _MAX_DEPTH or id(value) in seen or isinstance(value, (torch.Tensor, torch.nn.Module, type,
+                                                                      types.ModuleType, types.FunctionType)):
+        return
+    seen.add(id(value))
+    if isinstance(value, (list, tuple)):
+        items: list[tuple[str, Any]] = [(f"{name}[{i}]", v) for i, v in enumerate(value[:_MAX_ITEMS])]
+    elif isinstance(value, dict):
+        items = [(f"{name}[{k!r}]", v) for k, v in list(value.items())[:_MAX_ITEMS]]
+    else:
+        d = getattr(value, "__dict__", None)
+        if not isinstance(d, dict):
+            return
+        items = [(f"{name}.{k}", v) for k, v in list(d.items())[:_MAX_ITEMS]]
+    for where, v in items:
+        yield from _find(where, v, depth + 1, seen)
+
+
+def fused_parameters(roots: list[tuple[str, Any]]) -> frozenset[int]:
+    """``id()`` of the parameters of the fused groups of the optimizers ``roots`` reach: torch's fused kernels
+    (``_fused_adamw_``, ``_fused_sgd_``) write parameters and state without moving their version counters."""
+    out: set[int] = set()
+    for _where, opt in optimizers(roots):
+        for group in opt.param_groups:
+            if group.get("fused"):
+                out.update(id(p) for p in group.get("params", ()))
+    return frozenset(out)
+
+
+def _on_cuda(opt: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
+    params = group.get("params", [])
+    return bool(params) and all(isinstance(p, torch.Tensor) and p.is_cuda for p in params)
+
+
+def make_capturable(opt: torch.optim.Optimizer) -> bool:
+    """Turn the groups of ``opt`` capturable where it has the flag, it is off, the group is not fused and its
+    parameters are on CUDA; move the step counts already made to the parameters' device.  True if it changed."""
+    if "capturable" not in opt.defaults:
+        return False
+    changed = False
+    for group in opt.param_groups:
+        if group.get("capturable") or group.get("fused") or group.get("differentiable") or not _on_cuda(opt, group):
+            continue
+        group["capturable"] = True
+        changed = True
+        for p in group["params"]:
+            state = opt.state.get(p)
+            if not state:
+                continue
+            for k, v in list(state.items()):
+                if k == "step" and isinstance(v, torch.Tensor) and v.device != p.device:
+                    state[k] = v.to(p.device)
+    if changed:
+        opt.defaults["capturable"] = True  # groups added later (add_param_group) take it too
+    return changed
+
+
+def _feeds_lr(group: dict[str, Any], opt: torch.optim.Optimizer) -> bool:
+    if isinstance(opt, _FEEDS_LR):
+        return bool(group.get("capturable") or group.get("fused"))
+    if isinstance(opt, torch.optim.SGD):
+        return bool(group.get("fused"))
+    return False
+
+
+def _device_of(group: dict[str, Any]) -> torch.device:
+    return group["params"][0].device
+
+
+def _fill(t: torch.Tensor, value: float) -> None:
+    t.fill_(value)
+
+
+def prepare(roots: list[tuple[str, Any]]) -> tuple[list[str], Feeds | None]:
+    """Make the optimizers ``roots`` reach capturable, and the feeds of their learning rates (see the module
+    docstring).  Returns what it changed, one line each (logged once by the caller), and the feeds (None if
+    nothing is fed)."""
+    notes: list[str] = []
+    entries = []
+    for where, opt in optimizers(roots):
+        if make_capturable(opt):
+            notes.append(f"{where} ({type(opt).__name__}) is made capturable (capturable=True, its step counts on "
+                         f"{_device_of(opt.param_groups[0])}), as torch.compile does, so that its step can be graphed: "
+                         "pass capturable=True yourself to keep it so")
+        for i, group in enumerate(opt.param_groups):
+            lr = group.get("lr")
+            if lr.__class__ not in (int, float) or not _feeds_lr(group, opt):
+                continue
+            device = _device_of(group)
+            s = slot(opt, i, "lr", lambda device=device: torch.zeros((), dtype=torch.float32, device=device))
+            entries.append((group, "lr", s))
+    return notes, (Feeds(entries, _fill) if entries else None)

@@ -1,0 +1,85 @@
+"""Hyperparameters a graphed training step reads as Python numbers, fed to its graph through device tensors.
+
+A CUDA graph bakes every Python number its kernels were launched with.  An optimizer's learning rate changes
+every step under a schedule; guarded (:mod:`graphjit.guards`), such a value would end the graph on every call.
+An optimizer that accepts its learning rate as a tensor (torch's Adam and AdamW made capturable, or fused)
+reads it from device memory instead.  While graphjit runs a call of a graphed function (warmup, capture, verify
+and replay alike), each fed ``param_group["lr"]`` holds a device tensor graphjit owns, filled with the number
+the user, a scheduler or ``ReduceLROnPlateau`` put there; after the call the number is back.  The graph reads
+the tensor, so a new number costs one fill kernel before the replay, and no new capture.
+
+Guarantees: the user's code and schedulers only ever see their own numbers outside a graphed call; a tensor one
+slot holds is filled before any kernel of the call that reads it runs (same stream), and only when its number
+changed; slots are shared by every graphed function and key that reads the same group (one tensor per group
+entry), so a fill is never skipped for a tensor another key filled since.  Refuses: a value that is not a plain
+number at the time of the call (a tensor the user put there, say) is left in place and guarded as any value.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+NUMBER = (int, float)
+
+
+class Slot:
+    """The device tensor of one ``group[name]`` and the number it holds."""
+
+    __slots__ = ("last", "tensor")
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+        self.last: float | None = None
+
+
+_SLOTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], Slot]] = weakref.WeakKeyDictionary()
+
+
+def slot(owner: Any, group: int, name: str, make: Callable[[], Any]) -> Slot:
+    """The one slot of ``owner.param_groups[group][name]`` (made by ``make()`` the first time)."""
+    slots = _SLOTS.setdefault(owner, {})
+    found = slots.get((group, name))
+    if found is None:
+        found = slots[(group, name)] = Slot(make())
+    return found
+
+
+class Feeds:
+    """The fed entries of one key: a context manager put around each call graphjit runs for it.
+
+    ``entries``: ``(container, name, slot)``; ``fill(tensor, number)`` writes a number into a slot's tensor
+    without a host sync."""
+
+    __slots__ = ("entries", "fill", "saved")
+
+    def __init__(self, entries: list[tuple[dict[str, Any], str, Slot]], fill: Callable[[Any, float], None]) -> None:
+        self.entries = entries
+        self.fill = fill
+        self.saved: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __enter__(self) -> Feeds:
+        saved = self.saved = []
+        for container, name, s in self.entries:
+            value = container[name]
+            saved.append(value)
+            if value.__class__ not in NUMBER:
+                continue  # the user's own tensor (or the slot itself, in a nested call): left as it is
+            if value != s.last:
+                self.fill(s.tensor, value)
+                s.last = value
+            container[name] = s.tensor
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for (container, name, s), value in zip(self.entries, self.saved):
+            if container.get(name) is s.tensor and value is not s.tensor:
+                container[name] = value
+        self.saved = []
+
+    def names(self) -> list[str]:
+        return [name for _c, name, _s in self.entries]
