@@ -43,7 +43,7 @@ from .buffers import InputMoved
 from .capture import KeyEntry
 from .dynamic import DynamicArgs
 from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
-from .feeds import Feeds
+from .feeds import StepContext
 from .guards import Drift, Sources
 from .history import SIGNATURE_CHANGES, KeyHistory
 from .invoke import Invoker
@@ -105,7 +105,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         self.history = KeyHistory(self.signer)
         self.variants: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # keys for other values of what fn reads
         self.drift: dict[tuple[Any, ...], Drift] = {}  # per key of the arguments: how its read values change
-        self.step_feeds: dict[tuple[Any, ...], Feeds | None] = {}  # per key: the hyperparameters fed to its graph
+        self.step_feeds: dict[tuple[Any, ...], StepContext | None] = {}  # per key: the hyperparameters fed to its graph
 
     @property
     def traced(self) -> dict[str, Callable[..., Any]]:
@@ -188,7 +188,10 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         if feeds is None:
             return self.slow(sig, settings, instance, args, kwargs, previous)
         with feeds:
-            return self.slow(sig, settings, instance, args, kwargs, previous)
+            try:
+                return self.slow(sig, settings, instance, args, kwargs, previous)
+            finally:
+                feeds.learn()
 
     def captured(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                  args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any:
@@ -200,7 +203,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         return self.replay(entry, sig, settings, instance, args, kwargs)
 
     def feeds_of(self, sig: CallSignature, instance: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Feeds | None:
+                 kwargs: dict[str, Any]) -> StepContext | None:
         """The training-step preparation of a key, once, at its first call (:meth:`Backend.prepare_step`: the
         optimizers it reaches made capturable, their learning rates fed from tensors); its feeds."""
         try:

@@ -41,7 +41,7 @@ from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import StaticInputs, StaticOutputs, collect_tensors, real_view
 from .dynamic import DynamicArgs, Index
 from .errors import CaptureError, IslandError, UnrecoverableCaptureError, VerifyError
-from .feeds import Feeds
+from .feeds import StepContext
 from .islands import recording
 from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
@@ -109,7 +109,7 @@ class KeyEntry:
         self.warm = warm  # what warmup found; holds the state tensors the graph writes, so they stay alive with it
         self.device = device
         self.recheck: DynamicCheck | None = None  # still to verify on a call with other dynamic values
-        self.feeds: Feeds | None = None  # hyperparameters filled into device tensors around each call (feeds.py)
+        self.feeds: StepContext | None = None  # hyperparameters filled into device tensors around each call (feeds.py)
 
     def replay(self, sig: CallSignature, copy: bool) -> Any:
         """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``."""

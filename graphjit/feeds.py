@@ -62,7 +62,7 @@ class Feeds:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __enter__(self) -> Feeds:
+    def enter(self) -> None:
         saved = self.saved = []
         for container, name, s in self.entries:
             value = container[name]
@@ -73,13 +73,43 @@ class Feeds:
                 self.fill(s.tensor, value)
                 s.last = value
             container[name] = s.tensor
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def exit(self) -> None:
         for (container, name, s), value in zip(self.entries, self.saved):
             if container.get(name) is s.tensor and value is not s.tensor:
                 container[name] = value
         self.saved = []
 
-    def names(self) -> list[str]:
-        return [name for _c, name, _s in self.entries]
+    def learn(self) -> None:
+        pass
+
+
+class StepContext:
+    """What graphjit puts around each call of a key of a training step (:meth:`Backend.prepare_step`): parts
+    with ``enter()`` / ``exit()`` (run in reverse order, also when the call raises) and ``learn()``, called
+    after a call that ran the Python function (warmup, capture), when the step's state may have grown."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    def __enter__(self) -> StepContext:
+        done = []
+        try:
+            for part in self.parts:
+                part.enter()
+                done.append(part)
+        except BaseException:
+            for part in reversed(done):
+                part.exit()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for part in reversed(self.parts):
+            part.exit()
+
+    def learn(self) -> None:
+        for part in self.parts:
+            part.learn()

@@ -21,6 +21,7 @@ The cost of :meth:`Signer.sign` is on the replay hot path: a few hundred nanosec
 from __future__ import annotations
 
 import bisect
+import collections
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -392,6 +393,8 @@ class _WalkState:
             return backend.meta_key(x)
         if isinstance(x, (tuple, list)):
             return (tp, tuple(self.leaf(e, (*label, i), tensors, labels) for i, e in enumerate(x)))
+        if isinstance(x, collections.deque):
+            return (tp, x.maxlen, tuple(self.leaf(e, (*label, i), tensors, labels) for i, e in enumerate(x)))
         if isinstance(x, dict):
             items = []
             for k, v in x.items():

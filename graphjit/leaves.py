@@ -12,6 +12,7 @@ path.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -110,7 +111,7 @@ class _Walk:
         if backend is not None:
             out[label] = self.tensor_text(backend, x)
             return
-        if isinstance(x, (tuple, list)):
+        if isinstance(x, (tuple, list, collections.deque)):
             out[label] = f"{tp.__qualname__} of {len(x)}"
             for i, e in enumerate(x):
                 self.leaf(e, (*label, i))

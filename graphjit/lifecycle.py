@@ -22,7 +22,7 @@ from .buffers import InputMoved
 from .capture import BuildRequest, KeyEntry, build
 from .dynamic import DynamicArgs
 from .errors import CaptureError, UnrecoverableCaptureError
-from .feeds import Feeds
+from .feeds import StepContext
 from .guards import Sources
 from .keys import CallSignature
 from .pystate import PyState
@@ -56,7 +56,7 @@ class KeyLifecycle(abc.ABC):
     lock: threading.RLock
     tracer_checked: set[tuple[Any, ...]]  # keys whose first call checked the tracer (tracer_check)
     variants: dict[tuple[Any, ...], list[tuple[Any, ...]]]  # a key of the arguments -> its keys for other values
-    step_feeds: dict[tuple[Any, ...], Feeds | None]  # a key -> the hyperparameters fed to its graph (feeds.py)
+    step_feeds: dict[tuple[Any, ...], StepContext | None]  # a key -> the hyperparameters fed to its graph (feeds.py)
 
     # -- provided by _State -------------------------------------------------------------------
     @abc.abstractmethod

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..feeds import Feeds
+    from ..feeds import StepContext
 
 CAPTURE_LOCK = threading.RLock()
 """One capture at a time per process: graphjit's captures, warmups on the capture stream and pool anchors
@@ -320,11 +320,12 @@ class Backend(abc.ABC):
         (a changed value then needs a new translation)."""
         return True
 
-    def prepare_step(self, roots: list[tuple[str, Any]]) -> tuple[list[str], Feeds | None]:
+    def prepare_step(self, roots: list[tuple[str, Any]]) -> tuple[list[str], StepContext | None]:
         """Once per key, before its first warmup call: make the training state the call reaches (``roots``)
         capturable where the framework allows it (an optimizer's step counts moved to the GPU), and the
-        :class:`~graphjit.feeds.Feeds` of the hyperparameters its graph should read from tensors.  Returns one
-        line per change made (logged once) and the feeds (None: nothing fed)."""
+        :class:`~graphjit.feeds.StepContext` put around each of the key's calls (the hyperparameters its graph
+        reads from tensors, the gradient buffers it owns).  Returns one line per change made (logged once) and
+        the context (None: nothing to do)."""
         return [], None
 
     def unversioned_writes(self, roots: list[tuple[str, Any]]) -> frozenset[int]:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ...errors import BackendError, CaptureError
-from ...feeds import Feeds
+from ...feeds import StepContext
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, Segments, collector_paused, segments_open
 from .recovery import recover
 from .syncs import SyncWatcher
@@ -232,7 +232,7 @@ class TorchBackend(Backend):
         if name == "grad":
             t.grad = value
 
-    def prepare_step(self, roots: list[tuple[str, Any]]) -> tuple[list[str], Feeds | None]:
+    def prepare_step(self, roots: list[tuple[str, Any]]) -> tuple[list[str], StepContext | None]:
         from .optimizers import prepare
 
         return prepare(roots)

@@ -9,6 +9,13 @@
   Without that its ``step()`` keeps its step counts on the CPU, which a CUDA graph cannot advance, and torch
   refuses the capture.  Results are those of the capturable algorithm: the same update, with its bias
   corrections computed on the GPU in the parameters' precision (within float rounding of the default path).
+* **Gradients owned by the graph.** ``zero_grad()`` with its default ``set_to_none=True`` (inside the step, or
+  before the call) makes every backward create new gradient tensors, which a graph cannot do again.  Once a
+  key's first call has made a parameter's gradient, that tensor is the parameter's gradient buffer
+  (:class:`OwnedGrads`): around each later call a parameter whose ``.grad`` was set to None gets the buffer back,
+  zeroed, and ``zero_grad()`` called inside the step zeroes the buffers in place (as PyTorch's whole-network
+  capture recipe and NeMo do).  The values are eager's: a backward into zeros is the fresh gradient, into the
+  buffer left as it was is eager's accumulation; ``p.grad`` is the same tensor from call to call.
 * **Fed learning rate.** A float ``lr`` of a group of Adam or AdamW (capturable or fused) or of a fused SGD is
   fed through :mod:`graphjit.feeds`: a schedule that changes it every step costs no new capture.  Other
   hyperparameters, and the lr of other optimizers (SGD with ``foreach``, the default, reads it as a Python
@@ -25,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ...feeds import Feeds, slot
+from ...feeds import Feeds, StepContext, slot
 
 log = logging.getLogger("graphjit")
 
@@ -82,13 +89,14 @@ def _on_cuda(opt: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
 
 
 def make_capturable(opt: torch.optim.Optimizer) -> bool:
-    """Turn the groups of ``opt`` capturable where it has the flag, it is off, the group is not fused and its
-    parameters are on CUDA; move the step counts already made to the parameters' device.  True if it changed."""
+    """Turn the groups of ``opt`` capturable where it has the flag, it is off and the group's parameters are on
+    CUDA (fused groups too: torch refuses to capture their step otherwise); move the step counts already made to
+    the parameters' device.  True if it changed."""
     if "capturable" not in opt.defaults:
         return False
     changed = False
     for group in opt.param_groups:
-        if group.get("capturable") or group.get("fused") or group.get("differentiable") or not _on_cuda(opt, group):
+        if group.get("capturable") or group.get("differentiable") or not _on_cuda(opt, group):
             continue
         group["capturable"] = True
         changed = True
@@ -120,13 +128,123 @@ def _fill(t: torch.Tensor, value: float) -> None:
     t.fill_(value)
 
 
-def prepare(roots: list[tuple[str, Any]]) -> tuple[list[str], Feeds | None]:
-    """Make the optimizers ``roots`` reach capturable, and the feeds of their learning rates (see the module
-    docstring).  Returns what it changed, one line each (logged once by the caller), and the feeds (None if
-    nothing is fed)."""
+_OWNED: list[frozenset[int]] = []  # the owned parameters of the calls running now (innermost last)
+
+
+def _owned_now() -> frozenset[int]:
+    return _OWNED[-1] if _OWNED else frozenset()
+
+
+def _zero_owned(params: Iterator[torch.Tensor] | list[torch.Tensor], owned: frozenset[int]) -> None:
+    """``zero_grad(set_to_none=True)`` of ``params`` with the owned ones zeroed in place instead."""
+    zero = []
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if id(p) not in owned or g.is_sparse:
+            p.grad = None
+            continue
+        if g.grad_fn is not None:
+            g.detach_()
+        else:
+            g.requires_grad_(False)
+        zero.append(g)
+    if zero:
+        torch._foreach_zero_(zero)
+
+
+_ORIGINAL = {"optimizer": torch.optim.Optimizer.zero_grad, "module": torch.nn.Module.zero_grad}
+
+
+def _optimizer_zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+    owned = _owned_now()
+    if not set_to_none or not owned:
+        return _ORIGINAL["optimizer"](self, set_to_none)
+    _zero_owned([p for g in self.param_groups for p in g["params"]], owned)
+    return None
+
+
+def _module_zero_grad(self: torch.nn.Module, set_to_none: bool = True) -> None:
+    owned = _owned_now()
+    if not set_to_none or not owned:
+        return _ORIGINAL["module"](self, set_to_none)
+    _zero_owned(self.parameters(), owned)
+    return None
+
+
+class OwnedGrads:
+    """The gradient buffers of the parameters a key's step trains (see the module docstring).
+
+    Guarantees: around a call, each owned parameter's ``.grad`` is its buffer: zeroed where it was None, holding
+    the tensor's values where the user put another tensor there (the buffer is what the graph reads), unchanged
+    where it is the buffer; ``zero_grad()`` of optimizers and modules zeroes owned buffers in place during the
+    call and behaves as torch's for every other parameter.  Parameters become owned after a call that ran the
+    Python function (:meth:`learn`) left a gradient on them."""
+
+    __slots__ = ("ids", "owned", "pairs", "params")
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.params = params
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.ids: frozenset[int] = frozenset()
+
+    def enter(self) -> None:
+        zero = []
+        for p, buf in self.pairs:
+            g = p.grad
+            if g is buf:
+                continue
+            if g is None:
+                zero.append(buf)
+            else:
+                buf.copy_(g)
+            p.grad = buf
+        if zero:
+            torch._foreach_zero_(zero)
+        _OWNED.append(self.ids)
+        torch.optim.Optimizer.zero_grad = _optimizer_zero_grad  # type: ignore[method-assign]
+        torch.nn.Module.zero_grad = _module_zero_grad  # type: ignore[method-assign]
+
+    def exit(self) -> None:
+        _OWNED.pop()
+        if not _OWNED:
+            torch.optim.Optimizer.zero_grad = _ORIGINAL["optimizer"]  # type: ignore[method-assign]
+            torch.nn.Module.zero_grad = _ORIGINAL["module"]  # type: ignore[method-assign]
+
+    def learn(self) -> None:
+        """After a call that ran Python: own the gradients it left on parameters not owned yet."""
+        ids = set(self.ids)
+        for p in self.params:
+            g = p.grad
+            if g is not None and id(p) not in ids and not g.is_sparse:
+                self.pairs.append((p, g))
+                ids.add(id(p))
+        self.ids = frozenset(ids)
+
+
+def _trained(roots: list[tuple[str, Any]], opts: list[tuple[str, torch.optim.Optimizer]]) -> list[torch.Tensor]:
+    """The parameters of the optimizers and of the modules among ``roots``, each once."""
+    seen: dict[int, torch.Tensor] = {}
+    for _where, opt in opts:
+        for group in opt.param_groups:
+            for p in group.get("params", ()):
+                seen.setdefault(id(p), p)
+    for _name, value in roots:
+        if isinstance(value, torch.nn.Module):
+            for p in value.parameters():
+                seen.setdefault(id(p), p)
+    return [p for p in seen.values() if isinstance(p, torch.Tensor) and p.requires_grad]
+
+
+def prepare(roots: list[tuple[str, Any]]) -> tuple[list[str], StepContext | None]:
+    """Make the optimizers ``roots`` reach capturable, own the gradients of the parameters they train, and feed
+    their learning rates (see the module docstring).  Returns what it changed, one line each (logged once by the
+    caller), and the context to put around the key's calls (None: nothing to do)."""
     notes: list[str] = []
     entries = []
-    for where, opt in optimizers(roots):
+    opts = optimizers(roots)
+    for where, opt in opts:
         if make_capturable(opt):
             notes.append(f"{where} ({type(opt).__name__}) is made capturable (capturable=True, its step counts on "
                          f"{_device_of(opt.param_groups[0])}), as torch.compile does, so that its step can be graphed: "
@@ -138,4 +256,8 @@ def prepare(roots: list[tuple[str, Any]]) -> tuple[list[str], Feeds | None]:
             device = _device_of(group)
             s = slot(opt, i, "lr", lambda device=device: torch.zeros((), dtype=torch.float32, device=device))
             entries.append((group, "lr", s))
-    return notes, (Feeds(entries, _fill) if entries else None)
+    parts: list[Any] = [Feeds(entries, _fill)] if entries else []
+    params = _trained(roots, opts)
+    if params and opts:
+        parts.append(OwnedGrads(params))
+    return notes, (StepContext(parts) if parts else None)

@@ -148,14 +148,31 @@ class SyncWatcher:
             mine = self._threads.get(threading.get_ident())
             if mine is not None:
                 if mine.islands == 0 and not _compiling():
+                    hint = _hint()
                     for w in mine.watches:
-                        w.hits.append(f"{SYNC_REPORT} at {filename}:{lineno}")
+                        w.hits.append(f"{SYNC_REPORT}{hint} at {filename}:{lineno}")
                 return
             if self._previous_mode == 0:
                 return  # another thread: reported only because graphjit switched the mode on
         elif self._previous_mode == 0 and text.strip().startswith(DEBUG_MODE_NOTICE):
             return  # about the mode graphjit switched on, not about the user's code
         _forward(self._previous_show, message, category, filename, lineno, file, line)
+
+
+_SCALER = f"{os.sep}amp{os.sep}grad_scaler.py"
+SCALER_HINT = (" (GradScaler.step() reads found_inf on the CPU unless the optimizer takes it on the GPU: make it "
+               "fused, AdamW(..., fused=True) or Adam(..., fused=True), and graphjit makes it capturable)")
+
+
+def _hint() -> str:
+    """What to change for a sync torch's own code makes on a user's behalf (a GradScaler stepping a foreach
+    optimizer)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_SCALER):
+            return SCALER_HINT
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""
 
 
 _COMPILER = (f"{os.sep}torch{os.sep}_dynamo{os.sep}", f"{os.sep}torch{os.sep}_inductor{os.sep}")

@@ -1,0 +1,167 @@
+"""Whole training steps on the CPU, through the emulated CUDA graph (tests/graph_emulator.py: a replay runs the
+recorded tensor work and no Python, as a real graph does), each loop of tests/step_cases.py graphed against the
+same loop run eagerly, outputs and state after every call: the step's signature as written, containers of every
+kind as arguments, zero_grad() with its default, float-lr schedules (fused AdamW and SGD here: the CPU has no
+capturable Adam), and what stays uncaptured says why.  The same loops on a GPU: tests/test_gpu_training_steps.py."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import NamedTuple
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import step_cases as cases  # noqa: E402
+
+import graphjit  # noqa: E402
+from graphjit import SignatureError, guards  # noqa: E402
+from graphjit.variants import OPTIMIZER_HINT  # noqa: E402
+
+pytestmark = pytest.mark.torch
+TOL = 1e-6
+
+
+def _graphs_once(worst: float, st: dict, g, calls: int = 16) -> None:
+    assert worst <= TOL, (worst, g.report())
+    assert st["graphs"] == 1 and st["replays"] == calls - 2 and not st["fallbacks"], g.report()
+    assert st["keys"][0]["verify"] == "passed", g.report()
+
+
+@pytest.mark.parametrize("form", ["args", "closure"])
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_the_step_signature_as_written_graphs_and_equals_eager(emu, form, opt):
+    """step(model, opt, x, y): the model and the optimizer are arguments, held by identity, their tensors state."""
+    worst, st, g = cases.compare(lambda: cases.build("cpu", opt=opt, form=form))
+    _graphs_once(worst, st, g)
+    assert "model" not in str(st["keys"][0].get("inputs", "")), st["keys"][0]
+
+
+@pytest.mark.parametrize("zero", ["inside", "outside", "accumulate", "in_place"])
+def test_zero_grad_as_written_graphs_and_equals_eager(emu, zero):
+    """zero_grad() with its default set_to_none=True inside the step or before the call, or only before every other
+    call (accumulation): the graph owns the gradient buffers; values, p.grad included, equal eager's."""
+    worst, st, g = cases.compare(lambda: cases.build("cpu", opt="sgd", zero=zero))
+    _graphs_once(worst, st, g)
+
+
+@pytest.mark.parametrize("opt", ["adamw", "sgd_fused"])
+@pytest.mark.parametrize("sched", ["lambda", "step", "plateau", "cosine", "warmup"])
+def test_a_float_lr_schedule_graphs_once(emu, opt, sched):
+    """A scheduler (or a hand-written warmup) sets a new float lr before every call: fed from a tensor, one capture,
+    every later call replayed, parameters and optimizer state equal eager's."""
+    loop = cases.build("cpu", opt=opt, sched=sched)
+    worst, st, g = cases.compare(lambda: cases.build("cpu", opt=opt, sched=sched))
+    _graphs_once(worst, st, g)
+    lr = loop.optimizer.param_groups[0]["lr"]
+    assert isinstance(lr, float), lr  # outside a call the user's number is back
+
+
+def test_sgd_with_foreach_keeps_a_graph_per_lr_and_stays_right(emu):
+    """SGD's default (foreach) reads its lr as a number: StepLR halves it every 5 calls, a graph per value."""
+    worst, st, g = cases.compare(lambda: cases.build("cpu", opt="sgd", sched="step"))
+    assert worst <= TOL, g.report()
+    assert st["graphs"] >= 2 and st["replays"] >= 6, g.report()
+
+
+def test_a_hyperparameter_that_changes_every_call_runs_uncaptured_and_says_what_to_change(emu):
+    """OneCycleLR moves betas every step, which no optimizer reads from a tensor: right, uncaptured, the reason
+    names the value and says what to do."""
+    worst, st, g = cases.compare(lambda: cases.build("cpu", opt="adamw", sched="onecycle"))
+    assert worst <= TOL, g.report()
+    changed = [r for r in st["fallbacks"] if r.startswith(guards.REASON)]
+    assert changed and "betas" in changed[0], st["fallbacks"]
+    detail = next(k["detail"] for k in st["keys"] if (k["reason"] or "").startswith(guards.REASON))
+    assert OPTIMIZER_HINT in detail, detail
+
+
+def test_a_sync_in_the_step_says_so(emu):
+    worst, st, _g = cases.compare(lambda: cases.build("cpu", opt="sgd", item=True))
+    assert worst <= TOL
+    assert "CPU-GPU sync inside the function" in st["fallbacks"], st["fallbacks"]
+
+
+def test_fused_optimizer_writes_are_seen_without_version_counters(emu):
+    """torch's fused kernels move no version counter of the parameters they write: warmup compares contents, so
+    verify's eager reference is undone and the capture call's update happens once."""
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.AdamW([p], lr=1e-2, fused=True)
+    p.grad = torch.ones(4)
+    opt.step()
+    v = p._version
+    opt.step()
+    assert p._version == v  # the premise: if torch starts counting, this test can go
+    worst, st, g = cases.compare(lambda: cases.build("cpu", opt="adamw_fused", zero="in_place"))
+    _graphs_once(worst, st, g)
+
+
+# -- containers as arguments ---------------------------------------------------------------------------------
+class Pair(NamedTuple):
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
+    scale: float
+
+
+class MyDict(dict):
+    pass
+
+
+class MyList(list):
+    pass
+
+
+def _containers(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+
+    def t():
+        return torch.randn(4, generator=g)
+
+    dd = collections.defaultdict(list)
+    dd["k"] = t()
+    return {"defaultdict": dd, "ordered": collections.OrderedDict(a=t(), b=t()), "pair": Pair(t(), t()),
+            "batch": Batch(t(), 2.0), "deque": collections.deque([t(), t()], maxlen=4), "mydict": MyDict(a=t()),
+            "mylist": MyList([t(), t()])}
+
+
+def _use(c: dict) -> torch.Tensor:
+    types = (collections.defaultdict, collections.OrderedDict, Pair, Batch, collections.deque, MyDict, MyList)
+    assert tuple(type(c[k]) for k in c) == types, [type(v) for v in c.values()]
+    assert c["defaultdict"].default_factory is list and c["deque"].maxlen == 4
+    return (c["defaultdict"]["k"] + c["ordered"]["a"] * c["ordered"]["b"] + c["pair"].a - c["pair"].b
+            + c["batch"].x * c["batch"].scale + c["deque"][0] * c["deque"][1] + c["mydict"]["a"]
+            + c["mylist"][0] - c["mylist"][1])
+
+
+def test_every_container_kind_is_rebuilt_as_its_own_type(emu):
+    g = graphjit.graphed(_use)
+    for i in range(6):
+        c = _containers(i)
+        got = g(c)
+        assert torch.allclose(got, _use(_containers(i))), i
+    st = g.stats()
+    assert st["graphs"] == 1 and st["replays"] == 4 and not st["fallbacks"], g.report()
+
+
+class Stubborn(dict):
+    """A dict whose constructor takes other arguments and whose copy refuses to refill."""
+
+    def __init__(self, tag: str, items: dict) -> None:
+        super().__init__(items)
+        self.tag = tag
+
+    def __copy__(self):
+        raise TypeError("no copies")
+
+
+def test_a_container_that_cannot_be_rebuilt_is_refused_with_its_name(emu):
+    g = graphjit.graphed(lambda d: d["a"] * 2)
+    with pytest.raises(SignatureError, match="Stubborn"):
+        for _ in range(4):
+            g(Stubborn("t", {"a": torch.ones(3)}))
