@@ -168,7 +168,9 @@ def _adamw(model: torch.nn.Module, device: str, lr: Any = 1e-2, **kw: Any) -> to
 
 
 def lambda_lr(device: str) -> Case:
-    """LambdaLR stepped after every call (a float lr that changes every step): uncaptured, right."""
+    """LambdaLR stepped after every call (a float lr that changes every step): on a GPU AdamW (made capturable)
+    reads it from a tensor graphjit fills, so one graph serves every call; on the CPU the stand-in, SGD with
+    momentum, reads it as a number: uncaptured, right."""
     model = _mlp(device)
     opt = _adamw(model, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.95 ** s)
@@ -177,7 +179,7 @@ def lambda_lr(device: str) -> Case:
         if i:
             sched.step()
 
-    return _train_case(device, model, opt, before, keeps_graph=False)
+    return _train_case(device, model, opt, before, keeps_graph=device != "cpu")
 
 
 def warmup_by_hand(device: str) -> Case:

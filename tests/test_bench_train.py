@@ -62,3 +62,21 @@ def test_cpu_smoke_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFix
     assert data["plot"] == "train_torch_ci.png"
     assert (tmp_path / "train_torch_ci.png").read_bytes()[:8] == PNG_MAGIC
     assert "speedup" in out and "wrote" in out
+
+
+def test_cpu_smoke_of_the_whole_step_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """--mode step: the whole step (zero_grad, forward, backward, clipping, AdamW, LambdaLR) in one function, eager
+    against @graphed (no CUDA here: it runs uncaptured, equal to eager) and reduce-overhead (skipped without CUDA)."""
+    rc = main(["bench", "train", "--mode", "step", "--allow-cpu", "--hidden", "8", "--layers", "1", "--seq", "4",
+               "--batch", "2", "--steps", "2", "--repeats", "1", "--check-steps", "5", "--out", str(tmp_path),
+               "--tag", "ci", "--no-plot"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = json.loads((tmp_path / "train_step_torch_ci.json").read_text())
+    assert data["config"]["mode"] == "step" and data["config"]["variants"] == ["eager", "graphed", "compiled"]
+    assert "AdamW" in data["config"]["step"] and data["summary"]["ok"] is True
+    for kind in ("mlp", "block"):
+        r = data["results"][kind]
+        assert r["check"]["correct"] is True and r["check"]["max_loss_rel_diff"] == 0.0
+        assert r["variants"]["graphed"]["status"] == "ok" and r["variants"]["compiled"]["status"] == "skipped"
+    assert "graphed/compiled" in out

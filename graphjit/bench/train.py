@@ -33,7 +33,7 @@ from . import common
 from .common import say
 
 MODELS = ("mlp", "block")
-VARIANTS = ("eager", "graphed", "graphed_alias")
+VARIANTS = {"layer": ("eager", "graphed", "graphed_alias"), "step": ("eager", "graphed", "compiled")}
 DTYPES = ("fp32", "bf16")
 GPU_DEFAULTS = {"batch": 32, "hidden": 512, "layers": 4, "seq": 128, "steps": 100, "repeats": 5, "warmup": 10,
                 "check_steps": 20}
@@ -46,6 +46,10 @@ TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}  # largest relative loss/parameter diff
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("train")
     g.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
+    g.add_argument("--mode", choices=tuple(VARIANTS), default="layer",
+                   help="layer: the model under graphed_layer, SGD in the loop (default); step: the whole step "
+                        "(zero_grad, forward, backward, clipping, AdamW with its defaults; LambdaLR after each call) "
+                        "in one function, eager vs @graphed vs torch.compile(mode='reduce-overhead')")
     g.add_argument("--batch", type=common.positive_int, default=None,
                    help=f"batch size (default {GPU_DEFAULTS['batch']}; CPU smoke {CPU_DEFAULTS['batch']})")
     g.add_argument("--hidden", type=common.positive_int, default=None,
@@ -93,17 +97,22 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
         return 2
     tag = common.machine_tag(args)
-    json_path, png_path = common.output_paths(args.out, f"train_torch_{tag}.json")
+    variants = VARIANTS[args.mode]
+    name = "train" if args.mode == "layer" else "train_step"
+    json_path, png_path = common.output_paths(args.out, f"{name}_torch_{tag}.json")
     data = common.header("train", args, tag)
     data.update({
         "backend": "torch",
         "device": "cuda" if on_gpu else "cpu",
         "smoke": not on_gpu,
-        "config": {"models": models, "variants": list(VARIANTS), "batch": args.batch, "hidden": args.hidden,
-                   "layers": args.layers, "seq": args.seq, "dtype": args.dtype, "steps": args.steps,
-                   "repeats": args.repeats, "warmup": args.warmup, "check_steps": args.check_steps, "lr": args.lr,
+        "config": {"models": models, "mode": args.mode, "variants": list(variants), "batch": args.batch,
+                   "hidden": args.hidden, "layers": args.layers, "seq": args.seq, "dtype": args.dtype,
+                   "steps": args.steps, "repeats": args.repeats, "warmup": args.warmup,
+                   "check_steps": args.check_steps, "lr": args.lr,
                    "graphed_warmup": GRAPHED_WARMUP,
-                   "step": "zero_grad(set_to_none=True); loss = mse(model(x), y); loss.backward(); SGD.step()",
+                   "step": ("zero_grad(set_to_none=True); loss = mse(model(x), y); loss.backward(); SGD.step()"
+                            if args.mode == "layer" else "zero_grad(); loss = mse(model(x), y); loss.backward(); "
+                            "clip_grad_norm_(1.0); AdamW.step() (default flags); LambdaLR.step() after the call"),
                    "timer": "cuda_events" if on_gpu else "host"},
         "env": common.environment(),
         "results": {},
@@ -126,20 +135,24 @@ def run(args: argparse.Namespace) -> int:
         data["results"][kind] = entry
         say(f"train: {kind}: correctness check ({args.check_steps} steps eager vs graphed) ...")
         entry["check"] = common.guarded(lambda kind=kind: bench.check(kind))
-        for variant in VARIANTS:
+        for variant in variants:
             say(f"train: {kind}: {variant} ...")
             entry["variants"][variant] = common.guarded(lambda kind=kind, variant=variant:
                                                         bench.time_variant(kind, variant))
             common.write_json(json_path, data)
         eager = _us(entry, "eager")
-        entry["speedup_vs_eager"] = {v: eager / us for v in VARIANTS[1:] if (us := _us(entry, v)) and eager}
+        entry["speedup_vs_eager"] = {v: eager / us for v in variants[1:] if (us := _us(entry, v)) and eager}
+        if args.mode == "step" and (g := _us(entry, "graphed")) and (c := _us(entry, "compiled")):
+            entry["graphed_vs_compiled"] = g / c
     data["summary"] = _summary(data, on_gpu)
     data["complete"] = True
     plot_note = None
     if not args.no_plot:
         plot_note = common.bar_plot(
-            png_path, f"training step, eager vs graphed_layer (torch {args.dtype}, {data['device']}, {tag})", models,
-            {v: [_us(data["results"][m], v) for m in models] for v in VARIANTS}, "microseconds per step (median)",
+            png_path, (f"training step, eager vs graphed_layer (torch {args.dtype}, {data['device']}, {tag})"
+                       if args.mode == "layer" else
+                       f"whole training step: eager, @graphed, reduce-overhead (torch {args.dtype}, {tag})"), models,
+            {v: [_us(data["results"][m], v) for m in models] for v in variants}, "microseconds per step (median)",
             notes=[f"batch {args.batch}, hidden {args.hidden}, layers {args.layers}, seq {args.seq}"])
     data["plot"] = None if (args.no_plot or plot_note) else png_path.name
     if plot_note:
@@ -150,10 +163,10 @@ def run(args: argparse.Namespace) -> int:
     for kind in models:
         r = data["results"][kind]
         chk = r.get("check", {})
-        rows.append([kind, _us(r, "eager"), _us(r, "graphed"), _us(r, "graphed_alias"),
-                     r["speedup_vs_eager"].get("graphed"), chk.get("max_loss_rel_diff"), chk.get("correct")])
-    say(common.format_table(["model", "eager us", "graphed us", "graphed alias us", "speedup", "loss rel diff",
-                             "correct"], rows))
+        rows.append([kind, *(_us(r, v) for v in variants), r["speedup_vs_eager"].get("graphed"),
+                     r.get("graphed_vs_compiled"), chk.get("max_loss_rel_diff"), chk.get("correct")])
+    say(common.format_table(["model", *(f"{v} us" for v in variants), "speedup", "graphed/compiled",
+                             "loss rel diff", "correct"], rows))
     say(f"wrote {json_path}" + (f" and {png_path}" if data["plot"] else ""))
     if plot_note:
         say(f"no plot: {plot_note}")
@@ -175,6 +188,6 @@ def _summary(data: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
             problems.append(f"{kind}: graphed differs from eager (loss {chk.get('max_loss_rel_diff')}, "
                             f"parameters {chk.get('max_param_rel_diff')})")
         for v, res in r.get("variants", {}).items():
-            if res.get("status") != "ok":
+            if res.get("status") not in ("ok", "skipped"):
                 problems.append(f"{kind}/{v}: {res.get('status')}: {res.get('error') or res.get('stats')}")
     return {"ok": not problems, "problems": problems}

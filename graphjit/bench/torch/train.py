@@ -104,24 +104,54 @@ class TrainBench:
     def wrap(self, model: Any, variant: str) -> Any:
         import graphjit
 
-        if variant == "eager":
+        if variant == "eager" or self.args.mode == "step":
             return model
         return graphjit.graphed_layer(model, warmup=self.graphed_warmup,
                                       outputs="alias" if variant == "graphed_alias" else "copy")
 
-    def stepper(self, model: Any) -> Any:
+    def stepper(self, model: Any, variant: str = "eager") -> Any:
+        """The training step of ``model``, as the loop calls it.  Mode ``layer``: ``zero_grad(set_to_none=True)``,
+        forward, MSE, backward, SGD (``model`` is graphed_layer's wrapper in the graphed variants).  Mode ``step``:
+        one function doing ``zero_grad()``, forward, MSE, backward, ``clip_grad_norm_(1.0)`` and an AdamW step
+        with its default flags, a LambdaLR scheduler stepped after each call, the function run eagerly, under
+        ``@graphjit.graphed`` or under ``torch.compile(mode="reduce-overhead")``."""
         torch = self.torch
-        opt = torch.optim.SGD(model.parameters(), lr=self.args.lr)
         mse = torch.nn.functional.mse_loss
+        if self.args.mode == "layer":
+            opt = torch.optim.SGD(model.parameters(), lr=self.args.lr)
 
-        def step(x: Any, y: Any) -> Any:
-            opt.zero_grad(set_to_none=True)
+            def step(x: Any, y: Any) -> Any:
+                opt.zero_grad(set_to_none=True)
+                loss = mse(model(x), y)
+                loss.backward()
+                opt.step()
+                return loss
+
+            return step
+        import graphjit
+
+        opt = torch.optim.AdamW(model.parameters(), lr=self.args.lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 / (1.0 + 0.01 * k))
+        params = list(model.parameters())
+
+        def whole(x: Any, y: Any) -> Any:
+            opt.zero_grad()
             loss = mse(model(x), y)
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
+            return loss.detach()
+
+        fn = {"eager": whole, "graphed": graphjit.graphed(whole) if variant == "graphed" else whole,
+              "compiled": torch.compile(whole, mode="reduce-overhead") if variant == "compiled" else whole}[variant]
+
+        def call(x: Any, y: Any) -> Any:
+            loss = fn(x, y)
+            sched.step()
             return loss
 
-        return step
+        call.graphed = fn  # type: ignore[attr-defined]
+        return call
 
     # -- the correctness check ------------------------------------------------------------------
     def check(self, kind: str) -> dict[str, Any]:
@@ -130,7 +160,7 @@ class TrainBench:
         data = self.data(kind, n)
         eager = self.model(kind)
         graphed = self.wrap(copy.deepcopy(eager), "graphed")
-        step_e, step_g = self.stepper(eager), self.stepper(graphed)
+        step_e, step_g = self.stepper(eager), self.stepper(graphed, "graphed")
         loss_e, loss_g = [], []
         for x, y in data:
             loss_e.append(step_e(x, y).detach().float())
@@ -138,11 +168,12 @@ class TrainBench:
         le, lg = torch.stack(loss_e).double().cpu(), torch.stack(loss_g).double().cpu()
         loss_rel = float(((lg - le).abs() / le.abs().clamp_min(1e-30)).max())
         param_rel = 0.0
-        for p, q in zip(eager.parameters(), graphed.layer.parameters()):
+        layer = graphed.layer if hasattr(graphed, "layer") else graphed
+        for p, q in zip(eager.parameters(), layer.parameters()):
             a, b = q.detach().double(), p.detach().double()
             param_rel = max(param_rel, float((a - b).norm() / b.norm().clamp_min(1e-30)))
         tol = self.tolerance[self.args.dtype]
-        stats = graphed.stats()
+        stats = graphed.stats() if hasattr(graphed, "stats") else step_g.graphed.stats()
         return {"steps": n, "loss_first": float(le[0]), "loss_last": float(le[-1]), "max_loss_rel_diff": loss_rel,
                 "max_param_rel_diff": param_rel, "tolerance": tol,
                 "correct": bool(loss_rel <= tol and param_rel <= tol),
@@ -152,8 +183,10 @@ class TrainBench:
     def time_variant(self, kind: str, variant: str) -> dict[str, Any]:
         torch = self.torch
         a = self.args
+        if variant == "compiled" and not self.on_gpu:
+            return {"status": "skipped", "note": "no CUDA: reduce-overhead's CUDA graphs need a GPU"}
         model = self.wrap(self.model(kind), variant)
-        step = self.stepper(model)
+        step = self.stepper(model, variant)
         (x, y), = self.data(kind, 1)
         for _ in range(a.warmup):
             step(x, y)
@@ -181,8 +214,10 @@ class TrainBench:
         out: dict[str, Any] = {"status": "ok", "us_per_step": med, "samples_us": samples,
                                "host_us_per_step": common.median(host), "timer": self.timer,
                                "spread": (max(samples) - min(samples)) / med if med else None}
-        if variant != "eager":
-            stats = model.stats()
+        if variant == "compiled":
+            pass
+        elif variant != "eager":
+            stats = model.stats() if self.args.mode == "layer" else step.graphed.stats()
             out["stats"] = {k: stats.get(k) for k in ("calls", "graphs", "captures", "replays", "backward_replays",
                                                      "fallbacks", "pool_bytes")}
             out["captured"] = bool(stats.get("graphs"))
