@@ -83,11 +83,15 @@ class Feeds:
     def learn(self) -> None:
         pass
 
+    def captured(self) -> None:
+        pass
+
 
 class StepContext:
     """What graphjit puts around each call of a key of a training step (:meth:`Backend.prepare_step`): parts
-    with ``enter()`` / ``exit()`` (run in reverse order, also when the call raises) and ``learn()``, called
-    after a call that ran the Python function (warmup, capture), when the step's state may have grown."""
+    with ``enter()`` / ``exit()`` (run in reverse order, also when the call raises), ``learn()``, called after a
+    call that ran the Python function (warmup, capture), when the step's state may have grown, and
+    ``captured()``, once a key it serves is captured."""
 
     __slots__ = ("parts",)
 
@@ -113,3 +117,8 @@ class StepContext:
     def learn(self) -> None:
         for part in self.parts:
             part.learn()
+
+    def captured(self) -> None:
+        """A key this context serves is captured."""
+        for part in self.parts:
+            part.captured()

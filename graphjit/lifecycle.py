@@ -241,6 +241,8 @@ class KeyLifecycle(abc.ABC):
                                        kwargs)
         self.warming.pop(sig.key, None)
         entry.feeds = self.step_feeds.get(sig.key) or (self.step_feeds.get(sig.base) if sig.base is not None else None)
+        if entry.feeds is not None:
+            entry.feeds.captured()
         self.entries[sig.key] = entry
         if sig.base is not None:  # a graph for other values of what the function reads: found from the arguments' key
             keys = self.variants.setdefault(sig.base, [sig.base])

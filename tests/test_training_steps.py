@@ -165,3 +165,25 @@ def test_a_container_that_cannot_be_rebuilt_is_refused_with_its_name(emu):
     with pytest.raises(SignatureError, match="Stubborn"):
         for _ in range(4):
             g(Stubborn("t", {"a": torch.ones(3)}))
+
+
+def test_a_function_that_runs_no_backward_leaves_the_gradients_alone(emu):
+    """An evaluation function that reaches the optimizer (and a gradient left by training) owns no gradient
+    buffer: gradients set to None between its calls stay None, the one left in place is not touched."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 8)).sum().backward()
+    left = model.bias.grad
+
+    @graphjit.graphed
+    def evaluate(x):
+        _ = opt.param_groups[0]["lr"]
+        with torch.no_grad():
+            return model(x) * 2
+
+    for i in range(5):
+        model.weight.grad = None
+        evaluate(torch.randn(2, 8))
+        assert model.weight.grad is None and model.bias.grad is left, i
+    assert evaluate.stats()["replays"] == 3

@@ -69,13 +69,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{GRAPHED_WARMUP + 1} so that graphed variants are timed replaying)")
     g.add_argument("--check-steps", type=common.positive_int, default=None,
                    help=f"steps of the eager-vs-graphed correctness check (default {GPU_DEFAULTS['check_steps']})")
-    g.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
+    g.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default 0.01 for the layer mode's SGD, 1e-4 for the step mode's AdamW)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--allow-cpu", action="store_true",
                    help="without a CUDA GPU, run a tiny smoke version on the CPU (for CI) instead of refusing")
 
 
 def _resolve(args: argparse.Namespace, on_gpu: bool) -> None:
+    if args.lr is None:
+        args.lr = 0.01 if args.mode == "layer" else 1e-4
     defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
     for key, value in defaults.items():
         if getattr(args, key, None) is None:

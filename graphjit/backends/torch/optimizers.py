@@ -179,15 +179,18 @@ class OwnedGrads:
     Guarantees: around a call, each owned parameter's ``.grad`` is its buffer: zeroed where it was None, holding
     the tensor's values where the user put another tensor there (the buffer is what the graph reads), unchanged
     where it is the buffer; ``zero_grad()`` of optimizers and modules zeroes owned buffers in place during the
-    call and behaves as torch's for every other parameter.  Parameters become owned after a call that ran the
-    Python function (:meth:`learn`) left a gradient on them."""
+    call and behaves as torch's for every other parameter.  A parameter becomes owned when a call that ran the
+    Python function before the key's first capture made or replaced its gradient (a function that only reads
+    gradients, or never runs backward, owns none, and changes none)."""
 
-    __slots__ = ("ids", "owned", "pairs", "params")
+    __slots__ = ("ids", "learning", "pairs", "params", "seen")
 
     def __init__(self, params: list[torch.Tensor]) -> None:
         self.params = params
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.ids: frozenset[int] = frozenset()
+        self.learning = True
+        self.seen: list[Any] | None = None
 
     def enter(self) -> None:
         zero = []
@@ -202,6 +205,8 @@ class OwnedGrads:
             p.grad = buf
         if zero:
             torch._foreach_zero_(zero)
+        if self.learning:
+            self.seen = [p.grad for p in self.params]
         _OWNED.append(self.ids)
         torch.optim.Optimizer.zero_grad = _optimizer_zero_grad  # type: ignore[method-assign]
         torch.nn.Module.zero_grad = _module_zero_grad  # type: ignore[method-assign]
@@ -213,14 +218,22 @@ class OwnedGrads:
             torch.nn.Module.zero_grad = _ORIGINAL["module"]  # type: ignore[method-assign]
 
     def learn(self) -> None:
-        """After a call that ran Python: own the gradients it left on parameters not owned yet."""
+        """After a call that ran Python: own the gradients it made or replaced."""
+        seen, self.seen = self.seen, None
+        if seen is None:
+            return
         ids = set(self.ids)
-        for p in self.params:
+        for p, before in zip(self.params, seen):
             g = p.grad
-            if g is not None and id(p) not in ids and not g.is_sparse:
+            if g is not None and g is not before and id(p) not in ids and not g.is_sparse:
                 self.pairs.append((p, g))
                 ids.add(id(p))
         self.ids = frozenset(ids)
+
+    def captured(self) -> None:
+        """The key is captured: its gradients are known (later calls replay, or run Python that owns no more)."""
+        self.learning = False
+        self.seen = None
 
 
 def _trained(roots: list[tuple[str, Any]], opts: list[tuple[str, torch.optim.Optimizer]]) -> list[torch.Tensor]:
