@@ -206,10 +206,10 @@ def _own_type(x: Any, items: list[Any]) -> Any:
     if isinstance(x, tuple):
         return tp(*items) if hasattr(x, "_fields") else tp(items)
     if isinstance(x, collections.defaultdict):
-        clone = copy.copy(x)
-        clone.clear()
-        clone.update(items)
-        return clone
+        refilled = copy.copy(x)
+        refilled.clear()
+        refilled.update(items)
+        return refilled
     if isinstance(x, collections.deque) and tp is collections.deque:
         return collections.deque(items, maxlen=x.maxlen)
     try:
@@ -217,13 +217,13 @@ def _own_type(x: Any, items: list[Any]) -> Any:
     except Exception:  # a constructor that takes other arguments: refill a copy
         pass
     try:
-        clone = copy.copy(x)
-        if isinstance(x, (dict, collections.deque)):
+        clone: Any = copy.copy(x)
+        if isinstance(clone, dict):
             clone.clear()
-            if isinstance(x, dict):
-                clone.update(items)
-            else:
-                clone.extend(items)
+            clone.update(items)
+        elif isinstance(clone, collections.deque):
+            clone.clear()
+            clone.extend(items)
         else:
             clone[:] = items
         return clone

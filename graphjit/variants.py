@@ -29,11 +29,11 @@ if TYPE_CHECKING:
     from .stats import FunctionStats
 
 
-OPTIMIZER_HINT = ("An optimizer's hyperparameter: graphjit feeds a float lr from a tensor to Adam and AdamW (made "
-                  "capturable) and to SGD(fused=True); other hyperparameters (betas, momentum, weight_decay) and "
-                  "the lr of SGD without fused=True are read as Python numbers: keep them constant while the step "
-                  "is graphed (OneCycleLR(..., cycle_momentum=False)), use SGD(..., fused=True), or pass "
-                  "lr=torch.tensor(...) with capturable=True")
+OPTIMIZER_HINT = ("An optimizer's hyperparameter: graphjit feeds a float lr to the graph from a tensor for Adam, "
+                  "AdamW and SGD on CUDA (made capturable or fused); other hyperparameters (betas, momentum, "
+                  "weight_decay) are read as Python numbers: keep them constant while the step is graphed "
+                  "(OneCycleLR(..., cycle_momentum=False)); a value that changes now and then gets a graph per "
+                  "value")
 
 
 class ValueVariants(abc.ABC):

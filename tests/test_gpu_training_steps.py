@@ -63,10 +63,11 @@ def test_a_float_lr_schedule_graphs_once(opt, sched):
     assert isinstance(loop.optimizer.param_groups[0]["lr"], float)
 
 
-def test_sgd_foreach_with_step_lr_keeps_a_graph_per_lr():
-    worst, st, g = cases.compare(lambda: cases.build("cuda", opt="sgd", sched="step"))
-    assert worst <= TOL, g.report()
-    assert st["graphs"] >= 2 and st["replays"] >= 6 and not any("verify" in r for r in st["fallbacks"]), g.report()
+@pytest.mark.parametrize("sched", ["lambda", "step"])
+def test_sgd_as_constructed_by_default_graphs_once_under_a_schedule(sched):
+    """torch's default SGD (foreach) is made fused, so its lr is fed: one capture under any schedule."""
+    worst, st, g = cases.compare(lambda: cases.build("cuda", opt="sgd", sched=sched))
+    _graphed(worst, st, g)
 
 
 def test_changing_betas_run_uncaptured_with_what_to_change():

@@ -16,15 +16,18 @@
   zeroed, and ``zero_grad()`` called inside the step zeroes the buffers in place (as PyTorch's whole-network
   capture recipe and NeMo do).  The values are eager's: a backward into zeros is the fresh gradient, into the
   buffer left as it was is eager's accumulation; ``p.grad`` is the same tensor from call to call.
+* **Fused SGD.** torch's default SGD (``foreach``) adds its lr as a Python number, which a graph would bake; an
+  SGD whose parameters are floating point on CUDA is made fused (its kernel reads a tensor lr, and a GradScaler's
+  found_inf on the GPU).  The update is the same, to float rounding.
 * **Fed learning rate.** A float ``lr`` of a group of Adam or AdamW (capturable or fused) or of a fused SGD is
   fed through :mod:`graphjit.feeds`: a schedule that changes it every step costs no new capture.  Other
-  hyperparameters, and the lr of other optimizers (SGD with ``foreach``, the default, reads it as a Python
-  number), stay guarded: a new value gets its own graph, a value that changes every call runs uncaptured and
-  says what to change.
+  hyperparameters (betas, momentum, weight decay) and the lr of other optimizers stay guarded: a new value gets
+  its own graph, a value that changes every call runs uncaptured and says what to change.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 from collections.abc import Iterator
@@ -112,6 +115,26 @@ def make_capturable(opt: torch.optim.Optimizer) -> bool:
     return changed
 
 
+def make_fused_sgd(opt: torch.optim.Optimizer) -> bool:
+    """Turn the groups of an ``SGD`` fused where they are not, their parameters floating point on CUDA (torch's
+    default foreach SGD adds its lr as a Python number, which a graph bakes; the fused kernel reads a tensor lr and
+    a GradScaler's found_inf on the GPU).  True if it changed."""
+    if not isinstance(opt, torch.optim.SGD):
+        return False
+    changed = False
+    for group in opt.param_groups:
+        if group.get("fused") or group.get("differentiable") or not _on_cuda(opt, group):
+            continue
+        if not all(torch.is_floating_point(p) for p in group["params"]):
+            continue
+        group["fused"], group["foreach"] = True, False
+        changed = True
+    if changed:
+        opt._step_supports_amp_scaling = True  # type: ignore[attr-defined]  # as SGD(fused=True) sets it
+        opt._need_device_dtype_check_for_fused = True  # type: ignore[attr-defined]
+    return changed
+
+
 def _feeds_lr(group: dict[str, Any], opt: torch.optim.Optimizer) -> bool:
     if isinstance(opt, _FEEDS_LR):
         return bool(group.get("capturable") or group.get("fused"))
@@ -154,7 +177,7 @@ def _zero_owned(params: Iterator[torch.Tensor] | list[torch.Tensor], owned: froz
         torch._foreach_zero_(zero)
 
 
-_ORIGINAL = {"optimizer": torch.optim.Optimizer.zero_grad, "module": torch.nn.Module.zero_grad}
+_ORIGINAL: dict[str, Any] = {"optimizer": torch.optim.Optimizer.zero_grad, "module": torch.nn.Module.zero_grad}
 
 
 def _optimizer_zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
@@ -214,8 +237,8 @@ class OwnedGrads:
     def exit(self) -> None:
         _OWNED.pop()
         if not _OWNED:
-            torch.optim.Optimizer.zero_grad = _ORIGINAL["optimizer"]  # type: ignore[method-assign]
-            torch.nn.Module.zero_grad = _ORIGINAL["module"]  # type: ignore[method-assign]
+            torch.optim.Optimizer.zero_grad = _ORIGINAL["optimizer"]  # type: ignore[method-assign,assignment]
+            torch.nn.Module.zero_grad = _ORIGINAL["module"]  # type: ignore[method-assign,assignment]
 
     def learn(self) -> None:
         """After a call that ran Python: own the gradients it made or replaced."""
@@ -258,6 +281,9 @@ def prepare(roots: list[tuple[str, Any]]) -> tuple[list[str], StepContext | None
     entries = []
     opts = optimizers(roots)
     for where, opt in opts:
+        if make_fused_sgd(opt):
+            notes.append(f"{where} (SGD) is made fused (fused=True), so that its learning rate can be fed from a "
+                         "tensor and a schedule costs no new capture: pass fused=True yourself to keep it so")
         if make_capturable(opt):
             notes.append(f"{where} ({type(opt).__name__}) is made capturable (capturable=True, its step counts on "
                          f"{_device_of(opt.param_groups[0])}), as torch.compile does, so that its step can be graphed: "
@@ -267,7 +293,7 @@ def prepare(roots: list[tuple[str, Any]]) -> tuple[list[str], StepContext | None
             if lr.__class__ not in (int, float) or not _feeds_lr(group, opt):
                 continue
             device = _device_of(group)
-            s = slot(opt, i, "lr", lambda device=device: torch.zeros((), dtype=torch.float32, device=device))
+            s = slot(opt, i, "lr", functools.partial(torch.zeros, (), dtype=torch.float32, device=device))
             entries.append((group, "lr", s))
     parts: list[Any] = [Feeds(entries, _fill)] if entries else []
     params = _trained(roots, opts)
