@@ -207,6 +207,11 @@ class KeyLifecycle(abc.ABC):
         if scope_run:
             own = self.watched(backend, device, sig, warm, instance, args, kwargs,
                                sync_watch=warm.calls + 1 >= self.options.warmup)
+            step = self.step_feeds.get(sig.key)
+            if step is not None:  # what the call's own run made (its gradients) is the step's from the extra runs on
+                step.learn()
+                step.__exit__(None, None, None)
+                step.__enter__()
             if warm.blocked is None and warm.calls < self.options.warmup:
                 self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance, args,
                                    kwargs)

@@ -187,3 +187,25 @@ def test_a_function_that_runs_no_backward_leaves_the_gradients_alone(emu):
         evaluate(torch.randn(2, 8))
         assert model.weight.grad is None and model.bias.grad is left, i
     assert evaluate.stats()["replays"] == 3
+
+
+def test_a_step_first_called_inside_a_capture_scope_graphs(emu):
+    """Inside capture_scope() the key's first call runs once for itself, then graphjit's undone extra warmups and
+    the capture: the gradients the first run made are owned from the extra runs on."""
+    loop = cases.build("cpu", opt="sgd", zero="inside")
+    want_out, want_state, _ = cases.run(cases.build("cpu", opt="sgd", zero="inside"), graph=False)
+    f = graphjit.graphed(loop.fn)
+    outs, states = [], []
+    for i in range(loop.calls):
+        loop.before(i)
+        if i == 0:
+            with graphjit.capture_scope():
+                out = f(*loop.args(i))
+        else:
+            out = f(*loop.args(i))
+        outs.append(out.detach().clone())
+        states.append([t.detach().clone() for t in loop.state()])
+    st = f.stats()
+    assert st["graphs"] == 1 and st["replays"] == loop.calls - 1 and not st["fallbacks"], f.report()
+    assert cases.max_diff(outs, want_out) <= TOL
+    assert all(cases.max_diff(a, b) <= TOL for a, b in zip(states, want_state))
