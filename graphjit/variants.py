@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 
 OPTIMIZER_HINT = ("An optimizer's hyperparameter: graphjit feeds a float lr to the graph from a tensor for Adam, "
                   "AdamW and SGD on CUDA (made capturable or fused); other hyperparameters (betas, momentum, "
-                  "weight_decay) are read as Python numbers: keep them constant while the step is graphed "
-                  "(OneCycleLR(..., cycle_momentum=False)); a value that changes now and then gets a graph per "
-                  "value")
+                  "weight_decay), and the lr of other optimizers, are read as Python numbers: keep them constant "
+                  "while the step is graphed (OneCycleLR(..., cycle_momentum=False)), or give your optimizer a tensor "
+                  "it reads on the GPU (lr=torch.tensor(...)) filled in place; a value that changes now and then "
+                  "gets a graph per value")
 
 
 class ValueVariants(abc.ABC):

@@ -209,3 +209,51 @@ def test_a_step_first_called_inside_a_capture_scope_graphs(emu):
     assert st["graphs"] == 1 and st["replays"] == loop.calls - 1 and not st["fallbacks"], f.report()
     assert cases.max_diff(outs, want_out) <= TOL
     assert all(cases.max_diff(a, b) <= TOL for a, b in zip(states, want_state))
+
+
+class PlainSGD(torch.optim.Optimizer):
+    """An optimizer graphjit does not know: it reads its lr as a Python number."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"])
+
+
+def test_an_optimizer_graphjit_does_not_know_keeps_its_guards(emu):
+    """A schedule on an unknown optimizer: right, uncaptured once the lr changes every call, the reason names
+    param_groups' lr and says how to make it cheap."""
+    torch.manual_seed(0)
+
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4)
+        opt = PlainSGD(model.parameters(), lr=0.1)
+        return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.9 ** k)
+
+    def body(model, opt, x):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        return model.weight.sum().detach()
+
+    xs = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(10)]
+    runs = []
+    for f in (body, graphjit.graphed(body)):
+        model, opt, sched = make()
+        outs = []
+        for x in xs:
+            outs.append(f(model, opt, x))
+            sched.step()
+        runs.append((torch.stack(outs), model.weight.detach().clone(), f))
+    assert torch.allclose(runs[0][0], runs[1][0], atol=1e-6) and torch.allclose(runs[0][1], runs[1][1], atol=1e-6)
+    st = runs[1][2].stats()
+    changed = [r for r in st["fallbacks"] if r.startswith(guards.REASON)]
+    assert changed and "['lr']" in changed[0], st["fallbacks"]
+    detail = next(k["detail"] for k in st["keys"] if (k["reason"] or "").startswith(guards.REASON))
+    assert OPTIMIZER_HINT in detail
