@@ -191,7 +191,10 @@ class _State(Policy, KeyLifecycle, ValueVariants):
             try:
                 return self.slow(sig, settings, instance, args, kwargs, previous)
             finally:
-                feeds.learn()
+                if feeds.learn():  # the step's state changed (an optimizer made capturable): watch another warmup
+                    warm = self.warming.get(sig.key)
+                    if warm is not None:
+                        warm.calls = min(warm.calls, self.options.warmup - 1)
 
     def captured(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                  args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any:
@@ -244,6 +247,8 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                 if poisoned is not None:
                     raise UnrecoverableCaptureError(f"{self.name}: {poisoned}") from exc
                 raise
+        if entry.feeds is not None:
+            entry.feeds.replayed()
         if settings.debug:
             self.debug_replay(entry, sig, result)
         if check:

@@ -40,7 +40,7 @@ from . import guards, scope
 from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import StaticInputs, StaticOutputs, collect_tensors, real_view
 from .dynamic import DynamicArgs, Index
-from .errors import CaptureError, IslandError, UnrecoverableCaptureError, VerifyError
+from .errors import CaptureError, IslandError, SignatureError, UnrecoverableCaptureError, VerifyError
 from .feeds import StepContext
 from .islands import recording
 from .keys import CallSignature, rebuild_call
@@ -237,12 +237,15 @@ def static_buffers(req: BuildRequest) -> Statics:
                           grad_free=not any(b.requires_grad(t) for t in tensors))
     inputs.load(tensors)
     is_tensor = _is_tensor_of(b)
-    if req.dynamic is not None and sig.dynamic:
-        plain_args, plain_kwargs, values = req.dynamic.split(req.method, req.args, req.kwargs)
-        sargs, skwargs = rebuild_call(plain_args, plain_kwargs, statics, is_tensor)
-        sargs, skwargs = req.dynamic.merge(req.method, sargs, skwargs, values)
-    else:
-        sargs, skwargs = rebuild_call(req.args, req.kwargs, statics, is_tensor)
+    try:
+        if req.dynamic is not None and sig.dynamic:
+            plain_args, plain_kwargs, values = req.dynamic.split(req.method, req.args, req.kwargs)
+            sargs, skwargs = rebuild_call(plain_args, plain_kwargs, statics, is_tensor)
+            sargs, skwargs = req.dynamic.merge(req.method, sargs, skwargs, values)
+        else:
+            sargs, skwargs = rebuild_call(req.args, req.kwargs, statics, is_tensor)
+    except SignatureError as exc:  # a container that cannot hold the static buffers: this key runs uncaptured
+        raise CaptureError(f"{req.fn_name} {req.stats.label}: {exc}", reason="an argument cannot be rebuilt") from exc
     return Statics(inputs, sargs, skwargs, full_shapes)
 
 

@@ -86,12 +86,16 @@ class Feeds:
     def captured(self) -> None:
         pass
 
+    def replayed(self) -> None:
+        pass
+
 
 class StepContext:
     """What graphjit puts around each call of a key of a training step (:meth:`Backend.prepare_step`): parts
-    with ``enter()`` / ``exit()`` (run in reverse order, also when the call raises), ``learn()``, called after a
-    call that ran the Python function (warmup, capture), when the step's state may have grown, and
-    ``captured()``, once a key it serves is captured."""
+    with ``enter()`` / ``exit()`` (run in reverse order, also when the call raises; ``exit`` of a part not
+    entered does nothing), ``learn()``, called after a call that ran the Python function (warmup, capture),
+    when the step's state may have grown, ``replayed()`` after a replay, and ``captured()``, once a key it serves
+    is captured."""
 
     __slots__ = ("parts",)
 
@@ -114,9 +118,18 @@ class StepContext:
         for part in reversed(self.parts):
             part.exit()
 
-    def learn(self) -> None:
+    def learn(self) -> bool:
+        """True if a part changed the step's state (an optimizer made capturable): the key needs another watched
+        warmup call before its capture."""
+        changed = False
         for part in self.parts:
-            part.learn()
+            changed = bool(part.learn()) or changed
+        return changed
+
+    def replayed(self) -> None:
+        """After a replay of a key this context serves."""
+        for part in self.parts:
+            part.replayed()
 
     def captured(self) -> None:
         """A key this context serves is captured."""

@@ -211,7 +211,7 @@ class KeyLifecycle(abc.ABC):
             if step is not None:  # what the call's own run made (its gradients) is the step's from the extra runs on
                 step.learn()
                 step.__exit__(None, None, None)
-                step.__enter__()
+                step.__enter__()  # raises with every part exited; the caller's exit then does nothing
             if warm.blocked is None and warm.calls < self.options.warmup:
                 self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance, args,
                                    kwargs)

@@ -195,9 +195,11 @@ def moved(reach: Reach, before: dict[int, int], data_ptr: Callable[[Any], int]) 
 
 def rebinds(before: Reach, after: Reach) -> tuple[list[Path], list[Path]]:
     """``(rebound, added)``: paths whose tensor was replaced or removed by the call, and paths that
-    hold a tensor only after it."""
+    hold a tensor only after it.  A gradient set to None (``.grad``) is not a rebinding: a replay leaves it
+    as it is, and the next call's backward or graph writes it again where it is used."""
     now = after.bindings
-    rebound = [p for p, tid in before.bindings.items() if now.get(p) != tid]
+    rebound = [p for p, tid in before.bindings.items()
+               if now.get(p) != tid and (p in now or p[-1:] != ((".", "grad"),))]
     added = [p for p in now if p not in before.bindings]
     return rebound, added
 

@@ -9,8 +9,8 @@ are walked like a dict's values, in the order :func:`object_fields` lists them. 
 type with its own ``__eq__`` and ``__hash__``: ``torch.dtype``, enums, frozensets), the framework's stateful
 objects (``nn.Module`` / ``paddle.nn.Layer``, optimizers, learning-rate schedulers, gradient scalers: their
 tensors are state, captured by address, and the key holds them by identity), functions, classes and
-modules.  A container that cannot be rebuilt as its own type is refused with a :class:`SignatureError`
-naming it.
+modules.  A container that cannot be rebuilt as its own type raises a :class:`SignatureError`
+naming it (a capture turns it into an uncaptured key).
 
 The walks are module-level functions, not recursive closures: a closure that calls itself is a
 reference cycle, and it would keep the tensors it collects alive until the garbage collector runs.
@@ -196,11 +196,15 @@ def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiti
     return x, True
 
 
+_ROUTE: dict[tuple[type, bool], bool] = {}  # (type, has own attributes) -> rebuilt by refilling a copy
+
+
 def _own_type(x: Any, items: list[Any]) -> Any:
     """A copy of the container ``x`` (a dict: ``items`` are pairs) holding ``items``, as ``x``'s own type: a
-    NamedTuple by its fields, a ``defaultdict`` with its factory, a deque with its ``maxlen``, any other type by
-    its constructor from the items (``OrderedDict``, transformers' ``ModelOutput``, a user's list or dict), or,
-    where the constructor takes other arguments, as a shallow copy refilled.  Raises :class:`SignatureError`
+    NamedTuple by its fields, a ``defaultdict`` with its factory, a deque (subclasses too) with its ``maxlen``, an
+    instance with attributes of its own as a shallow copy refilled (its attributes kept), any other type by its
+    constructor from the items (``OrderedDict``, transformers' ``ModelOutput``, a user's list or dict), or, where
+    the constructor takes other arguments, as a shallow copy refilled.  Raises :class:`SignatureError`
     naming the type where both fail."""
     tp = type(x)
     if isinstance(x, tuple):
@@ -212,11 +216,11 @@ def _own_type(x: Any, items: list[Any]) -> Any:
         return refilled
     if isinstance(x, collections.deque) and tp is collections.deque:
         return collections.deque(items, maxlen=x.maxlen)
-    try:
+
+    def construct() -> Any:
         return tp(items)
-    except Exception:  # a constructor that takes other arguments: refill a copy
-        pass
-    try:
+
+    def refill() -> Any:
         clone: Any = copy.copy(x)
         if isinstance(clone, dict):
             clone.clear()
@@ -227,6 +231,25 @@ def _own_type(x: Any, items: list[Any]) -> Any:
         else:
             clone[:] = items
         return clone
+
+    own_attrs = isinstance(x, collections.deque) or bool(getattr(x, "__dict__", None))
+    route = _ROUTE.get((tp, own_attrs))
+    if route is not None:  # the way that worked for this type before (outputs are rebuilt on every replay)
+        try:
+            return refill() if route else construct()
+        except Exception:
+            _ROUTE.pop((tp, own_attrs), None)
+    first, second = (refill, construct) if own_attrs else (construct, refill)
+    try:
+        out = first()
+        _ROUTE[(tp, own_attrs)] = first is refill
+        return out
+    except Exception:  # e.g. a ModelOutput refuses update(), a constructor takes other arguments
+        pass
+    try:
+        out = second()
+        _ROUTE[(tp, own_attrs)] = second is refill
+        return out
     except Exception as exc:
         raise SignatureError(f"graphjit cannot rebuild a {tp.__module__}.{tp.__qualname__} holding tensors with "
                              f"other tensors in them ({type(exc).__name__}: {exc}); pass the tensors in a plain "

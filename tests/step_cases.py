@@ -190,9 +190,16 @@ def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 def compare(make: Callable[[], Loop], **options: Any) -> tuple[float, dict[str, Any], Any]:
     """The largest difference between the graphed and the eager loop (outputs and state after every call), the
     graphed function's stats, and the graphed function."""
+    worst, st, g, _loop = compare_loops(make, **options)
+    return worst, st, g
+
+
+def compare_loops(make: Callable[[], Loop], **options: Any) -> tuple[float, dict[str, Any], Any, Loop]:
+    """:func:`compare`, and the loop that ran graphed (its optimizer, as the loop left it)."""
     want_out, want_state, _ = run(make(), graph=False)
-    got_out, got_state, g = run(make(), graph=True, **options)
+    loop = make()
+    got_out, got_state, g = run(loop, graph=True, **options)
     worst = max_diff(got_out, want_out)
     for a, b in zip(got_state, want_state):
         worst = max(worst, max_diff(a, b))
-    return worst, g.stats(), g
+    return worst, g.stats(), g, loop

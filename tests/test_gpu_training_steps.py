@@ -57,8 +57,7 @@ def test_zero_grad_as_written_graphs(zero):
 @pytest.mark.parametrize("opt", ["adamw", "adam", "adamw_fused", "sgd_fused"])
 @pytest.mark.parametrize("sched", ["lambda", "step", "plateau", "cosine", "warmup"])
 def test_a_float_lr_schedule_graphs_once(opt, sched):
-    loop = cases.build("cuda", opt=opt, sched=sched)
-    worst, st, g = cases.compare(lambda: cases.build("cuda", opt=opt, sched=sched))
+    worst, st, g, loop = cases.compare_loops(lambda: cases.build("cuda", opt=opt, sched=sched))
     _graphed(worst, st, g)
     assert isinstance(loop.optimizer.param_groups[0]["lr"], float)
 

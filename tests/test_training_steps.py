@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import step_cases as cases  # noqa: E402
 
 import graphjit  # noqa: E402
-from graphjit import SignatureError, guards  # noqa: E402
+from graphjit import guards  # noqa: E402
 from graphjit.variants import OPTIMIZER_HINT  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -52,8 +52,7 @@ def test_zero_grad_as_written_graphs_and_equals_eager(emu, zero):
 def test_a_float_lr_schedule_graphs_once(emu, opt, sched):
     """A scheduler (or a hand-written warmup) sets a new float lr before every call: fed from a tensor, one capture,
     every later call replayed, parameters and optimizer state equal eager's."""
-    loop = cases.build("cpu", opt=opt, sched=sched)
-    worst, st, g = cases.compare(lambda: cases.build("cpu", opt=opt, sched=sched))
+    worst, st, g, loop = cases.compare_loops(lambda: cases.build("cpu", opt=opt, sched=sched))
     _graphs_once(worst, st, g)
     lr = loop.optimizer.param_groups[0]["lr"]
     assert isinstance(lr, float), lr  # outside a call the user's number is back
@@ -160,11 +159,38 @@ class Stubborn(dict):
         raise TypeError("no copies")
 
 
-def test_a_container_that_cannot_be_rebuilt_is_refused_with_its_name(emu):
+def test_a_container_that_cannot_be_rebuilt_runs_uncaptured_with_its_name(emu):
+    """A container whose constructor takes other arguments and whose copy refuses: its key runs uncaptured, every
+    call right, the reason names the type (never an exception in the middle of a loop)."""
     g = graphjit.graphed(lambda d: d["a"] * 2)
-    with pytest.raises(SignatureError, match="Stubborn"):
-        for _ in range(4):
-            g(Stubborn("t", {"a": torch.ones(3)}))
+    for i in range(5):
+        out = g(Stubborn("t", {"a": torch.full((3,), float(i))}))
+        assert torch.equal(out, torch.full((3,), 2.0 * i)), i
+    st = g.stats()
+    assert st["graphs"] == 0 and st["fallbacks"].get("an argument cannot be rebuilt"), g.report()
+    assert "Stubborn" in st["keys"][0]["detail"]
+
+
+class Tagged(dict):
+    """A dict subclass with an attribute of its own."""
+
+
+class Ring(collections.deque):
+    pass
+
+
+def test_subclasses_keep_their_attributes_and_maxlen(emu):
+    def f(d, r):
+        assert d.scale == 3.0 and r.maxlen == 2, (vars(d), r.maxlen)
+        return d["x"] * d.scale + r[0]
+
+    g = graphjit.graphed(f)
+    for i in range(5):
+        d = Tagged(x=torch.full((2,), float(i)))
+        d.scale = 3.0
+        out = g(d, Ring([torch.ones(2)], maxlen=2))
+        assert torch.equal(out, torch.full((2,), 3.0 * i + 1)), i
+    assert g.stats()["replays"] == 3 and not g.stats()["fallbacks"], g.report()
 
 
 def test_a_function_that_runs_no_backward_leaves_the_gradients_alone(emu):
@@ -257,3 +283,114 @@ def test_an_optimizer_graphjit_does_not_know_keeps_its_guards(emu):
     assert changed and "['lr']" in changed[0], st["fallbacks"]
     detail = next(k["detail"] for k in st["keys"] if (k["reason"] or "").startswith(guards.REASON))
     assert OPTIMIZER_HINT in detail
+
+
+FLAG = {"aux": True}
+
+
+def _two_heads():
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"body": torch.nn.Linear(16, 4), "aux": torch.nn.Linear(16, 4)})
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def _step_sync(model, opt, x, y):  # a data-dependent branch; .item() keeps the key uncaptured
+    opt.zero_grad()
+    out = model["body"](x)
+    if out.sum().item() > 0:
+        out = out + model["aux"](x)
+    loss = torch.nn.functional.mse_loss(out, y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def _step_flag(model, opt, x, y):  # a branch on a Python value the function reads: a graph per value
+    opt.zero_grad()
+    out = model["body"](x)
+    if FLAG["aux"]:
+        out = out + model["aux"](x)
+    loss = torch.nn.functional.mse_loss(out, y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+@pytest.mark.parametrize("fn", [_step_sync, _step_flag])
+def test_a_parameter_a_branch_leaves_unused_is_skipped_as_eagerly(emu, fn):
+    """zero_grad() inside the step, and a branch that leaves a parameter without a gradient on some calls: eager's
+    optimizer skips it (grad None); graphjit's kept buffer must not turn that into a zero gradient that momentum
+    still moves."""
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(8, 16, generator=g) * (1 if i % 2 else -1), torch.randn(8, 4, generator=g))
+               for i in range(12)]
+    runs = []
+    for graph in (False, True):
+        model, opt = _two_heads()
+        f = graphjit.graphed(fn) if graph else fn
+        FLAG["aux"] = True
+        for i, (x, y) in enumerate(batches):
+            if i == 6:
+                FLAG["aux"] = False
+            f(model, opt, x, y)
+        runs.append(([p.detach().clone() for p in model.parameters()],
+                     [p.grad is None for p in model.parameters()], f))
+    assert cases.max_diff(runs[1][0], runs[0][0]) <= TOL, runs[1][2].report()
+    assert runs[1][1] == runs[0][1]
+
+
+def test_a_scheduler_stepped_inside_the_step_keeps_its_numbers(emu):
+    """The scheduler is stepped in the graphed function: its optimizer's lr is not fed (the number is the
+    scheduler's to set), so the lr after each call and get_last_lr() are eager's floats."""
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        return model, opt, torch.optim.lr_scheduler.ExponentialLR(opt, 0.5)
+
+    def step(model, opt, sched, x):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        sched.step()
+        return x.sum()
+
+    xs = [torch.randn(2, 8, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    lrs = []
+    for f_of in (lambda f: f, graphjit.graphed):
+        model, opt, sched = make()
+        f = f_of(step)
+        seen = []
+        for x in xs:
+            f(model, opt, sched, x)
+            seen.append((opt.param_groups[0]["lr"], sched.get_last_lr()[0]))
+        lrs.append(seen)
+    assert lrs[1] == lrs[0] and all(isinstance(a, float) and isinstance(b, float) for a, b in lrs[1])
+
+
+def test_keys_of_several_batch_shapes_share_the_gradient_buffers(emu):
+    """A smaller last batch (or shapes that cycle) makes other keys: each graphs, with the same gradient buffer
+    per parameter, and the loop equals eager."""
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 4)
+        return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        return model.weight.grad.sum().detach()
+
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(n, 16, generator=g), torch.randn(n, 4, generator=g)) for n in [8, 5, 3] * 8]
+    runs = []
+    for graph in (False, True):
+        model, opt = make()
+        f = graphjit.graphed(step) if graph else step
+        outs = [f(model, opt, x, y).clone() for x, y in batches]
+        grads = model.weight.grad
+        runs.append((outs, [p.detach().clone() for p in model.parameters()], f, grads))
+    assert cases.max_diff(runs[1][0], runs[0][0]) <= TOL and cases.max_diff(runs[1][1], runs[0][1]) <= TOL
+    st = runs[1][2].stats()
+    assert st["graphs"] == 3 and not st["fallbacks"] and st["replays"] >= 15, runs[1][2].report()

@@ -1,28 +1,24 @@
-"""torch optimizers in a graphed training step: made capturable, and their learning rate fed from a tensor.
+"""torch optimizers in a graphed training step: made capturable or fused, and their learning rate fed from a tensor.
 
-:func:`prepare` runs once per key, before the key's first warmup call, over the objects the call reaches
-(arguments, closure, globals, the bound object, and the attributes and items of plain holders of those).
+:func:`prepare` runs once per key, at its first call, over the objects the call reaches (arguments, closure,
+globals, the bound object, and the attributes and items of plain holders of those), and returns the
+:class:`~graphjit.feeds.StepContext` of the key's calls: a :class:`~.grads.CallMark`, :class:`Adopt`, the
+:class:`~graphjit.feeds.Feeds` of the learning rates and the :class:`~.grads.OwnedGrads` of the gradients.
 
-* **Capturable.** An optimizer with a ``capturable`` flag (Adam, AdamW, Adamax, NAdam, RAdam, RMSprop, ASGD,
-  Adadelta, ...) whose parameters all sit on CUDA and whose flag is off (as constructed by default) is turned
-  capturable, its step counts moved to the parameters' device, as Dynamo does when it compiles ``opt.step()``.
-  Without that its ``step()`` keeps its step counts on the CPU, which a CUDA graph cannot advance, and torch
-  refuses the capture.  Results are those of the capturable algorithm: the same update, with its bias
-  corrections computed on the GPU in the parameters' precision (within float rounding of the default path).
-* **Gradients owned by the graph.** ``zero_grad()`` with its default ``set_to_none=True`` (inside the step, or
-  before the call) makes every backward create new gradient tensors, which a graph cannot do again.  Once a
-  key's first call has made a parameter's gradient, that tensor is the parameter's gradient buffer
-  (:class:`OwnedGrads`): around each later call a parameter whose ``.grad`` was set to None gets the buffer back,
-  zeroed, and ``zero_grad()`` called inside the step zeroes the buffers in place (as PyTorch's whole-network
-  capture recipe and NeMo do).  The values are eager's: a backward into zeros is the fresh gradient, into the
-  buffer left as it was is eager's accumulation; ``p.grad`` is the same tensor from call to call.
-* **Fused SGD.** torch's default SGD (``foreach``) adds its lr as a Python number, which a graph would bake; an
-  SGD whose parameters are floating point on CUDA is made fused (its kernel reads a tensor lr, and a GradScaler's
-  found_inf on the GPU).  The update is the same, to float rounding.
+* **Prepared once seen stepping.** After a call that ran the function eagerly (the key's first), each optimizer
+  that stepped in it and whose parameters sit on CUDA is prepared; one the function reaches but never steps is
+  left as it is.  With a ``capturable`` flag that is off (Adam and AdamW as constructed by default), it is made
+  capturable and its step counts moved to the parameters' device, as Dynamo does when it compiles
+  ``opt.step()`` (torch refuses to capture the default step: its counts live on the CPU).  torch's default SGD
+  (``foreach``: it adds its lr as a Python number, which a graph would bake) is made fused, unless a gradient is
+  sparse.  Results agree with the default algorithms to float rounding.  The key then watches one more warmup
+  call before its capture where needed, so the capture knows the moved state.
 * **Fed learning rate.** A float ``lr`` of a group of Adam or AdamW (capturable or fused) or of a fused SGD is
-  fed through :mod:`graphjit.feeds`: a schedule that changes it every step costs no new capture.  Other
+  fed through :mod:`graphjit.feeds`: a schedule that changes it every step costs no new capture.  Not where the
+  call reaches the optimizer's scheduler (it may step it inside: the number is the scheduler's to set).  Other
   hyperparameters (betas, momentum, weight decay) and the lr of other optimizers stay guarded: a new value gets
   its own graph, a value that changes every call runs uncaptured and says what to change.
+* **Gradients.** :mod:`.grads` keeps the gradient buffers, so ``zero_grad()`` with ``set_to_none=True`` graphs.
 """
 
 from __future__ import annotations
@@ -36,6 +32,7 @@ from typing import Any
 import torch
 
 from ...feeds import Feeds, StepContext, slot
+from .grads import CallMark, OwnedGrads
 
 log = logging.getLogger("graphjit")
 
@@ -151,114 +148,6 @@ def _fill(t: torch.Tensor, value: float) -> None:
     t.fill_(value)
 
 
-_OWNED: list[frozenset[int]] = []  # the owned parameters of the calls running now (innermost last)
-
-
-def _owned_now() -> frozenset[int]:
-    return _OWNED[-1] if _OWNED else frozenset()
-
-
-def _zero_owned(params: Iterator[torch.Tensor] | list[torch.Tensor], owned: frozenset[int]) -> None:
-    """``zero_grad(set_to_none=True)`` of ``params`` with the owned ones zeroed in place instead."""
-    zero = []
-    for p in params:
-        g = p.grad
-        if g is None:
-            continue
-        if id(p) not in owned or g.is_sparse:
-            p.grad = None
-            continue
-        if g.grad_fn is not None:
-            g.detach_()
-        else:
-            g.requires_grad_(False)
-        zero.append(g)
-    if zero:
-        torch._foreach_zero_(zero)
-
-
-_ORIGINAL: dict[str, Any] = {"optimizer": torch.optim.Optimizer.zero_grad, "module": torch.nn.Module.zero_grad}
-
-
-def _optimizer_zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
-    owned = _owned_now()
-    if not set_to_none or not owned:
-        return _ORIGINAL["optimizer"](self, set_to_none)
-    _zero_owned([p for g in self.param_groups for p in g["params"]], owned)
-    return None
-
-
-def _module_zero_grad(self: torch.nn.Module, set_to_none: bool = True) -> None:
-    owned = _owned_now()
-    if not set_to_none or not owned:
-        return _ORIGINAL["module"](self, set_to_none)
-    _zero_owned(self.parameters(), owned)
-    return None
-
-
-class OwnedGrads:
-    """The gradient buffers of the parameters a key's step trains (see the module docstring).
-
-    Guarantees: around a call, each owned parameter's ``.grad`` is its buffer: zeroed where it was None, holding
-    the tensor's values where the user put another tensor there (the buffer is what the graph reads), unchanged
-    where it is the buffer; ``zero_grad()`` of optimizers and modules zeroes owned buffers in place during the
-    call and behaves as torch's for every other parameter.  A parameter becomes owned when a call that ran the
-    Python function before the key's first capture made or replaced its gradient (a function that only reads
-    gradients, or never runs backward, owns none, and changes none)."""
-
-    __slots__ = ("ids", "learning", "pairs", "params", "seen")
-
-    def __init__(self, params: list[torch.Tensor]) -> None:
-        self.params = params
-        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.ids: frozenset[int] = frozenset()
-        self.learning = True
-        self.seen: list[Any] | None = None
-
-    def enter(self) -> None:
-        zero = []
-        for p, buf in self.pairs:
-            g = p.grad
-            if g is buf:
-                continue
-            if g is None:
-                zero.append(buf)
-            else:
-                buf.copy_(g)
-            p.grad = buf
-        if zero:
-            torch._foreach_zero_(zero)
-        if self.learning:
-            self.seen = [p.grad for p in self.params]
-        _OWNED.append(self.ids)
-        torch.optim.Optimizer.zero_grad = _optimizer_zero_grad  # type: ignore[method-assign]
-        torch.nn.Module.zero_grad = _module_zero_grad  # type: ignore[method-assign]
-
-    def exit(self) -> None:
-        _OWNED.pop()
-        if not _OWNED:
-            torch.optim.Optimizer.zero_grad = _ORIGINAL["optimizer"]  # type: ignore[method-assign,assignment]
-            torch.nn.Module.zero_grad = _ORIGINAL["module"]  # type: ignore[method-assign,assignment]
-
-    def learn(self) -> None:
-        """After a call that ran Python: own the gradients it made or replaced."""
-        seen, self.seen = self.seen, None
-        if seen is None:
-            return
-        ids = set(self.ids)
-        for p, before in zip(self.params, seen):
-            g = p.grad
-            if g is not None and g is not before and id(p) not in ids and not g.is_sparse:
-                self.pairs.append((p, g))
-                ids.add(id(p))
-        self.ids = frozenset(ids)
-
-    def captured(self) -> None:
-        """The key is captured: its gradients are known (later calls replay, or run Python that owns no more)."""
-        self.learning = False
-        self.seen = None
-
-
 def _trained(roots: list[tuple[str, Any]], opts: list[tuple[str, torch.optim.Optimizer]]) -> list[torch.Tensor]:
     """The parameters of the optimizers and of the modules among ``roots``, each once."""
     seen: dict[int, torch.Tensor] = {}
@@ -273,30 +162,113 @@ def _trained(roots: list[tuple[str, Any]], opts: list[tuple[str, torch.optim.Opt
     return [p for p in seen.values() if isinstance(p, torch.Tensor) and p.requires_grad]
 
 
-def prepare(roots: list[tuple[str, Any]]) -> tuple[list[str], StepContext | None]:
-    """Make the optimizers ``roots`` reach capturable, own the gradients of the parameters they train, and feed
-    their learning rates (see the module docstring).  Returns what it changed, one line each (logged once by the
-    caller), and the context to put around the key's calls (None: nothing to do)."""
-    notes: list[str] = []
-    entries = []
-    opts = optimizers(roots)
-    for where, opt in opts:
-        if make_fused_sgd(opt):
-            notes.append(f"{where} (SGD) is made fused (fused=True), so that its learning rate can be fed from a "
-                         "tensor and a schedule costs no new capture: pass fused=True yourself to keep it so")
-        if make_capturable(opt):
-            notes.append(f"{where} ({type(opt).__name__}) is made capturable (capturable=True, its step counts on "
-                         f"{_device_of(opt.param_groups[0])}), as torch.compile does, so that its step can be graphed: "
-                         "pass capturable=True yourself to keep it so")
-        for i, group in enumerate(opt.param_groups):
-            lr = group.get("lr")
-            if lr.__class__ not in (int, float) or not _feeds_lr(group, opt):
+class Adopt:
+    """The part of a step's context that prepares its optimizers once a call showed they step in it: made fused
+    (SGD) or capturable (Adam, AdamW, ...), their float lr fed (see the module docstring).  An optimizer the
+    function reaches but never steps (an evaluation function holding a trainer) is left as it is."""
+
+    __slots__ = ("candidates", "feeds", "mark", "say")
+
+    def __init__(self, candidates: list[tuple[str, torch.optim.Optimizer]], feeds: Feeds, mark: CallMark,
+                 scheduled: set[int]) -> None:
+        self.candidates = [(w, o) for w, o in candidates]
+        self.feeds = feeds
+        self.mark = mark
+        self.say = scheduled  # ids of optimizers whose scheduler the function reaches: their lr is not fed
+
+    def enter(self) -> None:
+        pass
+
+    def exit(self) -> None:
+        pass
+
+    def replayed(self) -> None:
+        pass
+
+    def captured(self) -> None:
+        self.candidates = []
+
+    def learn(self) -> bool:
+        """Prepare the candidates that stepped in this call; True if one changed (its state moved: the key needs
+        another watched warmup call before its capture)."""
+        stepped = self.mark.stepped
+        changed = False
+        rest = []
+        for where, opt in self.candidates:
+            if id(opt) not in stepped:
+                rest.append((where, opt))
                 continue
-            device = _device_of(group)
-            s = slot(opt, i, "lr", functools.partial(torch.zeros, (), dtype=torch.float32, device=device))
-            entries.append((group, "lr", s))
-    parts: list[Any] = [Feeds(entries, _fill)] if entries else []
+            sparse = any(p.grad is not None and p.grad.is_sparse for g in opt.param_groups for p in g["params"])
+            if not sparse and make_fused_sgd(opt):
+                changed = True
+                log.info(f"graphjit: {where} (SGD) is made fused (fused=True), so that its learning rate can be fed "
+                                  "from a tensor and a schedule costs no new capture: pass fused=True yourself to "
+                                  "keep it so")
+            if make_capturable(opt):
+                changed = True
+                log.info(f"graphjit: {where} ({type(opt).__name__}) is made capturable (capturable=True, its step "
+                                  f"counts on {_device_of(opt.param_groups[0])}), as torch.compile does, so that "
+                                  "its step can be graphed: pass capturable=True yourself to keep it so")
+            if id(opt) not in self.say:
+                fed = {id(c) for c, _n, _s in self.feeds.entries}
+                for i, group in enumerate(opt.param_groups):
+                    if group.get("lr").__class__ not in (int, float) or not _feeds_lr(group, opt) or id(group) in fed:
+                        continue
+                    device = _device_of(group)
+                    s = slot(opt, i, "lr", functools.partial(torch.zeros, (), dtype=torch.float32, device=device))
+                    self.feeds.entries.append((group, "lr", s))
+        self.candidates = rest
+        return changed
+
+
+def _schedulers(roots: list[tuple[str, Any]]) -> set[int]:
+    """``id()`` of the optimizers whose learning-rate scheduler the call reaches (it may step it inside: then the
+    number is its own to set, and is not fed)."""
+    out: set[int] = set()
+    kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    todo: list[tuple[Any, int]] = [(v, 0) for _n, v in roots]
+    seen: set[int] = set()
+    while todo:
+        value, depth = todo.pop()
+        if id(value) in seen or depth > _MAX_DEPTH:
+            continue
+        seen.add(id(value))
+        if isinstance(value, kinds):
+            opt = getattr(value, "optimizer", None)
+            if opt is not None:
+                out.add(id(opt))
+        elif isinstance(value, (list, tuple)):
+            todo.extend((v, depth + 1) for v in value[:_MAX_ITEMS])
+        elif isinstance(value, dict):
+            todo.extend((v, depth + 1) for v in list(value.values())[:_MAX_ITEMS])
+        elif not isinstance(value, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer, type, types.ModuleType,
+                                    types.FunctionType)):
+            d = getattr(value, "__dict__", None)
+            if isinstance(d, dict):
+                todo.extend((v, depth + 1) for v in list(d.values())[:_MAX_ITEMS])
+    return out
+
+
+def prepare(roots: list[tuple[str, Any]]) -> tuple[list[str], StepContext | None]:
+    """The context of a key's calls when the call reaches optimizers (see the module docstring): a call mark, the
+    optimizers' preparation once a call shows they step, the fed learning rates, the gradient buffers.  Returns
+    no notes (the preparation's are logged when it happens) and the context (None: nothing to do)."""
+    opts = optimizers(roots)
+    if not opts:
+        return [], None
+    mark = CallMark()
+    feeds = Feeds([], _fill)
+    for _where, opt in opts:  # an optimizer already capturable or fused: its lr is fed from the first call
+        for i, group in enumerate(opt.param_groups):
+            if group.get("lr").__class__ in (int, float) and _feeds_lr(group, opt):
+                s = slot(opt, i, "lr", functools.partial(torch.zeros, (), dtype=torch.float32,
+                                                         device=_device_of(group)))
+                feeds.entries.append((group, "lr", s))
+    scheduled = _schedulers(roots)
+    feeds.entries = [e for e in feeds.entries if not any(id(o) in scheduled and e[0] in o.param_groups
+                                                         for _w, o in opts)]
+    parts: list[Any] = [mark, Adopt(opts, feeds, mark, scheduled), feeds]
     params = _trained(roots, opts)
-    if params and opts:
+    if params:
         parts.append(OwnedGrads(params))
-    return notes, (StepContext(parts) if parts else None)
+    return [], StepContext(parts)

@@ -1,0 +1,244 @@
+"""Gradient buffers a graphed training step keeps, so that ``zero_grad()`` with its default graphs.
+
+``zero_grad()`` with ``set_to_none=True`` (inside the step, or before the call) makes every backward create new
+gradient tensors, which a replay cannot do.  Once a call that ran the Python function made a parameter's
+gradient, that tensor is the parameter's buffer, one per parameter for the whole process (every key and every
+graphed function shares it: no rebinding between keys, one copy of gradient memory).  While graphjit runs a
+call (on that thread):
+
+* a parameter of the key whose ``.grad`` is None gets its buffer back, zeroed (the user zeroed it before the
+  call); one whose ``.grad`` is another tensor gets the buffer holding that tensor's values;
+* ``Optimizer.zero_grad()`` and ``Module.zero_grad()`` zero the buffers in place instead of setting them to
+  None (as PyTorch's whole-network capture recipe and NeMo do), and behave as torch's for other parameters;
+* before an optimizer steps, a buffer zeroed in this call that the backward did not write (a parameter a branch
+  left unused) is set back to None, so the optimizer skips it as it skips it eagerly.
+
+The values are eager's: a backward into zeros is the fresh gradient, into the buffer left as it was is eager's
+accumulation.  Outside graphjit's calls ``zero_grad()`` is torch's.  The wrappers and the step hook are
+installed once, at the first training step graphjit prepares, and step aside when no call is running.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+_BUFFERS: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}  # id(param) -> (param, its buffer)
+
+
+def buffer_of(p: torch.Tensor) -> torch.Tensor | None:
+    """The gradient buffer graphjit keeps for parameter ``p`` (None if it keeps none)."""
+    rec = _BUFFERS.get(id(p))
+    return rec[1] if rec is not None and rec[0]() is p else None
+
+
+def _keep(p: torch.Tensor, buf: torch.Tensor) -> None:
+    key = id(p)
+
+    def gone(_ref: Any) -> None:
+        _BUFFERS.pop(key, None)
+
+    _BUFFERS[key] = (weakref.ref(p, gone), buf)
+_LOCAL = threading.local()  # depth: graphjit calls running on this thread; zeroed: id(param) -> (p, buf, version)
+_INSTALL_LOCK = threading.Lock()
+_installed = False
+
+
+def _depth() -> int:
+    return getattr(_LOCAL, "depth", 0)
+
+
+def _zeroed() -> dict[int, tuple[torch.Tensor, torch.Tensor, int]]:
+    z = getattr(_LOCAL, "zeroed", None)
+    if z is None:
+        z = _LOCAL.zeroed = {}
+    return z
+
+
+def _zero_in_place(params: Iterable[torch.Tensor]) -> bool:
+    """``zero_grad(set_to_none=True)`` of ``params`` with their buffers zeroed in place; False (nothing done, the
+    original ``zero_grad`` runs) when no graphjit call runs on this thread or none of ``params`` has a buffer."""
+    if not _depth():
+        return False
+    zero = []
+    rest = []
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if g.is_sparse or buffer_of(p) is not g:
+            rest.append(p)
+        else:
+            zero.append((p, g))
+    if not zero:
+        return False
+    for p in rest:
+        p.grad = None
+    for _p, g in zero:
+        if g.grad_fn is not None:
+            g.detach_()
+        else:
+            g.requires_grad_(False)
+    torch._foreach_zero_([g for _p, g in zero])
+    zeroed = _zeroed()
+    for p, g in zero:
+        zeroed[id(p)] = (p, g, g._version)
+    return True
+
+
+def _before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """Optimizer step pre-hook, during graphjit's calls: note that ``opt`` stepped; a buffer zeroed in this call
+    that no backward wrote goes back to None."""
+    if not _depth():
+        return
+    stepped = getattr(_LOCAL, "stepped", None)
+    if stepped is not None:
+        stepped.add(id(opt))
+    zeroed = _zeroed()
+    if not zeroed:
+        return
+    for group in opt.param_groups:
+        for p in group["params"]:
+            rec = zeroed.get(id(p))
+            if rec is not None and p.grad is rec[1] and rec[1]._version == rec[2]:
+                p.grad = None
+
+
+def install() -> None:
+    """Wrap ``Optimizer.zero_grad`` and ``Module.zero_grad`` (as they are now) and add the step hook, once."""
+    global _installed
+    with _INSTALL_LOCK:
+        if _installed:
+            return
+        opt_zero = torch.optim.Optimizer.zero_grad
+        mod_zero = torch.nn.Module.zero_grad
+
+        def optimizer_zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+            if not set_to_none or not _zero_in_place(p for g in self.param_groups for p in g["params"]):
+                opt_zero(self, set_to_none)
+
+        def module_zero_grad(self: torch.nn.Module, set_to_none: bool = True) -> None:
+            if not set_to_none or not _zero_in_place(self.parameters()):
+                mod_zero(self, set_to_none)
+
+        optimizer_zero_grad.__wrapped__ = opt_zero  # type: ignore[attr-defined]
+        module_zero_grad.__wrapped__ = mod_zero  # type: ignore[attr-defined]
+        torch.optim.Optimizer.zero_grad = optimizer_zero_grad  # type: ignore[method-assign,assignment]
+        torch.nn.Module.zero_grad = module_zero_grad  # type: ignore[method-assign,assignment]
+        register_optimizer_step_pre_hook(_before_step)
+        _installed = True
+
+
+class CallMark:
+    """The first part of a torch step's context: marks a graphjit call running on this thread (what the
+    ``zero_grad`` wrappers and the step hook act in), and records which optimizers step in it."""
+
+    __slots__ = ("entered", "stepped")
+
+    def __init__(self) -> None:
+        install()
+        self.entered = False
+        self.stepped: set[int] = set()
+
+    def enter(self) -> None:
+        depth = _depth()
+        if depth == 0:
+            _LOCAL.stepped = set()
+        _LOCAL.depth = depth + 1
+        self.entered = True
+
+    def exit(self) -> None:
+        if not self.entered:
+            return
+        self.entered = False
+        depth = _LOCAL.depth = _depth() - 1
+        if depth == 0:
+            self.stepped = getattr(_LOCAL, "stepped", None) or set()
+            _LOCAL.stepped = None
+            _zeroed().clear()
+
+    def learn(self) -> None:
+        self.stepped = set(getattr(_LOCAL, "stepped", None) or ())
+
+    def replayed(self) -> None:
+        pass
+
+    def captured(self) -> None:
+        pass
+
+
+class OwnedGrads:
+    """The gradient buffers of the parameters one key's step trains (see the module docstring).
+
+    Guarantees: around a call, each owned parameter's ``.grad`` is its buffer (zeroed where it was None, holding
+    the values of another tensor the user put there); a parameter becomes owned when a call that ran the Python
+    function before the key's capture made or replaced its gradient (a function that only reads gradients, or
+    never runs backward, owns none and changes none); after a replay, a parameter the captured step left without
+    a gradient has none, as eagerly."""
+
+    __slots__ = ("learning", "pairs", "params", "seen", "unused")
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        install()
+        self.params = params
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.learning = True
+        self.seen: list[Any] | None = None
+        self.unused: list[torch.Tensor] = []  # owned, but without a gradient after the capture
+
+    def enter(self) -> None:
+        zero = []
+        for p, buf in self.pairs:
+            g = p.grad
+            if g is buf:
+                continue
+            if g is None:
+                zero.append((p, buf))
+            else:
+                buf.copy_(g)
+            p.grad = buf
+        if zero:
+            torch._foreach_zero_([b for _p, b in zero])
+            zeroed = _zeroed()
+            for p, b in zero:
+                zeroed[id(p)] = (p, b, b._version)
+        if self.learning:
+            self.seen = [p.grad for p in self.params]
+
+    def exit(self) -> None:
+        pass
+
+    def replayed(self) -> None:
+        for p in self.unused:
+            p.grad = None
+
+    def learn(self) -> None:
+        """After a call that ran Python: own the gradients it made or replaced."""
+        seen, self.seen = self.seen, None
+        if seen is None:
+            return
+        owned = {id(p) for p, _b in self.pairs}
+        for p, before in zip(self.params, seen):
+            g = p.grad
+            if g is None or g is before or id(p) in owned or g.is_sparse:
+                continue
+            buf = buffer_of(p)
+            if buf is None:
+                _keep(p, g)
+                buf = g
+            elif g is not buf:  # another key's buffer holds this parameter's gradient: keep one
+                buf.copy_(g)
+                p.grad = buf
+            self.pairs.append((p, buf))
+            owned.add(id(p))
+
+    def captured(self) -> None:
+        """The key is captured: its gradients are known (later calls replay, or run Python that owns no more)."""
+        self.learning = False
+        self.seen = None
+        self.unused = [p for p, _b in self.pairs if p.grad is None]
