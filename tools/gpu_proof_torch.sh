@@ -20,6 +20,8 @@ log="$out/proof-torch.log"
   timeout 420 python3 -m graphjit bench decode --backend torch --out "$out" --tag h200 2>&1 | tail -40
   echo "== bench train (torch)"
   timeout 240 python3 -m graphjit bench train --out "$out" --tag h200 2>&1 | tail -30
+  echo "== bench train --mode step (the whole training step)"
+  timeout 300 python3 -m graphjit bench train --mode step --out "$out" --tag h200 2>&1 | grep -v '^[EW][0-9]' | tail -12
   echo "== bench hf (transformers' Llama decode step)"
   timeout 420 python3 -m graphjit bench hf --out "$out" --tag h200 2>&1 | tail -20
   echo "== bench piecewise (attention islands)"
