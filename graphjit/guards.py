@@ -8,7 +8,7 @@ is guarded here, as Dynamo and Paddle's SOT guard the values a compiled frame re
 What is guarded (decided once per key, at capture, by :func:`scan`):
 
 * **Where**: the closure cells and the globals of the function (and of the Python functions it reaches
-  through them, up to :data:`MAX_FUNCTIONS`; islands are not followed: they run on every call), the object
+  through them, up to :data:`reach.MAX_FUNCTIONS`; islands are not followed: they run on every call), the object
   it is bound to (``self``, a graphed Layer/Module object), a callable object's attributes, and the
   Layer/Module objects passed as arguments (keyed by identity); from there, containers (lists, tuples,
   dicts) and object attributes (``__dict__``, ``__slots__``): submodules, configs, optimizers and their
@@ -46,11 +46,20 @@ from typing import Any
 
 from . import backends
 from .names import class_names, code_names
-from .reach import FOREIGN_MODULES, OPAQUE, Path, Visits, describe, global_names, instance_dict, slots_of, unwrap
+from .reach import (
+    FOREIGN_MODULES,
+    OPAQUE,
+    Path,
+    Visits,
+    describe,
+    functions,
+    global_names,
+    instance_dict,
+    slots_of,
+)
 
 MAX_NODES = 100_000
 MAX_DEPTH = 48
-MAX_FUNCTIONS = 64
 MAX_TUPLE = 64
 MAX_ITEMS = 256
 """A list or dict with more items is not guarded item by item (a lookup table: checking it would cost more than
@@ -169,26 +178,9 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
         objects.append(("self", bound))
     for name, value in args:
         objects.extend(_identity_keyed(name, value))
-    seen: set[int] = set()
-    todo = [fn]
-    while todo and len(seen) < MAX_FUNCTIONS:
-        f = todo.pop()
-        if island_of(f) is not None:
-            continue
-        if isinstance(f, types.MethodType):  # before unwrapping: a decorated method's __wrapped__ is unbound
-            objects.append(("self", f.__self__))
-            f = f.__func__
-        f = unwrap(f)
-        if id(f) in seen:
-            continue
-        seen.add(id(f))
-        if isinstance(f, types.MethodType):
-            objects.append(("self", f.__self__))
-            f = f.__func__
-        if not isinstance(f, types.FunctionType):
-            if f is not None and not isinstance(f, _OPAQUE):
-                objects.append(("the callable", f))
-            continue
+
+    def visit(f: types.FunctionType) -> list[Any]:
+        follow: list[Any] = []
         code = f.__code__
         names.update(code_names(code))
         for var, cell in zip(code.co_freevars, f.__closure__ or ()):
@@ -200,7 +192,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
             if guardable(value) or by_identity(value, _never):
                 slots.append((cell, "cell", "cell_contents", path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
-                todo.append(value)
+                follow.append(value)
             elif not guardable(value) and not isinstance(value, _OPAQUE):
                 objects.append((path[0], value))
         g = f.__globals__
@@ -212,9 +204,12 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
             if guardable(value) or by_identity(value, _never):
                 slots.append((g, "globals", var, path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
-                todo.append(value)
+                follow.append(value)
             elif not guardable(value) and not isinstance(value, _OPAQUE):
                 objects.append((path[0], value))
+        return follow
+
+    functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=_OPAQUE)
     return Sources(objects, slots, frozenset(names))
 
 

@@ -88,28 +88,47 @@ def describe(path: Path) -> str:
     return "".join(out)
 
 
+def functions(fn: Any, visit: Callable[[types.FunctionType], Iterable[Any]], objects: list[tuple[str, Any]],
+              skip: Callable[[Any], bool] = lambda f: False, opaque: tuple[type, ...] = OPAQUE) -> None:
+    """Walk ``fn`` and the Python functions it reaches, up to :data:`MAX_FUNCTIONS`: ``visit(f)`` sees each Python
+    function once and returns the callables to follow from it (those its closure and globals hold).  A bound
+    method adds ``("self", obj)`` to ``objects`` (also a decorated one: before unwrapping, whose ``__wrapped__``
+    is unbound), a callable object that is not ``opaque`` adds ``("the callable", obj)`` (its attributes are its
+    state); a callable ``skip`` accepts is not followed."""
+    seen: set[int] = set()
+    todo = [fn]
+    while todo and len(seen) < MAX_FUNCTIONS:
+        f = todo.pop()
+        if skip(f):
+            continue
+        if isinstance(f, types.MethodType):
+            objects.append(("self", f.__self__))
+            f = f.__func__
+        f = unwrap(f)
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if isinstance(f, types.MethodType):
+            objects.append(("self", f.__self__))
+            f = f.__func__
+        if not isinstance(f, types.FunctionType):
+            if f is not None and not isinstance(f, opaque):
+                objects.append(("the callable", f))
+            continue
+        todo.extend(visit(f))
+
+
 def roots(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """Where a call of ``fn`` may find state: ``args`` (``(name, value)`` pairs), the object ``fn``
     is bound to (``bound``), the cells of ``fn``'s closure, and the globals its code names.  A
     global or closure function written in Python is followed too (its own closure and globals), up
-    to :data:`MAX_FUNCTIONS` functions."""
+    to :data:`MAX_FUNCTIONS` functions (:func:`functions`)."""
     out: list[tuple[str, Any]] = list(args)
     if bound is not None:
         out.append(("self", bound))
-    seen_fns: set[int] = set()
-    todo = [unwrap(fn)]
-    while todo and len(seen_fns) < MAX_FUNCTIONS:
-        f = todo.pop()
-        if id(f) in seen_fns:
-            continue
-        seen_fns.add(id(f))
-        if isinstance(f, types.MethodType):
-            out.append(("self", f.__self__))
-            f = f.__func__
-        if not isinstance(f, types.FunctionType):
-            if f is not None and not isinstance(f, OPAQUE):
-                out.append(("the callable", f))  # a callable object: its attributes are its state
-            continue
+
+    def visit(f: types.FunctionType) -> list[Any]:
+        follow: list[Any] = []
         code = f.__code__
         for name, cell in zip(code.co_freevars, f.__closure__ or ()):
             try:
@@ -117,7 +136,7 @@ def roots(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]]) -
             except ValueError:  # an empty cell (a name assigned after the function was made)
                 continue
             if isinstance(value, (types.FunctionType, types.MethodType)):
-                todo.append(unwrap(value))
+                follow.append(value)
             else:
                 out.append((f"closure variable {name!r}", value))
         g = f.__globals__
@@ -126,9 +145,12 @@ def roots(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]]) -
                 continue
             value = g[name]
             if isinstance(value, (types.FunctionType, types.MethodType)):
-                todo.append(unwrap(value))
+                follow.append(value)
             elif not isinstance(value, OPAQUE):
                 out.append((f"global {name!r}", value))
+        return follow
+
+    functions(fn, visit, out)
     return out
 
 
