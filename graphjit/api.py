@@ -207,22 +207,19 @@ class _State(Policy, KeyLifecycle, ValueVariants):
 
     def feeds_of(self, sig: CallSignature, instance: Any, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> StepContext | None:
-        """The training-step preparation of a key, once, at its first call (:meth:`Backend.prepare_step`: the
-        optimizers it reaches made capturable, their learning rates fed from tensors); its feeds."""
+        """The key's :class:`~graphjit.feeds.StepContext`, made once, at its first call
+        (:meth:`Backend.prepare_step`), where CUDA graphs can be captured."""
         try:
             return self.step_feeds[sig.key]
         except KeyError:
             pass
         backend = self.pick_backend(sig)
         device = backend.device_str(sig.tensors[0]) if sig.tensors else "cuda:0"
-        if backend.graphs_unavailable(device) is not None or env.settings().disable:
-            self.step_feeds[sig.key] = None
-            return None
-        notes, feeds = backend.prepare_step(self.roots(instance, args, kwargs))
-        for note in notes:
-            self.say_once(logging.INFO, "prepare:" + note, "graphjit %s: %s", self.name, note)
-        self.step_feeds[sig.key] = feeds
-        return feeds
+        step = None
+        if backend.graphs_unavailable(device) is None:
+            step = backend.prepare_step(self.roots(instance, args, kwargs))
+        self.step_feeds[sig.key] = step
+        return step
 
     def sign_dynamic(self, dynamic: DynamicArgs, instance: Any, args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> CallSignature:

@@ -46,7 +46,29 @@ def slot(owner: Any, group: int, name: str, make: Callable[[], Any]) -> Slot:
     return found
 
 
-class Feeds:
+class StepPart:
+    """One part of a :class:`StepContext`; every hook does nothing unless a part says otherwise."""
+
+    __slots__ = ()
+
+    def enter(self) -> None:
+        """Before the call (``exit`` follows only an ``enter`` that returned)."""
+
+    def exit(self) -> None:
+        """After the call, also when it raised."""
+
+    def learn(self) -> bool:
+        """After a call that ran the Python function; True if the step's state changed."""
+        return False
+
+    def replayed(self) -> None:
+        """After a replay."""
+
+    def captured(self) -> None:
+        """Once a key the context serves is captured."""
+
+
+class Feeds(StepPart):
     """The fed entries of one key: a context manager put around each call graphjit runs for it.
 
     ``entries``: ``(container, name, slot)``; ``fill(tensor, number)`` writes a number into a slot's tensor
@@ -80,15 +102,6 @@ class Feeds:
                 container[name] = value
         self.saved = []
 
-    def learn(self) -> None:
-        pass
-
-    def captured(self) -> None:
-        pass
-
-    def replayed(self) -> None:
-        pass
-
 
 class StepContext:
     """What graphjit puts around each call of a key of a training step (:meth:`Backend.prepare_step`): parts
@@ -99,7 +112,7 @@ class StepContext:
 
     __slots__ = ("parts",)
 
-    def __init__(self, parts: list[Any]) -> None:
+    def __init__(self, parts: list[StepPart]) -> None:
         self.parts = parts
 
     def __enter__(self) -> StepContext:

@@ -320,13 +320,12 @@ class Backend(abc.ABC):
         (a changed value then needs a new translation)."""
         return True
 
-    def prepare_step(self, roots: list[tuple[str, Any]]) -> tuple[list[str], StepContext | None]:
-        """Once per key, before its first warmup call: make the training state the call reaches (``roots``)
-        capturable where the framework allows it (an optimizer's step counts moved to the GPU), and the
-        :class:`~graphjit.feeds.StepContext` put around each of the key's calls (the hyperparameters its graph
-        reads from tensors, the gradient buffers it owns).  Returns one line per change made (logged once) and
-        the context (None: nothing to do)."""
-        return [], None
+    def prepare_step(self, roots: list[tuple[str, Any]]) -> StepContext | None:
+        """Once per key, at its first call: the :class:`~graphjit.feeds.StepContext` put around each of the key's
+        calls when it is a training step (what it does with the training state the call reaches, ``roots``:
+        optimizers made capturable once seen stepping, their lr fed from tensors, the gradient buffers kept).
+        None: nothing to do."""
+        return None
 
     def unversioned_writes(self, roots: list[tuple[str, Any]]) -> frozenset[int]:
         """``id()`` of the parameters among what ``roots`` reach that kernels may write without moving their

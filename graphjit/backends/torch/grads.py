@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ...feeds import StepPart
+
 _BUFFERS: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}  # id(param) -> (param, its buffer)
 
 
@@ -134,7 +136,7 @@ def install() -> None:
         _installed = True
 
 
-class CallMark:
+class CallMark(StepPart):
     """The first part of a torch step's context: marks a graphjit call running on this thread (what the
     ``zero_grad`` wrappers and the step hook act in), and records which optimizers step in it."""
 
@@ -158,21 +160,15 @@ class CallMark:
         self.entered = False
         depth = _LOCAL.depth = _depth() - 1
         if depth == 0:
-            self.stepped = getattr(_LOCAL, "stepped", None) or set()
             _LOCAL.stepped = None
             _zeroed().clear()
 
-    def learn(self) -> None:
+    def learn(self) -> bool:
         self.stepped = set(getattr(_LOCAL, "stepped", None) or ())
-
-    def replayed(self) -> None:
-        pass
-
-    def captured(self) -> None:
-        pass
+        return False
 
 
-class OwnedGrads:
+class OwnedGrads(StepPart):
     """The gradient buffers of the parameters one key's step trains (see the module docstring).
 
     Guarantees: around a call, each owned parameter's ``.grad`` is its buffer (zeroed where it was None, holding
@@ -210,18 +206,15 @@ class OwnedGrads:
         if self.learning:
             self.seen = [p.grad for p in self.params]
 
-    def exit(self) -> None:
-        pass
-
     def replayed(self) -> None:
         for p in self.unused:
             p.grad = None
 
-    def learn(self) -> None:
+    def learn(self) -> bool:
         """After a call that ran Python: own the gradients it made or replaced."""
         seen, self.seen = self.seen, None
         if seen is None:
-            return
+            return False
         owned = {id(p) for p, _b in self.pairs}
         for p, before in zip(self.params, seen):
             g = p.grad
@@ -236,6 +229,7 @@ class OwnedGrads:
                 p.grad = buf
             self.pairs.append((p, buf))
             owned.add(id(p))
+        return False
 
     def captured(self) -> None:
         """The key is captured: its gradients are known (later calls replay, or run Python that owns no more)."""

@@ -232,7 +232,7 @@ class TorchBackend(Backend):
         if name == "grad":
             t.grad = value
 
-    def prepare_step(self, roots: list[tuple[str, Any]]) -> tuple[list[str], StepContext | None]:
+    def prepare_step(self, roots: list[tuple[str, Any]]) -> StepContext | None:
         from .optimizers import prepare
 
         return prepare(roots)

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ...feeds import Feeds, StepContext, slot
+from ...feeds import Feeds, StepContext, StepPart, slot
 from .grads import CallMark, OwnedGrads
 
 log = logging.getLogger("graphjit")
@@ -44,19 +44,37 @@ _MAX_ITEMS = 64
 def optimizers(roots: list[tuple[str, Any]]) -> list[tuple[str, torch.optim.Optimizer]]:
     """The optimizers among ``roots`` and, up to two levels down, in their lists, dicts and plain objects'
     attributes (a trainer object holding ``.optimizer``), each once, named by where it was found."""
-    found: dict[int, tuple[str, torch.optim.Optimizer]] = {}
+    return _instances(roots, (torch.optim.Optimizer,))
+
+
+_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def _scheduled(roots: list[tuple[str, Any]]) -> set[int]:
+    """``id()`` of the optimizers whose learning-rate scheduler the call reaches (it may step it inside: then the
+    number is its own to set, and is not fed)."""
+    return {id(s.optimizer) for _w, s in _instances(roots, _SCHEDULERS) if getattr(s, "optimizer", None) is not None}
+
+
+def _instances(roots: list[tuple[str, Any]], kinds: tuple[type, ...]) -> list[tuple[str, Any]]:
+    """The objects of ``kinds`` among ``roots`` and up to :data:`_MAX_DEPTH` levels into them, each once, named by
+    where it was found."""
+    found: dict[int, tuple[str, Any]] = {}
+    seen: set[int] = set()
     for name, value in roots:
-        for where, opt in _find(name, value, 0, set()):
-            found.setdefault(id(opt), (where, opt))
+        for where, obj in _find(name, value, 0, seen, kinds):
+            found.setdefault(id(obj), (where, obj))
     return list(found.values())
 
 
-def _find(name: str, value: Any, depth: int, seen: set[int]) -> Iterator[tuple[str, torch.optim.Optimizer]]:
-    if isinstance(value, torch.optim.Optimizer):
+_OPAQUE = (torch.Tensor, torch.nn.Module, torch.optim.Optimizer, type, types.ModuleType, types.FunctionType)
+
+
+def _find(name: str, value: Any, depth: int, seen: set[int], kinds: tuple[type, ...]) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, kinds):
         yield name, value
         return
-    if depth >= _MAX_DEPTH or id(value) in seen or isinstance(value, (torch.Tensor, torch.nn.Module, type,
-                                                                      types.ModuleType, types.FunctionType)):
+    if depth >= _MAX_DEPTH or id(value) in seen or isinstance(value, _OPAQUE):
         return
     seen.add(id(value))
     if isinstance(value, (list, tuple)):
@@ -69,7 +87,7 @@ def _find(name: str, value: Any, depth: int, seen: set[int]) -> Iterator[tuple[s
             return
         items = [(f"{name}.{k}", v) for k, v in list(d.items())[:_MAX_ITEMS]]
     for where, v in items:
-        yield from _find(where, v, depth + 1, seen)
+        yield from _find(where, v, depth + 1, seen, kinds)
 
 
 def fused_parameters(roots: list[tuple[str, Any]]) -> frozenset[int]:
@@ -162,28 +180,29 @@ def _trained(roots: list[tuple[str, Any]], opts: list[tuple[str, torch.optim.Opt
     return [p for p in seen.values() if isinstance(p, torch.Tensor) and p.requires_grad]
 
 
-class Adopt:
+def _feed(opt: torch.optim.Optimizer, feeds: Feeds) -> None:
+    """Add the groups of ``opt`` whose float lr it reads from a tensor when given one to ``feeds`` (once each)."""
+    fed = {id(c) for c, _n, _s in feeds.entries}
+    for i, group in enumerate(opt.param_groups):
+        if group.get("lr").__class__ not in (int, float) or not _feeds_lr(group, opt) or id(group) in fed:
+            continue
+        make = functools.partial(torch.zeros, (), dtype=torch.float32, device=_device_of(group))
+        feeds.entries.append((group, "lr", slot(opt, i, "lr", make)))
+
+
+class Adopt(StepPart):
     """The part of a step's context that prepares its optimizers once a call showed they step in it: made fused
     (SGD) or capturable (Adam, AdamW, ...), their float lr fed (see the module docstring).  An optimizer the
     function reaches but never steps (an evaluation function holding a trainer) is left as it is."""
 
-    __slots__ = ("candidates", "feeds", "mark", "say")
+    __slots__ = ("candidates", "feeds", "mark", "scheduled")
 
     def __init__(self, candidates: list[tuple[str, torch.optim.Optimizer]], feeds: Feeds, mark: CallMark,
                  scheduled: set[int]) -> None:
-        self.candidates = [(w, o) for w, o in candidates]
+        self.candidates = list(candidates)
         self.feeds = feeds
         self.mark = mark
-        self.say = scheduled  # ids of optimizers whose scheduler the function reaches: their lr is not fed
-
-    def enter(self) -> None:
-        pass
-
-    def exit(self) -> None:
-        pass
-
-    def replayed(self) -> None:
-        pass
+        self.scheduled = scheduled  # ids of optimizers whose scheduler the function reaches: their lr is not fed
 
     def captured(self) -> None:
         self.candidates = []
@@ -201,74 +220,34 @@ class Adopt:
             sparse = any(p.grad is not None and p.grad.is_sparse for g in opt.param_groups for p in g["params"])
             if not sparse and make_fused_sgd(opt):
                 changed = True
-                log.info(f"graphjit: {where} (SGD) is made fused (fused=True), so that its learning rate can be fed "
-                                  "from a tensor and a schedule costs no new capture: pass fused=True yourself to "
-                                  "keep it so")
+                log.info("graphjit: %s (SGD) is made fused (fused=True), so that its learning rate can be fed from "
+                         "a tensor and a schedule costs no new capture: pass fused=True yourself to keep it so", where)
             if make_capturable(opt):
                 changed = True
-                log.info(f"graphjit: {where} ({type(opt).__name__}) is made capturable (capturable=True, its step "
-                                  f"counts on {_device_of(opt.param_groups[0])}), as torch.compile does, so that "
-                                  "its step can be graphed: pass capturable=True yourself to keep it so")
-            if id(opt) not in self.say:
-                fed = {id(c) for c, _n, _s in self.feeds.entries}
-                for i, group in enumerate(opt.param_groups):
-                    if group.get("lr").__class__ not in (int, float) or not _feeds_lr(group, opt) or id(group) in fed:
-                        continue
-                    device = _device_of(group)
-                    s = slot(opt, i, "lr", functools.partial(torch.zeros, (), dtype=torch.float32, device=device))
-                    self.feeds.entries.append((group, "lr", s))
+                log.info("graphjit: %s (%s) is made capturable (capturable=True, its step counts on %s), as "
+                         "torch.compile does, so that its step can be graphed: pass capturable=True yourself to keep "
+                         "it so", where, type(opt).__name__, _device_of(opt.param_groups[0]))
+            if id(opt) not in self.scheduled:
+                _feed(opt, self.feeds)
         self.candidates = rest
         return changed
 
 
-def _schedulers(roots: list[tuple[str, Any]]) -> set[int]:
-    """``id()`` of the optimizers whose learning-rate scheduler the call reaches (it may step it inside: then the
-    number is its own to set, and is not fed)."""
-    out: set[int] = set()
-    kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-    todo: list[tuple[Any, int]] = [(v, 0) for _n, v in roots]
-    seen: set[int] = set()
-    while todo:
-        value, depth = todo.pop()
-        if id(value) in seen or depth > _MAX_DEPTH:
-            continue
-        seen.add(id(value))
-        if isinstance(value, kinds):
-            opt = getattr(value, "optimizer", None)
-            if opt is not None:
-                out.add(id(opt))
-        elif isinstance(value, (list, tuple)):
-            todo.extend((v, depth + 1) for v in value[:_MAX_ITEMS])
-        elif isinstance(value, dict):
-            todo.extend((v, depth + 1) for v in list(value.values())[:_MAX_ITEMS])
-        elif not isinstance(value, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer, type, types.ModuleType,
-                                    types.FunctionType)):
-            d = getattr(value, "__dict__", None)
-            if isinstance(d, dict):
-                todo.extend((v, depth + 1) for v in list(d.values())[:_MAX_ITEMS])
-    return out
-
-
-def prepare(roots: list[tuple[str, Any]]) -> tuple[list[str], StepContext | None]:
+def prepare(roots: list[tuple[str, Any]]) -> StepContext | None:
     """The context of a key's calls when the call reaches optimizers (see the module docstring): a call mark, the
-    optimizers' preparation once a call shows they step, the fed learning rates, the gradient buffers.  Returns
-    no notes (the preparation's are logged when it happens) and the context (None: nothing to do)."""
+    optimizers' preparation once a call shows they step, the fed learning rates, the gradient buffers; None
+    when it reaches none."""
     opts = optimizers(roots)
     if not opts:
-        return [], None
+        return None
     mark = CallMark()
     feeds = Feeds([], _fill)
+    scheduled = _scheduled(roots)
     for _where, opt in opts:  # an optimizer already capturable or fused: its lr is fed from the first call
-        for i, group in enumerate(opt.param_groups):
-            if group.get("lr").__class__ in (int, float) and _feeds_lr(group, opt):
-                s = slot(opt, i, "lr", functools.partial(torch.zeros, (), dtype=torch.float32,
-                                                         device=_device_of(group)))
-                feeds.entries.append((group, "lr", s))
-    scheduled = _schedulers(roots)
-    feeds.entries = [e for e in feeds.entries if not any(id(o) in scheduled and e[0] in o.param_groups
-                                                         for _w, o in opts)]
-    parts: list[Any] = [mark, Adopt(opts, feeds, mark, scheduled), feeds]
+        if id(opt) not in scheduled:
+            _feed(opt, feeds)
+    parts: list[StepPart] = [mark, Adopt(opts, feeds, mark, scheduled), feeds]
     params = _trained(roots, opts)
     if params:
         parts.append(OwnedGrads(params))
-    return [], StepContext(parts)
+    return StepContext(parts)
