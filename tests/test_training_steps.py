@@ -394,3 +394,15 @@ def test_keys_of_several_batch_shapes_share_the_gradient_buffers(emu):
     assert cases.max_diff(runs[1][0], runs[0][0]) <= TOL and cases.max_diff(runs[1][1], runs[0][1]) <= TOL
     st = runs[1][2].stats()
     assert st["graphs"] == 3 and not st["fallbacks"] and st["replays"] >= 15, runs[1][2].report()
+
+
+def test_default_sgd_adopted_after_its_first_call_graphs(emu, monkeypatch):
+    """torch's default SGD is made fused once a call shows it steps (on CUDA; here its parameters are taken to be
+    there): the first fused step must not write Python state a replay would miss (SGD's one-time device check)."""
+    from graphjit.backends.torch import optimizers
+
+    monkeypatch.setattr(optimizers, "_on_cuda", lambda opt, group: True)
+    worst, st, g = cases.compare(lambda: cases.build("cpu", opt="sgd"))
+    assert worst <= TOL, (worst, g.report())
+    assert st["graphs"] == 1 and not st["fallbacks"], g.report()
+    assert st["replays"] >= 16 - 3, g.report()
