@@ -69,6 +69,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("GRAPHJIT_NVCC", "path", "",
              "The nvcc to build csrc with (default: nvcc on PATH, then $CUDA_HOME/bin/nvcc, then "
              "/usr/local/cuda/bin/nvcc)."),
+    Variable("GRAPHJIT_COMMIT", "str", "",
+             "The commit that benchmark and doctor records name, for a copied tree whose .git is absent or "
+             "not its own (default: read from the checkout's .git)."),
 )
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -93,6 +96,7 @@ class Settings:
     ar_shared_gpu: bool
     cache_dir: Path
     nvcc: str | None
+    commit: str | None
 
 
 def _raw(name: str) -> str:
@@ -148,6 +152,7 @@ def _read() -> Settings:
         ar_shared_gpu=_bool("GRAPHJIT_AR_SHARED_GPU"),
         cache_dir=Path(_raw("GRAPHJIT_CACHE_DIR")).expanduser(),
         nvcc=_raw("GRAPHJIT_NVCC") or None,
+        commit=_raw("GRAPHJIT_COMMIT") or None,
     )
 
 

@@ -14,7 +14,12 @@ from typing import Any
 def git_commit(start: Path | None = None) -> str | None:
     """The short commit of HEAD of the checkout holding graphjit (or ``start``), read from ``.git``
     directly, like ``git rev-parse --short HEAD`` but without running a subprocess; None if there
-    is no checkout (an installed package, a copied tree)."""
+    is no checkout (an installed package, a copied tree).  ``GRAPHJIT_COMMIT`` names it instead where set."""
+    from .env import settings
+
+    named = settings().commit
+    if named:
+        return named
     here = (start or Path(__file__)).resolve()
     for folder in [here, *here.parents]:
         dot = folder / ".git"
