@@ -292,3 +292,43 @@ def instance_dict(obj: Any) -> dict[str, Any] | None:
     except (AttributeError, TypeError):
         return None
     return d if isinstance(d, dict) else None
+
+
+HOLDER_DEPTH = 2
+HOLDER_ITEMS = 64
+
+
+def instances(roots: list[tuple[str, Any]], kinds: tuple[type, ...],
+              opaque: tuple[type, ...] = ()) -> list[tuple[str, Any]]:
+    """The objects of ``kinds`` among ``roots`` and up to :data:`HOLDER_DEPTH` levels into their lists, tuples,
+    dicts and plain objects' attributes (a trainer holding ``.optimizer``), the first :data:`HOLDER_ITEMS` of each,
+    each object once, named by where it was found.  Objects of ``opaque`` (and types, modules, functions) are not
+    entered.  Used once per key to find the training state a step reaches; never on the replay path."""
+    found: dict[int, tuple[str, Any]] = {}
+    seen: set[int] = set()
+    stop = (type, types.ModuleType, types.FunctionType, *opaque)
+    for name, value in roots:
+        for where, obj in _holders(name, value, 0, seen, kinds, stop):
+            found.setdefault(id(obj), (where, obj))
+    return list(found.values())
+
+
+def _holders(name: str, value: Any, depth: int, seen: set[int], kinds: tuple[type, ...],
+             stop: tuple[type, ...]) -> Iterable[tuple[str, Any]]:
+    if isinstance(value, kinds):
+        yield name, value
+        return
+    if depth >= HOLDER_DEPTH or id(value) in seen or isinstance(value, stop) or value.__class__ in ATOMS:
+        return
+    seen.add(id(value))
+    if isinstance(value, (list, tuple)):
+        items: list[tuple[str, Any]] = [(f"{name}[{i}]", v) for i, v in enumerate(value[:HOLDER_ITEMS])]
+    elif isinstance(value, dict):
+        items = [(f"{name}[{k!r}]", v) for k, v in list(value.items())[:HOLDER_ITEMS]]
+    else:
+        d = getattr(value, "__dict__", None)
+        if not isinstance(d, dict):
+            return
+        items = [(f"{name}.{k}", v) for k, v in list(d.items())[:HOLDER_ITEMS]]
+    for where, v in items:
+        yield from _holders(where, v, depth + 1, seen, kinds, stop)

@@ -50,6 +50,8 @@ class Observation:
     """Tensors the call stored where none were before (an optimizer's lazily created state, a new ``.grad``)."""
     moved: list[Path] = field(default_factory=list)
     """Tensors the call left over other memory than before (same object, new storage)."""
+    elsewhere: list[Path] = field(default_factory=list)
+    """Tensors the call wrote that live on another device than the key's (an optimizer's state on the CPU)."""
     py_written: list[tuple[str, str, str]] = field(default_factory=list)
     """Python values the function reads (:mod:`graphjit.guards`) that the call changed: ``(path, old, new)``."""
     names: set[str] | None = None
@@ -176,12 +178,17 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     drew = rng is not None and isl.drew_outside(rng, b.rng_state(device))
     obs = Observation(probe.written(), rebound, added, drew, [with_function(s) for s in syncs], probe.incomplete,
                       isl.calls, added_tensors(before, after), moved(before, where, b.data_ptr))
+    obs.elsewhere = [p for t, p in obs.written if b.device_str(t) != device]
     if guard_src is not None and values is not None:
         if recorder.complete and runs_python:
             obs.names, obs.by_object = recorder.names, recorder.by_object
         obs.py_written = guards.written(values, guards.scan(guard_src, is_tensor, None, b.tensor_holders))
     return out, obs
 
+
+OFF_DEVICE_HINT = ("torch's Adam and AdamW are made capturable for you; Paddle's Adam and AdamW keep their beta "
+                   "powers on the CPU: use Momentum or SGD in a graphed step, or graph the model with "
+                   "graphjit.graphed_layer and step the optimizer outside")
 
 _GRAD_HINT = ("gradients set to None between calls are created anew by every backward: zero them in place "
               "with optimizer.zero_grad(set_to_none=False), or graph the model with graphjit.graphed_layer")
@@ -225,6 +232,12 @@ def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked
         return Blocked("adds tensors to an object on every call",
                        f"the function stores new tensors in objects it can reach on every call ({where}); a CUDA "
                        "graph would not do that again on replay" + (f" ({_GRAD_HINT})" if _grads(obs.added) else ""))
+    if obs.elsewhere and not first:
+        where = ", ".join(describe(p) for p in obs.elsewhere[:3]) + (" ..." if len(obs.elsewhere) > 3 else "")
+        return Blocked("writes a tensor on another device",
+                       f"the function writes tensors that are not on the graph's device ({where}) on every call; a "
+                       "CUDA graph replays the GPU's work only, so a replay would leave them as they are (an "
+                       f"optimizer keeping state on the CPU does this: {OFF_DEVICE_HINT})")
     if obs.drew_random:
         why = b.rng_in_graphs()
         if why is not None:

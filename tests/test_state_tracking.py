@@ -212,3 +212,24 @@ def test_an_object_argument_is_keyed_by_its_tensors_and_attributes():
     d = s.sign(None, (torch.ones(2), Holder(torch.ones(3), 2)), {})
     assert a.key == b.key and a.key != c.key and a.key != d.key
     assert len(a.tensors) == 2 and a.paths[1] == "argument 'h'.a"
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_a_tensor_written_on_another_device_than_the_keys_blocks_from_the_second_call(name):
+    """An optimizer's state on the CPU written by a step graphed on a GPU (Paddle's AdamW beta powers, torch's
+    Adam step counts before it is made capturable): a replay would not write it, so the key runs uncaptured.  The
+    first call may still write it (torch's Adam is prepared after its first call).  The key's device here is
+    ``meta:0``, standing for a GPU the CPU tensors are not on."""
+    _fw, zeros, inc, _copy = _tensor_fns(name)
+    b = backends.get(name)
+    h = Holder(zeros(2), None)
+    warm = Warmup()
+    for call in range(2):
+        out, obs = watched_call(b, lambda: inc(h.a), [("argument 'opt'", h)], "meta:0", BUDGET, sync_watch=False)
+        assert [reach.describe(p) for p in obs.elsewhere] == ["argument 'opt'.a"]
+        warm.note(obs, b, out, [])
+        assert (warm.blocked is None) == (call == 0)
+    assert warm.blocked.reason == "writes a tensor on another device"
+    assert "argument 'opt'.a" in warm.blocked.message and "Momentum" in warm.blocked.message
+    _out, same = watched_call(b, lambda: inc(h.a), [("argument 'opt'", h)], "cpu", BUDGET, sync_watch=False)
+    assert same.elsewhere == []

@@ -75,3 +75,76 @@ def test_the_schedulers_learning_rate_is_guarded(opt_name):
     for _ in range(3):
         sched.step()
     assert not guard.holds() and guard.change()[0] == "argument 1._learning_rate.last_lr"
+
+
+def _context(model, opt, *more):
+    from graphjit.backends.paddle import optimizers
+
+    return optimizers.prepare([("argument 0", model), ("argument 1", opt), *more])
+
+
+@pytest.mark.parametrize("opt_name", ["adamw", "momentum"])
+def test_a_fed_learning_rate_follows_the_schedule_without_the_steps_own_refill(opt_name):
+    """Around each call graphjit fills the optimizer's learning-rate tensor and skips the refill ``step()`` would do
+    (a fill whose number a graph would bake), so the update reads only that tensor: parameters equal eager's
+    bitwise under a schedule that changes every step, and ``get_lr()`` inside the call reads the tensor."""
+    rng = np.random.default_rng(2)
+    data = [(paddle.to_tensor(rng.standard_normal((8, 16)).astype("float32")),
+             paddle.to_tensor(rng.standard_normal((8, 4)).astype("float32"))) for _ in range(6)]
+    seen = []
+
+    def step_reading_lr(model, opt, x, y):
+        seen.append(float(opt.get_lr()))
+        return step(model, opt, x, y)
+
+    runs = {}
+    for fed in (False, True):
+        model, opt, sched = _loop(opt_name)
+        ctx = _context(model, opt) if fed else None
+        assert (ctx is not None) == fed
+        for x, y in data:
+            if fed:
+                with ctx:
+                    step_reading_lr(model, opt, x, y)
+                    assert opt._learning_rate is not sched  # the stand-in, the same on every call
+                    assert "_create_global_learning_rate" in opt.__dict__  # step()'s own refill is skipped
+                    stand_in = opt._learning_rate
+                assert opt._learning_rate is sched and "_create_global_learning_rate" not in opt.__dict__
+                assert float(opt._global_learning_rate()) == np.float32(sched())
+            else:
+                step_reading_lr(model, opt, x, y)
+            sched.step()
+        runs[fed] = [p.numpy() for p in model.parameters()]
+    assert all(np.array_equal(a, b) for a, b in zip(runs[True], runs[False]))
+    assert np.array_equal(np.float32(seen[:6]), np.float32(seen[6:])) and len(set(seen[:6])) > 1, seen
+    assert stand_in.last_lr == 0.0
+
+
+def test_the_guards_see_one_stand_in_while_the_schedule_moves():
+    """Checked inside the call's context (as before a replay), the scheduler path holds the stand-in, whose
+    numbers never change: a schedule stepped outside the call ends no graph."""
+    model, opt, sched = _loop("adamw")
+    x, y = paddle.randn([8, 16]), paddle.randn([8, 4])
+    ctx = _context(model, opt)
+    src = guards.sources(step, None, [("argument 0", model), ("argument 1", opt)])
+    recorder = NameRecorder()
+    with ctx, recorder:
+        step(model, opt, x, y)
+    with ctx:
+        guard = guards.GuardSet(guards.scan(src, lambda t: isinstance(t, paddle.Tensor), recorder.names, (),
+                                            recorder.by_object))
+    for _ in range(3):
+        sched.step()
+        with ctx:
+            assert guard.holds(), guard.change()
+    assert not guard.holds()  # outside the context the user's scheduler is back, and it moved
+
+
+def test_a_scheduler_the_step_reaches_is_not_fed_and_a_stepping_stand_in_says_why():
+    model, opt, sched = _loop("momentum")
+    assert _context(model, opt, ("argument 2", sched)) is None  # it may step it inside: its guards decide
+    ctx = _context(model, opt)
+    with ctx:
+        with pytest.raises(graphjit.GraphjitError, match="step your scheduler object"):
+            opt._learning_rate.step()
+    assert opt._learning_rate is sched

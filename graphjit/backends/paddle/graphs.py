@@ -26,6 +26,7 @@ import numpy as np
 import paddle
 
 from ...errors import BackendError, CaptureError, UnrecoverableCaptureError
+from ...feeds import StepContext
 from ..base import Backend, GraphHandle, Segments, in_island, segments_open
 
 log = logging.getLogger("graphjit")
@@ -424,6 +425,11 @@ class PaddleBackend(Backend):
             reason = f"inputs are on {device}; CUDA graphs need GPU tensors"
         self._unavailable[device] = reason
         return reason
+
+    def prepare_step(self, roots: list[tuple[str, Any]]) -> StepContext | None:
+        from .optimizers import prepare
+
+        return prepare(roots)
 
     def grad_enabled(self) -> bool:
         return bool(paddle.is_grad_enabled())

@@ -25,20 +25,17 @@ from __future__ import annotations
 
 import functools
 import logging
-import types
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ...feeds import Feeds, StepContext, StepPart, slot
+from ...reach import instances
 from .grads import CallMark, OwnedGrads
 
 log = logging.getLogger("graphjit")
 
 _FEEDS_LR = (torch.optim.Adam, torch.optim.AdamW)
-_MAX_DEPTH = 2
-_MAX_ITEMS = 64
 
 
 def optimizers(roots: list[tuple[str, Any]]) -> list[tuple[str, torch.optim.Optimizer]]:
@@ -56,38 +53,11 @@ def _scheduled(roots: list[tuple[str, Any]]) -> set[int]:
     return {id(s.optimizer) for _w, s in _instances(roots, _SCHEDULERS) if getattr(s, "optimizer", None) is not None}
 
 
+_OPAQUE = (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)
+
+
 def _instances(roots: list[tuple[str, Any]], kinds: tuple[type, ...]) -> list[tuple[str, Any]]:
-    """The objects of ``kinds`` among ``roots`` and up to :data:`_MAX_DEPTH` levels into them, each once, named by
-    where it was found."""
-    found: dict[int, tuple[str, Any]] = {}
-    seen: set[int] = set()
-    for name, value in roots:
-        for where, obj in _find(name, value, 0, seen, kinds):
-            found.setdefault(id(obj), (where, obj))
-    return list(found.values())
-
-
-_OPAQUE = (torch.Tensor, torch.nn.Module, torch.optim.Optimizer, type, types.ModuleType, types.FunctionType)
-
-
-def _find(name: str, value: Any, depth: int, seen: set[int], kinds: tuple[type, ...]) -> Iterator[tuple[str, Any]]:
-    if isinstance(value, kinds):
-        yield name, value
-        return
-    if depth >= _MAX_DEPTH or id(value) in seen or isinstance(value, _OPAQUE):
-        return
-    seen.add(id(value))
-    if isinstance(value, (list, tuple)):
-        items: list[tuple[str, Any]] = [(f"{name}[{i}]", v) for i, v in enumerate(value[:_MAX_ITEMS])]
-    elif isinstance(value, dict):
-        items = [(f"{name}[{k!r}]", v) for k, v in list(value.items())[:_MAX_ITEMS]]
-    else:
-        d = getattr(value, "__dict__", None)
-        if not isinstance(d, dict):
-            return
-        items = [(f"{name}.{k}", v) for k, v in list(d.items())[:_MAX_ITEMS]]
-    for where, v in items:
-        yield from _find(where, v, depth + 1, seen, kinds)
+    return instances(roots, kinds, _OPAQUE)
 
 
 def fused_parameters(roots: list[tuple[str, Any]]) -> frozenset[int]:
