@@ -127,6 +127,7 @@ class _Box:
     container: Any
     kind: str
     entries: dict[Any, tuple[Any, Path]] = field(default_factory=dict)  # key -> (value, path)
+    owner: Any = None  # the object whose ``__dict__`` the container is, if it is one
 
 
 @dataclass
@@ -137,10 +138,10 @@ class Scan:
     names: set[str] = field(default_factory=set)
     truncated: bool = False
 
-    def add(self, container: Any, kind: str, key: Any, value: Any, path: Path) -> None:
+    def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
         box = self.boxes.get(id(container))
         if box is None:
-            box = self.boxes[id(container)] = _Box(container, kind)
+            box = self.boxes[id(container)] = _Box(container, kind, owner=owner)
         box.entries.setdefault(key, (value, path))
 
     def values(self) -> dict[tuple[int, Any], tuple[Any, Path]]:
@@ -324,10 +325,10 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 if named is not None and k not in named:
                     continue  # no code of the call reads it off this object
                 if guardable(child):
-                    out.add(d, "item", k, child, (*path, (".", k)))
+                    out.add(d, "item", k, child, (*path, (".", k)), obj)
                     continue
                 if by_identity(child, is_tensor):
-                    out.add(d, "item", k, child, (*path, (".", k)))
+                    out.add(d, "item", k, child, (*path, (".", k)), obj)
                 stack.append((child, (*path, (".", k)), depth + 1, None))
         for name in slots_of(tp):
             if named is not None and name not in named:
@@ -488,13 +489,16 @@ class Drift:
         return self.changes >= self.VOLATILE or self.distinct > self.MAX_VALUES
 
 
-def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
+def written(before: Scan, after: Scan, renewed: tuple[tuple[type, str], ...] = ()) -> list[tuple[str, str, str]]:
     """``(path, old, new)`` of the guardable values one call changed (or deleted) in containers both scans
-    reached, names filter of ``after`` applied."""
+    reached, names filter of ``after`` applied.  ``renewed``: ``(type, attribute)`` pairs a framework's own code
+    sets to an equivalent new object on every call (:attr:`Backend.renewed_attributes`), not counted."""
     old = before.values()
     now = after.values()
     out = []
     for (cid, key), (value, path) in now.items():
+        if renewed and any(key == name and isinstance(after.boxes[cid].owner, kind) for kind, name in renewed):
+            continue
         was = old.get((cid, key))
         if was is not None and not same(was[0], value):
             out.append((describe(path), _show(was[0]), _show(value)))

@@ -148,3 +148,23 @@ def test_a_scheduler_the_step_reaches_is_not_fed_and_a_stepping_stand_in_says_wh
         with pytest.raises(graphjit.GraphjitError, match="step your scheduler object"):
             opt._learning_rate.step()
     assert opt._learning_rate is sched
+
+
+def test_the_helper_a_paddle_step_renews_on_every_call_is_not_a_write_a_replay_would_miss():
+    """Paddle's ``step()`` sets ``optimizer.helper`` to a new LayerHelper on every call: Python state the kernels do
+    not read, so it ends no graph (``Backend.renewed_attributes``); any other attribute the step changes still does."""
+    from graphjit import backends
+
+    model, opt, _sched = _loop("momentum")
+    x, y = paddle.randn([8, 16]), paddle.randn([8, 4])
+    step(model, opt, x, y)  # the first call makes the accumulators and the first helper
+    src = guards.sources(step, None, [("argument 0", model), ("argument 1", opt)])
+    is_tensor = lambda t: isinstance(t, paddle.Tensor)  # noqa: E731
+    before = guards.scan(src, is_tensor, None, ())
+    step(model, opt, x, y)
+    opt.tag = "written"  # stands for a write the step itself would do
+    after = guards.scan(src, is_tensor, None, ())
+    plain = [p for p, _o, _n in guards.written(before, after)]
+    assert "argument 1.helper" in plain, plain
+    kept = [p for p, _o, _n in guards.written(before, after, backends.get("paddle").renewed_attributes)]
+    assert "argument 1.helper" not in kept, kept

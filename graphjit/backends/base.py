@@ -241,6 +241,11 @@ class Backend(abc.ABC):
     """Attributes of the framework's Module/Layer objects whose dicts hold its tensors (``_parameters``,
     ``_buffers``): captured by address, not guarded as values (:mod:`graphjit.guards`)."""
 
+    renewed_attributes: tuple[tuple[type, str], ...] = ()
+    """``(type, attribute)``: Python attributes the framework's own code sets to an equivalent new object on every
+    call (Paddle's optimizers make a new ``helper`` in each ``step()``); a change of them is not a write a replay
+    would miss (:func:`graphjit.guards.written`)."""
+
     def set_tensor_state(self, t: Any, name: str, value: Any) -> None:  # noqa: B027 - optional, as tensor_state
         """Bind ``value`` (a tensor or None) as ``t``'s state ``name`` again (what :meth:`tensor_state` returned
         before a run graphjit undoes)."""

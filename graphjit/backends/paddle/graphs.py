@@ -316,6 +316,7 @@ class PaddleBackend(Backend):
     # -- state a call may write, modes, random numbers --------------------------------------
     module_holders = ("_sub_layers",)
     tensor_holders = ("_parameters", "_buffers")
+    renewed_attributes = ((paddle.optimizer.Optimizer, "helper"),)  # a new LayerHelper in every step()
     versions_complete = False  # Tensor.copy_ does not bump inplace_version (seen in 3.3.1)
 
     def version(self, t: Any) -> int | None:
