@@ -11,8 +11,9 @@ the tensor, so a new number costs one fill kernel before the replay, and no new 
 Guarantees: the user's code and schedulers only ever see their own numbers outside a graphed call; a tensor one
 slot holds is filled before any kernel of the call that reads it runs (same stream), and only when its number
 changed; slots are shared by every graphed function and key that reads the same group (one tensor per group
-entry), so a fill is never skipped for a tensor another key filled since.  Refuses: a value that is not a plain
-number at the time of the call (a tensor the user put there, say) is left in place and guarded as any value.
+entry), so a fill is never skipped for a tensor another key filled since.  A tuple of numbers (Adam's betas) is fed
+through a tuple of tensors.  Refuses: a value that is not a plain number or such a tuple at the time of the call
+(a tensor the user put there, say) is left in place and guarded as any value.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def slot(owner: Any, group: int, name: str, make: Callable[[], Any]) -> Slot:
     if found is None:
         found = slots[(group, name)] = Slot(make())
     return found
+
+
+def _numbers_for(value: Any, tensors: Any) -> bool:
+    """True if ``value`` is a tuple of numbers with one tensor of the tuple ``tensors`` for each."""
+    return (value.__class__ is tuple and tensors.__class__ is tuple and len(value) == len(tensors)
+            and all(v.__class__ in NUMBER for v in value))
 
 
 class StepPart:
@@ -90,8 +97,13 @@ class Feeds(StepPart):
             value = container[name]
             saved.append(value)
             if value.__class__ not in NUMBER:
-                continue  # the user's own tensor (or the slot itself, in a nested call): left as it is
-            if value != s.last:
+                if not _numbers_for(value, s.tensor):
+                    continue  # the user's own tensor (or the slot itself, in a nested call): left as it is
+                if value != s.last:  # a tuple of numbers (Adam's betas), a tuple of tensors its slot
+                    for t, v in zip(s.tensor, value):
+                        self.fill(t, v)
+                    s.last = value
+            elif value != s.last:
                 self.fill(s.tensor, value)
                 s.last = value
             container[name] = s.tensor

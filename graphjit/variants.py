@@ -29,12 +29,12 @@ if TYPE_CHECKING:
     from .stats import FunctionStats
 
 
-OPTIMIZER_HINT = ("An optimizer's hyperparameter: graphjit feeds a float lr to the graph from a tensor for Adam, "
-                  "AdamW and SGD on CUDA (made capturable or fused); other hyperparameters (betas, momentum, "
-                  "weight_decay), and the lr of other optimizers, are read as Python numbers: keep them constant "
-                  "while the step is graphed (OneCycleLR(..., cycle_momentum=False)), or give your optimizer a tensor "
-                  "it reads on the GPU (lr=torch.tensor(...)) filled in place; a value that changes now and then "
-                  "gets a graph per value")
+OPTIMIZER_HINT = ("An optimizer's hyperparameter: graphjit feeds the lr, betas, momentum and weight_decay of torch's "
+                  "Adam, AdamW and SGD to the graph from tensors (not for a fused SGD a GradScaler steps, nor for an "
+                  "Adam with its step counts on the CPU); other optimizers' hyperparameters are read as Python "
+                  "numbers: keep them constant while the step is graphed (OneCycleLR(..., cycle_momentum=False)), or "
+                  "give your optimizer a tensor it reads on the GPU (lr=torch.tensor(...)) filled in place; a value "
+                  "that changes now and then gets a graph per value")
 
 
 class ValueVariants(abc.ABC):

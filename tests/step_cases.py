@@ -59,9 +59,26 @@ def make_scheduler(name: str | None, opt: torch.optim.Optimizer, calls: int) -> 
         return s.ReduceLROnPlateau(opt, patience=0, factor=0.7)
     if name == "cosine":
         return s.CosineAnnealingLR(opt, T_max=calls)
-    if name == "onecycle":
+    if name == "onecycle":  # moves Adam's betas[0] / SGD's momentum on every step, and the lr
         return s.OneCycleLR(opt, max_lr=1e-2, total_steps=calls + 1)
+    if name == "cyclic":  # the same, triangular
+        return s.CyclicLR(opt, base_lr=1e-3, max_lr=1e-2, step_size_up=4)
+    if name == "decay":
+        return WeightDecaySchedule(opt)
     raise ValueError(name)
+
+
+class WeightDecaySchedule:
+    """A hand-written schedule of weight decay (and lr), set in ``param_groups`` after every call."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        self.opt, self.k = opt, 0
+
+    def step(self) -> None:
+        self.k += 1
+        for group in self.opt.param_groups:
+            group["weight_decay"] = 0.05 * 0.8 ** self.k
+            group["lr"] = 1e-2 * 0.95 ** self.k
 
 
 def build(device: str, opt: str = "adamw", zero: str = "inside", sched: str | None = None, form: str = "args",

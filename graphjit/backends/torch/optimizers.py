@@ -15,9 +15,10 @@ globals, the bound object, and the attributes and items of plain holders of thos
   call before its capture where needed, so the capture knows the moved state.
 * **Fed learning rate.** A float ``lr`` of a group of Adam or AdamW (capturable or fused) or of a fused SGD is
   fed through :mod:`graphjit.feeds`: a schedule that changes it every step costs no new capture.  Not where the
-  call reaches the optimizer's scheduler (it may step it inside: the number is the scheduler's to set).  Other
-  hyperparameters (betas, momentum, weight decay) and the lr of other optimizers stay guarded: a new value gets
-  its own graph, a value that changes every call runs uncaptured and says what to change.
+  call reaches the optimizer's scheduler (it may step it inside: the number is the scheduler's to set).  Betas,
+  momentum and weight decay that move between calls are fed too, the optimizer then stepped by graphjit
+  (:mod:`.hyper`); the hyperparameters of other optimizers stay guarded: a new value gets its own graph, a value
+  that changes every call runs uncaptured and says what to change.
 * **Gradients.** :mod:`.grads` keeps the gradient buffers, so ``zero_grad()`` with ``set_to_none=True`` graphs.
 """
 
@@ -32,6 +33,7 @@ import torch
 from ...feeds import Feeds, StepContext, StepPart, slot
 from ...reach import instances
 from .grads import CallMark, OwnedGrads
+from .hyper import Hyper
 
 log = logging.getLogger("graphjit")
 
@@ -219,6 +221,11 @@ def prepare(roots: list[tuple[str, Any]]) -> StepContext | None:
         if id(opt) not in scheduled:
             _feed(opt, feeds)
     parts: list[StepPart] = [mark, Adopt(opts, feeds, mark, scheduled), feeds]
+    hyper = Hyper(feeds, parts.append, bool(_instances(roots, (torch.amp.GradScaler,))))
+    for where, opt in opts:
+        if id(opt) not in scheduled:
+            hyper.watch(where, opt)
+    parts.append(hyper)
     params = _trained(roots, opts)
     if params:
         parts.append(OwnedGrads(params))
