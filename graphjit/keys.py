@@ -136,6 +136,7 @@ class Signer:
         self.fn_name = fn_name
         self.forced_backend = backend
         self.owner = owner
+        self._plain: tuple[Any, ...] | None = None  # the last plain call (_sign_plain)
         try:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -258,6 +259,67 @@ class Signer:
         return str(where) + _subscripts(subs)
 
     def sign(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
+        """The call's :class:`CallSignature`.  A call made only of positional tensors of one framework and plain
+        scalars, as the last such call was, takes :meth:`_sign_plain` (no walk state, and the last call's key
+        object, its hash computed once, where the key is the same); any other call walks its arguments."""
+        if not kwargs and self._plain is not None:
+            sig = self._sign_plain(instance, args)
+            if sig is not None:
+                return sig
+        sig = self._sign(instance, args, kwargs)
+        if not kwargs and not self.buckets and sig.backend is not None:
+            self._remember_plain(instance, args, sig)
+        return sig
+
+    def _sign_plain(self, instance: Any, args: tuple[Any, ...]) -> CallSignature | None:
+        """:meth:`sign` of a plain call (see there), the same key as the walk gives; None if the call is not one."""
+        plain: tuple[Any, ...] = self._plain  # type: ignore[assignment]  # sign() checked it is set
+        backend: Backend = plain[0]
+        _b, types, last_key, last_labels, was_method, probe = plain
+        method = instance is not None
+        if method is not was_method or backends.cached_type_lookup(probe, None) is not backend:
+            return None  # a bound call where it was not, or the framework's backend replaced since
+        parts: list[Any] = [len(args)]
+        tensors: list[Any] = []
+        meta = backend.meta_key
+        scalars = _SCALARS
+        for a in args:
+            tp = type(a)
+            if tp in types:
+                tensors.append(a)
+                parts.append(meta(a))
+            elif tp in scalars:
+                parts.append((tp, a))
+            else:
+                return None
+        if not tensors:
+            return None
+        owner = instance if method else self.owner
+        if owner is not None:
+            parts.append(("self", id(owner), getattr(owner, "training", None)))
+        parts.append(("modes", backend.modes()))
+        key = tuple(parts)
+        if key == last_key:
+            return CallSignature(last_key, tensors, backend, (), None, last_labels, (), self)
+        sig = CallSignature(Key(key), tensors, backend, (), None,
+                            [(method, i) for i, a in enumerate(args) if type(a) in types], (), self)
+        self._plain = (backend, types, sig.key, sig.labels, method, probe)
+        return sig
+
+    def _remember_plain(self, instance: Any, args: tuple[Any, ...], sig: CallSignature) -> None:
+        """After a walk: where the call was plain (see :meth:`sign`), the next such call may skip the walk."""
+        types = set()
+        for a in args:
+            tp = type(a)
+            if tp in _SCALARS:
+                continue
+            if backends.cached_type_lookup(tp, None) is not sig.backend:
+                return
+            types.add(tp)
+        if types:
+            self._plain = (sig.backend, frozenset(types), sig.key, sig.labels, instance is not None, next(iter(types)))
+
+    def _sign(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
         tensors: list[Any] = []
         labels: list[tuple[Any, ...]] = []
         method = instance is not None

@@ -211,3 +211,78 @@ def test_tensors_of_both_frameworks_in_one_call_are_refused():
     with pytest.raises(graphjit.SignatureError,
                        match=r"argument 'x' is a torch tensor but argument 'opts'\[1\] is a paddle tensor"):
         key(torch.ones(2), opts=[torch.ones(1), paddle.ones([1])])
+
+
+# -- the plain-call fast path ----------------------------------------------------------------
+
+
+def _fw_tensors(name):
+    if name == "torch":
+        return (lambda *s, dtype=None: torch.zeros(*s, dtype=dtype or torch.float32)), torch.float16, torch.no_grad
+    return (lambda *s, dtype=None: paddle.zeros(list(s), dtype=dtype or "float32")), "float16", paddle.no_grad
+
+
+FRAMEWORKS = [pytest.param("torch", marks=pytest.mark.torch), pytest.param("paddle", marks=pytest.mark.paddle)]
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_a_plain_call_signed_without_the_walk_has_the_walks_key(name):
+    """One signer signs a run of calls: each key, label list and tensor list equals a fresh signer's (which walks),
+    calls of the same structure skip the walk, and any other call (a container, a keyword, another structure)
+    walks again."""
+    zeros, half, no_grad = _fw_tensors(name)
+
+    def f(a, b=None, c=1.0, d=None):
+        return a
+
+    calls = [
+        ((zeros(2, 3), zeros(4)), {}),
+        ((zeros(2, 3), zeros(4)), {}),  # same structure: the fast path, the same key object
+        ((zeros(2, 5), zeros(4)), {}),  # another shape
+        ((zeros(2, 5, dtype=half), zeros(4)), {}),  # another dtype
+        ((zeros(2, 5), zeros(4), 2.0), {}),  # a float
+        ((zeros(2, 5), zeros(4), 2), {}),  # an int where a float was: another key
+        ((zeros(2, 5), zeros(4), True), {}),  # a bool
+        ((zeros(2, 5), None, 2.0), {}),  # None where a tensor was
+        ((zeros(2, 5), [zeros(1)]), {}),  # a container: walked
+        ((zeros(2, 5), zeros(4)), {"d": 3}),  # a keyword: walked
+        ((zeros(2, 3), zeros(4)), {}),  # back to the first
+    ]
+    shared = Signer(f, None, "auto", "f")
+    walks = []
+    real = shared._sign
+
+    def counting(*a, **k):
+        walks.append(1)
+        return real(*a, **k)
+
+    shared._sign = counting
+    keys = []
+    for args, kwargs in calls:
+        got = shared.sign(None, args, kwargs)
+        want = Signer(f, None, "auto", "f").sign(None, args, kwargs)
+        assert got.key == want.key and hash(got.key) == hash(want.key), (args, kwargs)
+        assert got.labels == want.labels and all(a is b for a, b in zip(got.tensors, want.tensors))
+        keys.append(got.key)
+    assert keys[1] is keys[0] and keys[10] == keys[0] and len(set(keys[:10])) == 9
+    assert len(walks) == 3  # the first call, the container and the keyword
+    with no_grad():  # a mode is part of the key on the fast path too
+        assert shared.sign(None, calls[0][0], {}).key != keys[0]
+
+
+@pytest.mark.torch
+def test_a_plain_call_keeps_requires_grad_and_the_bound_objects_mode_in_its_key():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    m = M()
+    s = Signer(M.forward, None, "auto", "forward")
+    x = torch.zeros(2)
+    first = s.sign(m, (x,), {}).key
+    assert s.sign(m, (x,), {}).key is first
+    assert s.sign(m, (x.requires_grad_(),), {}).key != first
+    x.requires_grad_(False)
+    m.eval()
+    assert s.sign(m, (x,), {}).key != first
+    assert s.sign(None, (m, x), {}).key != first  # unbound: another structure, walked

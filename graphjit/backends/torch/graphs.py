@@ -251,8 +251,7 @@ class TorchBackend(Backend):
 
     def modes(self) -> tuple[Any, ...]:
         autocast = _autocast_modes() if _any_autocast() else None
-        return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast,
-                torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled())
+        return (_grad_enabled(), _inference_mode(), autocast, _matmul_precision(), _deterministic())
 
     def describe_modes(self, modes: tuple[Any, ...]) -> str:
         grad, inference, autocast, precision, deterministic = modes
@@ -417,6 +416,13 @@ class TorchBackend(Backend):
 _SYNC_WATCHER = SyncWatcher(torch.cuda.get_sync_debug_mode, torch.cuda.set_sync_debug_mode)
 
 _any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+# The modes read on every call, as the C functions behind torch's Python wrappers where this torch has them.
+_grad_enabled: Callable[[], bool] = torch.is_grad_enabled
+_inference_mode: Callable[[], bool] = torch.is_inference_mode_enabled
+_matmul_precision: Callable[[], str] = getattr(torch._C, "_get_float32_matmul_precision",
+                                               torch.get_float32_matmul_precision)
+_deterministic: Callable[[], bool] = getattr(torch._C, "_get_deterministic_algorithms",
+                                             torch.are_deterministic_algorithms_enabled)
 
 
 def _autocast_modes() -> tuple[tuple[str, bool, Any], ...]:
