@@ -1,0 +1,64 @@
+"""A graphed function called inside code that ``torch.compile`` compiles: Dynamo does not inline it (it is marked
+as ``torch.compiler.disable`` marks functions), ends its graph before the call and calls it, so graphjit captures and
+replays the call there as anywhere else.  Inlined, the function used to be compiled without graphjit (0 calls, said
+nowhere), and a graphed closure made Dynamo fail its own guards (``AssertionError: Guard failed on the same frame
+it was created``)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import graphjit  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _model():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+
+    @graphjit.graphed
+    def f(x):  # a closure: what Dynamo's guards failed on
+        return lin(x).relu()
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(4, 4)
+
+        @graphjit.graphed
+        def forward(self, x):
+            return self.l(x) * 3
+
+    return f, M()
+
+
+def test_torch_compile_around_graphed_functions_calls_them_and_they_graph(emu):
+    f, m = _model()
+
+    def outer(x):
+        return f(x) * 2 + m(x)
+
+    compiled = torch.compile(outer, backend="eager")
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.randn(2, 4)
+            want = f.__wrapped__(x) * 2 + type(m).forward.__wrapped__(m, x)
+            assert torch.allclose(compiled(x), want)
+    for g in (f, m.forward):
+        st = g.stats()
+        assert st["calls"] == 6 and st["graphs"] == 1 and st["replays"] == 4, g.report()
+
+
+def test_torch_compile_around_a_graphed_closure_runs_without_a_graph():
+    """On a CPU build (no CUDA graphs) the calls run uncaptured, with that reason, and results equal eager."""
+    f, _m = _model()
+    compiled = torch.compile(lambda x: f(x) * 2, backend="eager")
+    with torch.no_grad():
+        for n in (2, 2, 3):
+            x = torch.randn(n, 4)
+            assert torch.allclose(compiled(x), f.__wrapped__(x) * 2)
+    st = f.stats()
+    assert st["calls"] == 3 and not st["graphs"], f.report()
