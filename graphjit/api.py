@@ -180,14 +180,14 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         if entry is not None:
             if entry.feeds is None:
                 return self.captured(entry, sig, settings, instance, args, kwargs, previous)
-            with entry.feeds:
+            with self.lock, entry.feeds:  # one call at a time where a step context swaps the step's state
                 return self.captured(entry, sig, settings, instance, args, kwargs, previous)
         if backends.translating():
             return wrapped(*args, **kwargs)
         feeds = self.feeds_of(sig, instance, args, kwargs)
         if feeds is None:
             return self.slow(sig, settings, instance, args, kwargs, previous)
-        with feeds:
+        with self.lock, feeds:
             try:
                 return self.slow(sig, settings, instance, args, kwargs, previous)
             finally:

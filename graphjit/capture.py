@@ -303,7 +303,8 @@ def _guard_scan(req: BuildRequest) -> Callable[[], guards.Scan] | None:
         return None
     b, src, warm = req.backend, req.guard_sources(), req.warm
     is_tensor = _is_tensor_of(b)
-    return lambda: guards.scan(src, is_tensor, warm.names, b.tensor_holders, warm.by_object, b.module_holders)
+    return lambda: guards.scan(src, is_tensor, warm.names, b.tensor_holders, warm.by_object, b.module_holders,
+                               b.renewed_attributes)
 
 
 def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values: guards.Scan | None = None,
@@ -331,7 +332,7 @@ def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values:
                            f"held by objects ({paths}); a replay would not do that again",
                            reason="rebinds a tensor held by an object")
     if values is not None and rescan is not None:
-        changed = guards.written(values, rescan(), req.backend.renewed_attributes)
+        changed = guards.written(values, rescan())
         if changed:
             path, old, new = changed[0]
             raise CaptureError(f"{req.fn_name} {req.stats.label}: the function changes {path} ({old} -> {new}) when "

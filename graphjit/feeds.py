@@ -23,6 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 NUMBER = (int, float)
+ZERO_DECIDES = frozenset(("momentum", "weight_decay"))
+"""Names whose zero decides what the step does, not only by how much (torch's SGD keeps no momentum buffer at
+momentum 0): a zero stays a number, guarded, so it gets a graph of its own."""
 
 
 class Slot:
@@ -96,6 +99,8 @@ class Feeds(StepPart):
         for container, name, s in self.entries:
             value = container[name]
             saved.append(value)
+            if value == 0 and name in ZERO_DECIDES and value.__class__ in NUMBER:
+                continue  # left a number: a zero turns a part of the step off, as it does eagerly
             if value.__class__ not in NUMBER:
                 if not _numbers_for(value, s.tensor):
                     continue  # the user's own tensor (or the slot itself, in a nested call): left as it is

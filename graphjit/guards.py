@@ -137,8 +137,11 @@ class Scan:
     boxes: dict[int, _Box] = field(default_factory=dict)
     names: set[str] = field(default_factory=set)
     truncated: bool = False
+    renewed: tuple[tuple[type, str], ...] = ()  # (type, attribute) the framework renews every call: not values
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
+        if owner is not None and self.renewed and any(key == n and isinstance(owner, t) for t, n in self.renewed):
+            return
         box = self.boxes.get(id(container))
         if box is None:
             box = self.boxes[id(container)] = _Box(container, kind, owner=owner)
@@ -234,7 +237,7 @@ def _identity_keyed(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str
 
 def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None,
          holders: Iterable[str] = (), by_object: dict[int, frozenset[str]] | None = None,
-         transparent: Iterable[str] = ()) -> Scan:
+         transparent: Iterable[str] = (), renewed: tuple[tuple[type, str], ...] = ()) -> Scan:
     """Every guardable value the sources reach (see the module docstring).  ``ran``: the names the code of the
     last warmup call used (:class:`NameRecorder`, the function run as Python); None where that is not known
     (a tracer that runs a program instead, a profiler in the way): then every name the methods of the classes
@@ -249,7 +252,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     Module holds its submodules, parameters and buffers: their dict keys count as the owner's attributes."""
     holding = frozenset(holders)
     through = frozenset(transparent) | holding
-    out = Scan()
+    out = Scan(renewed=renewed)
     out.names.update(src.names)
     if ran is not None:
         out.names.update(ran)
@@ -489,16 +492,13 @@ class Drift:
         return self.changes >= self.VOLATILE or self.distinct > self.MAX_VALUES
 
 
-def written(before: Scan, after: Scan, renewed: tuple[tuple[type, str], ...] = ()) -> list[tuple[str, str, str]]:
+def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
     """``(path, old, new)`` of the guardable values one call changed (or deleted) in containers both scans
-    reached, names filter of ``after`` applied.  ``renewed``: ``(type, attribute)`` pairs a framework's own code
-    sets to an equivalent new object on every call (:attr:`Backend.renewed_attributes`), not counted."""
+    reached, names filter of ``after`` applied."""
     old = before.values()
     now = after.values()
     out = []
     for (cid, key), (value, path) in now.items():
-        if renewed and any(key == name and isinstance(after.boxes[cid].owner, kind) for kind, name in renewed):
-            continue
         was = old.get((cid, key))
         if was is not None and not same(was[0], value):
             out.append((describe(path), _show(was[0]), _show(value)))

@@ -168,7 +168,8 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     probe = WriteProbe(b, before, budget, b.unversioned_writes(roots))
     rng = b.rng_state(device)
     syncs: list[str] = []
-    values = guards.scan(guard_src, is_tensor, None, b.tensor_holders) if guard_src is not None else None
+    values = (guards.scan(guard_src, is_tensor, None, b.tensor_holders, renewed=b.renewed_attributes)
+              if guard_src is not None else None)
     recorder = NameRecorder()
     with b.sync_watch(syncs) if sync_watch else contextlib.nullcontext(), collecting(b, device) as isl, \
             recorder if guard_src is not None else contextlib.nullcontext():
@@ -182,8 +183,8 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     if guard_src is not None and values is not None:
         if recorder.complete and runs_python:
             obs.names, obs.by_object = recorder.names, recorder.by_object
-        obs.py_written = guards.written(values, guards.scan(guard_src, is_tensor, None, b.tensor_holders),
-                                        b.renewed_attributes)
+        obs.py_written = guards.written(values, guards.scan(guard_src, is_tensor, None, b.tensor_holders,
+                                                            renewed=b.renewed_attributes))
     return out, obs
 
 

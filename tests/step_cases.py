@@ -65,7 +65,22 @@ def make_scheduler(name: str | None, opt: torch.optim.Optimizer, calls: int) -> 
         return s.CyclicLR(opt, base_lr=1e-3, max_lr=1e-2, step_size_up=4)
     if name == "decay":
         return WeightDecaySchedule(opt)
+    if name == "momentum_to_zero":
+        return MomentumToZero(opt)
     raise ValueError(name)
+
+
+class MomentumToZero:
+    """A hand-written momentum schedule that reaches 0 for a while and comes back (torch's SGD keeps no momentum
+    buffer update at 0: a step that must not be fed a zero)."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        self.opt, self.k = opt, 0
+
+    def step(self) -> None:
+        self.k += 1
+        for group in self.opt.param_groups:
+            group["momentum"] = [0.9, 0.8, 0.7, 0.0, 0.0, 0.0, 0.5, 0.6][self.k % 8]
 
 
 class WeightDecaySchedule:

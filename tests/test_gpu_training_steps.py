@@ -81,6 +81,12 @@ def test_a_schedule_of_betas_momentum_or_weight_decay_graphs_once(opt, sched):
     assert all(k["verify"] == "passed" for k in st["keys"]), g.report()
 
 
+def test_a_momentum_that_reaches_zero_stays_right():
+    worst, st, g = cases.compare(lambda: cases.build("cuda", opt="sgd", sched="momentum_to_zero"))
+    assert worst <= TOL, (worst, g.report())
+    assert st["graphs"] >= 1 and st["replays"] >= 6, g.report()
+
+
 def test_a_moving_momentum_of_an_sgd_a_grad_scaler_steps_runs_uncaptured_saying_what_moved():
     worst, st, g = cases.compare(lambda: cases.build("cuda", opt="sgd", sched="onecycle", amp="fp16"))
     assert worst <= 1e-3, g.report()

@@ -417,3 +417,44 @@ def test_default_sgd_adopted_after_its_first_call_graphs(emu, monkeypatch):
     assert worst <= TOL, (worst, g.report())
     assert st["graphs"] == 1 and not st["fallbacks"], g.report()
     assert st["replays"] >= 16 - 3, g.report()
+
+
+def test_a_momentum_that_reaches_zero_stays_right(emu):
+    """At momentum 0 torch's SGD leaves its momentum buffers alone: a fed zero would update them, so a zero stays a
+    number (guarded: a graph of its own) and the buffers end as eagerly."""
+    worst, st, g = cases.compare(lambda: cases.build("cpu", opt="sgd_fused", sched="momentum_to_zero"))
+    assert worst <= TOL, (worst, g.report())
+    assert st["graphs"] >= 1 and st["replays"] >= 6, g.report()
+
+
+def test_a_param_group_added_between_calls_and_scaler_arguments_are_handled():
+    """Hyper compares hyperparameters group by group: a group added between two calls is a new baseline, not an
+    error; graphjit's own step refuses a GradScaler's grad_scale / found_inf instead of ignoring them, and while it
+    is in place the optimizer says it takes none (a scaler then unscales first)."""
+    from graphjit.backends.torch import hyper
+    from graphjit.feeds import Feeds
+
+    a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([a], lr=0.1, momentum=0.9, fused=True)
+    parts = []
+    h = hyper.Hyper(Feeds([], lambda t, v: t.fill_(v)), parts.append, False)
+    h.watch("opt", opt)
+    a.grad = torch.ones(2)
+    assert not h.learn()
+    opt.add_param_group({"params": [b], "momentum": 0.5})
+    opt.param_groups[0]["momentum"] = 0.8
+    assert not h.learn() and not parts  # another group count: a new baseline
+    opt.param_groups[0]["momentum"] = 0.7
+    assert h.learn() and len(parts) == 1
+    own = parts[0]
+    assert opt._step_supports_amp_scaling
+    own.enter()
+    try:
+        assert not opt._step_supports_amp_scaling
+        opt.grad_scale = torch.ones(())
+        with pytest.raises(graphjit.GraphjitError, match="GradScaler"):
+            opt.step()
+        del opt.grad_scale
+    finally:
+        own.exit()
+    assert opt._step_supports_amp_scaling and "step" not in opt.__dict__

@@ -3,16 +3,17 @@
 A Paddle optimizer's kernels read the learning rate from a device tensor it keeps (``_global_learning_rate()``),
 but its ``step()`` refills that tensor on every call with the scheduler's number, a fill kernel whose value a CUDA
 graph would bake.  :func:`prepare` runs once per key, at its first call, over the objects the call reaches, and
-returns the :class:`~graphjit.feeds.StepContext` of the key's calls with one :class:`FedRate` per optimizer
-whose learning rate is a number or an ``paddle.optimizer.lr`` scheduler.
+returns the :class:`~graphjit.feeds.StepContext` of the key's calls with one :class:`FeedsRate` per optimizer
+whose learning rate is a ``paddle.optimizer.lr`` scheduler.
 
 * **Fed learning rate.** Before each call (warmup, capture, verify and replay alike) the tensor is filled with
   the number the optimizer would use (``get_lr()``), when it changed; during the call the optimizer's own refill
-  is skipped and ``optimizer._learning_rate`` is a stand-in (:class:`FedRate`) whose ``get_lr()`` is that tensor.
+  is skipped and ``optimizer._learning_rate`` is a stand-in (:class:`FedRate`) that reads as the scheduler.
   So a schedule stepped outside the call costs no new capture, and a graph's guards see the same stand-in on
   every call.  After the call the user's scheduler or number is back.
 * **Not fed** where the call reaches the scheduler itself (it may step it inside: the number is its own to set,
-  and the guards of :mod:`graphjit.guards` check it), or where the learning rate is a tensor the user made.
+  and the guards of :mod:`graphjit.guards` check it), or where the learning rate is a number (``set_lr``: the
+  guards see a new number as a new value).
 * Other hyperparameters (momentum, betas, weight decay) are Python numbers Paddle's kernels take as attributes:
   guarded.  Paddle's Adam and AdamW keep their beta powers on the CPU, which a replay would not update: such a
   step runs uncaptured with the reason "writes a tensor on another device" (:mod:`graphjit.warmup`).
@@ -44,22 +45,28 @@ def _schedulers(roots: list[tuple[str, Any]]) -> set[int]:
 
 
 class FedRate(LRScheduler):
-    """Stands for an optimizer's learning rate while graphjit runs a call: ``get_lr()`` and calling it give the
-    optimizer's learning-rate tensor (device memory a replay reads), ``last_lr`` never changes; stepping it is
-    refused (the user's scheduler is the one to step, outside the call)."""
+    """Stands for an optimizer's scheduler while graphjit runs a call: ``get_lr()``, calling it and ``last_lr``
+    give the number the optimizer's learning-rate tensor was filled with for this call (as the scheduler would);
+    ``state_dict()`` is the scheduler's; stepping it is refused (step the scheduler itself, outside the call).
+    Code of the call that reads the number makes it a guarded value of the call: a schedule that changes it then
+    runs uncaptured, right."""
 
-    def __init__(self, tensor: Any) -> None:  # no LRScheduler.__init__: it would step
-        self.base_lr = self.last_lr = 0.0
-        self.last_epoch = 0
+    def __init__(self, real: LRScheduler) -> None:  # no LRScheduler.__init__: it would step
+        self.real = real
+        self.base_lr = real.base_lr
+        self.last_lr = float(real())
+        self.last_epoch = real.last_epoch
         self.verbose = False
-        self._var_name = None
-        self.tensor = tensor
+        self._var_name = getattr(real, "_var_name", None)
 
-    def __call__(self) -> Any:
-        return self.tensor
+    def __call__(self) -> float:
+        return self.last_lr
 
-    def get_lr(self) -> Any:
-        return self.tensor
+    def get_lr(self) -> float:
+        return self.last_lr
+
+    def state_dict(self) -> Any:
+        return self.real.state_dict()
 
     def step(self, epoch: Any = None) -> None:
         raise GraphjitError("graphjit: the learning rate of an optimizer is fed from a tensor during a graphed call; "
@@ -85,9 +92,9 @@ class FeedsRate(StepPart):
         opt = self.opt
         rate = opt._learning_rate
         self.saved = None
-        if isinstance(rate, FedRate) or not isinstance(rate, (LRScheduler, int, float)):
-            return  # a nested call, or the user's own tensor: left as it is
-        value = float(rate()) if isinstance(rate, LRScheduler) else float(rate)
+        if not isinstance(rate, LRScheduler) or isinstance(rate, FedRate):
+            return  # a nested call, or no scheduler (any more): left as it is
+        value = float(rate())
         tensor = opt._global_learning_rate()
         if tensor is None:  # made and filled once, eagerly, before any capture, as step() would make it
             if getattr(opt, "helper", None) is None:
@@ -97,8 +104,9 @@ class FeedsRate(StepPart):
             self.filled.last = value
         if tensor is None:
             return
-        if self.stand_in is None or self.stand_in.tensor is not tensor:
-            self.stand_in = FedRate(tensor)
+        if self.stand_in is None or self.stand_in.real is not rate:
+            self.stand_in = FedRate(rate)
+        self.stand_in.last_lr, self.stand_in.last_epoch = value, rate.last_epoch
         if value != self.filled.last:
             tensor.fill_(value)
             self.filled.last = value
@@ -123,7 +131,7 @@ def prepare(roots: list[tuple[str, Any]]) -> StepContext | None:
     parts: list[StepPart] = []
     for _where, opt in optimizers(roots):
         rate = getattr(opt, "_learning_rate", None)
-        if id(rate) in reached or not isinstance(rate, (LRScheduler, int, float)):
-            continue
+        if id(rate) in reached or not isinstance(rate, LRScheduler):
+            continue  # a float rate: Paddle never refills it in step(); a new number (set_lr) is a new value
         parts.append(FeedsRate(opt))
     return StepContext(parts) if parts else None

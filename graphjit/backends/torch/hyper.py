@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ...errors import GraphjitError
 from ...feeds import Feeds, StepPart, slot
 
 log = logging.getLogger("graphjit")
@@ -67,9 +68,10 @@ def adam_step(opt: torch.optim.Optimizer, closure: Any = None) -> Any:
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
-    decoupled = isinstance(opt, torch.optim.AdamW) or bool(opt.defaults.get("decoupled_weight_decay"))
+    _refuse_scaler_arguments(opt)
     with torch.no_grad():
         for group in opt.param_groups:
+            decoupled = bool(group.get("decoupled_weight_decay", isinstance(opt, torch.optim.AdamW)))
             params, grads, avgs, sqs, maxes, steps = [], [], [], [], [], []
             amsgrad, maximize = bool(group.get("amsgrad")), bool(group.get("maximize"))
             for p in group["params"]:
@@ -131,6 +133,7 @@ def sgd_step(opt: torch.optim.Optimizer, closure: Any = None) -> Any:
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
+    _refuse_scaler_arguments(opt)
     with torch.no_grad():
         for group in opt.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
@@ -161,6 +164,15 @@ def sgd_step(opt: torch.optim.Optimizer, closure: Any = None) -> Any:
     return loss
 
 
+def _refuse_scaler_arguments(opt: torch.optim.Optimizer) -> None:
+    """A GradScaler hands a fused optimizer its scale and found_inf; graphjit's steps take neither (while
+    :class:`OwnStep` is in place the optimizer says it does not, so a scaler unscales it first, as torch's
+    non-fused optimizers): never silently ignore them."""
+    if getattr(opt, "grad_scale", None) is not None or getattr(opt, "found_inf", None) is not None:
+        raise GraphjitError("graphjit: a GradScaler passed grad_scale/found_inf to an optimizer graphjit steps with "
+                            "fed hyperparameters; keep betas, momentum and weight decay constant with a GradScaler")
+
+
 def _nonzero(v: Any) -> bool:
     """A fed tensor counts as nonzero (its number decided it when the optimizer was fed); a number by its value."""
     return isinstance(v, torch.Tensor) or v != 0
@@ -181,7 +193,7 @@ def _powers(base: Any, steps: list[torch.Tensor]) -> list[torch.Tensor]:
 class OwnStep(StepPart):
     """During graphjit's calls, ``opt.step`` is :func:`adam_step` / :func:`sgd_step` behind torch's step hooks."""
 
-    __slots__ = ("entered", "opt", "saved", "step")
+    __slots__ = ("amp", "entered", "opt", "saved", "step")
 
     _MISSING = object()  # the optimizer had no ``step`` of its own (an LR scheduler's wrapper is one)
 
@@ -196,22 +208,28 @@ class OwnStep(StepPart):
 
         self.step = types.MethodType(torch.optim.Optimizer.profile_hook_step(step), opt)
         self.saved: Any = OwnStep._MISSING
+        self.amp: Any = OwnStep._MISSING
         self.entered = False
 
     def enter(self) -> None:
-        self.saved = self.opt.__dict__.get("step", OwnStep._MISSING)
-        self.opt.step = self.step  # type: ignore[method-assign]
+        opt = self.opt
+        self.saved = opt.__dict__.get("step", OwnStep._MISSING)
+        self.amp = opt.__dict__.get("_step_supports_amp_scaling", OwnStep._MISSING)
+        opt.step = self.step  # type: ignore[method-assign]
+        opt._step_supports_amp_scaling = False  # type: ignore[attr-defined]  # a GradScaler unscales first
         self.entered = True
 
     def exit(self) -> None:
         if not self.entered:  # made during the call it would leave (Hyper.learn)
             return
         self.entered = False
-        if self.saved is OwnStep._MISSING:
-            self.opt.__dict__.pop("step", None)
-        else:
-            self.opt.step = self.saved  # type: ignore[method-assign]
-        self.saved = OwnStep._MISSING
+        opt = self.opt
+        for name, saved in (("step", self.saved), ("_step_supports_amp_scaling", self.amp)):
+            if saved is OwnStep._MISSING:
+                opt.__dict__.pop(name, None)
+            else:
+                setattr(opt, name, saved)
+        self.saved = self.amp = OwnStep._MISSING
 
 
 class Hyper(StepPart):
@@ -242,7 +260,7 @@ class Hyper(StepPart):
             now = _values(opt)
             before = self.seen.get(id(opt))
             self.seen[id(opt)] = now
-            if before is None or before == now or not eligible(opt, self.scaled):
+            if before is None or before == now or len(before) != len(now) or not eligible(opt, self.scaled):
                 rest.append((where, opt))
                 continue
             moved = self._feed(opt, before, now)
@@ -260,8 +278,9 @@ class Hyper(StepPart):
         names = _hyper_names(opt)
         all_moved: set[str] = set()
         for i, group in enumerate(opt.param_groups):
-            device = group["params"][0].device
-            make = functools.partial(torch.zeros, (), dtype=torch.float32, device=device)
+            first = group["params"][0]
+            dtype = torch.float64 if first.dtype == torch.float64 else torch.float32  # as torch's own scalars
+            make = functools.partial(torch.zeros, (), dtype=dtype, device=first.device)
             moved = [n for n, a, b in zip(names, before[i], now[i]) if a != b]
             all_moved.update(moved)
             for name in ("lr", *moved):
