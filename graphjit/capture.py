@@ -51,7 +51,7 @@ from .recheck import DynamicCheck
 from .sites import in_traceback
 from .stats import KeyStats, State
 from .tree import structure
-from .warmup import Warmup
+from .warmup import ELSEWHERE, Warmup, elsewhere
 from .writes import Snapshot, compare_outputs, tolerance
 
 __all__ = ["BuildRequest", "KeyEntry", "build", "tolerance"]
@@ -152,6 +152,9 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
     (a failed verify) it has run exactly once and ``result`` is its result.
     """
     b, st = req.backend, req.stats
+    if req.warm.elsewhere_first:  # the only watched call wrote off-device tensors (warmup=1): as on every call
+        raise CaptureError(f"{req.fn_name} {st.label}: {elsewhere(req.warm.elsewhere_first).message}",
+                           reason=ELSEWHERE)
     t_start = time.perf_counter()
     with CAPTURE_LOCK, b.device_guard(req.device):
         statics = static_buffers(req)

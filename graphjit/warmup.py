@@ -82,6 +82,9 @@ class Warmup:
     untracked: str | None = None
     blocked: Blocked | None = None
     sync_watched: bool = False  # a warmup run was watched for CPU-GPU syncs
+    elsewhere_first: list[Path] = field(default_factory=list)
+    """Tensors off the graph's device the key's first call wrote, while no later watched call has been seen (torch's
+    Adam is made capturable after its first call, which moves them): a capture refuses a key that still has some."""
     islands: list[IslandCall] | None = None
     """The islands the last warmup call ran, in order (None before the first call)."""
     names: set[str] | None = None
@@ -95,6 +98,7 @@ class Warmup:
         :attr:`blocked` if the key cannot be graphed."""
         first = self.calls == 0
         self.calls += 1
+        self.elsewhere_first = list(obs.elsewhere) if first else []
         leaf_of = {id(t): i for i, t in enumerate(leaves)}
         for t, path in obs.written:
             i = leaf_of.get(id(t))
@@ -188,6 +192,17 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     return out, obs
 
 
+ELSEWHERE = "writes a tensor on another device"
+
+
+def elsewhere(paths: list[Path]) -> Blocked:
+    """Why a key whose calls write ``paths`` (tensors off the graph's device) runs uncaptured."""
+    where = ", ".join(describe(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+    return Blocked(ELSEWHERE, f"the function writes tensors that are not on the graph's device ({where}) on every "
+                   "call; a CUDA graph replays the GPU's work only, so a replay would leave them as they are (an "
+                   f"optimizer keeping state on the CPU does this: {OFF_DEVICE_HINT})")
+
+
 OFF_DEVICE_HINT = ("torch's Adam and AdamW are made capturable for you; Paddle's Adam and AdamW keep their beta "
                    "powers on the CPU: use Momentum or SGD in a graphed step, or graph the model with "
                    "graphjit.graphed_layer and step the optimizer outside")
@@ -235,11 +250,7 @@ def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked
                        f"the function stores new tensors in objects it can reach on every call ({where}); a CUDA "
                        "graph would not do that again on replay" + (f" ({_GRAD_HINT})" if _grads(obs.added) else ""))
     if obs.elsewhere and not first:
-        where = ", ".join(describe(p) for p in obs.elsewhere[:3]) + (" ..." if len(obs.elsewhere) > 3 else "")
-        return Blocked("writes a tensor on another device",
-                       f"the function writes tensors that are not on the graph's device ({where}) on every call; a "
-                       "CUDA graph replays the GPU's work only, so a replay would leave them as they are (an "
-                       f"optimizer keeping state on the CPU does this: {OFF_DEVICE_HINT})")
+        return elsewhere(obs.elsewhere)
     if obs.drew_random:
         why = b.rng_in_graphs()
         if why is not None:

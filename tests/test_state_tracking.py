@@ -233,3 +233,27 @@ def test_a_tensor_written_on_another_device_than_the_keys_blocks_from_the_second
     assert "argument 'opt'.a" in warm.blocked.message and "Momentum" in warm.blocked.message
     _out, same = watched_call(b, lambda: inc(h.a), [("argument 'opt'", h)], "cpu", BUDGET, sync_watch=False)
     assert same.elsewhere == []
+
+
+OFF_DEVICE = {}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("warmup", [1, 2])
+def test_a_function_writing_off_the_graphs_device_runs_uncaptured_saying_so(emu, warmup):
+    """A graphed function that writes a tensor on another device than its graph's on every call (here the graph is
+    on the CPU and the tensor on ``meta``) runs uncaptured under that reason, also with one warmup call, where
+    the first call is the only one watched before the capture."""
+    torch = _fw("torch")
+    OFF_DEVICE["count"] = torch.zeros(1, device="meta")
+
+    def f(x):
+        OFF_DEVICE["count"].add_(1)
+        return x * 2
+
+    g = graphjit.graphed(f, warmup=warmup)
+    x = torch.ones(3)
+    for _ in range(4):
+        assert torch.equal(g(x), x * 2)
+    st = g.stats()
+    assert st["graphs"] == 0 and "writes a tensor on another device" in st["fallbacks"], g.report()
