@@ -58,6 +58,7 @@ SGDS = {
     "dampening_wd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.3, weight_decay=0.01,
                                                foreach=True),
     "nesterov": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, foreach=True),
+    "nesterov_fused": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, fused=True),  # grads kept
     "maximize": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.5, maximize=True, foreach=True),
 }
 

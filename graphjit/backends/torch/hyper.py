@@ -156,8 +156,12 @@ def sgd_step(opt: torch.optim.Optimizer, closure: Any = None) -> Any:
                     else:
                         buf.mul_(momentum).add_(g, alpha=1 - dampening)
                     bufs.append(buf)
-                if nesterov:  # in place, as torch's foreach SGD (its gradients then hold the nesterov step)
+                if nesterov and (not group.get("fused") or getattr(opt, "_graphjit_made_fused", False)):
+                    # in place, as torch's foreach SGD (the user's, made fused by graphjit): gradients then hold
+                    # the nesterov step
                     torch._foreach_add_(grads, torch._foreach_mul(bufs, momentum))
+                elif nesterov:  # torch's fused SGD leaves the gradients as they are
+                    grads = list(torch._foreach_add(grads, torch._foreach_mul(bufs, momentum)))
                 else:
                     grads = bufs
             torch._foreach_add_(params, torch._foreach_mul(grads, -lr if isinstance(lr, torch.Tensor) else -float(lr)))

@@ -118,6 +118,7 @@ def make_fused_sgd(opt: torch.optim.Optimizer) -> bool:
         changed = True
     if changed:
         opt._step_supports_amp_scaling = True  # type: ignore[attr-defined]  # as SGD(fused=True) sets it
+        opt._graphjit_made_fused = True  # type: ignore[attr-defined]  # its user's algorithm is foreach (hyper.py)
         # SGD checks its parameters' device and dtype on its first fused step and then flips this flag; done here
         # (every parameter was checked above) so that no step writes it, which a graphed call could not replay.
         opt._need_device_dtype_check_for_fused = False  # type: ignore[attr-defined]
