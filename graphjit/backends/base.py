@@ -243,8 +243,8 @@ class Backend(abc.ABC):
 
     renewed_attributes: tuple[tuple[type, str], ...] = ()
     """``(type, attribute)``: Python attributes the framework's own code sets to an equivalent new object on every
-    call (Paddle's optimizers make a new ``helper`` in each ``step()``); a change of them is not a write a replay
-    would miss (:func:`graphjit.guards.written`)."""
+    call (Paddle's optimizers make a new ``helper`` in each ``step()``): neither a guarded value nor a write a
+    replay would miss (:func:`graphjit.guards.scan` leaves them out)."""
 
     def set_tensor_state(self, t: Any, name: str, value: Any) -> None:  # noqa: B027 - optional, as tensor_state
         """Bind ``value`` (a tensor or None) as ``t``'s state ``name`` again (what :meth:`tensor_state` returned

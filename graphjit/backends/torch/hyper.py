@@ -61,14 +61,9 @@ def _values(opt: torch.optim.Optimizer) -> tuple[Any, ...]:
     return tuple(tuple(g.get(n) for n in _hyper_names(opt)) for g in opt.param_groups)
 
 
-def adam_step(opt: torch.optim.Optimizer, closure: Any = None) -> Any:
+def adam_step(opt: torch.optim.Optimizer) -> None:
     """One Adam/AdamW step of ``opt`` whose ``lr``, ``betas`` and ``weight_decay`` may be device tensors: torch's
     capturable foreach algorithm with tensor hyperparameters (no host read of them)."""
-    loss = None
-    if closure is not None:
-        with torch.enable_grad():
-            loss = closure()
-    _refuse_scaler_arguments(opt)
     with torch.no_grad():
         for group in opt.param_groups:
             decoupled = bool(group.get("decoupled_weight_decay", isinstance(opt, torch.optim.AdamW)))
@@ -123,17 +118,11 @@ def adam_step(opt: torch.optim.Optimizer, closure: Any = None) -> Any:
             torch._foreach_add_(denom, eps)
             torch._foreach_div_(denom, bc1)
             torch._foreach_addcdiv_(params, avgs, denom)
-    return loss
 
 
-def sgd_step(opt: torch.optim.Optimizer, closure: Any = None) -> Any:
+def sgd_step(opt: torch.optim.Optimizer) -> None:
     """One SGD step of ``opt`` whose ``lr``, ``momentum`` and ``weight_decay`` may be device tensors: torch's foreach
     algorithm with tensor hyperparameters (a parameter's first step starts its momentum buffer, as torch's)."""
-    loss = None
-    if closure is not None:
-        with torch.enable_grad():
-            loss = closure()
-    _refuse_scaler_arguments(opt)
     with torch.no_grad():
         for group in opt.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
@@ -165,7 +154,6 @@ def sgd_step(opt: torch.optim.Optimizer, closure: Any = None) -> Any:
                 else:
                     grads = bufs
             torch._foreach_add_(params, torch._foreach_mul(grads, -lr if isinstance(lr, torch.Tensor) else -float(lr)))
-    return loss
 
 
 def _refuse_scaler_arguments(opt: torch.optim.Optimizer) -> None:
@@ -207,8 +195,15 @@ class OwnStep(StepPart):
 
         @functools.wraps(fn)
         def step(self_: torch.optim.Optimizer, closure: Any = None) -> Any:
+            """torch's ``Optimizer.step`` contract around ``fn``: the closure's loss, the scheduler's mark."""
             self_._opt_called = True  # type: ignore[attr-defined]  # as an LR scheduler's wrapper marks it
-            return fn(self_, closure)
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            _refuse_scaler_arguments(self_)
+            fn(self_)
+            return loss
 
         self.step = types.MethodType(torch.optim.Optimizer.profile_hook_step(step), opt)
         self.saved: Any = OwnStep._MISSING
