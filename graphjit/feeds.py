@@ -99,7 +99,7 @@ class Feeds(StepPart):
         for container, name, s in self.entries:
             value = container[name]
             saved.append(value)
-            if value == 0 and name in ZERO_DECIDES and value.__class__ in NUMBER:
+            if value.__class__ in NUMBER and value == 0 and name in ZERO_DECIDES:
                 continue  # left a number: a zero turns a part of the step off, as it does eagerly
             if value.__class__ not in NUMBER:
                 if not _numbers_for(value, s.tensor):
