@@ -58,6 +58,7 @@ class StaticInputs:
         self.grad_free = grad_free  # no input of this key requires grad (the key holds that flag)
         self.statics = statics
         self.ptrs = [backend.data_ptr(s) for s in statics]
+        self.strides = [backend.strides(s) for s in statics]
         self.shapes = [backend.shape(s) for s in statics]
         self.adopted = adopted
         self.adopted_idx = [i for i, a in enumerate(adopted) if a]
@@ -76,17 +77,24 @@ class StaticInputs:
     def load(self, tensors: Sequence[Any]) -> None:
         """Bring the caller's tensors into the static buffers (hot path).
 
+        A tensor is in place only at the buffer's address *and* with its strides: a view of it at the same
+        address with another layout (``x.t()`` of a square ``x``) is copied in through a clone (an adopted one
+        moved), never read as the buffer's layout.
+
         Raises :class:`InputMoved` (before copying anything) if an adopted input moved.
         """
         b = self.backend
-        ptr = b.data_ptr
+        ptr, stride = b.data_ptr, b.strides
+        ptrs, strides = self.ptrs, self.strides
         for i in self.adopted_idx:
-            if ptr(tensors[i]) != self.ptrs[i]:
-                moved = frozenset(j for j in self.adopted_idx if ptr(tensors[j]) != self.ptrs[j])
+            t = tensors[i]
+            if ptr(t) != ptrs[i] or stride(t) != strides[i]:
+                moved = frozenset(j for j in self.adopted_idx
+                                  if ptr(tensors[j]) != ptrs[j] or stride(tensors[j]) != strides[j])
                 raise InputMoved(i, moved)
         dsts: list[Any] = []
         srcs: list[Any] = []
-        statics, ptrs = self.statics, self.ptrs
+        statics = self.statics
         for i, t in enumerate(tensors):
             if self.any_bucketed and self.bucketed[i]:
                 real = b.shape(t)
@@ -97,6 +105,9 @@ class StaticInputs:
             if ptr(t) != ptrs[i]:
                 dsts.append(statics[i])
                 srcs.append(t)
+            elif stride(t) != strides[i]:  # the buffer itself in another layout: overlapping, so through a clone
+                dsts.append(statics[i])
+                srcs.append(b.clone(t))
         if dsts:
             b.copy_many(dsts, srcs, self.grad_free)
             self.copies += len(dsts)
@@ -119,7 +130,7 @@ class StaticInputs:
                 continue
             t = tensors[i]
             real = b.shape(t)
-            if b.data_ptr(t) == self.ptrs[i] and real == self.shapes[i]:
+            if b.data_ptr(t) == self.ptrs[i] and real == self.shapes[i] and b.strides(t) == self.strides[i]:
                 continue
             b.copy_(t, real_view(b, self.statics[i], real, self.shapes[i]))
             self.copy_backs += 1

@@ -165,6 +165,12 @@ class Backend(abc.ABC):
     def data_ptr(self, t: Any) -> int: ...
 
     @abc.abstractmethod
+    def strides(self, t: Any) -> tuple[int, ...]:
+        """The element strides of ``t``: with :meth:`data_ptr` and the shape, where a graph reads it from.  A view
+        at the same address with other strides (``x.t()`` of a square ``x``) is another layout, not the same
+        input."""
+
+    @abc.abstractmethod
     def device_str(self, t: Any) -> str:
         """``"cpu"`` or ``"cuda:N"`` (``gpu:N`` is spelled ``cuda:N`` for every framework)."""
 

@@ -236,6 +236,9 @@ class PaddleBackend(Backend):
     def data_ptr(self, t: Any) -> int:
         return int(t.data_ptr())
 
+    def strides(self, t: Any) -> tuple[int, ...]:
+        return tuple(t.strides)
+
     def device_str(self, t: Any) -> str:
         place = t.place
         if place.is_gpu_place():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import operator
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -114,6 +115,11 @@ class TorchBackend(Backend):
         self._streams: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._unavailable: dict[str, str | None] = {}
+        # The reads of every tensor on the replay path, as C callables (no Python frame per tensor): the
+        # same values as the methods below, which document them.
+        self.meta_key = operator.attrgetter("shape", "dtype", "device", "requires_grad")  # type: ignore[method-assign,assignment]
+        self.data_ptr = torch.Tensor.data_ptr  # type: ignore[method-assign,assignment]
+        self.strides = torch.Tensor.stride  # type: ignore[method-assign,assignment]
 
     # -- tensors ---------------------------------------------------------------------------
     def tensor_types(self) -> tuple[type, ...]:
@@ -127,6 +133,9 @@ class TorchBackend(Backend):
 
     def data_ptr(self, t: Any) -> int:
         return int(t.data_ptr())
+
+    def strides(self, t: Any) -> tuple[int, ...]:
+        return tuple(t.stride())
 
     def device_str(self, t: Any) -> str:
         d = t.device
