@@ -28,6 +28,7 @@ from .errors import (
     UnsupportedOutputError,
     VerifyError,
 )
+from .generation import graph_generation
 from .islands import eager
 from .scope import CaptureScope, capture_scope, in_capture_scope
 from .training import graphed_layer
@@ -59,6 +60,7 @@ __all__ = [
     "capture_scope",
     "collectives",
     "eager",
+    "graph_generation",
     "graphed",
     "graphed_layer",
     "in_capture_scope",

@@ -47,6 +47,9 @@ def register(name: str, module: str, help: str) -> Benchmark:
 register("allreduce", "graphjit.bench.allreduce",
          "all-reduce on 2 GPUs (torch, NCCL): graphjit's custom 1shot/2shot/auto vs NCCL, eager and in a CUDA graph, "
          "4 KiB-64 MiB")
+register("capture", "graphjit.bench.capture",
+         "ahead-of-time capture of vLLM's 51 batch sizes: graphjit.capture_scope vs by hand into one pool, time and "
+         "memory (torch; needs a GPU)")
 register("decode", "graphjit.bench.decode",
          "decode step (L x matmul/silu/add/RMSNorm): eager vs raw CUDA graph vs @graphed vs compile (needs a GPU)")
 register("dispatch", "graphjit.bench.dispatch",

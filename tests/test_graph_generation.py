@@ -1,0 +1,120 @@
+"""``graphjit.graph_generation(model)``: the one line for transformers' ``generate()`` (issue 29), on the CPU through
+tests/graph_emulator.py with tiny random-weight models (nothing downloaded): greedy tokens equal eager
+``generate()``, the decode step captured once and replayed across ``generate()`` calls (the static cache kept and
+reset in place), transformers' own compilation turned off, bad input refused."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from graph_emulator import emulated_torch  # noqa: E402
+
+import graphjit  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+GREEDY = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
+
+
+def _llama():
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _t5():
+    config = transformers.T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    return transformers.T5ForConditionalGeneration(config).eval()
+
+
+def _prompt(batch: int, length: int = 5) -> torch.Tensor:
+    return torch.randint(3, 128, (batch, length), generator=torch.Generator().manual_seed(batch))
+
+
+def _decode_keys(fn):
+    return [k for k in fn.stats()["keys"] if k["state"] == "replay"]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_generate_with_its_defaults_decodes_from_one_graph_across_calls(batch):
+    model = _llama()
+    prompt = _prompt(batch)
+    with torch.no_grad():
+        want = model.generate(prompt, cache_implementation="static", **GREEDY)
+    with emulated_torch():
+        assert graphjit.graph_generation(model) is model
+        assert model.generation_config.disable_compile is True
+        assert model.generation_config.cache_implementation == "static"
+        for _ in range(3):
+            with torch.no_grad():
+                got = model.generate(prompt, **GREEDY)
+            assert torch.equal(got, want), (got, want)
+    (decode,) = _decode_keys(model.forward)
+    assert decode["captures"] == 1 and decode["reason"] is None, model.forward.report()
+    assert decode["replays"] == 3 * 7 - 2, model.forward.report()  # 7 decode calls a generate(); 2 warm up
+    assert model._prepare_static_cache.reused == 2  # the second and third generate() got the first one's cache
+
+
+def test_a_longer_generation_gets_its_own_cache_and_graph_and_stays_right():
+    model = _llama()
+    prompt = _prompt(2)
+    longer = {**GREEDY, "max_new_tokens": 12}
+    with torch.no_grad():
+        want_short = model.generate(prompt, cache_implementation="static", **GREEDY)
+        want_long = model.generate(prompt, cache_implementation="static", **longer)
+    model = _llama()  # a fresh model: transformers remembers the longest cache it made
+    with emulated_torch(), torch.no_grad():
+        graphjit.graph_generation(model)
+        assert torch.equal(model.generate(prompt, **GREEDY), want_short)
+        assert torch.equal(model.generate(prompt, **longer), want_long)
+        assert torch.equal(model.generate(prompt, **longer), want_long)
+    assert model._prepare_static_cache.reused == 1
+    assert sum(k["captures"] for k in _decode_keys(model.forward)) == 2, model.forward.report()
+
+
+def test_an_encoder_decoder_keeps_its_cross_attention_cache_too():
+    model = _t5()
+    prompt = _prompt(2, 6)
+    with torch.no_grad():
+        want = model.generate(prompt, cache_implementation="static", **GREEDY)
+    with emulated_torch(), torch.no_grad():
+        graphjit.graph_generation(model)
+        for _ in range(2):
+            assert torch.equal(model.generate(prompt, **GREEDY), want)
+    assert model._prepare_static_cache.reused == 1
+    assert sum(k["captures"] for k in _decode_keys(model.forward)) == 1, model.forward.report()
+
+
+def test_twice_on_one_model_changes_nothing_more():
+    model = _llama()
+    graphjit.graph_generation(model)
+    forward, prepare = model.forward, model._prepare_static_cache
+    assert graphjit.graph_generation(model) is model
+    assert model.forward is forward and model._prepare_static_cache is prepare
+
+
+def test_the_users_own_cache_choice_stays():
+    model = _llama()
+    model.generation_config.cache_implementation = "dynamic"
+    graphjit.graph_generation(model)
+    assert model.generation_config.cache_implementation == "dynamic"
+
+
+def test_not_a_generating_model_is_refused_naming_the_argument():
+    with pytest.raises(graphjit.ConfigError, match=r"graph_generation\(model=Linear\).*generation_config"):
+        graphjit.graph_generation(torch.nn.Linear(2, 2))
+
+
+def test_a_bad_option_is_refused_before_the_model_changes():
+    model = _llama()
+    with pytest.raises(graphjit.ConfigError):
+        graphjit.graph_generation(model, warmup=0)
+    assert model.generation_config.disable_compile is not True
+    assert not isinstance(model.forward, graphjit.GraphedFunction)
