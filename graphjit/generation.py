@@ -109,8 +109,8 @@ def graph_generation(model: Any, **options: Any) -> Any:
     prepare = getattr(model, "_prepare_static_cache", None)
     kept = _KeptCaches(model, prepare) if callable(prepare) else None
     model.forward = forward
-    if kept is not None:
-        model._prepare_static_cache = kept
+    if kept is not None:  # a bound method: graphjit's walks do not enter it (the caches are reached as arguments)
+        model._prepare_static_cache = kept.__call__
     setattr(model, _MARK, True)
     log.info("graphjit: graph_generation(%s): forward graphed; transformers' own compilation of generate() is off "
              "for it (disable_compile=True); cache %s%s", type(model).__name__, config.cache_implementation,

@@ -1,0 +1,47 @@
+"""Tiny random-weight transformers models of several families, built from their configs (nothing downloaded), for
+the generation tests (tests/test_gpu_generation.py on a GPU; the emulated CPU tests use some of them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+COMMON = {"vocab_size": 256, "max_position_embeddings": 256, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+DECODERS: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "qwen2": {},
+    "mistral": {"sliding_window": None},
+    "qwen3": {"head_dim": 32},
+    "phi3": {},
+    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+                  "shared_expert_intermediate_size": 128},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "gpt2": {},
+    "gemma2": {"head_dim": 32, "sliding_window": 16},
+    "gemma3_text": {"head_dim": 32, "sliding_window": 16},
+}
+SLIDING = ("gemma2", "gemma3_text")
+"""Families whose sliding-window cache layers count their length in a Python int (see the generation tests)."""
+
+
+def build(torch: Any, transformers: Any, family: str, layers: int = 2, hidden: int = 128, device: str = "cpu",
+          dtype: Any = None) -> Any:
+    """``family``'s model (a key of :data:`DECODERS`, or ``"t5"``), eval mode, seeded weights."""
+    torch.manual_seed(0)
+    if family == "t5":
+        config = transformers.T5Config(vocab_size=256, d_model=hidden, d_kv=hidden // 4, d_ff=2 * hidden,
+                                       num_layers=layers, num_heads=4, decoder_start_token_id=0, pad_token_id=0,
+                                       eos_token_id=1)
+        model = transformers.T5ForConditionalGeneration(config)
+    elif family == "gpt2":
+        config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=4, vocab_size=256, n_positions=256,
+                                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        kwargs = {**COMMON, "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, **DECODERS[family]}
+        config = transformers.AutoConfig.for_model(family, **kwargs)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    model = model.to(device)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()

@@ -1,0 +1,50 @@
+"""GPU tests, torch + transformers: ``graphjit.graph_generation(model)`` then ``model.generate()`` with its defaults
+(issue 29), for every family in tests/hf_families.py (random weights from configs, fp32, 4 layers, hidden 256), batch
+1 and 8: greedy tokens equal eager ``generate()``'s in each of two calls, transformers compiles nothing, and the
+decode step is captured once per batch size and replayed by both calls (the static cache kept across them).
+Gemma 2 and 3 count their sliding window's length in a Python int: they run right, uncaptured, with the reason in
+the report."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.torch]
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import hf_families  # noqa: E402
+
+import graphjit  # noqa: E402
+
+GREEDY = {"max_new_tokens": 16, "do_sample": False, "pad_token_id": 0}
+FAMILIES = [*hf_families.DECODERS, "t5"]
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_line_generate_equals_eager_and_decodes_from_one_graph(family, batch):
+    model = hf_families.build(torch, transformers, family, layers=4, hidden=256, device="cuda")
+    prompt = torch.randint(3, 256, (batch, 8), generator=torch.Generator().manual_seed(batch)).cuda()
+    with torch.no_grad():
+        want = model.generate(prompt, cache_implementation="static", disable_compile=True, **GREEDY)
+    graphjit.graph_generation(model)
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    with torch.no_grad():
+        for _ in range(2):
+            got = model.generate(prompt, **GREEDY)  # transformers' defaults: it would compile the decode step
+            assert torch.equal(got, want), (family, got, want)
+    assert not counters["stats"]["unique_graphs"], dict(counters["stats"])  # nothing compiled
+    fn = model.forward
+    s = fn.stats()
+    decode = [k for k in s["keys"] if k["state"] == "replay"]
+    if family in hf_families.SLIDING:
+        assert s["graphs"] == 0, fn.report()
+        assert "cumulative_length_int" in fn.report(), fn.report()
+        return
+    assert len(decode) == 1 and decode[0]["captures"] == 1, fn.report()
+    assert decode[0]["replays"] >= 2 * (GREEDY["max_new_tokens"] - 1) - 2, fn.report()
+    assert model._prepare_static_cache.__self__.reused == 1
