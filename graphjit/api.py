@@ -101,6 +101,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         self.poison_backend: Backend | None = None
         self.copy_outputs = options.outputs == "copy"
         self.last_new_key: tuple[Any, ...] | None = None
+        self.scoped_keys = 0  # keys first called inside a capture scope (not counted by note_new_key)
         self.last_key: tuple[Any, ...] | None = None  # the key of the previous call (any path)
         self.history = KeyHistory(self.signer)
         self.variants: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # keys for other values of what fn reads
@@ -312,9 +313,13 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         st.reason = st.detail = None
 
     def note_new_key(self, sig: CallSignature, method: bool) -> None:
-        """Warn once when most calls make a new key, naming the argument that changed last."""
+        """Warn once when most calls make a new key, naming the argument that changed last.  Keys made inside a
+        capture scope are not counted: capturing many signatures ahead of time is what a scope is for."""
         before, self.last_new_key = self.last_new_key, sig.key
-        made = len(self.stats.keys)
+        if scope_mod.current() is not None:
+            self.scoped_keys += 1
+            return
+        made = len(self.stats.keys) - self.scoped_keys
         if before is None or made < NEW_KEY_WARNING_AFTER or 2 * made <= self.stats.calls:
             return
         what = (self.history.changed(before, sig.key) or changed_argument(self.signer, method, before, sig.key)
@@ -477,6 +482,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
             self.said.clear()
             self.handed_out = []
             self.last_new_key = None
+            self.scoped_keys = 0
             self.last_key = None
             self.history.clear()
             self.variants.clear()

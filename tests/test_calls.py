@@ -305,6 +305,21 @@ def test_a_new_key_on_most_calls_is_said_once_naming_the_argument(gj_log):
 
 
 @pytest.mark.torch
+def test_many_signatures_captured_in_a_scope_are_not_warned_about(gj_log, emu):
+    g = graphjit.graphed(lambda x: x * 2)
+    with graphjit.capture_scope(progress=False):
+        for n in range(1, 13):  # what a server does before it serves: one key per batch size
+            g(torch.ones(n))
+    assert g.stats()["graphs"] == 12
+    for n in range(1, 13):
+        g(torch.ones(n))
+    assert not [r for r in gj_log.records if "input signatures" in r.getMessage()]
+    for n in range(13, 61):  # and new signatures on most calls after it are still said
+        g(torch.ones(n))
+    assert [r for r in gj_log.records if "input signatures" in r.getMessage()]
+
+
+@pytest.mark.torch
 def test_labels_show_values_dtypes_and_sort_by_shape():
     class M(torch.nn.Module):
         @graphjit.graphed
