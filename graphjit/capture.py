@@ -54,7 +54,7 @@ from .tree import structure
 from .warmup import ELSEWHERE, Warmup, elsewhere
 from .writes import Snapshot, compare_outputs, tolerance
 
-__all__ = ["BuildRequest", "KeyEntry", "build", "tolerance"]
+__all__ = ["BuildRequest", "KeyEntry", "Reference", "build", "record_reference", "tolerance"]
 
 log = logging.getLogger("graphjit")
 
@@ -367,6 +367,8 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
     without verify, the capture's Python effects are the call's."""
     b, st, sig = req.backend, req.stats, req.sig
     inputs = statics.inputs
+    recorded: Reference | None = req.warm.reference if not req.replay_result else None
+    req.warm.reference = None
     skip = verify_plan(req)
     if skip is not None:
         st.verify = skip
@@ -383,14 +385,19 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
     pre = Snapshot(b, written, req.device)
     if py is not None:
         py.restore()
-    with scope.graphed_call("warmup"), b.traced_call_guard():
-        ref = req.traced(*req.args, **req.kwargs)
-    b.synchronize(req.device)
-    ref_tensors = collect_tensors(ref, is_tensor)
-    expected = [b.clone(o) for o in ref_tensors]
-    expected_shape = structure(ref, is_tensor)
-    post = Snapshot(b, written, req.device)
-    pre.restore()
+    ref: Any = None
+    if recorded is not None and recorded.written_ids == [id(t) for t in written]:
+        # a scope's last undone warmup ran from this very state (the capture ran nothing): it is the reference
+        expected, expected_shape, post = recorded.expected, recorded.shape, recorded.post
+    else:
+        with scope.graphed_call("warmup"), b.traced_call_guard():
+            ref = req.traced(*req.args, **req.kwargs)
+        b.synchronize(req.device)
+        ref_tensors = collect_tensors(ref, is_tensor)
+        expected = [b.clone(o) for o in ref_tensors]
+        expected_shape = structure(ref, is_tensor)
+        post = Snapshot(b, written, req.device)
+        pre.restore()
     try:
         graph.replay()
         b.synchronize(req.device)
@@ -422,6 +429,28 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
     st.replays += 1
     inputs.store_back(sig.tensors)
     return outputs.result(sig.pads, req.copy_outputs)
+
+
+@dataclass
+class Reference:
+    """An eager run of a key's call from the state verify starts from, recorded as verify's reference: inside a
+    capture scope the last extra warmup run (undone right after) is that run, so verify does not run the function
+    again (a scope's call then runs it as often as a capture by hand does, plus the replay that verify compares).
+
+    ``written_ids``: ``id`` of each tensor of ``post``, in order; verify uses the record only if its own list of
+    written tensors is the same."""
+
+    written_ids: list[int]
+    expected: list[Any]
+    shape: Any
+    post: Snapshot
+
+
+def record_reference(b: Backend, out: Any, written: list[Any], device: str) -> Reference:
+    """:class:`Reference` of a run that returned ``out`` and wrote ``written`` (call it right after the run)."""
+    is_tensor = _is_tensor_of(b)
+    return Reference([id(t) for t in written], [b.clone(o) for o in collect_tensors(out, is_tensor)],
+                     structure(out, is_tensor), Snapshot(b, written, device))
 
 
 def _written_state(req: BuildRequest, statics: Statics) -> tuple[list[Any], list[str], list[Any]]:

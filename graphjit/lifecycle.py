@@ -19,7 +19,7 @@ from . import recheck as recheck_mod
 from . import scope as scope_mod
 from .backends.base import Backend
 from .buffers import InputMoved
-from .capture import BuildRequest, KeyEntry, build
+from .capture import BuildRequest, KeyEntry, build, record_reference
 from .dynamic import DynamicArgs
 from .errors import CaptureError, UnrecoverableCaptureError
 from .feeds import StepContext
@@ -185,7 +185,11 @@ class KeyLifecycle(abc.ABC):
         py = PyState(backend, self.roots(instance, args, kwargs))
         known = {id(t) for t in written}
         for k in range(count):
-            self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=k == count - 1)
+            last = k == count - 1
+            out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last)
+            if last and self.verify() and warm.blocked is None:  # verify's eager reference: it need not run again
+                warm.reference = record_reference(backend, out, written, device)
+            del out
             snap.restore()
             py.restore()
             new = [p for t, p in warm.written_tensors() if id(t) not in known]

@@ -92,6 +92,9 @@ class Warmup:
     known: the tracer runs a program, or a profiler kept the recorder out)."""
     by_object: dict[int, frozenset[str]] | None = None
     """``id(object) -> names`` of the code those calls ran with the object as an argument (``self`` included)."""
+    reference: Any = None
+    """A capture scope's last undone warmup run, recorded for verify as its eager reference
+    (:class:`graphjit.capture.Reference`); taken, or dropped, by the key's build."""
 
     def note(self, obs: Observation, backend: Backend, outputs: Any, leaves: list[Any]) -> None:
         """Fold one call's observation in (``leaves``: that call's tensor inputs, in key order); set

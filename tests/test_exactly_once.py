@@ -82,6 +82,38 @@ def test_inside_capture_scope_one_call_does_everything_once(emu):
     assert g.stats()["replays"] == 19
 
 
+def test_a_scope_runs_the_function_as_often_as_a_capture_by_hand_and_still_verifies(emu):
+    """In a scope the last undone warmup run is verify's eager reference: warmup=2 costs the call's own run, one
+    undone run and the capture (as by hand), and verify still compares a replay with an eager run."""
+    import itertools
+    import random
+
+    runs = itertools.count()  # counts the Python runs of the function, invisible to graphjit's guards
+    counter = torch.zeros(())
+
+    def step(x):
+        next(runs)
+        counter.add_(1)
+        return x * 2 + counter
+
+    g = graphjit.graphed(step)
+    with graphjit.capture_scope(progress=False):
+        first = g(torch.ones(3))
+    assert next(runs) == 3 and int(counter) == 1 and torch.equal(first, torch.full((3,), 3.0))
+    assert g.stats()["keys"][0]["verify"] == "passed"
+    assert torch.equal(g(torch.ones(3)), torch.full((3,), 4.0)) and int(counter) == 2
+
+    def frozen(x):  # the host's random generator: frozen by a capture, seen by no guard
+        counter.add_(1)
+        return x * random.random() + counter
+
+    g = graphjit.graphed(frozen)
+    with graphjit.capture_scope(progress=False):
+        g(torch.ones(3))
+    k = g.stats()["keys"][0]
+    assert k["verify"] == "failed" and k["state"] == "fallback" and int(counter) == 3, k
+
+
 def test_a_python_counter_the_function_advances_runs_uncaptured_once_per_call(emu):
     """A Python value the function changes on every call: a replay would not change it, so the key runs
     uncaptured with that reason, every call once, the capture's extra Python run included (none)."""

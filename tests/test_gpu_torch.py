@@ -533,3 +533,11 @@ def test_tp_mlp_example_runs_the_custom_all_reduce_in_its_graphs_on_one_gpu():
     assert proc.returncode == 0, out[-4000:]
     assert "graphjit's custom kernel for" in out and "MISMATCH" not in out, out[-4000:]
     assert "no CUDA graph" not in out, out[-4000:]
+
+
+def test_the_pool_size_reading_is_torchs_memory_reserved():
+    from graphjit.backends.torch.graphs import _reserved
+
+    keep = torch.empty(1 << 20, device="cuda")
+    assert _reserved(0) == torch.cuda.memory_reserved(0) > 0
+    del keep

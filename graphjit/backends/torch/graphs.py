@@ -77,13 +77,26 @@ class _TorchSegments(Segments):
     def cut(self) -> GraphHandle:
         self.graph.capture_end()
         self.open = False
-        now = torch.cuda.memory_reserved(self.index)
+        now = _reserved(self.index)
         done = TorchGraph(self.graph, max(0, now - self.reserved))
         self.reserved = now
         return done
 
     def resume(self) -> None:
         self.begin()
+
+
+def _reserved(index: int) -> int:
+    """``torch.cuda.memory_reserved(index)`` without flattening every allocator statistic into a dict (which
+    ``memory_stats`` does, a noticeable part of capturing many small graphs); torch's own call where the raw one
+    is missing."""
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is not None:
+        try:
+            return int(raw(index)["reserved_bytes"]["all"]["current"])
+        except (KeyError, TypeError, RuntimeError):
+            pass
+    return int(torch.cuda.memory_reserved(index))
 
 
 class TorchPool:
@@ -385,7 +398,7 @@ class TorchBackend(Backend):
         itself and the function's own exception is re-raised unchanged."""
         stream = self._side_stream(device)
         index = _index(device)
-        before = torch.cuda.memory_reserved(index)
+        before = _reserved(index)
         handle = pool.handle if isinstance(pool, TorchPool) else pool
         if handle is None:
             handle = torch.cuda.graph_pool_handle()  # known to graphjit, so a failed capture can release it
