@@ -313,8 +313,8 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         st.reason = st.detail = None
 
     def note_new_key(self, sig: CallSignature, method: bool) -> None:
-        """Warn once when most calls make a new key, naming the argument that changed last.  Keys made inside a
-        capture scope are not counted: capturing many signatures ahead of time is what a scope is for."""
+        """Warn once when most calls make a new key, naming the argument that changed last (keys made in a capture
+        scope do not count: capturing many signatures ahead of time is what a scope is for)."""
         before, self.last_new_key = self.last_new_key, sig.key
         if scope_mod.current() is not None:
             self.scoped_keys += 1
@@ -431,17 +431,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                                                                                               args, kwargs)
         entry = self.entries.get(sig.key)
         if entry is None:
-            failed = self.failed.get(sig.key) or (self.blocked_fn.reason if self.blocked_fn else None)
-            warm = self.warming.get(sig.key)
-            if failed is not None:
-                why = f"these arguments run uncaptured ({failed}), so there are no static buffers"
-            elif warm is not None:
-                why = (f"this signature is captured on the call after its {self.options.warmup} warmup call(s); "
-                       f"{warm.calls} so far: call the function with them (or inside graphjit.capture_scope()) first")
-            else:
-                why = ("no graph is captured for these arguments yet: call the function with them "
-                       f"{self.options.warmup + 1} times (or once inside graphjit.capture_scope()) first")
-            raise GraphjitError(f"{self.name}: {why}")
+            raise GraphjitError(f"{self.name}: {self.no_graph_yet(sig.key)}")
         b = entry.inputs.backend
         is_tensor: Callable[[Any], bool] = lambda x: isinstance(x, b.tensor_types())  # noqa: E731
         if dynamic is None:

@@ -173,6 +173,18 @@ class KeyLifecycle(abc.ABC):
         self.say_once(logging.WARNING, "fail:" + blocked.reason, "graphjit %s [%s]: %s; running uncaptured",
                       self.name, st.label, blocked.message)
 
+    def no_graph_yet(self, key: tuple[Any, ...]) -> str:
+        """Why a key has no graph (and so no static buffers) yet, and what to do."""
+        failed = self.failed.get(key) or (self.blocked_fn.reason if self.blocked_fn else None)
+        warm = self.warming.get(key)
+        if failed is not None:
+            return f"these arguments run uncaptured ({failed}), so there are no static buffers"
+        if warm is not None:
+            return (f"this signature is captured on the call after its {self.options.warmup} warmup call(s); "
+                    f"{warm.calls} so far: call the function with them (or inside graphjit.capture_scope()) first")
+        return ("no graph is captured for these arguments yet: call the function with them "
+                f"{self.options.warmup + 1} times (or once inside graphjit.capture_scope()) first")
+
     def extra_warmups(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, count: int,
                       instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Inside a capture scope: ``count`` more warmup runs after the call's own, each undone (the state
