@@ -39,8 +39,7 @@ import wrapt
 from . import backends, env
 from . import scope as scope_mod
 from .backends.base import Backend
-from .buffers import InputMoved
-from .capture import KeyEntry
+from .buffers import InputMoved, KeyEntry
 from .dynamic import DynamicArgs
 from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
 from .feeds import StepContext
@@ -168,18 +167,23 @@ class _State(Policy, KeyLifecycle, ValueVariants):
             self.poison_previous()
         if self.prebound:
             instance = None
-        args, kwargs = self.signer.binder.bind(instance is not None, args, kwargs)
-        try:
-            sig = (self.signer.sign(instance, args, kwargs) if self.dynamic is None
-                   else self.sign_dynamic(self.dynamic, instance, args, kwargs))
-        except SignatureError:
-            if backends.translating():  # a to_static translation re-applied this decorator: not a call
-                return wrapped(*args, **kwargs)
-            raise
+        signer = self.signer
+        args, kwargs = signer.binder.bind(instance is not None, args, kwargs)
+        sig = signer.sign_plain(instance, args) if not kwargs and self.dynamic is None else None
+        if sig is None:
+            try:
+                sig = (signer.sign(instance, args, kwargs) if self.dynamic is None
+                       else self.sign_dynamic(self.dynamic, instance, args, kwargs))
+            except SignatureError:
+                if backends.translating():  # a to_static translation re-applied this decorator: not a call
+                    return wrapped(*args, **kwargs)
+                raise
         previous, self.last_key = self.last_key, sig.key
         entry = self.entries.get(sig.key)
         if entry is not None:
             if entry.feeds is None:
+                if entry.check is None and entry.recheck is None:  # nothing to check first: the replay path
+                    return self.replay(entry, sig, settings, instance, args, kwargs)
                 return self.captured(entry, sig, settings, instance, args, kwargs, previous)
             with self.lock, entry.feeds:  # one call at a time where a step context swaps the step's state
                 return self.captured(entry, sig, settings, instance, args, kwargs, previous)

@@ -1,4 +1,7 @@
-"""Static buffers of one captured graph: its tensor inputs and its outputs.
+"""What a key replays: its graph's static buffers (tensor inputs and outputs) and the entry that replays it.
+
+A replayed call stays here from :meth:`KeyEntry.replay` to its result: :meth:`StaticInputs.load`, the graph's
+``replay()``, :meth:`StaticOutputs.result` (``docs/architecture.md`` walks the whole path).
 
 Inputs.  A graph reads its inputs from fixed addresses.  For each tensor input graphjit keeps one
 static buffer and copies the caller's tensor into it only when the caller's tensor is somewhere else
@@ -20,14 +23,22 @@ passing it back in the next call keeps every address the graph was captured with
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .backends.base import Backend
-from .keys import Pad
+from .backends.base import Backend, GraphHandle
+from .keys import CallSignature, Pad
 from .tree import collect_tensors, rebuild
 
-__all__ = ["InputMoved", "StaticInputs", "StaticOutputs", "collect_tensors", "real_view"]
+if TYPE_CHECKING:
+    from .feeds import StepContext
+    from .guards import GuardSet
+    from .recheck import DynamicCheck
+    from .stats import KeyStats
+    from .warmup import Warmup
+
+__all__ = ["InputMoved", "KeyEntry", "StaticInputs", "StaticOutputs", "collect_tensors", "real_view"]
 
 class InputMoved(Exception):
     """Adopted (in-place mutated) inputs arrived at new addresses: the key must be recaptured.
@@ -181,3 +192,52 @@ class StaticOutputs:
         if self.single:
             return out[0]
         return rebuild(self.obj, out, self.is_tensor)
+
+
+class KeyEntry:
+    """A captured graph of one key, with its static inputs and outputs (made by :func:`graphjit.capture.build`).
+
+    What a replay does is decided here once: whether guards are checked first (:attr:`check`), whether the graph
+    is piecewise (it then takes the call's dynamic values)."""
+
+    __slots__ = ("check", "device", "feeds", "graph", "guards", "inputs", "no_adopt", "outputs", "piecewise",
+                 "recheck", "stats", "warm")
+
+    def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
+                 no_adopt: frozenset[int], warm: Warmup, device: str, guard: GuardSet | None = None,
+                 piecewise: bool = False) -> None:
+        self.guards = guard
+        # What a replay checks first: every value the capture read still holds (None: nothing to check).
+        self.check: Callable[[], bool] | None = (guard.holds if guard is not None and (len(guard) or guard.extra)
+                                                 else None)
+        self.graph = graph
+        self.piecewise = piecewise  # a PiecewiseGraph: its islands read the call's dynamic values
+        self.inputs = inputs
+        self.outputs = outputs
+        self.stats = stats
+        self.no_adopt = no_adopt
+        self.warm = warm  # what warmup found; holds the state tensors the graph writes, so they stay alive with it
+        self.device = device
+        self.recheck: DynamicCheck | None = None  # still to verify on a call with other dynamic values
+        self.feeds: StepContext | None = None  # hyperparameters filled into device tensors around each call (feeds.py)
+
+    def replay(self, sig: CallSignature, copy: bool) -> Any:
+        """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``."""
+        inputs = self.inputs
+        before = inputs.copies
+        inputs.load(sig.tensors)
+        graph = self.graph
+        if self.piecewise:
+            graph.dynamic = sig.dynamic  # type: ignore[attr-defined]
+        graph.replay()
+        if inputs.mutated_idx:
+            inputs.store_back(sig.tensors)
+        st = self.stats
+        st.replays += 1
+        st.input_copies += inputs.copies - before
+        st.copy_backs = inputs.copy_backs
+        return self.outputs.result(sig.pads, copy)
+
+    def release(self) -> None:
+        with contextlib.suppress(Exception):
+            self.graph.reset()

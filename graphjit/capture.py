@@ -19,7 +19,7 @@ call of a key inside ``capture_scope()``.  Its phases, each a function below:
    :class:`~graphjit.errors.VerifyError` carrying the reference's result: the call has then run the
    function exactly once.  Without verify (or past ``GRAPHJIT_VERIFY_MAX_BYTES``) the graph replays
    once, and that replay is the call's execution.
-5. :class:`KeyEntry`: what later calls replay (:meth:`KeyEntry.replay`).
+5. :class:`~graphjit.buffers.KeyEntry`: what later calls replay (:meth:`KeyEntry.replay`).
 
 Inside a capture scope the call has already run the function once, eagerly (its result and its
 effects are the call's); the build then leaves the state as that run left it: verify's replay is
@@ -28,7 +28,6 @@ undone, and nothing replays for the result.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -38,16 +37,14 @@ from typing import Any
 
 from . import guards, scope
 from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
-from .buffers import StaticInputs, StaticOutputs, collect_tensors, real_view
+from .buffers import KeyEntry, StaticInputs, StaticOutputs, collect_tensors, real_view
 from .dynamic import DynamicArgs, Index
 from .errors import CaptureError, IslandError, SignatureError, UnrecoverableCaptureError, VerifyError
-from .feeds import StepContext
 from .islands import recording
 from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
 from .pystate import PyState
 from .reach import addresses, describe, moved, rebinds, walk
-from .recheck import DynamicCheck
 from .sites import in_traceback
 from .stats import KeyStats, State
 from .tree import structure
@@ -87,50 +84,6 @@ class BuildRequest:
     guard_sources: Callable[[], guards.Sources] | None = None  # where the values the function reads live
     tracer_guard: Callable[[tuple[Any, ...], dict[str, Any]], Any] = lambda _a, _k: None
     """Given the captured call's (static) arguments: the tracer's own guard check (``Backend.tracer_guard``)."""
-
-
-class KeyEntry:
-    """A captured graph of one key, with its static inputs and outputs."""
-
-    __slots__ = ("check", "device", "feeds", "graph", "guards", "inputs", "no_adopt", "outputs", "recheck", "stats",
-                 "warm")
-
-    def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
-                 no_adopt: frozenset[int], warm: Warmup, device: str, guard: guards.GuardSet | None = None) -> None:
-        self.guards = guard
-        # What a replay checks first: every value the capture read still holds (None: nothing to check).
-        self.check: Callable[[], bool] | None = (guard.holds if guard is not None and (len(guard) or guard.extra)
-                                                 else None)
-        self.graph = graph
-        self.inputs = inputs
-        self.outputs = outputs
-        self.stats = stats
-        self.no_adopt = no_adopt
-        self.warm = warm  # what warmup found; holds the state tensors the graph writes, so they stay alive with it
-        self.device = device
-        self.recheck: DynamicCheck | None = None  # still to verify on a call with other dynamic values
-        self.feeds: StepContext | None = None  # hyperparameters filled into device tensors around each call (feeds.py)
-
-    def replay(self, sig: CallSignature, copy: bool) -> Any:
-        """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``."""
-        inputs = self.inputs
-        before = inputs.copies
-        inputs.load(sig.tensors)
-        graph = self.graph
-        if isinstance(graph, PiecewiseGraph):
-            graph.dynamic = sig.dynamic
-        graph.replay()
-        if inputs.mutated_idx:
-            inputs.store_back(sig.tensors)
-        st = self.stats
-        st.replays += 1
-        st.input_copies += inputs.copies - before
-        st.copy_backs = inputs.copy_backs
-        return self.outputs.result(sig.pads, copy)
-
-    def release(self) -> None:
-        with contextlib.suppress(Exception):
-            self.graph.reset()
 
 
 @dataclass
@@ -202,7 +155,8 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             log.debug("graphjit %s [%s]: captured in %.1f ms (build %.1f ms), verify %s, adopted=%s", req.fn_name,
                       st.label, capture_ms, (time.perf_counter() - t_start) * 1e3, st.verify,
                       [req.sig.paths[i] for i in statics.inputs.adopted_idx])
-        return KeyEntry(graph, statics.inputs, outputs, st, req.no_adopt, req.warm, req.device, guard), result
+        return KeyEntry(graph, statics.inputs, outputs, st, req.no_adopt, req.warm, req.device, guard,
+                        piecewise=isinstance(graph, PiecewiseGraph)), result
 
 
 # -- phase 1 ---------------------------------------------------------------------------------------

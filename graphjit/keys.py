@@ -136,7 +136,7 @@ class Signer:
         self.fn_name = fn_name
         self.forced_backend = backend
         self.owner = owner
-        self._plain: tuple[Any, ...] | None = None  # the last plain call (_sign_plain)
+        self._plain: tuple[Any, ...] | None = None  # the last plain call (sign_plain)
         try:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -260,10 +260,10 @@ class Signer:
 
     def sign(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
         """The call's :class:`CallSignature`.  A call made only of positional tensors of one framework and plain
-        scalars, as the last such call was, takes :meth:`_sign_plain` (no walk state, and the last call's key
+        scalars, as the last such call was, takes :meth:`sign_plain` (no walk state, and the last call's key
         object, its hash computed once, where the key is the same); any other call walks its arguments."""
-        if not kwargs and self._plain is not None:
-            sig = self._sign_plain(instance, args)
+        if not kwargs:
+            sig = self.sign_plain(instance, args)
             if sig is not None:
                 return sig
         sig = self._sign(instance, args, kwargs)
@@ -271,9 +271,12 @@ class Signer:
             self._remember_plain(instance, args, sig)
         return sig
 
-    def _sign_plain(self, instance: Any, args: tuple[Any, ...]) -> CallSignature | None:
-        """:meth:`sign` of a plain call (see there), the same key as the walk gives; None if the call is not one."""
-        plain: tuple[Any, ...] = self._plain  # type: ignore[assignment]  # sign() checked it is set
+    def sign_plain(self, instance: Any, args: tuple[Any, ...]) -> CallSignature | None:
+        """:meth:`sign` of a plain call without keyword arguments (see there), the same key as the walk gives; None
+        if the call is not one (then :meth:`sign` walks it).  The first step of a replayed call."""
+        plain = self._plain
+        if plain is None:
+            return None
         backend: Backend = plain[0]
         _b, types, last_key, last_labels, was_method, probe = plain
         method = instance is not None

@@ -18,8 +18,8 @@ from . import env, reach, tracer_check
 from . import recheck as recheck_mod
 from . import scope as scope_mod
 from .backends.base import Backend
-from .buffers import InputMoved
-from .capture import BuildRequest, KeyEntry, build, record_reference
+from .buffers import InputMoved, KeyEntry
+from .capture import BuildRequest, build, record_reference
 from .dynamic import DynamicArgs
 from .errors import CaptureError, UnrecoverableCaptureError
 from .feeds import StepContext

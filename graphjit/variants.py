@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import env, guards
 from .backends.base import Backend
-from .capture import KeyEntry
+from .buffers import KeyEntry
 from .errors import CaptureError
 from .guards import READ_VALUES, Drift
 from .keys import CallSignature, Key
