@@ -106,22 +106,32 @@ class IslandStep:
     structure: Any  # of its outputs at capture (tree.structure)
     shapes: list[Any] = field(init=False)
     is_tensor: Callable[[Any], bool] = field(init=False)
+    types: tuple[type, ...] = field(init=False)
+    single: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.shapes = [self.backend.meta_key(t)[:2] for t in self.buffers]
         types = self.backend.tensor_types()
         self.is_tensor = lambda x: isinstance(x, types)
+        self.types = types
+        # decided once: an island that returned one tensor at capture is checked without walking its output
+        self.single = len(self.buffers) == 1 and self.structure == structure(self.buffers[0], self.is_tensor)
 
     def run(self, values: dict[str, Any]) -> None:
         """Call the island eagerly and leave its outputs in the buffers; raises :class:`IslandError`."""
         args, kwargs = self.template.fill(values)
         out = self.fn(*args, **kwargs)
         b = self.backend
-        got = collect_tensors(out, self.is_tensor)
-        if len(got) != len(self.buffers) or structure(out, self.is_tensor) != self.structure:
-            raise IslandError(f"island {self.name} (called at {self.site}) returned outputs of another "
-                                    "structure or other non-tensor values than when the key was captured; an "
-                                    "island must return the same structure on every call of a key")
+        if self.single and isinstance(out, self.types):
+            if out is self.buffers[0]:
+                return  # the island wrote its input in place: nothing to copy
+            got = [out]
+        else:
+            got = collect_tensors(out, self.is_tensor)
+            if len(got) != len(self.buffers) or structure(out, self.is_tensor) != self.structure:
+                raise IslandError(f"island {self.name} (called at {self.site}) returned outputs of another "
+                                  "structure or other non-tensor values than when the key was captured; an "
+                                  "island must return the same structure on every call of a key")
         for j, (buf, t) in enumerate(zip(self.buffers, got)):
             if t is buf:
                 continue  # the island wrote its input in place: nothing to copy
@@ -149,12 +159,16 @@ class PiecewiseGraph(GraphHandle):
         t0 = time.perf_counter()
         in_islands = 0.0
         values = self.dynamic
+        clock = time.perf_counter
         for step in self.steps:
             if isinstance(step, IslandStep):
-                t = time.perf_counter()
-                with scope.graphed_call("island"):
+                t = clock()
+                previous = scope.enter_phase("island")
+                try:
                     step.run(values)
-                in_islands += time.perf_counter() - t
+                finally:
+                    scope.leave_phase(previous)
+                in_islands += clock() - t
             else:
                 step.replay()
         st = self.stats

@@ -167,6 +167,19 @@ def graphed_call(phase: str) -> Iterator[None]:
         _tls.phase = previous
 
 
+def enter_phase(phase: str) -> str | None:
+    """:func:`graphed_call` without a context manager, for the replay path (a piecewise graph's islands): mark the
+    thread as in ``phase`` ("replay" or "island" only) and return the phase to give :func:`leave_phase` after."""
+    previous = getattr(_tls, "phase", None)
+    _tls.phase = phase
+    return previous
+
+
+def leave_phase(previous: str | None) -> None:
+    """Undo :func:`enter_phase` (call it in a ``finally``)."""
+    _tls.phase = previous
+
+
 def phase() -> str | None:
     """The graphed-call phase of this thread ("warmup", "capture", "replay"), or None."""
     return getattr(_tls, "phase", None)

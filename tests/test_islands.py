@@ -263,6 +263,25 @@ def test_island_output_shape_change_on_replay_is_a_clear_error(emu):
         g(torch.ones(2), [3])
 
 
+def test_island_output_structure_change_on_replay_is_a_clear_error(emu):
+    """An island captured returning one tensor that later returns it in a tuple is refused, not read as the
+    tensor (the one-tensor fast path of the replay checks the type)."""
+
+    @graphjit.eager
+    def wrap(h, n):
+        return (h * 1,) if n[0] == 2 else h * 1
+
+    def step(x, n):
+        out = wrap(x * 2, n)
+        return (out[0] if isinstance(out, tuple) else out) + 1
+
+    g = graphjit.graphed(step, dynamic=("n",), verify=False)
+    for _ in range(3):
+        g(torch.ones(2), [1])
+    with pytest.raises(graphjit.IslandError, match=r"wrap.*another structure"):
+        g(torch.ones(2), [2])
+
+
 def test_island_output_shape_change_found_by_the_dynamic_check_falls_back(emu):
     counter = torch.zeros(())
 
