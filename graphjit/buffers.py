@@ -80,6 +80,15 @@ class StaticInputs:
         self.last_real: dict[int, tuple[int, ...]] = {}
         self.copies = 0
         self.copy_backs = 0
+        # Inputs that were one tensor in the capturing call share one buffer: (input, the first of them).  A call
+        # that passes them as different tensors, or passes an adopted input again as another argument, is another
+        # aliasing than the graph's: load() says so (InputMoved) and the key is captured again for it.
+        first: dict[int, int] = {}
+        self.alias_pairs = [(i, first.setdefault(id(st), i)) for i, st in enumerate(statics)
+                            if first.setdefault(id(st), i) != i]
+        self.adopted_ptrs = frozenset(self.ptrs[i] for i in self.adopted_idx)
+        # graphjit's own buffers (handed out by static_inputs()): a caller may pass one as another input
+        self.owned_ptrs = frozenset(p for i, p in enumerate(self.ptrs) if not adopted[i])
 
     def own(self) -> set[int]:
         """``id`` of each adopted input: the caller's own tensors, which every replay reads and writes in place."""
@@ -99,10 +108,15 @@ class StaticInputs:
         ptrs, strides = self.ptrs, self.strides
         for i in self.adopted_idx:
             t = tensors[i]
-            if ptr(t) != ptrs[i] or stride(t) != strides[i]:
+            if ptr(t) != ptrs[i] or (stride(t) != strides[i] and not self._same_layout(i, t)):
                 moved = frozenset(j for j in self.adopted_idx
-                                  if ptr(tensors[j]) != ptrs[j] or stride(tensors[j]) != strides[j])
+                                  if ptr(tensors[j]) != ptrs[j] or not self._same_layout(j, tensors[j]))
                 raise InputMoved(i, moved)
+        for i, o in self.alias_pairs:
+            a, c = tensors[i], tensors[o]
+            if a is not c and (ptr(a) != ptr(c) or stride(a) != stride(c)):
+                raise InputMoved(i)  # one tensor at capture, two now: the graph reads one buffer for both
+        adopted_ptrs = self.adopted_ptrs
         dsts: list[Any] = []
         srcs: list[Any] = []
         statics = self.statics
@@ -113,15 +127,28 @@ class StaticInputs:
                     self._load_padded(i, t, real)
                     continue
                 self.last_real.pop(i, None)
-            if ptr(t) != ptrs[i]:
+            p = ptr(t)
+            if p != ptrs[i]:
+                if p in adopted_ptrs:  # an adopted input passed again as this one: the graph reads a stale copy
+                    raise InputMoved(i)
                 dsts.append(statics[i])
-                srcs.append(t)
-            elif stride(t) != strides[i]:  # the buffer itself in another layout: overlapping, so through a clone
+                # another input's buffer (static_inputs() passed swapped): copied before that buffer is written
+                srcs.append(b.clone(t) if p in self.owned_ptrs else t)
+            elif stride(t) != strides[i] and not self._same_layout(i, t):  # the buffer in another layout: via a clone
                 dsts.append(statics[i])
                 srcs.append(b.clone(t))
         if dsts:
             b.copy_many(dsts, srcs, self.grad_free)
             self.copies += len(dsts)
+
+    def _same_layout(self, i: int, t: Any) -> bool:
+        """``t`` (at buffer ``i``'s address) has the buffer's strides, where its size makes them matter."""
+        got = self.backend.strides(t)
+        want = self.strides[i]
+        if got == want:
+            return True
+        shape = self.shapes[i]
+        return len(got) == len(want) and all(g == w for g, w, n in zip(got, want, shape) if n > 1)
 
     def _load_padded(self, i: int, t: Any, real: tuple[int, ...]) -> None:
         b = self.backend
@@ -141,9 +168,12 @@ class StaticInputs:
                 continue
             t = tensors[i]
             real = b.shape(t)
-            if b.data_ptr(t) == self.ptrs[i] and real == self.shapes[i] and b.strides(t) == self.strides[i]:
-                continue
-            b.copy_(t, real_view(b, self.statics[i], real, self.shapes[i]))
+            view = real_view(b, self.statics[i], real, self.shapes[i])
+            if b.data_ptr(t) == self.ptrs[i]:
+                if real == self.shapes[i] and self._same_layout(i, t):
+                    continue
+                view = b.clone(view)  # the buffer itself in another layout: overlapping, so via a clone
+            b.copy_(t, view)
             self.copy_backs += 1
 
 

@@ -172,10 +172,10 @@ def static_buffers(req: BuildRequest) -> Statics:
     full_shapes: list[list[int]] = [list(b.shape(t)) for t in tensors]
     for p in sig.pads:
         full_shapes[p.leaf][p.dim] = p.padded
-    first_of: dict[tuple[int, tuple[int, ...]], int] = {}
+    first_of: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
     owner: list[int] = []
-    for i, t in enumerate(tensors):
-        owner.append(first_of.setdefault((b.data_ptr(t), tuple(full_shapes[i])), i))
+    for i, t in enumerate(tensors):  # one tensor passed twice (same memory, shape and strides): one buffer
+        owner.append(first_of.setdefault((b.data_ptr(t), tuple(full_shapes[i]), tuple(b.strides(t))), i))
     shared = {i for i in range(len(tensors)) if owner.count(owner[i]) > 1}
     bucketed = {leaf for (leaf, _dim, _size) in sig.bucketed}
     mutated = [i in req.warm.mutated_leaves for i in range(len(tensors))]
