@@ -9,13 +9,14 @@ on every step).  :func:`graph_generation` sets the model up once:
 * its ``forward`` becomes ``graphjit.graphed(model.forward, **options)``: every call with the shapes of a decode
   step replays one graph (one per batch size), the prefill of a new prompt length runs uncaptured until that
   length repeats;
-* ``generation_config.disable_compile = True``: transformers' own compilation is off for this model (said once in
-  graphjit's log);
-* ``generation_config.cache_implementation = "static"`` where the user chose none;
-* the static cache one ``generate()`` builds is kept and handed, reset in place, to the next ``generate()`` that
+* its ``generate`` runs with ``disable_compile=True`` (transformers' own compilation off, said once in graphjit's
+  log) and ``cache_implementation="static"`` where the call names no cache and the model's generation config
+  chose none; the caller's own arguments win, and the model's ``generation_config`` is left as it is;
+* the static cache one ``generate()`` builds is kept and handed, reset in place, to a later ``generate()`` that
   asks for one of the same kind, batch size and length (transformers already sizes a new cache to the longest
   length seen, so this is the same cache it would build, at the same addresses): the decode graph stays valid
-  across calls and nothing is copied.  transformers' ``reset()`` zeroes every layer in place.
+  across calls and nothing is copied.  transformers' ``reset()`` zeroes every layer in place.  A cache is never
+  handed to two running calls, nor again once a call returned it to its caller.
 
 Guarantees: ``generate()`` returns what it returns without graphjit (greedy tokens equal; sampling draws from the
 same generator); anything graphjit cannot graph runs uncaptured, counted with its reason in
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from typing import Any
 
 from .api import graphed
@@ -38,21 +40,57 @@ log = logging.getLogger("graphjit")
 _MARK = "_graphjit_generation"
 
 
-class _KeptCaches:
-    """The static caches earlier ``generate()`` calls built, by what their shapes depend on, reused after ``reset()``
-    when a later call asks for the same: stands in for the model's ``_prepare_static_cache(cache_implementation,
-    batch_size, max_cache_len, prefill_chunk_size, model_kwargs)``.  A call it cannot read (another signature) goes
-    to the model's own method unchanged."""
+class _Generation:
+    """What :func:`graph_generation` puts around one model's ``generate()``: the per-call defaults (transformers'
+    compilation off, a static cache where the call names no cache), and the static caches earlier calls built,
+    handed, reset in place, to a later call that asks for the same through the model's
+    ``_prepare_static_cache(cache_implementation, batch_size, max_cache_len, prefill_chunk_size, model_kwargs)``.
 
-    def __init__(self, model: Any, prepare: Any) -> None:
+    A kept cache is never handed to two calls at once (a cache in use by a running ``generate()``, in this thread
+    or another, is skipped: that call gets a new one), nor again once a call returned it to its caller
+    (``return_dict_in_generate``): the caller's cache stays theirs.  A longer cache of the same kind replaces the
+    shorter ones (transformers sizes every later cache to the longest length seen, so they are never asked for
+    again).  A call of ``_prepare_static_cache`` it cannot read (another signature) goes to the model's own."""
+
+    def __init__(self, model: Any, generate: Any, prepare: Any) -> None:
         self.model = model
-        self.prepare = prepare  # the model's own bound method
+        self.generate = generate  # the model's own bound methods
+        self.prepare = prepare
         try:
-            self.signature: inspect.Signature | None = inspect.signature(prepare)
+            self.signature: inspect.Signature | None = inspect.signature(prepare) if prepare is not None else None
         except (TypeError, ValueError):
             self.signature = None
+        self.lock = threading.Lock()
         self.kept: dict[tuple[Any, ...], Any] = {}
+        self.busy: set[int] = set()  # id() of the kept caches running generate() calls hold
+        self.local = threading.local()  # the caches this thread's running generate() took
         self.reused = 0
+
+    def generate_call(self, *args: Any, **kwargs: Any) -> Any:
+        """``model.generate`` with graphjit's defaults (the caller's own arguments win)."""
+        kwargs.setdefault("disable_compile", True)
+        config = kwargs.get("generation_config") or getattr(self.model, "generation_config", None)
+        if (not {"past_key_values", "cache", "cache_implementation"} & kwargs.keys()
+                and getattr(config, "cache_implementation", None) is None):
+            kwargs["cache_implementation"] = "static"
+        taken: list[Any] = []
+        outer = getattr(self.local, "taken", None)
+        self.local.taken = taken
+        try:
+            out = self.generate(*args, **kwargs)
+        finally:
+            self.local.taken = outer
+            with self.lock:
+                for cache in taken:
+                    self.busy.discard(id(cache))
+        returned = getattr(out, "past_key_values", None)
+        if returned is None:
+            returned = getattr(out, "cache", None)
+        if returned is not None:  # the caller holds it now: it is theirs, never handed to a later call
+            with self.lock:
+                for key in [k for k, c in self.kept.items() if c is returned]:
+                    del self.kept[key]
+        return out
 
     def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         """What the cache's shapes depend on, or None where the call cannot be read."""
@@ -75,16 +113,30 @@ class _KeptCaches:
         return (impl, batch, length, bound.get("prefill_chunk_size"), cross, str(getattr(model, "dtype", "")),
                 str(getattr(model, "device", "")))
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def prepare_call(self, *args: Any, **kwargs: Any) -> Any:
+        """``model._prepare_static_cache``: a kept cache, reset, where one fits and is free; else the model's."""
         key = self.key(args, kwargs)
-        old = self.kept.get(key) if key is not None else None
+        taken = getattr(self.local, "taken", None)
+        with self.lock:
+            old = self.kept.get(key) if key is not None and taken is not None else None
+            if old is not None and id(old) in self.busy:
+                old = None
+            if old is not None:
+                self.busy.add(id(old))
         if old is not None and callable(getattr(old, "reset", None)):
             old.reset()  # zeroes every layer in place: the addresses the decode graph reads stay
             self.reused += 1
+            taken.append(old)  # type: ignore[union-attr]  # set with old above
             return old
         fresh = self.prepare(*args, **kwargs)
-        if key is not None:
-            self.kept[key] = fresh
+        if key is not None and taken is not None:
+            with self.lock:
+                if key not in self.kept or id(self.kept[key]) not in self.busy:
+                    for k in [k for k in self.kept if k[:2] == key[:2] and k[3:] == key[3:] and k[2] < key[2]]:
+                        del self.kept[k]  # shorter: transformers never asks for them again
+                    self.kept[key] = fresh
+                self.busy.add(id(fresh))
+            taken.append(fresh)
         return fresh
 
 
@@ -102,19 +154,17 @@ def graph_generation(model: Any, **options: Any) -> Any:
     if getattr(model, _MARK, False):
         return model
     forward = graphed(model.forward, **options)  # options checked before anything changes
-    config = model.generation_config
-    config.disable_compile = True
-    if getattr(config, "cache_implementation", None) is None:
-        config.cache_implementation = "static"
     prepare = getattr(model, "_prepare_static_cache", None)
-    kept = _KeptCaches(model, prepare) if callable(prepare) else None
+    around = _Generation(model, model.generate, prepare if callable(prepare) else None)
     model.forward = forward
-    if kept is not None:  # a bound method: graphjit's walks do not enter it (the caches are reached as arguments)
-        model._prepare_static_cache = kept.__call__
+    # bound methods: graphjit's walks do not enter them (the caches are reached as the forward's arguments)
+    model.generate = around.generate_call
+    if around.prepare is not None:
+        model._prepare_static_cache = around.prepare_call
     setattr(model, _MARK, True)
-    log.info("graphjit: graph_generation(%s): forward graphed; transformers' own compilation of generate() is off "
-             "for it (disable_compile=True); cache %s%s", type(model).__name__, config.cache_implementation,
-             ", kept across generate() calls" if kept is not None else
+    log.info("graphjit: graph_generation(%s): forward graphed; its generate() runs without transformers' own "
+             "compilation (disable_compile=True) and with a static cache unless told otherwise%s", type(model).__name__,
+             ", kept across generate() calls" if around.prepare is not None else
              " (this transformers has no _prepare_static_cache: each generate() builds its own, recaptured)")
     return model
 

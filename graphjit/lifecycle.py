@@ -189,17 +189,20 @@ class KeyLifecycle(abc.ABC):
                       instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Inside a capture scope: ``count`` more warmup runs after the call's own, each undone (the state
         it writes and the generator put back), so that the call still acts like one eager call."""
+        warm.reference = None
         written, _names = warm.state(sig, backend)
         nbytes = sum(backend.nbytes(t) for t in written)
-        if nbytes > env.settings().verify_max_bytes or warm.untracked is not None:
+        budget = env.settings().verify_max_bytes
+        if nbytes > budget or warm.untracked is not None:
             return  # cannot undo them: capture after the call's own run
+        record = self.verify() and 2 * nbytes <= budget  # as verify_plan: a reference verify will use
         snap = Snapshot(backend, written, device)
         py = PyState(backend, self.roots(instance, args, kwargs))
         known = {id(t) for t in written}
         for k in range(count):
             last = k == count - 1
             out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last)
-            if last and self.verify() and warm.blocked is None:  # verify's eager reference: it need not run again
+            if last and record and warm.blocked is None:  # verify's eager reference: it need not run again
                 warm.reference = record_reference(backend, out, written, device)
             del out
             snap.restore()
@@ -258,8 +261,12 @@ class KeyLifecycle(abc.ABC):
         try:
             entry, result = build(req)
         except CaptureError as exc:
+            warm.reference = None
             return self.capture_failed(exc, backend, sig, st, own if scope_run else None, scope_run, instance, args,
                                        kwargs)
+        except BaseException:
+            warm.reference = None  # a recorded reference is this build's only
+            raise
         self.warming.pop(sig.key, None)
         entry.feeds = self.step_feeds.get(sig.key) or (self.step_feeds.get(sig.base) if sig.base is not None else None)
         if entry.feeds is not None:

@@ -33,7 +33,7 @@ def _cases() -> list:
                 cases.append(pytest.param(path, fw, [*args, "--framework", fw], id=f"{path.stem}-{fw}", marks=mark))
         else:
             needed = [fw for fw in ("paddle", "torch") if f"import {fw}" in source]
-            extras = [m for m in ("transformers",) if f"import {m}" in source]
+            extras = [m for m in ("transformers", "paddleformers") if f"import {m}" in source]
             missing = [fw for fw in needed if fw not in INSTALLED]
             missing += [m for m in extras if importlib.util.find_spec(m) is None]
             mark = pytest.mark.skipif(bool(missing), reason=f"{', '.join(missing)} not installed")

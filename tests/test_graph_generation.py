@@ -51,8 +51,7 @@ def test_generate_with_its_defaults_decodes_from_one_graph_across_calls(batch):
         want = model.generate(prompt, cache_implementation="static", **GREEDY)
     with emulated_torch():
         assert graphjit.graph_generation(model) is model
-        assert model.generation_config.disable_compile is True
-        assert model.generation_config.cache_implementation == "static"
+        assert model.generation_config.cache_implementation is None  # the model's config is left as it is
         for _ in range(3):
             with torch.no_grad():
                 got = model.generate(prompt, **GREEDY)
@@ -106,6 +105,35 @@ def test_the_users_own_cache_choice_stays():
     model.generation_config.cache_implementation = "dynamic"
     graphjit.graph_generation(model)
     assert model.generation_config.cache_implementation == "dynamic"
+    with torch.no_grad():
+        model.generate(_prompt(1), **GREEDY)
+    assert not model._prepare_static_cache.__self__.kept  # no static cache was asked for
+
+
+def test_a_cache_the_caller_passes_or_gets_back_is_theirs():
+    model = _llama()
+    prompt = _prompt(2)
+    with torch.no_grad():
+        want = model.generate(prompt, cache_implementation="static", **GREEDY)
+    with emulated_torch(), torch.no_grad():
+        graphjit.graph_generation(model)
+        own = transformers.StaticCache(config=model.config, max_cache_len=32)
+        assert torch.equal(model.generate(prompt, past_key_values=own, **GREEDY), want)  # no "both given" error
+        first = model.generate(prompt, return_dict_in_generate=True, **GREEDY)
+        keys = first.past_key_values.layers[0].keys.clone()
+        second = model.generate(prompt, return_dict_in_generate=True, **GREEDY)
+        assert torch.equal(second.sequences, want)
+    assert second.past_key_values is not first.past_key_values
+    assert torch.equal(first.past_key_values.layers[0].keys, keys)  # the first caller's cache was left alone
+
+
+def test_a_longer_cache_replaces_the_shorter_ones():
+    model = _llama()
+    with torch.no_grad():
+        graphjit.graph_generation(model)
+        for n in (4, 8, 12):
+            model.generate(_prompt(1), **{**GREEDY, "max_new_tokens": n})
+    assert len(model._prepare_static_cache.__self__.kept) == 1
 
 
 def test_not_a_generating_model_is_refused_naming_the_argument():
@@ -117,8 +145,8 @@ def test_a_bad_option_is_refused_before_the_model_changes():
     model = _llama()
     with pytest.raises(graphjit.ConfigError):
         graphjit.graph_generation(model, warmup=0)
-    assert model.generation_config.disable_compile is not True
     assert not isinstance(model.forward, graphjit.GraphedFunction)
+    assert "generate" not in vars(model)
 
 
 FAMILIES = [f for f in [*hf_families.DECODERS, "t5"] if f not in ("qwen2_moe", "mixtral")]

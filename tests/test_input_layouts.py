@@ -115,3 +115,19 @@ def test_an_owned_written_buffer_passed_back_in_another_layout_is_written_back(e
     expected_out = _scale_rows(expected_view)
     assert torch.equal(g(view), expected_out)
     assert torch.equal(view, expected_view)
+
+
+def test_graphs_launch_through_torchs_cpp_replay_only_where_its_python_wrapper_is_the_liveness_check():
+    from graphjit.backends.torch.graphs import _thin_wrapper
+
+    def liveness_only(self):
+        if self._tracker is not None:
+            self._tracker.check_alive(self.pool())
+        super().replay()
+
+    def instantiates_first(self):
+        if self.keep_graph and not self.instantiated:
+            self.instantiate()
+        super().replay()
+
+    assert _thin_wrapper(liveness_only) and not _thin_wrapper(instantiates_first) and not _thin_wrapper(None)

@@ -35,13 +35,24 @@ _SYNC_HINT = (
 )
 
 
+_LIVENESS_ONLY = frozenset(("_tracker", "check_alive", "pool", "super", "replay"))
+
+
+def _thin_wrapper(fn: Any) -> bool:
+    """True where ``CUDAGraph.replay`` does nothing in Python but torch's input-liveness check before its C++ replay
+    (torch 2.11-2.13); False for anything more (a replay that instantiates a ``keep_graph`` graph first, hooks)."""
+    code = getattr(fn, "__code__", None)
+    return code is not None and set(code.co_names) <= _LIVENESS_ONLY
+
+
 class TorchGraph(GraphHandle):
     def __init__(self, graph: Any, pool_bytes: int) -> None:
         self._graph = graph
         self.pool_bytes = pool_bytes
         replay = graph.replay
         raw = getattr(torch._C, "_CUDAGraph", None)
-        if raw is not None and isinstance(graph, raw) and getattr(graph, "_tracker", None) is None:
+        if raw is not None and isinstance(graph, raw) and getattr(graph, "_tracker", None) is None \
+                and _thin_wrapper(getattr(type(graph), "replay", None)):
             # torch's C++ replay itself: its Python wrapper only checks input liveness, which graphjit never turns
             # on (capture_begin's check_input_liveness); one Python frame less per launch, boundaries included
             replay = raw.replay.__get__(graph)
