@@ -9,25 +9,21 @@ batch size and replayed for every later token, in this ``generate()`` and the ne
     python examples/hf_generate.py [--family llama] [--batch 1] [--new-tokens 32] [--layers 4] [--hidden 256]
                                    [--dtype fp32|bf16]
 
-Families: llama qwen2 mistral qwen3 phi3 qwen2_moe mixtral gpt2 gemma2 gemma3_text t5 (tests/hf_families.py
-builds the same configs for the tests).
+Families: llama qwen2 mistral qwen3 phi3 qwen2_moe mixtral gpt2 gemma2 gemma3_text t5
+(``graphjit.bench.torch.hf_families`` builds them, for the tests and ``bench generate`` too).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
-from pathlib import Path
 
 import torch
 import transformers
 
 import graphjit
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import hf_families
+from graphjit.bench.torch import hf_families
 
 
 def timed_generate(model, prompt: torch.Tensor, new_tokens: int, **extra) -> tuple[torch.Tensor, float]:

@@ -1,5 +1,5 @@
 """GPU tests, torch + transformers: ``graphjit.graph_generation(model)`` then ``model.generate()`` with its defaults
-(issue 29), for every family in tests/hf_families.py (random weights from configs, fp32, 4 layers, hidden 256), batch
+(issue 29), for every family of ``hf_families`` (random weights from configs, fp32, 4 layers, hidden 256), batch
 1 and 8: greedy tokens equal eager ``generate()``'s in each of two calls, transformers compiles nothing, and the
 decode step is captured once per batch size and replayed by both calls (the static cache kept across them).
 Gemma 2 and 3 count their sliding window's length in a Python int: they run right, uncaptured, with the reason in
@@ -14,9 +14,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.torch]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import hf_families  # noqa: E402
-
 import graphjit  # noqa: E402
+from graphjit.bench.torch import hf_families  # noqa: E402
 
 GREEDY = {"max_new_tokens": 16, "do_sample": False, "pad_token_id": 0}
 FAMILIES = [*hf_families.DECODERS, "t5"]

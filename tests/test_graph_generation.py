@@ -10,10 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import hf_families  # noqa: E402
 from graph_emulator import emulated_torch  # noqa: E402
 
 import graphjit  # noqa: E402
+from graphjit.bench.torch import hf_families  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -150,7 +150,7 @@ def test_a_bad_option_is_refused_before_the_model_changes():
 
 
 FAMILIES = [f for f in [*hf_families.DECODERS, "t5"] if f not in ("qwen2_moe", "mixtral")]
-"""Every family of tests/hf_families.py but the two mixtures of experts, whose routing the CPU stand-in for CUDA
+"""Every family of ``hf_families`` but the two mixtures of experts, whose routing the CPU stand-in for CUDA
 graphs cannot capture (it raises inside; tests/test_gpu_generation.py runs them on a GPU)."""
 
 

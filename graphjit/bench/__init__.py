@@ -54,6 +54,9 @@ register("decode", "graphjit.bench.decode",
          "decode step (L x matmul/silu/add/RMSNorm): eager vs raw CUDA graph vs @graphed vs compile (needs a GPU)")
 register("dispatch", "graphjit.bench.dispatch",
          "host cost of graphjit's key path per call (Signer.sign, @graphed on CPU) against a direct call")
+register("generate", "graphjit.bench.generate",
+         "transformers' generate() per model family: eager vs graphjit.graph_generation (eager and compile tracers) vs "
+         "transformers' compiled path, first call and steady state (torch + transformers; needs a GPU)")
 register("hf", "graphjit.bench.hf",
          "Hugging Face Llama decode step (StaticCache): eager vs hand-made CUDA graph vs @graphed vs compile "
          "(torch + transformers; needs a GPU)")

@@ -1,5 +1,6 @@
-"""Tiny random-weight transformers models of several families, built from their configs (nothing downloaded), for
-the generation tests (tests/test_gpu_generation.py on a GPU; the emulated CPU tests use some of them)."""
+"""Random-weight transformers models of several families, built from their configs (nothing downloaded): what
+``bench generate``, ``examples/hf_generate.py`` and the generation tests (tests/test_graph_generation.py,
+tests/test_gpu_generation.py) run.  torch and transformers are passed in, not imported here."""
 
 from __future__ import annotations
 

@@ -1,0 +1,151 @@
+"""``python -m graphjit bench generate``: transformers' ``generate()`` per model family, eager against the one line
+``graphjit.graph_generation(model)`` (eager and compile tracers) and against transformers' own compiled path.
+
+Per family (``--families``; models from :mod:`graphjit.bench.torch.hf_families`, random weights from configs,
+``--layers`` x ``--hidden``, ``--dtype``) and batch size (``--batch``), each variant runs on its own copy of the model:
+one first ``generate()`` of ``--new-tokens`` greedy tokens after a ``--prompt-len`` prompt (compilation or capture
+happen there), then ``--repeats`` more (median reported; seconds per whole ``generate()``).  Variants:
+
+* ``eager``: a static cache, transformers' compilation off: the reference tokens;
+* ``graphed``: ``graph_generation(model)``, ``generate()`` with its defaults;
+* ``graphed_compile``: ``graph_generation(model, tracer="compile")``;
+* ``hf_compiled``: ``generate(cache_implementation="static")``, which compiles the decode step itself
+  (``torch.compile(mode="reduce-overhead")``; Dynamo reset before each).
+
+Targets (``summary``, judged on a GPU): ``graphed`` tokens equal eager's; ``graphed_compile`` steady state at most
+1.0x ``hf_compiled``'s and its first call no slower; ``graphed``'s first call at most 1/10 of ``hf_compiled``'s.
+Writes ``generate_torch_<tag>.json`` and a PNG of the steady-state times.  Needs transformers and a CUDA GPU;
+``--allow-cpu`` runs a tiny smoke version (no graphs, no compilation) for CI.  Framework code:
+:mod:`graphjit.bench.torch.generate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from . import common
+from .common import say
+
+VARIANTS = ("eager", "graphed", "graphed_compile", "hf_compiled")
+FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "phi3", "qwen2_moe", "mixtral", "gpt2", "gemma2", "gemma3_text", "t5")
+TARGETS = {"graphed_compile_vs_hf_compiled_steady": 1.0, "graphed_compile_vs_hf_compiled_first": 1.0,
+           "graphed_vs_hf_compiled_first": 0.1}
+RATIOS = {"graphed_compile_vs_hf_compiled_steady": ("graphed_compile", "hf_compiled", "steady_s"),
+          "graphed_compile_vs_hf_compiled_first": ("graphed_compile", "hf_compiled", "first_s"),
+          "graphed_vs_hf_compiled_first": ("graphed", "hf_compiled", "first_s"),
+          "graphed_vs_hf_compiled_steady": ("graphed", "hf_compiled", "steady_s"),
+          "eager_vs_graphed_steady": ("eager", "graphed", "steady_s")}
+GPU_DEFAULTS: dict[str, Any] = {"families": ",".join(FAMILIES), "layers": 8, "hidden": 1024, "batch": [1, 8],
+                                "new_tokens": 64, "prompt_len": 16, "repeats": 3}
+CPU_DEFAULTS: dict[str, Any] = {"families": "llama,gpt2", "layers": 2, "hidden": 64, "batch": [1], "new_tokens": 4,
+                                "prompt_len": 5, "repeats": 1}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("generate")
+    g.add_argument("--families", default=None, help=f"comma-separated subset of {', '.join(FAMILIES)} (default all)")
+    g.add_argument("--layers", type=common.positive_int, default=None, help="layers (default 8)")
+    g.add_argument("--hidden", type=common.positive_int, default=None, help="hidden size (default 1024)")
+    g.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="model dtype (default bf16)")
+    g.add_argument("--batch", type=common.int_list, default=None, help="batch sizes, comma-separated (default 1,8)")
+    g.add_argument("--new-tokens", type=common.positive_int, default=None, help="greedy tokens per call (default 64)")
+    g.add_argument("--prompt-len", type=common.positive_int, default=None, help="prompt tokens (default 16)")
+    g.add_argument("--repeats", type=common.positive_int, default=None,
+                   help="generate() calls after the first, median reported (default 3)")
+    g.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {', '.join(VARIANTS)}")
+    g.add_argument("--allow-cpu", action="store_true", help="without a CUDA GPU, a tiny smoke run (for CI)")
+
+
+def run(args: argparse.Namespace) -> int:
+    on_gpu, code = common.gpu_or_exit("generate", "torch", args.allow_cpu, needs="transformers")
+    if code is not None:
+        return code
+    for key, value in (GPU_DEFAULTS if on_gpu else CPU_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    families = common.pick("generate", "family", args.families, FAMILIES)
+    variants = common.pick("generate", "variant", args.variants, VARIANTS)
+    if families is None or variants is None:
+        return 2
+    if not on_gpu:  # the smoke run: no compilation on a CPU
+        variants = [v for v in variants if v not in ("graphed_compile", "hf_compiled")]
+    tag = common.machine_tag(args)
+    json_path, png_path = common.output_paths(args.out, f"generate_torch_{tag}.json")
+    data = common.header("generate", args, tag)
+    data.update({"backend": "torch", "device": "cuda" if on_gpu else "cpu", "smoke": not on_gpu,
+                 "config": {"families": families, "variants": variants, "layers": args.layers, "hidden": args.hidden,
+                            "dtype": args.dtype, "batch": args.batch, "new_tokens": args.new_tokens,
+                            "prompt_len": args.prompt_len, "repeats": args.repeats},
+                 "env": common.environment(), "results": {}, "complete": False})
+    say(f"generate [torch, {data['device']}]: {','.join(families)} x batch {args.batch}, {args.layers} layers, "
+        f"hidden {args.hidden}, {args.dtype} -> {json_path}")
+    try:
+        from .torch.generate import GenerateBench
+
+        bench = GenerateBench(args, on_gpu)
+        data["env"] = common.environment()
+    except Exception as exc:
+        data["error"] = common.error_text(exc)
+        common.write_json(json_path, data)
+        say(f"generate: could not start: {data['error']}")
+        return 1
+    rows = []
+    for family in families:
+        for batch in args.batch:
+            name = f"{family} B{batch}"
+            entry: dict[str, Any] = {"variants": {}}
+            data["results"][name] = entry
+            for variant in variants:
+                say(f"generate: {name}: {variant} ...")
+                entry["variants"][variant] = common.guarded(
+                    lambda family=family, batch=batch, variant=variant: bench.measure(family, batch, variant))
+                common.write_json(json_path, data)
+            entry["ratios"] = _ratios(entry)
+            v = entry["variants"]
+            rows.append([name, *(_s(v, x, "first_s") for x in variants), *(_s(v, x, "steady_s") for x in variants),
+                         (v.get("graphed") or {}).get("tokens_equal_eager")])
+    data["summary"] = _summary(data, on_gpu)
+    data["complete"] = True
+    if not args.no_plot:
+        names = list(data["results"])
+        note = common.bar_plot(png_path, f"generate(): steady state per call (torch {args.dtype}, {tag})", names,
+                               {x: [_s(data["results"][n]["variants"], x, "steady_s") for n in names]
+                                for x in variants}, "seconds per generate() (median)",
+                               notes=[f"{args.layers} layers, hidden {args.hidden}, {args.new_tokens} new tokens"])
+        data["plot"] = None if note else png_path.name
+        if note:
+            data["plot_error"] = note
+    common.write_json(json_path, data)
+    say(common.format_table(["model", *(f"{x} first s" for x in variants), *(f"{x} steady s" for x in variants),
+                             "graphed tokens = eager"], rows))
+    say(f"wrote {json_path}")
+    return 0 if data["summary"]["ok"] else 1
+
+
+def _s(variants: dict[str, Any], variant: str, field: str) -> float | None:
+    res = variants.get(variant) or {}
+    return res.get(field) if res.get("status") == "ok" else None
+
+
+def _ratios(entry: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for name, (a, b, field) in RATIOS.items():
+        x, y = _s(entry["variants"], a, field), _s(entry["variants"], b, field)
+        if x is not None and y:
+            out[name] = x / y
+    return out
+
+
+def _summary(data: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
+    problems = []
+    met: dict[str, dict[str, bool]] = {}
+    for name, entry in data["results"].items():
+        for variant, res in entry["variants"].items():
+            if res.get("status") != "ok":
+                problems.append(f"{name}/{variant}: {res.get('status')}: {res.get('error')}")
+            elif variant == "graphed" and res.get("tokens_equal_eager") is False:
+                problems.append(f"{name}/graphed: tokens differ from eager's")
+        if on_gpu:
+            met[name] = {k: entry["ratios"][k] <= t for k, t in TARGETS.items() if k in entry["ratios"]}
+    return {"ok": not problems, "problems": problems, "targets": TARGETS, "met": met}

@@ -1,0 +1,85 @@
+"""torch half of ``python -m graphjit bench generate``: one family's model, its prompt, and one variant's timed
+``generate()`` calls.  Options, the loop over families, summary, JSON and plot are in :mod:`graphjit.bench.generate`;
+torch and transformers are imported when :class:`GenerateBench` is created."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from typing import Any
+
+from . import hf_families
+
+
+class GenerateBench:
+    """The run's device, dtype and sizes; :meth:`measure` builds a family's model and times one variant on it."""
+
+    def __init__(self, args: argparse.Namespace, on_gpu: bool) -> None:
+        import torch
+        import transformers
+
+        self.torch = torch
+        self.transformers = transformers
+        self.args = args
+        self.on_gpu = on_gpu
+        self.device = "cuda" if on_gpu else "cpu"
+        self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+        self.models: dict[str, Any] = {}
+        self.reference: dict[tuple[str, int], Any] = {}
+
+    def model(self, family: str) -> Any:
+        """The family's model (built once, seeded): every variant runs on its own deep copy."""
+        if family not in self.models:
+            self.models = {family: hf_families.build(self.torch, self.transformers, family, self.args.layers,
+                                                     self.args.hidden, self.device, self.dtype)}
+        return self.models[family]
+
+    def prompt(self, batch: int) -> Any:
+        gen = self.torch.Generator().manual_seed(batch)
+        return self.torch.randint(3, 256, (batch, self.args.prompt_len), generator=gen).to(self.device)
+
+    def _generate(self, model: Any, prompt: Any, **extra: Any) -> tuple[Any, float]:
+        torch = self.torch
+        if self.on_gpu:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=self.args.new_tokens, do_sample=False, pad_token_id=0,
+                                 **extra)
+        if self.on_gpu:
+            torch.cuda.synchronize()
+        return out, time.perf_counter() - t0
+
+    def measure(self, family: str, batch: int, variant: str) -> dict[str, Any]:
+        """``variant`` on a fresh copy of ``family``'s model: its first ``generate()`` (compilation or capture
+        included) and the median of ``--repeats`` later ones, in seconds; tokens compared with eager's."""
+        import graphjit
+
+        torch = self.torch
+        model = copy.deepcopy(self.model(family))
+        prompt = self.prompt(batch)
+        extra: dict[str, Any] = {}
+        if variant == "eager":
+            extra = {"cache_implementation": "static", "disable_compile": True}
+        elif variant == "hf_compiled":
+            torch._dynamo.reset()  # every family and batch compiles afresh, as a new process would
+            extra = {"cache_implementation": "static"}  # transformers compiles the decode step itself
+        elif variant in ("graphed", "graphed_compile"):
+            graphjit.graph_generation(model, **({"tracer": "compile"} if variant == "graphed_compile" else {}))
+        else:
+            raise ValueError(f"unknown variant {variant!r}")
+        out, first = self._generate(model, prompt, **extra)
+        steady = [self._generate(model, prompt, **extra)[1] for _ in range(self.args.repeats)]
+        key = (family, batch)
+        if variant == "eager":
+            self.reference[key] = out
+        want = self.reference.get(key)
+        res: dict[str, Any] = {"status": "ok", "first_s": first, "steady_s": statistics.median(steady),
+                               "samples_s": steady, "new_tokens": self.args.new_tokens,
+                               "tokens_equal_eager": None if want is None else bool(torch.equal(out, want))}
+        if variant.startswith("graphed"):
+            st = model.forward.stats()
+            res["stats"] = {k: st.get(k) for k in ("calls", "graphs", "captures", "replays", "fallbacks")}
+        return res
