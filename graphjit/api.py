@@ -595,4 +595,5 @@ graphed.__doc__ = _OPTION_DOC
 
 def _decorate(fn: Callable[..., Any], options: Options) -> GraphedFunction:
     check_callable(fn, (GraphedFunction, BoundGraphedFunction))
+    backends.shield_from_compilers()
     return GraphedFunction(fn, options)

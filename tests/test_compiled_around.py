@@ -50,6 +50,16 @@ def test_torch_compile_around_graphed_functions_calls_them_and_they_graph(emu):
     for g in (f, m.forward):
         st = g.stats()
         assert st["calls"] == 6 and st["graphs"] == 1 and st["replays"] == 4, g.report()
+    # Dynamo compiled none of graphjit's own frames (its folder is on Dynamo's skip list), nor the functions graphjit
+    # ran for warmup and capture (Dynamo's hook is off around them): they ran as written
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    import graphjit.api
+    import graphjit.buffers
+
+    for code in (graphjit.api._State.call.__code__, graphjit.api._State.replay.__code__,
+                 graphjit.buffers.StaticInputs.load.__code__, f.__wrapped__.__code__):
+        assert not _debug_get_cache_entry_list(code), code.co_name
 
 
 def test_torch_compile_around_a_graphed_closure_runs_without_a_graph():

@@ -127,6 +127,14 @@ def identity_keyed(tp: type) -> bool:
     return found
 
 
+def shield_from_compilers() -> None:
+    """Keep the compilers of already-imported frameworks out of graphjit's own code (torch: Dynamo's skip list,
+    :func:`graphjit.backends.torch.breaks.shield`; it imports Dynamo, which a graphed torch call imports anyway),
+    before any graphed call can run under one."""
+    if "torch" in sys.modules:
+        load("torch", "breaks").shield()
+
+
 def translating() -> bool:
     """True while an instantiated backend's framework is translating code (e.g. Paddle's AST
     to_static re-running a function's decorators in static mode)."""
@@ -145,4 +153,5 @@ def is_tensor(obj: Any) -> bool:
     return for_type(type(obj)) is not None
 
 
-__all__ = ["JOBS", "NAMES", "Backend", "GraphHandle", "for_type", "get", "imported", "is_tensor", "load", "module_name"]
+__all__ = ["JOBS", "NAMES", "Backend", "GraphHandle", "for_type", "get", "imported", "is_tensor", "load", "module_name",
+           "shield_from_compilers"]

@@ -23,6 +23,7 @@ import torch
 from ...errors import BackendError, CaptureError
 from ...feeds import StepContext
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, Segments, collector_paused, segments_open
+from .breaks import dynamo_off, shield
 from .recovery import recover
 from .syncs import SyncWatcher
 
@@ -142,6 +143,7 @@ class TorchBackend(Backend):
     default_tracer = "eager"
 
     def __init__(self) -> None:
+        shield()
         self._streams: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._unavailable: dict[str, str | None] = {}
@@ -154,6 +156,10 @@ class TorchBackend(Backend):
     # -- tensors ---------------------------------------------------------------------------
     def tensor_types(self) -> tuple[type, ...]:
         return (torch.Tensor,)
+
+    def traced_call_guard(self) -> contextlib.AbstractContextManager[Any]:
+        """Dynamo's frame hook off around the graphed function's own runs (:func:`.breaks.dynamo_off`)."""
+        return dynamo_off()
 
     def meta_key(self, t: Any) -> tuple[Any, ...]:
         return (t.shape, t.dtype, t.device, t.requires_grad)
