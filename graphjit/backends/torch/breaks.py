@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,20 +15,31 @@ log = logging.getLogger("graphjit")
 _shielded = False
 
 
+_INLINED = frozenset(("dist.py",))
+"""Files of this folder Dynamo must still inline: the all-reduce graphjit publishes in place of torch.distributed's
+(``dist.py``) puts graphjit's custom op into the graph of compiled code that calls it."""
+
+
 def shield() -> None:
-    """Dynamo never compiles graphjit's own frames: graphjit's folder goes on Dynamo's skip list (as torch's own
-    folders are).  A graphed function called inside a compiled one is a graph break (``_torchdynamo_disable``);
-    without this, Dynamo would then compile the frames of graphjit's call path one by one, guarding graphjit's
-    module state (it failed building such guards).  Idempotent; where this torch has no skip list, nothing."""
+    """Dynamo never compiles graphjit's own call path: graphjit's modules (its top level, ``backends/`` and this
+    folder, but for :data:`_INLINED`) go on Dynamo's skip list, as torch's own folders are.  A graphed function called
+    inside a compiled one is a graph break (``_torchdynamo_disable``); without this, Dynamo then compiled the frames of
+    graphjit's call path one by one, guarding graphjit's module state (and failed building such guards).
+    Idempotent; where this torch has no skip list, nothing."""
     global _shielded
     if _shielded:
         return
     _shielded = True
+    here = Path(__file__).resolve().parent
+    root = here.parents[1]  # graphjit/
+    files = [*root.glob("*.py"), *(root / "backends").glob("*.py"),
+             *(p for p in here.glob("*.py") if p.name not in _INLINED)]
     try:
         from torch._dynamo import trace_rules
 
-        trace_rules.add("graphjit")
-    except Exception as exc:  # a torch without the hook: compiled code around graphed calls is rare
+        trace_rules.SKIP_DIRS.extend(p.as_posix() for p in files)
+        trace_rules._recompile_re()
+    except Exception as exc:  # a torch without the list: compiled code around graphed calls is rare
         log.debug("graphjit: could not put graphjit on Dynamo's skip list (%s)", exc)
 
 
