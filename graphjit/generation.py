@@ -18,17 +18,20 @@ on every step).  :func:`graph_generation` sets the model up once:
   across calls and nothing is copied.  transformers' ``reset()`` zeroes every layer in place.  A cache is never
   handed to two running calls, nor again once a call returned it to its caller.
 
-Guarantees: ``generate()`` returns what it returns without graphjit (greedy tokens equal; sampling draws from the
-same generator); anything graphjit cannot graph runs uncaptured, counted with its reason in
-``model.forward.report()``.  Calling it twice on one model does nothing the second time.  Refuses (ConfigError)
-an object without ``generate``, ``forward`` and ``generation_config``.  Nothing here imports a framework: it
-works on the attributes transformers' generation API defines.
+Guarantees: ``generate()`` returns what ``generate(cache_implementation="static")`` returns without graphjit (greedy
+tokens equal; sampling draws from the same generator).  A static cache is the default graphjit sets: in bf16 its
+kernels may pick other greedy tokens than transformers' dynamic cache would, as they do without graphjit.  Anything
+graphjit cannot graph runs uncaptured, counted with its reason in ``model.forward.report()``.  Calling it twice on
+one model does nothing the second time.  Refuses (ConfigError) an object without ``generate``, ``forward`` and
+``generation_config``.  It imports no framework: it works on the attributes transformers' generation API defines
+(and reads the modes of torch's backend where torch is imported: a kept cache is one autocast state's).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -38,6 +41,10 @@ from .errors import ConfigError
 log = logging.getLogger("graphjit")
 
 _MARK = "_graphjit_generation"
+_CACHE_ARGUMENTS = frozenset(("past_key_values", "cache", "cache_params", "cache_implementation"))
+"""Arguments of generate() that choose its cache (``cache_params`` is an old name of ``cache``)."""
+_KEPT_MAX = 8
+"""Kept caches at most (one per batch size, length and encoder length): the oldest go first."""
 
 
 class _Generation:
@@ -65,31 +72,42 @@ class _Generation:
         self.busy: set[int] = set()  # id() of the kept caches running generate() calls hold
         self.local = threading.local()  # the caches this thread's running generate() took
         self.reused = 0
+        try:  # where generate() takes its generation_config positionally (after the inputs)
+            names = list(inspect.signature(generate).parameters)
+            self.config_position: int | None = names.index("generation_config")
+        except (TypeError, ValueError):
+            self.config_position = None
 
     def generate_call(self, *args: Any, **kwargs: Any) -> Any:
-        """``model.generate`` with graphjit's defaults (the caller's own arguments win)."""
-        kwargs.setdefault("disable_compile", True)
-        config = kwargs.get("generation_config") or getattr(self.model, "generation_config", None)
-        if (not {"past_key_values", "cache", "cache_implementation"} & kwargs.keys()
-                and getattr(config, "cache_implementation", None) is None):
-            kwargs["cache_implementation"] = "static"
+        """``model.generate`` with graphjit's defaults where the call and its generation config leave them open:
+        ``disable_compile=True``, and ``cache_implementation="static"`` where no cache is named.  An assistant
+        model's (assisted decoding: transformers gives it its own cache across rounds) gets none."""
+        config = kwargs.get("generation_config")
+        if config is None and self.config_position is not None and len(args) > self.config_position:
+            config = args[self.config_position]
+        given = config if config is not None else getattr(self.model, "generation_config", None)
+        if not getattr(given, "is_assistant", False):
+            if "disable_compile" not in kwargs and getattr(given, "disable_compile", None) is None:
+                kwargs["disable_compile"] = True
+            if (not _CACHE_ARGUMENTS & kwargs.keys() and getattr(given, "cache_implementation", None) is None):
+                kwargs["cache_implementation"] = "static"
         taken: list[Any] = []
         outer = getattr(self.local, "taken", None)
         self.local.taken = taken
+        out: Any = None
         try:
             out = self.generate(*args, **kwargs)
         finally:
             self.local.taken = outer
-            with self.lock:
+            returned = getattr(out, "past_key_values", None)
+            if returned is None:
+                returned = getattr(out, "cache", None)
+            with self.lock:  # one step: a cache the caller got back is never free for another thread's call
+                if returned is not None:  # the caller holds it now: theirs, never handed to a later call
+                    for key in [k for k, c in self.kept.items() if c is returned]:
+                        del self.kept[key]
                 for cache in taken:
                     self.busy.discard(id(cache))
-        returned = getattr(out, "past_key_values", None)
-        if returned is None:
-            returned = getattr(out, "cache", None)
-        if returned is not None:  # the caller holds it now: it is theirs, never handed to a later call
-            with self.lock:
-                for key in [k for k, c in self.kept.items() if c is returned]:
-                    del self.kept[key]
         return out
 
     def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
@@ -111,7 +129,7 @@ class _Generation:
             except (TypeError, IndexError, KeyError, AttributeError):
                 return None
         return (impl, batch, length, bound.get("prefill_chunk_size"), cross, str(getattr(model, "dtype", "")),
-                str(getattr(model, "device", "")))
+                str(getattr(model, "device", "")), _modes())
 
     def prepare_call(self, *args: Any, **kwargs: Any) -> Any:
         """``model._prepare_static_cache``: a kept cache, reset, where one fits and is free; else the model's."""
@@ -119,25 +137,37 @@ class _Generation:
         taken = getattr(self.local, "taken", None)
         with self.lock:
             old = self.kept.get(key) if key is not None and taken is not None else None
-            if old is not None and id(old) in self.busy:
+            if old is not None and (id(old) in self.busy or not callable(getattr(old, "reset", None))):
                 old = None
             if old is not None:
                 self.busy.add(id(old))
-        if old is not None and callable(getattr(old, "reset", None)):
+        if old is not None:
+            taken.append(old)  # type: ignore[union-attr]  # set with old above; released even if reset() raises
             old.reset()  # zeroes every layer in place: the addresses the decode graph reads stay
             self.reused += 1
-            taken.append(old)  # type: ignore[union-attr]  # set with old above
             return old
         fresh = self.prepare(*args, **kwargs)
         if key is not None and taken is not None:
             with self.lock:
                 if key not in self.kept or id(self.kept[key]) not in self.busy:
-                    for k in [k for k in self.kept if k[:2] == key[:2] and k[3:] == key[3:] and k[2] < key[2]]:
-                        del self.kept[k]  # shorter: transformers never asks for them again
+                    for k in [k for k in self.kept if k[2] < key[2] and id(self.kept[k]) not in self.busy]:
+                        del self.kept[k]  # shorter: transformers sizes every later cache to the longest seen
                     self.kept[key] = fresh
+                    for k in list(self.kept)[:-_KEPT_MAX]:
+                        if id(self.kept[k]) not in self.busy:
+                            del self.kept[k]
                 self.busy.add(id(fresh))
             taken.append(fresh)
         return fresh
+
+
+def _modes() -> tuple[Any, ...]:
+    """The framework's modes (autocast among them: a cache's dtype is its first writer's) where torch is in use."""
+    if "torch" not in sys.modules:
+        return ()
+    from . import backends
+
+    return tuple(backends.get("torch").modes())
 
 
 def graph_generation(model: Any, **options: Any) -> Any:

@@ -23,6 +23,8 @@ def test_without_gpu_refuses_in_one_line(tmp_path: Path, capsys: pytest.CaptureF
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "needs a CUDA GPU" in err and "--allow-cpu" in err
     assert main(["bench", "generate", "--allow-cpu", "--families", "llama,bogus", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "generate", "--allow-cpu", "--variants", "hf_compiled", "--out", str(tmp_path)]) == 2
+    assert "nothing left to run on a CPU" in capsys.readouterr().err
 
 
 def test_cpu_smoke_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
@@ -35,7 +37,7 @@ def test_cpu_smoke_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFix
     for entry in data["results"].values():
         graphed = entry["variants"]["graphed"]
         assert graphed["status"] == "ok" and graphed["tokens_equal_eager"] is True, graphed
-        assert graphed["first_s"] > 0 and graphed["steady_s"] > 0
+        assert graphed["first_s"] > 0 and graphed["steady_s"] > 0 and all(graphed["calls_equal_eager"])
     assert (tmp_path / "generate_torch_ci.png").exists()
 
 

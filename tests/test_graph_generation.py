@@ -171,3 +171,39 @@ def test_every_family_decodes_right_and_from_one_graph_unless_it_says_why(family
         return
     (decode,) = _decode_keys(fn)
     assert decode["captures"] == 1 and decode["replays"] == 2 * 7 - 2, fn.report()
+
+
+def test_a_graphed_assistant_model_keeps_its_own_cache_across_rounds():
+    """Assisted decoding: transformers gives the assistant its own cache, carried from round to round; graphjit
+    leaves it alone (a static cache sized for the first round overflowed in the next one)."""
+    main = _llama()
+    config = main.config.__class__(**{**main.config.to_dict(), "num_hidden_layers": 1})
+    torch.manual_seed(1)
+    assistant = transformers.LlamaForCausalLM(config).eval()
+    prompt = _prompt(1, 6)
+    steps = {**GREEDY, "max_new_tokens": 24}
+    with torch.no_grad():
+        want = main.generate(prompt, assistant_model=assistant, **steps)
+        graphjit.graph_generation(assistant)
+        graphjit.graph_generation(main)
+        with emulated_torch():
+            assert torch.equal(main.generate(prompt, assistant_model=assistant, **steps), want)
+
+
+def test_the_callers_generation_config_wins_positionally_too():
+    model = _llama()
+    graphjit.graph_generation(model)
+    config = transformers.GenerationConfig(**{**GREEDY, "cache_implementation": "dynamic"})
+    with torch.no_grad():
+        model.generate(_prompt(1), config)
+    assert not model._prepare_static_cache.__self__.kept  # it asked for a dynamic cache: no static one was made
+
+
+def test_caches_transformers_will_not_ask_for_again_are_dropped():
+    model = _llama()
+    graphjit.graph_generation(model)
+    with torch.no_grad():
+        for batch, n in ((1, 4), (2, 4), (3, 12)):  # the last one longer: every later cache is at least that long
+            model.generate(_prompt(batch), **{**GREEDY, "max_new_tokens": n})
+    kept = model._prepare_static_cache.__self__.kept
+    assert [k[:3] for k in kept] == [("static", 3, max(k[2] for k in kept))], list(kept)

@@ -52,34 +52,57 @@ class GenerateBench:
             torch.cuda.synchronize()
         return out, time.perf_counter() - t0
 
+    def reference_tokens(self, family: str, batch: int) -> Any:
+        """Eager ``generate()``'s tokens (static cache, no compilation) for ``family`` at ``batch``, made once."""
+        key = (family, batch)
+        if key not in self.reference:
+            model = copy.deepcopy(self.model(family))
+            self.reference[key] = self._generate(model, self.prompt(batch), **_EAGER)[0]
+        return self.reference[key]
+
     def measure(self, family: str, batch: int, variant: str) -> dict[str, Any]:
         """``variant`` on a fresh copy of ``family``'s model: its first ``generate()`` (compilation or capture
-        included) and the median of ``--repeats`` later ones, in seconds; tokens compared with eager's."""
+        included) and the median of ``--repeats`` later ones, in seconds; every call's tokens compared with eager's
+        (``tokens_equal_eager``: all of them)."""
+        import gc
+
         import graphjit
 
         torch = self.torch
+        torch._dynamo.reset()  # every variant compiles afresh (in memory; Inductor's caches on disk stay)
+        want = self.reference_tokens(family, batch)
         model = copy.deepcopy(self.model(family))
         prompt = self.prompt(batch)
         extra: dict[str, Any] = {}
         if variant == "eager":
-            extra = {"cache_implementation": "static", "disable_compile": True}
+            extra = dict(_EAGER)
         elif variant == "hf_compiled":
-            torch._dynamo.reset()  # every family and batch compiles afresh, as a new process would
             extra = {"cache_implementation": "static"}  # transformers compiles the decode step itself
         elif variant in ("graphed", "graphed_compile"):
             graphjit.graph_generation(model, **({"tracer": "compile"} if variant == "graphed_compile" else {}))
         else:
             raise ValueError(f"unknown variant {variant!r}")
-        out, first = self._generate(model, prompt, **extra)
-        steady = [self._generate(model, prompt, **extra)[1] for _ in range(self.args.repeats)]
-        key = (family, batch)
-        if variant == "eager":
-            self.reference[key] = out
-        want = self.reference.get(key)
-        res: dict[str, Any] = {"status": "ok", "first_s": first, "steady_s": statistics.median(steady),
-                               "samples_s": steady, "new_tokens": self.args.new_tokens,
-                               "tokens_equal_eager": None if want is None else bool(torch.equal(out, want))}
-        if variant.startswith("graphed"):
-            st = model.forward.stats()
-            res["stats"] = {k: st.get(k) for k in ("calls", "graphs", "captures", "replays", "fallbacks")}
-        return res
+        try:
+            out, first = self._generate(model, prompt, **extra)
+            equal = [bool(torch.equal(out, want))]
+            steady = []
+            for _ in range(self.args.repeats):
+                out, seconds = self._generate(model, prompt, **extra)
+                steady.append(seconds)
+                equal.append(bool(torch.equal(out, want)))
+            res: dict[str, Any] = {"status": "ok", "first_s": first, "steady_s": statistics.median(steady),
+                                   "samples_s": steady, "new_tokens": self.args.new_tokens,
+                                   "tokens_equal_eager": all(equal), "calls_equal_eager": equal}
+            if variant.startswith("graphed"):
+                st = model.forward.stats()
+                res["stats"] = {k: st.get(k) for k in ("calls", "graphs", "captures", "replays", "fallbacks")}
+            return res
+        finally:
+            del model  # a graphed model refers to itself (its wrappers): freed by the collector, its graphs with it
+            gc.collect()
+            if self.on_gpu:
+                torch.cuda.empty_cache()
+
+
+_EAGER = {"cache_implementation": "static", "disable_compile": True}
+"""The reference: transformers' static cache, no compilation, no graphjit."""
