@@ -28,6 +28,8 @@ log="$out/proof-torch.log"
   timeout 300 python3 -m graphjit bench piecewise --out "$out" --tag h200 2>&1 | tail -20
   echo "== bench capture (vLLM's 51 sizes: capture_scope vs by hand)"
   timeout 240 python3 -m graphjit bench capture --profile --out "$out" --tag h200 2>&1 | tail -12
+  echo "== bench generate (three families; the rest: --families, a call each)"
+  timeout 420 python3 -m graphjit bench generate --families llama,gpt2,t5 --out "$out" --tag h200 2>&1 | tail -12
   echo "== bench dispatch"
   timeout 120 python3 -m graphjit bench dispatch --out "$out" --tag h200 2>&1 | tail -15
 } >> "$log" 2>&1
