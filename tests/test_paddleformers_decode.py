@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,7 +34,8 @@ if importlib.util.find_spec("transformers") is not None:
     importlib.import_module("transformers")  # before paddleformers (see the module docstring)
 pft = pytest.importorskip("paddleformers.transformers")
 cache_utils = pytest.importorskip("paddleformers.transformers.cache_utils")
-config_utils = pytest.importorskip("paddleformers.transformers.configuration_utils")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import paddleformers_decode as example  # noqa: E402  (its model and decode loop)
 
 STEPS = 4
 REBINDS = "rebinds a tensor held by an object"
@@ -45,13 +48,8 @@ def expected_reason() -> str:
 @pytest.fixture(scope="module")
 def llama():
     paddle.set_device("gpu" if paddle_cuda() else "cpu")
-    paddle.jit.not_to_static(config_utils.PretrainedConfig.get)  # the SOT workaround (module docstring)
-    config = pft.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                             fuse_rms_norm=False)
-    paddle.seed(0)
-    model = pft.LlamaForCausalLM(config)
-    model.eval()
+    example.sot_workaround()
+    model, _config = example.build(layers=2, hidden=64)
     return model
 
 
@@ -60,25 +58,9 @@ def prompt(batch: int):
 
 
 def decode(model, ids, graphed_options: dict | None = None, cache_as: str = "closure"):
-    """Eager prefill, then STEPS greedy steps (graphed when options are given): (tokens, step function)."""
-    with paddle.no_grad():
-        out = model(ids, use_cache=True, return_dict=True)
-        cache = out.past_key_values
-        tok = out.logits[:, -1].argmax(-1, keepdim=True)
-        if cache_as == "closure":
-            def step(tok):
-                return model(tok, use_cache=True, past_key_values=cache, return_dict=True).logits[:, -1]
-            extra = ()
-        else:
-            def step(tok, cache):
-                return model(tok, use_cache=True, past_key_values=cache, return_dict=True).logits[:, -1]
-            extra = (cache,)
-        fn = graphjit.graphed(step, **graphed_options) if graphed_options is not None else step
-        tokens = [tok]
-        for _ in range(STEPS):
-            tok = fn(tok, *extra).argmax(-1, keepdim=True)
-            tokens.append(tok)
-    return paddle.concat(tokens, axis=1).numpy(), fn
+    """The example's prefill and STEPS greedy steps (graphed when options are given): (tokens, step function)."""
+    tokens, _logits, fn, _seconds = example.decode(model, ids, STEPS, cache_as, graphed_options)
+    return tokens, fn
 
 
 def test_the_cache_grows_by_concatenation(llama):
