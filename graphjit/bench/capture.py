@@ -64,11 +64,9 @@ def run(args: argparse.Namespace) -> int:
         args.sizes = VLLM_SIZES if on_gpu else [1, 2, 4]
     tag = common.machine_tag(args)
     json_path, png_path = common.output_paths(args.out, f"capture_torch_{tag}.json")
-    data = common.header("capture", args, tag)
-    data.update({"backend": "torch", "device": "cuda" if on_gpu else "cpu", "smoke": not on_gpu,
-                 "config": {"sizes": args.sizes, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,
-                            "warmup": args.warmup, "order": "largest first"},
-                 "env": common.environment(), "results": {}, "complete": False})
+    data = common.grid_header("capture", args, tag, on_gpu, {
+        "sizes": args.sizes, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype, "warmup": args.warmup,
+        "order": "largest first"}, timer="host clock, synchronised")
     say(f"capture [torch, {data['device']}]: {len(args.sizes)} sizes, {args.layers} layers, hidden {args.hidden} "
         f"-> {json_path}")
     try:

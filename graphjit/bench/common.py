@@ -424,10 +424,12 @@ def finish(bench: str, data: dict[str, Any], json_path: Path, png_path: Path) ->
     return 0 if data["summary"]["ok"] else 1
 
 
-def grid_header(bench: str, args: argparse.Namespace, tag: str, on_gpu: bool, config: dict[str, Any]) -> dict[str, Any]:
-    """The JSON record of a torch grid benchmark before its results (``config`` plus the timer used)."""
+def grid_header(bench: str, args: argparse.Namespace, tag: str, on_gpu: bool, config: dict[str, Any],
+                timer: str | None = None) -> dict[str, Any]:
+    """The JSON record of a torch benchmark before its results (``config`` plus the timer used: ``timer``, or CUDA
+    events on a GPU and the host clock on the CPU)."""
     data = header(bench, args, tag)
     data.update({"backend": "torch", "device": "cuda" if on_gpu else "cpu", "smoke": not on_gpu,
-                 "config": {**config, "timer": "cuda_events" if on_gpu else "host"}, "env": environment(),
+                 "config": {**config, "timer": timer or ("cuda_events" if on_gpu else "host")}, "env": environment(),
                  "results": {}, "complete": False})
     return data

@@ -81,12 +81,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
     tag = common.machine_tag(args)
     json_path, png_path = common.output_paths(args.out, f"generate_torch_{tag}.json")
-    data = common.header("generate", args, tag)
-    data.update({"backend": "torch", "device": "cuda" if on_gpu else "cpu", "smoke": not on_gpu,
-                 "config": {"families": families, "variants": variants, "layers": args.layers, "hidden": args.hidden,
-                            "dtype": args.dtype, "batch": args.batch, "new_tokens": args.new_tokens,
-                            "prompt_len": args.prompt_len, "repeats": args.repeats},
-                 "env": common.environment(), "results": {}, "complete": False})
+    data = common.grid_header("generate", args, tag, on_gpu, {
+        "families": families, "variants": variants, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,
+        "batch": args.batch, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats},
+        timer="host clock, synchronised")
     say(f"generate [torch, {data['device']}]: {','.join(families)} x batch {args.batch}, {args.layers} layers, "
         f"hidden {args.hidden}, {args.dtype} -> {json_path}")
     try:
@@ -146,15 +144,14 @@ def _ratios(entry: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _wrong(variant: str, res: dict[str, Any]) -> str | None:
+    if variant == "graphed" and res.get("tokens_equal_eager") is not True:
+        return f"tokens differ from eager's in calls {res.get('calls_equal_eager')}"
+    return None
+
+
 def _summary(data: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
-    problems = []
-    met: dict[str, dict[str, bool]] = {}
-    for name, entry in data["results"].items():
-        for variant, res in entry["variants"].items():
-            if res.get("status") != "ok":
-                problems.append(f"{name}/{variant}: {res.get('status')}: {res.get('error')}")
-            elif variant == "graphed" and res.get("tokens_equal_eager") is not True:
-                problems.append(f"{name}/graphed: tokens differ from eager's in calls {res.get('calls_equal_eager')}")
-        if on_gpu:
-            met[name] = {k: entry["ratios"][k] <= t for k, t in TARGETS.items() if k in entry["ratios"]}
+    problems = common.grid_problems(data, _wrong)
+    met = {name: {k: entry["ratios"][k] <= t for k, t in TARGETS.items() if k in entry["ratios"]}
+           for name, entry in data["results"].items()} if on_gpu else {}
     return {"ok": not problems, "problems": problems, "targets": TARGETS, "met": met}
