@@ -172,7 +172,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         sig = signer.sign_plain(instance, args) if not kwargs and self.dynamic is None else None
         if sig is None:
             try:
-                sig = (signer.sign(instance, args, kwargs) if self.dynamic is None
+                sig = (signer.sign_walk(instance, args, kwargs) if self.dynamic is None  # sign_plain said no
                        else self.sign_dynamic(self.dynamic, instance, args, kwargs))
             except SignatureError:
                 if backends.translating():  # a to_static translation re-applied this decorator: not a call

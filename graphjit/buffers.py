@@ -84,8 +84,11 @@ class StaticInputs:
         # that passes them as different tensors, or passes an adopted input again as another argument, is another
         # aliasing than the graph's: load() says so (InputMoved) and the key is captured again for it.
         first: dict[int, int] = {}
-        self.alias_pairs = [(i, first.setdefault(id(st), i)) for i, st in enumerate(statics)
-                            if first.setdefault(id(st), i) != i]
+        self.alias_pairs: list[tuple[int, int]] = []
+        for i, st in enumerate(statics):
+            owner = first.setdefault(id(st), i)
+            if owner != i:
+                self.alias_pairs.append((i, owner))
         self.adopted_ptrs = frozenset(self.ptrs[i] for i in self.adopted_idx)
         # graphjit's own buffers (handed out by static_inputs()): a caller may pass one as another input
         self.owned_ptrs = frozenset(p for i, p in enumerate(self.ptrs) if not adopted[i])
@@ -168,12 +171,11 @@ class StaticInputs:
                 continue
             t = tensors[i]
             real = b.shape(t)
+            in_place = b.data_ptr(t) == self.ptrs[i]
+            if in_place and real == self.shapes[i] and self._same_layout(i, t):
+                continue
             view = real_view(b, self.statics[i], real, self.shapes[i])
-            if b.data_ptr(t) == self.ptrs[i]:
-                if real == self.shapes[i] and self._same_layout(i, t):
-                    continue
-                view = b.clone(view)  # the buffer itself in another layout: overlapping, so via a clone
-            b.copy_(t, view)
+            b.copy_(t, b.clone(view) if in_place else view)  # the buffer itself in another layout: via a clone
             self.copy_backs += 1
 
 

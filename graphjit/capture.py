@@ -51,7 +51,7 @@ from .tree import structure
 from .warmup import ELSEWHERE, Warmup, elsewhere
 from .writes import Snapshot, compare_outputs, tolerance
 
-__all__ = ["BuildRequest", "KeyEntry", "Reference", "build", "record_reference", "tolerance"]
+__all__ = ["BuildRequest", "KeyEntry", "Reference", "build", "record_reference", "tolerance", "verify_fits"]
 
 log = logging.getLogger("graphjit")
 
@@ -305,11 +305,16 @@ def verify_plan(req: BuildRequest) -> str | None:
         return "off"
     if req.warm.untracked is not None:
         return f"skipped: the state the function writes is not fully known ({req.warm.untracked})"
-    need = 2 * req.stats.state_bytes
-    if need > req.verify_budget:
+    if not verify_fits(req.stats.state_bytes, req.verify_budget):
+        need = 2 * req.stats.state_bytes
         return (f"skipped: its copies of the written state need {need / 2**20:.1f} MiB, more than "
                 f"GRAPHJIT_VERIFY_MAX_BYTES={req.verify_budget}")
     return None
+
+
+def verify_fits(state_bytes: int, budget: int) -> bool:
+    """Verify's two copies of the written state (before and after its eager reference) fit ``budget`` bytes."""
+    return 2 * state_bytes <= budget
 
 
 def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, outputs: StaticOutputs,

@@ -262,10 +262,11 @@ class Signer:
         """The call's :class:`CallSignature`.  A call made only of positional tensors of one framework and plain
         scalars, as the last such call was, takes :meth:`sign_plain` (no walk state, and the last call's key
         object, its hash computed once, where the key is the same); any other call walks its arguments."""
-        if not kwargs:
-            sig = self.sign_plain(instance, args)
-            if sig is not None:
-                return sig
+        sig = self.sign_plain(instance, args) if not kwargs else None
+        return sig if sig is not None else self.sign_walk(instance, args, kwargs)
+
+    def sign_walk(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
+        """:meth:`sign` by walking the arguments (a call :meth:`sign_plain` found not plain); remembers a plain one."""
         sig = self._sign(instance, args, kwargs)
         if not kwargs and not self.buckets and sig.backend is not None:
             self._remember_plain(instance, args, sig)

@@ -19,7 +19,7 @@ from . import recheck as recheck_mod
 from . import scope as scope_mod
 from .backends.base import Backend
 from .buffers import InputMoved, KeyEntry
-from .capture import BuildRequest, build, record_reference
+from .capture import BuildRequest, build, record_reference, verify_fits
 from .dynamic import DynamicArgs
 from .errors import CaptureError, UnrecoverableCaptureError
 from .feeds import StepContext
@@ -195,7 +195,7 @@ class KeyLifecycle(abc.ABC):
         budget = env.settings().verify_max_bytes
         if nbytes > budget or warm.untracked is not None:
             return  # cannot undo them: capture after the call's own run
-        record = self.verify() and 2 * nbytes <= budget  # as verify_plan: a reference verify will use
+        record = self.verify() and verify_fits(nbytes, budget)  # a reference verify will use
         snap = Snapshot(backend, written, device)
         py = PyState(backend, self.roots(instance, args, kwargs))
         known = {id(t) for t in written}
@@ -261,12 +261,10 @@ class KeyLifecycle(abc.ABC):
         try:
             entry, result = build(req)
         except CaptureError as exc:
-            warm.reference = None
             return self.capture_failed(exc, backend, sig, st, own if scope_run else None, scope_run, instance, args,
                                        kwargs)
-        except BaseException:
+        finally:
             warm.reference = None  # a recorded reference is this build's only
-            raise
         self.warming.pop(sig.key, None)
         entry.feeds = self.step_feeds.get(sig.key) or (self.step_feeds.get(sig.base) if sig.base is not None else None)
         if entry.feeds is not None:
