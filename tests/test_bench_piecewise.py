@@ -73,7 +73,8 @@ def test_fixed_shape_step_computes_the_varlen_step(layers: int, batch: int):
     assert len({m["max_len"] for m in metas}) > 1  # max_len changes: the varlen step's shapes change
     with torch.no_grad():
         for x, meta in zip(bench.inputs(batch, 5), metas):
-            torch.testing.assert_close(fixed(x, bench.fixed_meta(meta)), varlen(x, meta), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(fixed(x, *bench.call_args(meta, True)), varlen(x, *bench.call_args(meta, False)),
+                                       rtol=1e-5, atol=1e-6)
     for (vk, vv), (fk, fv) in zip(varlen_caches, fixed_caches):
         torch.testing.assert_close(fk, vk, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(fv, vv, rtol=1e-5, atol=1e-6)
@@ -87,9 +88,10 @@ def test_function_check_sees_a_different_function():
     fixed, _ = bench.model(2, 2, fixed=True)
     with torch.no_grad():
         for x, meta in zip(bench.inputs(2, 3), bench.metas(2, 3)):
-            unmasked = {**bench.fixed_meta(meta), "mask": torch.ones_like(meta["mask"])}
-            want = varlen(x, meta)
-            assert bench.rel_diff(fixed(x, unmasked), want) > 1e-3
+            pos, fixed_meta = bench.call_args(meta, True)
+            unmasked = {**fixed_meta, "mask": torch.ones_like(meta["mask"])}
+            want = varlen(x, *bench.call_args(meta, False))
+            assert bench.rel_diff(fixed(x, pos, unmasked), want) > 1e-3
     assert bench.rel_diff(torch.zeros(3), torch.zeros(3)) == 0.0
 
 

@@ -8,7 +8,9 @@ attends over the first ``max_len`` cache entries, ``max_len`` a Python int that 
 varlen attention kernel takes), masked per sequence.  Variants:
 
 * ``eager``: the step as written;
-* ``piecewise``: ``@graphed(step, dynamic=("meta",))`` with attention an island (``@graphjit.eager``);
+* ``piecewise``: ``@graphed(step, dynamic=("meta",))`` with attention an island (``@graphjit.eager``): the island
+  holds only what reads ``max_len`` (the slices and the attention kernel); the cache write reads device tensors
+  only (the positions, a plain argument) and is captured, as the README advises for islands;
 * ``whole_fixed``: the fixed-shape variant (attention over the whole cache, masked; no host int) under
   ``@graphed``, one graph: the ceiling piecewise is measured against.
 
@@ -22,9 +24,10 @@ boundary cost: a graphed chain of ``max(--layers) + 1`` small layers with an ide
 two against the same chain graphed whole, each call timed alone on the host:
 ``(piecewise - whole) / islands``.
 
-Targets (``summary``): piecewise at least 3x faster than eager at 8 layers batch 1; piecewise at most 1.3x
-the whole fixed-shape graph.  Needs a CUDA GPU; ``--allow-cpu`` runs a tiny smoke version for CI (graphs
-emulated nowhere: the variants run eagerly and are only checked).  Framework code:
+Targets (``summary``): piecewise at least 3x faster than eager at 8 layers batch 1; piecewise at most 1.15x
+the whole fixed-shape graph at every size; one island boundary at most 2 us of host time.  Needs a CUDA GPU;
+``--allow-cpu`` runs a tiny smoke version for CI (graphs emulated nowhere: the variants run eagerly and are only
+checked).  Framework code:
 :mod:`graphjit.bench.torch.piecewise`.
 """
 
@@ -37,7 +40,7 @@ from . import common
 from .common import say
 
 VARIANTS = ("eager", "piecewise", "whole_fixed")
-TARGETS = {"eager_vs_piecewise_min": 3.0, "piecewise_vs_whole_fixed_max": 1.3}
+TARGETS = {"eager_vs_piecewise_min": 3.0, "piecewise_vs_whole_fixed_max": 1.15, "boundary_us_max": 2.0}
 RATIOS = {"eager_vs_piecewise": ("eager", "piecewise"), "piecewise_vs_whole_fixed": ("piecewise", "whole_fixed")}
 ATTENTION = ("efficient", "cudnn", "math", "auto")
 GPU_DEFAULTS: dict[str, Any] = {"layers": [8, 32], "batch": [1, 8], "hidden": 1024, "steps": 50, "repeats": 5,
@@ -102,9 +105,10 @@ def run(args: argparse.Namespace) -> int:
     common.write_json(json_path, data)
     rows = [[g, *[common.us_per_step(data["results"][g], v) for v in variants],
              data["results"][g]["ratios"].get("eager_vs_piecewise"),
-             data["results"][g]["ratios"].get("piecewise_vs_whole_fixed")] for g in groups]
-    say(common.format_table(["size", *[f"{v} us" for v in variants], "eager/piecewise", "piecewise/whole_fixed"],
-                            rows))
+             data["results"][g]["ratios"].get("piecewise_vs_whole_fixed"),
+             _island_share(data["results"][g])] for g in groups]
+    say(common.format_table(["size", *[f"{v} us" for v in variants], "eager/piecewise", "piecewise/whole_fixed",
+                             "islands' share of piecewise host time"], rows))
     b = data["boundary"]
     if b.get("status") == "ok":
         gpu = "" if b.get("gpu_us_per_boundary") is None else (
@@ -113,6 +117,14 @@ def run(args: argparse.Namespace) -> int:
         say(f"piecewise: one island boundary costs {b['us_per_boundary']:.2f} us on the host ({b['islands']} islands: "
             f"{b['piecewise_us']:.1f} us a call against {b['whole_us']:.1f} us without{gpu})")
     return common.finish("piecewise", data, json_path, png_path)
+
+
+def _island_share(entry: dict[str, Any]) -> float | None:
+    """The part of a piecewise call's host time spent inside its islands (their own eager launches), from the
+    graphed function's ``stats()``: the rest is graphjit's (signing, segment launches, copies at boundaries)."""
+    st = (entry.get("variants", {}).get("piecewise") or {}).get("stats") or {}
+    replay, island = st.get("replay_us"), st.get("island_us")
+    return island / replay if replay and island is not None else None
 
 
 def _wrong(variant: str, res: dict[str, Any]) -> str | None:
@@ -146,6 +158,9 @@ def _summary(data: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
             "ratio": got, "target": f"<= {TARGETS['piecewise_vs_whole_fixed_max']}",
             "met": got is not None and got <= TARGETS["piecewise_vs_whole_fixed_max"]}
     b = data.get("boundary") or {}
+    if on_gpu and b.get("us_per_boundary") is not None:
+        targets["boundary host us"] = {"ratio": b["us_per_boundary"], "target": f"<= {TARGETS['boundary_us_max']}",
+                                       "met": b["us_per_boundary"] <= TARGETS["boundary_us_max"]}
     if b.get("status") not in ("ok", "skipped"):
         problems.append(f"boundary: {b.get('status')}: {b.get('error')}")
     return {"ok": not problems, "problems": problems, "targets": targets}

@@ -92,13 +92,11 @@ class PiecewiseBench:
             kc[rows, :, pos] = k[:, :, 0]
             vc[rows, :, pos] = v[:, :, 0]
 
-        def attend_fixed(q: Any, k: Any, v: Any, kc: Any, vc: Any, meta: Any) -> Any:
-            write(k, v, kc, vc, meta["pos"])
+        def attend_fixed(q: Any, kc: Any, vc: Any, meta: Any) -> Any:
             return sdpa(q, kc, vc, attn_mask=meta["mask"])
 
         @graphjit.eager
-        def attend_varlen(q: Any, k: Any, v: Any, kc: Any, vc: Any, meta: Any) -> Any:
-            write(k, v, kc, vc, meta["pos"])
+        def attend_varlen(q: Any, kc: Any, vc: Any, meta: Any) -> Any:
             n = meta["max_len"]
             return sdpa(q, kc[:, :, :n], vc[:, :, :n], attn_mask=meta["mask"][..., :n])
 
@@ -107,11 +105,12 @@ class PiecewiseBench:
         def norm(x: Any) -> Any:
             return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
 
-        def step(x: Any, meta: Any) -> Any:
+        def step(x: Any, pos: Any, meta: Any) -> Any:
             h = x
             for (wqkv, wo, wup, wdown), (kc, vc) in zip(weights, caches):
                 q, k, v = (norm(h) @ wqkv).view(batch, 3, heads, 1, HEAD_DIM).unbind(1)
-                h = h + attend(q, k, v, kc, vc, meta).reshape(batch, d) @ wo
+                write(k, v, kc, vc, pos)  # reads device tensors only: captured (only the attention reads max_len)
+                h = h + attend(q, kc, vc, meta).reshape(batch, d) @ wo
                 gate, up = (norm(h) @ wup).chunk(2, -1)
                 h = h + (torch.nn.functional.silu(gate) * up) @ wdown
             return h
@@ -138,10 +137,12 @@ class PiecewiseBench:
                                                                         else dtype) for _ in range(count)]
 
     @staticmethod
-    def fixed_meta(meta: dict[str, Any]) -> dict[str, Any]:
-        """The fixed-shape step's metadata: the same tensors without the host int (which would be part of
-        the key of a graph that does not read it)."""
-        return {"pos": meta["pos"], "mask": meta["mask"]}
+    def call_args(meta: dict[str, Any], fixed: bool) -> tuple[Any, dict[str, Any]]:
+        """A step's arguments after ``x`` for one step's metadata: the positions (a plain tensor argument: the
+        cache write reads them inside the graph) and the attention's metadata: the mask and, for the varlen
+        step, the host int (the fixed-shape step does not read it: it would be part of the key of its graph)."""
+        rest = {"mask": meta["mask"]} if fixed else {"mask": meta["mask"], "max_len": meta["max_len"]}
+        return meta["pos"], rest
 
     def rel_diff(self, got: Any, want: Any) -> float:
         """``|got - want| / |want|`` in float32 (0.0 for equal tensors, whatever their values)."""
@@ -161,7 +162,8 @@ class PiecewiseBench:
         worst = 0.0
         with torch.no_grad():
             for x, meta in zip(self.inputs(batch, calls, dtype), self.metas(batch, calls, salt=2)):
-                worst = max(worst, self.rel_diff(fixed(x, self.fixed_meta(meta)), varlen(x, meta)))
+                worst = max(worst, self.rel_diff(fixed(x, *self.call_args(meta, True)),
+                                                 varlen(x, *self.call_args(meta, False))))
         return worst
 
     # -- one variant -------------------------------------------------------------------------------
@@ -186,27 +188,26 @@ class PiecewiseBench:
             fn = graphjit.graphed(step, dynamic=("meta",))
         else:  # the fixed-shape step reads no host int: its metadata is two tensors, static inputs of one graph
             fn = graphjit.graphed(step)
-        shape_meta: Callable[[dict[str, Any]], dict[str, Any]] = self.fixed_meta if fixed else dict
-        checked = [shape_meta(m) for m in self.metas(batch, a.warmup + 1, salt=1)]
-        timed_metas = [shape_meta(m) for m in self.metas(batch, a.steps)]
+        checked = [self.call_args(m, fixed) for m in self.metas(batch, a.warmup + 1, salt=1)]
+        timed_metas = [self.call_args(m, fixed) for m in self.metas(batch, a.steps)]
         xs = self.inputs(batch, a.warmup + 1)
         diffs: list[float] = []
         with torch.no_grad(), _graph_warnings() as empty:
             for x, meta in zip(xs[:-1], checked[:-1]):
-                want = ref_step(x, meta)
-                diffs.append(self.rel_diff(fn(x, meta), want))
+                want = ref_step(x, *meta)
+                diffs.append(self.rel_diff(fn(x, *meta), want))
             x = xs[0]
             t0 = time.perf_counter()
             for meta in timed_metas:  # the warm pass: every length of the timed loop seen once, untimed
-                fn(x, meta)
+                fn(x, *meta)
             self.sync()
             first_pass = (time.perf_counter() - t0) * 1e6 / len(timed_metas)
             metas = itertools.cycle(timed_metas)
-            res = timed(self.on_gpu, a.repeats, a.steps, lambda: fn(x, next(metas)))
+            res = timed(self.on_gpu, a.repeats, a.steps, lambda: fn(x, *next(metas)))
             for (rk, rv), (k, v) in zip(ref_caches, caches):  # the reference takes the variant's state
                 rk.copy_(k)
                 rv.copy_(v)
-            diffs.append(self.rel_diff(fn(xs[-1], checked[-1]), ref_step(xs[-1], checked[-1])))
+            diffs.append(self.rel_diff(fn(xs[-1], *checked[-1]), ref_step(xs[-1], *checked[-1])))
         worst = max(diffs)
         res.update({"reference": "eager, fixed-shape step" if fixed else "eager, varlen step",
                     "checked_calls": len(diffs), "max_rel_diff": worst, "equal_eager": worst == 0.0,
