@@ -195,6 +195,18 @@ def test_decode_cpu_smoke_torch(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "L2 H32 B3" in out and "wrote" in out
 
 
+@pytest.mark.torch
+@pytest.mark.skipif(torch_cuda(), reason="the CPU smoke run is for machines without a GPU")
+def test_decode_host_only_measures_no_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--host-only: the host-cost part alone (for a framework whose step kernels cannot run on the GPU)."""
+    rc = main(["bench", "decode", "--allow-cpu", "--host-only", "--host-iters", "5", "--no-plot",
+               "--out", str(tmp_path), "--tag", "ci"])
+    assert rc == 0, capsys.readouterr().out
+    data = _load(tmp_path / "decode_torch_ci.json")
+    assert data["configs"] == [] and data["complete"] is True
+    assert {"eager", "graphed", "part_sign"} <= set(data["host_cost"]["us"])
+
+
 @pytest.mark.paddle
 def test_decode_cpu_smoke_paddle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import paddle

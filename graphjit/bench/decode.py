@@ -89,6 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--variants", default=None,
                    help="comma-separated subset of: " + "; ".join(f"{k}: {','.join(v)}" for k, v in VARIANTS.items()))
     g.add_argument("--no-host-cost", action="store_true", help="skip the host-cost measurement")
+    g.add_argument("--host-only", action="store_true",
+                   help="only the host-cost measurement (no decode steps: for Paddle 2.6.2 on Hopper, whose "
+                        "elementwise kernels are wrong and slow there)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--allow-cpu", action="store_true",
                    help="without a CUDA GPU, run a tiny smoke version on the CPU (for CI) instead of refusing")
@@ -267,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"decode: could not start the {args.backend} backend: {data['error']}")
         return 1
 
-    for layers in args.layers:
+    for layers in [] if args.host_only else args.layers:
         for hidden in args.hidden:
             for batch in args.batch:
                 _run_config(runner, data, json_path, variants, layers, hidden, batch)
