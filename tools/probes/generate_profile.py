@@ -1,0 +1,211 @@
+"""Where the time of a graphed decode step goes inside transformers' ``generate()`` (torch, one GPU).
+
+For one family of ``graphjit.bench.torch.hf_families``: ``graph_generation(model)`` (``--tracer``), ``generate()``
+run warm, then
+
+* per token over a whole ``generate()``: the host time spent in the forward calls and the rest (generate's own
+  loop, and its waits for the GPU at each token's sync), against transformers' compiled ``generate()`` on a copy;
+* one recorded decode call taken apart: binding, signing, the guards, the input loads, the graph's replay (host and
+  GPU time, CUDA events) and the output's rebuild, against the whole call.  Between the replays the cache's length
+  counters are put back (a replay advances them), untimed.
+
+Diagnostic only: the speed claims are made by ``python -m graphjit bench generate``.  Writes JSON to ``--out``.
+Usage (GPU machine, repo root): ``PYTHONPATH=. python3 tools/probes/generate_profile.py --family llama --layers 8
+--hidden 1024 --dtype bf16 [--tracer compile] [--hf-compiled] --out DIR``.  ``--emulate`` runs it on a CPU
+through tests/graph_emulator.py (a smoke run of the probe itself: its numbers mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+import graphjit
+from graphjit.bench.torch import hf_families
+
+
+def median_us(fn: Callable[[], Any], iters: int, repeats: int = 5, before: Callable[[], Any] | None = None) -> float:
+    """Median host microseconds of ``fn`` (``before`` runs untimed ahead of each call)."""
+    samples = []
+    for _ in range(repeats):
+        total = 0.0
+        for _ in range(iters):
+            if before is not None:
+                before()
+            t0 = time.perf_counter()
+            fn()
+            total += time.perf_counter() - t0
+        samples.append(total / iters * 1e6)
+    return round(statistics.median(samples), 2)
+
+
+def per_token(model: Any, prompt: Any, new_tokens: int, sync: Callable[[], None]) -> dict[str, float]:
+    """Seconds of one whole ``generate()`` per token, and the host time inside ``model.forward`` per token."""
+    forward = model.forward
+    spent = [0.0, 0]
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = forward(*args, **kwargs)
+        spent[0] += time.perf_counter() - t0
+        spent[1] += 1
+        return out
+
+    model.forward = timed
+    try:
+        best: tuple[float, float, int] | None = None
+        for _ in range(3):
+            spent[0], spent[1] = 0.0, 0
+            sync()
+            t0 = time.perf_counter()
+            model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+            sync()
+            total = time.perf_counter() - t0
+            if best is None or total < best[0]:
+                best = (total, spent[0], spent[1])
+    finally:
+        model.forward = forward
+    assert best is not None
+    total, inside, calls = best
+    return {"generate_us_per_token": round(total / new_tokens * 1e6, 1),
+            "forward_host_us_per_token": round(inside / calls * 1e6, 1), "forward_calls": calls,
+            "rest_us_per_token": round((total - inside) / new_tokens * 1e6, 1)}
+
+
+def parts(model: Any, call: tuple[tuple[Any, ...], dict[str, Any]], on_gpu: bool, iters: int) -> dict[str, Any]:
+    """One recorded decode call taken apart (see the module docstring)."""
+    fn = model.forward
+    fn = getattr(fn, "decode", fn)  # graph_generation(tracer="compile") may route the decode step apart
+    state = fn._self_state
+    args, kwargs = call
+    counters = _tensors(kwargs.get("cache", kwargs.get("past_key_values")))
+    # what the recorded call started from: its replay advanced each counter by its one token (and a replay from
+    # the state after it would write past the cache's end: an index error, on a GPU a device-side assert)
+    saved = [(t - 1).clamp_(min=0) for t in counters]
+
+    def put_back() -> None:
+        for t, s in zip(counters, saved):
+            t.copy_(s)
+
+    signer = state.signer
+    bound_args, bound_kwargs = signer.binder.bind(False, args, kwargs)
+    sig = signer.sign_walk(None, bound_args, bound_kwargs)
+    entry = state.entries.get(sig.key)
+    if entry is None:
+        return {"error": "the recorded call has no graph: " + fn.report()[:2000]}
+    out: dict[str, Any] = {"tensors": len(sig.tensors), "guarded_values": len(entry.guards or ())}
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    out["whole_call_us"] = median_us(lambda: fn(*args, **kwargs), iters, before=put_back)
+    out["bind_us"] = median_us(lambda: signer.binder.bind(False, args, kwargs), iters)
+    out["sign_us"] = median_us(lambda: signer.sign_walk(None, bound_args, bound_kwargs), iters)
+    if entry.check is not None:
+        out["guards_us"] = median_us(entry.check, iters)
+    out["load_inputs_us"] = median_us(lambda: entry.inputs.load(sig.tensors), iters)
+    out["replay_host_us"] = median_us(entry.graph.replay, iters, before=lambda: (put_back(), sync()))
+    out["output_copy_us"] = median_us(lambda: entry.outputs.result(sig.pads, True), iters)
+    out["output_alias_us"] = median_us(lambda: entry.outputs.result(sig.pads, False), iters)
+    if on_gpu:
+        spans = []
+        for _ in range(iters):
+            put_back()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            entry.graph.replay()
+            end.record()
+            end.synchronize()
+            spans.append(start.elapsed_time(end) * 1e3)
+        out["replay_gpu_us"] = round(statistics.median(spans), 2)
+    put_back()
+    return out
+
+
+def _tensors(cache: Any) -> list[Any]:
+    """The length counters of a transformers static cache's layers (what a replay advances)."""
+    found = []
+    for layer in getattr(cache, "layers", None) or ():
+        t = getattr(layer, "cumulative_length", None)
+        if isinstance(t, torch.Tensor):
+            found.append(t)
+    return found
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--family", default="llama", choices=hf_families.DECODERS)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--tracer", choices=("eager", "compile"), default="eager")
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--hf-compiled", action="store_true", help="also transformers' compiled generate() on a copy")
+    p.add_argument("--emulate", action="store_true", help="CPU smoke run through tests/graph_emulator.py")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    on_gpu = torch.cuda.is_available() and not args.emulate
+    if not on_gpu and not args.emulate:
+        print("generate_profile: needs a CUDA GPU (or --emulate for a CPU smoke run)", file=sys.stderr)
+        return 2
+    device = "cuda" if on_gpu else "cpu"
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    emulation: Any = contextlib.nullcontext()
+    if args.emulate:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+        from graph_emulator import emulated_torch
+
+        emulation = emulated_torch()
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    model = hf_families.build(torch, transformers, args.family, args.layers, args.hidden, device, dtype)
+    prompt = torch.randint(3, 256, (args.batch, 16), generator=torch.Generator().manual_seed(0)).to(device)
+    result: dict[str, Any] = {"config": vars(args) | {"out": str(args.out)}, "torch": torch.__version__,
+                              "transformers": transformers.__version__,
+                              "device": torch.cuda.get_device_name() if on_gpu else "cpu (emulated graphs)"}
+    with torch.no_grad():
+        if args.hf_compiled:
+            compiled = copy.deepcopy(model)
+            compiled.generation_config.cache_implementation = "static"
+            for _ in range(2):  # compiles in the first
+                compiled.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                                  do_sample=False)
+            result["hf_compiled"] = per_token(compiled, prompt, args.new_tokens, sync)
+            del compiled
+        with emulation:
+            graphjit.graph_generation(model, **({"tracer": "compile"} if args.tracer == "compile" else {}))
+            forward = model.forward
+            recorded: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+            def record(*a: Any, **k: Any) -> Any:
+                recorded.append((a, k))
+                return forward(*a, **k)
+
+            model.forward = record
+            for _ in range(3):  # warmups, captures, and the kept cache reused
+                model.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                               do_sample=False)
+            model.forward = forward
+            result["graphed"] = per_token(model, prompt, args.new_tokens, sync)
+            decode = [c for c in recorded if c[1].get("input_ids") is not None and c[1]["input_ids"].shape[1] == 1]
+            result["decode_call"] = parts(model, decode[-1], on_gpu, args.iters) if decode else {"error": "no call"}
+            result["report"] = model.forward.report()
+    text = json.dumps(result, indent=2, default=str)
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"generate_profile_{args.family}_{args.tracer}.json").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
