@@ -235,3 +235,23 @@ def test_the_command_line_imports_only_the_benchmark_it_runs() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["['graphjit.bench.dispatch']"]
+
+
+def test_a_benchmark_whose_framework_half_cannot_start_says_so_in_its_json(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench.common.start``: the error and its traceback go into the JSON, one line says so, None comes back; a
+    half that starts is returned with the JSON's environment read again."""
+    from graphjit.bench import common
+
+    path = tmp_path / "x.json"
+    data: dict = {"env": None}
+
+    def broken() -> None:
+        raise ImportError("no module named 'torch'")
+
+    assert common.start("capture", data, path, broken) is None
+    assert "capture: could not start torch: ImportError: no module named 'torch'" in capsys.readouterr().out
+    written = _load(path)
+    assert written["error"] == "ImportError: no module named 'torch'" and "broken" in written["traceback"]
+    half = object()
+    assert common.start("capture", data, path, lambda: half) is half and data["env"]["python"]

@@ -69,15 +69,9 @@ def run(args: argparse.Namespace) -> int:
         "order": "largest first"}, timer="host clock, synchronised")
     say(f"capture [torch, {data['device']}]: {len(args.sizes)} sizes, {args.layers} layers, hidden {args.hidden} "
         f"-> {json_path}")
-    try:
-        from .torch.capture import CaptureBench
-
-        bench = CaptureBench(args, on_gpu)
-        data["env"] = common.environment()
-    except Exception as exc:
-        data["error"] = common.error_text(exc)
-        common.write_json(json_path, data)
-        say(f"capture: could not start torch: {data['error']}")
+    bench = common.start("capture", data, json_path,
+                         lambda: common.framework_half("torch.capture", "CaptureBench")(args, on_gpu))
+    if bench is None:
         return 1
     for variant in VARIANTS:
         say(f"capture: {variant} ...")

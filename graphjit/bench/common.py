@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import importlib
 import importlib.metadata
 import importlib.util
 import math
@@ -170,6 +171,28 @@ def error_text(exc: BaseException) -> str:
 def traceback_tail(exc: BaseException, lines: int = 12) -> str:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def framework_half(module: str, name: str) -> Any:
+    """``name`` from ``graphjit.bench.<module>`` (``"torch.capture"``), imported now: a benchmark's framework half,
+    which imports its framework (never at the command's import)."""
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+
+
+def start(bench: str, data: dict[str, Any], json_path: Path, make: Callable[[], Any], what: str = "torch") -> Any:
+    """A benchmark's framework half, made by ``make()``; the JSON's ``env`` is read again after it (now with the
+    framework's devices).  Where it cannot be made, the error and its traceback's tail go into the JSON, one line
+    says so, and None is returned: the command then exits 1."""
+    try:
+        half = make()
+    except Exception as exc:
+        data["error"] = error_text(exc)
+        data["traceback"] = traceback_tail(exc)
+        write_json(json_path, data)
+        say(f"{bench}: could not start {what}: {data['error']}")
+        return None
+    data["env"] = environment()
+    return half
 
 
 def guard_cost(fn: Any, iters: int = 20000) -> dict[str, Any] | None:

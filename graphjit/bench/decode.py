@@ -259,15 +259,10 @@ def run(args: argparse.Namespace) -> int:
     say(f"decode [{args.backend}, {data['device']}, {args.dtype}]: layers={_csv(args.layers)} "
         f"hidden={_csv(args.hidden)} batch={_csv(args.batch)} variants={','.join(variants)} -> {json_path}")
 
-    runner: DecodeRunner | None = None
-    try:
-        runner = _runner_class(args.backend)(args, on_gpu)
-        data["env"] = common.environment()  # now with the framework's device info
-    except Exception as exc:
-        data["error"] = common.error_text(exc)
-        data["traceback"] = common.traceback_tail(exc)
-        common.write_json(json_path, data)
-        say(f"decode: could not start the {args.backend} backend: {data['error']}")
+    runner: DecodeRunner | None = common.start("decode", data, json_path,
+                                               lambda: _runner_class(args.backend)(args, on_gpu),
+                                               f"the {args.backend} backend")
+    if runner is None:
         return 1
 
     for layers in [] if args.host_only else args.layers:

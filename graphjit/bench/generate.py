@@ -89,15 +89,9 @@ def run(args: argparse.Namespace) -> int:
         timer="host clock, synchronised")
     say(f"generate [torch, {data['device']}]: {','.join(families)} x batch {args.batch}, {args.layers} layers, "
         f"hidden {args.hidden}, {args.dtype} -> {json_path}")
-    try:
-        from .torch.generate import GenerateBench
-
-        bench = GenerateBench(args, on_gpu)
-        data["env"] = common.environment()
-    except Exception as exc:
-        data["error"] = common.error_text(exc)
-        common.write_json(json_path, data)
-        say(f"generate: could not start: {data['error']}")
+    bench = common.start("generate", data, json_path,
+                         lambda: common.framework_half("torch.generate", "GenerateBench")(args, on_gpu))
+    if bench is None:
         return 1
     rows = []
     for family in families:

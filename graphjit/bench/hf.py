@@ -73,15 +73,8 @@ def run(args: argparse.Namespace) -> int:
                  "logits = step(tok, pos); tok = logits.argmax(-1)"})
     say(f"hf [torch, {data['device']}, {args.dtype}]: layers={args.layers} batch={args.batch} hidden={args.hidden} "
         f"-> {json_path}")
-    try:
-        from .torch.hf import HfBench
-
-        bench = HfBench(args, on_gpu)
-        data["env"] = common.environment()
-    except Exception as exc:
-        data["error"] = common.error_text(exc)
-        common.write_json(json_path, data)
-        say(f"hf: could not start: {data['error']}")
+    bench = common.start("hf", data, json_path, lambda: common.framework_half("torch.hf", "HfBench")(args, on_gpu))
+    if bench is None:
         return 1
     groups = common.run_grid("hf", data, json_path, args.layers, args.batch, variants, bench.run_variant,
                              lambda entry: common.ratios(entry, RATIOS))

@@ -85,14 +85,9 @@ def run(args: argparse.Namespace) -> int:
         "dtype": "bf16" if on_gpu else "fp32"})
     say(f"piecewise [torch, {data['device']}]: layers={args.layers} batch={args.batch} hidden={args.hidden} "
         f"-> {json_path}")
-    try:
-        from .torch.piecewise import PiecewiseBench
-
-        bench = PiecewiseBench(args, on_gpu)
-    except Exception as exc:
-        data["error"] = common.error_text(exc)
-        common.write_json(json_path, data)
-        say(f"piecewise: could not start: {data['error']}")
+    bench = common.start("piecewise", data, json_path,
+                         lambda: common.framework_half("torch.piecewise", "PiecewiseBench")(args, on_gpu))
+    if bench is None:
         return 1
     groups = common.run_grid("piecewise", data, json_path, args.layers, args.batch, variants, bench.run_variant,
                              lambda entry: common.ratios(entry, RATIOS))

@@ -123,15 +123,9 @@ def run(args: argparse.Namespace) -> int:
     })
     say(f"train [torch, {data['device']}, {args.dtype}]: models={','.join(models)} batch={args.batch} "
         f"hidden={args.hidden} layers={args.layers} seq={args.seq} -> {json_path}")
-    try:
-        from .torch.train import TrainBench
-
-        bench = TrainBench(args, on_gpu, GRAPHED_WARMUP, TOLERANCE)
-        data["env"] = common.environment()  # now with torch's device info
-    except Exception as exc:
-        data["error"] = common.error_text(exc)
-        common.write_json(json_path, data)
-        say(f"train: could not start torch: {data['error']}")
+    bench = common.start("train", data, json_path, lambda: common.framework_half("torch.train", "TrainBench")(
+        args, on_gpu, GRAPHED_WARMUP, TOLERANCE))
+    if bench is None:
         return 1
     for kind in models:
         entry: dict[str, Any] = {"variants": {}}
