@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, GraphHandle
 from .keys import CallSignature, Pad
-from .tree import collect_tensors, rebuild
+from .tree import collect_tensors, rebuild, rebuilder
 
 if TYPE_CHECKING:
     from .feeds import StepContext
@@ -198,6 +198,12 @@ class StaticOutputs:
         for t, mine in zip(self.tensors, self.own):
             shape = backend.shape(t)
             self.slice_dims.append([] if mine else [(d, n) for d, n in enumerate(shape) if (d, n) in bucket_dims])
+        # The return value's tree, planned once per mode (tree.rebuilder): copied, the leaves that are not the
+        # caller's own are fresh clones; aliased, every leaf is the static output itself.
+        self.fresh = [t for t, mine in zip(self.tensors, self.own) if not mine]
+        if not self.single:
+            self.rebuild_copy = rebuilder(obj, [not mine for mine in self.own], is_tensor)
+            self.rebuild_alias = rebuilder(obj, [False] * len(self.tensors), is_tensor)
 
     def result(self, pads: Sequence[Pad], copy: bool) -> Any:
         """The call's return value: copies (or views) of the static outputs, padding sliced off."""
@@ -206,9 +212,10 @@ class StaticOutputs:
             if self.single:
                 t = self.tensors[0]
                 return b.clone(t) if copy and not self.own[0] else t
-            out = [b.clone(t) if copy and not mine else t for t, mine in zip(self.tensors, self.own)] if copy \
-                else list(self.tensors)
-            return rebuild(self.obj, out, self.is_tensor)
+            if copy:
+                clone = b.clone
+                return self.rebuild_copy([clone(t) for t in self.fresh])
+            return self.rebuild_alias(())
         padmap: dict[tuple[int, int], int] = {}
         for p in pads:
             padmap.setdefault((p.dim, p.padded), p.real)

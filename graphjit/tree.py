@@ -196,6 +196,67 @@ def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiti
     return x, True
 
 
+def rebuilder(obj: Any, changed: Sequence[bool], is_tensor: Callable[[Any], bool]) -> Callable[[Sequence[Any]], Any]:
+    """:func:`rebuild` of ``obj`` planned once, for calls that replace only the leaves marked in ``changed`` (in
+    :func:`collect_tensors` order): the returned function takes the new tensors of those leaves alone, in order,
+    and gives what ``rebuild(obj, tensors, is_tensor)`` gives for the full list with every other leaf ``obj``'s own.
+
+    The walk is done here: the function rebuilds the containers (always, as :func:`rebuild` does: the caller never
+    gets ``obj``'s own) and only the objects above a changed leaf; an object with no changed leaf under it (a cache
+    handed back as the caller's own) is returned as it is without being walked.  For the outputs of a replay,
+    where which leaves are fresh is decided at capture."""
+    rank = iter(range(sum(1 for c in changed if c)))
+    node, _same = _plan(obj, iter(changed), rank, is_tensor, set())
+    return functools.partial(_run, node)
+
+
+# A planned node: (kind, value, children).  kind: 0 a constant, 1 the i-th tensor, 2 a dict, 3 a list,
+# 4 a tuple, 5 another sequence, 6 an object (its changed attributes only).
+_Node = tuple[int, Any, Any]
+
+
+def _plan(x: Any, changed: Iterator[bool], rank: Iterator[int], is_tensor: Callable[[Any], bool],
+          visiting: set[int]) -> tuple[_Node, bool]:
+    """The node of ``x`` and whether no leaf under it changes (the walk of :func:`_rebuild`); ``changed`` gives each
+    leaf's flag in turn, ``rank`` each changed leaf's place in the function's argument."""
+    if is_tensor(x):
+        return ((1, next(rank), None), False) if next(changed) else ((0, x, None), True)
+    if isinstance(x, dict):
+        pairs = [(k, _plan(v, changed, rank, is_tensor, visiting)) for k, v in x.items()]
+        return (2, x, [(k, n) for k, (n, _s) in pairs]), all(s for _k, (_n, s) in pairs)
+    if isinstance(x, _SEQUENCES):
+        parts = [_plan(e, changed, rank, is_tensor, visiting) for e in x]
+        kind = 3 if type(x) is list else 4 if type(x) is tuple else 5
+        return (kind, x, [n for n, _s in parts]), all(s for _n, s in parts)
+    if is_object(type(x)) and id(x) not in visiting:
+        visiting.add(id(x))
+        fields = [(name, _plan(v, changed, rank, is_tensor, visiting)) for name, v in object_fields(x)]
+        visiting.discard(id(x))
+        moved = [(name, n) for name, (n, same) in fields if not same]
+        return ((6, x, moved), False) if moved else ((0, x, None), True)
+    return (0, x, None), True
+
+
+def _run(node: _Node, tensors: Sequence[Any]) -> Any:
+    kind, x, children = node
+    if kind == 0:
+        return x
+    if kind == 1:
+        return tensors[x]
+    if kind == 2:
+        return _own_type(x, [(k, _run(n, tensors)) for k, n in children])
+    if kind == 3:
+        return [_run(n, tensors) for n in children]
+    if kind == 4:
+        return tuple(_run(n, tensors) for n in children)
+    if kind == 5:
+        return _own_type(x, [_run(n, tensors) for n in children])
+    clone = copy.copy(x)
+    for name, n in children:
+        object.__setattr__(clone, name, _run(n, tensors))
+    return clone
+
+
 _ROUTE: dict[tuple[type, bool], bool] = {}  # (type, has own attributes) -> rebuilt by refilling a copy
 
 

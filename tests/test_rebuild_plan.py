@@ -1,0 +1,144 @@
+"""``tree.rebuilder``: the output tree of a replay, planned once, gives what ``tree.rebuild`` gives (CPU).
+
+A replay hands back its outputs through a plan made at capture: only the containers and the objects above a fresh
+leaf are rebuilt; an object with no fresh leaf under it (a transformers cache handed back as the caller's own) is
+returned as it is without a walk.  Checked here against the walk it replaces, on every mask of fresh leaves of
+trees with containers of every kind, objects, a cycle and a repeated tensor.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+from typing import Any, NamedTuple
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from graphjit.tree import collect_tensors, is_object, object_fields, rebuild, rebuilder  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+class Pair(NamedTuple):
+    a: Any
+    b: Any
+
+
+@dataclasses.dataclass
+class Layer:
+    keys: Any
+    values: Any
+    length: int = 0
+
+
+class Cache:
+    def __init__(self, layers: list[Layer]) -> None:
+        self.layers = layers
+        self.name = "static"
+
+
+class Slotted:
+    __slots__ = ("extra", "t")
+
+    def __init__(self, t: Any) -> None:
+        self.t = t
+
+
+class Output(collections.OrderedDict):  # a ModelOutput-like dict subclass
+    pass
+
+
+def trees() -> list[Any]:
+    t = [torch.full((2,), float(i)) for i in range(6)]
+    cache = Cache([Layer(t[1], t[2]), Layer(t[3], t[4], 5)])
+    cyclic = Cache([Layer(t[0], t[5])])
+    cyclic.me = cyclic  # type: ignore[attr-defined]
+    fed = collections.defaultdict(list, {"x": [t[0], 3]})
+    return [
+        Output(logits=t[0], cache=cache),
+        [t[0], (t[1], None), {"k": t[2], "s": "text"}, Pair(t[3], 7)],
+        (cache, t[5]),
+        {"slot": Slotted(t[0]), "deque": collections.deque([t[1], t[2]], maxlen=4), "fed": fed},
+        [t[0], t[0], cyclic],  # one tensor twice; an object that holds itself
+        Pair(a=[Layer(t[0], t[1])], b=collections.OrderedDict(z=t[2])),
+    ]
+
+
+def form(x: Any, originals: set[int], visiting: set[int] | None = None) -> Any:
+    """What a caller can tell about a returned tree: its types, keys and values, which tensors it holds (by
+    identity), which objects are the template's own, and that no container is the template's own."""
+    visiting = set() if visiting is None else visiting
+    if is_tensor(x):
+        return ("tensor", id(x))
+    if isinstance(x, dict):
+        return (type(x), id(x) in originals, tuple((k, form(v, originals, visiting)) for k, v in x.items()),
+                getattr(x, "default_factory", None))
+    if isinstance(x, (list, tuple, collections.deque)):
+        return (type(x), id(x) in originals, tuple(form(e, originals, visiting) for e in x),
+                getattr(x, "maxlen", None))
+    if is_object(type(x)):
+        if id(x) in visiting:
+            return ("cycle", type(x))
+        visiting.add(id(x))
+        out = (type(x), id(x) if id(x) in originals else None,
+               tuple((n, form(v, originals, visiting)) for n, v in object_fields(x)))
+        visiting.discard(id(x))
+        return out
+    return ("value", x)
+
+
+def all_ids(x: Any, seen: set[int]) -> set[int]:
+    if id(x) in seen:
+        return seen
+    seen.add(id(x))
+    if isinstance(x, dict):
+        for v in x.values():
+            all_ids(v, seen)
+    elif isinstance(x, (list, tuple, collections.deque)):
+        for e in x:
+            all_ids(e, seen)
+    elif is_object(type(x)):
+        for _n, v in object_fields(x):
+            all_ids(v, seen)
+    return seen
+
+
+@pytest.mark.parametrize("index", range(len(trees())))
+def test_the_plan_gives_what_the_walk_gives_for_every_mask(index: int) -> None:
+    template = trees()[index]
+    leaves = collect_tensors(template, is_tensor)
+    originals = all_ids(template, set())
+    before = form(template, set())
+    for mask in itertools.product((False, True), repeat=len(leaves)):
+        fresh = [torch.zeros(1) for changed in mask if changed]
+        it = iter(fresh)
+        full = [next(it) if changed else leaf for leaf, changed in zip(leaves, mask)]
+        want = rebuild(template, full, is_tensor)
+        got = rebuilder(template, mask, is_tensor)(fresh)
+        assert form(got, originals) == form(want, originals), mask
+    assert form(template, set()) == before  # the template itself is never changed
+
+
+def test_an_untouched_object_is_returned_without_a_walk() -> None:
+    """The cache of a decode step's output comes back as the caller's own object; the output dict is a new one."""
+    template = trees()[0]
+    plan = rebuilder(template, [True, False, False, False, False], is_tensor)
+    logits = torch.ones(2)
+    template["cache"].layers.append("added after the plan")  # a plan does not walk the untouched object again
+    out = plan([logits])
+    assert type(out) is Output and out is not template
+    assert out["logits"] is logits and out["cache"] is template["cache"]
+
+
+def test_a_plan_with_no_fresh_leaf_still_copies_the_containers() -> None:
+    template = trees()[1]
+    out = rebuilder(template, [False] * len(collect_tensors(template, is_tensor)), is_tensor)(())
+    assert out is not template and out[2] is not template[2] and out[1] is not template[1]
+    assert out[0] is template[0] and out[3].a is template[3].a
