@@ -8,7 +8,8 @@ on every step).  :func:`graph_generation` sets the model up once:
 
 * its ``forward`` becomes ``graphjit.graphed(model.forward, **options)``: every call with the shapes of a decode
   step replays one graph (one per batch size), the prefill of a new prompt length runs uncaptured until that
-  length repeats;
+  length repeats.  With ``tracer="compile"`` only the decode step is compiled (as transformers' compiled
+  ``generate()`` does): calls of several new tokens (a prefill) run the eager tracer (:class:`_Phases`);
 * its ``generate`` runs with ``disable_compile=True`` (transformers' own compilation off, said once in graphjit's
   log) and ``cache_implementation="static"`` where the call names no cache and the model's generation config
   chose none; the caller's own arguments win, and the model's ``generation_config`` is left as it is;
@@ -161,6 +162,71 @@ class _Generation:
         return fresh
 
 
+_STEP_INPUTS = ("decoder_input_ids", "input_ids", "decoder_inputs_embeds", "inputs_embeds")
+"""The arguments of a generating model's forward whose second dim is the call's new tokens (an encoder-decoder's
+decoder first: its ``input_ids`` are the encoder's)."""
+
+
+def _one_token(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a forward call decodes one token per sequence (not a prefill, nor assisted decoding's check of
+    several candidates): judged by the first of :data:`_STEP_INPUTS` the call passes, else its first positional
+    argument; a call where none has a shape counts as a decode step."""
+    for name in _STEP_INPUTS:
+        x = kwargs.get(name)
+        if x is not None:
+            break
+    else:
+        x = args[0] if args else None
+    shape = getattr(x, "shape", None)
+    return shape is None or len(shape) < 2 or shape[1] == 1
+
+
+class _Phases:
+    """``model.forward`` after ``graph_generation(model, tracer="compile")``: the decode step (one new token per
+    sequence) through ``graphed(forward, tracer="compile")``, every other call (a prefill, assisted decoding's
+    multi-token check) through ``graphed(forward, tracer="eager")``, as transformers' own compiled ``generate()``
+    compiles the decode step only.  Compiling the prefill would cost seconds for every new prompt length, and once
+    more when the cache's counters move to the GPU after its first update; its graph (once a length repeats) holds
+    the same launches either way.
+
+    :meth:`stats`, :meth:`report` and :meth:`reset` cover both (``stats()["phases"]`` keeps them apart); anything
+    else (``static_inputs``, ``graphjit_options``) is the decode step's."""
+
+    def __init__(self, decode: Any, prefill: Any) -> None:
+        self.decode = decode
+        self.prefill = prefill
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return (self.decode if _one_token(args, kwargs) else self.prefill)(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.decode, name)
+
+    def stats(self) -> dict[str, Any]:
+        """The counters of both phases summed (keys and fallback reasons together), and each in ``phases``."""
+        d, p = self.decode.stats(), self.prefill.stats()
+        out = dict(d)
+        for k in ("calls", "disabled_calls", "nested_calls", "graphs", "captures", "replays"):
+            out[k] = d[k] + p[k]
+        for k in ("fallbacks", "verify_skipped"):
+            merged = dict(d[k])
+            for reason, n in p[k].items():
+                merged[reason] = merged.get(reason, 0) + n
+            out[k] = merged
+        out["pool_bytes"] = max(d["pool_bytes"], p["pool_bytes"])
+        out["keys"] = [*d["keys"], *p["keys"]]
+        out["phases"] = {"decode": d, "prefill": p}
+        return out
+
+    def report(self) -> str:
+        return (f"decode step (tracer=\"compile\"): {self.decode.report()}\n"
+                f"prefill and other calls of several tokens (tracer=\"eager\"): {self.prefill.report()}")
+
+    def reset(self) -> None:
+        self.decode.reset()
+        self.prefill.reset()
+
+
 def _modes() -> tuple[Any, ...]:
     """The framework's modes (autocast among them: a cache's dtype is its first writer's) where torch is in use."""
     if "torch" not in sys.modules:
@@ -183,7 +249,9 @@ def graph_generation(model: Any, **options: Any) -> Any:
                           f"{', '.join(missing)}")
     if getattr(model, _MARK, False):
         return model
-    forward = graphed(model.forward, **options)  # options checked before anything changes
+    forward: Any = graphed(model.forward, **options)  # options checked before anything changes
+    if options.get("tracer") == "compile":
+        forward = _Phases(forward, graphed(model.forward, **{**options, "tracer": "eager"}))
     prepare = getattr(model, "_prepare_static_cache", None)
     around = _Generation(model, model.generate, prepare if callable(prepare) else None)
     model.forward = forward
@@ -192,8 +260,10 @@ def graph_generation(model: Any, **options: Any) -> Any:
     if around.prepare is not None:
         model._prepare_static_cache = around.prepare_call
     setattr(model, _MARK, True)
-    log.info("graphjit: graph_generation(%s): forward graphed; its generate() runs without transformers' own "
+    log.info("graphjit: graph_generation(%s): forward graphed%s; its generate() runs without transformers' own "
              "compilation (disable_compile=True) and with a static cache unless told otherwise%s", type(model).__name__,
+             " (tracer='compile' for the decode step only: calls of several new tokens, a prefill, run the eager "
+             "tracer, as transformers' compiled generate() does)" if isinstance(forward, _Phases) else "",
              ", kept across generate() calls" if around.prepare is not None else
              " (this transformers has no _prepare_static_cache: each generate() builds its own, recaptured)")
     return model

@@ -207,3 +207,44 @@ def test_caches_transformers_will_not_ask_for_again_are_dropped():
             model.generate(_prompt(batch), **{**GREEDY, "max_new_tokens": n})
     kept = model._prepare_static_cache.__self__.kept
     assert [k[:3] for k in kept] == [("static", 3, max(k[2] for k in kept))], list(kept)
+
+
+def test_the_compile_tracer_compiles_the_decode_step_only(monkeypatch):
+    """``tracer="compile"``: the decode step goes through the compile tracer; the prefill (several new tokens) runs
+    the eager tracer, as transformers' compiled generate() compiles the decode step only.  Tokens equal eager's;
+    ``stats()`` and ``report()`` cover both phases.  (The compile tracer is stood in for by a recorder here: on a
+    CPU, Inductor would compile for a minute; tests/test_gpu_generation.py runs the real one.)"""
+    from graph_emulator import EmulatedTorchBackend
+
+    seen: list[tuple[int, ...]] = []
+
+    def trace(self, fn, tracer):
+        if tracer != "compile":
+            return fn
+
+        def compiled(*args, **kwargs):
+            seen.append(tuple(args[0].shape))  # input_ids (graphjit calls with the arguments bound in order)
+            return fn(*args, **kwargs)
+
+        return compiled
+
+    monkeypatch.setattr(EmulatedTorchBackend, "trace", trace)
+    monkeypatch.setattr(EmulatedTorchBackend, "tracer_guard", lambda self, target, tracer, f_locals: None)
+    model = _llama()
+    prompt = _prompt(2)
+    with torch.no_grad():
+        want = model.generate(prompt, cache_implementation="static", **GREEDY)
+    with emulated_torch(), torch.no_grad():
+        graphjit.graph_generation(model, tracer="compile")
+        for _ in range(3):
+            assert torch.equal(model.generate(prompt, **GREEDY), want)
+    assert seen and all(shape == (2, 1) for shape in seen), seen  # the prefill, (2, 5), never went through it
+    st = model.forward.stats()
+    decode, prefill = st["phases"]["decode"], st["phases"]["prefill"]
+    assert prefill["calls"] == 3 and decode["calls"] == 3 * 7
+    assert st["calls"] == 3 * 8 and st["replays"] == decode["replays"] + prefill["replays"] > 0
+    assert decode["graphs"] == 1 and len(st["keys"]) == len(decode["keys"]) + len(prefill["keys"])
+    report = model.forward.report()
+    assert 'decode step (tracer="compile")' in report and 'prefill and other calls' in report
+    model.forward.reset()
+    assert model.forward.stats()["graphs"] == 0
