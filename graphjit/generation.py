@@ -9,7 +9,9 @@ on every step).  :func:`graph_generation` sets the model up once:
 * its ``forward`` becomes ``graphjit.graphed(model.forward, **options)``: every call with the shapes of a decode
   step replays one graph (one per batch size), the prefill of a new prompt length runs uncaptured until that
   length repeats.  With ``tracer="compile"`` only the decode step is compiled (as transformers' compiled
-  ``generate()`` does): calls of several new tokens (a prefill) run the eager tracer (:class:`_Phases`);
+  ``generate()`` does): calls of several new tokens (a prefill) run the eager tracer (:class:`_Phases`).
+  ``prefill_buckets`` pads prompts into a few lengths (:mod:`graphjit.prompt_buckets`), so the prefill of many
+  prompt lengths is graphed too;
 * its ``generate`` runs with ``disable_compile=True`` (transformers' own compilation off, said once in graphjit's
   log) and ``cache_implementation="static"`` where the call names no cache and the model's generation config
   chose none; the caller's own arguments win, and the model's ``generation_config`` is left as it is;
@@ -36,6 +38,7 @@ import sys
 import threading
 from typing import Any
 
+from . import prompt_buckets
 from .api import graphed
 from .errors import ConfigError
 
@@ -60,8 +63,10 @@ class _Generation:
     shorter ones (transformers sizes every later cache to the longest length seen, so they are never asked for
     again).  A call of ``_prepare_static_cache`` it cannot read (another signature) goes to the model's own."""
 
-    def __init__(self, model: Any, generate: Any, prepare: Any) -> None:
+    def __init__(self, model: Any, generate: Any, prepare: Any,
+                 bucketing: prompt_buckets.Bucketing | None = None) -> None:
         self.model = model
+        self.bucketing = bucketing  # prefill_buckets: prompts padded on the left to a bucket's length
         self.generate = generate  # the model's own bound methods
         self.prepare = prepare
         try:
@@ -92,6 +97,9 @@ class _Generation:
                 kwargs["disable_compile"] = True
             if (not _CACHE_ARGUMENTS & kwargs.keys() and getattr(given, "cache_implementation", None) is None):
                 kwargs["cache_implementation"] = "static"
+        pad = 0
+        if self.bucketing is not None and not getattr(given, "is_assistant", False):
+            args, kwargs, pad = self.bucketing.pad(args, kwargs, given)
         taken: list[Any] = []
         outer = getattr(self.local, "taken", None)
         self.local.taken = taken
@@ -109,7 +117,7 @@ class _Generation:
                         del self.kept[key]
                 for cache in taken:
                     self.busy.discard(id(cache))
-        return out
+        return prompt_buckets.strip(out, pad) if pad else out
 
     def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         """What the cache's shapes depend on, or None where the call cannot be read."""
@@ -236,24 +244,30 @@ def _modes() -> tuple[Any, ...]:
     return tuple(backends.get("torch").modes())
 
 
-def graph_generation(model: Any, **options: Any) -> Any:
+def graph_generation(model: Any, *, prefill_buckets: Any = None, **options: Any) -> Any:
     """Graph ``model``'s decode step for its ``generate()`` (see the module docstring); returns ``model``.
 
     ``options`` are :func:`graphjit.graphed`'s (``tracer``, ``warmup``, ``outputs``, ...), for its ``forward``.
-    Raises :class:`~graphjit.errors.ConfigError` for an object that is not a generating model, and whatever
-    :func:`graphjit.graphed` raises for a bad option."""
+    ``prefill_buckets`` (prompt lengths, for example ``(16, 32, 64, 128)``): a decoder-only model's prompt is padded
+    on the left to the smallest bucket that holds it, with its attention mask, and the padding is taken off the
+    returned sequences (:mod:`graphjit.prompt_buckets`): the prefill of every length in one bucket is one key, graphed
+    once it repeats.  Its logits may then differ from the unpadded call's by floating-point rounding.
+    Raises :class:`~graphjit.errors.ConfigError` for an object that is not a generating model or bad
+    ``prefill_buckets``, and whatever :func:`graphjit.graphed` raises for a bad option."""
     missing = [a for a in ("generate", "forward", "generation_config") if getattr(model, a, None) is None]
     if missing:
         raise ConfigError(f"graph_generation(model={type(model).__name__}): expected a model with generate(), "
                           f"forward() and a generation_config (a transformers generating model); it has no "
                           f"{', '.join(missing)}")
+    buckets = None if prefill_buckets is None else prompt_buckets.parse(prefill_buckets)
     if getattr(model, _MARK, False):
         return model
     forward: Any = graphed(model.forward, **options)  # options checked before anything changes
     if options.get("tracer") == "compile":
         forward = _Phases(forward, graphed(model.forward, **{**options, "tracer": "eager"}))
     prepare = getattr(model, "_prepare_static_cache", None)
-    around = _Generation(model, model.generate, prepare if callable(prepare) else None)
+    around = _Generation(model, model.generate, prepare if callable(prepare) else None,
+                         None if buckets is None else prompt_buckets.Bucketing(model, buckets))
     model.forward = forward
     # bound methods: graphjit's walks do not enter them (the caches are reached as the forward's arguments)
     model.generate = around.generate_call

@@ -70,3 +70,21 @@ def test_the_compile_tracer_compiles_the_decode_step_once_and_never_the_prefill(
     assert s["phases"]["decode"]["graphs"] == 1 and s["phases"]["decode"]["replays"] >= 3 * (16 - 1) - 2, \
         model.forward.report()
     assert s["phases"]["prefill"]["calls"] == 3, model.forward.report()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_prompts_in_buckets_graph_the_prefill_and_give_eagers_tokens(family):
+    """``prefill_buckets``: prompts of 5-7 tokens padded on the left to 8; greedy tokens equal eager's for each
+    unpadded prompt (fp32), and the prefill of all lengths is one key, captured once it repeats."""
+    model = hf_families.build(torch, transformers, family, layers=4, hidden=256, device="cuda")
+    lengths = (5, 6, 7, 5, 7, 6, 5)
+    prompts = [torch.randint(3, 256, (2, n), generator=torch.Generator().manual_seed(n)).cuda() for n in lengths]
+    with torch.no_grad():
+        want = [model.generate(p, cache_implementation="static", disable_compile=True, **GREEDY) for p in prompts]
+    graphjit.graph_generation(model, prefill_buckets=(8, 16))
+    with torch.no_grad():
+        for p, w in zip(prompts, want):
+            assert torch.equal(model.generate(p, **GREEDY), w), family
+    fn = model.forward
+    prefill = [k for k in fn.stats()["keys"] if "input_ids[2, 8]" in k["key"] and k["state"] == "replay"]
+    assert len(prefill) == 1 and prefill[0]["replays"] >= 1, fn.report()

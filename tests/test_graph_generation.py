@@ -248,3 +248,47 @@ def test_the_compile_tracer_compiles_the_decode_step_only(monkeypatch):
     assert 'decode step (tracer="compile")' in report and 'prefill and other calls' in report
     model.forward.reset()
     assert model.forward.stats()["graphs"] == 0
+
+
+def test_prompts_padded_into_buckets_share_one_prefill_graph_and_give_eagers_tokens():
+    """``prefill_buckets``: prompts of 5, 6 and 7 tokens are padded on the left to 8 (attention mask zero there),
+    the padding is taken off the result, and the tokens are eager's for each unpadded prompt (fp32); the prefill of
+    all three is one key, captured once it repeats and replayed after."""
+    model = _llama()
+    prompts = [_prompt(2, n) for n in (5, 6, 7, 5, 7, 6, 5)]
+    masks = [torch.ones_like(p) for p in prompts]
+    masks[1][0, :2] = 0  # a caller's own left padding in one row stays hidden
+    with torch.no_grad():
+        want = [model.generate(p, attention_mask=m, cache_implementation="static", **GREEDY)
+                for p, m in zip(prompts, masks)]
+    with emulated_torch(), torch.no_grad():
+        graphjit.graph_generation(model, prefill_buckets=(8, 16))
+        for p, m, w in zip(prompts, masks, want):
+            got = model.generate(p, attention_mask=m, **GREEDY)
+            assert got.shape == w.shape and torch.equal(got, w), (got, w)
+    # (the first prefill, on the fresh cache before transformers allocates its layers, is a key of its own)
+    prefill = [k for k in model.forward.stats()["keys"] if "input_ids[2, 8]" in k["key"] and k["state"] == "replay"]
+    assert len(prefill) == 1 and prefill[0]["captures"] == 1 and prefill[0]["replays"] >= 3, model.forward.report()
+
+
+def test_padded_prompts_keep_max_length_and_the_returned_dict():
+    """A call bounded by ``max_length`` (which counts the prompt) generates as many tokens as unpadded; a prompt
+    without a mask is padded too, and ``return_dict_in_generate`` gets its sequences without the padding."""
+    model = _llama()
+    prompt = _prompt(1, 6)
+    with torch.no_grad():
+        want = model.generate(prompt, max_length=11, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with emulated_torch(), torch.no_grad():
+        graphjit.graph_generation(model, prefill_buckets=[16])
+        got = model.generate(prompt, max_length=11, do_sample=False, pad_token_id=0)
+        out = model.generate(prompt, max_length=11, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+    assert torch.equal(got, want) and torch.equal(out.sequences, want), (got, want)
+    assert model._prepare_static_cache.__self__.bucketing.padded == 2  # both calls were padded (6 -> 16)
+
+
+@pytest.mark.parametrize("bad", ["16", [], [0, 8], [8, 8], [8.0], (True,)])
+def test_bad_prefill_buckets_are_refused_naming_the_argument(bad):
+    model = _llama()
+    with pytest.raises(graphjit.ConfigError, match="prefill_buckets"):
+        graphjit.graph_generation(model, prefill_buckets=bad)
+    assert not getattr(model, "_graphjit_generation", False)  # nothing changed
