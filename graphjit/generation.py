@@ -99,7 +99,7 @@ class _Generation:
                 kwargs["cache_implementation"] = "static"
         pad = 0
         if self.bucketing is not None and not getattr(given, "is_assistant", False):
-            args, kwargs, pad = self.bucketing.pad(args, kwargs, given)
+            args, kwargs, pad = self.bucketing.pad(args, kwargs, config)
         taken: list[Any] = []
         outer = getattr(self.local, "taken", None)
         self.local.taken = taken
@@ -208,10 +208,13 @@ class _Phases:
         return (self.decode if _one_token(args, kwargs) else self.prefill)(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("decode", "prefill"):  # not set yet (copy.copy makes the object without __init__)
+            raise AttributeError(name)
         return getattr(self.decode, name)
 
     def stats(self) -> dict[str, Any]:
-        """The counters of both phases summed (keys and fallback reasons together), and each in ``phases``."""
+        """The counters of both phases summed (keys, fallback reasons and pool bytes together), and each in
+        ``phases``."""
         d, p = self.decode.stats(), self.prefill.stats()
         out = dict(d)
         for k in ("calls", "disabled_calls", "nested_calls", "graphs", "captures", "replays"):
@@ -221,7 +224,7 @@ class _Phases:
             for reason, n in p[k].items():
                 merged[reason] = merged.get(reason, 0) + n
             out[k] = merged
-        out["pool_bytes"] = max(d["pool_bytes"], p["pool_bytes"])
+        out["pool_bytes"] = d["pool_bytes"] + p["pool_bytes"]  # a pool each
         out["keys"] = [*d["keys"], *p["keys"]]
         out["phases"] = {"decode": d, "prefill": p}
         return out

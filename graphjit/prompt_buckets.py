@@ -7,12 +7,18 @@ hides the padded positions and the position ids count from each sequence's first
 them from the mask).  The prefill then attends over a longer, masked prompt: its kernels see other shapes, so the
 logits can differ from the unpadded call's by floating-point rounding (greedy tokens equal in the fp32 tests).
 
-A call is left as it is (:meth:`Bucketing.pad` returns no padding) where padding could change what it means: an
-encoder-decoder model (its encoder's input is not the decoded prompt), a call that passes ``inputs_embeds``, a
-cache to continue, a streamer (it would see the padding) or an assistant model; a prompt that is not a 2-D tensor,
-that already fills its bucket, or is longer than the largest bucket; and a prompt without an attention mask that
-holds the pad token (``generate()`` would infer its mask from it).  Imports no framework: the padded tensors are
-made with the prompt's own methods (``new_full``, ``new_zeros``).
+A call is padded only where padding cannot change what it returns or what the caller's code sees.  It is left as
+it is (:meth:`Bucketing.pad` returns no padding) for: an encoder-decoder model (its encoder's input is not the
+decoded prompt); a call without ``max_new_tokens`` (in its arguments, its generation config or the model's: a
+length bound that counts the prompt would have to be rewritten); ``return_dict_in_generate`` (the returned cache and
+the prefill's hidden states would hold the padding); a call that passes ``inputs_embeds``, a cache to continue, a
+streamer, an assistant model, stopping criteria, logits processors or ``prefix_allowed_tokens_fn`` (they see the
+token ids), or any other tensor (``position_ids``, ``token_type_ids``: per prompt token); a generation config that
+reads the prompt's tokens (``repetition_penalty``, ``no_repeat_ngram_size``, ``bad_words_ids``, ``sequence_bias``);
+a prompt that is not a 2-D tensor, already fills its bucket or is longer than the largest; and a prompt without an
+attention mask that holds the pad token (``generate()`` would infer its mask from it).  Settings are read as
+``generate()`` reads them: the call's arguments, then the generation config it passes, then the model's.  Imports
+no framework: the padded tensors are made with the prompt's own methods (``new_full``, ``new_zeros``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,13 @@ from typing import Any
 
 from .errors import ConfigError
 
-_KEEPS_PROMPT = frozenset(("inputs_embeds", "past_key_values", "cache", "streamer", "assistant_model"))
+_KEEPS_PROMPT = frozenset(("inputs_embeds", "past_key_values", "cache", "streamer", "assistant_model",
+                           "stopping_criteria", "logits_processor", "prefix_allowed_tokens_fn"))
 """Arguments of ``generate()`` with which a call is not padded (see the module docstring)."""
+_READS_TOKENS = (("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0), ("bad_words_ids", None),
+                 ("sequence_bias", None), ("encoder_no_repeat_ngram_size", 0))
+"""Generation settings (with their neutral values) whose logits processors read the prompt's token ids."""
+_PROMPT_ARGUMENTS = ("inputs", "input_ids")
 
 
 def parse(buckets: Any) -> tuple[int, ...]:
@@ -50,28 +61,27 @@ class Bucketing:
     def pad(self, args: tuple[Any, ...], kwargs: dict[str, Any],
             config: Any) -> tuple[tuple[Any, ...], dict[str, Any], int]:
         """The call's arguments with its prompt padded on the left to its bucket, and the padding's length (0: the
-        call as it was).  ``config``: the generation config the call runs with."""
+        call as it was).  ``config``: the generation config the call passes (None: the model's)."""
         ids, name = (args[0], None) if args else next(
-            ((kwargs[k], k) for k in ("inputs", "input_ids") if kwargs.get(k) is not None), (None, None))
-        pad = self._padding(ids, kwargs)
-        if pad == 0 or not self._mask_known(ids, kwargs, config):
+            ((kwargs[k], k) for k in _PROMPT_ARGUMENTS if kwargs.get(k) is not None), (None, None))
+        setting = _Settings(kwargs, config, getattr(self.model, "generation_config", None))
+        pad = self._padding(ids, kwargs, setting)
+        if pad == 0:
             self.kept += 1
             return args, kwargs, 0
         batch, length = ids.shape
-        fill = _token(kwargs.get("pad_token_id", getattr(config, "pad_token_id", None)))
+        fill = _token(setting("pad_token_id"))
         if fill is None:
-            fill = _token(getattr(config, "eos_token_id", None)) or 0  # any id: the mask hides it
+            fill = _token(setting("eos_token_id")) or 0  # any id: the mask hides it
         padded = ids.new_full((batch, length + pad), fill)
         padded[:, pad:] = ids
         mask = ids.new_zeros((batch, length + pad))
         given = kwargs.get("attention_mask")
         mask[:, pad:] = given if given is not None else 1
         kwargs = {**kwargs, "attention_mask": mask}
-        if kwargs.get("max_new_tokens") is None and getattr(config, "max_new_tokens", None) is None:
-            kwargs["max_length"] = (kwargs.get("max_length") or getattr(config, "max_length", None) or 20) + pad
-        min_length = kwargs.get("min_length") or getattr(config, "min_length", 0) or 0
+        min_length = setting("min_length") or 0
         if min_length:
-            kwargs["min_length"] = min_length + pad  # both count the prompt
+            kwargs["min_length"] = min_length + pad  # it counts the prompt (min_new_tokens does not)
         if name is None:
             args = (padded, *args[1:])
         else:
@@ -79,22 +89,48 @@ class Bucketing:
         self.padded += 1
         return args, kwargs, pad
 
-    def _padding(self, ids: Any, kwargs: dict[str, Any]) -> int:
+    def _padding(self, ids: Any, kwargs: dict[str, Any], setting: _Settings) -> int:
+        """The columns of padding the call gets (0: none; see the module docstring)."""
         if getattr(getattr(self.model, "config", None), "is_encoder_decoder", False) or _KEEPS_PROMPT & kwargs.keys():
             return 0
         shape = getattr(ids, "shape", None)
         if shape is None or len(shape) != 2 or not hasattr(ids, "new_full"):
             return 0
+        if any(hasattr(v, "shape") for k, v in kwargs.items() if k not in (*_PROMPT_ARGUMENTS, "attention_mask")):
+            return 0  # another tensor: per prompt token, most likely (position_ids, token_type_ids)
+        if setting("max_new_tokens") is None or setting("return_dict_in_generate"):
+            return 0
+        if any(setting(name) not in (None, neutral) for name, neutral in _READS_TOKENS):
+            return 0
         bucket = next((b for b in self.buckets if b >= shape[1]), None)
-        return 0 if bucket is None else bucket - shape[1]
+        if bucket is None or bucket == shape[1]:
+            return 0
+        if kwargs.get("attention_mask") is None:
+            pad_id = _token(setting("pad_token_id"))
+            if pad_id is not None and bool((ids == pad_id).any()):
+                return 0  # generate() infers this prompt's mask from its pad tokens
+        return bucket - shape[1]
 
-    @staticmethod
-    def _mask_known(ids: Any, kwargs: dict[str, Any], config: Any) -> bool:
-        """False for a prompt without a mask that holds the pad token: ``generate()`` infers that mask itself."""
-        if kwargs.get("attention_mask") is not None:
-            return True
-        pad = _token(kwargs.get("pad_token_id", getattr(config, "pad_token_id", None)))
-        return pad is None or not bool((ids == pad).any())
+
+class _Settings:
+    """One generation setting as ``generate()`` reads it: the call's keyword argument, else the generation config
+    the call passes (where it sets the value), else the model's."""
+
+    __slots__ = ("configs", "kwargs")
+
+    def __init__(self, kwargs: dict[str, Any], *configs: Any) -> None:
+        self.kwargs = kwargs
+        self.configs = [c for c in configs if c is not None]
+
+    def __call__(self, name: str) -> Any:
+        value = self.kwargs.get(name)
+        if value is not None:  # an explicit None leaves the setting to the configs, as generate() does
+            return value
+        for config in self.configs:
+            value = getattr(config, name, None)
+            if value is not None:
+                return value
+        return None
 
 
 def strip(out: Any, pad: int) -> Any:

@@ -271,19 +271,39 @@ def test_prompts_padded_into_buckets_share_one_prefill_graph_and_give_eagers_tok
     assert len(prefill) == 1 and prefill[0]["captures"] == 1 and prefill[0]["replays"] >= 3, model.forward.report()
 
 
-def test_padded_prompts_keep_max_length_and_the_returned_dict():
-    """A call bounded by ``max_length`` (which counts the prompt) generates as many tokens as unpadded; a prompt
-    without a mask is padded too, and ``return_dict_in_generate`` gets its sequences without the padding."""
+def test_calls_padding_could_change_are_left_as_they_are():
+    """A call bounded by ``max_length`` (it counts the prompt), one that returns a dict (its cache and hidden states
+    would hold the padding), one with stopping criteria (they see the ids) or per-token ``position_ids`` runs
+    unpadded; ``min_length`` with ``max_new_tokens`` is padded and still counts the caller's prompt.  Every result
+    equals the unpadded call's."""
     model = _llama()
     prompt = _prompt(1, 6)
+
+    class AtLength(transformers.StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 9, dtype=torch.bool)
+
+    calls = [
+        ({"max_length": 11}, False),
+        ({"max_new_tokens": 5, "return_dict_in_generate": True}, False),
+        ({"max_new_tokens": 5, "stopping_criteria": transformers.StoppingCriteriaList([AtLength()])}, False),
+        ({"max_new_tokens": 5, "position_ids": torch.arange(6)[None]}, False),
+        ({"max_new_tokens": 5, "repetition_penalty": 1.3}, False),
+        ({"max_new_tokens": 8, "min_length": 12}, True),
+        ({"max_new_tokens": 5, "max_length": None}, True),
+    ]
+    base = {"do_sample": False, "pad_token_id": 0}
     with torch.no_grad():
-        want = model.generate(prompt, max_length=11, do_sample=False, pad_token_id=0, cache_implementation="static")
+        want = [model.generate(prompt, cache_implementation="static", **base, **kw) for kw, _ in calls]
     with emulated_torch(), torch.no_grad():
         graphjit.graph_generation(model, prefill_buckets=[16])
-        got = model.generate(prompt, max_length=11, do_sample=False, pad_token_id=0)
-        out = model.generate(prompt, max_length=11, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
-    assert torch.equal(got, want) and torch.equal(out.sequences, want), (got, want)
-    assert model._prepare_static_cache.__self__.bucketing.padded == 2  # both calls were padded (6 -> 16)
+        bucketing = model._prepare_static_cache.__self__.bucketing
+        for (kw, padded), w in zip(calls, want):
+            before = bucketing.padded
+            got = model.generate(prompt, **base, **kw)
+            got, w = getattr(got, "sequences", got), getattr(w, "sequences", w)
+            assert torch.equal(got, w), (kw, got, w)
+            assert bucketing.padded == before + padded, kw
 
 
 @pytest.mark.parametrize("bad", ["16", [], [0, 8], [8, 8], [8.0], (True,)])
