@@ -66,7 +66,7 @@ class Bucketing:
             ((kwargs[k], k) for k in _PROMPT_ARGUMENTS if kwargs.get(k) is not None), (None, None))
         setting = _Settings(kwargs, config, getattr(self.model, "generation_config", None))
         pad = self._padding(ids, kwargs, setting)
-        if pad == 0:
+        if pad == 0 or ids is None:
             self.kept += 1
             return args, kwargs, 0
         batch, length = ids.shape
