@@ -33,6 +33,8 @@ from .errors import ConfigError, SignatureError
 from .tree import Attr, is_object, object_fields, rebuild
 
 _SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))
+_TENSOR = ("<tensor>",)
+"""A tensor's place in a plain call's layout (:meth:`Signer.sign_plain`); its metadata is the check's."""
 _MISSING = object()
 
 BucketsArg = Mapping[str | int, Mapping[int, Sequence[int]]] | None
@@ -274,24 +276,28 @@ class Signer:
 
     def sign_plain(self, instance: Any, args: tuple[Any, ...]) -> CallSignature | None:
         """:meth:`sign` of a plain call without keyword arguments (see there), the same key as the walk gives; None
-        if the call is not one (then :meth:`sign` walks it).  The first step of a replayed call."""
+        if the call is not one (then :meth:`sign` walks it).  The first step of a replayed call.
+
+        Where the backend has a check of several tensors' metadata in one call (:meth:`Backend.meta_check`), a call
+        whose arguments have the last plain call's layout (the positions of its tensors, its scalars, owner and
+        modes) and whose tensors pass the last key's check reuses that key without reading any tensor's metadata
+        in Python; anything else reads each tensor's :meth:`Backend.meta_key`, as the check is never looser."""
         plain = self._plain
         if plain is None:
             return None
         backend: Backend = plain[0]
-        _b, types, last_key, last_labels, was_method, probe = plain
+        _b, types, last_key, last_labels, was_method, probe, layout, check = plain
         method = instance is not None
         if method is not was_method or backends.cached_type_lookup(probe, None) is not backend:
             return None  # a bound call where it was not, or the framework's backend replaced since
         parts: list[Any] = [len(args)]
         tensors: list[Any] = []
-        meta = backend.meta_key
         scalars = _SCALARS
         for a in args:
             tp = type(a)
             if tp in types:
                 tensors.append(a)
-                parts.append(meta(a))
+                parts.append(_TENSOR)
             elif tp in scalars:
                 parts.append((tp, a))
             else:
@@ -302,12 +308,19 @@ class Signer:
         if owner is not None:
             parts.append(("self", id(owner), getattr(owner, "training", None)))
         parts.append(("modes", backend.modes()))
-        key = tuple(parts)
-        if key == last_key:
+        if check is not None and parts == layout and check(*tensors):
             return CallSignature(last_key, tensors, backend, (), None, last_labels, (), self)
-        sig = CallSignature(Key(key), tensors, backend, (), None,
-                            [(method, i) for i, a in enumerate(args) if type(a) in types], (), self)
-        self._plain = (backend, types, sig.key, sig.labels, method, probe)
+        meta = backend.meta_key
+        it = iter(tensors)
+        key = tuple(meta(next(it)) if p is _TENSOR else p for p in parts)
+        if key == last_key:
+            sig = CallSignature(last_key, tensors, backend, (), None, last_labels, (), self)
+            if check is not None:
+                return sig  # the same key, tensors the check refuses (other strides): it stays the first call's
+        else:
+            sig = CallSignature(Key(key), tensors, backend, (), None,
+                                [(method, i) for i, a in enumerate(args) if type(a) in types], (), self)
+        self._plain = (backend, types, sig.key, sig.labels, method, probe, parts, backend.meta_check(tensors))
         return sig
 
     def _remember_plain(self, instance: Any, args: tuple[Any, ...], sig: CallSignature) -> None:
@@ -321,7 +334,9 @@ class Signer:
                 return
             types.add(tp)
         if types:
-            self._plain = (sig.backend, frozenset(types), sig.key, sig.labels, instance is not None, next(iter(types)))
+            # no layout yet: the next plain call reads its tensors' metadata once and makes the check
+            self._plain = (sig.backend, frozenset(types), sig.key, sig.labels, instance is not None, next(iter(types)),
+                           None, None)
 
     def _sign(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
         tensors: list[Any] = []

@@ -286,3 +286,44 @@ def test_a_plain_call_keeps_requires_grad_and_the_bound_objects_mode_in_its_key(
     m.eval()
     assert s.sign(m, (x,), {}).key != first
     assert s.sign(None, (m, x), {}).key != first  # unbound: another structure, walked
+
+
+@pytest.mark.torch
+def test_a_repeated_plain_call_is_checked_in_one_call_and_any_change_of_its_key_is_still_seen(monkeypatch):
+    """torch: a plain call with the last one's layout is checked by Dynamo's TensorGuards (no tensor's metadata read
+    in Python); the check is never looser than the key: other shapes, ranks, dtypes, requires_grad, subclasses or
+    modes give the walk's key, other strides alone the same key."""
+    from graphjit import backends
+
+    backend = backends.get("torch")
+    reads = []
+    real = type(backend).meta_key
+    monkeypatch.setattr(type(backend), "meta_key", lambda self, t: reads.append(1) or real(self, t))
+
+    def f(a, b, c=1.0):
+        return a
+
+    s = Signer(f, None, "auto", "f")
+    x, y = torch.zeros(4, 6), torch.zeros(6)
+    first = s.sign(None, (x, y), {}).key
+    s.sign(None, (x, y), {})  # makes the check
+    del reads[:]
+    for _ in range(3):
+        assert s.sign(None, (torch.ones(4, 6), y), {}).key is first
+    assert reads == []  # checked in one call
+    assert s.sign(None, (torch.zeros(6, 4).t(), y), {}).key is first  # other strides, the same shape
+    assert reads == []
+    changed = [(torch.zeros(4, 6, 1), y), (torch.zeros(4, 6, dtype=torch.float16), y),
+               (torch.zeros(4, 6, requires_grad=True), y),
+               (torch.nn.Parameter(torch.zeros(4, 6), requires_grad=False), y),
+               (x, torch.zeros(7)), (x, y, 2.0), (x, 3)]
+    for args in changed:
+        s.sign(None, (x, y), {})
+        s.sign(None, (x, y), {})
+        got = s.sign(None, args, {}).key
+        want = Signer(f, None, "auto", "f").sign(None, args, {}).key
+        assert got == want, args
+        assert (got == first) is (type(args[0]) is torch.nn.Parameter), args  # a Parameter's key is a tensor's
+    s.sign(None, (x, y), {})
+    with torch.no_grad():
+        assert s.sign(None, (x, y), {}).key != first

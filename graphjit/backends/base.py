@@ -158,6 +158,12 @@ class Backend(abc.ABC):
     def meta_key(self, t: Any) -> tuple[Any, ...]:
         """``(shape, dtype, device, requires_grad)`` of ``t``, hashable, as cheap as possible."""
 
+    def meta_check(self, tensors: Sequence[Any]) -> Callable[..., bool] | None:
+        """A check, in one call, that tensors passed positionally have the ``meta_key`` of ``tensors`` (the same
+        count, in order): True only where every ``meta_key`` would be equal (it may refuse more, strides or
+        subclasses for one).  None where the framework has none (the caller reads each ``meta_key``)."""
+        return None
+
     @abc.abstractmethod
     def shape(self, t: Any) -> tuple[int, ...]: ...
 

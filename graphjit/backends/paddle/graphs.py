@@ -114,6 +114,16 @@ def _to_numpy(t: Any) -> np.ndarray:
     return arr
 
 
+@functools.lru_cache(maxsize=1)
+def _dtypes_are_singletons() -> bool:
+    """True if a tensor's ``dtype`` is one object per dtype (Paddle 3.x), so ``is`` compares it; 2.6 makes new ones."""
+    try:
+        a, b = (paddle.to_tensor([0.0], place=paddle.CPUPlace()) for _ in range(2))  # host memory: capture-safe
+        return bool(a.dtype is b.dtype)
+    except Exception:
+        return False
+
+
 def _places_hash_by_value() -> bool:
     """True if two Place objects for one device are equal and hash alike (Paddle 3.x; not 2.6)."""
     try:
@@ -230,6 +240,38 @@ class PaddleBackend(Backend):
     def _meta_key_place(self, t: Any) -> tuple[Any, ...]:
         return (tuple(t.shape), t.dtype, t.place, not t.stop_gradient)
 
+    def meta_check(self, tensors: Sequence[Any]) -> Callable[..., bool] | None:
+        """One Python loop over the tensors: each one's dtype (by identity where Paddle's dtypes are singletons, as in
+        3.x), stop_gradient, shape and place (``Place._equals``, no string made nor Place compared through ``==``)
+        against ``tensors``'; about half of reading and comparing every ``meta_key``.  None where this Paddle's Place
+        has no ``_equals``."""
+        try:
+            expected = [(t.shape, t.dtype, bool(t.stop_gradient), t.place) for t in tensors]
+            if not all(callable(getattr(place, "_equals", None)) for _s, _d, _g, place in expected):
+                return None
+        except Exception:
+            return None
+        count = len(expected)
+        if _dtypes_are_singletons():
+            def check(*ts: Any) -> bool:
+                if len(ts) != count:
+                    return False
+                for t, (shape, dtype, stop, place) in zip(ts, expected):
+                    if t.dtype is not dtype or t.stop_gradient is not stop or t.shape != shape \
+                            or not place._equals(t.place):
+                        return False
+                return True
+        else:
+            def check(*ts: Any) -> bool:
+                if len(ts) != count:
+                    return False
+                for t, (shape, dtype, stop, place) in zip(ts, expected):
+                    if t.stop_gradient is not stop or t.shape != shape or t.dtype != dtype \
+                            or not place._equals(t.place):
+                        return False
+                return True
+        return check
+
     def shape(self, t: Any) -> tuple[int, ...]:
         return tuple(t.shape)
 
@@ -333,9 +375,10 @@ class PaddleBackend(Backend):
 
     def modes(self) -> tuple[Any, ...]:
         tracer = _GLOBALS._dygraph_tracer_ if _GLOBALS is not None else None  # thread-local, as Paddle keeps it
+        grad = _has_grad() if _has_grad is not None else paddle.is_grad_enabled()
         if tracer is None:
-            return (paddle.is_grad_enabled(),)
-        return (paddle.is_grad_enabled(), tracer._amp_level, tracer._amp_dtype)
+            return (grad,)
+        return (grad, tracer._amp_level, tracer._amp_dtype)
 
     def describe_modes(self, modes: tuple[Any, ...]) -> str:
         parts = [] if modes[0] else ["no_grad"]
@@ -568,6 +611,8 @@ def _state_text(state: Any) -> str:
 _GLOBALS: Any = getattr(getattr(getattr(paddle, "base", None), "framework", None), "global_var", None)
 """Paddle's thread-local framework state; its ``_dygraph_tracer_`` holds the AMP level and dtype (None
 outside dygraph mode)."""
+_has_grad: Callable[[], bool] | None = getattr(getattr(getattr(paddle, "base", None), "core", None), "_has_grad", None)
+"""What ``paddle.is_grad_enabled()`` returns, as the C function it calls in 3.x (2.6 has none: the Python one)."""
 
 
 def _end_quietly(graph: Any) -> bool:

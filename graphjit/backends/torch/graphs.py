@@ -164,6 +164,18 @@ class TorchBackend(Backend):
     def meta_key(self, t: Any) -> tuple[Any, ...]:
         return (t.shape, t.dtype, t.device, t.requires_grad)
 
+    def meta_check(self, tensors: Sequence[Any]) -> Callable[..., bool] | None:
+        """Dynamo's ``TensorGuards`` (C++): each tensor's Python type, dispatch keys, dtype, device, sizes and
+        requires_grad against ``tensors``' (strides free, as ``meta_key`` leaves them); None on a torch without it."""
+        if _TensorGuards is None:
+            return None
+        try:
+            guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                                   dynamic_dims_strides=[[None] * t.dim() for t in tensors])
+            return guards.check  # type: ignore[no-any-return]
+        except Exception:  # a signature this torch does not take: each meta_key is read instead
+            return None
+
     def shape(self, t: Any) -> tuple[int, ...]:
         return tuple(t.shape)
 
@@ -460,6 +472,8 @@ class TorchBackend(Backend):
 
 _SYNC_WATCHER = SyncWatcher(torch.cuda.get_sync_debug_mode, torch.cuda.set_sync_debug_mode)
 
+# Dynamo's C++ check of tensors' metadata (None on a torch without it): Backend.meta_check
+_TensorGuards: Any = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None)
 _any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 # The modes read on every call, as the C functions behind torch's Python wrappers where this torch has them.
 _grad_enabled: Callable[[], bool] = torch.is_grad_enabled
