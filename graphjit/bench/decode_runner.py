@@ -163,13 +163,10 @@ class DecodeRunner:
         ``@graphed`` (and what the backend adds), each as :meth:`time_host` measures it."""
         args = self.args
         inputs = self.host_inputs()
-
-        def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
-            return a + b + c + d
-
+        tiny, text = self.host_function()
         calls: dict[str, Callable[..., Any]] = {"eager": lambda: tiny(*inputs)}
         keep: list[Any] = []
-        out: dict[str, Any] = {"shape": list(HOST_SHAPE), "n_inputs": 4, "function": "a + b + c + d",
+        out: dict[str, Any] = {"shape": list(HOST_SHAPE), "n_inputs": 4, "function": text,
                                "iters": args.host_iters, "repeats": args.host_repeats, "us": {}, "errors": {}}
         if self.on_gpu:
             try:
@@ -190,6 +187,14 @@ class DecodeRunner:
         self.release(keep)
         self._free()
         return out
+
+    def host_function(self) -> tuple[Callable[..., Any], str]:
+        """The function :meth:`host_cost` times (four tensors of ``HOST_SHAPE`` in, tiny GPU work) and its text."""
+
+        def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
+            return a + b + c + d
+
+        return tiny, "a + b + c + d"
 
     # Subclasses implement these.
     copy_into_text = "static_x.copy_(x)"  # how raw_graph's loop refreshes its input, for the JSON
