@@ -1,0 +1,137 @@
+"""What ``graph_generation(model, tracer="compile")`` compiles, call by call of ``generate()`` (torch, one GPU).
+
+For each family of ``graphjit.bench.torch.hf_families``: ``--calls`` greedy ``generate()`` calls after
+``graph_generation(model, tracer="compile")``, and for each call its wall time, what Dynamo did meanwhile (frames
+compiled, recompiles with their reasons, graph breaks) and what graphjit did (captures, replays, fallbacks by
+reason).  A call that costs seconds after the first is a compile: this says which guard sent Dynamo back.
+
+Diagnostic only (the speed claims are ``python -m graphjit bench generate``'s).  Writes one JSON to ``--out``.
+Usage (GPU machine, repo root): ``PYTHONPATH=. python3 tools/probes/compile_recompiles.py --families t5,gemma3_text
+--out DIR``.  ``--allow-cpu`` runs a tiny model on the CPU (a smoke run of the probe: no graphs, so compiles only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+import graphjit
+from graphjit.bench.torch import hf_families
+
+
+class _Recompiles(logging.Handler):
+    """Keeps the messages of Dynamo's ``recompiles`` log artifact."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "recompiles" in record.name:
+            self.messages.append(record.getMessage()[:600])
+
+
+def _dynamo_counts() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {"frames_compiled": int(counters["stats"].get("unique_graphs", 0)),
+            "calls_captured": int(counters["stats"].get("calls_captured", 0)),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
+def _graphjit_counts(forward: Any) -> dict[str, Any]:
+    st = forward.stats()
+    return {k: st[k] for k in ("calls", "graphs", "captures", "replays")} | {"fallbacks": dict(st["fallbacks"])}
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in after.items():
+        if isinstance(v, dict):
+            d = {r: n - before.get(k, {}).get(r, 0) for r, n in v.items()}
+            out[k] = {r: n for r, n in d.items() if n}
+        else:
+            out[k] = v - before.get(k, 0)
+    return out
+
+
+def probe(family: str, args: argparse.Namespace, device: str, handler: _Recompiles) -> dict[str, Any]:
+    torch._dynamo.reset()
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    model = hf_families.build(torch, transformers, family, layers=args.layers, hidden=args.hidden, device=device,
+                              dtype=dtype)
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, 256, (args.batch, args.prompt_len), generator=gen).to(device)
+    kwargs = {"max_new_tokens": args.new_tokens, "do_sample": False, "pad_token_id": 0}
+    graphjit.graph_generation(model, tracer="compile")
+    calls = []
+    with torch.no_grad():
+        for i in range(args.calls):
+            d0, g0, m0 = _dynamo_counts(), _graphjit_counts(model.forward), len(handler.messages)
+            t0 = time.perf_counter()
+            model.generate(prompt, **kwargs)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            calls.append({"call": i + 1, "seconds": round(seconds, 4),
+                          "dynamo": _delta(_dynamo_counts(), d0),
+                          "graphjit": _delta(_graphjit_counts(model.forward), g0),
+                          "recompile_reasons": handler.messages[m0:m0 + 12],
+                          "recompiles": len(handler.messages) - m0})
+            print(f"{family} call {i + 1}: {seconds:.3f} s, {calls[-1]['recompiles']} recompiles, "
+                  f"dynamo {calls[-1]['dynamo']}, graphjit {calls[-1]['graphjit']}", flush=True)
+            for m in calls[-1]["recompile_reasons"][:3]:
+                print("   ", m.replace("\n", " | ")[:300], flush=True)
+    return {"calls": calls, "report": model.forward.report()[:4000]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", default="t5,gemma3_text,llama")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--calls", type=int, default=5)
+    p.add_argument("--allow-cpu", action="store_true", help="tiny model on the CPU (a smoke run)")
+    p.add_argument("--out", default=".")
+    args = p.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        if not args.allow_cpu:
+            p.error("needs a CUDA GPU (or --allow-cpu for a smoke run)")
+        args.layers, args.hidden, args.new_tokens, args.calls = 1, 64, 4, 2
+    import torch._dynamo.guards as _guards  # makes its artifact loggers
+    del _guards
+
+    torch._logging.set_logs(recompiles=True)
+    handler = _Recompiles()
+    for name in list(logging.root.manager.loggerDict):
+        if name.endswith("__recompiles"):
+            logging.getLogger(name).addHandler(handler)
+    result: dict[str, Any] = {"probe": "compile_recompiles", "torch": torch.__version__,
+                              "transformers": transformers.__version__, "device": device, "args": vars(args),
+                              "families": {}}
+    for family in args.families.split(","):
+        try:
+            result["families"][family] = probe(family, args, device, handler)
+        except Exception as exc:  # one family's failure is its result
+            result["families"][family] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            print(f"{family}: {type(exc).__name__}: {exc}"[:500], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compile_recompiles.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
