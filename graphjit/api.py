@@ -410,10 +410,19 @@ class _State(Policy, KeyLifecycle, ValueVariants):
     def uncaptured(self, reason: str, detail: str, backend: Backend, sig: CallSignature, instance: Any,
                    args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call that cannot even try to capture (bucket overflow, several devices, max_graphs): its key says why,
-        and the call runs uncaptured under that reason."""
+        and the call runs uncaptured under that reason.  Under a tracer that compiles (any but ``eager``), the first
+        such call of a key runs the Python function itself: a signature seen once (a cache's counters before their
+        first update moves them to the GPU, one more new key past max_graphs) is not worth a compilation, which
+        would cost seconds and, once the signature settles, a recompilation; the key's later calls run the traced
+        function."""
         with self.lock:
             st = self.key_stats(backend, sig)
+            first = not st.uncaptured and not st.warmups and not st.replays
             st.state, st.reason, st.detail = State.FALLBACK, reason, detail
+        if first and self.invoker.tracer_name(backend) != "eager":
+            self.stats.fallback(reason)
+            st.uncaptured += 1
+            return self.invoker.run_untraced(backend, instance, args, kwargs)
         return self.fallback(reason, backend, instance, args, kwargs, sig.key)
 
     def new_warmup(self, key: tuple[Any, ...]) -> Warmup:
