@@ -257,25 +257,6 @@ class _State(Policy, KeyLifecycle, ValueVariants):
             self.hand_out(entry, result)
         return result
 
-    def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], key: tuple[Any, ...] | None = None, device: str | None = None) -> Any:
-        """Run the traced function uncaptured, counted under ``reason`` (and under the key, if any).  With a
-        ``device``, the key's first call checks the tracer (:meth:`KeyLifecycle.runner`)."""
-        self.stats.fallback(reason)
-        if key is not None:
-            st = self.stats.keys.get(key)
-            if st is not None:
-                st.uncaptured += 1
-        if env.settings().debug:
-            log.debug("graphjit %s: call %d runs uncaptured (%s)", self.name, self.stats.calls, reason)
-        if key is None or device is None:
-            return self.invoker.run(backend, instance, args, kwargs)
-        run, traced = self.runner(backend, device, key, instance, args, kwargs)
-        out = run()
-        if traced is not None:
-            self.check_tracer(backend, traced, out)
-        return out
-
     def key_stats(self, backend: Backend, sig: CallSignature, args: tuple[Any, ...] = (),
                   kwargs: dict[str, Any] | None = None, instance: Any = None) -> KeyStats:
         """The key's counters, made (with its label, from the call's arguments) at its first call."""
@@ -406,24 +387,6 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         if active is not None:
             active.note_uncaptured(reason)
         return _Ran(self.fallback(reason, backend, instance, args, kwargs, sig.key, device))
-
-    def uncaptured(self, reason: str, detail: str, backend: Backend, sig: CallSignature, instance: Any,
-                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A call that cannot even try to capture (bucket overflow, several devices, max_graphs): its key says why,
-        and the call runs uncaptured under that reason.  Under a tracer that compiles (any but ``eager``), the first
-        such call of a key runs the Python function itself: a signature seen once (a cache's counters before their
-        first update moves them to the GPU, one more new key past max_graphs) is not worth a compilation, which
-        would cost seconds and, once the signature settles, a recompilation; the key's later calls run the traced
-        function."""
-        with self.lock:
-            st = self.key_stats(backend, sig)
-            first = not st.uncaptured and not st.warmups and not st.replays
-            st.state, st.reason, st.detail = State.FALLBACK, reason, detail
-        if first and self.invoker.tracer_name(backend) != "eager":
-            self.stats.fallback(reason)
-            st.uncaptured += 1
-            return self.invoker.run_untraced(backend, instance, args, kwargs)
-        return self.fallback(reason, backend, instance, args, kwargs, sig.key)
 
     def new_warmup(self, key: tuple[Any, ...]) -> Warmup:
         """A warmup record for a new key; the oldest records go once there are many (keys that never

@@ -130,6 +130,8 @@ class StaticInputs:
                     self._load_padded(i, t, real)
                     continue
                 self.last_real.pop(i, None)
+            if t is statics[i]:  # the buffer itself (static_inputs(), or an adopted input checked above)
+                continue
             p = ptr(t)
             if p != ptrs[i]:
                 if p in adopted_ptrs:  # an adopted input passed again as this one: the graph reads a stale copy

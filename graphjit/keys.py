@@ -23,13 +23,13 @@ from __future__ import annotations
 import bisect
 import collections
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import backends
+from . import backends, bucket_spec
 from .backends.base import Backend
-from .errors import ConfigError, SignatureError
+from .errors import SignatureError
 from .tree import Attr, is_object, object_fields, rebuild
 
 _SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))
@@ -37,7 +37,7 @@ _TENSOR = ("<tensor>",)
 """A tensor's place in a plain call's layout (:meth:`Signer.sign_plain`); its metadata is the check's."""
 _MISSING = object()
 
-BucketsArg = Mapping[str | int, Mapping[int, Sequence[int]]] | None
+BucketsArg = bucket_spec.BucketsArg
 
 
 class Key(tuple):  # type: ignore[type-arg]
@@ -110,15 +110,6 @@ class CallSignature:
         return self._paths
 
 
-@dataclass(frozen=True)
-class _Bucket:
-    label: str
-    index: int | None  # an explicit positional index (self excluded)
-    position: int | None  # the parameter's position in the signature (self included)
-    name: str | None
-    dims: tuple[tuple[int, tuple[int, ...]], ...]
-
-
 class Signer:
     """Computes :class:`CallSignature` for calls of one function.
 
@@ -158,9 +149,10 @@ class Signer:
                     self._has_var_kw = True
                 else:
                     self._names.add(p.name)
-        self.buckets = self._parse_buckets(buckets, sig is not None)
+        self.buckets = bucket_spec.parse(fn_name, buckets, self._positional, self._names, self._has_var_pos,
+                                         self._has_var_kw, sig is not None)
         # Positions of bucketed arguments in a plain call and in a method call (self not in args).
-        self._bucket_pos: dict[bool, dict[int, _Bucket]] = {False: {}, True: {}}
+        self._bucket_pos: dict[bool, dict[int, bucket_spec.Bucket]] = {False: {}, True: {}}
         for b in self.buckets:
             if b.index is not None:
                 self._bucket_pos[False][b.index] = self._bucket_pos[True][b.index] = b
@@ -169,7 +161,7 @@ class Signer:
                 if b.position > 0:
                     self._bucket_pos[True][b.position - 1] = b
         # By keyword: a named bucket, or an index bucket whose parameter is passed by name.
-        self._bucket_by_name: dict[bool, dict[str, _Bucket]] = {False: {}, True: {}}
+        self._bucket_by_name: dict[bool, dict[str, bucket_spec.Bucket]] = {False: {}, True: {}}
         params = self._positional
         for b in self.buckets:
             if b.name is not None:
@@ -179,57 +171,6 @@ class Signer:
                     self._bucket_by_name[False][params[b.index]] = b
                 if b.index + 1 < len(params):
                     self._bucket_by_name[True][params[b.index + 1]] = b
-
-    # -- decoration-time validation -------------------------------------------------------
-    def _parse_buckets(self, buckets: BucketsArg, known: bool) -> tuple[_Bucket, ...]:
-        if buckets is None:
-            return ()
-        if not isinstance(buckets, Mapping):
-            raise ConfigError(f"{self.fn_name}: buckets must be a dict {{argument: {{dim: [sizes]}}}}, "
-                              f"got {type(buckets).__name__}")
-        params = self._positional
-        out = []
-        for target, dims in buckets.items():
-            index: int | None = None
-            position: int | None = None
-            name: str | None = None
-            if isinstance(target, bool) or not isinstance(target, (str, int)):
-                raise ConfigError(f"{self.fn_name}: buckets key {target!r} must be a parameter name or a "
-                                  "positional index")
-            if isinstance(target, int):
-                if target < 0:
-                    raise ConfigError(f"{self.fn_name}: buckets key {target} must be a positional index >= 0")
-                if known and not self._has_var_pos and target >= len(params):
-                    raise ConfigError(f"{self.fn_name}: buckets names positional argument {target}, but the "
-                                      f"function takes {len(params)} positional arguments ({', '.join(params)})")
-                index = target
-            else:
-                if known and target not in self._names and not self._has_var_kw:
-                    raise ConfigError(f"{self.fn_name}: buckets names argument {target!r}, which the function "
-                                      f"does not have; its parameters are: {', '.join(sorted(self._names))}")
-                name = target
-                position = params.index(target) if target in params else None
-            if not isinstance(dims, Mapping) or not dims:
-                raise ConfigError(f"{self.fn_name}: buckets[{target!r}] must be a non-empty dict "
-                                  f"{{dim: [sizes]}}, got {dims!r}")
-            parsed = []
-            for dim, sizes in dims.items():
-                if isinstance(dim, bool) or not isinstance(dim, int):
-                    raise ConfigError(f"{self.fn_name}: buckets[{target!r}] dim {dim!r} must be an integer (negative "
-                                      "dims count from the end)")
-                if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or not sizes:
-                    raise ConfigError(f"{self.fn_name}: buckets[{target!r}][{dim}] must be a non-empty list "
-                                      f"of sizes, got {sizes!r}")
-                if any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in sizes):
-                    raise ConfigError(f"{self.fn_name}: buckets[{target!r}][{dim}] sizes must be positive "
-                                      f"integers, got {list(sizes)!r}")
-                if len(set(sizes)) != len(sizes):
-                    twice = sorted({n for n in sizes if list(sizes).count(n) > 1})
-                    raise ConfigError(f"{self.fn_name}: buckets[{target!r}][{dim}] lists {twice} more than once")
-                parsed.append((dim, tuple(sorted(sizes))))  # any order: a call pads up to the next larger size
-            label = repr(target)
-            out.append(_Bucket(label, index, position, name, tuple(sorted(parsed))))
-        return tuple(out)
 
     def bucket_targets(self) -> list[str]:
         """The parameter names ``buckets`` pads (an index names the parameter at that position)."""
@@ -398,7 +339,7 @@ class Signer:
         return CallSignature(Key(parts), tensors, state.backend, tuple(pads), overflow, labels, tuple(bucketed),
                              self)
 
-    def _bucketed(self, a: Any, bucket: _Bucket, label: tuple[Any, ...], tensors: list[Any],
+    def _bucketed(self, a: Any, bucket: bucket_spec.Bucket, label: tuple[Any, ...], tensors: list[Any],
                   labels: list[tuple[Any, ...]], pads: list[Pad], bucketed: list[tuple[int, int, int]],
                   state: _WalkState) -> tuple[Any, str | None]:
         backend = backends.for_type(type(a))

@@ -16,9 +16,8 @@ import hashlib
 import inspect
 import logging
 import os
-import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,26 +26,12 @@ import paddle
 
 from ...errors import BackendError, CaptureError, UnrecoverableCaptureError
 from ...feeds import StepContext
-from ..base import Backend, GraphHandle, Segments, in_island, segments_open
+from ..base import Backend, GraphHandle, Segments, segments_open
+from . import syncs
 
 log = logging.getLogger("graphjit")
 
-_SYNC_HINT = (
-    "the function synchronises the CPU with the GPU (for example .numpy(), .item(), .tolist(), "
-    "float(tensor), print(tensor), or Python control flow on a tensor value); a CUDA graph cannot "
-    "contain that. Move the sync out of the graphed function or keep the value a tensor."
-)
-
-# Tensor methods that copy device memory to the host and so synchronise; patched (for the calling
-# thread only) during the last warmup so that a sync is reported before any capture begins.
-_SYNC_METHODS = ("numpy", "item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "__array__",
-                 "__str__", "__repr__", "__format__")
-
 _TRACE_LOCK = threading.RLock()  # SOT and AST translation are not thread-safe: one traced call at a time
-
-# Module-level functions that synchronise (or copy from the host synchronously) when called on the
-# GPU; patched like _SYNC_METHODS.  A capture they invalidate cannot be recovered in Paddle 2.6.
-_SYNC_FUNCTIONS = (("paddle", "to_tensor"), ("paddle.device", "synchronize"), ("paddle.device.cuda", "synchronize"))
 
 # run_program (the op that executes to_static programs) refuses to run inside a capture unless these
 # are set; Paddle raises a clear error for each otherwise.
@@ -500,55 +485,10 @@ class PaddleBackend(Backend):
                      ", ".join(f"{k}={int(v)}" for k, v in wanted.items()))
         self._flags_set = True
 
-    @contextlib.contextmanager
-    def sync_watch(self, hits: list[str]) -> Iterator[None]:
-        """Record (never raise) every call, on this thread, of a Tensor method or function that copies
-        device memory to the host (``_SYNC_METHODS``, ``_SYNC_FUNCTIONS``) inside the block, with the
-        Python line that made it.  The methods are patched on ``paddle.Tensor`` for the block only."""
-        me = threading.get_ident()
-        saved: dict[str, Any] = {}
-
-        def where() -> str:
-            frame = sys._getframe(2)
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-        def guard(name: str, original: Any) -> Any:
-            def patched(self_: Any, *args: Any, **kwargs: Any) -> Any:
-                if threading.get_ident() == me and not in_island() and self_.place.is_gpu_place():
-                    hits.append(f"Tensor.{name} on a GPU tensor at {where()}")
-                return original(self_, *args, **kwargs)
-            return patched
-
-        def guard_fn(name: str, original: Any) -> Any:
-            def patched(*args: Any, **kwargs: Any) -> Any:
-                if threading.get_ident() == me and not in_island():
-                    hits.append(f"{name} at {where()}")
-                return original(*args, **kwargs)
-            return patched
-
-        for name in _SYNC_METHODS:
-            original = getattr(paddle.Tensor, name, None)
-            if original is None:
-                continue
-            try:
-                setattr(paddle.Tensor, name, guard(name, original))
-                saved[name] = original
-            except (TypeError, AttributeError):
-                continue
-        modules: list[tuple[Any, str, Any]] = []
-        for module_name, attr in _SYNC_FUNCTIONS:
-            module = sys.modules.get(module_name)
-            original = getattr(module, attr, None) if module is not None else None
-            if original is not None:
-                setattr(module, attr, guard_fn(f"{module_name}.{attr}", original))
-                modules.append((module, attr, original))
-        try:
-            yield
-        finally:
-            for name, original in saved.items():
-                setattr(paddle.Tensor, name, original)
-            for module, attr, original in modules:
-                setattr(module, attr, original)
+    def sync_watch(self, hits: list[str]) -> contextlib.AbstractContextManager[None]:
+        """Record (never raise) every call, on this thread, of a Tensor method or function that copies device memory
+        to the host inside the block, with the Python line that made it (:func:`.syncs.watch`)."""
+        return syncs.watch(hits)
 
     def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
                       debug: bool) -> tuple[GraphHandle, Any]:
@@ -571,7 +511,7 @@ class PaddleBackend(Backend):
             if isinstance(exc, CaptureError):
                 raise
             raise CaptureError(
-                f"capture failed: {first[:300]}. Usual causes: {_SYNC_HINT}"
+                f"capture failed: {first[:300]}. Usual causes: {syncs.SYNC_HINT}"
                 + ("" if ended else " (ending the capture failed too)"),
                 reason="capture failed: " + first[:120]) from exc
         try:
@@ -580,7 +520,7 @@ class PaddleBackend(Backend):
             text = str(exc).strip().splitlines()
             first = text[-1] if text else type(exc).__name__
             self._check_not_capturing(first)
-            raise CaptureError(f"capture failed at capture_end: {first[:300]}. Usual causes: {_SYNC_HINT}",
+            raise CaptureError(f"capture failed at capture_end: {first[:300]}. Usual causes: {syncs.SYNC_HINT}",
                                reason="capture failed: " + first[:120]) from exc
         return last, out
 
@@ -593,7 +533,7 @@ class PaddleBackend(Backend):
             raise UnrecoverableCaptureError(
                 f"paddle {paddle.__version__} cannot recover from this failed CUDA graph capture: it stays in "
                 f"capture mode and every later GPU call in this process fails (cause: {cause[:300]}). "
-                f"Fix the function ({_SYNC_HINT}) and restart the process; exit with os._exit() to avoid a "
+                f"Fix the function ({syncs.SYNC_HINT}) and restart the process; exit with os._exit() to avoid a "
                 "crash at interpreter exit.")
 
     def synchronize(self, device: str) -> None:
