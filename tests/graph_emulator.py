@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten
 
 import graphjit.backends as registry
 from graphjit.backends.base import GraphHandle, Segments, in_island, segments_open
-from graphjit.backends.torch.graphs import TorchBackend
+from graphjit.backends.torch.graphs import TorchBackend, autocast_cache_off
 from graphjit.errors import CaptureError
 
 aten = torch.ops.aten
@@ -160,7 +160,7 @@ class EmulatedTorchBackend(TorchBackend):
         segments = _Segments()
         segments.resume()
         try:
-            with segments_open(segments):
+            with autocast_cache_off(), segments_open(segments):  # as the real capture
                 out = fn()
         except RuntimeError as exc:
             segments.end()

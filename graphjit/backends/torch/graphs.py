@@ -441,17 +441,12 @@ class TorchBackend(Backend):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         segments = _TorchSegments(handle, debug, before, index)
-        cache = torch.is_autocast_cache_enabled()
-        # No autocast cast cache in the capture: a graph that read a cached cast would read it after the
-        # user's autocast block freed it; the casts are captured instead.
-        torch.set_autocast_cache_enabled(False)
         try:
-            with torch.cuda.stream(stream), segments_open(segments):
+            with autocast_cache_off(), torch.cuda.stream(stream), segments_open(segments):
                 segments.begin()
                 out = fn()
                 last = segments.cut()
         except BaseException as exc:
-            torch.set_autocast_cache_enabled(cache)
             recover(segments.graph, segments.open, stream, handle, index)
             text = str(exc)
             if isinstance(exc, RuntimeError) and ("capturing" in text or "capture" in text.lower()):
@@ -461,7 +456,6 @@ class TorchBackend(Backend):
                     reason="capture failed: " + (text.splitlines()[0][:120] if text else type(exc).__name__),
                 ) from exc
             raise
-        torch.set_autocast_cache_enabled(cache)
         torch.cuda.current_stream().wait_stream(stream)
         return last, out
 
@@ -482,6 +476,24 @@ _matmul_precision: Callable[[], str] = getattr(torch._C, "_get_float32_matmul_pr
                                                torch.get_float32_matmul_precision)
 _deterministic: Callable[[], bool] = getattr(torch._C, "_get_deterministic_algorithms",
                                              torch.are_deterministic_algorithms_enabled)
+
+
+@contextlib.contextmanager
+def autocast_cache_off() -> Iterator[None]:
+    """Inside the block, autocast keeps no cache of its casts, where autocast is on: a graph that read a cached cast
+    would read it after the user's autocast block freed it, so the casts are captured instead.  Without autocast
+    there is nothing to cache and the flag stays as it is: it is part of the global state Dynamo's guards check,
+    and a capture that flipped it made ``tracer="compile"`` recompile inside the capture (a failed capture, or
+    seconds of compiling a program that only the capture ran).  The flag is put back when the block ends."""
+    if not _any_autocast():
+        yield
+        return
+    cache = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(cache)
 
 
 def _autocast_modes() -> tuple[tuple[str, bool, Any], ...]:
