@@ -36,6 +36,7 @@ import inspect
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from . import prompt_buckets
@@ -102,12 +103,15 @@ class _Generation:
             args, kwargs, pad = self.bucketing.pad(args, kwargs, config)
         taken: list[Any] = []
         outer = getattr(self.local, "taken", None)
+        outer_first = getattr(self.local, "first", False)
         self.local.taken = taken
+        self.local.first = True  # the call's first forward is its prefill (take_first)
         out: Any = None
         try:
             out = self.generate(*args, **kwargs)
         finally:
             self.local.taken = outer
+            self.local.first = outer_first
             returned = getattr(out, "past_key_values", None)
             if returned is None:
                 returned = getattr(out, "cache", None)
@@ -118,6 +122,15 @@ class _Generation:
                 for cache in taken:
                     self.busy.discard(id(cache))
         return prompt_buckets.strip(out, pad) if pad else out
+
+    def take_first(self) -> bool:
+        """True for the first forward call of this thread's running ``generate()`` (its prefill, as transformers
+        counts it: an encoder-decoder's first decoder step too, whose cross-attention cache is still empty), False
+        for every later one and outside ``generate()``."""
+        first = getattr(self.local, "first", False)
+        if first:
+            self.local.first = False
+        return bool(first)
 
     def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         """What the cache's shapes depend on, or None where the call cannot be read."""
@@ -193,9 +206,11 @@ class _Phases:
     """``model.forward`` after ``graph_generation(model, tracer="compile")``: the decode step (one new token per
     sequence) through ``graphed(forward, tracer="compile")``, every other call (a prefill, assisted decoding's
     multi-token check) through ``graphed(forward, tracer="eager")``, as transformers' own compiled ``generate()``
-    compiles the decode step only.  Compiling the prefill would cost seconds for every new prompt length, and once
-    more when the cache's counters move to the GPU after its first update; its graph (once a length repeats) holds
-    the same launches either way.
+    compiles the decode step only.  The first forward call of each ``generate()`` is its prefill whatever its length,
+    as transformers counts it: an encoder-decoder's first decoder step (one token, its cross-attention cache still
+    to fill) would otherwise be compiled once more in every later ``generate()``.  Compiling the prefill would cost
+    seconds for every new prompt length, and once more when the cache's counters move to the GPU after its first
+    update; its graph (once a length repeats) holds the same launches either way.
 
     :meth:`stats`, :meth:`report` and :meth:`reset` cover both (``stats()["phases"]`` keeps them apart); anything
     else (``static_inputs``, ``graphjit_options``) is the decode step's."""
@@ -203,12 +218,14 @@ class _Phases:
     def __init__(self, decode: Any, prefill: Any) -> None:
         self.decode = decode
         self.prefill = prefill
+        self.first_call: Callable[[], bool] | None = None  # _Generation.take_first, once graph_generation set it up
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return (self.decode if _one_token(args, kwargs) else self.prefill)(*args, **kwargs)
+        first = self.first_call is not None and self.first_call()
+        return (self.prefill if first or not _one_token(args, kwargs) else self.decode)(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("decode", "prefill"):  # not set yet (copy.copy makes the object without __init__)
+        if name in ("decode", "prefill", "first_call"):  # not set yet (copy.copy makes the object without __init__)
             raise AttributeError(name)
         return getattr(self.decode, name)
 
@@ -271,6 +288,8 @@ def graph_generation(model: Any, *, prefill_buckets: Any = None, **options: Any)
     prepare = getattr(model, "_prepare_static_cache", None)
     around = _Generation(model, model.generate, prepare if callable(prepare) else None,
                          None if buckets is None else prompt_buckets.Bucketing(model, buckets))
+    if isinstance(forward, _Phases):
+        forward.first_call = around.take_first
     model.forward = forward
     # bound methods: graphjit's walks do not enter them (the caches are reached as the forward's arguments)
     model.generate = around.generate_call

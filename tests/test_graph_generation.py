@@ -312,3 +312,40 @@ def test_bad_prefill_buckets_are_refused_naming_the_argument(bad):
     with pytest.raises(graphjit.ConfigError, match="prefill_buckets"):
         graphjit.graph_generation(model, prefill_buckets=bad)
     assert not getattr(model, "_graphjit_generation", False)  # nothing changed
+
+
+def test_the_compile_tracer_leaves_an_encoder_decoders_first_decoder_step_to_the_prefill(monkeypatch):
+    """T5 under ``tracer="compile"``: the first forward call of each generate() (its first decoder step: one token,
+    the cross-attention cache still to fill) goes to the prefill phase, as transformers counts its prefill, so the
+    compiler never sees that step (on the H200 it recompiled for it in every later generate(), seconds each)."""
+    from graph_emulator import EmulatedTorchBackend
+
+    compiled_calls = []
+
+    def trace(self, fn, tracer):
+        if tracer != "compile":
+            return fn
+
+        def compiled(*args, **kwargs):
+            compiled_calls.append(1)
+            return fn(*args, **kwargs)
+
+        return compiled
+
+    monkeypatch.setattr(EmulatedTorchBackend, "trace", trace)
+    monkeypatch.setattr(EmulatedTorchBackend, "tracer_guard", lambda self, target, tracer, f_locals: None)
+    model = _t5()
+    prompt = _prompt(2)
+    with torch.no_grad():
+        want = model.generate(prompt, cache_implementation="static", **GREEDY)
+    with emulated_torch(), torch.no_grad():
+        graphjit.graph_generation(model, tracer="compile")
+        for _ in range(3):
+            assert torch.equal(model.generate(prompt, **GREEDY), want)
+    st = model.forward.stats()
+    decode, prefill = st["phases"]["decode"], st["phases"]["prefill"]
+    assert prefill["calls"] == 3, prefill  # one per generate(): its first decoder step
+    assert decode["calls"] == 3 * (want.shape[1] - 2), decode  # the decoder start token and the first step excluded
+    assert len(compiled_calls) <= decode["calls"] and decode["graphs"] == 1
+    model.forward(input_ids=prompt, decoder_input_ids=prompt[:, :1])  # outside generate(): by its length alone
+    assert model.forward.stats()["phases"]["decode"]["calls"] == decode["calls"] + 1
