@@ -48,7 +48,7 @@ from .history import SIGNATURE_CHANGES, KeyHistory
 from .invoke import Invoker
 from .keys import BucketsArg, CallSignature, Signer, rebuild_call
 from .labels import changed_argument, key_order, label_parts
-from .leaves import leaves
+from .leaves import changes, leaves, name, shown
 from .lifecycle import KeyLifecycle
 from .options import Options, check_callable, make_options
 from .policy import Policy
@@ -281,6 +281,33 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                 if env.settings().debug:
                     log.debug("graphjit %s: new key [%s]", self.name, st.label)
         return st
+
+    def own_key_change(self, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> tuple[str, str] | None:
+        """After a warmup run: what the run changed of its own signature (the path, and the path with the value
+        before and after), or None where signing the same arguments again gives the same key.  A call that changes
+        what its key is made of (a Python counter inside a cache it was passed, a flag it sets) cannot be replayed: a
+        replay runs no Python, so the next call would find the value as the capture left it and replay the same
+        graph again."""
+        try:
+            after = (self.signer.sign(instance, args, kwargs) if self.dynamic is None
+                     else self.sign_dynamic(self.dynamic, instance, args, kwargs))
+        except GraphjitError as exc:
+            return "its arguments", f"its arguments, which can no longer be signed ({exc})"
+        if after.key == (sig.base if sig.base is not None else sig.key):
+            return None
+        record = self.history.records.get(sig.key)
+        backend = sig.backend if sig.backend is not None else after.backend
+        if record is not None and backend is not None:
+            method = instance is not None
+            now = leaves(backend, after, instance, instance if method else self.signer.owner, args, kwargs)
+            found = changes(record.leaves, now)
+            if found:
+                c = found[0]
+                path = name(self.signer, c.label)
+                return path, f"{path} ({shown(c.old, 80)} before the call, {shown(c.new, 80)} after)"
+        path = changed_argument(self.signer, instance is not None, sig.key, after.key) or "its arguments"
+        return path, path
 
     def note_previous(self, previous: tuple[Any, ...] | None, sig: CallSignature) -> None:
         """A key still warming up whose call was followed by this call, of another key, says why it has not

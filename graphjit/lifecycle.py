@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("graphjit")
 
+CHANGES_ITS_KEY = "changes its own signature"
+"""The reason of a key whose warmup run changed a value its key is made of (:meth:`_State.own_key_change`)."""
+
 FUNCTION_WIDE = frozenset(("rebinds a tensor held by an object", "adds tensors to an object on every call"))
 """Reasons that hold for every key of the function once seen (a cache that grows makes a new key per call)."""
 
@@ -67,6 +70,10 @@ class KeyLifecycle(abc.ABC):
 
     @abc.abstractmethod
     def guard_sources(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sources: ...
+
+    @abc.abstractmethod
+    def own_key_change(self, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> tuple[str, str] | None: ...
 
     @abc.abstractmethod
     def strict(self) -> bool: ...
@@ -140,6 +147,13 @@ class KeyLifecycle(abc.ABC):
             self.check_tracer(backend, traced, out)
         warm.sync_watched = warm.sync_watched or sync_watch
         warm.note(obs, backend, out, sig.tensors)
+        if warm.blocked is None:
+            changed = self.own_key_change(sig, instance, args, kwargs)
+            if changed is not None:
+                path, what = changed
+                warm.blocked = Blocked(f"{CHANGES_ITS_KEY}: {path}", f"the call changes {what}, which is part of its "
+                                       "own key: a replay runs no Python, so the next call would find it as the "
+                                       "capture left it. A value that changes on every call belongs in a tensor")
         st.warmups += 1
         if env.settings().debug:
             log.debug("graphjit %s [%s]: warmup %d/%d wrote %s%s", self.name, st.label, warm.calls,

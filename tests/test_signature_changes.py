@@ -38,18 +38,32 @@ def _counting_step():
     return step
 
 
+def _writing_step():
+    def step(x, state):  # reads the counter; the caller advances it
+        state.buf[state.n] = x.sum()
+        return state.buf * 2
+
+    return step
+
+
+def _call_and_advance(g, x, state):
+    out = g(x, state)
+    state.n += 1
+    return out
+
+
 def test_a_key_whose_signature_changes_every_call_says_where_within_warmup_plus_one_calls(emu):
-    g = graphjit.graphed(_counting_step(), warmup=2)
+    g = graphjit.graphed(_writing_step(), warmup=2)
     state = Counter()
     x = torch.ones(3)
-    g(x, state)
-    g(x, state)  # 2 calls <= warmup + 1: the first key already says why
+    _call_and_advance(g, x, state)
+    _call_and_advance(g, x, state)  # 2 calls <= warmup + 1: the first key already says why
     first = g.stats()["keys"][0]
     reason = f"{SIGNATURE_CHANGES}: argument 'state'.n"
     assert first["state"] == "warmup" and first["reason"] == reason, first
     assert "0 in this key's call, 1 in the next" in first["detail"], first["detail"]
     for _ in range(4):
-        g(x, state)
+        _call_and_advance(g, x, state)
     s = g.stats()
     assert s["graphs"] == 0 and s["fallbacks"] == {}, s  # warmup calls, each its one eager call
     assert [k["reason"] for k in s["keys"]] == [reason] * 5 + [None]  # the last has no successor yet
@@ -59,6 +73,31 @@ def test_a_key_whose_signature_changes_every_call_says_where_within_warmup_plus_
     labels = [k["key"] for k in s["keys"]]
     assert len(set(labels)) == 6 and all(f"state.n={i}" in label for i, label in enumerate(labels)), labels
     torch.testing.assert_close(state.buf, torch.tensor([3.0] * 6 + [0.0] * 2))  # and every call ran once
+
+
+def test_a_call_that_advances_a_value_of_its_own_key_is_never_replayed(emu):
+    """A step that advances a Python counter inside an object it is passed (as transformers' sliding-window cache
+    layers do) changes its own key: a replay would leave the counter where the capture left it and the next call
+    would replay the same graph again.  Loops that reset the counter (each generate() call) repeat every key, yet
+    none is captured: each runs uncaptured, named, and the loops end as eager's do."""
+
+    def run(fn):
+        state, outs = Counter(), []
+        for _loop in range(4):
+            state.buf.zero_()
+            state.n = 0
+            for _ in range(4):
+                outs.append(fn(torch.ones(3), state).clone())
+        return outs, state
+
+    want, eager_state = run(_counting_step())
+    g = graphjit.graphed(_counting_step(), warmup=1)
+    got, state = run(g)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and state.n == eager_state.n == 4
+    s = g.stats()
+    reason = "changes its own signature: argument 'state'.n"
+    assert s["graphs"] == 0 and s["fallbacks"] == {reason: 16}, s
+    assert "(0 before the call, 1 after)" in s["keys"][0]["detail"], s["keys"][0]
 
 
 def test_the_reason_names_a_tensors_metadata_and_goes_away_when_the_key_comes_back(emu):
