@@ -72,6 +72,36 @@ def test_the_compile_tracer_compiles_the_decode_step_once_and_never_the_prefill(
     assert s["phases"]["prefill"]["calls"] == 3, model.forward.report()
 
 
+@pytest.mark.parametrize("family", ["t5", "gemma3_text"])
+def test_the_compile_tracer_compiles_once_and_decodes_right_where_steps_change_their_own_key(family):
+    """``tracer="compile"`` on the two families whose steps advance Python state: T5's first decoder step (it sets
+    the cross-attention cache's ``is_updated``) goes to the prefill phase and nothing is compiled after the first
+    ``generate()`` (its second took 9-10 s on an H200); Gemma 3's sliding layers advance a Python int on every step,
+    so no decode key is captured (once captured, its replays froze the int: a device-side assert on an H200), and
+    four calls give eager's tokens."""
+    model = hf_families.build(torch, transformers, family, layers=4, hidden=256, device="cuda")
+    prompt = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(1)).cuda()
+    with torch.no_grad():
+        want = model.generate(prompt, cache_implementation="static", disable_compile=True, **GREEDY)
+    graphjit.graph_generation(model, tracer="compile")
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    with torch.no_grad():
+        assert torch.equal(model.generate(prompt, **GREEDY), want), family
+        compiled = dict(counters["stats"])
+        for _ in range(3):
+            assert torch.equal(model.generate(prompt, **GREEDY), want), family
+    fn = model.forward
+    decode = fn.stats()["phases"]["decode"]
+    if family == "t5":
+        assert dict(counters["stats"]) == compiled, (compiled, dict(counters["stats"]))
+        assert decode["graphs"] == 1 and decode["replays"] >= 3 * (16 - 1), fn.report()
+    else:
+        assert decode["graphs"] == 0, fn.report()
+        assert "changes its own signature" in fn.report() and "cumulative_length_int" in fn.report(), fn.report()
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 def test_prompts_in_buckets_graph_the_prefill_and_give_eagers_tokens(family):
     """``prefill_buckets``: prompts of 5-7 tokens padded on the left to 8; greedy tokens equal eager's for each
