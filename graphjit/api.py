@@ -300,6 +300,8 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         backend = sig.backend if sig.backend is not None else after.backend
         if record is not None and backend is not None:
             method = instance is not None
+            if self.dynamic is not None:  # as key_stats records them: the dynamic arguments left out
+                args, kwargs, _values = self.dynamic.split(method, args, kwargs)
             now = leaves(backend, after, instance, instance if method else self.signer.owner, args, kwargs)
             found = changes(record.leaves, now)
             if found:

@@ -254,15 +254,14 @@ class Signer:
         meta = backend.meta_key
         it = iter(tensors)
         key = tuple(meta(next(it)) if p is _TENSOR else p for p in parts)
-        if key == last_key:
-            sig = CallSignature(last_key, tensors, backend, (), None, last_labels, (), self)
-            if check is not None:
-                return sig  # the same key, tensors the check refuses (other strides): it stays the first call's
-        else:
+        if key != last_key:  # another key: checked in one call once it repeats (keys in turn never build a check)
             sig = CallSignature(Key(key), tensors, backend, (), None,
                                 [(method, i) for i, a in enumerate(args) if type(a) in types], (), self)
-        self._plain = (backend, types, sig.key, sig.labels, method, probe, parts, backend.meta_check(tensors))
-        return sig
+            self._plain = (backend, types, sig.key, sig.labels, method, probe, None, None)
+            return sig
+        # the same key again, without a check or with tensors the last one refused (a Parameter, then a tensor)
+        self._plain = (backend, types, last_key, last_labels, method, probe, parts, backend.meta_check(tensors))
+        return CallSignature(last_key, tensors, backend, (), None, last_labels, (), self)
 
     def _remember_plain(self, instance: Any, args: tuple[Any, ...], sig: CallSignature) -> None:
         """After a walk: where the call was plain (see :meth:`sign`), the next such call may skip the walk."""

@@ -120,11 +120,13 @@ class KeyLifecycle(abc.ABC):
         function."""
         with self.lock:
             st = self.key_stats(backend, sig)
-            first = not st.uncaptured and not st.warmups and not st.replays
+            first = not st.uncaptured and not st.warmups and not st.replays and \
+                self.invoker.tracer_name(backend) != "eager"
             st.state, st.reason, st.detail = State.FALLBACK, reason, detail
-        if first and self.invoker.tracer_name(backend) != "eager":
-            self.stats.fallback(reason)
-            st.uncaptured += 1
+            if first:
+                self.stats.fallback(reason)
+                st.uncaptured += 1
+        if first:
             return self.invoker.run_untraced(backend, instance, args, kwargs)
         return self.fallback(reason, backend, instance, args, kwargs, sig.key)
 

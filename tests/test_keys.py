@@ -327,3 +327,36 @@ def test_a_repeated_plain_call_is_checked_in_one_call_and_any_change_of_its_key_
     s.sign(None, (x, y), {})
     with torch.no_grad():
         assert s.sign(None, (x, y), {}).key != first
+
+
+@pytest.mark.torch
+def test_keys_in_turn_build_no_check_and_a_refused_check_is_made_again(monkeypatch):
+    """The one-call check is made when a key repeats: keys called in turn (two batch sizes) never pay for one; a
+    check the same key's tensors refuse (a Parameter first, plain tensors after) is made again for them."""
+    from graphjit import backends
+
+    backend = backends.get("torch")
+    made = []
+    real = type(backend).meta_check
+    monkeypatch.setattr(type(backend), "meta_check", lambda self, ts: made.append(len(ts)) or real(self, ts))
+
+    def f(a):
+        return a
+
+    s = Signer(f, None, "auto", "f")
+    a, b = torch.zeros(2, 3), torch.zeros(4, 3)
+    for _ in range(4):
+        s.sign(None, (a,), {})
+        s.sign(None, (b,), {})
+    assert made == []
+    s.sign(None, (a,), {})
+    s.sign(None, (a,), {})
+    assert made == [1]  # a repeat
+    s.sign(None, (a,), {})
+    assert made == [1]  # checked by it
+    p = torch.nn.Parameter(torch.zeros(2, 3), requires_grad=False)
+    t = Signer(f, None, "auto", "f")
+    t.sign(None, (p,), {})
+    t.sign(None, (p,), {})  # walked (a Parameter is not a plain call's type), the check made for it
+    key = t.sign(None, (a,), {}).key
+    assert t.sign(None, (a,), {}).key is key and t._plain[7] is not None and t._plain[7](a)

@@ -264,3 +264,25 @@ def test_under_a_compiling_tracer_a_keys_first_uncaptured_call_runs_the_python_f
     for n in (1, 1, 2):
         eager(torch.ones(n), torch.ones(1))
     assert eager.stats()["fallbacks"] == {"max_graphs reached": 1}
+
+
+def test_the_value_a_call_changes_is_named_past_its_dynamic_arguments(emu):
+    """A ``dynamic=`` argument before the value that moved is not what the reason names (from a review)."""
+
+    class Cache:
+        def __init__(self) -> None:
+            self.n = 0
+            self.buf = torch.zeros(3)
+
+    def body(step, cache, x):
+        cache.n += 1
+        return x * step
+
+    f = graphjit.graphed(body, dynamic=("step",))
+    c = Cache()
+    for i in range(3):
+        c.n = 0
+        assert torch.equal(f(torch.tensor(float(i)), c, torch.ones(3)), torch.full((3,), float(i)))
+    (key,) = f.stats()["keys"]
+    assert key["reason"] == "changes its own signature: argument 'cache'.n", key
+    assert "(0 before the call, 1 after)" in key["detail"], key

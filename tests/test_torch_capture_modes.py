@@ -52,3 +52,38 @@ def test_a_compiled_function_is_not_recompiled_by_a_capture_without_autocast():
     finally:
         torch.set_autocast_cache_enabled(True)
     assert counters["stats"]["unique_graphs"] == compiled + 1
+
+
+def test_inside_an_autocast_block_switched_off_the_capture_keeps_no_cast_cache():
+    """The outer block's casts stay cached while an inner ``enabled=False`` block runs, and a block the function
+    enters takes them: the cache is off for the capture there too."""
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autocast("cpu", enabled=False):
+        with autocast_cache_off():
+            assert not torch.is_autocast_cache_enabled()
+        assert torch.is_autocast_cache_enabled()
+
+
+def test_a_graph_captured_inside_a_switched_off_block_reads_no_cast_of_the_callers(emu):
+    """End to end on the CPU stand-in (from a review): the caller's autocast cached W's bf16 cast, then switched
+    autocast off around the graphed calls; the function enters autocast itself.  A capture that read the cached
+    cast kept reading it after W changed (an optimizer step after the caller's block): 3.4 off eager."""
+    import graphjit
+
+    weight = torch.nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
+
+    def body(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return torch.mm(x, weight).float()
+
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        f = graphjit.graphed(body)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.mm(x, weight)  # the caller's own autocast: the weight's bf16 cast cached
+            with torch.autocast("cpu", enabled=False):
+                for _ in range(4):
+                    f(x)
+        weight.mul_(2.0)
+        got = f(x)
+        assert f.stats()["replays"] >= 2
+        assert torch.equal(got, body(x))

@@ -480,12 +480,17 @@ _deterministic: Callable[[], bool] = getattr(torch._C, "_get_deterministic_algor
 
 @contextlib.contextmanager
 def autocast_cache_off() -> Iterator[None]:
-    """Inside the block, autocast keeps no cache of its casts, where autocast is on: a graph that read a cached cast
-    would read it after the user's autocast block freed it, so the casts are captured instead.  Without autocast
-    there is nothing to cache and the flag stays as it is: it is part of the global state Dynamo's guards check,
-    and a capture that flipped it made ``tracer="compile"`` recompile inside the capture (a failed capture, or
-    seconds of compiling a program that only the capture ran).  The flag is put back when the block ends."""
-    if not _any_autocast():
+    """Inside the block, autocast keeps no cache of its casts, where autocast is on or an autocast block is open: a
+    graph that read a cached cast would read it after the user's autocast block freed it, so the casts are captured
+    instead.  Outside every autocast block there is nothing cached and the flag stays as it is: it is part of the
+    global state Dynamo's guards check, and a capture that flipped it made ``tracer="compile"`` recompile inside the
+    capture (a failed capture, or seconds of compiling a program that only the capture ran).  The flag is put back
+    when the block ends."""
+    # Inside an autocast block switched off (``enabled=False``) the cache still holds the outer block's casts, and a
+    # block the function enters takes them: the nesting level says so (1 after this increment: no block at all).
+    inside_a_block = torch.autocast_increment_nesting() > 1
+    torch.autocast_decrement_nesting()
+    if not _any_autocast() and not inside_a_block:
         yield
         return
     cache = torch.is_autocast_cache_enabled()
