@@ -215,6 +215,29 @@ class DecodeRunner:
     def host_graphed_calls(self, tiny: Callable[..., Any], inputs: list[Any], calls: dict[str, Callable[..., Any]],
                            keep: list[Any], out: dict[str, Any]) -> None:
         """Add the graphed calls of :meth:`host_cost` (graphed functions go into ``keep``)."""
+    def add_graphed_and_signing(self, tiny: Callable[..., Any], inputs: list[Any], calls: dict[str, Callable[..., Any]],
+                                keep: list[Any], out: dict[str, Any], **options: Any) -> None:
+        """The calls both frameworks time in :meth:`host_graphed_calls`: ``@graphed`` (``options`` added), with alias
+        outputs, each also with its own static inputs (on a GPU: the zero-copy path), and signing the call alone
+        (``part_sign``)."""
+        import graphjit
+        from graphjit.keys import Signer
+
+        opts: Any  # a dict of graphed() options
+        for label, opts in (("graphed", {}), ("graphed_alias", {"outputs": "alias"})):
+            fn = cast(graphjit.GraphedFunction, graphjit.graphed(tiny, **options, **opts))
+            keep.append(fn)
+            calls[label] = (lambda fn=fn: fn(*inputs))
+            if self.on_gpu:  # the zero-copy path: the caller passes the graph's own input buffers
+                try:
+                    for _ in range(fn.graphjit_options.warmup + 1):  # the warmup calls, then the capture
+                        fn(*inputs)
+                    static_args, _ = fn.static_inputs(*inputs)
+                    calls[label.replace("graphed", "graphed_static")] = (lambda fn=fn, a=static_args: fn(*a))
+                except Exception as exc:
+                    out["errors"][label.replace("graphed", "graphed_static")] = common.error_text(exc)
+        signer = Signer(tiny, None, options.get("backend", "auto"), "tiny")
+        calls["part_sign"] = lambda: signer.sign(None, tuple(inputs), {})
     @abstractmethod
     def release(self, keep: list[Any]) -> None:
         """Done with a variant's graphs and graphed functions."""

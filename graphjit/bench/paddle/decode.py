@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from .. import common
 from ..decode_runner import EPS, HOST_SHAPE, DecodeRunner, errors_entry, tolerance
 
 # The Paddle step lives at module level and reads its weights from a module-level dict: Paddle's AST
@@ -195,27 +194,10 @@ class PaddleDecodeRunner(DecodeRunner):
 
     def host_graphed_calls(self, tiny: Callable[..., Any], inputs: list[Any], calls: dict[str, Callable[..., Any]],
                            keep: list[Any], out: dict[str, Any]) -> None:
-        import graphjit
-        from graphjit.keys import Signer
-
         paddle = self.paddle
-        opts: Any  # a dict of graphed() options
-        for label, opts in (("graphed", {}), ("graphed_alias", {"outputs": "alias"})):
-            fn = cast(graphjit.GraphedFunction, graphjit.graphed(tiny, backend="paddle", tracer="eager", **opts))
-            keep.append(fn)
-            calls[label] = (lambda fn=fn: fn(*inputs))
-            if self.on_gpu:  # the zero-copy path: the caller passes the graph's own input buffers
-                try:
-                    for _ in range(fn.graphjit_options.warmup + 1):  # the warmup calls, then the capture
-                        fn(*inputs)
-                    static_args, _ = fn.static_inputs(*inputs)
-                    calls[label.replace("graphed", "graphed_static")] = (lambda fn=fn, a=static_args: fn(*a))
-                except Exception as exc:
-                    out["errors"][label.replace("graphed", "graphed_static")] = common.error_text(exc)
-        # Parts of the graphed call, for the breakdown: the key, the input copies, the output copy.
-        signer = Signer(tiny, None, "paddle", "tiny")
+        self.add_graphed_and_signing(tiny, inputs, calls, keep, out, backend="paddle", tracer="eager")
+        # Parts of the graphed call, for the breakdown (the key: part_sign above): the input copies, the output copy.
         targets = [t.clone() for t in inputs]
         self.alive.append(targets)
-        calls["part_sign"] = lambda: signer.sign(None, tuple(inputs), {})
         calls["part_copy_inputs"] = lambda: [t.copy_(x, False) for t, x in zip(targets, inputs)]
         calls["part_clone_output"] = lambda: paddle.assign(inputs[0])

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from .. import common
 from ..decode_runner import EPS, HOST_SHAPE, DecodeRunner, errors_entry, tolerance
 
 
@@ -196,19 +195,7 @@ class TorchDecodeRunner(DecodeRunner):
                            keep: list[Any], out: dict[str, Any]) -> None:
         import graphjit
 
-        opts: Any  # a dict of graphed() options
-        for label, opts in (("graphed", {}), ("graphed_alias", {"outputs": "alias"})):
-            fn = cast(graphjit.GraphedFunction, graphjit.graphed(tiny, **opts))
-            keep.append(fn)
-            calls[label] = (lambda fn=fn: fn(*inputs))
-            if self.on_gpu:  # the zero-copy path: the caller passes the graph's own input buffers
-                try:
-                    for _ in range(fn.graphjit_options.warmup + 1):  # the warmup calls, then the capture
-                        fn(*inputs)
-                    static_args, _ = fn.static_inputs(*inputs)
-                    calls[label.replace("graphed", "graphed_static")] = (lambda fn=fn, a=static_args: fn(*a))
-                except Exception as exc:
-                    out["errors"][label.replace("graphed", "graphed_static")] = common.error_text(exc)
+        self.add_graphed_and_signing(tiny, inputs, calls, keep, out)
         # The same call reading Python values it does not receive (an attribute of an object it closes over, a
         # global), as decode steps do: the difference to "graphed" is what checking them before a replay costs.
         import types
@@ -222,12 +209,8 @@ class TorchDecodeRunner(DecodeRunner):
         reads = cast(graphjit.GraphedFunction, graphjit.graphed(tiny_reads))
         keep.append(reads)
         calls["graphed_reads"] = lambda: reads(*inputs)
-        # Parts of the graphed call, for the breakdown: the key, the input copies, the output copy.
-        from graphjit.keys import Signer
-
-        signer = Signer(tiny, None, "auto", "tiny")
+        # Parts of the graphed call, for the breakdown (the key: part_sign above): the input copies, the output copy.
         targets = [t.clone() for t in inputs]
-        calls["part_sign"] = lambda: signer.sign(None, tuple(inputs), {})
         calls["part_copy_inputs"] = lambda: self.torch._foreach_copy_(targets, inputs)
         calls["part_clone_output"] = lambda: inputs[0].clone()
 
