@@ -197,6 +197,28 @@ class _Segments(Segments):
             self.rec = None
 
 
+def record_compile_tracer(monkeypatch: Any) -> list[tuple[Any, ...]]:
+    """Stand in for the compile tracer (on a CPU, Inductor would compile for a minute; the GPU tests run the real
+    one): the function runs as written, and each call that goes through the compiled function appends its
+    positional arguments (graphjit calls with the arguments bound in order) to the list returned.  Its Dynamo
+    guards are none."""
+    calls: list[tuple[Any, ...]] = []
+
+    def trace(self: Any, fn: Callable[..., Any], tracer: str) -> Callable[..., Any]:
+        if tracer != "compile":
+            return fn
+
+        def compiled(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args)
+            return fn(*args, **kwargs)
+
+        return compiled
+
+    monkeypatch.setattr(EmulatedTorchBackend, "trace", trace)
+    monkeypatch.setattr(EmulatedTorchBackend, "tracer_guard", lambda self, target, tracer, f_locals: None)
+    return calls
+
+
 @contextlib.contextmanager
 def emulated_torch() -> Iterator[EmulatedTorchBackend]:
     """graphjit's torch backend replaced by :class:`EmulatedTorchBackend` for the block."""

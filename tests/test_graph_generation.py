@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from graph_emulator import emulated_torch  # noqa: E402
+from graph_emulator import emulated_torch, record_compile_tracer  # noqa: E402
 
 import graphjit  # noqa: E402
 from graphjit.bench.torch import hf_families  # noqa: E402
@@ -215,22 +215,7 @@ def test_the_compile_tracer_compiles_the_decode_step_only(monkeypatch):
     the eager tracer, as transformers' compiled generate() compiles the decode step only.  Tokens equal eager's;
     ``stats()`` and ``report()`` cover both phases.  (The compile tracer is stood in for by a recorder here: on a
     CPU, Inductor would compile for a minute; tests/test_gpu_generation.py runs the real one.)"""
-    from graph_emulator import EmulatedTorchBackend
-
-    seen: list[tuple[int, ...]] = []
-
-    def trace(self, fn, tracer):
-        if tracer != "compile":
-            return fn
-
-        def compiled(*args, **kwargs):
-            seen.append(tuple(args[0].shape))  # input_ids (graphjit calls with the arguments bound in order)
-            return fn(*args, **kwargs)
-
-        return compiled
-
-    monkeypatch.setattr(EmulatedTorchBackend, "trace", trace)
-    monkeypatch.setattr(EmulatedTorchBackend, "tracer_guard", lambda self, target, tracer, f_locals: None)
+    compiled = record_compile_tracer(monkeypatch)
     model = _llama()
     prompt = _prompt(2)
     with torch.no_grad():
@@ -239,6 +224,7 @@ def test_the_compile_tracer_compiles_the_decode_step_only(monkeypatch):
         graphjit.graph_generation(model, tracer="compile")
         for _ in range(3):
             assert torch.equal(model.generate(prompt, **GREEDY), want)
+    seen = [tuple(args[0].shape) for args in compiled]  # input_ids
     assert seen and all(shape == (2, 1) for shape in seen), seen  # the prefill, (2, 5), never went through it
     st = model.forward.stats()
     decode, prefill = st["phases"]["decode"], st["phases"]["prefill"]
@@ -319,22 +305,7 @@ def test_the_compile_tracer_leaves_an_encoder_decoders_first_decoder_step_to_the
     """T5 under ``tracer="compile"``: the first forward call of each generate() (its first decoder step: one token,
     the cross-attention cache still to fill) goes to the prefill phase, as transformers counts its prefill, so the
     compiler never sees that step (on the H200 it recompiled for it in every later generate(), seconds each)."""
-    from graph_emulator import EmulatedTorchBackend
-
-    compiled_calls = []
-
-    def trace(self, fn, tracer):
-        if tracer != "compile":
-            return fn
-
-        def compiled(*args, **kwargs):
-            compiled_calls.append(1)
-            return fn(*args, **kwargs)
-
-        return compiled
-
-    monkeypatch.setattr(EmulatedTorchBackend, "trace", trace)
-    monkeypatch.setattr(EmulatedTorchBackend, "tracer_guard", lambda self, target, tracer, f_locals: None)
+    compiled_calls = record_compile_tracer(monkeypatch)
     model = _t5()
     prompt = _prompt(2)
     with torch.no_grad():
