@@ -48,7 +48,7 @@ from .history import SIGNATURE_CHANGES, KeyHistory
 from .invoke import Invoker
 from .keys import BucketsArg, CallSignature, Signer, rebuild_call
 from .labels import changed_argument, key_order, label_parts
-from .leaves import changes, leaves, name, shown
+from .leaves import leaves
 from .lifecycle import KeyLifecycle
 from .options import Options, check_callable, make_options
 from .policy import Policy
@@ -234,6 +234,20 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         sig.dynamic = values
         return sig
 
+    def sign_bound(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
+        """The signature of a bound call, by the walk (or the plain path's last key), ``dynamic=`` arguments apart."""
+        if self.dynamic is None:
+            return self.signer.sign(instance, args, kwargs)
+        return self.sign_dynamic(self.dynamic, instance, args, kwargs)
+
+    def named_leaves(self, backend: Backend, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> dict[Any, str]:
+        """The named leaves of a signed call (:func:`graphjit.leaves.leaves`), its ``dynamic=`` arguments left out."""
+        method = instance is not None
+        if self.dynamic is not None:
+            args, kwargs, _values = self.dynamic.split(method, args, kwargs)
+        return leaves(backend, sig, instance, instance if method else self.signer.owner, args, kwargs)
+
     def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         copy = self.copy_outputs
@@ -266,9 +280,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         method = instance is not None
         kwargs = kwargs or {}
         head, modes = label_parts(self.signer, backend, sig, method, args, kwargs)
-        if self.dynamic is not None:
-            args, kwargs, _values = self.dynamic.split(method, args, kwargs)
-        named = leaves(backend, sig, instance, instance if method else self.signer.owner, args, kwargs)
+        named = self.named_leaves(backend, sig, instance, args, kwargs)
         for path, value in (sig.guarded or {}).items():
             named[("<read>", path)] = value
         with self.lock:
@@ -281,35 +293,6 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                 if env.settings().debug:
                     log.debug("graphjit %s: new key [%s]", self.name, st.label)
         return st
-
-    def own_key_change(self, sig: CallSignature, instance: Any, args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> tuple[str, str] | None:
-        """After a warmup run: what the run changed of its own signature (the path, and the path with the value
-        before and after), or None where signing the same arguments again gives the same key.  A call that changes
-        what its key is made of (a Python counter inside a cache it was passed, a flag it sets) cannot be replayed: a
-        replay runs no Python, so the next call would find the value as the capture left it and replay the same
-        graph again."""
-        try:
-            after = (self.signer.sign(instance, args, kwargs) if self.dynamic is None
-                     else self.sign_dynamic(self.dynamic, instance, args, kwargs))
-        except GraphjitError as exc:
-            return "its arguments", f"its arguments, which can no longer be signed ({exc})"
-        if after.key == (sig.base if sig.base is not None else sig.key):
-            return None
-        record = self.history.records.get(sig.key)
-        backend = sig.backend if sig.backend is not None else after.backend
-        if record is not None and backend is not None:
-            method = instance is not None
-            if self.dynamic is not None:  # as key_stats records them: the dynamic arguments left out
-                args, kwargs, _values = self.dynamic.split(method, args, kwargs)
-            now = leaves(backend, after, instance, instance if method else self.signer.owner, args, kwargs)
-            found = changes(record.leaves, now)
-            if found:
-                c = found[0]
-                path = name(self.signer, c.label)
-                return path, f"{path} ({shown(c.old, 80)} before the call, {shown(c.new, 80)} after)"
-        path = changed_argument(self.signer, instance is not None, sig.key, after.key) or "its arguments"
-        return path, path
 
     def note_previous(self, previous: tuple[Any, ...] | None, sig: CallSignature) -> None:
         """A key still warming up whose call was followed by this call, of another key, says why it has not
@@ -432,8 +415,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         method = instance is not None
         args, kwargs = self.signer.binder.bind(method, args, kwargs)
         dynamic = self.dynamic
-        sig = self.signer.sign(instance, args, kwargs) if dynamic is None else self.sign_dynamic(dynamic, instance,
-                                                                                              args, kwargs)
+        sig = self.sign_bound(instance, args, kwargs)
         entry = self.entries.get(sig.key)
         if entry is None:
             raise GraphjitError(f"{self.name}: {self.no_graph_yet(sig.key)}")

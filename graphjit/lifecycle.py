@@ -21,16 +21,19 @@ from .backends.base import Backend
 from .buffers import InputMoved, KeyEntry
 from .capture import BuildRequest, build, record_reference, verify_fits
 from .dynamic import DynamicArgs
-from .errors import CaptureError, UnrecoverableCaptureError
+from .errors import CaptureError, GraphjitError, UnrecoverableCaptureError
 from .feeds import StepContext
 from .guards import Sources
-from .keys import CallSignature
+from .keys import CallSignature, Signer
+from .labels import changed_argument
+from .leaves import changes, name, shown
 from .pystate import PyState
 from .stats import KeyStats, State
 from .warmup import Blocked, Warmup, watched_call
 from .writes import Snapshot
 
 if TYPE_CHECKING:
+    from .history import KeyHistory
     from .invoke import Invoker
     from .options import Options
     from .stats import FunctionStats
@@ -56,6 +59,8 @@ class KeyLifecycle(abc.ABC):
     failed: dict[tuple[Any, ...], str]
     blocked_fn: Blocked | None
     dynamic: DynamicArgs | None
+    signer: Signer
+    history: KeyHistory
     lock: threading.RLock
     tracer_checked: set[tuple[Any, ...]]  # keys whose first call checked the tracer (tracer_check)
     variants: dict[tuple[Any, ...], list[tuple[Any, ...]]]  # a key of the arguments -> its keys for other values
@@ -72,8 +77,11 @@ class KeyLifecycle(abc.ABC):
     def guard_sources(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sources: ...
 
     @abc.abstractmethod
-    def own_key_change(self, sig: CallSignature, instance: Any, args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> tuple[str, str] | None: ...
+    def sign_bound(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature: ...
+
+    @abc.abstractmethod
+    def named_leaves(self, backend: Backend, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> dict[Any, str]: ...
 
     @abc.abstractmethod
     def strict(self) -> bool: ...
@@ -92,9 +100,11 @@ class KeyLifecycle(abc.ABC):
 
     # -- the calls ------------------------------------------------------------------------------
     def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], key: tuple[Any, ...] | None = None, device: str | None = None) -> Any:
-        """Run the traced function uncaptured, counted under ``reason`` (and under the key, if any).  With a
-        ``device``, the key's first call checks the tracer (:meth:`KeyLifecycle.runner`)."""
+                 kwargs: dict[str, Any], key: tuple[Any, ...] | None = None, device: str | None = None,
+                 untraced: bool = False) -> Any:
+        """Run the traced function uncaptured (``untraced``: the Python function itself), counted under ``reason``
+        (and under the key, if any).  With a ``device``, the key's first call checks the tracer
+        (:meth:`KeyLifecycle.runner`)."""
         self.stats.fallback(reason)
         if key is not None:
             st = self.stats.keys.get(key)
@@ -102,6 +112,8 @@ class KeyLifecycle(abc.ABC):
                 st.uncaptured += 1
         if env.settings().debug:
             log.debug("graphjit %s: call %d runs uncaptured (%s)", self.name, self.stats.calls, reason)
+        if untraced:
+            return self.invoker.run_untraced(backend, instance, args, kwargs)
         if key is None or device is None:
             return self.invoker.run(backend, instance, args, kwargs)
         run, traced = self.runner(backend, device, key, instance, args, kwargs)
@@ -123,12 +135,7 @@ class KeyLifecycle(abc.ABC):
             first = not st.uncaptured and not st.warmups and not st.replays and \
                 self.invoker.tracer_name(backend) != "eager"
             st.state, st.reason, st.detail = State.FALLBACK, reason, detail
-            if first:
-                self.stats.fallback(reason)
-                st.uncaptured += 1
-        if first:
-            return self.invoker.run_untraced(backend, instance, args, kwargs)
-        return self.fallback(reason, backend, instance, args, kwargs, sig.key)
+        return self.fallback(reason, backend, instance, args, kwargs, sig.key, untraced=first)
 
     def watched(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
                 args: tuple[Any, ...], kwargs: dict[str, Any], sync_watch: bool) -> Any:
@@ -162,6 +169,30 @@ class KeyLifecycle(abc.ABC):
                       self.options.warmup, [reach.describe(p) for _t, p in obs.written] or "nothing",
                       f"; blocked: {warm.blocked.reason}" if warm.blocked else "")
         return out
+
+    def own_key_change(self, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> tuple[str, str] | None:
+        """After a warmup run: what the run changed of its own signature (the path, and the path with the value
+        before and after), or None where signing the same arguments again gives the same key.  A call that changes
+        what its key is made of (a Python counter inside a cache it was passed, a flag it sets) cannot be replayed: a
+        replay runs no Python, so the next call would find the value as the capture left it and replay the same
+        graph again."""
+        try:
+            after = self.sign_bound(instance, args, kwargs)
+        except GraphjitError as exc:
+            return "its arguments", f"its arguments, which can no longer be signed ({exc})"
+        if after.key == (sig.base if sig.base is not None else sig.key):
+            return None
+        record = self.history.records.get(sig.key)
+        backend = sig.backend if sig.backend is not None else after.backend
+        if record is not None and backend is not None:
+            found = changes(record.leaves, self.named_leaves(backend, after, instance, args, kwargs))
+            if found:
+                c = found[0]
+                path = name(self.signer, c.label)
+                return path, f"{path} ({shown(c.old, 80)} before the call, {shown(c.new, 80)} after)"
+        path = changed_argument(self.signer, instance is not None, sig.key, after.key) or "its arguments"
+        return path, path
 
     def runner(self, backend: Backend, device: str, key: tuple[Any, ...], instance: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any], roots: list[tuple[str, Any]] | None = None
