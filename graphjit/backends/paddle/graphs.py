@@ -307,6 +307,17 @@ class PaddleBackend(Backend):
         with paddle.no_grad():
             dst.copy_(src, False)
 
+    def copy_many(self, dsts: Sequence[Any], srcs: Sequence[Any], grad_free: bool = False) -> None:
+        """Pairwise ``copy_``, under one ``no_grad`` for all of them, and none where no source requires grad
+        (``grad_free``: the copy records nothing then); entering it costs about a microsecond in Paddle 2.6."""
+        if grad_free:
+            for d, s in zip(dsts, srcs):
+                d.copy_(s, False)
+            return
+        with paddle.no_grad():
+            for d, s in zip(dsts, srcs):
+                d.copy_(s, False)
+
     def narrow(self, t: Any, dim: int, start: int, length: int) -> Any:
         view = paddle.slice(t, axes=[dim], starts=[start], ends=[start + length])
         if start == 0 and view.data_ptr() != t.data_ptr():
