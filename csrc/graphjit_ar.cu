@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "batch_copy.cuh"
 #include "custom_all_reduce.cuh"
 
 #define GJ_EXPORT extern "C" __attribute__((visibility("default")))
@@ -50,7 +51,7 @@ enum GjStatus : int {
   GJ_ERR_STATE = 6,        // calls in the wrong order (e.g. register with no pending buffers)
 };
 
-static constexpr int kAbiVersion = 2;
+static constexpr int kAbiVersion = 3;
 static constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
 static_assert(kHandleBytes == 64, "cudaIpcMemHandle_t is expected to be 64 bytes");
 
@@ -257,6 +258,30 @@ cudaError_t preload_kernels() {
 GJ_EXPORT int gj_ar_abi_version(void) { return kAbiVersion; }
 
 GJ_EXPORT const char* gj_ar_last_error(void) { return t_last_error.c_str(); }
+
+// ---- batch copy (batch_copy.cuh): graphjit's input and output copies around a replay -------------------
+// Load the copy kernel on `device` (call it outside any capture, once, before the first gj_copy_batch).
+GJ_EXPORT int gj_copy_preload(int device) {
+  GJ_DEVICE(device);
+  GJ_CUDA(gjcopy::preload(), "loading the batch copy kernel (was the library built for this GPU's architecture?)");
+  return GJ_OK;
+}
+
+// Copy bytes[i] bytes from srcs[i] to dsts[i] for i < n, on `stream` of `device`, in one launch per 64 entries.
+// The caller guarantees the contract of batch_copy.cuh (device memory, dense, no overlap); null arrays, a
+// negative count or size, or a null pointer with a non-zero size are refused before anything is launched.
+GJ_EXPORT int gj_copy_batch(int n, void* const* dsts, const void* const* srcs, const long long* bytes, int device,
+                            void* stream) {
+  if (n < 0 || (n > 0 && (!dsts || !srcs || !bytes))) return fail(GJ_ERR_ARGUMENT, "gj_copy_batch: bad arguments");
+  for (int i = 0; i < n; ++i) {
+    if (bytes[i] < 0 || (bytes[i] > 0 && (!dsts[i] || !srcs[i])))
+      return fail(GJ_ERR_ARGUMENT, "gj_copy_batch: entry %d: %lld bytes from %p to %p", i, bytes[i], srcs[i], dsts[i]);
+  }
+  if (n == 0) return GJ_OK;
+  GJ_DEVICE(device);
+  GJ_CUDA(gjcopy::launch(n, dsts, srcs, bytes, static_cast<cudaStream_t>(stream)), "the batch copy launch");
+  return GJ_OK;
+}
 
 GJ_EXPORT int gj_ar_limits(int* max_ranks, int* max_blocks, int* threads, long long* header_bytes, int* handle_bytes) {
   if (!max_ranks || !max_blocks || !threads || !header_bytes || !handle_bytes)

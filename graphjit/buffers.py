@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, GraphHandle
+from .batch_copy import Batch
 from .keys import CallSignature, Pad
 from .tree import collect_tensors, rebuild, rebuilder
 
@@ -89,9 +90,12 @@ class StaticInputs:
             owner = first.setdefault(id(st), i)
             if owner != i:
                 self.alias_pairs.append((i, owner))
+        self.aliases = frozenset(i for i, _owner in self.alias_pairs)  # copied in by their owner: one buffer
         self.adopted_ptrs = frozenset(self.ptrs[i] for i in self.adopted_idx)
         # graphjit's own buffers (handed out by static_inputs()): a caller may pass one as another input
         self.owned_ptrs = frozenset(p for i, p in enumerate(self.ptrs) if not adopted[i])
+        # several moved inputs: one launch of graphjit's batch copy (graphjit.batch_copy), where it can serve
+        self.batch = Batch.plan(backend.batch_operands(), [None if adopted[i] else st for i, st in enumerate(statics)])
 
     def own(self) -> set[int]:
         """``id`` of each adopted input: the caller's own tensors, which every replay reads and writes in place."""
@@ -119,8 +123,8 @@ class StaticInputs:
             a, c = tensors[i], tensors[o]
             if a is not c and (ptr(a) != ptr(c) or stride(a) != stride(c)):
                 raise InputMoved(i)  # one tensor at capture, two now: the graph reads one buffer for both
-        adopted_ptrs = self.adopted_ptrs
-        dsts: list[Any] = []
+        adopted_ptrs, aliases = self.adopted_ptrs, self.aliases
+        which: list[int] = []
         srcs: list[Any] = []
         statics = self.statics
         for i, t in enumerate(tensors):
@@ -130,21 +134,23 @@ class StaticInputs:
                     self._load_padded(i, t, real)
                     continue
                 self.last_real.pop(i, None)
-            if t is statics[i]:  # the buffer itself (static_inputs(), or an adopted input checked above)
+            if t is statics[i] or i in aliases:  # the buffer itself, or one its owner input copies in (same tensor)
                 continue
             p = ptr(t)
             if p != ptrs[i]:
                 if p in adopted_ptrs:  # an adopted input passed again as this one: the graph reads a stale copy
                     raise InputMoved(i)
-                dsts.append(statics[i])
+                which.append(i)
                 # another input's buffer (static_inputs() passed swapped): copied before that buffer is written
                 srcs.append(b.clone(t) if p in self.owned_ptrs else t)
             elif stride(t) != strides[i] and not self._same_layout(i, t):  # the buffer in another layout: via a clone
-                dsts.append(statics[i])
+                which.append(i)
                 srcs.append(b.clone(t))
-        if dsts:
-            b.copy_many(dsts, srcs, self.grad_free)
-            self.copies += len(dsts)
+        if which:
+            batch = self.batch
+            if batch is None or not batch.into(which, srcs):
+                b.copy_many([statics[i] for i in which], srcs, self.grad_free)
+            self.copies += len(which)
 
     def _same_layout(self, i: int, t: Any) -> bool:
         """``t`` (at buffer ``i``'s address) has the buffer's strides, where its size makes them matter."""
@@ -203,9 +209,12 @@ class StaticOutputs:
         # The return value's tree, planned once per mode (tree.rebuilder): copied, the leaves that are not the
         # caller's own are fresh clones; aliased, every leaf is the static output itself.
         self.fresh = [t for t, mine in zip(self.tensors, self.own) if not mine]
+        self.batch: Batch | None = None
         if not self.single:
             self.rebuild_copy = rebuilder(obj, [not mine for mine in self.own], is_tensor)
             self.rebuild_alias = rebuilder(obj, [False] * len(self.tensors), is_tensor)
+            # copies of several outputs: one launch of graphjit's batch copy (graphjit.batch_copy), where it can serve
+            self.batch = Batch.plan(backend.batch_operands(), self.fresh, every=True)
 
     def result(self, pads: Sequence[Pad], copy: bool) -> Any:
         """The call's return value: copies (or views) of the static outputs, padding sliced off."""
@@ -215,8 +224,12 @@ class StaticOutputs:
                 t = self.tensors[0]
                 return b.clone(t) if copy and not self.own[0] else t
             if copy:
-                clone = b.clone
-                return self.rebuild_copy([clone(t) for t in self.fresh])
+                batch = self.batch
+                outs = batch.out_of() if batch is not None else None
+                if outs is None:
+                    clone = b.clone
+                    outs = [clone(t) for t in self.fresh]
+                return self.rebuild_copy(outs)
             return self.rebuild_alias(())
         padmap: dict[tuple[int, int], int] = {}
         for p in pads:

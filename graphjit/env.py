@@ -63,6 +63,11 @@ VARIABLES: tuple[Variable, ...] = (
              "Testing only: let ranks that share one GPU use the custom all-reduce (their kernels take turns on "
              "the GPU, milliseconds per call), so that the multi-process path can be tested on a 1-GPU machine. "
              "Set it alike on every rank; never in production."),
+    Variable("GRAPHJIT_BATCH_COPY", "choice:auto|on|off", "auto",
+             "How a replay copies inputs in and outputs out: auto copies several tensors in one launch of "
+             "graphjit's batch copy kernel (csrc) where its library is built, and builds it once in the background "
+             "(nvcc) at the first capture where it is not; on also builds it, at once; off always uses the "
+             "framework's copies."),
     Variable("GRAPHJIT_CACHE_DIR", "path", "~/.cache/graphjit",
              "Where compiled csrc libraries are kept, keyed by source hash and GPU architecture "
              "(python -m graphjit build fills it ahead of time)."),
@@ -94,6 +99,7 @@ class Settings:
     ar_algo: str
     ar_max_bytes: int | None
     ar_shared_gpu: bool
+    batch_copy: str
     cache_dir: Path
     nvcc: str | None
     commit: str | None
@@ -150,6 +156,7 @@ def _read() -> Settings:
         ar_algo=_choice("GRAPHJIT_AR_ALGO"),
         ar_max_bytes=_int("GRAPHJIT_AR_MAX_BYTES", minimum=16),
         ar_shared_gpu=_bool("GRAPHJIT_AR_SHARED_GPU"),
+        batch_copy=_choice("GRAPHJIT_BATCH_COPY"),
         cache_dir=Path(_raw("GRAPHJIT_CACHE_DIR")).expanduser(),
         nvcc=_raw("GRAPHJIT_NVCC") or None,
         commit=_raw("GRAPHJIT_COMMIT") or None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
 import subprocess
@@ -541,3 +542,60 @@ def test_the_pool_size_reading_is_torchs_memory_reserved():
     keep = torch.empty(1 << 20, device="cuda")
     assert _reserved(0) == torch.cuda.memory_reserved(0) > 0
     del keep
+
+
+def _built_batch_library(dev) -> None:
+    """graphjit's csrc library built and loaded for this GPU (the tests of batch copies need it there)."""
+    from graphjit import batch_copy
+    from graphjit.collectives import csrc_build
+
+    major, minor = torch.cuda.get_device_capability(dev)
+    arch = f"sm_{major}{minor}"
+    csrc_build.build(arch)
+    assert batch_copy.library(arch, dev.index or 0) is not None, batch_copy.status()
+
+
+def test_batch_copies_move_inputs_and_outputs_exactly(dev, monkeypatch):
+    """Inputs of many dtypes, odd sizes, an address off 16-byte alignment, a large one and 70 of them (two launches
+    of the kernel): one batch copy in and one out per replay, outputs bit-equal to eager on a side stream too."""
+    from graphjit import batch_copy
+
+    _built_batch_library(dev)
+    served = collections.Counter()
+    launch = batch_copy.Batch._launch
+
+    def counted(self, lib, n):
+        served[n] += 1
+        return launch(self, lib, n)
+
+    monkeypatch.setattr(batch_copy.Batch, "_launch", counted)
+
+    def body(a, b, c, d, big, *many):
+        s = a.float().sum() + b.float().sum() + c.float().sum() + d.float().sum()
+        return a * 2, b + 1, c.logical_not(), d[1:] - 3, big * 0.5, torch.stack(many).sum(0) + s
+
+    step = graphjit.graphed(body)
+
+    def fresh(i):
+        g = torch.Generator(device="cpu").manual_seed(i)
+        a = torch.randn(5, 7, generator=g).to(dev, torch.float16)
+        b = torch.randint(-9, 9, (3, 11), generator=g).to(dev)  # int64
+        c = (torch.randn(13, generator=g) > 0).to(dev)  # bool, 13 bytes
+        d = torch.randn(9, generator=g).to(dev, torch.bfloat16)
+        big = torch.randn(3 * 1024 * 1024 // 4, generator=g).to(dev)
+        offset = torch.randn(301, generator=g).to(dev)[1:]  # 4 bytes past a 16-byte boundary
+        many = [offset[:100] * k for k in range(65)]  # 66 + 5 inputs: more than one launch's 64 entries
+        return a, b, c, d, big, offset[:100], *many
+
+    side = torch.cuda.Stream(dev)
+    for i in range(8):
+        args = fresh(i)
+        with torch.cuda.stream(side) if i % 2 else contextlib.nullcontext():
+            got = step(*args)
+            want = body(*args)
+        torch.cuda.synchronize()
+        for g_, w in zip(got, want):
+            assert g_.dtype == w.dtype and torch.equal(g_, w)
+    st = step.stats()
+    assert st["replays"] >= 5 and st["captures"] >= 1
+    assert served[71] >= st["replays"] and served[6] >= st["replays"], served  # inputs in, outputs out

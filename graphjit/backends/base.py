@@ -210,6 +210,11 @@ class Backend(abc.ABC):
         for d, s in zip(dsts, srcs):
             self.copy_(d, s)
 
+    def batch_operands(self) -> Any:
+        """This framework's side of graphjit's batch copies (:class:`graphjit.batch_copy.Operands`), or None where
+        it has none (the default: every copy is the framework's)."""
+        return None
+
     @abc.abstractmethod
     def narrow(self, t: Any, dim: int, start: int, length: int) -> Any:
         """A view of ``t`` from ``start`` to ``start + length`` along ``dim`` (shares memory)."""

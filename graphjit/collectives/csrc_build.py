@@ -39,8 +39,8 @@ from ..errors import GraphjitError
 
 log = logging.getLogger("graphjit")
 
-ABI_VERSION = 2
-SOURCES = ("custom_all_reduce.cuh", "graphjit_ar.cu")
+ABI_VERSION = 3
+SOURCES = ("batch_copy.cuh", "custom_all_reduce.cuh", "graphjit_ar.cu")
 MAIN_SOURCE = "graphjit_ar.cu"
 LIBRARY_PREFIX = "graphjit_ar"
 
@@ -84,7 +84,7 @@ def csrc_dir() -> Path | None:
 def read_sources(folder: Path | None = None) -> dict[str, bytes]:
     folder = folder if folder is not None else csrc_dir()
     if folder is None:
-        raise BuildError("the CUDA sources (graphjit/csrc/custom_all_reduce.cuh, graphjit/csrc/graphjit_ar.cu) are "
+        raise BuildError("the CUDA sources (" + ", ".join(f"graphjit/csrc/{n}" for n in SOURCES) + ") are "
                          "missing from this graphjit installation; reinstall graphjit (wheels and source checkouts "
                          "carry them), or run `python -m graphjit build` where they exist and share "
                          "GRAPHJIT_CACHE_DIR")

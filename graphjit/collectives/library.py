@@ -69,6 +69,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "gj_ar_reset": ([_P], _c.c_int),
     "gj_ar_probe_write": ([_P, _c.c_uint, _P], _c.c_int),
     "gj_ar_probe_check": ([_P, _c.c_uint, _P, _c.POINTER(_c.c_int)], _c.c_int),
+    "gj_copy_preload": ([_c.c_int], _c.c_int),
+    "gj_copy_batch": ([_c.c_int, _c.POINTER(_P), _c.POINTER(_P), _c.POINTER(_c.c_longlong), _c.c_int, _P], _c.c_int),
 }
 
 
@@ -96,6 +98,9 @@ class Library:
             raise BuildError(f"{self.path} has ABI version {abi}, graphjit expects {ABI_VERSION} "
                              "(delete it to rebuild)")
         self._all_reduce = dll.gj_ar_all_reduce
+        self.copy_batch = dll.gj_copy_batch
+        """``gj_copy_batch(n, dsts, srcs, bytes, device, stream)`` as the ctypes function itself (a replay calls it:
+        :mod:`graphjit.batch_copy`); it returns a status code, 0 for ok (then :meth:`last_error` says why)."""
 
     # -- errors --------------------------------------------------------------------------------
     def last_error(self) -> str:
@@ -141,6 +146,10 @@ class Library:
         out = ctypes.c_int()
         self._check(self._dll.gj_ar_stream_capturing(stream or None, ctypes.byref(out)), "gj_ar_stream_capturing")
         return int(out.value)
+
+    def copy_preload(self, device: int) -> None:
+        """Load the batch copy kernel on ``device`` (before its first launch, outside any capture)."""
+        self._check(self._dll.gj_copy_preload(device), "gj_copy_preload")
 
     # -- buffers and contexts --------------------------------------------------------------------
     def alloc(self, device: int, nbytes: int) -> tuple[int, bytes]:

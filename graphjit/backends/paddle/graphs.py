@@ -307,6 +307,10 @@ class PaddleBackend(Backend):
         with paddle.no_grad():
             dst.copy_(src, False)
 
+    def batch_operands(self) -> Any:
+        from .copies import OPERANDS  # imported where a capture plans its copies, not with the backend
+        return OPERANDS
+
     def copy_many(self, dsts: Sequence[Any], srcs: Sequence[Any], grad_free: bool = False) -> None:
         """Pairwise ``copy_``, under one ``no_grad`` for all of them, and none where no source requires grad
         (``grad_free``: the copy records nothing then); entering it costs about a microsecond in Paddle 2.6."""

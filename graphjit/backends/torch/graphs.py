@@ -214,6 +214,10 @@ class TorchBackend(Backend):
         with torch.no_grad():
             dst.copy_(src)
 
+    def batch_operands(self) -> Any:
+        from .copies import OPERANDS  # imported where a capture plans its copies, not with the backend
+        return OPERANDS
+
     def copy_many(self, dsts: Sequence[Any], srcs: Sequence[Any], grad_free: bool = False) -> None:
         if grad_free:  # no source requires grad: no autograd to keep out (the guard costs ~1 us)
             if len(dsts) == 1:

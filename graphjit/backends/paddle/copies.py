@@ -1,0 +1,64 @@
+"""Paddle's side of graphjit's batch copies (:class:`graphjit.batch_copy.Operands`): which tensors a batch copy may
+take, the current stream as an integer, and new output tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import paddle
+
+# What paddle.device.current_stream wraps, without building a Stream object (None where this Paddle lacks it)
+_RAW_STREAM = getattr(getattr(getattr(paddle, "base", None), "core", None), "_get_current_stream", None)
+_COMPLEX = frozenset(d for d in (getattr(paddle, "complex64", None), getattr(paddle, "complex128", None)) if d)
+_ARCH: dict[int, str] = {}
+_EMPTY = getattr(getattr(paddle, "_C_ops", None), "empty", None)  # empty(shape, dtype, place); stop_gradient=True
+
+
+def _is_contiguous(t: Any) -> bool:
+    check = getattr(t, "is_contiguous", None)  # Paddle without strided views: every dense tensor is contiguous
+    return bool(check()) if check is not None else True
+
+
+class PaddleOperands:
+    """Dense, non-complex GPU tensors; the stream is Paddle's current stream of the device."""
+
+    def target(self, t: Any) -> tuple[str, int] | None:
+        place = t.place
+        if not place.is_gpu_place() or t.dtype in _COMPLEX or not _is_contiguous(t):
+            return None
+        index = int(place.gpu_device_id())
+        arch = _ARCH.get(index)
+        if arch is None:
+            major, minor = paddle.device.cuda.get_device_capability(index)
+            arch = _ARCH[index] = f"sm_{major}{minor}"
+        return arch, index
+
+    def stream(self, device: int) -> Callable[[], int]:
+        if _RAW_STREAM is not None:
+            raw = _RAW_STREAM
+            return lambda: int(raw(device).cuda_stream)
+
+        def public() -> int:
+            stream: Any = paddle.device.cuda.current_stream(device)
+            handle = getattr(stream, "cuda_stream", None)
+            return int(handle if handle is not None else stream.stream_base.cuda_stream)
+        return public
+
+    def dense(self, t: Any) -> bool:
+        return _is_contiguous(t)
+
+    def data_ptr(self, t: Any) -> int:
+        return int(t.data_ptr())
+
+    def nbytes(self, t: Any) -> int:
+        return int(t.numel()) * int(t.element_size())
+
+    def empty_like(self, t: Any) -> Any:
+        if _EMPTY is not None:
+            return _EMPTY(t.shape, t.dtype, t.place)  # on t's place (paddle.empty takes the current one)
+        out = paddle.empty(t.shape, dtype=t.dtype)
+        return out if out.place == t.place else out._copy_to(t.place, False)
+
+
+OPERANDS = PaddleOperands()

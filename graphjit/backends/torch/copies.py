@@ -1,0 +1,48 @@
+"""torch's side of graphjit's batch copies (:class:`graphjit.batch_copy.Operands`): which tensors a batch copy may
+take, the current stream as an integer, and new output tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# The current stream's cudaStream_t as an int without building a torch.cuda.Stream (torch._inductor's get_raw_stream)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_ARCH: dict[int, str] = {}
+
+
+class TorchOperands:
+    """Dense, non-complex CUDA tensors; the stream is torch's current stream of the device."""
+
+    def target(self, t: Any) -> tuple[str, int] | None:
+        if not t.is_cuda or t.is_complex() or not t.is_contiguous() or t.is_sparse:
+            return None
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        arch = _ARCH.get(index)
+        if arch is None:
+            major, minor = torch.cuda.get_device_capability(index)
+            arch = _ARCH[index] = f"sm_{major}{minor}"
+        return arch, index
+
+    def stream(self, device: int) -> Callable[[], int]:
+        if _RAW_STREAM is not None:
+            raw = _RAW_STREAM
+            return lambda: raw(device)  # type: ignore[no-any-return]
+        return lambda: int(torch.cuda.current_stream(device).cuda_stream)
+
+    def dense(self, t: Any) -> bool:
+        return bool(t.is_contiguous())
+
+    def data_ptr(self, t: Any) -> int:
+        return int(t.data_ptr())
+
+    def nbytes(self, t: Any) -> int:
+        return int(t.numel() * t.element_size())
+
+    def empty_like(self, t: Any) -> Any:
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+OPERANDS = TorchOperands()
