@@ -21,7 +21,7 @@ meantime copying the framework's way; ``on`` builds it at the first call that ne
 
 from __future__ import annotations
 
-import ctypes
+import array
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -141,23 +141,26 @@ class Batch:
     serve this call (fewer than :data:`MIN_TENSORS` copies, a call tensor that is not dense, no library): the caller
     then copies the framework's way."""
 
-    __slots__ = ("arch", "calls", "device", "dst", "fixed", "fixed_ptrs", "lib", "nbytes", "ops", "sizes", "src",
-                 "stream", "usable")
+    __slots__ = ("arch", "at", "calls", "dense", "device", "dst", "fixed", "fixed_ptrs", "fn", "nbytes", "ops", "ptr",
+                 "sizes", "src", "stream", "usable")
 
     def __init__(self, ops: Operands, fixed: Sequence[Any], usable: Sequence[bool], arch: str, device: int) -> None:
         self.ops = ops
         self.arch = arch
         self.device = device
         self.stream = ops.stream(device)
+        self.dense, self.ptr = ops.dense, ops.data_ptr
         n = len(fixed)
         self.fixed = list(fixed)
         self.usable = list(usable)  # fixed buffers a batch may copy (dense, non-complex, on this GPU)
         self.fixed_ptrs = [ops.data_ptr(t) if u else 0 for t, u in zip(fixed, usable)]
         self.nbytes = [ops.nbytes(t) if u else 0 for t, u in zip(fixed, usable)]
-        self.dst = (ctypes.c_void_p * n)()
-        self.src = (ctypes.c_void_p * n)()
-        self.sizes = (ctypes.c_longlong * n)(*self.nbytes)
-        self.lib: Any = None  # the loaded library; False once a launch failed
+        # the library reads the entries from these three arrays, by address (they are never resized)
+        self.dst = array.array("Q", [0] * n)
+        self.src = array.array("Q", [0] * n)
+        self.sizes = array.array("q", self.nbytes)
+        self.at = (self.dst.buffer_info()[0], self.src.buffer_info()[0], self.sizes.buffer_info()[0])
+        self.fn: Any = None  # the library's copy_batch once loaded; False where there will be none
         self.calls = 0  # calls it served
 
     @classmethod
@@ -176,58 +179,67 @@ class Batch:
             return None
         return cls(ops, fixed, usable, first[0], first[1])
 
-    def _library(self) -> Any:
-        lib = self.lib
-        if lib is None:
+    def _function(self) -> Any:
+        """The library's ``copy_batch``, loaded at the first call that needs it; None while there is none."""
+        fn = self.fn
+        if fn is None:
             lib = library(self.arch, self.device)
             if lib is None:
                 if never(self.arch):  # off, or it cannot be built or loaded: stop asking on every call
-                    self.lib = False
+                    self.fn = False
                 return None
-            self.lib = lib
-        return lib or None
+            fn = self.fn = lib.copy_batch
+        return fn or None
 
     def into(self, which: Sequence[int], tensors: Sequence[Any]) -> bool:
         """Copy ``tensors[k]`` into fixed buffer ``which[k]`` for every k (the key's shapes and dtypes)."""
         n = len(which)
         if n < MIN_TENSORS:
             return False
-        lib = self._library()
-        if lib is None:
+        fn = self.fn or self._function()
+        if fn is None:
             return False
-        dense, ptr = self.ops.dense, self.ops.data_ptr
+        dense, ptr = self.dense, self.ptr
         dst, src, sizes, fixed = self.dst, self.src, self.sizes, self.fixed_ptrs
         nbytes, usable = self.nbytes, self.usable
-        for k, i in enumerate(which):
-            t = tensors[k]
+        k = 0
+        for i, t in zip(which, tensors):
             if not usable[i] or not dense(t):
                 return False
             dst[k] = fixed[i]
             src[k] = ptr(t)
             sizes[k] = nbytes[i]
-        return self._launch(lib, n)
+            k += 1
+        d, s, b = self.at
+        if fn(n, d, s, b, self.device, self.stream()):
+            return self._failed()
+        self.calls += 1
+        return True
 
     def out_of(self) -> list[Any] | None:
         """New tensors holding a copy of every fixed buffer, in order; None where the batch cannot serve."""
-        lib = self._library()
-        if lib is None:
+        fn = self.fn or self._function()
+        if fn is None:
             return None
-        empty, ptr = self.ops.empty_like, self.ops.data_ptr
+        empty, ptr = self.ops.empty_like, self.ptr
         outs = [empty(t) for t in self.fixed]
-        dst, src, fixed = self.dst, self.src, self.fixed_ptrs
-        for k, o in enumerate(outs):
+        dst, src = self.dst, self.src
+        for k, (o, p) in enumerate(zip(outs, self.fixed_ptrs)):
             dst[k] = ptr(o)
-            src[k] = fixed[k]
-        return outs if self._launch(lib, len(outs)) else None
-
-    def _launch(self, lib: Any, n: int) -> bool:
-        rc = lib.copy_batch(n, self.dst, self.src, self.sizes, self.device, self.stream())
-        if rc != 0:
-            why = lib.last_error() or f"status {rc}"
-            self.lib = False
-            with _lock:
-                _ready.pop((self.arch, self.device), None)
-                _fail(self.arch, f"the batch copy failed: {why}")
-            return False
+            src[k] = p
+        d, s, b = self.at
+        if fn(len(outs), d, s, b, self.device, self.stream()):
+            self._failed()
+            return None
         self.calls += 1
-        return True
+        return outs
+
+    def _failed(self) -> bool:
+        """After a failed call: no more batch copies for this GPU's architecture (logged once); always False."""
+        lib = library(self.arch, self.device)
+        why = (lib.last_error() if lib is not None else "") or "no message"
+        self.fn = False
+        with _lock:
+            _ready.pop((self.arch, self.device), None)
+            _fail(self.arch, f"the batch copy failed: {why}")
+        return False

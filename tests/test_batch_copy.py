@@ -41,11 +41,15 @@ class _HostLibrary:
         self.fail = fail
         self.calls: list[int] = []
 
-    def copy_batch(self, n: int, dsts: Any, srcs: Any, sizes: Any, device: int, stream: int) -> int:
+    def copy_batch(self, n: int, dsts: int, srcs: int, sizes: int, device: int, stream: int) -> int:
+        """The C function's contract: three arrays of n entries, given by address."""
         if self.fail:
             return 2
+        dst = (ctypes.c_uint64 * n).from_address(dsts)
+        src = (ctypes.c_uint64 * n).from_address(srcs)
+        size = (ctypes.c_int64 * n).from_address(sizes)
         for k in range(n):
-            ctypes.memmove(dsts[k], srcs[k], sizes[k])
+            ctypes.memmove(dst[k], src[k], size[k])
         self.calls.append(n)
         return 0
 

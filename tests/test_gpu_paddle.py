@@ -304,13 +304,24 @@ def test_batch_copies_move_inputs_and_outputs_exactly(rng, tracer, monkeypatch):
     csrc_build.build(arch)
     assert batch_copy.library(arch, 0) is not None, batch_copy.status()
     served: list[int] = []
-    launch = batch_copy.Batch._launch
+    into, out_of = batch_copy.Batch.into, batch_copy.Batch.out_of
 
-    def counted(self, lib, n):
-        served.append(n)
-        return launch(self, lib, n)
+    def counted_into(self, which, tensors):
+        done = into(self, which, tensors)
+        n = len(which)
+        if done:
+            served.append(n)
+        return done
 
-    monkeypatch.setattr(batch_copy.Batch, "_launch", counted)
+    def counted_out_of(self):
+        outs = out_of(self)
+        n = len(outs) if outs is not None else 0
+        if outs is not None:
+            served.append(n)
+        return outs
+
+    monkeypatch.setattr(batch_copy.Batch, "into", counted_into)
+    monkeypatch.setattr(batch_copy.Batch, "out_of", counted_out_of)
     w_np = rng.standard_normal((24, 40)).astype(np.float32) / 5
     w = T(w_np)
     step = graphjit.graphed(_pair, tracer=tracer)

@@ -98,9 +98,13 @@ class Library:
             raise BuildError(f"{self.path} has ABI version {abi}, graphjit expects {ABI_VERSION} "
                              "(delete it to rebuild)")
         self._all_reduce = dll.gj_ar_all_reduce
-        self.copy_batch = dll.gj_copy_batch
-        """``gj_copy_batch(n, dsts, srcs, bytes, device, stream)`` as the ctypes function itself (a replay calls it:
-        :mod:`graphjit.batch_copy`); it returns a status code, 0 for ok (then :meth:`last_error` says why)."""
+        # The copy a replay makes (graphjit.batch_copy) called as it is, holding the GIL (PyDLL: no release and
+        # re-acquire around a call that only enqueues a kernel): copy_batch(n, dsts, srcs, bytes, device, stream),
+        # the three arrays by address; a status code back, 0 for ok (else last_error() says why).
+        fast = ctypes.PyDLL(str(self.path)).gj_copy_batch
+        fast.argtypes = [_c.c_int, _P, _P, _P, _c.c_int, _P]
+        fast.restype = _c.c_int
+        self.copy_batch = fast
 
     # -- errors --------------------------------------------------------------------------------
     def last_error(self) -> str:
