@@ -42,7 +42,7 @@ class TorchOperands:
         return int(t.numel() * t.element_size())
 
     def empty_like(self, t: Any) -> Any:
-        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        return torch.empty_like(t)  # t is a dense static output that requires no grad: so is the new tensor
 
 
 OPERANDS = TorchOperands()
