@@ -41,6 +41,9 @@ MIN_TENSORS = 2
 class Operands(Protocol):
     """A framework's side of batch copies (``backends/<framework>/copies.py``)."""
 
+    inputs: bool
+    """Whether moved inputs go in by a batch copy (torch: no, its ``_foreach_copy_`` costs less host time)."""
+
     def target(self, t: Any) -> tuple[str, int] | None:
         """``(architecture, device index)`` of a dense, non-complex tensor on a GPU; None for anything else."""
 

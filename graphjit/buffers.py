@@ -95,7 +95,9 @@ class StaticInputs:
         # graphjit's own buffers (handed out by static_inputs()): a caller may pass one as another input
         self.owned_ptrs = frozenset(p for i, p in enumerate(self.ptrs) if not adopted[i])
         # several moved inputs: one launch of graphjit's batch copy (graphjit.batch_copy), where it can serve
-        self.batch = Batch.plan(backend.batch_operands(), [None if adopted[i] else st for i, st in enumerate(statics)])
+        ops = backend.batch_operands()
+        self.batch = (Batch.plan(ops, [None if adopted[i] else st for i, st in enumerate(statics)])
+                      if ops is not None and ops.inputs else None)
 
     def own(self) -> set[int]:
         """``id`` of each adopted input: the caller's own tensors, which every replay reads and writes in place."""

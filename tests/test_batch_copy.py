@@ -23,7 +23,9 @@ pytestmark = pytest.mark.torch
 
 
 class _CpuOperands(TorchOperands):
-    """torch's operands, with dense CPU tensors standing in for one GPU's."""
+    """torch's operands, with dense CPU tensors standing in for one GPU's, inputs included."""
+
+    inputs = True
 
     def target(self, t: Any) -> tuple[str, int] | None:
         if t.is_complex() or not t.is_contiguous():

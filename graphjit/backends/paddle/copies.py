@@ -21,7 +21,10 @@ def _is_contiguous(t: Any) -> bool:
 
 
 class PaddleOperands:
-    """Dense, non-complex GPU tensors; the stream is Paddle's current stream of the device."""
+    """Dense, non-complex GPU tensors; the stream is Paddle's current stream of the device.  Inputs and outputs:
+    Paddle copies tensor by tensor, about 5 us of host time each on an H200 host."""
+
+    inputs = True
 
     def target(self, t: Any) -> tuple[str, int] | None:
         place = t.place

@@ -14,7 +14,11 @@ _ARCH: dict[int, str] = {}
 
 
 class TorchOperands:
-    """Dense, non-complex CUDA tensors; the stream is torch's current stream of the device."""
+    """Dense, non-complex CUDA tensors; the stream is torch's current stream of the device.  Outputs only: four
+    inputs took 6.8-8.7 us of host time by ``torch._foreach_copy_`` and 7.5-10.1 us by a batch copy, four outputs
+    32.8-48.7 us by clones and 14.7-22.5 us by a batch copy (one H200 host, commit 6a1dbbe)."""
+
+    inputs = False
 
     def target(self, t: Any) -> tuple[str, int] | None:
         if not t.is_cuda or t.is_complex() or not t.is_contiguous() or t.is_sparse:
