@@ -294,7 +294,7 @@ def _pair(a, b, c, w):  # module level: the AST tracer cannot see closures
 
 @pytest.mark.parametrize("tracer", ["eager", "sot"])
 def test_batch_copies_move_inputs_and_outputs_exactly(rng, tracer, monkeypatch):
-    """Three new inputs each call (one launch of graphjit's batch copy in) and three outputs (one launch out):
+    """Four inputs copied in each call (one launch of graphjit's batch copy) and three outputs out (one more):
     equal to eager on the same GPU, and to numpy."""
     from graphjit import batch_copy
     from graphjit.collectives import csrc_build
@@ -336,4 +336,5 @@ def test_batch_copies_move_inputs_and_outputs_exactly(rng, tracer, monkeypatch):
                 assert rel(g_.numpy(), a @ w_np) < TF32, (tracer, i)
     s = step.stats()
     assert s["replays"] >= 4 and not s["fallbacks"], s
-    assert served.count(3) >= 2 * s["replays"], served  # three in, three out, on every replay
+    # on every replay: four in (the three new inputs, and w: the graph reads its own buffer of it), three out
+    assert served.count(4) >= s["replays"] and served.count(3) >= s["replays"], served
