@@ -49,7 +49,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     inputs = [torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "us": {}}
+    from graphjit.bench.common import environment
+
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "git_commit": environment().get("git_commit"), "us": {}}
     us = result["us"]
     us["eager"] = per_call_us(lambda: tiny(*inputs))
 
