@@ -269,7 +269,8 @@ GJ_EXPORT int gj_copy_preload(int device) {
 
 // Copy bytes[i] bytes from srcs[i] to dsts[i] for i < n, on `stream` of `device`, in one launch per 64 entries.
 // The caller guarantees the contract of batch_copy.cuh (device memory, dense, no overlap); null arrays, a
-// negative count or size, or a null pointer with a non-zero size are refused before anything is launched.
+// negative count or size, or a null pointer with a non-zero size are refused before anything is launched
+// (GJ_ERR_ARGUMENT), as is a call while a CUDA error of earlier work is pending (GJ_ERR_STATE: nothing launched).
 GJ_EXPORT int gj_copy_batch(int n, void* const* dsts, const void* const* srcs, const long long* bytes, int device,
                             void* stream) {
   if (n < 0 || (n > 0 && (!dsts || !srcs || !bytes))) return fail(GJ_ERR_ARGUMENT, "gj_copy_batch: bad arguments");
@@ -279,6 +280,11 @@ GJ_EXPORT int gj_copy_batch(int n, void* const* dsts, const void* const* srcs, c
   }
   if (n == 0) return GJ_OK;
   GJ_DEVICE(device);
+  // An error of earlier work of this library's runtime still pending: launching would report it as ours and clear
+  // it.  Leave it, and let the caller copy its own way this time.
+  cudaError_t pending = cudaPeekAtLastError();
+  if (pending != cudaSuccess)
+    return fail(GJ_ERR_STATE, "gj_copy_batch: a CUDA error of earlier work is pending (%s)", cudaGetErrorName(pending));
   GJ_CUDA(gjcopy::launch(n, dsts, srcs, bytes, static_cast<cudaStream_t>(stream)), "the batch copy launch");
   return GJ_OK;
 }

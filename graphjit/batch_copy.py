@@ -43,6 +43,8 @@ class Operands(Protocol):
 
     inputs: bool
     """Whether moved inputs go in by a batch copy (torch: no, its ``_foreach_copy_`` costs less host time)."""
+    outputs: bool
+    """Whether several fresh outputs come out by a batch copy."""
 
     def target(self, t: Any) -> tuple[str, int] | None:
         """``(architecture, device index)`` of a dense, non-complex tensor on a GPU; None for anything else."""
@@ -65,11 +67,18 @@ _lock = threading.Lock()
 _ready: dict[tuple[str, int], Library] = {}  # (arch, device): loaded, kernel loaded on the device
 _building: set[str] = set()
 _failed: dict[str, str] = {}  # arch: why there is no library (said once in the log)
+PENDING_ERROR = 6
+"""The library's status when a CUDA error of earlier work was pending: that call copies the framework's way, and
+the error is left for the framework to report."""
 
 
 def library(arch: str, device: int) -> Library | None:
     """The csrc library for ``arch`` with its copy kernel loaded on ``device``; None while it is being built in the
-    background, where ``GRAPHJIT_BATCH_COPY=off``, or where it cannot be built or loaded (logged once)."""
+    background, where ``GRAPHJIT_BATCH_COPY=off``, or where it cannot be built or loaded (logged once).
+
+    Loads (and, with ``on``, builds) only when called where no capture runs: :meth:`Batch.plan`, at a key's
+    capture; a replay only reads what is loaded.  The build runs outside the lock: other threads' calls do not
+    wait for nvcc."""
     lib = _ready.get((arch, device))
     if lib is not None:
         return lib
@@ -83,24 +92,35 @@ def library(arch: str, device: int) -> Library | None:
         if lib is not None:
             return lib
         try:
-            from .collectives import csrc_build
             from .collectives import library as csrc_library
-            path = csrc_library.library_path(arch)
-            if not path.is_file():
-                if mode == "auto":
-                    _building.add(arch)
-                    threading.Thread(target=_build, args=(arch,), name="graphjit-batch-copy-build",
-                                     daemon=True).start()
-                    return None
-                csrc_build.build(arch)
+            built = csrc_library.library_path(arch).is_file()
+        except Exception as exc:  # the sources are missing
+            _fail(arch, str(exc))
+            return None
+        if not built:
+            _building.add(arch)
+            if mode == "auto":
+                threading.Thread(target=_build, args=(arch,), name="graphjit-batch-copy-build", daemon=True).start()
+                return None
+    if not built:  # on: build here, outside the lock
+        _build(arch)
+    with _lock:
+        if arch in _failed:
+            return None
+        try:
             lib = csrc_library.load(arch, build_if_missing=False)
             lib.copy_preload(device)
         except Exception as exc:  # BuildError, CollectiveError, OSError: the framework's copies serve
             _fail(arch, str(exc))
             return None
         _ready[(arch, device)] = lib
-        log.debug("graphjit: batch copies on cuda:%d use %s", device, lib.path)
-        return lib
+    log.debug("graphjit: batch copies on cuda:%d use %s", device, lib.path)
+    return lib
+
+
+def loaded(arch: str, device: int) -> Library | None:
+    """The library :func:`library` loaded for ``arch`` on ``device``, if it did (a replay's read: loads nothing)."""
+    return _ready.get((arch, device))
 
 
 def never(arch: str) -> bool:
@@ -109,9 +129,9 @@ def never(arch: str) -> bool:
 
 
 def _build(arch: str) -> None:
-    """The background build of ``auto`` mode; the next :func:`library` call loads what it built."""
-    log.info("graphjit: building the batch copy kernel for %s in the background (nvcc; copies go the framework's "
-             "way until it is ready; `python -m graphjit build` builds it ahead of time)", arch)
+    """Build the library (``auto``: in a background thread); a later :func:`library` call loads it."""
+    log.info("graphjit: building the batch copy kernel for %s (nvcc, a few seconds; copies go the framework's way "
+             "until it is ready; `python -m graphjit build` builds it ahead of time)", arch)
     try:
         from .collectives import csrc_build
         csrc_build.build(arch)
@@ -141,11 +161,13 @@ class Batch:
 
     :meth:`into` copies call tensors into fixed buffers (inputs), :meth:`out_of` fixed buffers into new tensors
     (outputs).  Either says no (False, None), having copied nothing the caller relies on, where the batch cannot
-    serve this call (fewer than :data:`MIN_TENSORS` copies, a call tensor that is not dense, no library): the caller
-    then copies the framework's way."""
+    serve this call (fewer than :data:`MIN_TENSORS` copies, a call tensor that is not dense, a fixed tensor no longer
+    at its address, no library, a CUDA error pending from earlier work): the caller then copies the framework's
+    way.  The caller guarantees that no source lies inside a destination (``StaticInputs.load`` clones such a
+    source first)."""
 
-    __slots__ = ("arch", "at", "calls", "dense", "device", "dst", "fixed", "fixed_ptrs", "fn", "nbytes", "ops", "ptr",
-                 "sizes", "src", "stream", "usable")
+    __slots__ = ("arch", "at", "calls", "dense", "device", "dst", "fixed", "fixed_ptrs", "fn", "lib", "nbytes", "ops",
+                 "ptr", "sizes", "src", "stream", "usable")
 
     def __init__(self, ops: Operands, fixed: Sequence[Any], usable: Sequence[bool], arch: str, device: int) -> None:
         self.ops = ops
@@ -163,14 +185,16 @@ class Batch:
         self.src = array.array("Q", [0] * n)
         self.sizes = array.array("q", self.nbytes)
         self.at = (self.dst.buffer_info()[0], self.src.buffer_info()[0], self.sizes.buffer_info()[0])
-        self.fn: Any = None  # the library's copy_batch once loaded; False where there will be none
+        self.lib: Any = None  # the loaded library; False where there will be none
+        self.fn: Any = None  # its copy_batch
         self.calls = 0  # calls it served
 
     @classmethod
     def plan(cls, ops: Operands | None, fixed: Sequence[Any], every: bool = False) -> Batch | None:
-        """A batch for the fixed buffers that are dense non-complex tensors of one GPU (the first such tensor's;
-        None stands for a buffer it never copies), where at least :data:`MIN_TENSORS` are (``every``: where all
-        are), else None."""
+        """A batch for the fixed buffers that are dense tensors of one GPU without lazy bits (the first such
+        tensor's; None stands for a buffer it never copies), where at least :data:`MIN_TENSORS` are (``every``:
+        where all are), else None.  Called at a key's capture, outside it: loads the library here (never on a
+        replay), and plans nothing where there will be none (``off``, or it failed)."""
         if ops is None or len(fixed) < MIN_TENSORS:
             return None
         where = [ops.target(t) if t is not None else None for t in fixed]
@@ -180,26 +204,33 @@ class Batch:
         usable = [w == first for w in where]
         if sum(usable) < MIN_TENSORS or (every and not all(usable)):
             return None
-        return cls(ops, fixed, usable, first[0], first[1])
+        arch, device = first
+        lib = library(arch, device)
+        if lib is None and never(arch):
+            return None
+        batch = cls(ops, fixed, usable, arch, device)
+        if lib is not None:
+            batch.lib, batch.fn = lib, lib.copy_batch
+        return batch
 
     def _function(self) -> Any:
-        """The library's ``copy_batch``, loaded at the first call that needs it; None while there is none."""
-        fn = self.fn
-        if fn is None:
-            lib = library(self.arch, self.device)
+        """The library's ``copy_batch`` once :func:`library` loaded it (built in the background meanwhile); None
+        until then, and for good where there will be none."""
+        if self.lib is None:
+            lib = loaded(self.arch, self.device)
             if lib is None:
-                if never(self.arch):  # off, or it cannot be built or loaded: stop asking on every call
-                    self.fn = False
+                if never(self.arch):
+                    self.lib = False
                 return None
-            fn = self.fn = lib.copy_batch
-        return fn or None
+            self.lib, self.fn = lib, lib.copy_batch
+        return self.fn if self.lib else None
 
     def into(self, which: Sequence[int], tensors: Sequence[Any]) -> bool:
         """Copy ``tensors[k]`` into fixed buffer ``which[k]`` for every k (the key's shapes and dtypes)."""
         n = len(which)
         if n < MIN_TENSORS:
             return False
-        fn = self.fn or self._function()
+        fn = self.fn if self.lib else self._function()
         if fn is None:
             return False
         dense, ptr = self.dense, self.ptr
@@ -214,34 +245,45 @@ class Batch:
             sizes[k] = nbytes[i]
             k += 1
         d, s, b = self.at
-        if fn(n, d, s, b, self.device, self.stream()):
-            return self._failed()
+        rc = fn(n, d, s, b, self.device, self.stream())
+        if rc:
+            return self._failed(rc)
         self.calls += 1
         return True
 
     def out_of(self) -> list[Any] | None:
-        """New tensors holding a copy of every fixed buffer, in order; None where the batch cannot serve."""
-        fn = self.fn or self._function()
+        """New tensors holding a copy of every fixed buffer, in order; None where the batch cannot serve (a fixed
+        tensor that is no longer at its address, say a module buffer returned as it is and rebound since)."""
+        fn = self.fn if self.lib else self._function()
         if fn is None:
             return None
-        empty, ptr = self.ops.empty_like, self.ptr
-        outs = [empty(t) for t in self.fixed]
-        dst, src = self.dst, self.src
-        for k, (o, p) in enumerate(zip(outs, self.fixed_ptrs)):
-            dst[k] = ptr(o)
+        ptr = self.ptr
+        src = self.src
+        for k, (t, p) in enumerate(zip(self.fixed, self.fixed_ptrs)):
+            if ptr(t) != p:
+                return None
             src[k] = p
+        empty = self.ops.empty_like
+        outs = [empty(t) for t in self.fixed]
+        dst = self.dst
+        for k, o in enumerate(outs):
+            dst[k] = ptr(o)
         d, s, b = self.at
-        if fn(len(outs), d, s, b, self.device, self.stream()):
-            self._failed()
+        rc = fn(len(outs), d, s, b, self.device, self.stream())
+        if rc:
+            self._failed(rc)
             return None
         self.calls += 1
         return outs
 
-    def _failed(self) -> bool:
-        """After a failed call: no more batch copies for this GPU's architecture (logged once); always False."""
-        lib = library(self.arch, self.device)
-        why = (lib.last_error() if lib is not None else "") or "no message"
-        self.fn = False
+    def _failed(self, rc: int) -> bool:
+        """After a call the library refused (nothing enqueued that the caller relies on): a CUDA error pending from
+        earlier work leaves it to the framework (this call only); anything else ends batch copies for this GPU's
+        architecture (logged once).  Always False."""
+        if rc == PENDING_ERROR:
+            return False
+        why = self.lib.last_error() or f"status {rc}"
+        self.lib, self.fn = False, None
         with _lock:
             _ready.pop((self.arch, self.device), None)
             _fail(self.arch, f"the batch copy failed: {why}")

@@ -23,6 +23,7 @@ passing it back in the next call keeps every address the graph was captured with
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -93,7 +94,10 @@ class StaticInputs:
         self.aliases = frozenset(i for i, _owner in self.alias_pairs)  # copied in by their owner: one buffer
         self.adopted_ptrs = frozenset(self.ptrs[i] for i in self.adopted_idx)
         # graphjit's own buffers (handed out by static_inputs()): a caller may pass one as another input
-        self.owned_ptrs = frozenset(p for i, p in enumerate(self.ptrs) if not adopted[i])
+        # (a view into one, too: a source inside a buffer is read before anything is copied into that buffer)
+        owned = sorted({(p, p + backend.nbytes(statics[i])) for i, p in enumerate(self.ptrs) if not adopted[i]})
+        self.owned_starts = [start for start, _end in owned]
+        self.owned_ends = [end for _start, end in owned]
         # several moved inputs: one launch of graphjit's batch copy (graphjit.batch_copy), where it can serve
         ops = backend.batch_operands()
         self.batch = (Batch.plan(ops, [None if adopted[i] else st for i, st in enumerate(statics)])
@@ -143,8 +147,8 @@ class StaticInputs:
                 if p in adopted_ptrs:  # an adopted input passed again as this one: the graph reads a stale copy
                     raise InputMoved(i)
                 which.append(i)
-                # another input's buffer (static_inputs() passed swapped): copied before that buffer is written
-                srcs.append(b.clone(t) if p in self.owned_ptrs else t)
+                # another input's buffer or a view into one (static_inputs() passed swapped): read before it is written
+                srcs.append(b.clone(t) if self._inside_owned(p) else t)
             elif stride(t) != strides[i] and not self._same_layout(i, t):  # the buffer in another layout: via a clone
                 which.append(i)
                 srcs.append(b.clone(t))
@@ -153,6 +157,11 @@ class StaticInputs:
             if batch is None or not batch.into(which, srcs):
                 b.copy_many([statics[i] for i in which], srcs, self.grad_free)
             self.copies += len(which)
+
+    def _inside_owned(self, p: int) -> bool:
+        """The address ``p`` lies inside one of graphjit's own input buffers."""
+        k = bisect.bisect_right(self.owned_starts, p) - 1
+        return k >= 0 and p < self.owned_ends[k]
 
     def _same_layout(self, i: int, t: Any) -> bool:
         """``t`` (at buffer ``i``'s address) has the buffer's strides, where its size makes them matter."""
@@ -216,7 +225,8 @@ class StaticOutputs:
             self.rebuild_copy = rebuilder(obj, [not mine for mine in self.own], is_tensor)
             self.rebuild_alias = rebuilder(obj, [False] * len(self.tensors), is_tensor)
             # copies of several outputs: one launch of graphjit's batch copy (graphjit.batch_copy), where it can serve
-            self.batch = Batch.plan(backend.batch_operands(), self.fresh, every=True)
+            ops = backend.batch_operands()
+            self.batch = Batch.plan(ops, self.fresh, every=True) if ops is not None and ops.outputs else None
 
     def result(self, pads: Sequence[Pad], copy: bool) -> Any:
         """The call's return value: copies (or views) of the static outputs, padding sliced off."""

@@ -39,14 +39,16 @@ class _CpuOperands(TorchOperands):
 class _HostLibrary:
     """The library's ``copy_batch(n, dsts, srcs, bytes, device, stream)`` with memmove; ``fail`` makes it refuse."""
 
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
+    def __init__(self, fail: int = 0) -> None:
+        self.fail = fail  # the status to refuse with (0: copy)
         self.calls: list[int] = []
+        self.attempts = 0
 
     def copy_batch(self, n: int, dsts: int, srcs: int, sizes: int, device: int, stream: int) -> int:
         """The C function's contract: three arrays of n entries, given by address."""
+        self.attempts += 1
         if self.fail:
-            return 2
+            return self.fail
         dst = (ctypes.c_uint64 * n).from_address(dsts)
         src = (ctypes.c_uint64 * n).from_address(srcs)
         size = (ctypes.c_int64 * n).from_address(sizes)
@@ -127,7 +129,7 @@ def test_one_tensor_passed_twice_is_copied_once(host_batches):
 
 
 def test_a_failing_library_is_left_for_the_framework_copies_and_said_once(emu, monkeypatch, caplog):
-    lib = _HostLibrary(fail=True)
+    lib = _HostLibrary(fail=2)
     monkeypatch.setattr(type(emu), "batch_operands", lambda self: _CpuOperands(), raising=False)
     monkeypatch.setattr(batch_copy, "library", lambda arch, device: lib)
     monkeypatch.setattr(batch_copy, "_failed", {})
@@ -137,7 +139,8 @@ def test_a_failing_library_is_left_for_the_framework_copies_and_said_once(emu, m
             args = _inputs(seed)
             out = g(*args, 0.5)
             assert all(torch.equal(o, w) for o, w in zip(out, _step(*args, 0.5)))
-    assert g.stats()["replays"] >= 3 and lib.calls == []
+    assert g.stats()["replays"] >= 3 and lib.attempts == 2  # refused once for the inputs, once for the outputs
+
     said = [r for r in caplog.records if "no batch copies" in r.getMessage()]
     assert len(said) == 1 and "the stand-in refused" in said[0].getMessage()
     assert "sm_test" in batch_copy.status()["failed"]
@@ -154,7 +157,8 @@ def test_no_library_means_framework_copies(emu, monkeypatch):
     assert g.stats()["replays"] >= 2
 
 
-def test_plan_takes_only_dense_tensors_of_one_device():
+def test_plan_takes_only_dense_tensors_of_one_device(monkeypatch):
+    monkeypatch.setattr(batch_copy, "library", lambda arch, device: _HostLibrary())
     ops = _CpuOperands()
     dense = [torch.zeros(3), torch.zeros(4)]
     assert batch_copy.Batch.plan(ops, dense) is not None
@@ -182,3 +186,147 @@ def test_the_library_says_none_when_switched_off(monkeypatch):
     finally:
         monkeypatch.delenv("GRAPHJIT_BATCH_COPY")
         env.refresh()
+
+
+def test_a_pending_cuda_error_leaves_that_call_to_the_framework_only(emu, monkeypatch):
+    lib = _HostLibrary(fail=batch_copy.PENDING_ERROR)
+    monkeypatch.setattr(type(emu), "batch_operands", lambda self: _CpuOperands(), raising=False)
+    monkeypatch.setattr(batch_copy, "library", lambda arch, device: lib)
+    g = graphjit.graphed(_step)
+    for seed in range(5):
+        args = _inputs(seed)
+        assert all(torch.equal(o, w) for o, w in zip(g(*args, 0.5), _step(*args, 0.5)))
+    tried = lib.attempts
+    assert tried >= 2 * (g.stats()["replays"] - 1)  # asked again on every call: not switched off
+    lib.fail = 0
+    args = _inputs(9)
+    assert all(torch.equal(o, w) for o, w in zip(g(*args, 0.5), _step(*args, 0.5)))
+    assert lib.calls == [3, 2]
+
+
+class _Table(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.arange(4.0))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.table, x * 2
+
+
+def test_an_output_rebound_since_the_capture_is_copied_from_where_it_is_now(host_batches):
+    """A module buffer returned as it is is a static output the graph does not write; rebinding its storage moves it:
+    the batch's address from the capture is stale, so that call copies the framework's way."""
+    m = _Table()
+    g = graphjit.graphed(m.forward)
+    for _ in range(4):
+        table, doubled = g(torch.ones(4))
+        assert torch.equal(table, torch.arange(4.0)) and torch.equal(doubled, torch.full((4,), 2.0))
+    served = host_batches.calls.count(2)
+    assert served >= 1
+    m.table.data = torch.full((4,), 5.0)
+    table, _ = g(torch.ones(4))
+    assert torch.equal(table, torch.full((4,), 5.0))  # eager returns the buffer's new contents
+    assert host_batches.calls.count(2) == served
+
+
+def _head(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x[:2] * 10 + y
+
+
+def test_a_view_into_another_inputs_buffer_is_read_before_that_buffer_is_written(host_batches):
+    g = graphjit.graphed(_head)
+    for _ in range(4):
+        g(torch.randn(4), torch.randn(2))
+    (sx, _sy), _ = g.static_inputs(torch.randn(4), torch.randn(2))
+    sx.copy_(torch.tensor([0.0, 1.0, 2.0, 3.0]))
+    y = sx[2:]  # inside x's buffer, which this call's new x overwrites
+    x = torch.tensor([7.0, 8.0, 9.0, 9.0])
+    want = _head(x, y.clone())
+    got = g(x, y)
+    assert torch.equal(got, want), (got, want)
+
+
+def test_plain_bytes_refuses_lazy_bits_and_other_layouts():
+    from graphjit.backends.torch.copies import OPERANDS, _plain_bytes
+
+    z = torch.tensor([1 + 2j, 3 - 4j])
+    assert _plain_bytes(torch.zeros(3)) and not _plain_bytes(z)
+    assert not _plain_bytes(z.conj().imag)  # float32, contiguous, with the negative bit
+    assert not _plain_bytes(torch.zeros(4, 4).t())
+    assert not _plain_bytes(torch.eye(3).to_sparse())
+    assert not _plain_bytes(torch._efficientzerotensor(3))
+    assert OPERANDS.target(torch.zeros(3)) is None  # a CPU tensor: never a batch copy
+    column = torch.zeros(100, 1)
+    assert OPERANDS.empty_like(column).stride() == column.clone(memory_format=torch.contiguous_format).stride()
+
+
+class _FakeLoaded:
+    def __init__(self) -> None:
+        self.preloaded: list[int] = []
+        self.copy_batch = lambda *a: 0
+        self.path = "fake"
+
+    def copy_preload(self, device: int) -> None:
+        self.preloaded.append(device)
+
+
+@pytest.fixture
+def fresh_loader(monkeypatch, tmp_path):
+    """batch_copy's loader with an empty state, a library path under tmp_path and stand-ins for build and load."""
+    from graphjit import env
+    from graphjit.collectives import csrc_build
+    from graphjit.collectives import library as csrc_library
+
+    monkeypatch.setattr(batch_copy, "_ready", {})
+    monkeypatch.setattr(batch_copy, "_building", set())
+    monkeypatch.setattr(batch_copy, "_failed", {})
+    path = tmp_path / "lib.so"
+    built = _FakeLoaded()
+    state = {"builds": 0, "fail": False}
+
+    def build(arch: str, **_: Any) -> Any:
+        state["builds"] += 1
+        if state["fail"]:
+            raise csrc_build.BuildError("nvcc was not found")
+        path.write_text("built")
+        return path
+
+    monkeypatch.setattr(csrc_library, "library_path", lambda arch, cache=None, sources=None: path)
+    monkeypatch.setattr(csrc_build, "build", build)
+    monkeypatch.setattr(csrc_library, "load", lambda arch, **_: built)
+    yield state, built, path
+    monkeypatch.delenv("GRAPHJIT_BATCH_COPY", raising=False)
+    env.refresh()
+
+
+def test_auto_builds_in_the_background_and_a_later_capture_loads(fresh_loader, monkeypatch):
+    from graphjit import env
+
+    state, built, path = fresh_loader
+    monkeypatch.setenv("GRAPHJIT_BATCH_COPY", "auto")
+    env.refresh()
+    assert batch_copy.library("sm_x", 0) is None  # not built: a build starts, the call goes on without it
+    for _ in range(200):
+        if not batch_copy.status()["building"]:
+            break
+        import time
+
+        time.sleep(0.01)
+    assert state["builds"] == 1 and path.is_file() and batch_copy.loaded("sm_x", 0) is None  # replays load nothing
+    assert batch_copy.library("sm_x", 0) is built and built.preloaded == [0]
+    assert batch_copy.loaded("sm_x", 0) is built and batch_copy.status()["ready"] == ["sm_x/cuda:0"]
+
+
+def test_on_builds_at_once_and_a_failed_build_is_said_and_never_tried_again(fresh_loader, monkeypatch):
+    from graphjit import env
+
+    state, built, _path = fresh_loader
+    monkeypatch.setenv("GRAPHJIT_BATCH_COPY", "on")
+    env.refresh()
+    state["fail"] = True
+    assert batch_copy.library("sm_y", 0) is None and batch_copy.never("sm_y")
+    assert "nvcc was not found" in batch_copy.status()["failed"]["sm_y"]
+    assert batch_copy.library("sm_y", 0) is None and state["builds"] == 1
+    assert batch_copy.Batch.plan(_CpuOperands(), [torch.zeros(2), torch.zeros(2)]) is None  # sm_test fails too
+    state["fail"] = False
+    assert batch_copy.library("sm_z", 1) is built and built.preloaded == [1] and state["builds"] == 3

@@ -301,6 +301,8 @@ def test_batch_copies_move_inputs_and_outputs_exactly(rng, tracer, monkeypatch):
 
     major, minor = paddle.device.cuda.get_device_capability(0)
     arch = f"sm_{major}{minor}"
+    if csrc_build.find_nvcc()[0] is None and not csrc_build.library_path(arch).is_file():
+        pytest.skip("graphjit's csrc library is not built and nvcc is not installed")
     csrc_build.build(arch)
     assert batch_copy.library(arch, 0) is not None, batch_copy.status()
     served: list[int] = []

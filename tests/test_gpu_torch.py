@@ -551,6 +551,8 @@ def _built_batch_library(dev) -> None:
 
     major, minor = torch.cuda.get_device_capability(dev)
     arch = f"sm_{major}{minor}"
+    if csrc_build.find_nvcc()[0] is None and not csrc_build.library_path(arch).is_file():
+        pytest.skip("graphjit's csrc library is not built and nvcc is not installed")
     csrc_build.build(arch)
     assert batch_copy.library(arch, dev.index or 0) is not None, batch_copy.status()
 
