@@ -1,22 +1,25 @@
 """Several tensors copied in one kernel launch around a replay (``csrc/batch_copy.cuh``): the caller's inputs into a
-key's static inputs, and a key's static outputs into the fresh tensors a call returns.
+key's static inputs (Paddle), and a key's static outputs into the fresh tensors a call returns (torch and Paddle).
 
 A framework copies tensor by tensor, one launch each (``torch._foreach_copy_`` groups them, Paddle has no such op),
 and on a virtualised host a launch costs microseconds of host time.  A :class:`Batch` is planned once per key, at
-capture: the side of every copy that is fixed (the static buffers: their addresses and sizes) goes into ctypes
-arrays then; a call fills in only the other side and makes one call into the library.
+capture: the side of every copy that is fixed (the static buffers: their addresses and sizes) goes into arrays
+then; a call fills in only the other side and makes one call into the library.
 
 Guarantees: a batch copy writes the same bytes as the framework's copy it replaces, on the same stream (the current
 one, which the replay runs on), so nothing ordered before or after it changes.  It is used only where every operand
-is dense memory of one GPU (checked per call for the caller's tensors, once for the static ones) and of a dtype
-without lazy bits (not complex: torch's conjugate and negative views); anything else goes the framework's way, as
-does every call while the library is missing or after it failed once (logged once): :class:`Batch` says no
-and its caller copies as before, so a result never depends on it.
+is dense memory of one GPU and is its bytes (no torch conjugate or negative bit, not complex, quantized, sparse or a
+zero tensor): checked per call for the caller's tensors, once for the static ones, whose addresses are compared on
+every call (a buffer rebound since the capture goes the framework's way).  A source inside a destination is cloned
+by the caller first (``StaticInputs.load``).  Anything else goes the framework's way, as does every call while the
+library is missing, after it failed once (logged once), or while a CUDA error of earlier work is pending:
+:class:`Batch` says no and its caller copies as before, so a result never depends on it.
 
 Refuses nothing: it is an optimisation with a fallback.  The library is the csrc one of the custom all-reduce
-(``python -m graphjit build`` builds it ahead of time).  ``GRAPHJIT_BATCH_COPY``: ``auto`` (default) uses it where it
-is built and otherwise builds it once per process in a background thread (nvcc, a few seconds), the calls in the
-meantime copying the framework's way; ``on`` builds it at the first call that needs it; ``off`` never uses it.
+(``python -m graphjit build`` builds it ahead of time), loaded where a key is planned, never on a replay.
+``GRAPHJIT_BATCH_COPY``: ``auto`` (default) uses it where it is built and otherwise builds it once per process in a
+background thread (nvcc, a few seconds): keys planned in the meantime copy the framework's way until a later capture
+loaded it; ``on`` builds it at the first capture that needs it; ``off`` never uses it.
 """
 
 from __future__ import annotations
