@@ -70,9 +70,6 @@ _lock = threading.Lock()
 _ready: dict[tuple[str, int], Library] = {}  # (arch, device): loaded, kernel loaded on the device
 _building: set[str] = set()
 _failed: dict[str, str] = {}  # arch: why there is no library (said once in the log)
-PENDING_ERROR = 6
-"""The library's status when a CUDA error of earlier work was pending: that call copies the framework's way, and
-the error is left for the framework to report."""
 
 
 def library(arch: str, device: int) -> Library | None:
@@ -283,7 +280,9 @@ class Batch:
         """After a call the library refused (nothing enqueued that the caller relies on): a CUDA error pending from
         earlier work leaves it to the framework (this call only); anything else ends batch copies for this GPU's
         architecture (logged once).  Always False."""
-        if rc == PENDING_ERROR:
+        from .collectives.library import ERR_STATE  # a CUDA error of earlier work pending: left for its owner
+
+        if rc == ERR_STATE:
             return False
         why = self.lib.last_error() or f"status {rc}"
         self.lib, self.fn = False, None

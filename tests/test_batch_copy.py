@@ -189,7 +189,9 @@ def test_the_library_says_none_when_switched_off(monkeypatch):
 
 
 def test_a_pending_cuda_error_leaves_that_call_to_the_framework_only(emu, monkeypatch):
-    lib = _HostLibrary(fail=batch_copy.PENDING_ERROR)
+    from graphjit.collectives.library import ERR_STATE
+
+    lib = _HostLibrary(fail=ERR_STATE)
     monkeypatch.setattr(type(emu), "batch_operands", lambda self: _CpuOperands(), raising=False)
     monkeypatch.setattr(batch_copy, "library", lambda arch, device: lib)
     g = graphjit.graphed(_step)

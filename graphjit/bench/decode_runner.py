@@ -216,6 +216,7 @@ class DecodeRunner:
     def host_graphed_calls(self, tiny: Callable[..., Any], inputs: list[Any], calls: dict[str, Callable[..., Any]],
                            keep: list[Any], out: dict[str, Any]) -> None:
         """Add the graphed calls of :meth:`host_cost` (graphed functions go into ``keep``)."""
+
     def add_graphed_and_signing(self, tiny: Callable[..., Any], inputs: list[Any], calls: dict[str, Callable[..., Any]],
                                 keep: list[Any], out: dict[str, Any], **options: Any) -> None:
         """The calls both frameworks time in :meth:`host_graphed_calls`: ``@graphed`` (``options`` added), with alias
@@ -260,11 +261,11 @@ class DecodeRunner:
 
         ops = self.batch_operands(inputs)
         where = ops.target(inputs[0]) if ops is not None else None
-        if where is not None and batch_copy.library(*where) is None and not batch_copy.never(where[0]):
+        if where is not None and not batch_copy.never(where[0]):
             try:
                 from graphjit.collectives import csrc_build
 
-                csrc_build.build(where[0])
+                csrc_build.build(where[0])  # built here first (at once where it is cached), then loaded
             except Exception as exc:
                 return {"error": common.error_text(exc), **batch_copy.status()}
             batch_copy.library(*where)
@@ -282,6 +283,7 @@ class DecodeRunner:
         backend = backends.for_type(type(t))
         assert backend is not None
         return backend.clone(t)
+
     @abstractmethod
     def release(self, keep: list[Any]) -> None:
         """Done with a variant's graphs and graphed functions."""

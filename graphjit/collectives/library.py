@@ -1,6 +1,6 @@
-"""The custom all-reduce's library, loaded with ctypes: its C API (status codes with a thread-local message,
-:class:`CollectiveError` carrying both) as :class:`Library` methods, and :func:`load`, which builds it first
-when it is missing (:mod:`graphjit.collectives.csrc_build`)."""
+"""The csrc library (the custom all-reduce and the batch copy), loaded with ctypes: its C API (status codes with
+a thread-local message, :class:`CollectiveError` carrying both) as :class:`Library` methods, and :func:`load`, which
+builds it first when it is missing (:mod:`graphjit.collectives.csrc_build`)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "gj_ar_probe_write": ([_P, _c.c_uint, _P], _c.c_int),
     "gj_ar_probe_check": ([_P, _c.c_uint, _P, _c.POINTER(_c.c_int)], _c.c_int),
     "gj_copy_preload": ([_c.c_int], _c.c_int),
-    "gj_copy_batch": ([_c.c_int, _c.POINTER(_P), _c.POINTER(_P), _c.POINTER(_c.c_longlong), _c.c_int, _P], _c.c_int),
+    "gj_copy_batch": ([_c.c_int, _P, _P, _P, _c.c_int, _P], _c.c_int),  # the three arrays by address
 }
 
 
@@ -102,8 +102,7 @@ class Library:
         # re-acquire around a call that only enqueues a kernel): copy_batch(n, dsts, srcs, bytes, device, stream),
         # the three arrays by address; a status code back, 0 for ok (else last_error() says why).
         fast = ctypes.PyDLL(str(self.path)).gj_copy_batch
-        fast.argtypes = [_c.c_int, _P, _P, _P, _c.c_int, _P]
-        fast.restype = _c.c_int
+        fast.argtypes, fast.restype = _SIGNATURES["gj_copy_batch"]
         self.copy_batch = fast
 
     # -- errors --------------------------------------------------------------------------------

@@ -3,15 +3,15 @@ take, the current stream as an integer, and new output tensors."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import paddle
 
-# What paddle.device.current_stream wraps, without building a Stream object (None where this Paddle lacks it)
-_RAW_STREAM = getattr(getattr(getattr(paddle, "base", None), "core", None), "_get_current_stream", None)
+from . import device as cuda_device
+
 _COMPLEX = frozenset(d for d in (getattr(paddle, "complex64", None), getattr(paddle, "complex128", None)) if d)
-_ARCH: dict[int, str] = {}
 _EMPTY = getattr(getattr(paddle, "_C_ops", None), "empty", None)  # empty(shape, dtype, place); stop_gradient=True
 
 
@@ -34,22 +34,10 @@ class PaddleOperands:
                 or not _is_contiguous(t)):
             return None
         index = int(place.gpu_device_id())
-        arch = _ARCH.get(index)
-        if arch is None:
-            major, minor = paddle.device.cuda.get_device_capability(index)
-            arch = _ARCH[index] = f"sm_{major}{minor}"
-        return arch, index
+        return cuda_device.arch(index), index
 
     def stream(self, device: int) -> Callable[[], int]:
-        if _RAW_STREAM is not None:
-            raw = _RAW_STREAM
-            return lambda: int(raw(device).cuda_stream)
-
-        def public() -> int:
-            stream: Any = paddle.device.cuda.current_stream(device)
-            handle = getattr(stream, "cuda_stream", None)
-            return int(handle if handle is not None else stream.stream_base.cuda_stream)
-        return public
+        return functools.partial(cuda_device.current_stream, device)
 
     def dense(self, t: Any) -> bool:
         return _is_contiguous(t)

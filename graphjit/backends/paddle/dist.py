@@ -29,12 +29,10 @@ import paddle.distributed as dist
 
 from ..dist_base import Call, DistBackend, TensorInfo
 from . import breaks
+from . import device as cuda_device
 from .graphs import skip_graphjit_in_sot
 
 _DTYPES = {paddle.float32: "float32", paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
-# What paddle.device.current_stream wraps: the current stream of a GPU index, without building a Stream
-# object; None where this Paddle has no such call (the public route then serves).
-_RAW_STREAM = getattr(getattr(getattr(paddle, "base", None), "core", None), "_get_current_stream", None)
 
 
 class CompletedTask:
@@ -170,22 +168,10 @@ class Dist(DistBackend):
         return int(str(paddle.device.get_device()).split(":")[-1])
 
     def capability(self, device: int) -> tuple[int, int]:
-        major, minor = paddle.device.cuda.get_device_capability(device)
-        return int(major), int(minor)
+        return cuda_device.capability(device)
 
     def current_stream(self, device: int) -> int:
-        if _RAW_STREAM is not None:
-            try:
-                return int(_RAW_STREAM(device).cuda_stream)
-            except Exception:  # another signature or stream type: the public route below
-                pass
-        getter = getattr(paddle.device, "current_stream", None)
-        stream = getter(paddle.CUDAPlace(device)) if getter is not None else paddle.device.cuda.current_stream(device)
-        base: Any = getattr(stream, "stream_base", stream)
-        handle = getattr(base, "cuda_stream", None)
-        if handle is None:
-            handle = base.raw_stream
-        return int(handle)
+        return cuda_device.current_stream(device)
 
     def capturing(self) -> bool:
         probe = getattr(paddle.base.core, "is_cuda_graph_capturing", None)

@@ -3,14 +3,13 @@ take, the current stream as an integer, and new output tensors."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-# The current stream's cudaStream_t as an int without building a torch.cuda.Stream (torch._inductor's get_raw_stream)
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_ARCH: dict[int, str] = {}
+from . import device as cuda_device
 
 
 def _plain_bytes(t: Any) -> bool:
@@ -32,17 +31,10 @@ class TorchOperands:
         if not (type(t) is torch.Tensor and t.is_cuda and _plain_bytes(t)):
             return None
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-        arch = _ARCH.get(index)
-        if arch is None:
-            major, minor = torch.cuda.get_device_capability(index)
-            arch = _ARCH[index] = f"sm_{major}{minor}"
-        return arch, index
+        return cuda_device.arch(index), index
 
     def stream(self, device: int) -> Callable[[], int]:
-        if _RAW_STREAM is not None:
-            raw = _RAW_STREAM
-            return lambda: raw(device)  # type: ignore[no-any-return]
-        return lambda: int(torch.cuda.current_stream(device).cuda_stream)
+        return functools.partial(cuda_device.current_stream, device)
 
     def dense(self, t: Any) -> bool:
         return bool(t.is_contiguous())

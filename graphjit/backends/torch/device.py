@@ -1,11 +1,37 @@
 """What torch says about this machine's GPUs: the one answer to "can torch run CUDA here" that the
-backend, the all-reduce, the benchmarks and the doctor share, and the description benchmarks record."""
+backend, the all-reduce, the benchmarks and the doctor share, the description benchmarks record, and a GPU's
+current stream and architecture as the csrc library takes them."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
+
+# The current stream's cudaStream_t as an int, without building a torch.cuda.Stream (what
+# torch._inductor's get_raw_stream calls); None in a CPU build or a torch without it.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(device: int) -> int:
+    """The current stream of GPU ``device`` as a ``cudaStream_t`` integer (the all-reduce's and the batch copy's)."""
+    if _RAW_STREAM is not None:
+        return int(_RAW_STREAM(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def capability(device: int) -> tuple[int, int]:
+    """GPU ``device``'s compute capability, ``(major, minor)``."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return int(major), int(minor)
+
+
+@functools.cache
+def arch(device: int) -> str:
+    """GPU ``device``'s architecture as nvcc names it (``sm_90``), read once."""
+    major, minor = capability(device)
+    return f"sm_{major}{minor}"
 
 
 def cuda_unavailable() -> str | None:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from ..dist_base import Call, DistBackend, TensorInfo, from_compiled_graph
 from . import breaks
+from . import device as cuda_device
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _COMPILE_REASON = ("graphjit's all_reduce swap runs eagerly for calls with a group, an op other than SUM or "
@@ -40,9 +41,6 @@ _COMPILE_REASON = ("graphjit's all_reduce swap runs eagerly for calls with a gro
                    "compile without fullgraph=True, or call graphjit.collectives.shutdown() first")
 _SUM = dist.ReduceOp.SUM
 _OP_NAME = "graphjit::all_reduce_"
-# The current stream's cudaStream_t as an int, without building a torch.cuda.Stream (what
-# torch._inductor's get_raw_stream calls); None in a CPU build or a torch without it.
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _CUDA_NAMES = [f"cuda:{i}" for i in range(64)]  # device strings of TensorInfo, built once
 
 
@@ -204,13 +202,10 @@ class Dist(DistBackend):
         return int(torch.cuda.current_device())
 
     def capability(self, device: int) -> tuple[int, int]:
-        major, minor = torch.cuda.get_device_capability(device)
-        return int(major), int(minor)
+        return cuda_device.capability(device)
 
     def current_stream(self, device: int) -> int:
-        if _RAW_STREAM is not None:
-            return int(_RAW_STREAM(device))
-        return int(torch.cuda.current_stream(device).cuda_stream)
+        return cuda_device.current_stream(device)
 
     def capturing(self) -> bool:
         return bool(torch.cuda.is_current_stream_capturing())
