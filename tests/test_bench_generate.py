@@ -44,10 +44,40 @@ def test_cpu_smoke_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFix
 def test_the_graphed_variant_decodes_from_one_graph(emu):
     from graphjit.bench.torch.generate import GenerateBench
 
-    args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=6, prompt_len=5, repeats=2)
+    args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=6, prompt_len=5, repeats=2,
+                              compile_cache="kept")
     bench = GenerateBench(args, on_gpu=False)
     eager = bench.measure("qwen2", 2, "eager")
     graphed = bench.measure("qwen2", 2, "graphed")
     assert eager["status"] == graphed["status"] == "ok"
     assert graphed["tokens_equal_eager"] is True
     assert graphed["stats"]["graphs"] == 1 and graphed["stats"]["captures"] == 1, graphed["stats"]
+
+
+@pytest.mark.parametrize("mode", ["fresh", "kept"])
+def test_each_variant_compiles_in_empty_caches_unless_kept(monkeypatch, mode):
+    """``--compile-cache fresh`` (the default): every variant runs with its own new Inductor and Triton cache folders,
+    so the compiled variant measured second cannot reuse the kernels the first one compiled; ``kept`` leaves them."""
+    import os
+
+    from graphjit.bench.torch.generate import GenerateBench
+
+    seen = []
+
+    def measure(self, family, batch, variant):
+        seen.append((os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")))
+        return {"status": "ok"}
+
+    monkeypatch.setattr(GenerateBench, "_measure", measure)
+    outside = (os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR"))
+    bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache=mode), on_gpu=False)
+    for variant in ("graphed_compile", "hf_compiled"):
+        assert bench.measure("llama", 1, variant) == {"status": "ok"}
+    if mode == "kept":
+        assert seen == [outside, outside]
+    else:
+        (a_inductor, a_triton), (b_inductor, b_triton) = seen
+        assert None not in (a_inductor, a_triton, b_inductor, b_triton) and a_inductor != b_inductor
+        assert a_triton != b_triton and (a_inductor, a_triton) != outside
+        assert not os.path.exists(a_inductor)  # the folder goes with its block
+    assert (os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")) == outside

@@ -6,7 +6,10 @@ Per family (``--families``; models from :mod:`graphjit.bench.torch.hf_families`,
 one first ``generate()`` of ``--new-tokens`` greedy tokens after a ``--prompt-len`` prompt (compilation or capture
 happen there), then ``--repeats`` more: the second reported alone (a recompilation shows there), the median of the
 others as the steady state (seconds per whole ``generate()``); every call's tokens are
-compared with an eager reference made once per family and batch.  Variants:
+compared with an eager reference made once per family and batch.  The collector runs before each timed call, outside
+the timer.  Each variant runs in a fresh Inductor and Triton cache (``--compile-cache fresh``, the default: torch's
+own cold-start context), so both compiled variants' first calls compile cold: otherwise the one that runs second finds
+the kernels the first compiled (``--compile-cache kept`` measures that warm start).  Variants:
 
 * ``eager``: a static cache, transformers' compilation off: the reference tokens;
 * ``graphed``: ``graph_generation(model)``, ``generate()`` with its defaults;
@@ -41,7 +44,7 @@ RATIOS = {"graphed_compile_vs_hf_compiled_steady": ("graphed_compile", "hf_compi
           "eager_vs_graphed_steady": ("eager", "graphed", "steady_s"),
           "graphed_compile_vs_hf_compiled_second": ("graphed_compile", "hf_compiled", "second_s")}
 GPU_DEFAULTS: dict[str, Any] = {"families": ",".join(FAMILIES), "layers": 8, "hidden": 1024, "batch": [1, 8],
-                                "new_tokens": 64, "prompt_len": 16, "repeats": 3}
+                                "new_tokens": 64, "prompt_len": 16, "repeats": 5}
 CPU_DEFAULTS: dict[str, Any] = {"families": "llama,gpt2", "layers": 2, "hidden": 64, "batch": [1], "new_tokens": 4,
                                 "prompt_len": 5, "repeats": 1}
 
@@ -56,7 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--new-tokens", type=common.positive_int, default=None, help="greedy tokens per call (default 64)")
     g.add_argument("--prompt-len", type=common.positive_int, default=None, help="prompt tokens (default 16)")
     g.add_argument("--repeats", type=common.positive_int, default=None,
-                   help="generate() calls after the first: the second alone, the median of the rest (default 3)")
+                   help="generate() calls after the first: the second alone, the median of the rest (default 5)")
+    g.add_argument("--compile-cache", choices=("fresh", "kept"), default="fresh",
+                   help="fresh (default): each variant in empty Inductor and Triton caches, a cold first call; "
+                        "kept: the caches on disk as earlier variants and runs left them")
     g.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {', '.join(VARIANTS)}")
     g.add_argument("--allow-cpu", action="store_true", help="without a CUDA GPU, a tiny smoke run (for CI)")
 
@@ -85,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     json_path, png_path = common.output_paths(args.out, f"generate_torch_{tag}.json")
     data = common.grid_header("generate", args, tag, on_gpu, {
         "families": families, "variants": variants, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,
-        "batch": args.batch, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats},
+        "batch": args.batch, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,
+        "compile_cache": args.compile_cache},
         timer="host clock, synchronised")
     say(f"generate [torch, {data['device']}]: {','.join(families)} x batch {args.batch}, {args.layers} layers, "
         f"hidden {args.hidden}, {args.dtype} -> {json_path}")

@@ -5,7 +5,9 @@ torch and transformers are imported when :class:`GenerateBench` is created."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import gc
 import statistics
 import time
 from typing import Any
@@ -41,7 +43,10 @@ class GenerateBench:
         return self.torch.randint(3, 256, (batch, self.args.prompt_len), generator=gen).to(self.device)
 
     def _generate(self, model: Any, prompt: Any, **extra: Any) -> tuple[Any, float]:
+        """One timed ``generate()``.  The collector runs first, outside the timer (as ``timeit`` keeps it out), so a
+        collection of an earlier variant's garbage lands in no variant's time."""
         torch = self.torch
+        gc.collect()
         if self.on_gpu:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -64,13 +69,20 @@ class GenerateBench:
         """``variant`` on a fresh copy of ``family``'s model: its first ``generate()`` (compilation or capture
         included), its second (``second_s``: a recompilation shows there) and the median of the later ones
         (``steady_s``; the second's where ``--repeats`` is 1), in seconds; every call's tokens compared with eager's
-        (``tokens_equal_eager``: all of them)."""
-        import gc
+        (``tokens_equal_eager``: all of them).  With ``--compile-cache fresh`` (the default) the variant runs in an
+        empty Inductor and Triton cache (:func:`_fresh_compile_cache`): a compiled variant's first call compiles
+        cold whichever variant compiled the same kernels before it."""
+        with _fresh_compile_cache(self.torch) if self.args.compile_cache == "fresh" else contextlib.nullcontext():
+            return self._measure(family, batch, variant)
+
+    def _measure(self, family: str, batch: int, variant: str) -> dict[str, Any]:
+        from torch._dynamo.utils import counters
 
         import graphjit
 
         torch = self.torch
-        torch._dynamo.reset()  # every variant compiles afresh (in memory; Inductor's caches on disk stay)
+        torch._dynamo.reset()  # every variant compiles afresh
+        counters.clear()
         want = self.reference_tokens(family, batch)
         model = copy.deepcopy(self.model(family))
         prompt = self.prompt(batch)
@@ -95,6 +107,8 @@ class GenerateBench:
                                    "steady_s": statistics.median(steady[1:] or steady),
                                    "samples_s": steady, "new_tokens": self.args.new_tokens,
                                    "tokens_equal_eager": all(equal), "calls_equal_eager": equal}
+            if variant in ("graphed_compile", "hf_compiled"):  # graphs Dynamo compiled (a recompile adds one)
+                res["dynamo_graphs"] = int(counters["stats"]["unique_graphs"])
             if variant.startswith("graphed"):
                 st = model.forward.stats()
                 res["stats"] = {k: st.get(k) for k in ("calls", "graphs", "captures", "replays", "fallbacks")}
@@ -104,6 +118,15 @@ class GenerateBench:
             gc.collect()
             if self.on_gpu:
                 torch.cuda.empty_cache()
+
+
+def _fresh_compile_cache(torch: Any) -> Any:
+    """torch's own cold-start context (``torch._inductor.utils.fresh_cache``, ``fresh_inductor_cache`` before
+    2.6): Inductor's and Triton's caches in a new temporary folder, its in-memory caches cleared, for the block."""
+    from torch._inductor import utils
+
+    fresh = getattr(utils, "fresh_cache", None) or utils.fresh_inductor_cache
+    return fresh()
 
 
 _EAGER = {"cache_implementation": "static", "disable_compile": True}
