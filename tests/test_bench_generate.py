@@ -81,3 +81,30 @@ def test_each_variant_compiles_in_empty_caches_unless_kept(monkeypatch, mode):
         assert a_triton != b_triton and (a_inductor, a_triton) != outside
         assert not os.path.exists(a_inductor)  # the folder goes with its block
     assert (os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")) == outside
+
+
+def test_the_compiler_starts_once_before_the_first_compiled_variant(monkeypatch):
+    """What a process pays once for its first compilation lands in no variant: the compiler starts on a tiny
+    function before the first compiled variant (GPU runs), recorded in that variant alone, never again."""
+    import os
+
+    from graphjit.bench.torch.generate import GenerateBench
+
+    compiled = []
+
+    def fake_compile(fn, *args, **kwargs):
+        compiled.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept"), on_gpu=False)
+    assert bench.start_compiler() >= 0
+    assert len(compiled) == 1 and compiled[0] is not None  # in a fresh cache, even where the run keeps its caches
+    started = []
+    bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept"), on_gpu=False)
+    bench.on_gpu = True  # as on a GPU run; the timed parts are stood in for
+    monkeypatch.setattr(GenerateBench, "_measure", lambda self, family, batch, variant: {"status": "ok"})
+    monkeypatch.setattr(GenerateBench, "start_compiler", lambda self: started.append(1) or 2.5)
+    results = [bench.measure("llama", 1, v) for v in ("eager", "graphed", "graphed_compile", "hf_compiled")]
+    assert started == [1]
+    assert [r.get("compiler_start_s") for r in results] == [None, None, 2.5, None]

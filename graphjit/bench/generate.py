@@ -9,7 +9,9 @@ others as the steady state (seconds per whole ``generate()``); every call's toke
 compared with an eager reference made once per family and batch.  The collector runs before each timed call, outside
 the timer.  Each variant runs in a fresh Inductor and Triton cache (``--compile-cache fresh``, the default: torch's
 own cold-start context), so both compiled variants' first calls compile cold: otherwise the one that runs second finds
-the kernels the first compiled (``--compile-cache kept`` measures that warm start).  Variants:
+the kernels the first compiled (``--compile-cache kept`` measures that warm start).  On a GPU the compiler is started
+once, on a tiny function, before the first compiled variant (its seconds in that variant's ``compiler_start_s``), so
+what a process pays once for its first compilation lands in neither.  Variants:
 
 * ``eager``: a static cache, transformers' compilation off: the reference tokens;
 * ``graphed``: ``graph_generation(model)``, ``generate()`` with its defaults;
