@@ -108,3 +108,12 @@ def test_the_compiler_starts_once_before_the_first_compiled_variant(monkeypatch)
     results = [bench.measure("llama", 1, v) for v in ("eager", "graphed", "graphed_compile", "hf_compiled")]
     assert started == [1]
     assert [r.get("compiler_start_s") for r in results] == [None, None, 2.5, None]
+
+
+def test_the_steady_state_is_the_median_of_the_last_half_of_the_later_calls():
+    """Calls whose keys still warm up (a prefill captured on the fourth call) are not the steady state."""
+    from graphjit.bench.torch.generate import steady_state
+
+    assert steady_state([0.112, 0.162, 0.189, 0.074, 0.074]) == 0.074  # Qwen3 B1's graphed samples on the H200
+    assert steady_state([0.3, 0.1, 0.2, 0.1, 0.3, 0.2]) == 0.2
+    assert steady_state([0.5]) == 0.5 and steady_state([0.5, 0.2]) == 0.2

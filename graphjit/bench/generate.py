@@ -5,7 +5,8 @@ Per family (``--families``; models from :mod:`graphjit.bench.torch.hf_families`,
 ``--layers`` x ``--hidden``, ``--dtype``) and batch size (``--batch``), each variant runs on its own copy of the model:
 one first ``generate()`` of ``--new-tokens`` greedy tokens after a ``--prompt-len`` prompt (compilation or capture
 happen there), then ``--repeats`` more: the second reported alone (a recompilation shows there), the median of the
-others as the steady state (seconds per whole ``generate()``); every call's tokens are
+last half of them as the steady state (seconds per whole ``generate()``; a prefill's key warms up and captures in the
+calls before); every call's tokens are
 compared with an eager reference made once per family and batch.  The collector runs before each timed call, outside
 the timer.  Each variant runs in a fresh Inductor and Triton cache (``--compile-cache fresh``, the default: torch's
 own cold-start context), so both compiled variants' first calls compile cold: otherwise the one that runs second finds
@@ -46,7 +47,7 @@ RATIOS = {"graphed_compile_vs_hf_compiled_steady": ("graphed_compile", "hf_compi
           "eager_vs_graphed_steady": ("eager", "graphed", "steady_s"),
           "graphed_compile_vs_hf_compiled_second": ("graphed_compile", "hf_compiled", "second_s")}
 GPU_DEFAULTS: dict[str, Any] = {"families": ",".join(FAMILIES), "layers": 8, "hidden": 1024, "batch": [1, 8],
-                                "new_tokens": 64, "prompt_len": 16, "repeats": 5}
+                                "new_tokens": 64, "prompt_len": 16, "repeats": 6}
 CPU_DEFAULTS: dict[str, Any] = {"families": "llama,gpt2", "layers": 2, "hidden": 64, "batch": [1], "new_tokens": 4,
                                 "prompt_len": 5, "repeats": 1}
 
@@ -61,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--new-tokens", type=common.positive_int, default=None, help="greedy tokens per call (default 64)")
     g.add_argument("--prompt-len", type=common.positive_int, default=None, help="prompt tokens (default 16)")
     g.add_argument("--repeats", type=common.positive_int, default=None,
-                   help="generate() calls after the first: the second alone, the median of the rest (default 5)")
+                   help="generate() calls after the first: the second alone, the median of the last half (default 6)")
     g.add_argument("--compile-cache", choices=("fresh", "kept"), default="fresh",
                    help="fresh (default): each variant in empty Inductor and Triton caches, a cold first call; "
                         "kept: the caches on disk as earlier variants and runs left them")
