@@ -117,3 +117,22 @@ def test_the_steady_state_is_the_median_of_the_last_half_of_the_later_calls():
     assert steady_state([0.112, 0.162, 0.189, 0.074, 0.074]) == 0.074  # Qwen3 B1's graphed samples on the H200
     assert steady_state([0.3, 0.1, 0.2, 0.1, 0.3, 0.2]) == 0.2
     assert steady_state([0.5]) == 0.5 and steady_state([0.5, 0.2]) == 0.2
+
+
+def test_every_call_makes_the_tokens_asked_for_even_where_the_model_would_end_early(emu):
+    """No end-of-sequence token: a random model whose greedy path hits it early (Qwen3 on the H200: about 31 of 64
+    tokens) still makes ``--new-tokens``; a variant that made another number is a problem, not a time."""
+    from graphjit.bench.generate import _wrong
+    from graphjit.bench.torch.generate import GenerateBench
+
+    args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=12, prompt_len=5, repeats=1,
+                              compile_cache="kept")
+    bench = GenerateBench(args, on_gpu=False)
+    model = bench.model("llama")
+    assert model.generation_config.eos_token_id is None
+    for family in ("llama", "t5"):
+        for variant in ("eager", "graphed"):
+            res = bench.measure(family, 1, variant)
+            assert res["tokens_made"] == [12, 12], (family, variant, res)
+            assert _wrong(variant, res) is None
+    assert _wrong("eager", {"new_tokens": 64, "tokens_made": [64, 31]}) == "made [64, 31] new tokens per call, not 64"

@@ -5,14 +5,21 @@ Per family (``--families``; models from :mod:`graphjit.bench.torch.hf_families`,
 ``--layers`` x ``--hidden``, ``--dtype``) and batch size (``--batch``), each variant runs on its own copy of the model:
 one first ``generate()`` of ``--new-tokens`` greedy tokens after a ``--prompt-len`` prompt (compilation or capture
 happen there), then ``--repeats`` more: the second reported alone (a recompilation shows there), the median of the
-last half of them as the steady state (seconds per whole ``generate()``; a prefill's key warms up and captures in the
-calls before); every call's tokens are
-compared with an eager reference made once per family and batch.  The collector runs before each timed call, outside
-the timer.  Each variant runs in a fresh Inductor and Triton cache (``--compile-cache fresh``, the default: torch's
-own cold-start context), so both compiled variants' first calls compile cold: otherwise the one that runs second finds
-the kernels the first compiled (``--compile-cache kept`` measures that warm start).  On a GPU the compiler is started
-once, on a tiny function, before the first compiled variant (its seconds in that variant's ``compiler_start_s``), so
-what a process pays once for its first compilation lands in neither.  Variants:
+last half of them as the steady state (seconds per whole ``generate()``; a prefill's key warms up and captures in
+the calls before).  Every call's tokens are compared with an eager reference made once per family and batch.
+
+Fair timing:
+
+* the models have no end-of-sequence token, so every call makes exactly ``--new-tokens`` tokens (a variant that made
+  another number is a problem in the summary: times of other lengths do not compare);
+* the collector runs before each timed call, outside the timer;
+* each variant runs in a fresh Inductor and Triton cache (``--compile-cache fresh``, the default: torch's own
+  cold-start context), so both compiled variants' first calls compile cold; otherwise the one that runs second finds
+  the kernels the first compiled (``--compile-cache kept`` measures that warm start);
+* on a GPU the compiler is started once, on a tiny function, before the first compiled variant (its seconds in that
+  variant's ``compiler_start_s``), so what a process pays once for its first compilation lands in neither.
+
+Variants:
 
 * ``eager``: a static cache, transformers' compilation off: the reference tokens;
 * ``graphed``: ``graph_generation(model)``, ``generate()`` with its defaults;
@@ -153,6 +160,9 @@ def _ratios(entry: dict[str, Any]) -> dict[str, float]:
 def _wrong(variant: str, res: dict[str, Any]) -> str | None:
     if variant == "graphed" and res.get("tokens_equal_eager") is not True:
         return f"tokens differ from eager's in calls {res.get('calls_equal_eager')}"
+    made = res.get("tokens_made")
+    if made is not None and any(n != res.get("new_tokens") for n in made):  # times of other lengths do not compare
+        return f"made {made} new tokens per call, not {res.get('new_tokens')}"
     return None
 
 

@@ -47,10 +47,16 @@ class GenerateBench:
         return time.perf_counter() - t0
 
     def model(self, family: str) -> Any:
-        """The family's model (built once, seeded): every variant runs on its own deep copy."""
+        """The family's model (built once, seeded): every variant runs on its own deep copy.  Its generation config
+        has no end-of-sequence token, so every ``generate()`` makes exactly ``--new-tokens`` tokens: with random
+        weights, one variant's rounding may hit the end token early where another's does not (on the H200 Qwen3's
+        graphed calls stopped after about 31 tokens where the compile tracer's made 64), and times of different
+        lengths do not compare."""
         if family not in self.models:
-            self.models = {family: hf_families.build(self.torch, self.transformers, family, self.args.layers,
-                                                     self.args.hidden, self.device, self.dtype)}
+            model = hf_families.build(self.torch, self.transformers, family, self.args.layers, self.args.hidden,
+                                      self.device, self.dtype)
+            model.generation_config.eos_token_id = None
+            self.models = {family: model}
         return self.models[family]
 
     def prompt(self, batch: int) -> Any:
@@ -121,15 +127,19 @@ class GenerateBench:
             raise ValueError(f"unknown variant {variant!r}")
         try:
             out, first = self._generate(model, prompt, **extra)
+            # new tokens per call (an encoder-decoder's output starts with its decoder start token)
+            start = 1 if model.config.is_encoder_decoder else prompt.shape[-1]
+            made = [out.shape[-1] - start]
             equal = [bool(torch.equal(out, want))]
             steady = []
             for _ in range(self.args.repeats):
                 out, seconds = self._generate(model, prompt, **extra)
                 steady.append(seconds)
+                made.append(out.shape[-1] - start)
                 equal.append(bool(torch.equal(out, want)))
             res: dict[str, Any] = {"status": "ok", "first_s": first, "second_s": steady[0],
                                    "steady_s": steady_state(steady),
-                                   "samples_s": steady, "new_tokens": self.args.new_tokens,
+                                   "samples_s": steady, "new_tokens": self.args.new_tokens, "tokens_made": made,
                                    "tokens_equal_eager": all(equal), "calls_equal_eager": equal}
             if variant in COMPILED:  # graphs Dynamo compiled (a recompile adds one)
                 res["dynamo_graphs"] = int(counters["stats"]["unique_graphs"])
