@@ -490,9 +490,12 @@ class Binder:
     (``f(x)``, ``f(x=x)``, ``f(x, 2.0)``, ``f(x, scale=2.0)``) are one key and run alike.
 
     Guarantees: the function receives the same values for the same parameters as with the call as
-    written.  A call that does not bind (a missing or unexpected argument) is passed on as it is, so
-    that the function itself raises Python's error.  The common case (every parameter passed
-    positionally) costs one comparison.
+    written: the result equals ``inspect.Signature.bind`` with ``apply_defaults()`` (its ``args`` and
+    ``kwargs``).  A call that does not bind (a missing, unexpected or repeated argument) is passed on as it
+    is, so that the function itself raises Python's error.  The common case (every parameter passed
+    positionally) costs one comparison; a signature of plain parameters and ``**kwargs`` (a Hugging Face
+    model's ``forward``) is bound without ``inspect`` (about a third of its cost); anything else
+    (``*args``, keyword-only or positional-only parameters) goes through ``inspect``.
     """
 
     def __init__(self, sig: inspect.Signature | None) -> None:
@@ -504,21 +507,22 @@ class Binder:
         plan = self._plans[method]
         if plan is None:
             return args, kwargs
-        names, defaults, general = plan
+        names, defaults, general, varkw = plan
         if not kwargs and len(args) == len(names) and general is None:
             return args, kwargs
-        if general is not None:  # *args, **kwargs, keyword-only or positional-only parameters
+        if general is not None:  # *args, keyword-only or positional-only parameters
             try:
                 bound = general.bind(*args, **kwargs)
             except TypeError:
                 return args, kwargs
             bound.apply_defaults()
             return bound.args, bound.kwargs
-        if len(args) > len(names):
+        n = len(args)
+        if n > len(names):
             return args, kwargs
         out = list(args)
         used = 0
-        for name, default in zip(names[len(args):], defaults[len(args):]):
+        for name, default in zip(names[n:], defaults[n:]):
             if name in kwargs:
                 out.append(kwargs[name])
                 used += 1
@@ -526,17 +530,32 @@ class Binder:
                 out.append(default)
             else:
                 return args, kwargs
-        if used != len(kwargs):
-            return args, kwargs
-        return tuple(out), {}
+        if used == len(kwargs):
+            return tuple(out), {}
+        if not varkw:
+            return args, kwargs  # an unexpected keyword, or a parameter also given by position
+        taken = names[n:]
+        extra = {}
+        for name, value in kwargs.items():
+            if name in taken:
+                continue
+            if name in names:  # also given by position: Python's "multiple values" error, from the function
+                return args, kwargs
+            extra[name] = value
+        return tuple(out), extra
 
 
-def _plan(params: list[inspect.Parameter] | None) -> tuple[list[str], list[Any], inspect.Signature | None] | None:
+def _plan(params: list[inspect.Parameter] | None
+          ) -> tuple[list[str], list[Any], inspect.Signature | None, bool] | None:
+    """``(names, defaults, general, varkw)`` of the parameters: ``general`` (a signature ``inspect`` binds) where they
+    are not plain parameters, optionally followed by ``**kwargs`` (``varkw``)."""
     if params is None:
         return None
-    simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
-    return ([p.name for p in params], [p.default for p in params],
-            None if simple else inspect.Signature(params))
+    varkw = bool(params) and params[-1].kind is inspect.Parameter.VAR_KEYWORD
+    plain = params[:-1] if varkw else params
+    simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in plain)
+    return ([p.name for p in plain], [p.default for p in plain],
+            None if simple else inspect.Signature(params), varkw and simple)
 
 
 def rebuild_call(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Sequence[Any],

@@ -1,0 +1,78 @@
+"""``keys.Binder``: a call's arguments put in parameter order with the defaults applied, equal to what ``inspect``
+binds for every signature and call, the fast paths (plain parameters, plain parameters and ``**kwargs``) included;
+a call that does not bind is passed on as it is, for the function to raise Python's own error."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import random
+
+import pytest
+
+from graphjit.keys import Binder
+
+EMPTY = inspect.Parameter.empty
+
+
+def _reference(sig, args, kwargs):
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError:
+        return args, kwargs
+    bound.apply_defaults()
+    return bound.args, bound.kwargs
+
+
+def _signature(rng, varkw):
+    params = []
+    for i in range(rng.randint(0, 5)):
+        default = EMPTY if rng.random() < 0.4 and all(p.default is EMPTY for p in params) else i * 10
+        params.append(inspect.Parameter(f"p{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
+    if varkw:
+        params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
+@pytest.mark.parametrize("varkw", [False, True])
+def test_binding_equals_inspect_for_every_call_of_random_signatures(varkw):
+    rng = random.Random(varkw)
+    checked = 0
+    for _ in range(300):
+        sig = _signature(rng, varkw)
+        names = [p.name for p in sig.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+        binder = Binder(sig)
+        pool = [*names, "extra", "kwargs", "other"]
+        for n_args in range(len(names) + 2):
+            for k in range(3):
+                for chosen in itertools.combinations(pool, k):
+                    args = tuple(f"a{i}" for i in range(n_args))
+                    kwargs = {name: f"k_{name}" for name in rng.sample(chosen, len(chosen))}  # any order
+                    got = binder.bind(False, args, kwargs)
+                    assert got == _reference(sig, args, kwargs), (sig, args, kwargs)
+                    assert list(got[1]) == list(_reference(sig, args, kwargs)[1])  # the extras in the call's order
+                    checked += 1
+    assert checked > 10_000
+
+
+def test_a_method_binds_without_self_and_a_hugging_face_forward_binds_its_keywords():
+    class Model:
+        def forward(self, input_ids=None, attention_mask=None, past_key_values=None, use_cache=None,
+                    logits_to_keep=0, **kwargs):
+            return input_ids
+
+    binder = Binder(inspect.signature(Model.forward))
+    args, kwargs = binder.bind(True, (), {"input_ids": 1, "past_key_values": 2, "use_cache": True,
+                                          "return_dict": True})
+    assert args == (1, None, 2, True, 0) and kwargs == {"return_dict": True}
+    assert binder.bind(True, (1,), {"input_ids": 1}) == ((1,), {"input_ids": 1})  # two values: Python says so
+    assert binder.bind(True, (1, 2, 3, 4, 5, 6), {}) == ((1, 2, 3, 4, 5, 6), {})  # too many: passed on
+
+
+def test_other_signatures_bind_as_inspect_does():
+    def f(a, /, b, *args, c=3, **kw):
+        return a
+
+    binder = Binder(inspect.signature(f))
+    for args, kwargs in [((1, 2), {}), ((1,), {"b": 2, "c": 4, "z": 5}), ((1, 2, 3, 4), {}), ((), {"a": 1})]:
+        assert binder.bind(False, args, kwargs) == _reference(inspect.signature(f), args, kwargs)
