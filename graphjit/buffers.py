@@ -134,13 +134,15 @@ class StaticInputs:
         srcs: list[Any] = []
         statics = self.statics
         for i, t in enumerate(tensors):
+            if i in aliases:  # one buffer with its owner input (the same tensor), which copies it in, padded or not
+                continue
             if self.any_bucketed and self.bucketed[i]:
                 real = b.shape(t)
                 if real != self.shapes[i]:
                     self._load_padded(i, t, real)
                     continue
                 self.last_real.pop(i, None)
-            if t is statics[i] or i in aliases:  # the buffer itself, or one its owner input copies in (same tensor)
+            if t is statics[i]:  # the buffer itself
                 continue
             p = ptr(t)
             if p != ptrs[i]:

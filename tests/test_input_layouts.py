@@ -131,3 +131,16 @@ def test_graphs_launch_through_torchs_cpp_replay_only_where_its_python_wrapper_i
         super().replay()
 
     assert _thin_wrapper(liveness_only) and not _thin_wrapper(instantiates_first) and not _thin_wrapper(None)
+
+
+def test_one_bucketed_tensor_passed_twice_is_padded_and_copied_in_once(emu):
+    """Two inputs that are one tensor share one buffer: its owner input copies it in, padded where its dim is
+    bucketed; the other is not loaded again (it was: zeroed and copied twice)."""
+    g = graphjit.graphed(_sum_weighted, buckets={"a": {0: [8]}, "b": {0: [8]}})
+    for n in (5, 5, 5, 6, 3):
+        x = torch.arange(float(n))
+        assert torch.equal(g(x, x), _sum_weighted(x, x)), n
+    st = g.stats()
+    assert st["captures"] == 1 and st["replays"] == 3, st
+    (key,) = st["keys"]
+    assert key["input_copies"] == 2, key  # one per later replay (the capturing call copies in its own way): before, 4
