@@ -258,6 +258,21 @@ def test_concurrent_ranks_build_once(tmp_path: Path) -> None:
     assert (tmp_path / "invocations").read_text().count("x") == 1
 
 
+def test_a_build_removes_the_temporary_files_of_builds_that_did_not_finish(tmp_path: Path) -> None:
+    nvcc = _fake_nvcc(tmp_path, _COUNTING_NVCC)
+    cache = tmp_path / "cache"
+    target = csrc_build.library_path("sm_90", cache)
+    cache.mkdir()
+    stale = [target.with_name(f".{target.name}.{pid}.tmp") for pid in (12345, 67890)]
+    for path in stale:
+        path.write_bytes(b"half a library")  # a process that exited while its background build ran
+    other = cache / ".another-library.so.1.tmp"
+    other.write_bytes(b"not ours")
+    assert csrc_build.build("sm_90", cache=cache, nvcc=str(nvcc)) == target
+    assert target.read_bytes() == b"fake library"
+    assert not any(path.exists() for path in stale) and other.exists()  # another target's build is not touched
+
+
 def test_missing_nvcc_is_a_clear_reason(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GRAPHJIT_NVCC", str(tmp_path / "no-such-nvcc"))
     env.refresh()

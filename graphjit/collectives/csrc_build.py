@@ -236,6 +236,11 @@ def build(arch: Any, *, cache: str | os.PathLike[str] | None = None, nvcc: str |
         if target.is_file() and not force:
             return target  # another process built it while we waited
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        # Only a holder of this lock writes a temporary file of this target: any one there now was left by a build
+        # that did not finish (a process that exited while a background build ran, a killed one).
+        for stale in target.parent.glob(f".{target.name}.*.tmp"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
         cmd = [compiler, *nvcc_flags(arch), *extra_flags, "-I", str(folder), "-o", str(tmp),
                str(folder / MAIN_SOURCE), "-ldl"]
         log.info("graphjit: building the custom all-reduce for %s: %s", arch, shlex.join(cmd))
