@@ -142,7 +142,7 @@ class StaticInputs:
                     self._load_padded(i, t, real)
                     continue
                 self.last_real.pop(i, None)
-            if t is statics[i]:  # the buffer itself
+            if t is statics[i]:  # the buffer itself (static_inputs(), or an adopted input checked above)
                 continue
             p = ptr(t)
             if p != ptrs[i]:
