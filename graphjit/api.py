@@ -100,7 +100,9 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         self.poison_backend: Backend | None = None
         self.copy_outputs = options.outputs == "copy"
         self.last_new_key: tuple[Any, ...] | None = None
-        self.scoped_keys = 0  # keys first called inside a capture scope (not counted by note_new_key)
+        self.scoped_keys = 0  # keys first called inside a capture scope or reached by an advance (not counted
+        # by note_new_key)
+        self.previous_key: tuple[Any, ...] | None = None  # the key of the call before the one on the slow path
         self.last_key: tuple[Any, ...] | None = None  # the key of the previous call (any path)
         self.history = KeyHistory(self.signer)
         self.variants: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # keys for other values of what fn reads
@@ -265,6 +267,8 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                 raise
         if entry.feeds is not None:
             entry.feeds.replayed()
+        if entry.advances is not None:  # the Python scalars the call would have advanced
+            entry.advances.apply(args, kwargs)
         if settings.debug:
             self.debug_replay(entry, sig, result)
         if check:
@@ -313,7 +317,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         """Warn once when most calls make a new key, naming the argument that changed last (keys made in a capture
         scope do not count: capturing many signatures ahead of time is what a scope is for)."""
         before, self.last_new_key = self.last_new_key, sig.key
-        if scope_mod.current() is not None:
+        if scope_mod.current() is not None or self.advanced(self.previous_key):
             self.scoped_keys += 1
             return
         made = len(self.stats.keys) - self.scoped_keys
@@ -326,9 +330,18 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                       "(max_graphs=%d): pass values that change as tensors, or pad varying dims with buckets=",
                       self.name, made, self.stats.calls, what, self.max_graphs())
 
+    def advanced(self, key: tuple[Any, ...] | None) -> bool:
+        """Whether a call of ``key`` advances scalars of its own key (graphjit/advances.py): the next key is its
+        doing, one per value of a counter, not a value that changes from call to call by chance."""
+        if key is None:
+            return False
+        entry, warm = self.entries.get(key), self.warming.get(key)
+        return (entry is not None and entry.advances is not None) or (warm is not None and warm.advances is not None)
+
     def slow(self, sig: CallSignature, settings: env.Settings, instance: Any, args: tuple[Any, ...],
              kwargs: dict[str, Any], previous: tuple[Any, ...] | None = None) -> Any:
         """A call whose key has no graph: fall back, warm up, or capture (one screen: the decision)."""
+        self.previous_key = previous
         backend = self.pick_backend(sig)
         if backend.poisoned is not None:
             raise UnrecoverableCaptureError(f"{self.name}: {backend.poisoned}")

@@ -34,6 +34,7 @@ from .keys import CallSignature, Pad
 from .tree import collect_tensors, rebuild, rebuilder
 
 if TYPE_CHECKING:
+    from .advances import Advances
     from .feeds import StepContext
     from .guards import GuardSet
     from .recheck import DynamicCheck
@@ -268,8 +269,8 @@ class KeyEntry:
     What a replay does is decided here once: whether guards are checked first (:attr:`check`), whether the graph
     is piecewise (it then takes the call's dynamic values)."""
 
-    __slots__ = ("check", "device", "feeds", "graph", "guards", "inputs", "no_adopt", "outputs", "piecewise",
-                 "recheck", "stats", "warm")
+    __slots__ = ("advances", "check", "device", "feeds", "graph", "guards", "inputs", "no_adopt", "outputs",
+                 "piecewise", "recheck", "stats", "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
                  no_adopt: frozenset[int], warm: Warmup, device: str, guard: GuardSet | None = None,
@@ -288,6 +289,7 @@ class KeyEntry:
         self.device = device
         self.recheck: DynamicCheck | None = None  # still to verify on a call with other dynamic values
         self.feeds: StepContext | None = None  # hyperparameters filled into device tensors around each call (feeds.py)
+        self.advances: Advances | None = None  # scalars of its key each replay sets as the call would (advances.py)
 
     def replay(self, sig: CallSignature, copy: bool) -> Any:
         """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``."""

@@ -8,8 +8,11 @@ on every step).  :func:`graph_generation` sets the model up once:
 
 * its ``forward`` becomes ``graphjit.graphed(model.forward, **options)``: every call with the shapes of a decode
   step replays one graph (one per batch size), the prefill of a new prompt length runs uncaptured until that
-  length repeats.  With ``tracer="compile"`` only the decode step is compiled (as transformers' compiled
-  ``generate()`` does): calls of several new tokens (a prefill) run the eager tracer (:class:`_Phases`).
+  length repeats.  A cache that counts its length in a Python int (Gemma 2 and 3's sliding-window layers) makes
+  one graph per position, each replay advancing the int as the call would (:mod:`graphjit.advances`), so
+  ``max_graphs`` is :data:`MAX_GRAPHS` unless given.  With ``tracer="compile"`` only the decode step is compiled
+  (as transformers' compiled ``generate()`` does): calls of several new tokens (a prefill) run the eager tracer
+  (:class:`_Phases`).
   ``prefill_buckets`` pads prompts into a few lengths (:mod:`graphjit.prompt_buckets`), so the prefill of many
   prompt lengths is graphed too;
 * its ``generate`` runs with ``disable_compile=True`` (transformers' own compilation off, said once in graphjit's
@@ -39,7 +42,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import prompt_buckets
+from . import env, prompt_buckets
 from .api import graphed
 from .errors import ConfigError
 
@@ -48,6 +51,10 @@ log = logging.getLogger("graphjit")
 _MARK = "_graphjit_generation"
 _CACHE_ARGUMENTS = frozenset(("past_key_values", "cache", "cache_params", "cache_implementation"))
 """Arguments of generate() that choose its cache (``cache_params`` is an old name of ``cache``)."""
+MAX_GRAPHS = 512
+"""``max_graphs`` of the graphed ``forward`` unless the call or ``GRAPHJIT_MAX_GRAPHS`` sets it: a cache that counts
+its length in a Python int (Gemma 2 and 3's sliding-window layers) makes one key per position (graphjit/advances.py),
+each with its own output buffers (the logits of one step)."""
 _KEPT_MAX = 8
 """Kept caches at most (one per batch size, length and encoder length): the oldest go first."""
 
@@ -282,6 +289,8 @@ def graph_generation(model: Any, *, prefill_buckets: Any = None, **options: Any)
     buckets = None if prefill_buckets is None else prompt_buckets.parse(prefill_buckets)
     if getattr(model, _MARK, False):
         return model
+    if "max_graphs" not in options and env.settings().max_graphs is None:
+        options = {**options, "max_graphs": MAX_GRAPHS}
     forward: Any = graphed(model.forward, **options)  # options checked before anything changes
     if options.get("tracer") == "compile":
         forward = _Phases(forward, graphed(model.forward, **{**options, "tracer": "eager"}))

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import env, reach, tracer_check
+from . import advances, env, reach, tracer_check
 from . import recheck as recheck_mod
 from . import scope as scope_mod
 from .backends.base import Backend
@@ -43,8 +43,23 @@ log = logging.getLogger("graphjit")
 CHANGES_ITS_KEY = "changes its own signature"
 """The reason of a key whose warmup run changed a value its key is made of (:meth:`_State.own_key_change`)."""
 
+ADVANCES_DIFFER = "changes its own signature differently between calls"
+"""The reason of a key whose warmup runs left the scalars of its key (:mod:`graphjit.advances`) at other values."""
+
 FUNCTION_WIDE = frozenset(("rebinds a tensor held by an object", "adds tensors to an object on every call"))
 """Reasons that hold for every key of the function once seen (a cache that grows makes a new key per call)."""
+
+
+def _changes_key(path: str, what: str) -> Blocked:
+    return Blocked(f"{CHANGES_ITS_KEY}: {path}", f"the call changes {what}, which is part of its own key: a replay "
+                   "runs no Python, so the next call would find it as the capture left it. A value that changes on "
+                   "every call belongs in a tensor")
+
+
+def _advances_differ(path: str, what: str) -> Blocked:
+    return Blocked(f"{ADVANCES_DIFFER}: {path}", f"the call changes {path}, which is part of its own key, and not the "
+                   f"same way on every call ({what}): a replay, which runs no Python, could not set it as the call "
+                   "would. A value that changes on every call belongs in a tensor")
 
 
 class KeyLifecycle(abc.ABC):
@@ -157,12 +172,7 @@ class KeyLifecycle(abc.ABC):
         warm.sync_watched = warm.sync_watched or sync_watch
         warm.note(obs, backend, out, sig.tensors)
         if warm.blocked is None:
-            changed = self.own_key_change(sig, instance, args, kwargs)
-            if changed is not None:
-                path, what = changed
-                warm.blocked = Blocked(f"{CHANGES_ITS_KEY}: {path}", f"the call changes {what}, which is part of its "
-                                       "own key: a replay runs no Python, so the next call would find it as the "
-                                       "capture left it. A value that changes on every call belongs in a tensor")
+            warm.blocked = self.own_key_change(sig, warm, instance, args, kwargs)
         st.warmups += 1
         if env.settings().debug:
             log.debug("graphjit %s [%s]: warmup %d/%d wrote %s%s", self.name, st.label, warm.calls,
@@ -170,29 +180,52 @@ class KeyLifecycle(abc.ABC):
                       f"; blocked: {warm.blocked.reason}" if warm.blocked else "")
         return out
 
-    def own_key_change(self, sig: CallSignature, instance: Any, args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> tuple[str, str] | None:
-        """After a warmup run: what the run changed of its own signature (the path, and the path with the value
-        before and after), or None where signing the same arguments again gives the same key.  A call that changes
-        what its key is made of (a Python counter inside a cache it was passed, a flag it sets) cannot be replayed: a
-        replay runs no Python, so the next call would find the value as the capture left it and replay the same
-        graph again."""
+    def own_key_change(self, sig: CallSignature, warm: Warmup, instance: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Blocked | None:
+        """After a warmup run: None where signing the same arguments again gives the same key, or where the run
+        changed only scalars it can advance (:mod:`graphjit.advances`, noted in ``warm.advances``, the same on every
+        run); else why the key cannot be replayed.  A call that changes what its key is made of otherwise (a tensor
+        it puts into a cache, a counter in a tuple) cannot be replayed: a replay runs no Python, so the next call
+        would find the value as the capture left it and replay the same graph again."""
         try:
             after = self.sign_bound(instance, args, kwargs)
         except GraphjitError as exc:
-            return "its arguments", f"its arguments, which can no longer be signed ({exc})"
+            return _changes_key("its arguments", f"its arguments, which can no longer be signed ({exc})")
         if after.key == (sig.base if sig.base is not None else sig.key):
+            if warm.advances is not None:  # an earlier run of the key advanced its scalars, this one did not
+                return _advances_differ(warm.advances.paths[0], "an earlier run changed it, this one did not")
             return None
         record = self.history.records.get(sig.key)
         backend = sig.backend if sig.backend is not None else after.backend
         if record is not None and backend is not None:
             found = changes(record.leaves, self.named_leaves(backend, after, instance, args, kwargs))
             if found:
+                moved = advances.find(found, args, kwargs) if self.dynamic is None else None
+                if moved is not None:
+                    return self.note_advances(warm, moved)
                 c = found[0]
                 path = name(self.signer, c.label)
-                return path, f"{path} ({shown(c.old, 80)} before the call, {shown(c.new, 80)} after)"
+                return _changes_key(path, f"{path} ({shown(c.old, 80)} before the call, {shown(c.new, 80)} after)")
         path = changed_argument(self.signer, instance is not None, sig.key, after.key) or "its arguments"
-        return path, path
+        return _changes_key(path, path)
+
+    def note_advances(self, warm: Warmup, moved: list[advances.Advance]) -> Blocked | None:
+        """A warmup run changed only scalars a replay can set (:mod:`graphjit.advances`): kept for the key's
+        graph if every run of the key leaves them the same."""
+        found = advances.Advances(moved, [name(self.signer, a.label) for a in moved])
+        if warm.advances is None:
+            if warm.calls > 1:
+                return _advances_differ(found.paths[0], "an earlier run of the key left it as it was")
+            warm.advances = found
+            return None
+        if not warm.advances.same_as(found):
+            was, now = next(((a, b) for a, b in zip(warm.advances.items, found.items, strict=False)
+                             if a.label != b.label or a.after != b.after), (warm.advances.items[0], found.items[0]))
+            if was.label != now.label:
+                return _advances_differ(name(self.signer, now.label), "an earlier run of the key changed other values")
+            return _advances_differ(name(self.signer, now.label),
+                                    f"an earlier run of the key left {was.after!r}, this one {now.after!r}")
+        return None
 
     def runner(self, backend: Backend, device: str, key: tuple[Any, ...], instance: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any], roots: list[tuple[str, Any]] | None = None
@@ -306,6 +339,8 @@ class KeyLifecycle(abc.ABC):
         if scope_run:
             own = self.watched(backend, device, sig, warm, instance, args, kwargs,
                                sync_watch=warm.calls + 1 >= self.options.warmup)
+            if warm.blocked is None and warm.advances is not None:
+                return own  # extra runs would start where this run left its key's scalars: captured after the scope
             step = self.step_feeds.get(sig.key)
             if step is not None:  # what the call's own run made (its gradients) is the step's from the extra runs on
                 step.learn()
@@ -346,6 +381,8 @@ class KeyLifecycle(abc.ABC):
         finally:
             warm.reference = None  # a recorded reference is this build's only
         self.warming.pop(sig.key, None)
+        if warm.advances is not None:
+            entry.advances, st.advances = warm.advances, list(warm.advances.paths)
         entry.feeds = self.step_feeds.get(sig.key) or (self.step_feeds.get(sig.base) if sig.base is not None else None)
         if entry.feeds is not None:
             entry.feeds.captured()

@@ -13,7 +13,8 @@ itself as the call (:func:`traced_run`, then :meth:`TracedRun.differs` on the ca
 differ, the function is traced with ``eager`` from then on (still captured), and the reason is logged and
 shown by ``report()``.  The call's result and effects are always the Python function's: one eager call.
 
-Limits: the traced run's Python side effects (not its tensor writes) happen too; state larger than
+Limits: the traced run's Python side effects are put back where :class:`~graphjit.pystate.PyState` reaches them
+(containers and attributes reachable from the call, not globals or C state); state larger than
 ``GRAPHJIT_VERIFY_MAX_BYTES`` or not fully reachable is not checked (:attr:`TracedRun.skipped` says why).
 """
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .backends.base import Backend
+from .pystate import PyState
 from .reach import describe, walk
 from .tree import collect_tensors, structure
 from .writes import Snapshot, compare_outputs, tolerance
@@ -59,8 +61,9 @@ class TracedRun:
 
 def traced_run(backend: Backend, device: str, roots: list[tuple[str, Any]], run: Callable[[], Any],
                budget: int) -> TracedRun:
-    """Run ``run`` (the traced function) once and put back every non-parameter tensor it can reach and the
-    random generator; exceptions of ``run`` propagate after the state is put back."""
+    """Run ``run`` (the traced function) once and put back every non-parameter tensor it can reach, the Python
+    state it can reach (:class:`~graphjit.pystate.PyState`) and the random generator; exceptions of ``run``
+    propagate after the state is put back."""
     b = backend
     types = b.tensor_types()
 
@@ -76,6 +79,7 @@ def traced_run(backend: Backend, device: str, roots: list[tuple[str, Any]], run:
         return TracedRun([], None, [], skipped=f"its reachable state ({nbytes} bytes) is larger than half of "
                                                f"GRAPHJIT_VERIFY_MAX_BYTES={budget}")
     snap = Snapshot(b, [t for t, _p in tensors], device)
+    py = PyState(b, roots)  # the Python state too: a counter the call advances moves once, in the call
     try:
         out = run()
         b.synchronize(device)
@@ -85,4 +89,5 @@ def traced_run(backend: Backend, device: str, roots: list[tuple[str, Any]], run:
         del out
     finally:
         snap.restore()
+        py.restore()
     return TracedRun(outputs, shape, state)

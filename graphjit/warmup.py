@@ -29,6 +29,7 @@ from .sites import with_function
 from .writes import WriteProbe
 
 if TYPE_CHECKING:
+    from .advances import Advances
     from .keys import CallSignature
 
 ISLAND_HINT = ("Move the sync out of the graphed function, keep the value a tensor, or mark the function around "
@@ -92,6 +93,9 @@ class Warmup:
     known: the tracer runs a program, or a profiler kept the recorder out)."""
     by_object: dict[int, frozenset[str]] | None = None
     """``id(object) -> names`` of the code those calls ran with the object as an argument (``self`` included)."""
+    advances: Advances | None = None
+    """The scalars of its own key each watched call left at the same values (:mod:`graphjit.advances`): what a
+    replay of the key sets."""
     reference: Any = None
     """A capture scope's last undone warmup run, recorded for verify as its eager reference
     (:class:`graphjit.capture.Reference`); taken, or dropped, by the key's build."""

@@ -45,13 +45,27 @@ def test_the_graphed_variant_decodes_from_one_graph(emu):
     from graphjit.bench.torch.generate import GenerateBench
 
     args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=6, prompt_len=5, repeats=2,
-                              compile_cache="kept")
+                              compile_cache="kept", sliding_window=None)
     bench = GenerateBench(args, on_gpu=False)
     eager = bench.measure("qwen2", 2, "eager")
     graphed = bench.measure("qwen2", 2, "graphed")
     assert eager["status"] == graphed["status"] == "ok"
     assert graphed["tokens_equal_eager"] is True
     assert graphed["stats"]["graphs"] == 1 and graphed["stats"]["captures"] == 1, graphed["stats"]
+
+
+def test_gemma_decodes_from_one_graph_per_position_with_its_configs_window(emu):
+    """Gemma 2 with transformers' own sliding window (4096, the bench's default): each decode position is a key,
+    captured in the third call (two warmups), its replays advancing the cache's Python count; tokens equal eager's."""
+    from graphjit.bench.torch.generate import GenerateBench
+
+    args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=6, prompt_len=5, repeats=2,
+                              compile_cache="kept", sliding_window=None)
+    bench = GenerateBench(args, on_gpu=False)
+    assert bench.model("gemma2").config.sliding_window == 4096
+    res = bench.measure("gemma2", 1, "graphed")
+    assert res["status"] == "ok" and res["tokens_equal_eager"] is True, res
+    assert res["stats"]["graphs"] == 6 - 1, res["stats"]
 
 
 @pytest.mark.parametrize("mode", ["fresh", "kept"])
@@ -70,7 +84,7 @@ def test_each_variant_compiles_in_empty_caches_unless_kept(monkeypatch, mode):
 
     monkeypatch.setattr(GenerateBench, "_measure", measure)
     outside = (os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR"))
-    bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache=mode), on_gpu=False)
+    bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache=mode, sliding_window=None), on_gpu=False)
     for variant in ("graphed_compile", "hf_compiled"):
         assert bench.measure("llama", 1, variant) == {"status": "ok"}
     if mode == "kept":
@@ -97,11 +111,11 @@ def test_the_compiler_starts_once_before_the_first_compiled_variant(monkeypatch)
         return fn
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept"), on_gpu=False)
+    bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept", sliding_window=None), on_gpu=False)
     assert bench.start_compiler() >= 0
     assert len(compiled) == 1 and compiled[0] is not None  # in a fresh cache, even where the run keeps its caches
     started = []
-    bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept"), on_gpu=False)
+    bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept", sliding_window=None), on_gpu=False)
     bench.on_gpu = True  # as on a GPU run; the timed parts are stood in for
     monkeypatch.setattr(GenerateBench, "_measure", lambda self, family, batch, variant: {"status": "ok"})
     monkeypatch.setattr(GenerateBench, "start_compiler", lambda self: started.append(1) or 2.5)
@@ -126,7 +140,7 @@ def test_every_call_makes_the_tokens_asked_for_even_where_the_model_would_end_ea
     from graphjit.bench.torch.generate import GenerateBench
 
     args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=12, prompt_len=5, repeats=1,
-                              compile_cache="kept")
+                              compile_cache="kept", sliding_window=None)
     bench = GenerateBench(args, on_gpu=False)
     model = bench.model("llama")
     assert model.generation_config.eos_token_id is None

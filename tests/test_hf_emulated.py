@@ -4,8 +4,8 @@ models (2 layers, hidden 64, vocab 128; nothing downloaded): greedy tokens equal
 
 * GPT-2: the decode key is captured once and replayed (before, each call got back a copy of the cache and
   recaptured one "moved" tensor after another);
-* Gemma2: its sliding-window layers count their length in a Python int, so every decode call is a new key
-  that never captures; each says so, naming that int and both values, and the labels tell the keys apart.
+* Gemma2: its sliding-window layers count their length in a Python int, so every decode position is a key of its
+  own, captured once it repeats, and each replay advances the int as the call would (graphjit/advances.py).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ def _gpt2():
     return transformers.GPT2LMHeadModel(config).eval()
 
 
-def _gemma2():
+def _gemma2(sliding_window=32):
     config = transformers.Gemma2Config(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
-                                       max_position_embeddings=128, sliding_window=32, bos_token_id=1,
+                                       max_position_embeddings=128, sliding_window=sliding_window, bos_token_id=1,
                                        eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
     return transformers.Gemma2ForCausalLM(config).eval()
@@ -69,20 +69,23 @@ def test_gpt2_static_cache_generate_captures_the_decode_key_once():
     assert "(None before the call, [1, 4, 16, 16] float32 cpu after)" in prefill["detail"], prefill
 
 
-def test_gemma2_static_cache_generate_names_the_counter_that_keeps_every_key_apart():
-    """transformers' sliding-window layer advances a Python int on every call (its length): each decode step changes
-    its own key, so no key is ever captured (a replay would leave the count where the capture left it), and each says
-    which value moved, from what to what."""
-    want, got, fn = _tokens_eager_and_graphed(_gemma2())
-    assert torch.equal(got, want), (got, want)
-    s = fn.stats()
-    assert s["graphs"] == 0 and s["replays"] == 0
-    decode = [k for k in s["keys"] if "input_ids[1, 1]" in k["key"]]
-    assert len(decode) == STEPS - 1
-    path = r"argument '(cache|past_key_values)'\.layers\[0\]\.cumulative_length_int"
-    for k in decode:
-        assert k["state"] == "fallback" and re.fullmatch(r"changes its own signature: " + path, k["reason"]), k
-        n = int(re.search(r"cumulative_length_int=(\d+)", k["key"]).group(1))
-        assert f"({n} before the call, {n + 1} after)" in k["detail"], k
-    assert len({k["key"] for k in decode}) == len(decode), [k["key"] for k in decode]
-    assert f"fallback x{STEPS - 1}: {decode[0]['reason']}" in fn.report(), fn.report()
+def test_gemma2_decodes_past_a_full_sliding_window_from_one_graph_per_position():
+    """transformers' sliding-window layer advances a Python int on every call (its length), which also sets the
+    attention mask's offset once the window is full: each position is a key of its own, captured once it repeats
+    (graph_generation keeps the cache across generate() calls), and each replay advances the int as the call would
+    (graphjit/advances.py).  The window (8) fills during decoding, so replays run the layer's rolling branch too; the
+    emulator freezes what a capture read, so equal tokens in every call show each replay left the right count."""
+    model = _gemma2(sliding_window=8)
+    prompt = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model.generate(prompt, **GENERATE)
+    with emulated_torch(), torch.no_grad():
+        graphjit.graph_generation(model)
+        for _ in range(4):
+            assert torch.equal(model.generate(prompt, **GENERATE), want)
+    fn = model.forward
+    decode = [k for k in fn.stats()["keys"] if "input_ids[1, 1]" in k["key"]]
+    assert len(decode) == STEPS - 1 and len({k["key"] for k in decode}) == len(decode), fn.report()
+    assert all(k["state"] == "replay" and k["captures"] == 1 and k["replays"] == 2 for k in decode), fn.report()
+    path = re.compile(r"argument '(cache|past_key_values)'\.layers\[0\]\.cumulative_length_int")
+    assert all(any(path.fullmatch(p) for p in k["advances"]) for k in decode), decode

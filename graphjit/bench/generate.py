@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--compile-cache", choices=("fresh", "kept"), default="fresh",
                    help="fresh (default): each variant in empty Inductor and Triton caches, a cold first call; "
                         "kept: the caches on disk as earlier variants and runs left them")
+    g.add_argument("--sliding-window", type=common.positive_int, default=None,
+                   help="Gemma 2 and 3's sliding window (default: the config's own, 4096, which a generation this "
+                        "short never fills, as with the released models; the tests use 16)")
     g.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {', '.join(VARIANTS)}")
     g.add_argument("--allow-cpu", action="store_true", help="without a CUDA GPU, a tiny smoke run (for CI)")
 
@@ -102,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     data = common.grid_header("generate", args, tag, on_gpu, {
         "families": families, "variants": variants, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,
         "batch": args.batch, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,
-        "compile_cache": args.compile_cache},
+        "compile_cache": args.compile_cache, "sliding_window": args.sliding_window},
         timer="host clock, synchronised")
     say(f"generate [torch, {data['device']}]: {','.join(families)} x batch {args.batch}, {args.layers} layers, "
         f"hidden {args.hidden}, {args.dtype} -> {json_path}")

@@ -54,7 +54,7 @@ class GenerateBench:
         lengths do not compare."""
         if family not in self.models:
             model = hf_families.build(self.torch, self.transformers, family, self.args.layers, self.args.hidden,
-                                      self.device, self.dtype)
+                                      self.device, self.dtype, sliding_window=self.args.sliding_window)
             model.generation_config.eos_token_id = None
             self.models = {family: model}
         return self.models[family]

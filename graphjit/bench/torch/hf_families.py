@@ -25,8 +25,12 @@ SLIDING = ("gemma2", "gemma3_text")
 
 
 def build(torch: Any, transformers: Any, family: str, layers: int = 2, hidden: int = 128, device: str = "cpu",
-          dtype: Any = None) -> Any:
-    """``family``'s model (a key of :data:`DECODERS`, or ``"t5"``), eval mode, seeded weights."""
+          dtype: Any = None, sliding_window: int | None = 16) -> Any:
+    """``family``'s model (a key of :data:`DECODERS`, or ``"t5"``), eval mode, seeded weights.
+
+    ``sliding_window``: of the :data:`SLIDING` families; 16 (the tests' default) fills during a short generation, so
+    both branches of their cache layers run; None keeps the config's own (4096 in transformers 5), which a
+    generation of fewer tokens never fills, as with the released models."""
     torch.manual_seed(0)
     if family == "t5":
         config = transformers.T5Config(vocab_size=256, d_model=hidden, d_kv=hidden // 4, d_ff=2 * hidden,
@@ -40,6 +44,8 @@ def build(torch: Any, transformers: Any, family: str, layers: int = 2, hidden: i
     else:
         kwargs = {**COMMON, "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
                   "num_attention_heads": 4, "num_key_value_heads": 2, **DECODERS[family]}
+        if family in SLIDING and sliding_window is None:
+            del kwargs["sliding_window"]
         config = transformers.AutoConfig.for_model(family, **kwargs)
         model = transformers.AutoModelForCausalLM.from_config(config)
     model = model.to(device)

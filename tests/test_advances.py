@@ -1,0 +1,169 @@
+"""Scalars a call advances inside the objects it is passed (graphjit/advances.py): a key whose call changes only
+such scalars, the same way on every call, is captured, and each replay sets them as the call's Python code would;
+everything else that changes a key runs uncaptured with its reason.  On the CPU through tests/graph_emulator.py,
+which freezes what a capture read: a replay that did not advance the counter would give other results than eager."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import graphjit  # noqa: E402
+from graphjit.lifecycle import ADVANCES_DIFFER, CHANGES_ITS_KEY  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+class Layer:
+    def __init__(self) -> None:
+        self.buf = torch.zeros(8)
+        self.n = 0
+        self.full = False
+        self.scale = 1.0
+
+
+class Cache:
+    """Layers in a list and a dict of flags, as transformers' caches hold them."""
+
+    def __init__(self, layers: int = 2) -> None:
+        self.layers = [Layer() for _ in range(layers)]
+        self.seen = {i: False for i in range(layers)}
+
+    def reset(self) -> None:
+        for i, layer in enumerate(self.layers):
+            layer.buf.zero_()
+            layer.n, layer.full, layer.scale = 0, False, 1.0
+            self.seen[i] = False
+
+
+def step(x, cache):
+    """Every layer advances its int, may flip its bool, scales a float; the flags dict is set."""
+    out = []
+    for i, layer in enumerate(cache.layers):
+        layer.buf[layer.n] = x.sum() * layer.scale
+        layer.n += 1
+        layer.full = layer.n >= 3
+        layer.scale *= 0.5
+        cache.seen[i] = True
+        out.append(layer.buf * (2.0 if layer.full else 1.0))
+    return torch.stack(out)
+
+
+def _loops(fn, loops=4, steps=4, layers=2):
+    cache, outs, counts = Cache(layers), [], []
+    for _ in range(loops):
+        cache.reset()
+        for k in range(steps):
+            outs.append(fn(torch.full((3,), float(k + 1)), cache).clone())
+            counts.append((tuple((la.n, la.full, la.scale) for la in cache.layers), dict(cache.seen)))
+    return outs, counts
+
+
+def test_ints_bools_floats_and_dict_items_are_advanced_by_each_replay(emu):
+    want, want_counts = _loops(step)
+    g = graphjit.graphed(step, warmup=1)
+    got, counts = _loops(g)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), (got, want)
+    assert counts == want_counts  # after every call, the Python state eager left
+    s = g.stats()
+    assert s["graphs"] == 4 and s["fallbacks"] == {} and s["replays"] == 12, g.report()
+    first = s["keys"][0]["advances"]
+    assert "argument 'cache'.layers[0].n" in first and "argument 'cache'.seen[1]" in first, first
+    assert "argument 'cache'.layers[1].scale" in first and "argument 'cache'.layers[0].full" not in first, first
+    assert "argument 'cache'.layers[0].full" in s["keys"][2]["advances"], s["keys"][2]  # only what the call changes
+
+
+def test_a_counter_in_a_tuple_cannot_be_set_and_runs_uncaptured(emu):
+    class Holder:
+        def __init__(self) -> None:
+            self.t = (0,)
+            self.buf = torch.zeros(8)
+
+    def f(x, h):
+        h.buf[h.t[0]] = x.sum()
+        h.t = (h.t[0] + 1,)
+        return h.buf * 1
+
+    g = graphjit.graphed(f, warmup=1)
+    h, he = Holder(), Holder()
+    for _ in range(3):
+        h.t, he.t = (0,), (0,)
+        for _ in range(3):
+            assert torch.equal(g(torch.ones(2), h), f(torch.ones(2), he))
+    s = g.stats()
+    assert s["graphs"] == 0 and s["fallbacks"] == {f"{CHANGES_ITS_KEY}: argument 'h'.t[0]": 9}, s
+
+
+def test_a_value_that_appears_is_not_an_advance(emu):
+    class Lazy:
+        def __init__(self) -> None:
+            self.n = None
+
+    def f(x, o):
+        o.n = 1 if o.n is None else o.n
+        return x + 1
+
+    g = graphjit.graphed(f, warmup=1)
+    for _ in range(3):
+        o = Lazy()
+        g(torch.ones(2), o)
+        assert o.n == 1
+    (first, *_rest) = g.stats()["keys"]
+    assert first["state"] == "fallback" and first["reason"] == f"{CHANGES_ITS_KEY}: argument 'o'.n", first
+
+
+def test_a_counter_advanced_by_another_amount_on_another_call_runs_uncaptured(emu):
+    strides = itertools.count(1)
+
+    def f(x, layer):
+        layer.buf[layer.n % 8] = x.sum()
+        layer.n += next(strides)
+        return layer.buf * 1
+
+    g = graphjit.graphed(f, warmup=2)
+    layer = Layer()
+    for _ in range(3):
+        layer.n = 0
+        g(torch.ones(2), layer)
+        assert layer.n > 0
+    s = g.stats()
+    (key,) = [k for k in s["keys"] if "n=0" in k["key"] or len(s["keys"]) == 1]
+    assert s["graphs"] == 0 and key["state"] == "fallback", s
+    assert key["reason"] == f"{ADVANCES_DIFFER}: argument 'layer'.n", key
+    assert "an earlier run of the key left 1, this one 2" in key["detail"], key["detail"]
+
+
+def test_inside_a_capture_scope_a_key_that_advances_is_watched_and_captured_after_it(emu):
+    """A scope captures a key on its first call after extra warmup runs that start where the call left the state:
+    for a key whose call advances its own scalars that would be another key's run, so such a key is only watched
+    there (its call counts as a warmup) and is captured on a later call outside the scope."""
+    want, want_counts = _loops(step, loops=3)
+    g = graphjit.graphed(step, warmup=2)
+    cache, got, counts = Cache(), [], []
+    for loop in range(3):
+        cache.reset()
+        with graphjit.capture_scope() if loop == 0 else contextlib.nullcontext():
+            for k in range(4):
+                got.append(g(torch.full((3,), float(k + 1)), cache).clone())
+                counts.append((tuple((la.n, la.full, la.scale) for la in cache.layers), dict(cache.seen)))
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and counts == want_counts
+    s = g.stats()
+    assert s["graphs"] == 4 and s["captures"] == 4 and s["fallbacks"] == {}, g.report()
+    assert all(k["warmups"] == 2 for k in s["keys"]), s["keys"]
+
+
+def test_a_replay_sets_the_counter_in_the_objects_of_this_call(emu):
+    """The key holds values, not objects: another cache with the same values replays the graph, and its own counter
+    advances (the graph's tensor inputs are that call's, copied in)."""
+    want, _ = _loops(step, loops=1)
+    g = graphjit.graphed(step, warmup=1)
+    _loops(g, loops=2)  # captured
+    other = Cache()
+    got = [g(torch.full((3,), float(k + 1)), other).clone() for k in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert [la.n for la in other.layers] == [4, 4] and other.seen == {0: True, 1: True}
+    assert g.stats()["replays"] == 4 + 4
