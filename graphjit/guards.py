@@ -49,6 +49,7 @@ from .names import class_names, code_names
 from .reach import (
     FOREIGN_MODULES,
     OPAQUE,
+    PLAIN_CONTAINERS,
     Path,
     Visits,
     describe,
@@ -277,8 +278,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     stack: list[tuple[Any, Path, int, Any]] = [(value, (name,), 0, None) for name, value in reversed(src.objects)]
     while stack:
         obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
-        if is_tensor(obj) or isinstance(obj, _OPAQUE) or type(obj) in _SCALAR_TYPES:
-            continue
+        tp = type(obj)
+        if (tp in PLAIN_CONTAINERS and not obj) or tp in _SCALAR_TYPES or is_tensor(obj) or isinstance(obj, _OPAQUE):
+            continue  # (a module's dozen hook dicts are nearly always empty: nothing to guard in them)
         if not visits.first(obj, depth):
             if visits.full:
                 break
@@ -309,7 +311,6 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 else:
                     stack.append((child, (*path, ("[]", k)), depth + 1, None))
             continue
-        tp = type(obj)
         if tp.__module__.partition(".")[0] in FOREIGN_MODULES:
             continue
         classes.add(tp)

@@ -14,6 +14,7 @@ lead to; a tensor that only a C extension or an unreachable module holds is not 
 
 from __future__ import annotations
 
+import collections
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -36,6 +37,10 @@ FOREIGN_MODULES = frozenset(("logging", "threading", "asyncio", "concurrent", "m
                              "_io", "io", "weakref", "_thread", "selectors", "subprocess"))
 """Top-level modules whose objects (a logger's manager, a thread, a pool) hold no value a graph reads and are
 changed by other threads: the guards' and the Python-state walks do not enter them."""
+
+
+PLAIN_CONTAINERS = frozenset((dict, list, tuple, set, frozenset, collections.OrderedDict))
+"""Containers (these exact types: no ``__len__`` of a subclass is called) a walk skips when empty."""
 
 
 class Visits:
@@ -158,32 +163,55 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
          tensor_state: Callable[[Any], Iterable[tuple[str, Any]]] | None = None) -> Reach:
     """Every tensor reachable from ``roots_`` through containers and object attributes, and through
     ``tensor_state(t)`` of each tensor found: the state a tensor itself holds (a parameter's ``.grad``,
-    path ``....weight.grad``)."""
+    path ``....weight.grad``).
+
+    The walk keeps each object's path as a link to its parent's and spells it out for tensors only, and pushes no
+    value it would not enter (:data:`ATOMS`, :data:`OPAQUE`) nor an empty container: a module holds a dozen hook
+    dicts, nearly always empty, a model's configuration hundreds of plain values, and warmup walks the function's
+    state twice per call."""
     reach = Reach()
     visits = Visits(MAX_NODES, MAX_DEPTH)
-    stack: list[tuple[Any, Path, int]] = [(value, (name,), 0) for name, value in reversed(roots_)]
+    seen, first = visits.seen, visits.first
+    atoms, opaque, empty = ATOMS, OPAQUE, PLAIN_CONTAINERS
+    bindings, tensors = reach.bindings, reach.tensors
+    # (object, link, depth); a link is (None, root name) or (the parent's link, step)
+    stack: list[tuple[Any, tuple[Any, Any], int]] = [(value, (None, name), 0) for name, value in reversed(roots_)]
     while stack:
-        obj, path, depth = stack.pop()
+        obj, link, depth = stack.pop()
         if is_tensor(obj):
-            reach.bindings[path] = id(obj)
-            reach.tensors.setdefault(id(obj), (obj, path))
+            path = _spelled(link)
+            bindings[path] = id(obj)
+            tensors.setdefault(id(obj), (obj, path))
             if tensor_state is not None and depth <= MAX_DEPTH:
                 for name, child in tensor_state(obj):
                     if child is not None:
-                        stack.append((child, (*path, (".", name)), depth + 1))
+                        stack.append((child, (link, (".", name)), depth + 1))
             continue
-        tp = type(obj)
-        if tp in ATOMS or isinstance(obj, OPAQUE):
+        if id(obj) in seen:  # (Visits.first's own test, without its call for the most common answer)
             continue
-        if not visits.first(obj, depth):
+        if not first(obj, depth):
             if visits.full:
                 break
             continue
-        children = _children(obj)
-        for step, child in reversed(children):
-            stack.append((child, (*path, step), depth + 1))
+        depth += 1
+        for step, child in reversed(_children(obj)):
+            tp = type(child)
+            if tp in atoms or (tp in empty and not child) or isinstance(child, opaque):
+                continue
+            stack.append((child, (link, step), depth))
     reach.truncated = visits.truncated
     return reach
+
+
+def _spelled(link: tuple[Any, Any]) -> Path:
+    """The path a walk's link stands for: ``(root name, step, ...)``."""
+    steps = []
+    while link[0] is not None:
+        link, step = link
+        steps.append(step)
+    steps.append(link[1])
+    steps.reverse()
+    return tuple(steps)
 
 
 def added_tensors(before: Reach, after: Reach) -> list[tuple[Any, Path]]:
