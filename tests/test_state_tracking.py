@@ -66,6 +66,27 @@ def test_walk_finds_tensors_in_closures_globals_objects_and_names_their_paths(na
 
 
 @pytest.mark.parametrize("name", FRAMEWORKS)
+def test_tensors_put_into_containers_that_were_empty_are_found_as_added(name):
+    """The walk skips empty containers (a module's hook dicts): one the call fills with a tensor is walked after it,
+    so the tensor is found as state the call added, under the container's path."""
+    _fw_mod, zeros, _inc, _copy = _tensor_fns(name)
+    b = backends.get(name)
+    h = Holder({}, [])
+    h.c = ((), {"inner": []})
+
+    def fill():
+        h.a["k"] = zeros(1)
+        h.b.append(zeros(2))
+        h.c[1]["inner"].append(zeros(3))
+        return zeros(1)
+
+    _out, obs = watched_call(b, fill, [("argument 'h'", h)], "cpu", BUDGET, sync_watch=False)
+    assert sorted(reach.describe(p) for p in obs.added) == ["argument 'h'.a['k']", "argument 'h'.b[0]",
+                                                            "argument 'h'.c[1]['inner'][0]"]
+    assert sorted(reach.describe(p) for _t, p in obs.created) == sorted(reach.describe(p) for p in obs.added)
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
 def test_write_probe_finds_in_place_writes_and_copies(name):
     _fw_mod, zeros, inc, copy = _tensor_fns(name)
     t1, t2, t3 = zeros(3), zeros(3), zeros(3)
