@@ -15,6 +15,11 @@ uncaptured), and each replay sets them, in the order the key lists them, as the 
 The next call then signs with the advanced values and finds the next key: one graph per value of the counter,
 each captured on its own, as CUDAGraph Trees records one graph per value of an int input.
 
+A run of a key whose scalars are already known (a later warmup run, the capturing call) is checked to leave the
+objects on their paths in place: a key whose call replaces one (``cache.state = State(n + 1)``) runs uncaptured,
+since a replay would set the value in the old object where the call made a new one.  A key captured after a single
+watched run (``warmup=1``) is checked by its capturing call.
+
 Refused (the key runs uncaptured, as before, under ``changes its own signature``): a changed tensor, ``None`` that
 became a value, a scalar in a tuple (it cannot be set), the function's own arguments being rebound, or a function
 with ``dynamic=`` arguments.  Nothing here runs on a replay path of a key without advances.
@@ -73,6 +78,22 @@ class Advances:
         """What the call's Python code would have left: each scalar set to its value after the call."""
         for item in self.items:
             item.set(args, kwargs)
+
+    def holders(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[int, ...] | None:
+        """``id()`` of every object on the scalars' paths in this call (None where a path is gone): a run that
+        replaced one of them by a new object holding the advanced value is not one a replay can redo, since a
+        replay sets the value in the object the call was passed."""
+        out: list[int] = []
+        try:
+            for item in self.items:
+                obj = args[item.root] if isinstance(item.root, int) else kwargs[item.root]
+                out.append(id(obj))
+                for is_attr, sub in item.steps[:-1]:
+                    obj = getattr(obj, sub) if is_attr else obj[sub]
+                    out.append(id(obj))
+        except (LookupError, AttributeError, TypeError):
+            return None
+        return tuple(out)
 
     def same_as(self, other: Advances) -> bool:
         """The same scalars left at the same values (of the same types)."""

@@ -56,6 +56,15 @@ def _changes_key(path: str, what: str) -> Blocked:
                    "every call belongs in a tensor")
 
 
+def _holders_kept(found: advances.Advances, before: tuple[int, ...], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Blocked | None:
+    """None where the objects on the paths of a key's advanced scalars are the ones the run started with."""
+    if found.holders(args, kwargs) == before:
+        return None
+    return _advances_differ(found.paths[0], "the call replaced an object on the path by another; a replay would set "
+                            "the value in the object it was passed")
+
+
 def _advances_differ(path: str, what: str) -> Blocked:
     return Blocked(f"{ADVANCES_DIFFER}: {path}", f"the call changes {path}, which is part of its own key, and not the "
                    f"same way on every call ({what}): a replay, which runs no Python, could not set it as the call "
@@ -163,6 +172,7 @@ class KeyLifecycle(abc.ABC):
         budget = env.settings().verify_max_bytes
         roots = self.roots(instance, args, kwargs)
         guard_src = self.guard_sources(instance, args, kwargs) if sync_watch else None
+        holders = warm.advances.holders(args, kwargs) if warm.advances is not None else None
         with scope_mod.graphed_call("warmup"):
             run, traced = self.runner(backend, device, sig.key, instance, args, kwargs, roots)
             out, obs = watched_call(backend, run, roots, device, budget, sync_watch=sync_watch, guard_src=guard_src,
@@ -173,6 +183,8 @@ class KeyLifecycle(abc.ABC):
         warm.note(obs, backend, out, sig.tensors)
         if warm.blocked is None:
             warm.blocked = self.own_key_change(sig, warm, instance, args, kwargs)
+        if warm.blocked is None and holders is not None and warm.advances is not None:
+            warm.blocked = _holders_kept(warm.advances, holders, args, kwargs)
         st.warmups += 1
         if env.settings().debug:
             log.debug("graphjit %s [%s]: warmup %d/%d wrote %s%s", self.name, st.label, warm.calls,
@@ -373,6 +385,7 @@ class KeyLifecycle(abc.ABC):
             tracer_guard=lambda sargs, skwargs: backend.tracer_guard(
                 inv.target, inv.tracer_name(backend), inv.frame_locals(instance, sargs, skwargs)))
         active = scope_mod.current()
+        holders = warm.advances.holders(args, kwargs) if warm.advances is not None else None
         try:
             entry, result = build(req)
         except CaptureError as exc:
@@ -380,9 +393,15 @@ class KeyLifecycle(abc.ABC):
                                        kwargs)
         finally:
             warm.reference = None  # a recorded reference is this build's only
-        self.warming.pop(sig.key, None)
         if warm.advances is not None:
+            kept = _holders_kept(warm.advances, holders, args, kwargs) if holders is not None else \
+                _advances_differ(warm.advances.paths[0], "its path could not be read before the capture")
+            if kept is not None:  # this call ran right (its capture and replay); later ones run uncaptured
+                entry.release()
+                self.block(backend, sig, kept, result)
+                return own if scope_run else result
             entry.advances, st.advances = warm.advances, list(warm.advances.paths)
+        self.warming.pop(sig.key, None)
         entry.feeds = self.step_feeds.get(sig.key) or (self.step_feeds.get(sig.base) if sig.base is not None else None)
         if entry.feeds is not None:
             entry.feeds.captured()

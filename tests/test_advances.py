@@ -167,3 +167,44 @@ def test_a_replay_sets_the_counter_in_the_objects_of_this_call(emu):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert [la.n for la in other.layers] == [4, 4] and other.seen == {0: True, 1: True}
     assert g.stats()["replays"] == 4 + 4
+
+
+@pytest.mark.parametrize("warmup", [1, 2])
+def test_a_call_that_replaces_the_object_holding_the_counter_runs_uncaptured(emu, warmup):
+    """``holder.state = State(n + 1)``: the key's scalar moves, but in a new object; a replay would set it in the old
+    one (which a caller may still hold), so the key is refused by its second watched run (warmup=2) or by its
+    capturing call (warmup=1), whose own result is still right; the loops end as eager's do."""
+
+    class State:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+    class Holder:
+        def __init__(self) -> None:
+            self.buf = torch.zeros(8)
+            self.state = State(0)
+
+    def f(x, h):
+        h.buf[h.state.n] = x.sum()
+        h.state = State(h.state.n + 1)
+        return h.buf * 1
+
+    def loops(fn):
+        h, outs, kept = Holder(), [], []
+        for _ in range(3):
+            h.buf.zero_()
+            h.state = State(0)
+            for _ in range(3):
+                kept.append(h.state)
+                outs.append(fn(torch.ones(2), h).clone())
+        return outs, [s.n for s in kept], h.state.n
+
+    want = loops(f)
+    g = graphjit.graphed(f, warmup=warmup)
+    got = loops(g)
+    assert all(torch.equal(a, b) for a, b in zip(got[0], want[0])) and got[1:] == want[1:], (got, want)
+    s = g.stats()
+    assert s["graphs"] == 0, g.report()
+    reasons = {k["reason"] for k in s["keys"]}
+    assert reasons == {f"{ADVANCES_DIFFER}: argument 'h'.state.n"}, s["keys"]
+    assert "replaced an object on the path" in s["keys"][0]["detail"], s["keys"][0]
