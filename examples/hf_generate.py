@@ -38,7 +38,7 @@ def timed_generate(model, prompt: torch.Tensor, new_tokens: int, **extra) -> tup
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--family", default="llama", choices=[*hf_families.DECODERS, "t5"])
+    p.add_argument("--family", default="llama", choices=hf_families.FAMILIES)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--layers", type=int, default=4)

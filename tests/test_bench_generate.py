@@ -150,3 +150,23 @@ def test_every_call_makes_the_tokens_asked_for_even_where_the_model_would_end_ea
             assert res["tokens_made"] == [12, 12], (family, variant, res)
             assert _wrong(variant, res) is None
     assert _wrong("eager", {"new_tokens": 64, "tokens_made": [64, 31]}) == "made [64, 31] new tokens per call, not 64"
+
+
+def test_the_bench_offers_every_family_the_models_module_builds():
+    """The bench's list (in its framework-free half) and ``hf_families``' are the same families."""
+    from graphjit.bench.generate import FAMILIES
+    from graphjit.bench.torch import hf_families
+
+    assert sorted(FAMILIES) == sorted(hf_families.FAMILIES)
+
+
+def test_a_multimodal_models_text_decoder_decodes_from_one_graph(emu):
+    """Qwen2-VL from its config, a text-only prompt: its decoder's 3-axis rotary positions are computed in the
+    prefill and kept on the model; the decode step is one graph, tokens equal eager's."""
+    from graphjit.bench.torch.generate import GenerateBench
+
+    args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=6, prompt_len=5, repeats=2,
+                              compile_cache="kept", sliding_window=None)
+    res = GenerateBench(args, on_gpu=False).measure("qwen2_vl", 2, "graphed")
+    assert res["status"] == "ok" and res["tokens_equal_eager"] is True, res
+    assert res["stats"]["graphs"] == 1 and res["stats"]["replays"] >= 5, res["stats"]

@@ -20,7 +20,7 @@ import graphjit  # noqa: E402
 from graphjit.bench.torch import hf_families  # noqa: E402
 
 GREEDY = {"max_new_tokens": 16, "do_sample": False, "pad_token_id": 0}
-FAMILIES = [*hf_families.DECODERS, "t5"]
+FAMILIES = list(hf_families.FAMILIES)
 
 
 WINDOW = 16  # hf_families' sliding window for the tests: 8 prompt tokens and 16 new ones fill it half-way

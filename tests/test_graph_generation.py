@@ -149,7 +149,7 @@ def test_a_bad_option_is_refused_before_the_model_changes():
     assert "generate" not in vars(model)
 
 
-FAMILIES = [f for f in [*hf_families.DECODERS, "t5"] if f not in ("qwen2_moe", "mixtral")]
+FAMILIES = [f for f in hf_families.FAMILIES if f not in ("qwen2_moe", "mixtral")]
 """Every family of ``hf_families`` but the two mixtures of experts, whose routing the CPU stand-in for CUDA
 graphs cannot capture (it raises inside; tests/test_gpu_generation.py runs them on a GPU)."""
 

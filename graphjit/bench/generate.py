@@ -44,7 +44,8 @@ from . import common
 from .common import say
 
 VARIANTS = ("eager", "graphed", "graphed_compile", "hf_compiled")
-FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "phi3", "qwen2_moe", "mixtral", "gpt2", "gemma2", "gemma3_text", "t5")
+FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "phi3", "qwen2_moe", "mixtral", "gpt2", "gemma2", "gemma3_text",
+            "qwen2_vl", "t5")
 TARGETS = {"graphed_compile_vs_hf_compiled_steady": 1.0, "graphed_compile_vs_hf_compiled_first": 1.0,
            "graphed_vs_hf_compiled_first": 0.1}
 RATIOS = {"graphed_compile_vs_hf_compiled_steady": ("graphed_compile", "hf_compiled", "steady_s"),
