@@ -1,15 +1,17 @@
 """transformers' ``generate()`` with graphed decoding, in one line: ``graphjit.graph_generation(model)``.
 
 Builds a model of any family from its config (random weights, nothing downloaded), runs ``generate()`` eagerly,
-then the same ``generate()`` after ``graphjit.graph_generation(model)`` (transformers' defaults otherwise), twice,
-compares the tokens and prints one line of timing per run and graphjit's report.  On a CPU the graphed calls run
-the model eagerly (one log line says why there are no graphs); on a GPU the decode step is captured once per
-batch size and replayed for every later token, in this ``generate()`` and the next.
+then the same ``generate()`` after ``graphjit.graph_generation(model)`` (transformers' defaults otherwise), four
+times, compares the tokens and prints one line of timing per run and graphjit's report.  On a CPU the graphed calls
+run the model eagerly (one log line says why there are no graphs); on a GPU the decode step is captured once per
+batch size and replayed for every later token, in this ``generate()`` and the next.  Gemma 2 and 3, whose caches
+count their length in a Python int, get one graph per position, captured in the third call and replayed from then
+on (``graphjit/advances.py``).
 
     python examples/hf_generate.py [--family llama] [--batch 1] [--new-tokens 32] [--layers 4] [--hidden 256]
                                    [--dtype fp32|bf16]
 
-Families: llama qwen2 mistral qwen3 phi3 qwen2_moe mixtral gpt2 gemma2 gemma3_text t5
+Families: llama qwen2 mistral qwen3 phi3 qwen2_moe mixtral gpt2 gemma2 gemma3_text qwen2_vl t5
 (``graphjit.bench.torch.hf_families`` builds them, for the tests and ``bench generate`` too).
 """
 
@@ -72,7 +74,7 @@ def main() -> int:
 
     graphjit.graph_generation(model)  # the one line
     ok = True
-    for run in ("first", "second"):
+    for run in ("first", "second", "third", "fourth"):
         got, t = timed_generate(model, prompt, args.new_tokens)  # generate()'s defaults
         same = torch.equal(got, want)
         ok = ok and same
