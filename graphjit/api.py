@@ -36,7 +36,7 @@ from typing import Any, TypeVar, overload
 
 import wrapt
 
-from . import backends, env
+from . import advances, backends, env
 from . import scope as scope_mod
 from .backends.base import Backend
 from .buffers import InputMoved, KeyEntry
@@ -252,6 +252,13 @@ class _State(Policy, KeyLifecycle, ValueVariants):
 
     def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        adv = entry.advances
+        targets = None
+        if adv is not None:  # where this call holds the scalars the replay sets after (advances.py)
+            targets = adv.targets(args, kwargs)
+            if targets is None:
+                backend = entry.inputs.backend
+                return self.fallback(advances.LAYOUT, backend, instance, args, kwargs, sig.key)
         copy = self.copy_outputs
         check = not copy and settings.check_outputs
         with self.lock:
@@ -267,8 +274,8 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                 raise
         if entry.feeds is not None:
             entry.feeds.replayed()
-        if entry.advances is not None:  # the Python scalars the call would have advanced
-            entry.advances.apply(args, kwargs)
+        if adv is not None and targets is not None:  # the Python scalars the call would have advanced
+            adv.apply(targets)
         if settings.debug:
             self.debug_replay(entry, sig, result)
         if check:
@@ -329,14 +336,6 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                       "call to call. Each new signature runs its warmup calls eagerly and is captured on its own "
                       "(max_graphs=%d): pass values that change as tensors, or pad varying dims with buckets=",
                       self.name, made, self.stats.calls, what, self.max_graphs())
-
-    def advanced(self, key: tuple[Any, ...] | None) -> bool:
-        """Whether a call of ``key`` advances scalars of its own key (graphjit/advances.py): the next key is its
-        doing, one per value of a counter, not a value that changes from call to call by chance."""
-        if key is None:
-            return False
-        entry, warm = self.entries.get(key), self.warming.get(key)
-        return (entry is not None and entry.advances is not None) or (warm is not None and warm.advances is not None)
 
     def slow(self, sig: CallSignature, settings: env.Settings, instance: Any, args: tuple[Any, ...],
              kwargs: dict[str, Any], previous: tuple[Any, ...] | None = None) -> Any:

@@ -210,21 +210,37 @@ class KeyLifecycle(abc.ABC):
         record = self.history.records.get(sig.key)
         backend = sig.backend if sig.backend is not None else after.backend
         if record is not None and backend is not None:
-            found = changes(record.leaves, self.named_leaves(backend, after, instance, args, kwargs))
+            found = [c for c in changes(record.leaves, self.named_leaves(backend, after, instance, args, kwargs))
+                     if c.label[:1] != ("<read>",)]  # (read values: a variant key's, checked by its guards)
             if found:
-                moved = advances.find(found, args, kwargs) if self.dynamic is None else None
+                moved = advances.find(found, args, kwargs) if self.dynamic is None and not warm.islands else None
                 if moved is not None:
-                    return self.note_advances(warm, moved)
+                    return self.note_advances(sig, warm, moved, instance, args, kwargs, after.key)
                 c = found[0]
                 path = name(self.signer, c.label)
                 return _changes_key(path, f"{path} ({shown(c.old, 80)} before the call, {shown(c.new, 80)} after)")
         path = changed_argument(self.signer, instance is not None, sig.key, after.key) or "its arguments"
         return _changes_key(path, path)
 
-    def note_advances(self, warm: Warmup, moved: list[advances.Advance]) -> Blocked | None:
+    def advanced(self, key: tuple[Any, ...] | None) -> bool:
+        """Whether a call of ``key`` advances scalars of its own key (graphjit/advances.py): the next key is its
+        doing, one per value of a counter, not a value that changes from call to call by chance."""
+        if key is None:
+            return False
+        entry, warm = self.entries.get(key), self.warming.get(key)
+        return (entry is not None and entry.advances is not None) or (warm is not None and warm.advances is not None)
+
+    def note_advances(self, sig: CallSignature, warm: Warmup, moved: list[advances.Advance], instance: Any,
+                      args: tuple[Any, ...], kwargs: dict[str, Any], after: tuple[Any, ...]) -> Blocked | None:
         """A warmup run changed only scalars a replay can set (:mod:`graphjit.advances`): kept for the key's
-        graph if every run of the key leaves them the same."""
-        found = advances.Advances(moved, [name(self.signer, a.label) for a in moved])
+        graph if they are all it changed of its key and every run of the key leaves them the same."""
+        found = advances.Advances(moved, [name(self.signer, a.label) for a in moved],
+                                  advances.layout_of(moved, args, kwargs))
+        if not found.explains(args, kwargs, lambda: self.sign_bound(instance, args, kwargs).key,
+                              sig.base if sig.base is not None else sig.key):
+            path = found.paths[0]
+            return _changes_key(path, f"{path} and more of its key than its scalars show (a value's type, a text "
+                                "longer than a key's label keeps), so it is not a value a replay can set")
         if warm.advances is None:
             if warm.calls > 1:
                 return _advances_differ(found.paths[0], "an earlier run of the key left it as it was")
@@ -396,6 +412,9 @@ class KeyLifecycle(abc.ABC):
         if warm.advances is not None:
             kept = _holders_kept(warm.advances, holders, args, kwargs) if holders is not None else \
                 _advances_differ(warm.advances.paths[0], "its path could not be read before the capture")
+            if kept is None and not warm.advances.left(args, kwargs):
+                kept = _advances_differ(warm.advances.paths[0], "the capturing call left other values than the "
+                                        "warmup runs")
             if kept is not None:  # this call ran right (its capture and replay); later ones run uncaptured
                 entry.release()
                 self.block(backend, sig, kept, result)

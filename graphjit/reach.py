@@ -175,7 +175,8 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
     atoms, opaque, empty = ATOMS, OPAQUE, PLAIN_CONTAINERS
     bindings, tensors = reach.bindings, reach.tensors
     # (object, link, depth); a link is (None, root name) or (the parent's link, step)
-    stack: list[tuple[Any, tuple[Any, Any], int]] = [(value, (None, name), 0) for name, value in reversed(roots_)]
+    stack: list[tuple[Any, tuple[Any, Any], int]] = [(value, (None, name), 0) for name, value in reversed(roots_)
+                                                      if type(value) not in atoms and not isinstance(value, opaque)]
     while stack:
         obj, link, depth = stack.pop()
         if is_tensor(obj):

@@ -5,7 +5,9 @@ which freezes what a capture read: a replay that did not advance the counter wou
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import itertools
 
 import pytest
@@ -208,3 +210,139 @@ def test_a_call_that_replaces_the_object_holding_the_counter_runs_uncaptured(emu
     reasons = {k["reason"] for k in s["keys"]}
     assert reasons == {f"{ADVANCES_DIFFER}: argument 'h'.state.n"}, s["keys"]
     assert "replaced an object on the path" in s["keys"][0]["detail"], s["keys"][0]
+
+
+class _Counted:
+    def __init__(self) -> None:
+        self.buf = torch.zeros(8)
+        self.n = 0
+
+
+def _advance_each(x, cache):
+    for layer in cache.layers:
+        layer.buf[layer.n] = x.sum()
+        layer.n += 1
+    return x * 2
+
+
+def test_a_call_whose_counters_share_an_object_otherwise_than_at_capture_runs_uncaptured(emu):
+    """Two layers that are one object advance it twice, eagerly; the graph of two distinct layers must not replay for
+    them (nor the reverse): such a call runs uncaptured, counted under its reason, with eager's counts."""
+    from graphjit.advances import LAYOUT
+
+    class Cache:
+        def __init__(self, layers) -> None:
+            self.layers = layers
+
+    def counts(fn, shared):
+        out = []
+        for _ in range(3):
+            one = _Counted()
+            c = Cache([one, one] if shared else [_Counted(), _Counted()])
+            fn(torch.ones(3), c)
+            out.append([la.n for la in c.layers])
+        return out
+
+    g = graphjit.graphed(_advance_each, warmup=1)
+    assert counts(g, False) == counts(_advance_each, False) == [[1, 1]] * 3
+    assert counts(g, True) == counts(_advance_each, True) == [[2, 2]] * 3
+    s = g.stats()
+    assert s["graphs"] == 1 and s["fallbacks"] == {LAYOUT: 3}, g.report()
+
+
+@pytest.mark.parametrize("case", ["island", "deque", "type"])
+def test_changes_a_replay_could_not_redo_keep_the_key_uncaptured(emu, case):
+    """An island between segments would read the counter before the replay's end sets it; a deque is not among the
+    containers graphjit puts back around its own runs; a value whose type changes with its text unchanged (a str
+    subclass) is more than a scalar a replay can set.  Each key runs uncaptured, and the loops end as eager's."""
+
+    class Tag(str):
+        pass
+
+    @graphjit.eager
+    def island(y, c):
+        return y + c.n
+
+    def step(x, c):
+        if case == "deque":
+            c.buf[c.pos[0]] = x.sum()
+            c.pos[0] += 1
+            return c.buf * 1
+        c.n += 1
+        if case == "island":
+            return island(x * 2, c)
+        c.tag = Tag(c.tag)
+        return x * c.n
+
+    def run(fn):
+        c, out = _Counted(), []
+        c.pos, c.tag = collections.deque([0]), "plain"
+        for _ in range(3):
+            c.buf.zero_()
+            c.n, c.pos[0], c.tag = 0, 0, "plain"
+            for _ in range(2):
+                out.append((fn(torch.ones(2), c).tolist(), c.n, c.pos[0], type(c.tag).__name__))
+        return out
+
+    g = graphjit.graphed(step, warmup=1)
+    assert run(g) == run(step)
+    first = g.stats()["keys"][0]
+    assert first["state"] == "fallback" and first["reason"].startswith(CHANGES_ITS_KEY), first
+
+
+def test_a_frozen_slotted_dataclass_field_is_set_as_the_call_set_it(emu):
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Pos:
+        n: int
+
+    def step(x, c):
+        c.buf[c.pos.n] = x.sum()
+        object.__setattr__(c.pos, "n", c.pos.n + 1)
+        return c.buf * 1
+
+    def run(fn):
+        c, out = _Counted(), []
+        c.pos = Pos(0)
+        for _ in range(3):
+            c.buf.zero_()
+            object.__setattr__(c.pos, "n", 0)
+            for _ in range(2):
+                out.append((fn(torch.ones(2), c).tolist(), c.pos.n))
+        return out
+
+    g = graphjit.graphed(step, warmup=1)
+    assert run(g) == run(step)
+    assert g.stats()["replays"] == 4 and g.stats()["fallbacks"] == {}, g.report()
+
+
+SCALE = 1.0
+
+
+def test_a_key_made_for_other_read_values_advances_too(emu):
+    """A graph for another value of a global the function reads (a variant key, checked by its guards) is a key whose
+    call advances its counter like any other."""
+    global SCALE
+
+    def step(x, c):
+        c.buf[c.n] = x.sum() * SCALE
+        c.n += 1
+        return c.buf * 1
+
+    def run(fn):
+        global SCALE
+        c, out = _Counted(), []
+        for loop in range(6):
+            SCALE = 1.0 if loop < 3 else 2.0
+            c.buf.zero_()
+            c.n = 0
+            for _ in range(2):
+                out.append((fn(torch.ones(2), c).tolist(), c.n))
+        return out
+
+    try:
+        g = graphjit.graphed(step, warmup=1)
+        assert run(g) == run(step)
+    finally:
+        SCALE = 1.0
+    s = g.stats()
+    assert s["graphs"] == 4 and s["fallbacks"] == {}, g.report()
