@@ -69,11 +69,25 @@ class Advance:
     def target(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Target:
         """Where the scalar lives in this call (raises LookupError/AttributeError/TypeError where the path is
         gone)."""
-        obj = args[self.root] if isinstance(self.root, int) else kwargs[self.root]
-        for is_attr, sub in self.steps[:-1]:
-            obj = getattr(obj, sub) if is_attr else obj[sub]
-        is_attr, sub = self.steps[-1]
-        return obj, is_attr, sub
+        return _target(self.root, self.steps, args, kwargs)
+
+
+def _chain(root: int | str, steps: Sequence[tuple[bool, Any]], args: Sequence[Any],
+           kwargs: dict[str, Any]) -> list[Any]:
+    """The objects on a scalar's path in a call: the argument, then each object its steps but the last lead to
+    (raises LookupError/AttributeError/TypeError where the path is gone)."""
+    obj = args[root] if isinstance(root, int) else kwargs[root]
+    out = [obj]
+    for is_attr, sub in steps[:-1]:
+        obj = getattr(obj, sub) if is_attr else obj[sub]
+        out.append(obj)
+    return out
+
+
+def _target(root: int | str, steps: Sequence[tuple[bool, Any]], args: Sequence[Any],
+            kwargs: dict[str, Any]) -> Target:
+    is_attr, sub = steps[-1]
+    return _chain(root, steps, args, kwargs)[-1], is_attr, sub
 
 
 def put(target: Target, value: Any) -> None:
@@ -147,17 +161,10 @@ class Advances:
         """``id()`` of every object on the scalars' paths in this call (None where a path is gone): a run that
         replaced one of them by a new object holding the advanced value is not one a replay can redo, since a
         replay sets the value in the object the call was passed."""
-        out: list[int] = []
         try:
-            for item in self.items:
-                obj = args[item.root] if isinstance(item.root, int) else kwargs[item.root]
-                out.append(id(obj))
-                for is_attr, sub in item.steps[:-1]:
-                    obj = getattr(obj, sub) if is_attr else obj[sub]
-                    out.append(id(obj))
+            return tuple(id(obj) for item in self.items for obj in _chain(item.root, item.steps, args, kwargs))
         except (LookupError, AttributeError, TypeError):
             return None
-        return tuple(out)
 
     def same_as(self, other: Advances) -> bool:
         """The same scalars left at the same values (of the same types), in places shared the same way."""
@@ -197,13 +204,11 @@ def _advance(change: Change, args: Sequence[Any], kwargs: dict[str, Any]) -> Adv
         return None
     steps = tuple((isinstance(sub, Attr), sub) for sub in label[2:])
     try:
-        parent = args[root] if isinstance(root, int) else kwargs[root]
-        for is_attr, sub in steps[:-1]:
-            parent = getattr(parent, sub) if is_attr else parent[sub]
-        is_attr, sub = steps[-1]
-        value = getattr(parent, sub) if is_attr else parent[sub]
+        target = _target(root, steps, args, kwargs)
+        value = _value(target)
     except (LookupError, AttributeError, TypeError):
         return None
+    parent, is_attr, sub = target
     before = _parsed(value, change.old)
     if not _settable(parent, is_attr, sub) or before is _NO or repr(value) != change.new:
         return None

@@ -215,7 +215,7 @@ class KeyLifecycle(abc.ABC):
             if found:
                 moved = advances.find(found, args, kwargs) if self.dynamic is None and not warm.islands else None
                 if moved is not None:
-                    return self.note_advances(sig, warm, moved, instance, args, kwargs, after.key)
+                    return self.note_advances(sig, warm, moved, instance, args, kwargs)
                 c = found[0]
                 path = name(self.signer, c.label)
                 return _changes_key(path, f"{path} ({shown(c.old, 80)} before the call, {shown(c.new, 80)} after)")
@@ -231,7 +231,7 @@ class KeyLifecycle(abc.ABC):
         return (entry is not None and entry.advances is not None) or (warm is not None and warm.advances is not None)
 
     def note_advances(self, sig: CallSignature, warm: Warmup, moved: list[advances.Advance], instance: Any,
-                      args: tuple[Any, ...], kwargs: dict[str, Any], after: tuple[Any, ...]) -> Blocked | None:
+                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Blocked | None:
         """A warmup run changed only scalars a replay can set (:mod:`graphjit.advances`): kept for the key's
         graph if they are all it changed of its key and every run of the key leaves them the same."""
         found = advances.Advances(moved, [name(self.signer, a.label) for a in moved],
@@ -416,9 +416,9 @@ class KeyLifecycle(abc.ABC):
                 kept = _advances_differ(warm.advances.paths[0], "the capturing call left other values than the "
                                         "warmup runs")
             if kept is not None:  # this call ran right (its capture and replay); later ones run uncaptured
-                entry.release()
+                entry.release()  # (never inside a scope: a key with advances returned after its own run there)
                 self.block(backend, sig, kept, result)
-                return own if scope_run else result
+                return result
             entry.advances, st.advances = warm.advances, list(warm.advances.paths)
         self.warming.pop(sig.key, None)
         entry.feeds = self.step_feeds.get(sig.key) or (self.step_feeds.get(sig.base) if sig.base is not None else None)
