@@ -84,7 +84,9 @@ def guardable(v: Any, depth: int = 0) -> bool:
     tp = type(v)
     if isinstance(v, (tuple, frozenset)):
         return depth < 3 and len(v) <= MAX_TUPLE and all(guardable(e, depth + 1) for e in v)
-    if isinstance(v, (list, dict, set, bytearray)) or isinstance(v, _OPAQUE) or backends.for_type(tp) is not None:
+    if isinstance(v, set):  # compared by its contents, through a frozen copy (:func:`snapshot`)
+        return depth == 0 and len(v) <= MAX_ITEMS and all(guardable(e, 1) for e in v)
+    if isinstance(v, (list, dict, bytearray)) or isinstance(v, _OPAQUE) or backends.for_type(tp) is not None:
         return False
     if hasattr(v, "__dict__") or any(c.__dict__.get("__slots__") for c in tp.__mro__ if c is not object):
         return False  # an object: walked, its values guarded one by one
@@ -93,6 +95,22 @@ def guardable(v: Any, depth: int = 0) -> bool:
     except TypeError:
         return False
     return True  # a hashable atom written in C: torch.dtype, torch.device, numpy scalars
+
+
+class SetContents(frozenset):  # type: ignore[type-arg]
+    """A frozen copy of a set's contents, shown as the set it was (in reasons and key labels)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(set(self))
+
+
+def snapshot(v: Any) -> Any:
+    """What a guard keeps of a guardable value: the value itself, a set as a frozen copy of its contents (a set
+    is changed in place: keeping the object would compare it with itself).  ``set == frozenset`` compares contents,
+    so a replay's check reads the live set against the copy as it is."""
+    return SetContents(v) if isinstance(v, set) else v
 
 
 def by_identity(v: Any, is_tensor: Callable[[Any], bool]) -> bool:
@@ -146,7 +164,7 @@ class Scan:
         box = self.boxes.get(id(container))
         if box is None:
             box = self.boxes[id(container)] = _Box(container, kind, owner=owner)
-        box.entries.setdefault(key, (value, path))
+        box.entries.setdefault(key, (snapshot(value), path))
 
     def values(self) -> dict[tuple[int, Any], tuple[Any, Path]]:
         """``(id(container), key) -> (value, path)`` of every candidate whose path's attribute steps are all named
@@ -387,7 +405,7 @@ class GuardSet:
             box = scan_.boxes[cid]
             getter = operator.attrgetter(*keys) if box.kind in ("attr", "cell") else operator.itemgetter(*keys)
             try:
-                expected = getter(box.container)
+                expected = _frozen(getter(box.container), len(keys))
             except Exception:  # an entry gone since the scan (the function deleted it): not a value it reads
                 continue
             self.containers.append(box.container)
@@ -448,7 +466,8 @@ class GuardSet:
     def values(self) -> tuple[Any, ...] | None:
         """The current guarded values, hashable (None where an entry is gone or a value is unhashable)."""
         try:
-            now = tuple(map(operator.call, self.getters, self.containers))
+            now = tuple(_frozen(got, len(keys)) for got, keys in zip(map(operator.call, self.getters, self.containers),
+                                                                     self.keys))
             hash(now)
         except Exception:
             return None
@@ -457,6 +476,13 @@ class GuardSet:
     def shown(self) -> dict[str, tuple[str, str]]:
         """``path -> (value at capture, value now)`` of the values that differ and still exist (for labels)."""
         return {path: (old, new) for path, old, new in self.differences() if new != "(deleted)"}
+
+
+def _frozen(got: Any, n: int) -> Any:
+    """A getter's result (one value, or a tuple of ``n`` > 1) with every set in it a frozen copy (:func:`snapshot`)."""
+    if n == 1:
+        return snapshot(got)
+    return tuple(map(snapshot, got)) if any(isinstance(v, set) for v in got) else got
 
 
 class Drift:

@@ -416,6 +416,8 @@ class _WalkState:
             return (tp, tuple(self.leaf(e, (*label, i), tensors, labels) for i, e in enumerate(x)))
         if isinstance(x, collections.deque):
             return (tp, x.maxlen, tuple(self.leaf(e, (*label, i), tensors, labels) for i, e in enumerate(x)))
+        if isinstance(x, set):  # by its contents, as a frozenset is (a set changed in place is another call)
+            return (tp, frozenset((type(e), e) for e in x))
         if isinstance(x, dict):
             items = []
             for k, v in x.items():

@@ -128,8 +128,73 @@ def dict_item(device: str) -> Case:
     return Case(step, lambda i: (xs[i],), before)
 
 
+def set_closure(device: str) -> Case:
+    """A closed-over set the step reads (``len(tags)``, ``"double" in tags``), grown in place, then settled."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    tags: set[str] = set()
+    xs = _xs(device, 14, (4, 16))
+
+    def step(x):
+        y = (x @ w) * (1 + len(tags))
+        return y * 2 if "double" in tags else y
+
+    def before(i):
+        if i in (3, 6):
+            tags.add("a" if i == 3 else "double")
+
+    return Case(step, lambda i: (xs[i],), before, calls=14)
+
+
+def set_attribute(device: str) -> Case:
+    """A module's set attribute the forward reads, changed in place with the same size (``{"a"}`` -> ``{"b"}``)."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(16, 16).to(device)
+    m.active = {"a"}
+    xs = _xs(device, 14, (4, 16))
+
+    def step(x):
+        return m(x) * (3.0 if "b" in m.active else 1.0)
+
+    def before(i):
+        if i == 5:
+            m.active.discard("a")
+            m.active.add("b")
+
+    return Case(step, lambda i: (xs[i],), before, lambda: [m.weight], calls=14)
+
+
+class _Pending:
+    """An argument object holding a tensor and a set of pending ids (a request batch, a cache's bookkeeping)."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+        self.pending: set[int] = set()
+
+
+def set_in_argument(device: str) -> Case:
+    """A set inside an argument object, grown in place between calls: ``x * (1 + len(cache.pending))``."""
+    torch.manual_seed(0)
+    xs = _xs(device, 14, (4, 16))
+    holder = _Pending(xs[0])
+
+    def step(h):
+        return h.x * (1 + len(h.pending))
+
+    def inputs(i):
+        holder.x = xs[i]
+        return (holder,)
+
+    def before(i):
+        if i in (4, 8):
+            holder.pending.add(i)
+
+    return Case(step, inputs, before, calls=14)
+
+
 VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item, "slice_bound": slice_bound,
-          "dict_item": dict_item}
+          "dict_item": dict_item, "set_closure": set_closure, "set_attribute": set_attribute,
+          "set_in_argument": set_in_argument}
 
 
 # -- training loops as users write them --------------------------------------------------------------------

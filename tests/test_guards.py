@@ -127,6 +127,29 @@ def test_a_function_that_writes_a_python_value_runs_uncaptured(emu):
     assert "self.calls (1 -> 2)" in g.stats()["keys"][0]["detail"]
 
 
+def test_a_set_is_guarded_by_its_contents_and_a_growing_one_runs_uncaptured(emu):
+    """A set the function reads is compared by contents (the reason shows both), and a function that adds to it
+    on every call runs uncaptured: a replay would leave it as it was."""
+    st, _g = _check(cases.set_attribute)
+    labels = sorted(k["key"] for k in st["keys"] if k["state"] == "replay")
+    assert len(labels) == 2 and "'m'.active={'a'}" in labels[0] and "'m'.active={'b'}" in labels[1], labels
+
+    seen: set[int] = set()
+    w = torch.randn(4, 4)
+
+    def step(x):
+        seen.add(len(seen))
+        return (x @ w) * len(seen)
+
+    g = graphjit.graphed(step)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        outs = [g(x) for _ in range(6)]
+    assert seen == set(range(6))
+    assert all(torch.allclose(o, (x @ w) * (i + 1)) for i, o in enumerate(outs))
+    assert g.stats()["replays"] == 0, g.report()
+
+
 def test_a_failed_capture_leaves_no_python_trace(emu):
     """The capture's Python run changed an object's state, created state holding tensors, then failed: the call's
     eager run starts from the state before the capture (a GradScaler's per-optimizer record, an optimizer's
