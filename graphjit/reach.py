@@ -168,15 +168,18 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
     The walk keeps each object's path as a link to its parent's and spells it out for tensors only, and pushes no
     value it would not enter (:data:`ATOMS`, :data:`OPAQUE`) nor an empty container: a module holds a dozen hook
     dicts, nearly always empty, a model's configuration hundreds of plain values, and warmup walks the function's
-    state twice per call."""
+    state twice per call.  Whether a value is :data:`OPAQUE` is decided by its type, once per type: ``isinstance``
+    would ask each instance its ``__class__``, which a configuration class with its own ``__getattribute__``
+    (transformers') answers slowly, and every layer holds the model's configuration."""
     reach = Reach()
     visits = Visits(MAX_NODES, MAX_DEPTH)
     seen, first = visits.seen, visits.first
-    atoms, opaque, empty = ATOMS, OPAQUE, PLAIN_CONTAINERS
     bindings, tensors = reach.bindings, reach.tensors
+    skip = _skipped
     # (object, link, depth); a link is (None, root name) or (the parent's link, step)
     stack: list[tuple[Any, tuple[Any, Any], int]] = [(value, (None, name), 0) for name, value in reversed(roots_)
-                                                      if type(value) not in atoms and not isinstance(value, opaque)]
+                                                      if not skip(value)]
+    empty = PLAIN_CONTAINERS
     while stack:
         obj, link, depth = stack.pop()
         if is_tensor(obj):
@@ -195,13 +198,67 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
                 break
             continue
         depth += 1
-        for step, child in reversed(_children(obj)):
-            tp = type(child)
-            if tp in atoms or (tp in empty and not child) or isinstance(child, opaque):
-                continue
-            stack.append((child, (link, step), depth))
+        kept: list[tuple[Any, tuple[Any, Any], int]] = []
+        for kind, items in _items(obj):
+            for key, child in items:
+                if (type(child) in empty and not child) or skip(child):
+                    continue
+                kept.append((child, (link, (kind, key)), depth))
+        kept.reverse()  # popped in their own order: a tensor's path is the first that leads to it
+        stack.extend(kept)
     reach.truncated = visits.truncated
     return reach
+
+
+_SKIPPED: dict[type, bool | None] = {}
+
+
+def _skipped(v: Any) -> bool:
+    """``v`` holds nothing a walk looks for (:data:`ATOMS`, :data:`OPAQUE`): decided once per type, except for a
+    type that says another class is its own (a ``__class__`` of its own: a wrapt proxy, such as a graphed function
+    standing for the function it wraps), asked each time as ``isinstance`` would."""
+    tp = type(v)
+    found = _SKIPPED.get(tp, _UNKNOWN)
+    if found is _UNKNOWN:
+        if len(_SKIPPED) >= _MAX_TYPES:  # classes made at run time (one per call, say) are not kept alive forever
+            _SKIPPED.clear()
+        found = _SKIPPED[tp] = (None if any("__class__" in vars(c) for c in tp.__mro__[:-1])
+                                else tp in ATOMS or issubclass(tp, OPAQUE))
+    return isinstance(v, OPAQUE) if found is None else found  # type: ignore[return-value]
+
+
+_UNKNOWN: Any = object()
+_MAX_TYPES = 4096
+
+
+def _items(obj: Any) -> list[tuple[str, Iterable[tuple[Any, Any]]]]:
+    """``(step kind, (key, child) pairs)`` of what ``obj`` holds: items of a list, tuple or dict (``"[]"``), none of a
+    set, attributes of any other object (``"."``: its ``__dict__``, then its ``__slots__``)."""
+    tp = type(obj)
+    if tp is list or tp is tuple or isinstance(obj, (list, tuple)):
+        return [("[]", enumerate(obj))]
+    if tp is dict or isinstance(obj, dict):
+        return [("[]", list(obj.items()))]
+    if isinstance(obj, (set, frozenset)):
+        return []
+    out: list[tuple[str, Iterable[tuple[Any, Any]]]] = []
+    d = instance_dict(obj)
+    if d is not None:
+        out.append((".", list(d.items())))
+    slots = slots_of(tp)
+    if slots:
+        out.append((".", _slot_values(obj, slots)))
+    return out
+
+
+def _slot_values(obj: Any, names: tuple[str, ...]) -> list[tuple[str, Any]]:
+    out = []
+    for name in names:
+        try:
+            out.append((name, object.__getattribute__(obj, name)))
+        except (AttributeError, TypeError):
+            continue
+    return out
 
 
 def _spelled(link: tuple[Any, Any]) -> Path:
@@ -253,25 +310,6 @@ def rebinds(before: Reach, after: Reach) -> tuple[list[Path], list[Path]]:
                if now.get(p) != tid and (p in now or p[-1:] != ((".", "grad"),))]
     added = [p for p in now if p not in before.bindings]
     return rebound, added
-
-
-def _children(obj: Any) -> list[tuple[tuple[str, Any], Any]]:
-    if isinstance(obj, (list, tuple)):
-        return [(("[]", i), v) for i, v in enumerate(obj)]
-    if isinstance(obj, dict):
-        return [(("[]", k), v) for k, v in list(obj.items())]
-    if isinstance(obj, (set, frozenset)):
-        return []
-    out: list[tuple[tuple[str, Any], Any]] = []
-    d = instance_dict(obj)
-    if d is not None:
-        out.extend(((".", k), v) for k, v in list(d.items()))
-    for name in slots_of(type(obj)):
-        try:
-            out.append(((".", name), object.__getattribute__(obj, name)))
-        except (AttributeError, TypeError):
-            continue
-    return out
 
 
 def unwrap(fn: Any) -> Any:
