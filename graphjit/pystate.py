@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .backends.base import Backend
-from .reach import ATOMS, FOREIGN_MODULES, OPAQUE, Visits, instance_dict, slots_of
+from .reach import FOREIGN_MODULES, Visits, instance_dict, skipped, slots_of
 
 
 class PyState:
@@ -51,7 +51,7 @@ class PyState:
                         self.bindings.append((obj, name, child))
                 continue
             tp = type(obj)
-            if tp in ATOMS or isinstance(obj, OPAQUE) or tp.__module__.partition(".")[0] in FOREIGN_MODULES:
+            if skipped(obj) or tp.__module__.partition(".")[0] in FOREIGN_MODULES:
                 continue
             if not visits.first(obj, depth):
                 if visits.full:

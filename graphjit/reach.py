@@ -175,7 +175,7 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
     visits = Visits(MAX_NODES, MAX_DEPTH)
     seen, first = visits.seen, visits.first
     bindings, tensors = reach.bindings, reach.tensors
-    skip = _skipped
+    skip = skipped
     # (object, link, depth); a link is (None, root name) or (the parent's link, step)
     stack: list[tuple[Any, tuple[Any, Any], int]] = [(value, (None, name), 0) for name, value in reversed(roots_)
                                                       if not skip(value)]
@@ -210,25 +210,44 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
     return reach
 
 
-_SKIPPED: dict[type, bool | None] = {}
+class ByType:
+    """``type(v) in atoms or isinstance(v, kinds)``, decided once per type of ``v``: ``isinstance`` asks a value its
+    ``__class__``, slowly where its class has its own ``__getattribute__`` (transformers' configurations, which every
+    layer of a model holds).  A type that says another class is its own (a ``__class__`` of its own: a wrapt proxy,
+    such as a graphed function standing for the function it wraps) is asked each time, as ``isinstance`` would."""
+
+    __slots__ = ("atoms", "kinds", "known")
+
+    MAX_TYPES = 4096
+    """Types remembered at most: classes made at run time (one per call, say) are not kept alive forever."""
+
+    def __init__(self, kinds: tuple[type, ...], atoms: frozenset[type] = frozenset()) -> None:
+        self.kinds = kinds
+        self.atoms = atoms
+        self.known: dict[type, bool | None] = {}
+
+    def __call__(self, v: Any) -> bool:
+        tp = type(v)
+        found = self.known.get(tp, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = self.decide(tp)
+        return isinstance(v, self.kinds) if found is None else found  # type: ignore[return-value]
+
+    def decide(self, tp: type) -> bool | None:
+        if len(self.known) >= self.MAX_TYPES:
+            self.known.clear()
+        found = self.known[tp] = None if tells_class(tp) else tp in self.atoms or issubclass(tp, self.kinds)
+        return found
 
 
-def _skipped(v: Any) -> bool:
-    """``v`` holds nothing a walk looks for (:data:`ATOMS`, :data:`OPAQUE`): decided once per type, except for a
-    type that says another class is its own (a ``__class__`` of its own: a wrapt proxy, such as a graphed function
-    standing for the function it wraps), asked each time as ``isinstance`` would."""
-    tp = type(v)
-    found = _SKIPPED.get(tp, _UNKNOWN)
-    if found is _UNKNOWN:
-        if len(_SKIPPED) >= _MAX_TYPES:  # classes made at run time (one per call, say) are not kept alive forever
-            _SKIPPED.clear()
-        found = _SKIPPED[tp] = (None if any("__class__" in vars(c) for c in tp.__mro__[:-1])
-                                else tp in ATOMS or issubclass(tp, OPAQUE))
-    return isinstance(v, OPAQUE) if found is None else found  # type: ignore[return-value]
+def tells_class(tp: type) -> bool:
+    """Instances of ``tp`` may say another class is theirs (a ``__class__`` of its own below ``object``)."""
+    return any("__class__" in vars(c) for c in tp.__mro__[:-1])
 
 
 _UNKNOWN: Any = object()
-_MAX_TYPES = 4096
+skipped = ByType(OPAQUE, ATOMS)
+"""A value a walk does not enter (:data:`ATOMS`, :data:`OPAQUE`)."""
 
 
 def _items(obj: Any) -> list[tuple[str, Iterable[tuple[Any, Any]]]]:

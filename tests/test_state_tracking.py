@@ -278,3 +278,42 @@ def test_a_function_writing_off_the_graphs_device_runs_uncaptured_saying_so(emu,
         assert torch.equal(g(x), x * 2)
     st = g.stats()
     assert st["graphs"] == 0 and "writes a tensor on another device" in st["fallbacks"], g.report()
+
+
+def test_type_decided_checks_answer_as_isinstance_does():
+    """reach.ByType and guards.guardable decide by type once what isinstance would answer per value, and still ask
+    a value whose class says another class is its own (a wrapt proxy: a graphed function stands for a function, and
+    a walk must not enter graphjit's own state behind it)."""
+    import enum
+    import types
+
+    import wrapt
+
+    from graphjit import guards
+
+    class Slow:
+        """A class with its own __getattribute__ (as transformers' configurations): still decided by its type."""
+
+        def __getattribute__(self, name):
+            return object.__getattribute__(self, name)
+
+    class Color(enum.Enum):
+        RED = 1
+
+    class Slotted:
+        __slots__ = ("a",)
+
+    def fn():
+        return 1
+
+    proxy = wrapt.FunctionWrapper(fn, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+    values = [1, 2.0, "s", None, (1, 2), (1, [2]), frozenset({1}), {1, 2}, [1], {"a": 1}, bytearray(b"a"), Color.RED,
+              Slow(), Slotted(), fn, proxy, types, int, wrapt.ObjectProxy((1, 2)), wrapt.ObjectProxy([1]), range(3)]
+    for v in values:
+        assert reach.skipped(v) == (type(v) in reach.ATOMS or isinstance(v, reach.OPAQUE)), v
+        assert reach.skipped(v) == reach.skipped(v)  # the second answer comes from what the first decided
+    assert reach.skipped(proxy) and not reach.skipped(wrapt.ObjectProxy([1]))
+    got = {repr(v): guards.guardable(v) for v in values}
+    assert got["1"] and got["(1, 2)"] and not got["(1, [2])"] and got["{1, 2}"] and got[repr(Color.RED)], got
+    assert not any(got[repr(v)] for v in ([1], {"a": 1}, values[12], values[13], fn, types, int)), got
+    assert guards.guardable(wrapt.ObjectProxy((1, 2))) and not guards.guardable(wrapt.ObjectProxy([1]))
