@@ -221,7 +221,7 @@ class ByType:
     MAX_TYPES = 4096
     """Types remembered at most: classes made at run time (one per call, say) are not kept alive forever."""
 
-    def __init__(self, kinds: tuple[type, ...], atoms: frozenset[type] = frozenset()) -> None:
+    def __init__(self, kinds: tuple[type, ...], atoms: frozenset[Any] = frozenset()) -> None:
         self.kinds = kinds
         self.atoms = atoms
         self.known: dict[type, bool | None] = {}
