@@ -98,8 +98,9 @@ def test_each_variant_compiles_in_empty_caches_unless_kept(monkeypatch, mode):
 
 
 def test_the_compiler_starts_once_before_the_first_compiled_variant(monkeypatch):
-    """What a process pays once for its first compilation lands in no variant: the compiler starts on a tiny
-    function before the first compiled variant (GPU runs), recorded in that variant alone, never again."""
+    """What a process pays once for its first compilation lands in no variant: the compiler starts on a small
+    function, both ways the variants compile, before the first compiled variant (GPU runs), recorded in that variant
+    alone, never again."""
     import os
 
     from graphjit.bench.torch.generate import GenerateBench
@@ -107,13 +108,16 @@ def test_the_compiler_starts_once_before_the_first_compiled_variant(monkeypatch)
     compiled = []
 
     def fake_compile(fn, *args, **kwargs):
-        compiled.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+        compiled.append((os.environ.get("TORCHINDUCTOR_CACHE_DIR"), kwargs))
         return fn
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept", sliding_window=None), on_gpu=False)
     assert bench.start_compiler() >= 0
-    assert len(compiled) == 1 and compiled[0] is not None  # in a fresh cache, even where the run keeps its caches
+    # as each compiled variant compiles (graphjit's compile tracer, transformers' reduce-overhead), in a fresh cache
+    # even where the run keeps its caches
+    assert [kw for _d, kw in compiled] == [{"options": {"triton.cudagraphs": False}}, {"mode": "reduce-overhead"}]
+    assert all(d is not None for d, _kw in compiled)
     started = []
     bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept", sliding_window=None), on_gpu=False)
     bench.on_gpu = True  # as on a GPU run; the timed parts are stood in for

@@ -16,8 +16,9 @@ Fair timing:
 * each variant runs in a fresh Inductor and Triton cache (``--compile-cache fresh``, the default: torch's own
   cold-start context), so both compiled variants' first calls compile cold; otherwise the one that runs second finds
   the kernels the first compiled (``--compile-cache kept`` measures that warm start);
-* on a GPU the compiler is started once, on a tiny function, before the first compiled variant (its seconds in that
-  variant's ``compiler_start_s``), so what a process pays once for its first compilation lands in neither.
+* on a GPU the compiler is started once, on a small decode-like function compiled both ways the variants compile,
+  before the first compiled variant (its seconds in that variant's ``compiler_start_s``), so what a process pays once
+  for its first compilation lands in neither.
 
 Variants:
 
