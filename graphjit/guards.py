@@ -227,8 +227,18 @@ class Scan:
         names = self.names
         out: dict[tuple[int, Any], tuple[Any, Path]] = {}
         for cid, box in self.boxes.items():
+            prefix: Path | None = None  # the entries of a box share their container's path: checked once
+            named = False
             for key, vp in box.entries.items():
-                if all(step[1] in names for step in vp[1][1:] if step[0] == "."):
+                path = vp[1]
+                if len(path) < 2:
+                    out[(cid, key)] = vp
+                    continue
+                if path[:-1] != prefix:
+                    prefix = path[:-1]
+                    named = all(step[1] in names for step in prefix[1:] if step[0] == ".")
+                last = path[-1]
+                if named and (last[0] != "." or last[1] in names):
                     out[(cid, key)] = vp
         return out
 
