@@ -289,7 +289,7 @@ def test_type_decided_checks_answer_as_isinstance_does():
 
     import wrapt
 
-    from graphjit import guards
+    from graphjit import guardable as guards
 
     class Slow:
         """A class with its own __getattribute__ (as transformers' configurations): still decided by its type."""

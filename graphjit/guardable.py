@@ -1,0 +1,130 @@
+"""Which Python values a guard compares, and how (:mod:`graphjit.guards` finds them and checks them).
+
+:func:`guardable` says whether a value is compared by ``==`` (numbers, strings, ``None``, enum members, hashable
+atoms written in C, tuples and frozensets of these, sets of these by a frozen copy of their contents:
+:func:`snapshot`); :func:`by_identity` whether an object held in an attribute, a cell or a global is compared by
+identity instead (a function, a submodule, a config object).  What a value's type alone decides is decided once per
+type (:class:`~graphjit.reach.ByType` says why).
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+from collections.abc import Callable
+from typing import Any
+
+from . import backends
+from .reach import OPAQUE, ByType, tells_class
+
+MAX_TUPLE = 64
+MAX_ITEMS = 256
+"""A list, dict or set with more items is not guarded item by item (a lookup table: checking it would cost more than
+the replay saves); the README's "What a graph remembers" says so."""
+
+SCALARS = (int, float, complex, str, bytes, bool, type(None))
+OPAQUE_VALUES = (*OPAQUE, types.CellType, BaseException)
+"""Objects neither compared nor walked: code, classes, modules, cells, exceptions."""
+opaque = ByType(OPAQUE_VALUES)
+
+
+def guardable(v: Any, depth: int = 0) -> bool:
+    """True if ``v`` is a value a guard compares (see the module docstring).  What ``v``'s type alone decides is
+    decided once per type (:class:`~graphjit.reach.ByType` says why); a tuple's, a frozenset's and a set's items,
+    and whether an atom written in C hashes, are asked of each value."""
+    tp = type(v)
+    kind = _KINDS.get(tp)
+    if kind is None:
+        kind = _kind(tp)
+    if kind is _YES:
+        return True
+    if kind is _NO:
+        return False
+    if kind is _CONTENTS:
+        if isinstance(v, set):  # compared by its contents, through a frozen copy (:func:`snapshot`)
+            return depth == 0 and len(v) <= MAX_ITEMS and all(guardable(e, 1) for e in v)
+        return depth < 3 and len(v) <= MAX_TUPLE and all(guardable(e, depth + 1) for e in v)
+    if kind is _ATOM:
+        if backends.for_type(tp) is not None:  # (asked each time: a framework's backend may register later)
+            return False
+        try:
+            hash(v)
+        except TypeError:
+            return False
+        return True  # a hashable atom written in C: torch.dtype, torch.device, numpy scalars
+    return _asked(v, depth)
+
+
+_YES, _NO, _CONTENTS, _ATOM, _ASK = "yes", "no", "contents", "atom", "ask"
+_KINDS: dict[type, str] = {}
+
+
+def _kind(tp: type) -> str:
+    """What ``tp`` alone says of its values for :func:`guardable`."""
+    if len(_KINDS) >= ByType.MAX_TYPES:
+        _KINDS.clear()
+    if tells_class(tp):
+        kind = _ASK
+    elif issubclass(tp, SCALARS) or issubclass(tp, enum.Enum):
+        kind = _YES
+    elif issubclass(tp, (tuple, frozenset, set)):
+        kind = _CONTENTS
+    elif issubclass(tp, (list, dict, bytearray)) or issubclass(tp, OPAQUE_VALUES):
+        kind = _NO
+    elif any("__dict__" in vars(c) or c.__dict__.get("__slots__") for c in tp.__mro__ if c is not object):
+        kind = _NO  # an object: walked, its values guarded one by one
+    else:
+        kind = _ATOM
+    _KINDS[tp] = kind
+    return kind
+
+
+def _asked(v: Any, depth: int) -> bool:
+    """:func:`guardable` of a value whose type says another class is its own (a proxy), asked as ``isinstance``
+    asks: through the class it says."""
+    if isinstance(v, SCALARS) or isinstance(v, enum.Enum):
+        return True
+    if isinstance(v, (tuple, frozenset)):
+        return depth < 3 and len(v) <= MAX_TUPLE and all(guardable(e, depth + 1) for e in v)
+    if isinstance(v, set):
+        return depth == 0 and len(v) <= MAX_ITEMS and all(guardable(e, 1) for e in v)
+    if isinstance(v, (list, dict, bytearray)) or isinstance(v, OPAQUE_VALUES) or backends.for_type(type(v)) is not None:
+        return False
+    if hasattr(v, "__dict__"):
+        return False  # an object: walked, its values guarded one by one
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
+class SetContents(frozenset):  # type: ignore[type-arg]
+    """A frozen copy of a set's contents, shown as the set it was (in reasons and key labels)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(set(self))
+
+
+def snapshot(v: Any) -> Any:
+    """What a guard keeps of a guardable value: the value itself, a set as a frozen copy of its contents (a set
+    is changed in place: keeping the object would compare it with itself).  ``set == frozenset`` compares contents,
+    so a replay's check reads the live set against the copy as it is."""
+    return SetContents(v) if isinstance(v, set) else v
+
+
+def by_identity(v: Any, is_tensor: Callable[[Any], bool]) -> bool:
+    """True for a value a guard compares by identity: an object whose equality is identity (a function, a
+    class, a Module or Layer, a plain object), not a tensor, a container or a module.  A replay of a graph that
+    used another such object (a swapped submodule, a rebound global function or config object) would be stale."""
+    if _function(v):  # equal only to themselves (a bound method: same function, same object)
+        return True
+    tp = type(v)
+    return not (tp.__eq__ is not object.__eq__ or _module_or_cell(v) or is_tensor(v))
+
+
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.BuiltinMethodType)
+_function = ByType(_FUNCTIONS)
+_module_or_cell = ByType((types.ModuleType, types.CellType))
