@@ -7,7 +7,12 @@ run warm, then
   loop, and its waits for the GPU at each token's sync), against transformers' compiled ``generate()`` on a copy;
 * one recorded decode call taken apart: binding, signing, the guards, the input loads, the graph's replay (host and
   GPU time, CUDA events) and the output's rebuild, against the whole call.  Between the replays the cache's length
-  counters are put back (a replay advances them), untimed.
+  counters are put back (a replay advances them), untimed, with the Python values a replay advances (a
+  sliding-window layer's ``cumulative_length_int``: Gemma's one graph per position).
+
+Any family of ``hf_families`` (T5's decode step is its ``decoder_input_ids`` of one token).  The probe around
+``model.forward`` is set once for the whole run: the guards read ``self.forward``, so wrappers swapped between phases
+gave every key a second graph.
 
 Diagnostic only: the speed claims are made by ``python -m graphjit bench generate``.  Writes JSON to ``--out``.
 Usage (GPU machine, repo root): ``PYTHONPATH=. python3 tools/probes/generate_profile.py --family llama --layers 8
@@ -50,32 +55,48 @@ def median_us(fn: Callable[[], Any], iters: int, repeats: int = 5, before: Calla
     return round(statistics.median(samples), 2)
 
 
-def per_token(model: Any, prompt: Any, new_tokens: int, sync: Callable[[], None]) -> dict[str, float]:
-    """Seconds of one whole ``generate()`` per token, and the host time inside ``model.forward`` per token."""
-    forward = model.forward
-    spent = [0.0, 0]
+class Tap:
+    """What the probe around ``model.forward`` saw: the calls while :attr:`recording` is a list, and the host time
+    inside.  :meth:`install` sets the probe once for the whole run, as a plain function (the guards see
+    ``self.forward``: wrappers swapped in and out between phases would give every key a second graph, and a callable
+    object's changing attributes would be read values that change on every call)."""
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        out = forward(*args, **kwargs)
-        spent[0] += time.perf_counter() - t0
-        spent[1] += 1
-        return out
+    def __init__(self) -> None:
+        self.recording: list[tuple[tuple[Any, ...], dict[str, Any]]] | None = None
+        self.spent = 0.0
+        self.calls = 0
 
-    model.forward = timed
-    try:
-        best: tuple[float, float, int] | None = None
-        for _ in range(3):
-            spent[0], spent[1] = 0.0, 0
-            sync()
+    @classmethod
+    def install(cls, model: Any) -> Tap:
+        tap = cls()
+        forward = model.forward
+
+        def tapped(*args: Any, **kwargs: Any) -> Any:
+            if tap.recording is not None:
+                tap.recording.append((args, kwargs))
             t0 = time.perf_counter()
-            model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-            sync()
-            total = time.perf_counter() - t0
-            if best is None or total < best[0]:
-                best = (total, spent[0], spent[1])
-    finally:
-        model.forward = forward
+            out = forward(*args, **kwargs)
+            tap.spent += time.perf_counter() - t0
+            tap.calls += 1
+            return out
+
+        model.forward = tapped
+        return tap
+
+
+def per_token(model: Any, tap: Tap, prompt: Any, new_tokens: int, sync: Callable[[], None]) -> dict[str, float]:
+    """Seconds of one whole ``generate()`` per token, and the host time inside ``model.forward`` per token (the best
+    of three calls)."""
+    best: tuple[float, float, int] | None = None
+    for _ in range(3):
+        tap.spent, tap.calls = 0.0, 0
+        sync()
+        t0 = time.perf_counter()
+        model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        sync()
+        total = time.perf_counter() - t0
+        if best is None or total < best[0]:
+            best = (total, tap.spent, tap.calls)
     assert best is not None
     total, inside, calls = best
     return {"generate_us_per_token": round(total / new_tokens * 1e6, 1),
@@ -83,21 +104,27 @@ def per_token(model: Any, prompt: Any, new_tokens: int, sync: Callable[[], None]
             "rest_us_per_token": round((total - inside) / new_tokens * 1e6, 1)}
 
 
-def parts(model: Any, call: tuple[tuple[Any, ...], dict[str, Any]], on_gpu: bool, iters: int) -> dict[str, Any]:
-    """One recorded decode call taken apart (see the module docstring)."""
-    fn = model.forward
+def parts(fn: Any, call: tuple[tuple[Any, ...], dict[str, Any]], on_gpu: bool, iters: int) -> dict[str, Any]:
+    """One recorded decode call of the graphed ``fn`` taken apart (see the module docstring)."""
     fn = getattr(fn, "decode", fn)  # graph_generation(tracer="compile") may route the decode step apart
     state = fn._self_state
     args, kwargs = call
-    counters = _tensors(kwargs.get("cache", kwargs.get("past_key_values")))
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    counters = _tensors(cache)
     # what the recorded call started from: its replay advanced each counter by its one token (and a replay from
-    # the state after it would write past the cache's end: an index error, on a GPU a device-side assert)
+    # the state after it would write past the cache's end: an index error, on a GPU a device-side assert); the
+    # Python values a replay advances (a sliding-window layer's cumulative_length_int, an encoder-decoder cache's
+    # is_updated) are put back to the recorded call's as well
     saved = [(t - 1).clamp_(min=0) for t in counters]
+    scalars = _scalars(cache, -1)
 
     def put_back() -> None:
         for t, s in zip(counters, saved):
             t.copy_(s)
+        for holder, name, value in scalars:
+            setattr(holder, name, value)
 
+    put_back()  # the key of the recorded call is the one of the state it started from
     signer = state.signer
     bound_args, bound_kwargs = signer.binder.bind(False, args, kwargs)
     sig = signer.sign_walk(None, bound_args, bound_kwargs)
@@ -130,19 +157,43 @@ def parts(model: Any, call: tuple[tuple[Any, ...], dict[str, Any]], on_gpu: bool
     return out
 
 
+def _one_token(kwargs: dict[str, Any]) -> bool:
+    """A decode step: one new token per sequence (``input_ids``, or an encoder-decoder's ``decoder_input_ids``)."""
+    ids = kwargs.get("input_ids", kwargs.get("decoder_input_ids"))
+    return ids is not None and ids.shape[-1] == 1
+
+
+def _layers(cache: Any) -> list[Any]:
+    """The layers of a transformers static cache, or of both caches of an encoder-decoder cache."""
+    if cache is None:
+        return []
+    found = list(getattr(cache, "layers", None) or ())
+    for part in ("self_attention_cache", "cross_attention_cache"):
+        found.extend(_layers(getattr(cache, part, None)))
+    return found
+
+
 def _tensors(cache: Any) -> list[Any]:
     """The length counters of a transformers static cache's layers (what a replay advances)."""
-    found = []
-    for layer in getattr(cache, "layers", None) or ():
-        t = getattr(layer, "cumulative_length", None)
-        if isinstance(t, torch.Tensor):
-            found.append(t)
+    return [t for layer in _layers(cache) if isinstance(t := getattr(layer, "cumulative_length", None), torch.Tensor)]
+
+
+def _scalars(cache: Any, step: int) -> list[tuple[Any, str, Any]]:
+    """``(layer, name, value)`` of each int a layer counts its length in, ``step`` added (the value before the
+    recorded call's one token), and the cache's own ``is_updated`` as it is (True after the first decoder step)."""
+    found: list[tuple[Any, str, Any]] = []
+    for layer in _layers(cache):
+        for name, value in vars(layer).items():
+            if type(value) is int and name.endswith("length_int"):
+                found.append((layer, name, max(0, value + step)))
+    if isinstance(getattr(cache, "is_updated", None), dict):
+        found.append((cache, "is_updated", dict(cache.is_updated)))
     return found
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--family", default="llama", choices=hf_families.DECODERS)
+    p.add_argument("--family", default="llama", choices=hf_families.FAMILIES)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16")
@@ -176,29 +227,25 @@ def main() -> int:
         if args.hf_compiled:
             compiled = copy.deepcopy(model)
             compiled.generation_config.cache_implementation = "static"
+            tap = Tap.install(compiled)
             for _ in range(2):  # compiles in the first
                 compiled.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                                   do_sample=False)
-            result["hf_compiled"] = per_token(compiled, prompt, args.new_tokens, sync)
+            result["hf_compiled"] = per_token(compiled, tap, prompt, args.new_tokens, sync)
             del compiled
         with emulation:
             graphjit.graph_generation(model, **({"tracer": "compile"} if args.tracer == "compile" else {}))
-            forward = model.forward
-            recorded: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-            def record(*a: Any, **k: Any) -> Any:
-                recorded.append((a, k))
-                return forward(*a, **k)
-
-            model.forward = record
-            for _ in range(3):  # warmups, captures, and the kept cache reused
+            graphed = model.forward
+            tap = Tap.install(model)
+            tap.recording = []
+            for _ in range(4):  # warmups, captures (one graph per position takes three calls), the kept cache reused
                 model.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                                do_sample=False)
-            model.forward = forward
-            result["graphed"] = per_token(model, prompt, args.new_tokens, sync)
-            decode = [c for c in recorded if c[1].get("input_ids") is not None and c[1]["input_ids"].shape[1] == 1]
-            result["decode_call"] = parts(model, decode[-1], on_gpu, args.iters) if decode else {"error": "no call"}
-            result["report"] = model.forward.report()
+            recorded, tap.recording = tap.recording, None
+            result["graphed"] = per_token(model, tap, prompt, args.new_tokens, sync)
+            decode = [c for c in recorded if _one_token(c[1])]
+            result["decode_call"] = parts(graphed, decode[-1], on_gpu, args.iters) if decode else {"error": "no call"}
+            result["report"] = graphed.report()
     text = json.dumps(result, indent=2, default=str)
     print(text)
     if args.out is not None:
