@@ -41,8 +41,8 @@ def guardable(v: Any, depth: int = 0) -> bool:
     if kind is _NO:
         return False
     if kind is _CONTENTS:
-        if isinstance(v, set):  # compared by its contents, through a frozen copy (:func:`snapshot`)
-            return depth == 0 and len(v) <= MAX_ITEMS and all(guardable(e, 1) for e in v)
+        if isinstance(v, set):  # compared by its contents (hashable, as a set's are), through a frozen copy (snapshot)
+            return depth == 0 and len(v) <= MAX_ITEMS
         return depth < 3 and len(v) <= MAX_TUPLE and all(guardable(e, depth + 1) for e in v)
     if kind is _ATOM:
         if backends.for_type(tp) is not None:  # (asked each time: a framework's backend may register later)
@@ -87,7 +87,7 @@ def _asked(v: Any, depth: int) -> bool:
     if isinstance(v, (tuple, frozenset)):
         return depth < 3 and len(v) <= MAX_TUPLE and all(guardable(e, depth + 1) for e in v)
     if isinstance(v, set):
-        return depth == 0 and len(v) <= MAX_ITEMS and all(guardable(e, 1) for e in v)
+        return depth == 0 and len(v) <= MAX_ITEMS
     if isinstance(v, (list, dict, bytearray)) or isinstance(v, OPAQUE_VALUES) or backends.for_type(type(v)) is not None:
         return False
     if hasattr(v, "__dict__"):
@@ -128,3 +128,13 @@ def by_identity(v: Any, is_tensor: Callable[[Any], bool]) -> bool:
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.BuiltinMethodType)
 _function = ByType(_FUNCTIONS)
 _module_or_cell = ByType((types.ModuleType, types.CellType))
+
+
+def by_value_tuple(v: Any, is_tensor: Callable[[Any], bool]) -> bool:
+    """True for a tuple that is not :func:`guardable` (it holds an object) but whose items each compare by value or
+    by identity: compared with ``==``, which compares its items so, identity first.  A config held as
+    ``(1, obj)`` and rebound to ``(3, obj)`` would otherwise go unseen: the tuple's own values have no container that
+    a replay could read again.  A tuple holding a tensor or a container is walked instead."""
+    return (type(v) is tuple and len(v) <= MAX_TUPLE and not guardable(v)
+            and all(guardable(e, 1) or by_identity(e, is_tensor) for e in v))
+

@@ -14,7 +14,8 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   dicts) and object attributes (``__dict__``, ``__slots__``): submodules, configs, optimizers and their
   ``param_groups``, schedulers.  Tensors are not values: they are captured by address.
 * **Which values**: numbers, bools, strings, bytes, ``None``, enum members, other hashable atoms without
-  attributes (``torch.dtype``, ``torch.device``), and tuples of these, compared by ``==``; and, by identity,
+  attributes (``torch.dtype``, ``torch.device``), and tuples of these, compared by ``==``, sets by a frozen copy of
+  their contents, tuples of these and of objects item by item (:mod:`graphjit.guardable`); and, by identity,
   the objects held in attributes, closure cells and globals (a function, a submodule, a config object: a
   rebound one is another graph's); class attributes the instances do not shadow.  Not: the entries of a
   Module's ``_parameters`` / ``_buffers`` (captured by address), lists and dicts of more than
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import backends
-from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, guardable, opaque, snapshot
+from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, by_value_tuple, guardable, opaque, snapshot
 from .names import class_names, code_names
 from .reach import (
     FOREIGN_MODULES,
@@ -162,7 +163,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
             except ValueError:  # an empty cell
                 continue
             path: Path = (f"closure variable {var!r}",)
-            if guardable(value) or by_identity(value, _never):
+            if guardable(value) or by_identity(value, _never) or by_value_tuple(value, _never):
                 slots.append((cell, "cell", "cell_contents", path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
@@ -174,7 +175,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 continue
             value = g[var]
             path = (f"global {var!r}",)
-            if guardable(value) or by_identity(value, _never):
+            if guardable(value) or by_identity(value, _never) or by_value_tuple(value, _never):
                 slots.append((g, "globals", var, path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
@@ -255,17 +256,19 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             continue
         if isinstance(obj, (tuple, frozenset, set)):
             for i, child in enumerate(obj if isinstance(obj, tuple) else ()):
-                if not guardable(child):
+                if isinstance(child, set) and guardable(child):  # a set in a tuple changes in place: read again
+                    out.add(obj, "item", i, child, (*path, ("[]", i)))
+                elif not guardable(child):
                     stack.append((child, (*path, ("[]", i)), depth + 1, None))
             continue
         if isinstance(obj, list):
             big = len(obj) > MAX_ITEMS
             for i, child in enumerate(obj):
-                if guardable(child):
+                if guardable(child) or by_value_tuple(child, is_tensor):
                     if big:
                         continue
                     out.add(obj, "item", i, child, (*path, ("[]", i)))
-                else:
+                if not guardable(child):
                     stack.append((child, (*path, ("[]", i)), depth + 1, None))
             continue
         if isinstance(obj, dict):
@@ -273,10 +276,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             for k, child in list(obj.items()):
                 if keys_of is not None and k not in keys_of:
                     continue  # a submodule (parameter, buffer) no code of the call names
-                if guardable(child):
-                    if not big:
-                        out.add(obj, "item", k, child, (*path, ("[]", k)))
-                else:
+                if (guardable(child) or by_value_tuple(child, is_tensor)) and not big:
+                    out.add(obj, "item", k, child, (*path, ("[]", k)))
+                if not guardable(child):
                     stack.append((child, (*path, ("[]", k)), depth + 1, None))
             continue
         if tp.__module__.partition(".")[0] in FOREIGN_MODULES:
@@ -299,7 +301,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 if guardable(child):
                     out.add(d, "item", k, child, (*path, (".", k)), obj)
                     continue
-                if by_identity(child, is_tensor):
+                if by_identity(child, is_tensor) or by_value_tuple(child, is_tensor):
                     out.add(d, "item", k, child, (*path, (".", k)), obj)
                 stack.append((child, (*path, (".", k)), depth + 1, None))
         for name in slots_of(tp):
@@ -309,7 +311,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 child = object.__getattribute__(obj, name)
             except (AttributeError, TypeError):
                 continue
-            if guardable(child) or by_identity(child, is_tensor):
+            if guardable(child) or by_identity(child, is_tensor) or by_value_tuple(child, is_tensor):
                 out.add(obj, "attr", name, child, (*path, (".", name)))
             if not guardable(child):
                 stack.append((child, (*path, (".", name)), depth + 1, None))

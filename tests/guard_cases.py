@@ -192,9 +192,75 @@ def set_in_argument(device: str) -> Case:
     return Case(step, inputs, before, calls=14)
 
 
+def set_in_tuple(device: str) -> Case:
+    """A set inside a namedtuple held in a closure (a config): ``"relu" in cfg.skip``, the set changed in place."""
+    import collections
+
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    Config = collections.namedtuple("Config", "scale skip")
+    cfg = Config(2.0, {"relu"})
+    xs = _xs(device, 14, (4, 16))
+
+    def step(x):
+        h = (x @ w) * cfg.scale
+        return h if "relu" in cfg.skip else torch.relu(h)
+
+    def before(i):
+        if i == 5:
+            cfg.skip.discard("relu")
+
+    return Case(step, lambda i: (xs[i],), before, calls=14)
+
+
+class _Gate:
+    """A plain object compared by identity (no ``__eq__`` of its own)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+def tuple_rebound(device: str) -> Case:
+    """A tuple of a number and an object in a Module attribute, rebound with another number: ``m.cfg = (3, gate)``."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(16, 16).to(device)
+    gate = _Gate(torch.tanh)
+    m.cfg = (1, gate)
+    xs = _xs(device, 14, (4, 16))
+
+    def step(x):
+        k, g = m.cfg
+        return g.fn(m(x)) * k
+
+    def before(i):
+        if i == 5:
+            m.cfg = (3, gate)
+
+    return Case(step, lambda i: (xs[i],), before, lambda: [m.weight], calls=14)
+
+
+def set_of_functions(device: str) -> Case:
+    """A closed-over set of functions (activations to apply), grown in place."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    acts = {torch.relu}
+    xs = _xs(device, 14, (4, 16))
+
+    def step(x):
+        h = x @ w
+        return sum(f(h) for f in sorted(acts, key=lambda f: f.__name__))
+
+    def before(i):
+        if i == 5:
+            acts.add(torch.tanh)
+
+    return Case(step, lambda i: (xs[i],), before, calls=14)
+
+
 VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item, "slice_bound": slice_bound,
           "dict_item": dict_item, "set_closure": set_closure, "set_attribute": set_attribute,
-          "set_in_argument": set_in_argument}
+          "set_in_argument": set_in_argument, "set_in_tuple": set_in_tuple, "tuple_rebound": tuple_rebound,
+          "set_of_functions": set_of_functions}
 
 
 # -- training loops as users write them --------------------------------------------------------------------
