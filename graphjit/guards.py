@@ -224,6 +224,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     through = frozenset(transparent) | holding
     out = Scan(renewed=renewed)
     out.names.update(src.names)
+    # the attributes through which a Module holds its submodules count as named: which of their keys count was decided
+    # by the walk (keys_of: the owner's names); a value under a submodule was dropped for want of "_modules"
+    out.names.update(through)
     if ran is not None:
         out.names.update(ran)
     own: dict[int, frozenset[str]] = {}
@@ -264,9 +267,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
         if isinstance(obj, list):
             big = len(obj) > MAX_ITEMS
             for i, child in enumerate(obj):
-                if guardable(child) or by_value_tuple(child, is_tensor):
-                    if big:
-                        continue
+                if (guardable(child) or by_identity(child, is_tensor) or by_value_tuple(child, is_tensor)) and not big:
                     out.add(obj, "item", i, child, (*path, ("[]", i)))
                 if not guardable(child):
                     stack.append((child, (*path, ("[]", i)), depth + 1, None))
@@ -276,7 +277,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             for k, child in list(obj.items()):
                 if keys_of is not None and k not in keys_of:
                     continue  # a submodule (parameter, buffer) no code of the call names
-                if (guardable(child) or by_value_tuple(child, is_tensor)) and not big:
+                if (guardable(child) or by_identity(child, is_tensor) or by_value_tuple(child, is_tensor)) and not big:
                     out.add(obj, "item", k, child, (*path, ("[]", k)))
                 if not guardable(child):
                     stack.append((child, (*path, ("[]", k)), depth + 1, None))

@@ -84,12 +84,22 @@ class Reach:
     """The walk stopped at :data:`MAX_NODES` or :data:`MAX_DEPTH`: some tensors may be missing."""
 
 
+HOLDERS = frozenset(("_modules", "_parameters", "_buffers", "_sub_layers"))
+"""The dicts through which a torch Module or a Paddle Layer holds its submodules, parameters and buffers: a path
+through one is shown as the attribute the code reads (``self.child.scale``, not ``self._modules['child'].scale``)."""
+
+
 def describe(path: Path) -> str:
     """``argument 'cache'.layers[0].keys`` for a path."""
     root, *steps = path
     out = [str(root)]
+    holder = False
     for kind, key in steps:
-        out.append(f".{key}" if kind == "." else f"[{key!r}]")
+        if holder and kind == "[]" and isinstance(key, str) and key.isidentifier():
+            out[-1] = f".{key}"  # (in place of the holder's own step)
+        else:
+            out.append(f".{key}" if kind == "." else f"[{key!r}]")
+        holder = kind == "." and key in HOLDERS
     return "".join(out)
 
 

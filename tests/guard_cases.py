@@ -257,10 +257,82 @@ def set_of_functions(device: str) -> Case:
     return Case(step, lambda i: (xs[i],), before, calls=14)
 
 
+def dict_of_functions(device: str) -> Case:
+    """A closed-over dict mapping a name to an activation function, the function swapped (a config's choice)."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    acts = {"act": torch.relu}
+    xs = _xs(device, 14, (4, 16))
+
+    def step(x):
+        return acts["act"](x @ w)
+
+    def before(i):
+        acts["act"] = torch.tanh if (i // 4) % 2 else torch.relu
+
+    return Case(step, lambda i: (xs[i],), before, calls=14)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.act = torch.nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+
+def swapped_submodule(device: str) -> Case:
+    """A submodule swapped for another (``m.act = nn.Tanh()``: held in the Module's ``_modules``), then back."""
+    torch.manual_seed(0)
+    m = _Block().to(device)
+    relu, tanh = m.act, torch.nn.Tanh()
+    xs = _xs(device, 14, (4, 16))
+
+    def before(i):
+        m.act = tanh if 4 <= i < 9 else relu
+
+    return Case(m, lambda i: (xs[i],), before, lambda: [m.lin.weight], calls=14)
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.scale = 1.0
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+class _Parent(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.child = _Scaled()
+
+    def forward(self, x):
+        return self.child(x) + 1
+
+
+def submodule_attribute(device: str) -> Case:
+    """A float attribute of a submodule, read by the submodule's forward, changed on the parent's child: the graphed
+    function is the parent (``self.child.scale``)."""
+    torch.manual_seed(0)
+    m = _Parent().to(device)
+    xs = _xs(device, 14, (4, 16))
+
+    def before(i):
+        m.child.scale = 1.0 if i < 5 else 2.5
+
+    return Case(m, lambda i: (xs[i],), before, lambda: [m.child.lin.weight], calls=14)
+
+
 VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item, "slice_bound": slice_bound,
           "dict_item": dict_item, "set_closure": set_closure, "set_attribute": set_attribute,
           "set_in_argument": set_in_argument, "set_in_tuple": set_in_tuple, "tuple_rebound": tuple_rebound,
-          "set_of_functions": set_of_functions}
+          "set_of_functions": set_of_functions, "dict_of_functions": dict_of_functions,
+          "swapped_submodule": swapped_submodule, "submodule_attribute": submodule_attribute}
 
 
 # -- training loops as users write them --------------------------------------------------------------------

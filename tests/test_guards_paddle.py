@@ -42,6 +42,42 @@ def test_a_layer_attribute_and_a_closed_over_dict_item_are_guarded():
     assert not guard.holds() and guard.change()[0].endswith("['scale']")
 
 
+def test_a_sublayer_attribute_and_a_swapped_sublayer_are_guarded():
+    """A value a sublayer's forward reads off the sublayer (held in the parent's ``_sub_layers``), and the sublayer
+    itself by identity, shown as the attributes the code reads."""
+
+    class Child(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.lin = paddle.nn.Linear(4, 4)
+            self.scale = 1.0
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+    class Parent(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.child = Child()
+
+        def forward(self, x):
+            return self.child(x) + 1
+
+    layer = Parent()
+    b = backends.get("paddle")
+    src = guards.sources(type(layer).forward, layer)
+    found = guards.scan(src, lambda x: isinstance(x, paddle.Tensor), None, b.tensor_holders, None, b.module_holders)
+    guard = guards.GuardSet(found)
+    paths = {guards.describe(p) for _v, p in found.values().values()}
+    assert "self.child.scale" in paths and "self.child" in paths, paths
+    assert guard.holds()
+    layer.child.scale = 2.0
+    assert not guard.holds() and guard.change() == ("self.child.scale", "1.0", "2.0")
+    layer.child.scale = 1.0
+    layer.child = Child()
+    assert not guard.holds() and guard.change()[0] == "self.child"
+
+
 def test_the_ast_tracer_is_known_to_freeze_values():
     backend = backends.get("paddle")
     assert not backend.tracer_rereads_values("ast")
