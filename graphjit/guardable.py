@@ -2,13 +2,15 @@
 
 :func:`guardable` says whether a value is compared by ``==`` (numbers, strings, ``None``, enum members, hashable
 atoms written in C, tuples and frozensets of these, sets of these by a frozen copy of their contents:
-:func:`snapshot`); :func:`by_identity` whether an object held in an attribute, a cell or a global is compared by
-identity instead (a function, a submodule, a config object).  What a value's type alone decides is decided once per
+:func:`snapshot`); :func:`by_identity` whether another object held in an attribute, a cell, a global, a list or a
+dict is compared as an object instead: by identity first, then by ``==`` (a function, a submodule, a config object, a
+tuple holding objects).  What a value's type alone decides is decided once per
 type (:class:`~graphjit.reach.ByType` says why).
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import types
 from collections.abc import Callable
@@ -116,25 +118,36 @@ def snapshot(v: Any) -> Any:
 
 
 def by_identity(v: Any, is_tensor: Callable[[Any], bool]) -> bool:
-    """True for a value a guard compares by identity: an object whose equality is identity (a function, a
-    class, a Module or Layer, a plain object), not a tensor, a container or a module.  A replay of a graph that
-    used another such object (a swapped submodule, a rebound global function or config object) would be stale."""
+    """True for a value a guard compares as an object: by identity first, then by ``==``, where an exception counts as
+    a change (a function, a class, a Module or Layer, a config object, whose ``==`` may compare its fields as a
+    dataclass's does, a tuple holding such objects).  Not a tensor (captured by address), nor a list, dict, set or
+    deque (their items are guarded one by one), nor a module or a closure cell.  A replay of a graph that used another
+    such object (a swapped submodule, a rebound global function, ``m.cfg = dataclasses.replace(m.cfg, k=3)``,
+    ``m.cfg = (3, gate)``) would be stale; while the same object stays, nothing but its identity is compared."""
     if _function(v):  # equal only to themselves (a bound method: same function, same object)
         return True
-    tp = type(v)
-    return not (tp.__eq__ is not object.__eq__ or _module_or_cell(v) or is_tensor(v))
+    return not (_module_or_cell(v) or _walked(v) or is_tensor(v) or backends.for_type(type(v)) is not None)
 
 
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.BuiltinMethodType)
 _function = ByType(_FUNCTIONS)
 _module_or_cell = ByType((types.ModuleType, types.CellType))
+_walked = ByType((list, dict, set, bytearray, collections.deque))
 
 
-def by_value_tuple(v: Any, is_tensor: Callable[[Any], bool]) -> bool:
-    """True for a tuple that is not :func:`guardable` (it holds an object) but whose items each compare by value or
-    by identity: compared with ``==``, which compares its items so, identity first.  A config held as
-    ``(1, obj)`` and rebound to ``(3, obj)`` would otherwise go unseen: the tuple's own values have no container that
-    a replay could read again.  A tuple holding a tensor or a container is walked instead."""
-    return (type(v) is tuple and len(v) <= MAX_TUPLE and not guardable(v)
-            and all(guardable(e, 1) or by_identity(e, is_tensor) for e in v))
+def hashable(v: Any) -> Any:
+    """``v`` as part of a key of read values: itself where it hashes, a set as a frozen copy of its contents, a
+    tuple item by item (with its type), any other object by its type and identity (the guard holds it, so the
+    identity is not reused while the key can be looked up; an equal object of another identity passes the guard's
+    ``==`` without a key of its own)."""
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        pass
+    if isinstance(v, set):
+        return SetContents(v)
+    if isinstance(v, tuple):
+        return (type(v), tuple(map(hashable, v)))
+    return (type(v), "id", id(v))
 

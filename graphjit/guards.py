@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import backends
-from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, by_value_tuple, guardable, opaque, snapshot
+from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, guardable, hashable, opaque, snapshot
 from .names import class_names, code_names
 from .reach import (
     FOREIGN_MODULES,
@@ -163,7 +163,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
             except ValueError:  # an empty cell
                 continue
             path: Path = (f"closure variable {var!r}",)
-            if guardable(value) or by_identity(value, _never) or by_value_tuple(value, _never):
+            if guardable(value) or by_identity(value, _never):
                 slots.append((cell, "cell", "cell_contents", path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
@@ -175,7 +175,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 continue
             value = g[var]
             path = (f"global {var!r}",)
-            if guardable(value) or by_identity(value, _never) or by_value_tuple(value, _never):
+            if guardable(value) or by_identity(value, _never):
                 slots.append((g, "globals", var, path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
@@ -267,7 +267,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
         if isinstance(obj, list):
             big = len(obj) > MAX_ITEMS
             for i, child in enumerate(obj):
-                if (guardable(child) or by_identity(child, is_tensor) or by_value_tuple(child, is_tensor)) and not big:
+                if (guardable(child) or by_identity(child, is_tensor)) and not big:
                     out.add(obj, "item", i, child, (*path, ("[]", i)))
                 if not guardable(child):
                     stack.append((child, (*path, ("[]", i)), depth + 1, None))
@@ -277,7 +277,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             for k, child in list(obj.items()):
                 if keys_of is not None and k not in keys_of:
                     continue  # a submodule (parameter, buffer) no code of the call names
-                if (guardable(child) or by_identity(child, is_tensor) or by_value_tuple(child, is_tensor)) and not big:
+                if (guardable(child) or by_identity(child, is_tensor)) and not big:
                     out.add(obj, "item", k, child, (*path, ("[]", k)))
                 if not guardable(child):
                     stack.append((child, (*path, ("[]", k)), depth + 1, None))
@@ -302,7 +302,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 if guardable(child):
                     out.add(d, "item", k, child, (*path, (".", k)), obj)
                     continue
-                if by_identity(child, is_tensor) or by_value_tuple(child, is_tensor):
+                if by_identity(child, is_tensor):
                     out.add(d, "item", k, child, (*path, (".", k)), obj)
                 stack.append((child, (*path, (".", k)), depth + 1, None))
         for name in slots_of(tp):
@@ -312,7 +312,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 child = object.__getattribute__(obj, name)
             except (AttributeError, TypeError):
                 continue
-            if guardable(child) or by_identity(child, is_tensor) or by_value_tuple(child, is_tensor):
+            if guardable(child) or by_identity(child, is_tensor):
                 out.add(obj, "attr", name, child, (*path, (".", name)))
             if not guardable(child):
                 stack.append((child, (*path, (".", name)), depth + 1, None))
@@ -417,10 +417,11 @@ class GuardSet:
         return getattr(c, key) if isinstance(self.getters[i], operator.attrgetter) else c[key]
 
     def values(self) -> tuple[Any, ...] | None:
-        """The current guarded values, hashable (None where an entry is gone or a value is unhashable)."""
+        """The current guarded values, hashable (None where an entry is gone): an unhashable object compared as an
+        object (a dataclass config) stands for itself by its identity (:func:`~graphjit.guardable.hashable`)."""
         try:
-            now = tuple(_frozen(got, len(keys)) for got, keys in zip(map(operator.call, self.getters, self.containers),
-                                                                     self.keys))
+            now = tuple(hashable(got) if len(keys) == 1 else tuple(map(hashable, got))
+                        for got, keys in zip(map(operator.call, self.getters, self.containers), self.keys))
             hash(now)
         except Exception:
             return None

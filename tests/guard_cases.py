@@ -9,6 +9,7 @@ tensors that must equal the eager run's after every call: parameters, buffers, o
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -328,11 +329,62 @@ def submodule_attribute(device: str) -> Case:
     return Case(m, lambda i: (xs[i],), before, lambda: [m.child.lin.weight], calls=14)
 
 
+@dataclasses.dataclass
+class _Knobs:
+    """A config object whose ``==`` compares its fields (and which is therefore unhashable)."""
+
+    scale: float
+    act: str
+
+
+def dataclass_rebound(device: str) -> Case:
+    """A dataclass config in a Module attribute replaced by a changed copy (``dataclasses.replace``), then back.  (A
+    new copy made before every call is a new object each time: such calls run uncaptured, never stale.)"""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(16, 16).to(device)
+    first = _Knobs(1.0, "relu")
+    second = dataclasses.replace(first, scale=2.0, act="tanh")
+    m.knobs = first
+    xs = _xs(device, 14, (4, 16))
+
+    def step(x):
+        h = m(x) * m.knobs.scale
+        return torch.relu(h) if m.knobs.act == "relu" else torch.tanh(h)
+
+    def before(i):
+        m.knobs = second if 5 <= i < 9 else first
+
+    return Case(step, lambda i: (xs[i],), before, lambda: [m.weight], calls=14)
+
+
+def nested_tuple_rebound(device: str) -> Case:
+    """A namedtuple holding a tuple of a number and an object, in a closure list, rebound with another number."""
+    import collections
+
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    Cfg = collections.namedtuple("Cfg", "inner")
+    gate = _Gate(torch.tanh)
+    holder = [Cfg(((1, gate),))]
+    xs = _xs(device, 14, (4, 16))
+
+    def step(x):
+        (k, g), = holder[0].inner
+        return g.fn(x @ w) * k
+
+    def before(i):
+        if i == 5:
+            holder[0] = Cfg(((3, gate),))
+
+    return Case(step, lambda i: (xs[i],), before, calls=14)
+
+
 VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item, "slice_bound": slice_bound,
           "dict_item": dict_item, "set_closure": set_closure, "set_attribute": set_attribute,
           "set_in_argument": set_in_argument, "set_in_tuple": set_in_tuple, "tuple_rebound": tuple_rebound,
           "set_of_functions": set_of_functions, "dict_of_functions": dict_of_functions,
-          "swapped_submodule": swapped_submodule, "submodule_attribute": submodule_attribute}
+          "swapped_submodule": swapped_submodule, "submodule_attribute": submodule_attribute,
+          "dataclass_rebound": dataclass_rebound, "nested_tuple_rebound": nested_tuple_rebound}
 
 
 # -- training loops as users write them --------------------------------------------------------------------
