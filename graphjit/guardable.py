@@ -43,9 +43,7 @@ def guardable(v: Any, depth: int = 0) -> bool:
     if kind is _NO:
         return False
     if kind is _CONTENTS:
-        if isinstance(v, set):  # compared by its contents (hashable, as a set's are), through a frozen copy (snapshot)
-            return depth == 0 and len(v) <= MAX_ITEMS
-        return depth < 3 and len(v) <= MAX_TUPLE and all(guardable(e, depth + 1) for e in v)
+        return _contents(v, depth)
     if kind is _ATOM:
         if backends.for_type(tp) is not None:  # (asked each time: a framework's backend may register later)
             return False
@@ -81,15 +79,21 @@ def _kind(tp: type) -> str:
     return kind
 
 
+def _contents(v: Any, depth: int) -> bool:
+    """:func:`guardable` of a tuple, a frozenset (their items, a few levels deep) or a set (compared by its contents,
+    hashable as a set's are, through a frozen copy: :func:`snapshot`; not inside another value)."""
+    if isinstance(v, set):
+        return depth == 0 and len(v) <= MAX_ITEMS
+    return depth < 3 and len(v) <= MAX_TUPLE and all(guardable(e, depth + 1) for e in v)
+
+
 def _asked(v: Any, depth: int) -> bool:
     """:func:`guardable` of a value whose type says another class is its own (a proxy), asked as ``isinstance``
     asks: through the class it says."""
     if isinstance(v, SCALARS) or isinstance(v, enum.Enum):
         return True
-    if isinstance(v, (tuple, frozenset)):
-        return depth < 3 and len(v) <= MAX_TUPLE and all(guardable(e, depth + 1) for e in v)
-    if isinstance(v, set):
-        return depth == 0 and len(v) <= MAX_ITEMS
+    if isinstance(v, (tuple, frozenset, set)):
+        return _contents(v, depth)
     if isinstance(v, (list, dict, bytearray)) or isinstance(v, OPAQUE_VALUES) or backends.for_type(type(v)) is not None:
         return False
     if hasattr(v, "__dict__"):

@@ -358,7 +358,7 @@ class GuardSet:
             box = scan_.boxes[cid]
             getter = operator.attrgetter(*keys) if box.kind in ("attr", "cell") else operator.itemgetter(*keys)
             try:
-                expected = _frozen(getter(box.container), len(keys))
+                expected = _each(snapshot, getter(box.container), len(keys))
             except Exception:  # an entry gone since the scan (the function deleted it): not a value it reads
                 continue
             self.containers.append(box.container)
@@ -420,7 +420,7 @@ class GuardSet:
         """The current guarded values, hashable (None where an entry is gone): an unhashable object compared as an
         object (a dataclass config) stands for itself by its identity (:func:`~graphjit.guardable.hashable`)."""
         try:
-            now = tuple(hashable(got) if len(keys) == 1 else tuple(map(hashable, got))
+            now = tuple(_each(hashable, got, len(keys))
                         for got, keys in zip(map(operator.call, self.getters, self.containers), self.keys))
             hash(now)
         except Exception:
@@ -432,11 +432,9 @@ class GuardSet:
         return {path: (old, new) for path, old, new in self.differences() if new != "(deleted)"}
 
 
-def _frozen(got: Any, n: int) -> Any:
-    """A getter's result (one value, or a tuple of ``n`` > 1) with every set in it a frozen copy (:func:`snapshot`)."""
-    if n == 1:
-        return snapshot(got)
-    return tuple(map(snapshot, got)) if any(isinstance(v, set) for v in got) else got
+def _each(f: Callable[[Any], Any], got: Any, n: int) -> Any:
+    """``f`` of each value a getter returned: its one value, or each of the tuple of ``n`` > 1 it returns."""
+    return f(got) if n == 1 else tuple(map(f, got))
 
 
 class Drift:
