@@ -63,6 +63,38 @@ inline int blocks_for(long long largest) {
   return static_cast<int>(blocks);
 }
 
+// Fill `batch` with the entries of `n` (at most kMaxEntries) that have bytes to copy; returns how many, and the
+// largest size in `largest`.
+inline int fill(Batch& batch, int n, void* const* dsts, const void* const* srcs, const long long* bytes,
+                long long* largest) {
+  int used = 0;
+  *largest = 0;
+  for (int i = 0; i < n; ++i) {
+    if (bytes[i] == 0) continue;
+    batch.src[used] = static_cast<const uint8_t*>(srcs[i]);
+    batch.dst[used] = static_cast<uint8_t*>(dsts[i]);
+    batch.bytes[used] = bytes[i];
+    if (bytes[i] > *largest) *largest = bytes[i];
+    ++used;
+  }
+  return used;
+}
+
+// The parameters of a kernel node that copies the `used` entries of `batch` (none: one block that copies
+// nothing, entry 0 being zero bytes).  `args` holds the argument pointer and must outlive the call that takes
+// the parameters (the driver copies the Batch itself then).
+inline cudaKernelNodeParams node_params(Batch* batch, void** args, int used, long long largest) {
+  cudaKernelNodeParams p{};
+  p.func = reinterpret_cast<void*>(batch_copy_kernel);
+  p.gridDim = used > 0 ? dim3(blocks_for(largest), used) : dim3(1, 1);
+  p.blockDim = dim3(kThreads);
+  p.sharedMemBytes = 0;
+  args[0] = batch;
+  p.kernelParams = args;
+  p.extra = nullptr;
+  return p;
+}
+
 // Launch the copies of `n` entries on `stream`, kMaxEntries at a time; entries of 0 bytes are skipped.
 inline cudaError_t launch(int n, void* const* dsts, const void* const* srcs, const long long* bytes,
                           cudaStream_t stream) {

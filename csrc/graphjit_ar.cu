@@ -51,7 +51,7 @@ enum GjStatus : int {
   GJ_ERR_STATE = 6,        // calls in the wrong order (e.g. register with no pending buffers)
 };
 
-static constexpr int kAbiVersion = 3;
+static constexpr int kAbiVersion = 4;
 static constexpr int kHandleBytes = sizeof(cudaIpcMemHandle_t);
 static_assert(kHandleBytes == 64, "cudaIpcMemHandle_t is expected to be 64 bytes");
 
@@ -286,6 +286,118 @@ GJ_EXPORT int gj_copy_batch(int n, void* const* dsts, const void* const* srcs, c
   if (pending != cudaSuccess)
     return fail(GJ_ERR_STATE, "gj_copy_batch: a CUDA error of earlier work is pending (%s)", cudaGetErrorName(pending));
   GJ_CUDA(gjcopy::launch(n, dsts, srcs, bytes, static_cast<cudaStream_t>(stream)), "the batch copy launch");
+  return GJ_OK;
+}
+
+// ---- feed nodes: a graph's own input and output copies, their pointers set for each launch ----------------------
+//
+// A graph captured with a feed node at its start (the caller's inputs into the static inputs) and one at its end (the
+// static outputs into the tensors the call returns) is handed each call's pointers by setting those two nodes'
+// parameters in the executable graph (cudaGraphExecKernelNodeSetParams) right before launching it: one call into
+// this library instead of a framework copy before the replay and one after it.
+//
+// Memory ordering: the nodes are kernels of the graph like any other.  The in node has no dependencies inside
+// the graph and every node captured after it depends on it (it was the first work on the capture stream), so
+// every read of a static input sees its copy; the out node was the last work captured on the capture stream,
+// which every side stream had joined, so it copies outputs that are complete.  A launch is ordered on `stream`
+// after everything enqueued there before it (the producers of the caller's inputs, the allocation of the
+// outputs) and before everything after it (whoever reads the outputs).  Setting a node's parameters affects
+// the launches made after it only: a launch already enqueued keeps the pointers it was launched with (the
+// CUDA runtime's guarantee for updates of an executable graph), so a call's pointers are read by its own
+// launch alone and may be reused once it returns, as after any stream-ordered copy.
+//
+// The table (uint64 words, written by the caller before each call):
+//   [0] cudaGraphExec_t  [1] in node  [2] out node  [3] device  [4] n_in  [5] n_out  [6] launch (0: set only)
+//   then six arrays of kMaxEntries: in dsts, in srcs, in bytes, out dsts, out srcs, out bytes.
+// An entry of 0 bytes is skipped; a node with nothing to copy runs one block that copies nothing.
+constexpr int kFeedHeader = 8;
+constexpr int kFeedWords = kFeedHeader + 6 * gjcopy::kMaxEntries;
+
+// While `stream` is being captured: add a feed node (a batch copy of nothing) and return its handle in *node.
+GJ_EXPORT int gj_feed_node(int device, void* stream, void** node) {
+  if (node == nullptr) return fail(GJ_ERR_ARGUMENT, "gj_feed_node: null output pointer");
+  GJ_DEVICE(device);
+  auto s = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  GJ_CUDA(cudaStreamIsCapturing(s, &status), "cudaStreamIsCapturing");
+  if (status != cudaStreamCaptureStatusActive) return fail(GJ_ERR_STATE, "gj_feed_node: the stream is not capturing");
+  gjcopy::Batch batch{};
+  gjcopy::batch_copy_kernel<<<dim3(1, 1), gjcopy::kThreads, 0, s>>>(batch);
+  GJ_CUDA(cudaGetLastError(), "adding a feed node to the capture");
+  unsigned long long id = 0;
+  cudaGraph_t graph = nullptr;
+  const cudaGraphNode_t* deps = nullptr;
+  size_t ndeps = 0;
+#if CUDART_VERSION >= 13000
+  const cudaGraphEdgeData* edges = nullptr;
+  GJ_CUDA(cudaStreamGetCaptureInfo(s, &status, &id, &graph, &deps, &edges, &ndeps), "cudaStreamGetCaptureInfo");
+#else
+  GJ_CUDA(cudaStreamGetCaptureInfo_v2(s, &status, &id, &graph, &deps, &ndeps), "cudaStreamGetCaptureInfo_v2");
+#endif
+  if (ndeps != 1 || deps == nullptr)
+    return fail(GJ_ERR_STATE, "gj_feed_node: the capture has %zu tail nodes after the feed node, not 1", ndeps);
+  *node = deps[0];
+  return GJ_OK;
+}
+
+// Set both feed nodes of the graph the table names (see above) and, where the table says so, launch the graph on
+// `stream`.  Refuses a bad table (null handles, counts outside [0, kMaxEntries], a negative size, a null pointer
+// with a non-zero size: GJ_ERR_ARGUMENT) and a launch while a CUDA error of earlier work is pending (GJ_ERR_STATE),
+// before changing anything.
+GJ_EXPORT int gj_feed_launch(const unsigned long long* table, void* stream) {
+  if (table == nullptr) return fail(GJ_ERR_ARGUMENT, "gj_feed_launch: null table");
+  auto exec = reinterpret_cast<cudaGraphExec_t>(table[0]);
+  auto in_node = reinterpret_cast<cudaGraphNode_t>(table[1]);
+  auto out_node = reinterpret_cast<cudaGraphNode_t>(table[2]);
+  const int device = static_cast<int>(table[3]);
+  const long long n_in = static_cast<long long>(table[4]), n_out = static_cast<long long>(table[5]);
+  if (!exec || !in_node || !out_node || n_in < 0 || n_in > gjcopy::kMaxEntries || n_out < 0 ||
+      n_out > gjcopy::kMaxEntries)
+    return fail(GJ_ERR_ARGUMENT, "gj_feed_launch: bad table (%lld inputs, %lld outputs)", n_in, n_out);
+  const int m = gjcopy::kMaxEntries;
+  auto ptrs = reinterpret_cast<void* const*>(table + kFeedHeader);
+  auto sizes = reinterpret_cast<const long long*>(table + kFeedHeader);
+  void* const* in_dst = ptrs;
+  const void* const* in_src = ptrs + m;
+  const long long* in_bytes = sizes + 2 * m;
+  void* const* out_dst = ptrs + 3 * m;
+  const void* const* out_src = ptrs + 4 * m;
+  const long long* out_bytes = sizes + 5 * m;
+  for (int i = 0; i < n_in; ++i)
+    if (in_bytes[i] < 0 || (in_bytes[i] > 0 && (!in_dst[i] || !in_src[i])))
+      return fail(GJ_ERR_ARGUMENT, "gj_feed_launch: input entry %d: %lld bytes from %p to %p", i, in_bytes[i],
+                  in_src[i], in_dst[i]);
+  for (int i = 0; i < n_out; ++i)
+    if (out_bytes[i] < 0 || (out_bytes[i] > 0 && (!out_dst[i] || !out_src[i])))
+      return fail(GJ_ERR_ARGUMENT, "gj_feed_launch: output entry %d: %lld bytes from %p to %p", i, out_bytes[i],
+                  out_src[i], out_dst[i]);
+  GJ_DEVICE(device);
+  if (table[6] != 0) {  // launching would report an error of earlier work as ours and clear it: leave it
+    cudaError_t pending = cudaPeekAtLastError();
+    if (pending != cudaSuccess)
+      return fail(GJ_ERR_STATE, "gj_feed_launch: a CUDA error of earlier work is pending (%s)",
+                  cudaGetErrorName(pending));
+  }
+  gjcopy::Batch in{}, out{};
+  void* in_args[1];
+  void* out_args[1];
+  long long largest = 0;
+  int used = gjcopy::fill(in, static_cast<int>(n_in), in_dst, in_src, in_bytes, &largest);
+  cudaKernelNodeParams p = gjcopy::node_params(&in, in_args, used, largest);
+  GJ_CUDA(cudaGraphExecKernelNodeSetParams(exec, in_node, &p), "setting the graph's input copies");
+  used = gjcopy::fill(out, static_cast<int>(n_out), out_dst, out_src, out_bytes, &largest);
+  p = gjcopy::node_params(&out, out_args, used, largest);
+  GJ_CUDA(cudaGraphExecKernelNodeSetParams(exec, out_node, &p), "setting the graph's output copies");
+  if (table[6] != 0) GJ_CUDA(cudaGraphLaunch(exec, static_cast<cudaStream_t>(stream)), "cudaGraphLaunch");
+  return GJ_OK;
+}
+
+// The size of a feed table in uint64 words, and the entries each side holds.
+GJ_EXPORT int gj_feed_layout(int* words, int* entries, int* header) {
+  if (!words || !entries || !header) return fail(GJ_ERR_ARGUMENT, "gj_feed_layout: null output pointer");
+  *words = kFeedWords;
+  *entries = gjcopy::kMaxEntries;
+  *header = kFeedHeader;
   return GJ_OK;
 }
 

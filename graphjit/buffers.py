@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, GraphHandle
 from .batch_copy import Batch
+from .handoff import NOT_SERVED, Handoff
 from .keys import CallSignature, Pad
 from .tree import collect_tensors, rebuild, rebuilder
 
@@ -269,8 +270,8 @@ class KeyEntry:
     What a replay does is decided here once: whether guards are checked first (:attr:`check`), whether the graph
     is piecewise (it then takes the call's dynamic values)."""
 
-    __slots__ = ("advances", "check", "device", "feeds", "graph", "guards", "inputs", "no_adopt", "outputs",
-                 "piecewise", "recheck", "stats", "warm")
+    __slots__ = ("advances", "check", "device", "feeds", "graph", "guards", "handoff", "inputs", "no_adopt",
+                 "outputs", "piecewise", "recheck", "stats", "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
                  no_adopt: frozenset[int], warm: Warmup, device: str, guard: GuardSet | None = None,
@@ -290,10 +291,27 @@ class KeyEntry:
         self.recheck: DynamicCheck | None = None  # still to verify on a call with other dynamic values
         self.feeds: StepContext | None = None  # hyperparameters filled into device tensors around each call (feeds.py)
         self.advances: Advances | None = None  # scalars of its key each replay sets as the call would (advances.py)
+        # the graph copies the call's tensors in and out itself where it has feed nodes (handoff.py)
+        self.handoff = None if piecewise else Handoff.plan(inputs.backend, graph.feed, inputs, outputs)
 
     def replay(self, sig: CallSignature, copy: bool) -> Any:
         """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``."""
         inputs = self.inputs
+        handoff = self.handoff
+        if handoff is not None and not sig.pads:
+            before = handoff.copies
+            result = handoff.replay(sig.tensors, copy)
+            if result is not NOT_SERVED:
+                if inputs.mutated_idx:
+                    inputs.store_back(sig.tensors)
+                st = self.stats
+                st.replays += 1
+                st.fed_replays += 1
+                st.input_copies += handoff.copies - before
+                st.copy_backs = inputs.copy_backs
+                return result
+            if handoff.broken:
+                self.handoff = None
         before = inputs.copies
         inputs.load(sig.tensors)
         graph = self.graph

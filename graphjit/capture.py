@@ -218,7 +218,7 @@ def capture_graph(req: BuildRequest, statics: Statics) -> tuple[GraphHandle, Any
     try:
         with scope.graphed_call("capture"), b.traced_call_guard(), recording(b, warm.islands or [], index) as rec:
             graph, static_out = b.capture(lambda: req.capture_fn(*statics.args, **statics.kwargs), req.device,
-                                          req.pool, debug=req.dump_dir is not None)
+                                          req.pool, debug=req.dump_dir is not None, feed=not warm.islands)
     except CaptureError as exc:
         raise _with_site(exc) from exc.__cause__
     except Exception as exc:  # the function raised only while captured: its eager call runs instead

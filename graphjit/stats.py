@@ -39,6 +39,7 @@ class KeyStats:
     pool_bytes: int = 0
     input_copies: int = 0
     copy_backs: int = 0
+    fed_replays: int = 0  # replays whose graph copied the call's tensors itself (handoff.py)
     reason: str | None = None  # short: the reason its calls are counted under
     detail: str | None = None  # the full message (what happened and what to do)
     verify: str | None = None  # "passed", "off", "failed" or "skipped: why"
@@ -62,6 +63,7 @@ class KeyStats:
             "pool_bytes": self.pool_bytes,
             "input_copies": self.input_copies,
             "copy_backs": self.copy_backs,
+            "fed_replays": self.fed_replays,
             "reason": self.reason,
             "detail": self.detail,
             "verify": self.verify,

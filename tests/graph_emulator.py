@@ -18,7 +18,9 @@ What it keeps of a real CUDA graph, since graphjit's exactly-once bookkeeping de
 
 from __future__ import annotations
 
+import array
 import contextlib
+import ctypes
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +31,7 @@ from torch.utils._pytree import tree_flatten
 
 import graphjit.backends as registry
 from graphjit.backends.base import GraphHandle, Segments, in_island, segments_open
+from graphjit.backends.torch.copies import _plain_bytes
 from graphjit.backends.torch.graphs import TorchBackend, autocast_cache_off
 from graphjit.errors import CaptureError
 
@@ -122,6 +125,42 @@ class EmulatedGraph(GraphHandle):
         self.ops = []
 
 
+class EmulatedFeed:
+    """Feed nodes of an emulated graph (graphjit.handoff): :meth:`launch` copies the table's input entries byte for
+    byte (``memmove`` between the CPU tensors' storages, as the in node copies on the GPU), replays the recorded ops,
+    then copies the output entries, as the out node does at the graph's end."""
+
+    entries = 64
+    header = 8
+
+    def __init__(self, graph: EmulatedGraph) -> None:
+        self.table = array.array("Q", [0] * (self.header + 6 * self.entries))
+        self.graph = graph
+        self.launches = 0
+
+    def usable(self, t: Any) -> bool:
+        return bool(type(t) is torch.Tensor and t.device.type == "cpu" and _plain_bytes(t))
+
+    def plain(self, t: Any) -> bool:
+        return bool(t.is_contiguous() and not t.is_neg())
+
+    def empty_like(self, t: Any) -> Any:
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+    def launch(self, n_in: int, n_out: int) -> int:
+        t, h, m = self.table, self.header, self.entries
+        for k in range(n_in):
+            ctypes.memmove(t[h + k], t[h + m + k], t[h + 2 * m + k])
+        self.graph.replay()
+        for k in range(n_out):
+            ctypes.memmove(t[h + 3 * m + k], t[h + 4 * m + k], t[h + 5 * m + k])
+        self.launches += 1
+        return 0
+
+    def why(self, status: int) -> str:
+        return f"status {status}"
+
+
 class _SyncWatch(TorchDispatchMode):
     def __init__(self, hits: list[str]) -> None:
         super().__init__()
@@ -156,7 +195,11 @@ class EmulatedTorchBackend(TorchBackend):
         with _SyncWatch(hits):
             yield
 
-    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any, debug: bool) -> tuple[GraphHandle, Any]:
+    feeds = True
+    """Captures give their graph emulated feed nodes (:class:`EmulatedFeed`) where graphjit asks for them."""
+
+    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any, debug: bool,
+                      feed: bool = False) -> tuple[GraphHandle, Any]:
         segments = _Segments()
         segments.resume()
         try:
@@ -169,7 +212,11 @@ class EmulatedTorchBackend(TorchBackend):
         except BaseException:
             segments.end()
             raise
-        return segments.cut(), out
+        whole = segments.cuts == 0
+        graph = segments.cut()
+        if feed and self.feeds and whole:
+            graph.feed = EmulatedFeed(graph)  # type: ignore[assignment]
+        return graph, out
 
 
 class _Segments(Segments):

@@ -65,6 +65,7 @@ class _HostLibrary:
 def host_batches(emu, monkeypatch):
     lib = _HostLibrary()
     monkeypatch.setattr(type(emu), "batch_operands", lambda self: _CpuOperands(), raising=False)
+    monkeypatch.setattr(type(emu), "feeds", False)  # the copies around a replay, not the graph's own (test_handoff)
     monkeypatch.setattr(batch_copy, "library", lambda arch, device: lib)
     return lib
 
@@ -193,6 +194,7 @@ def test_a_pending_cuda_error_leaves_that_call_to_the_framework_only(emu, monkey
 
     lib = _HostLibrary(fail=ERR_STATE)
     monkeypatch.setattr(type(emu), "batch_operands", lambda self: _CpuOperands(), raising=False)
+    monkeypatch.setattr(type(emu), "feeds", False)
     monkeypatch.setattr(batch_copy, "library", lambda arch, device: lib)
     g = graphjit.graphed(_step)
     for seed in range(5):

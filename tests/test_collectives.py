@@ -161,7 +161,7 @@ def test_cache_key_changes_with_sources_and_arch() -> None:
     edited["custom_all_reduce.cuh"] = sources["custom_all_reduce.cuh"] + b"\n// edited\n"
     assert csrc_build.cache_key(edited, "sm_90") != base
     edited = dict(sources)
-    edited["graphjit_ar.cu"] = sources["graphjit_ar.cu"].replace(b"kAbiVersion = 3", b"kAbiVersion = 4")
+    edited["graphjit_ar.cu"] = sources["graphjit_ar.cu"].replace(b"kAbiVersion = 4", b"kAbiVersion = 5")
     assert csrc_build.cache_key(edited, "sm_90") != base
     assert csrc_build.cache_key(sources, "sm_80") != base
     assert csrc_build.cache_key(sources, "sm_90", flags=["-O0"]) != base

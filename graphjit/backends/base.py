@@ -62,6 +62,8 @@ class GraphHandle(abc.ABC):
     """One captured CUDA graph.  ``replay`` launches it on the stream it was captured for."""
 
     pool_bytes: int = 0
+    feed: Any = None
+    """The graph's feed nodes (:class:`graphjit.handoff.Feed`), where its capture added them; else None."""
 
     @abc.abstractmethod
     def replay(self) -> None: ...
@@ -386,17 +388,22 @@ class Backend(abc.ABC):
             _island_tls.depth -= 1
 
     def capture(self, fn: Callable[[], Any], device: str, pool: Any,
-                debug: bool) -> tuple[GraphHandle, Any]:
+                debug: bool, feed: bool = False) -> tuple[GraphHandle, Any]:
         """Capture ``fn()`` into a graph (:meth:`capture_graph`).  The capture is ended on every path, and
         Python's cyclic garbage collector does not run during it, nor while a failed one is ended
-        (:func:`collector_paused`)."""
+        (:func:`collector_paused`).  ``feed``: give the graph feed nodes where the backend can
+        (:mod:`graphjit.handoff`)."""
         with collector_paused():
+            if feed:
+                return self.capture_graph(fn, device, pool, debug, feed=True)
             return self.capture_graph(fn, device, pool, debug)
 
     @abc.abstractmethod
     def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
-                      debug: bool) -> tuple[GraphHandle, Any]:
-        """The framework's capture of ``fn()`` into a graph, ended on every path (:meth:`capture` calls it)."""
+                      debug: bool, feed: bool = False) -> tuple[GraphHandle, Any]:
+        """The framework's capture of ``fn()`` into a graph, ended on every path (:meth:`capture` calls it).
+        ``feed``: where the backend can, the graph gets feed nodes and a ``feed`` attribute (:mod:`graphjit.handoff`);
+        a backend without them ignores it."""
 
     @abc.abstractmethod
     def synchronize(self, device: str) -> None: ...

@@ -39,7 +39,7 @@ from ..errors import GraphjitError
 
 log = logging.getLogger("graphjit")
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 SOURCES = ("batch_copy.cuh", "custom_all_reduce.cuh", "graphjit_ar.cu")
 MAIN_SOURCE = "graphjit_ar.cu"
 LIBRARY_PREFIX = "graphjit_ar"

@@ -71,6 +71,9 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "gj_ar_probe_check": ([_P, _c.c_uint, _P, _c.POINTER(_c.c_int)], _c.c_int),
     "gj_copy_preload": ([_c.c_int], _c.c_int),
     "gj_copy_batch": ([_c.c_int, _P, _P, _P, _c.c_int, _P], _c.c_int),  # the three arrays by address
+    "gj_feed_node": ([_c.c_int, _P, _c.POINTER(_P)], _c.c_int),
+    "gj_feed_launch": ([_P, _P], _c.c_int),  # the table by address
+    "gj_feed_layout": ([_c.POINTER(_c.c_int), _c.POINTER(_c.c_int), _c.POINTER(_c.c_int)], _c.c_int),
 }
 
 
@@ -104,6 +107,10 @@ class Library:
         fast = ctypes.PyDLL(str(self.path)).gj_copy_batch
         fast.argtypes, fast.restype = _SIGNATURES["gj_copy_batch"]
         self.copy_batch = fast
+        # A replay that hands the graph its own copies' pointers (graphjit.handoff): feed_launch(table, stream).
+        feed = ctypes.PyDLL(str(self.path)).gj_feed_launch
+        feed.argtypes, feed.restype = _SIGNATURES["gj_feed_launch"]
+        self.feed_launch = feed
 
     # -- errors --------------------------------------------------------------------------------
     def last_error(self) -> str:
@@ -153,6 +160,20 @@ class Library:
     def copy_preload(self, device: int) -> None:
         """Load the batch copy kernel on ``device`` (before its first launch, outside any capture)."""
         self._check(self._dll.gj_copy_preload(device), "gj_copy_preload")
+
+    def feed_node(self, device: int, stream: int) -> int:
+        """While ``stream`` is being captured: add a feed node (a batch copy of nothing) and return its handle."""
+        node = ctypes.c_void_p()
+        self._check(self._dll.gj_feed_node(device, stream, ctypes.byref(node)), "gj_feed_node")
+        return int(node.value or 0)
+
+    def feed_layout(self) -> tuple[int, int, int]:
+        """``(words, entries, header)``: a feed table's size in uint64 words, the entries each side holds, and
+        where the six arrays begin."""
+        words, entries, header = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        self._check(self._dll.gj_feed_layout(ctypes.byref(words), ctypes.byref(entries), ctypes.byref(header)),
+                    "gj_feed_layout")
+        return words.value, entries.value, header.value
 
     # -- buffers and contexts --------------------------------------------------------------------
     def alloc(self, device: int, nbytes: int) -> tuple[int, bytes]:

@@ -513,7 +513,7 @@ class PaddleBackend(Backend):
         return syncs.watch(hits)
 
     def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
-                      debug: bool) -> tuple[GraphHandle, Any]:
+                      debug: bool, feed: bool = False) -> tuple[GraphHandle, Any]:
         """Capture ``fn()`` with ``CUDAGraph(mode="thread_local")``, in segments where an island cuts it
         (:class:`_PaddleSegments`); returns the last segment's graph."""
         self._ensure_flags()

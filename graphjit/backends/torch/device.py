@@ -67,3 +67,16 @@ def describe() -> dict[str, Any]:
     except Exception as exc:
         info["error"] = f"{type(exc).__name__}: {exc}"
     return info
+
+
+def reserved(index: int) -> int:
+    """``torch.cuda.memory_reserved(index)`` without flattening every allocator statistic into a dict (which
+    ``memory_stats`` does, a noticeable part of capturing many small graphs); torch's own call where the raw one
+    is missing."""
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is not None:
+        try:
+            return int(raw(index)["reserved_bytes"]["all"]["current"])
+        except (KeyError, TypeError, RuntimeError):
+            pass
+    return int(torch.cuda.memory_reserved(index))

@@ -23,6 +23,8 @@ import torch
 from ...errors import BackendError, CaptureError
 from ...feeds import StepContext
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, Segments, collector_paused, segments_open
+from . import device as cuda_device
+from . import feed as feed_mod
 from .breaks import dynamo_off, shield
 from .recovery import recover
 from .syncs import SyncWatcher
@@ -47,9 +49,16 @@ def _thin_wrapper(fn: Any) -> bool:
 
 
 class TorchGraph(GraphHandle):
-    def __init__(self, graph: Any, pool_bytes: int) -> None:
+    """One captured ``CUDAGraph``; ``feed``: its feed nodes (:mod:`.feed`), which every replay by torch first
+    sets to copy nothing."""
+
+    def __init__(self, graph: Any, pool_bytes: int, feed: Any = None) -> None:
         self._graph = graph
         self.pool_bytes = pool_bytes
+        self.feed = feed
+        if feed is not None:
+            self.replay = self._fed_replay  # type: ignore[method-assign]
+            return
         replay = graph.replay
         raw = getattr(torch._C, "_CUDAGraph", None)
         if raw is not None and isinstance(graph, raw) and getattr(graph, "_tracker", None) is None \
@@ -62,7 +71,11 @@ class TorchGraph(GraphHandle):
     def replay(self) -> None:
         self._graph.replay()
 
+    def _fed_replay(self) -> None:
+        self.feed.replay_by_torch()
+
     def reset(self) -> None:
+        self.feed = None
         self._graph.reset()
 
     def dump(self, path: Path) -> None:
@@ -76,45 +89,49 @@ class _TorchSegments(Segments):
     ``open`` is True from the moment a segment's ``capture_begin`` returned until its ``capture_end``
     returned: what :func:`.recovery.recover` must clean up after a failure."""
 
-    def __init__(self, pool: Any, debug: bool, reserved_before: int, index: int) -> None:
+    def __init__(self, pool: Any, debug: bool, reserved_before: int, index: int, feed_lib: Any = None) -> None:
         self.pool = pool
         self.debug = debug
         self.reserved = reserved_before
         self.index = index
         self.graph: Any = None
         self.open = False
+        self.feed_lib = feed_lib  # feed nodes wanted (graphjit.handoff): the library that adds them
+        self.in_node = 0
 
     def begin(self) -> None:
-        graph = _new_graph(keep=self.debug)
+        graph = _new_graph(keep=self.debug or self.feed_lib is not None)
         if self.debug:
             graph.enable_debug_mode()
         self.graph = graph
         graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
         self.open = True
+        if self.feed_lib is not None:
+            self.in_node = feed_mod.add_node(self.feed_lib, self.index)
+            if not self.in_node:
+                self.feed_lib = None
+
+    def end(self) -> GraphHandle:
+        """The last cut: the feed's out node added first where the capture has its in node (no island cut it),
+        and the feed attached to the graph (:mod:`.feed`)."""
+        out_node = feed_mod.add_node(self.feed_lib, self.index) if self.feed_lib is not None else 0
+        graph = self.graph
+        done = self.cut()
+        if out_node:
+            feed_mod.attach(done, graph, self.feed_lib, self.in_node, out_node, self.index)
+        return done
 
     def cut(self) -> GraphHandle:
         self.graph.capture_end()
         self.open = False
-        now = _reserved(self.index)
+        now = cuda_device.reserved(self.index)
         done = TorchGraph(self.graph, max(0, now - self.reserved))
         self.reserved = now
         return done
 
     def resume(self) -> None:
+        self.feed_lib = None  # an island cut the capture: its segments replay without feeds
         self.begin()
-
-
-def _reserved(index: int) -> int:
-    """``torch.cuda.memory_reserved(index)`` without flattening every allocator statistic into a dict (which
-    ``memory_stats`` does, a noticeable part of capturing many small graphs); torch's own call where the raw one
-    is missing."""
-    raw = getattr(torch._C, "_cuda_memoryStats", None)
-    if raw is not None:
-        try:
-            return int(raw(index)["reserved_bytes"]["all"]["current"])
-        except (KeyError, TypeError, RuntimeError):
-            pass
-    return int(torch.cuda.memory_reserved(index))
 
 
 class TorchPool:
@@ -427,7 +444,7 @@ class TorchBackend(Backend):
             yield
 
     def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
-                      debug: bool) -> tuple[GraphHandle, Any]:
+                      debug: bool, feed: bool = False) -> tuple[GraphHandle, Any]:
         """Capture ``fn()`` on the side stream, as ``torch.cuda.graph`` does (synchronise, free cached
         blocks, ``capture_begin`` with ``capture_error_mode="thread_local"``), in segments where an island
         cuts it (:class:`_TorchSegments`); returns the last segment's graph.
@@ -437,19 +454,20 @@ class TorchBackend(Backend):
         itself and the function's own exception is re-raised unchanged."""
         stream = self._side_stream(device)
         index = _index(device)
-        before = _reserved(index)
+        before = cuda_device.reserved(index)
         handle = pool.handle if isinstance(pool, TorchPool) else pool
         if handle is None:
             handle = torch.cuda.graph_pool_handle()  # known to graphjit, so a failed capture can release it
         _prime_blas(stream, index)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        segments = _TorchSegments(handle, debug, before, index)
+        feed_lib = feed_mod.library(index) if feed else None
+        segments = _TorchSegments(handle, debug, before, index, feed_lib)
         try:
             with autocast_cache_off(), torch.cuda.stream(stream), segments_open(segments):
                 segments.begin()
                 out = fn()
-                last = segments.cut()
+                last = segments.end()
         except BaseException as exc:
             recover(segments.graph, segments.open, stream, handle, index)
             text = str(exc)

@@ -1,0 +1,188 @@
+"""A replay that hands the graph its call's tensors: the graph copies them in and out itself.
+
+A key's graph may be captured with two *feed nodes* (``csrc``: ``gj_feed_node``): a batch copy at its start that
+copies the caller's moved inputs into the static inputs, and one at its end that copies the static outputs into
+the fresh tensors the call returns.  Each call sets those two nodes' pointers in the executable graph and launches
+it, in one call into graphjit's library (``gj_feed_launch``), instead of a framework copy before the replay and a
+clone after it: on one H200 host that is most of a graphed call's host time (``bench decode``'s host-cost part).
+
+:class:`Handoff` is planned once per key, after its capture (:meth:`Handoff.plan`): which inputs it may copy, where
+each static buffer is and how many bytes it holds, which outputs come out fresh.  A call then makes one pass over
+its tensors (:meth:`Handoff.replay`).
+
+Guarantees: a call it serves acts as the copy-in, replay, copy-out path of :class:`~graphjit.buffers.KeyEntry`
+would: the same bytes in the static inputs before the graph's first node reads them, the same fresh outputs, on
+the current stream.  It serves a call only where that is plain: every adopted input at its buffer's address and
+layout, every tensor passed twice passed as one tensor, every moved input dense in the key's layout and outside
+graphjit's own buffers, every static output still at its address.  Anything else (and a library that refuses the
+call) it leaves to the copy path, which keeps its own checks (:class:`~graphjit.buffers.InputMoved` and the rest):
+:meth:`Handoff.replay` then returns :data:`NOT_SERVED` having launched nothing.
+
+Refuses nothing: keys it cannot plan (bucketed or grad-requiring inputs, more tensors than a node holds, a
+graph without feed nodes: Paddle's, a piecewise one, one captured while the library was being built) replay
+by copies as before.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import array
+
+    from .backends.base import Backend
+    from .buffers import StaticInputs, StaticOutputs
+
+__all__ = ["NOT_SERVED", "Feed", "Handoff"]
+
+log = logging.getLogger("graphjit")
+
+STATUS_PENDING_ERROR = 6
+"""The library's status for a call refused because a CUDA error of earlier work is pending (``GJ_ERR_STATE``): that
+call only goes the copy path."""
+
+NOT_SERVED: Any = object()
+"""What :meth:`Handoff.replay` returns where the copy path must serve the call (nothing was launched)."""
+
+
+class Feed(Protocol):
+    """A backend's feed nodes of one graph (``backends/torch/feed.py``).
+
+    ``table`` is what the library reads (``csrc/graphjit_ar.cu``, ``gj_feed_launch``): a header the backend
+    fills, then six arrays of ``entries`` words from ``header`` on: input destinations, sources and sizes,
+    output destinations, sources and sizes."""
+
+    table: array.array[int]
+    entries: int
+    header: int
+
+    def usable(self, t: Any) -> bool:
+        """A fixed buffer the nodes may copy (dense memory of the graph's GPU); asked once per key."""
+
+    def plain(self, t: Any) -> bool:
+        """A caller's tensor whose bytes are its values in the key's layout; asked per call."""
+
+    def empty_like(self, t: Any) -> Any:
+        """A new dense tensor like ``t`` for an output."""
+
+    def launch(self, n_in: int, n_out: int) -> int:
+        """Set the nodes to the table's first entries and replay the graph; 0, or the library's status."""
+
+    def why(self, status: int) -> str:
+        """The library's message for a failed :meth:`launch`."""
+
+
+class Handoff:
+    """The plan of one key's replays through its graph's feed nodes (see the module docstring)."""
+
+    __slots__ = ("adopted", "adopted_ptrs", "aliases", "broken", "copies", "empty", "failures", "feed", "fresh",
+                 "in_bytes", "in_dst", "in_src", "moved", "out_dst", "outputs", "owned_ends", "owned_starts", "plain",
+                 "ptr", "rebuild", "single_own", "stride", "table")
+
+    def __init__(self, backend: Backend, feed: Feed, inputs: StaticInputs, outputs: StaticOutputs) -> None:
+        self.feed = feed
+        self.table = feed.table
+        self.ptr: Callable[[Any], int] = backend.data_ptr
+        self.stride: Callable[[Any], Any] = backend.strides
+        self.plain = feed.plain
+        self.empty = feed.empty_like
+        h, m = feed.header, feed.entries
+        self.in_dst, self.in_src, self.in_bytes = h, h + m, h + 2 * m
+        self.out_dst = h + 3 * m
+        statics = inputs.statics
+        # adopted inputs: the caller's own tensors, which must be where the graph reads them
+        self.adopted = [(i, inputs.ptrs[i], inputs.strides[i]) for i in inputs.adopted_idx]
+        self.adopted_ptrs = inputs.adopted_ptrs
+        self.aliases = list(inputs.alias_pairs)
+        skip = inputs.aliases
+        # inputs copied in when moved: (index, buffer, its address, its strides, its bytes)
+        self.moved = [(i, st, inputs.ptrs[i], inputs.strides[i], backend.nbytes(st))
+                      for i, st in enumerate(statics) if not inputs.adopted[i] and i not in skip]
+        self.owned_starts, self.owned_ends = inputs.owned_starts, inputs.owned_ends
+        self.outputs = outputs
+        # outputs copied out: the fixed side of each entry written once, here
+        self.fresh = [(t, self.ptr(t)) for t in outputs.fresh]
+        table = self.table
+        for j, (t, p) in enumerate(self.fresh):
+            table[h + 4 * m + j] = p
+            table[h + 5 * m + j] = backend.nbytes(t)
+        self.single_own = outputs.single and bool(outputs.own[0])
+        self.rebuild: Callable[[Sequence[Any]], Any] | None = None if outputs.single else outputs.rebuild_copy
+        self.copies = 0
+        self.failures = 0
+        self.broken = False  # the library refused a call for a reason that holds for the next ones too
+
+    @classmethod
+    def plan(cls, backend: Backend, feed: Feed | None, inputs: StaticInputs,
+             outputs: StaticOutputs) -> Handoff | None:
+        """The plan for a key whose graph has feed nodes, where every buffer a call may copy fits them; else None."""
+        if feed is None or inputs.any_bucketed or not inputs.grad_free:
+            return None
+        movable = [st for i, st in enumerate(inputs.statics) if not inputs.adopted[i] and i not in inputs.aliases]
+        if len(movable) > feed.entries or len(outputs.fresh) > feed.entries:
+            return None
+        if not all(feed.usable(t) for t in movable) or not all(feed.usable(t) for t in outputs.fresh):
+            return None
+        return cls(backend, feed, inputs, outputs)
+
+    def replay(self, tensors: Sequence[Any], copy: bool) -> Any:
+        """Replay the graph for a call of ``tensors`` (the key's tensors, in order); its result: fresh outputs
+        (``copy``) or the static ones.  :data:`NOT_SERVED` where the copy path must serve it (nothing launched)."""
+        ptr, stride = self.ptr, self.stride
+        for i, p, s in self.adopted:
+            t = tensors[i]
+            if ptr(t) != p or stride(t) != s:
+                return NOT_SERVED  # moved, or another layout: the copy path says how (InputMoved)
+        for i, o in self.aliases:
+            if tensors[i] is not tensors[o]:
+                return NOT_SERVED
+        table, plain = self.table, self.plain
+        dst_at, src_at, bytes_at = self.in_dst, self.in_src, self.in_bytes
+        k = 0
+        for i, static, sp, ss, nbytes in self.moved:
+            t = tensors[i]
+            if t is static:
+                continue
+            p = ptr(t)
+            if p == sp:
+                if stride(t) != ss:
+                    return NOT_SERVED
+                continue  # the buffer itself, as another tensor object
+            if not p or not plain(t) or p in self.adopted_ptrs or self._inside_owned(p):
+                return NOT_SERVED
+            table[dst_at + k] = sp
+            table[src_at + k] = p
+            table[bytes_at + k] = nbytes
+            k += 1
+        outs: list[Any] = []
+        if copy and self.fresh:
+            for t, p in self.fresh:
+                if ptr(t) != p:
+                    return NOT_SERVED  # a module buffer returned as it is, rebound since
+            empty, at = self.empty, self.out_dst
+            for j, (t, _p) in enumerate(self.fresh):
+                o = empty(t)
+                table[at + j] = ptr(o)
+                outs.append(o)
+        rc = self.feed.launch(k, len(outs))
+        if rc:
+            self.failures += 1
+            if rc != STATUS_PENDING_ERROR:  # not an error of earlier work: every later call would fail the same way
+                self.broken = True
+                log.info("graphjit: a graph's feed nodes failed (%s); its calls copy by the framework from now on",
+                         self.feed.why(rc))
+            return NOT_SERVED
+        self.copies += k
+        if not copy:
+            return self.outputs.result((), False)
+        if self.rebuild is None:
+            return self.outputs.tensors[0] if self.single_own else outs[0]
+        return self.rebuild(outs)
+
+    def _inside_owned(self, p: int) -> bool:
+        """The address ``p`` lies inside one of graphjit's own input buffers (read while another is written)."""
+        k = bisect.bisect_right(self.owned_starts, p) - 1
+        return k >= 0 and p < self.owned_ends[k]

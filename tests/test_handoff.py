@@ -1,0 +1,238 @@
+"""A replay that hands the graph its call's tensors (graphjit/handoff.py), on the CPU emulator.
+
+The emulator's feed nodes (tests/graph_emulator.py, ``EmulatedFeed``) copy the table's entries byte for byte with
+``memmove`` before and after replaying the recorded ops, as the GPU's nodes copy before and after the graph's other
+nodes: a wrong pointer, size or entry count gives wrong outputs here.  The GPU tests (tests/test_gpu_handoff.py)
+run the real nodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import graphjit  # noqa: E402
+from graphjit.handoff import NOT_SERVED  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _step(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = a @ b + c
+    return h * 0.5, (h.sum(0) - a[0]).to(torch.float64)
+
+
+def _inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(5, 7, generator=g), torch.randn(7, 7, generator=g), torch.randn(5, 7, generator=g)
+
+
+def _entry(g: Any) -> Any:
+    (entry,) = g._self_state.entries.values()
+    return entry
+
+
+def _key(g: Any) -> dict[str, Any]:
+    (key,) = g.stats()["keys"]
+    return key
+
+
+def _equal(got: Any, want: Any) -> bool:
+    return all(torch.equal(o, w) for o, w in zip(got, want))
+
+
+def test_fresh_inputs_each_call_are_copied_in_and_out_by_the_graph(emu):
+    g = graphjit.graphed(_step)
+    outs = []
+    for seed in range(8):
+        args = _inputs(seed)
+        out = g(*args)
+        assert _equal(out, _step(*args))
+        outs.append(out)
+    assert all(_equal(o, _step(*_inputs(s))) for s, o in enumerate(outs))  # later replays left earlier outputs alone
+    entry = _entry(g)
+    key = _key(g)
+    # every replay but the capturing call's (its verify replays by copies) went through the feed nodes
+    assert entry.handoff is not None and entry.graph.feed.launches == key["fed_replays"] == key["replays"] - 1 >= 4
+    assert key["input_copies"] >= 3 * key["fed_replays"]
+
+
+def test_static_inputs_and_alias_outputs_copy_nothing(emu):
+    g = graphjit.graphed(_step, outputs="alias")
+    args = _inputs(0)
+    for _ in range(3):
+        g(*args)
+    static, _ = g.static_inputs(*args)
+    before = _key(g)["input_copies"]
+    for seed in range(1, 5):
+        for s, x in zip(static, _inputs(seed)):
+            s.copy_(x)
+        out = g(*static)
+        assert _equal(out, _step(*_inputs(seed)))
+        assert out[0] is _entry(g).outputs.tensors[0]  # the static output itself
+    key = _key(g)
+    assert key["input_copies"] == before and key["fed_replays"] >= 4
+
+
+def test_a_call_it_cannot_serve_goes_the_copy_path_and_the_next_is_fed_again(emu):
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b + 1
+
+    g = graphjit.graphed(f)
+    a, b = torch.randn(6, 6), torch.randn(6, 6)
+    for _ in range(3):
+        g(a, b)
+    fed = _key(g)["fed_replays"]
+    at = a.t()  # the same shape, another layout: its bytes are not its values in the key's layout
+    assert torch.equal(g(at, b), f(at, b))
+    assert _key(g)["fed_replays"] == fed
+    c = torch.randn(6, 6)
+    assert torch.equal(g(c, b), f(c, b))
+    assert _key(g)["fed_replays"] == fed + 1
+
+
+def test_swapped_static_inputs_are_read_before_they_are_written(emu):
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a - 2 * b
+
+    g = graphjit.graphed(f)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    for _ in range(3):
+        g(a, b)
+    (sa, sb), _ = g.static_inputs(a, b)
+    sa.copy_(a)
+    sb.copy_(b)
+    want = f(b.clone(), a.clone())
+    assert torch.equal(g(sb, sa), want)  # each buffer passed as the other: the copy path clones one first
+
+
+def test_an_adopted_input_that_moves_is_captured_again_and_stays_right(emu):
+    def f(cache: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        cache.add_(x)
+        return cache * 2
+
+    g = graphjit.graphed(f)
+    cache, ref = torch.zeros(3, 5), torch.zeros(3, 5)
+    for seed in range(4):
+        x = torch.randn(3, 5, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(g(cache, x), f(ref, x))
+        assert torch.equal(cache, ref)
+    moved, ref2 = cache.clone(), ref.clone()
+    for seed in range(4, 8):
+        x = torch.randn(3, 5, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(g(moved, x), f(ref2, x))
+        assert torch.equal(moved, ref2)  # copied back to the caller's tensor after each replay
+    st = g.stats()
+    assert st["fallbacks"] == {} and st["captures"] >= 2
+
+
+def test_one_tensor_passed_twice_then_two_tensors(emu):
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * b + a
+
+    g = graphjit.graphed(f)
+    x = torch.randn(4, 4)
+    for _ in range(3):
+        assert torch.equal(g(x, x), f(x, x))
+    y, z = torch.randn(4, 4), torch.randn(4, 4)
+    assert torch.equal(g(y, z), f(y, z))
+    assert torch.equal(g(y, y), f(y, y))
+
+
+def test_a_returned_module_buffer_comes_out_with_its_current_values(emu):
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("b", torch.ones(3))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x + 1, self.b
+
+    m = M()
+    g = graphjit.graphed(m)
+    for _ in range(3):
+        g(torch.randn(3))
+    m.b.fill_(7.0)
+    out, b = g(torch.zeros(3))
+    assert torch.equal(out, torch.ones(3)) and torch.equal(b, torch.full((3,), 7.0))
+    assert b is not m.b  # a fresh copy, as every output
+
+
+def test_a_library_that_refuses_leaves_the_key_to_the_copy_path(emu, monkeypatch):
+    from graph_emulator import EmulatedFeed
+
+    g = graphjit.graphed(_step)
+    for seed in range(3):
+        g(*_inputs(seed))
+    feed = _entry(g).graph.feed
+    monkeypatch.setattr(EmulatedFeed, "launch", lambda self, n_in, n_out: 2)  # a CUDA error
+    for seed in range(3, 6):
+        assert _equal(g(*_inputs(seed)), _step(*_inputs(seed)))
+    assert _entry(g).handoff is None  # given up for this key after the first refusal
+    assert isinstance(feed, EmulatedFeed)
+
+
+def test_a_pending_error_of_earlier_work_leaves_only_that_call_to_the_copy_path(emu, monkeypatch):
+    from graph_emulator import EmulatedFeed
+
+    from graphjit.handoff import STATUS_PENDING_ERROR
+
+    g = graphjit.graphed(_step)
+    for seed in range(3):
+        g(*_inputs(seed))
+    real = EmulatedFeed.launch
+    monkeypatch.setattr(EmulatedFeed, "launch", lambda self, n_in, n_out: STATUS_PENDING_ERROR)
+    assert _equal(g(*_inputs(3)), _step(*_inputs(3)))
+    monkeypatch.setattr(EmulatedFeed, "launch", real)
+    fed = _key(g)["fed_replays"]
+    assert _equal(g(*_inputs(4)), _step(*_inputs(4)))
+    assert _entry(g).handoff is not None and _key(g)["fed_replays"] == fed + 1
+
+
+def test_handoff_replay_says_not_served_before_launching_anything(emu):
+    g = graphjit.graphed(_step)
+    for seed in range(3):
+        g(*_inputs(seed))
+    entry = _entry(g)
+    launches = entry.graph.feed.launches
+    a, b, c = _inputs(5)
+    assert _equal(entry.handoff.replay([a, b, c], True), _step(a, b, c))
+    assert entry.graph.feed.launches == launches + 1
+    wide = torch.randn(5, 14)[:, ::2]  # the key's shape, not dense
+    assert entry.handoff.replay([wide, b, c], True) is NOT_SERVED
+    assert entry.handoff.replay([a, b, entry.inputs.statics[0]], True) is NOT_SERVED  # inside another buffer
+    assert entry.graph.feed.launches == launches + 1
+
+
+@pytest.mark.parametrize("feeds", [True, False])
+def test_same_results_with_and_without_feed_nodes(emu, monkeypatch, feeds):
+    monkeypatch.setattr(type(emu), "feeds", feeds)
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.norm = torch.nn.LayerNorm(8)
+            self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+            self.steps.add_(1)
+            h = self.norm(self.lin(x) + y)
+            return {"h": h, "s": h.sum(-1), "steps": self.steps}
+
+    torch.manual_seed(0)
+    m = Block()
+    ref = Block()
+    ref.load_state_dict(m.state_dict())
+    g = graphjit.graphed(m)
+    for seed in range(8):
+        gen = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(2, 8, generator=gen), torch.randn(2, 8, generator=gen)
+        with torch.no_grad():
+            got, want = g(x, y), ref(x, y)
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    assert torch.equal(m.steps, ref.steps)
+    key = _key(g)
+    assert (key["fed_replays"] == key["replays"] - 1) if feeds else key["fed_replays"] == 0

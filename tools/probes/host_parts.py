@@ -1,0 +1,172 @@
+"""The host cost of each step of a replayed ``@graphed`` call, and of the primitives a faster path could use
+(torch, one GPU).
+
+``replay_profile.py`` splits a call into its big parts; this probe splits the part before the replay
+(the wrapper, binding, signing, the lock) and prices what a replay could be built from instead: a raw
+``cudaGraphLaunch`` of the torch graph's executable (through CuPy), a call into graphjit's csrc library, an
+allocation, writes of pointers into a pinned table.  Diagnostic only: the claims are made by
+``python -m graphjit bench decode``.
+
+Usage (GPU machine, repo root): ``PYTHONPATH=. python3 tools/probes/host_parts.py --out DIR``
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import ctypes
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import graphjit
+
+
+def per_call_us(fn: Callable[[], Any], iters: int = 3000, repeats: int = 7) -> float:
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(iters):
+            fn()
+        t1 = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        samples.append((t1 - t0) / 1e3 / iters)
+    return round(statistics.median(samples), 3)
+
+
+def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
+    return a + b + c + d
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    inputs = [torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    us: dict[str, Any] = {}
+    us["python_noop_call"] = per_call_us(lambda: None)
+    us["eager"] = per_call_us(lambda: tiny(*inputs))
+
+    default = graphjit.graphed(tiny)
+    alias = graphjit.graphed(tiny, outputs="alias")
+    for _ in range(default.graphjit_options.warmup + 1):
+        default(*inputs)
+        alias(*inputs)
+    static_args, _ = alias.static_inputs(*inputs)
+    us["graphed_default"] = per_call_us(lambda: default(*inputs))
+    us["graphed_static_alias"] = per_call_us(lambda: alias(*static_args))
+
+    state = default._self_state
+    astate = alias._self_state
+    tup = tuple(inputs)
+    sargs = tuple(static_args)
+    us["state_call_default"] = per_call_us(lambda: state.call(tiny, None, tup, {}))
+    us["state_call_static_alias"] = per_call_us(lambda: astate.call(tiny, None, sargs, {}))
+    signer = state.signer
+    us["bind"] = per_call_us(lambda: signer.binder.bind(False, tup, {}))
+    us["sign_plain"] = per_call_us(lambda: signer.sign_plain(None, tup))
+    sig = signer.sign_plain(None, tup)
+    entry = state.entries[sig.key]
+    asig = astate.signer.sign_plain(None, sargs)
+    aentry = astate.entries[asig.key]
+    lock = state.lock
+
+    def locked() -> None:
+        with lock:
+            pass
+
+    us["lock"] = per_call_us(locked)
+    us["settings"] = per_call_us(graphjit.env.settings)
+    from graphjit import scope as scope_mod
+
+    us["scope_phase"] = per_call_us(scope_mod.phase)
+    st = graphjit.env.settings()
+    us["state_replay_default"] = per_call_us(lambda: state.replay(entry, sig, st, None, tup, {}))
+    us["state_replay_static_alias"] = per_call_us(lambda: astate.replay(aentry, asig, st, None, sargs, {}))
+    us["entry_replay_default"] = per_call_us(lambda: entry.replay(sig, True))
+    us["entry_replay_static_alias"] = per_call_us(lambda: aentry.replay(asig, False))
+    us["inputs_load_default"] = per_call_us(lambda: entry.inputs.load(sig.tensors))
+    us["inputs_load_static"] = per_call_us(lambda: aentry.inputs.load(asig.tensors))
+    us["graph_replay"] = per_call_us(entry.graph.replay)
+    us["outputs_copy"] = per_call_us(lambda: entry.outputs.result(sig.pads, True))
+    us["outputs_alias"] = per_call_us(lambda: aentry.outputs.result(asig.pads, False))
+
+    # primitives
+    x = inputs[0]
+    us["empty_like"] = per_call_us(lambda: torch.empty_like(x))
+    shape, dt, dev = x.shape, x.dtype, x.device
+    us["empty_shape"] = per_call_us(lambda: torch.empty(shape, dtype=dt, device=dev))
+    us["clone"] = per_call_us(x.clone)
+    us["data_ptr_4"] = per_call_us(lambda: [t.data_ptr() for t in inputs])
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        us["raw_stream"] = per_call_us(lambda: raw(0))
+    us["current_stream_obj"] = per_call_us(lambda: torch.cuda.current_stream().cuda_stream)
+    a = array.array("Q", [0] * 16)
+    ptrs = [t.data_ptr() for t in inputs]
+
+    def fill() -> None:
+        for k, v in enumerate(ptrs):
+            a[k] = v
+
+    us["array_write_4"] = per_call_us(fill)
+    pinned = torch.empty(64, dtype=torch.int64, pin_memory=True)
+    view = memoryview((ctypes.c_uint64 * 64).from_address(pinned.data_ptr())).cast("B").cast("Q")
+
+    def fill_pinned() -> None:
+        for k, v in enumerate(ptrs):
+            view[k] = v
+
+    us["pinned_write_4"] = per_call_us(fill_pinned)
+    try:
+        from graphjit.backends.torch import device as cuda_device
+        from graphjit.collectives import library as csrc_library
+
+        lib = csrc_library.load(cuda_device.arch(0), build_if_missing=True)
+        lib.copy_preload(0)
+        fn = lib.copy_batch
+        stream = raw(0) if raw is not None else 0
+        dsts = [torch.empty_like(t) for t in inputs]
+        d = array.array("Q", [t.data_ptr() for t in dsts])
+        s = array.array("Q", ptrs)
+        b = array.array("q", [t.numel() * t.element_size() for t in inputs])
+        at = (d.buffer_info()[0], s.buffer_info()[0], b.buffer_info()[0])
+        us["ctypes_copy_batch_0"] = per_call_us(lambda: fn(0, at[0], at[1], at[2], 0, stream))
+        us["ctypes_copy_batch_4"] = per_call_us(lambda: fn(4, at[0], at[1], at[2], 0, stream))
+        us["foreach_copy_4"] = per_call_us(lambda: torch._foreach_copy_(dsts, inputs))
+    except Exception as exc:
+        us["ctypes_copy_batch"] = f"n/a ({type(exc).__name__}: {exc})"
+    try:
+        import cupy  # type: ignore[import-not-found]
+
+        g = torch.cuda.CUDAGraph()
+        sx = inputs[0].clone()
+        with torch.cuda.graph(g):
+            sy = sx + sx
+        g.replay()
+        exe = g.raw_cuda_graph_exec()
+        stream = raw(0) if raw is not None else torch.cuda.current_stream().cuda_stream
+        launch = cupy.cuda.runtime.graphLaunch
+        us["torch_graph_replay_1node"] = per_call_us(g.replay)
+        us["cupy_graph_launch_1node"] = per_call_us(lambda: launch(int(exe), stream))
+        us["torch_graph_replay_entry"] = per_call_us(entry.graph.replay)
+        del sy
+    except Exception as exc:
+        us["cupy_graph_launch"] = f"n/a ({type(exc).__name__}: {exc})"
+    us["threads"] = threading.active_count()
+    text = json.dumps(us, indent=1)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "host_parts.json").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
