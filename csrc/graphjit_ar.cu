@@ -309,9 +309,40 @@ GJ_EXPORT int gj_copy_batch(int n, void* const* dsts, const void* const* srcs, c
 // The table (uint64 words, written by the caller before each call):
 //   [0] cudaGraphExec_t  [1] in node  [2] out node  [3] device  [4] n_in  [5] n_out  [6] launch (0: set only)
 //   then six arrays of kMaxEntries: in dsts, in srcs, in bytes, out dsts, out srcs, out bytes.
+//   then, kept by this library: the entries each node was last set to (a count, then dsts, srcs, bytes), so a
+//   call whose pointers are those of the call before sets nothing (setting a node costs about as much as half
+//   a launch; a decode loop's inputs often come back at the addresses the caching allocator gave the last ones).
 // An entry of 0 bytes is skipped; a node with nothing to copy runs one block that copies nothing.
 constexpr int kFeedHeader = 8;
-constexpr int kFeedWords = kFeedHeader + 6 * gjcopy::kMaxEntries;
+constexpr int kFeedLast = 1 + 3 * gjcopy::kMaxEntries;
+constexpr int kFeedWords = kFeedHeader + 6 * gjcopy::kMaxEntries + 2 * kFeedLast;
+
+// Set `node` of `exec` to copy the `used` entries of `batch` unless `last` says it already does; `last` then
+// records them.
+static cudaError_t set_feed_node(cudaGraphExec_t exec, cudaGraphNode_t node, gjcopy::Batch* batch, int used,
+                                 long long largest, unsigned long long* last) {
+  const int m = gjcopy::kMaxEntries;
+  bool same = last[0] == static_cast<unsigned long long>(used) + 1;  // 0: never set
+  for (int i = 0; same && i < used; ++i)
+    same = last[1 + i] == reinterpret_cast<uintptr_t>(batch->dst[i]) &&
+           last[1 + m + i] == reinterpret_cast<uintptr_t>(batch->src[i]) &&
+           last[1 + 2 * m + i] == static_cast<unsigned long long>(batch->bytes[i]);
+  if (same) return cudaSuccess;
+  void* args[1];
+  cudaKernelNodeParams p = gjcopy::node_params(batch, args, used, largest);
+  cudaError_t e = cudaGraphExecKernelNodeSetParams(exec, node, &p);
+  if (e != cudaSuccess) {
+    last[0] = 0;  // unknown: set it next time
+    return e;
+  }
+  last[0] = static_cast<unsigned long long>(used) + 1;
+  for (int i = 0; i < used; ++i) {
+    last[1 + i] = reinterpret_cast<uintptr_t>(batch->dst[i]);
+    last[1 + m + i] = reinterpret_cast<uintptr_t>(batch->src[i]);
+    last[1 + 2 * m + i] = static_cast<unsigned long long>(batch->bytes[i]);
+  }
+  return cudaSuccess;
+}
 
 // While `stream` is being captured: add a feed node (a batch copy of nothing) and return its handle in *node.
 GJ_EXPORT int gj_feed_node(int device, void* stream, void** node) {
@@ -344,7 +375,7 @@ GJ_EXPORT int gj_feed_node(int device, void* stream, void** node) {
 // `stream`.  Refuses a bad table (null handles, counts outside [0, kMaxEntries], a negative size, a null pointer
 // with a non-zero size: GJ_ERR_ARGUMENT) and a launch while a CUDA error of earlier work is pending (GJ_ERR_STATE),
 // before changing anything.
-GJ_EXPORT int gj_feed_launch(const unsigned long long* table, void* stream) {
+GJ_EXPORT int gj_feed_launch(unsigned long long* table, void* stream) {
   if (table == nullptr) return fail(GJ_ERR_ARGUMENT, "gj_feed_launch: null table");
   auto exec = reinterpret_cast<cudaGraphExec_t>(table[0]);
   auto in_node = reinterpret_cast<cudaGraphNode_t>(table[1]);
@@ -378,16 +409,13 @@ GJ_EXPORT int gj_feed_launch(const unsigned long long* table, void* stream) {
       return fail(GJ_ERR_STATE, "gj_feed_launch: a CUDA error of earlier work is pending (%s)",
                   cudaGetErrorName(pending));
   }
+  unsigned long long* last = table + kFeedHeader + 6 * m;
   gjcopy::Batch in{}, out{};
-  void* in_args[1];
-  void* out_args[1];
   long long largest = 0;
   int used = gjcopy::fill(in, static_cast<int>(n_in), in_dst, in_src, in_bytes, &largest);
-  cudaKernelNodeParams p = gjcopy::node_params(&in, in_args, used, largest);
-  GJ_CUDA(cudaGraphExecKernelNodeSetParams(exec, in_node, &p), "setting the graph's input copies");
+  GJ_CUDA(set_feed_node(exec, in_node, &in, used, largest, last), "setting the graph's input copies");
   used = gjcopy::fill(out, static_cast<int>(n_out), out_dst, out_src, out_bytes, &largest);
-  p = gjcopy::node_params(&out, out_args, used, largest);
-  GJ_CUDA(cudaGraphExecKernelNodeSetParams(exec, out_node, &p), "setting the graph's output copies");
+  GJ_CUDA(set_feed_node(exec, out_node, &out, used, largest, last + kFeedLast), "setting the graph's output copies");
   if (table[6] != 0) GJ_CUDA(cudaGraphLaunch(exec, static_cast<cudaStream_t>(stream)), "cudaGraphLaunch");
   return GJ_OK;
 }

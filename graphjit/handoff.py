@@ -13,10 +13,11 @@ its tensors (:meth:`Handoff.replay`).
 Guarantees: a call it serves acts as the copy-in, replay, copy-out path of :class:`~graphjit.buffers.KeyEntry`
 would: the same bytes in the static inputs before the graph's first node reads them, the same fresh outputs, on
 the current stream.  It serves a call only where that is plain: every adopted input at its buffer's address and
-layout, every tensor passed twice passed as one tensor, every moved input dense in the key's layout and outside
-graphjit's own buffers, every static output still at its address.  Anything else (and a library that refuses the
-call) it leaves to the copy path, which keeps its own checks (:class:`~graphjit.buffers.InputMoved` and the rest):
-:meth:`Handoff.replay` then returns :data:`NOT_SERVED` having launched nothing.
+layout, every tensor passed twice passed as one tensor, every moved input with its buffer's strides (dense: the
+buffers are), its bytes its values and outside graphjit's own buffers, every static output still at its address.
+Anything else (and a library that refuses the call) it leaves to the copy path, which keeps its own checks
+(:class:`~graphjit.buffers.InputMoved` and the rest): :meth:`Handoff.replay` then returns :data:`NOT_SERVED` having
+launched nothing.
 
 Refuses nothing: keys it cannot plan (bucketed or grad-requiring inputs, more tensors than a node holds, a
 graph without feed nodes: Paddle's, a piecewise one, one captured while the library was being built) replay
@@ -63,7 +64,8 @@ class Feed(Protocol):
         """A fixed buffer the nodes may copy (dense memory of the graph's GPU); asked once per key."""
 
     def plain(self, t: Any) -> bool:
-        """A caller's tensor whose bytes are its values in the key's layout; asked per call."""
+        """A caller's tensor (with the key's shape and a dense buffer's strides) whose bytes are its values (no lazy
+        negation); asked per call."""
 
     def empty_like(self, t: Any) -> Any:
         """A new dense tensor like ``t`` for an output."""
@@ -147,9 +149,9 @@ class Handoff:
             if t is static:
                 continue
             p = ptr(t)
+            if stride(t) != ss:  # the key's shape with the dense buffer's strides: its bytes in the buffer's layout
+                return NOT_SERVED
             if p == sp:
-                if stride(t) != ss:
-                    return NOT_SERVED
                 continue  # the buffer itself, as another tensor object
             if not p or not plain(t) or p in self.adopted_ptrs or self._inside_owned(p):
                 return NOT_SERVED

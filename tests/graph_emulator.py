@@ -142,7 +142,7 @@ class EmulatedFeed:
         return bool(type(t) is torch.Tensor and t.device.type == "cpu" and _plain_bytes(t))
 
     def plain(self, t: Any) -> bool:
-        return bool(t.is_contiguous() and not t.is_neg())
+        return not t.is_neg()
 
     def empty_like(self, t: Any) -> Any:
         return torch.empty_like(t, memory_format=torch.contiguous_format)

@@ -236,3 +236,22 @@ def test_same_results_with_and_without_feed_nodes(emu, monkeypatch, feeds):
     assert torch.equal(m.steps, ref.steps)
     key = _key(g)
     assert (key["fed_replays"] == key["replays"] - 1) if feeds else key["fed_replays"] == 0
+
+
+def test_a_lazily_negated_view_is_copied_by_its_values(emu):
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * 2 + b
+
+    g = graphjit.graphed(f)
+    b = torch.randn(4, 4)
+    for _ in range(3):
+        g(torch.randn(4, 4), b)
+    z = torch.randn(4, 4, dtype=torch.complex64)
+    neg = z.conj().imag  # a real view whose bytes hold the values' negation
+    assert neg.is_neg()
+    fed = _key(g)["fed_replays"]
+    assert torch.equal(g(neg, b), f(neg, b))
+    dense_neg = torch._neg_view(torch.randn(4, 4))
+    assert dense_neg.is_neg() and dense_neg.is_contiguous()
+    assert torch.equal(g(dense_neg, b), f(dense_neg, b))
+    assert _key(g)["fed_replays"] == fed  # both went the copy path

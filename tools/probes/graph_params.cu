@@ -132,6 +132,35 @@ int main() {
     gather<<<8, 256, 0, s>>>(a);
     return cudaPeekAtLastError() != cudaSuccess;
   });
+  // the same on a graph of one tiny node, where the host, not the GPU, sets the pace
+  cudaGraph_t g1;
+  Args t = a;
+  t.count = 1;
+  t.n[0] = 256;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  gather<<<1, 256, 0, s>>>(t);
+  CK(cudaStreamGetCaptureInfo(s, &st, &id, &cg, &deps, &edges, &ndeps));
+  cudaGraphNode_t node1 = deps[0];
+  CK(cudaStreamEndCapture(s, &g1));
+  cudaGraphExec_t ge1;
+  CK(cudaGraphInstantiate(&ge1, g1, 0));
+  CK(cudaGraphKernelNodeGetParams(node1, &kp));
+  void* targs[] = {&t};
+  cudaKernelNodeParams tp = kp;
+  tp.kernelParams = targs;
+  rc |= time("tiny: cudaGraphLaunch", [&](int) { return cudaGraphLaunch(ge1, s) != cudaSuccess; });
+  rc |= time("tiny: SetParams (same) + cudaGraphLaunch", [&](int) {
+    return cudaGraphExecKernelNodeSetParams(ge1, node1, &tp) != cudaSuccess || cudaGraphLaunch(ge1, s) != cudaSuccess;
+  });
+  rc |= time("tiny: SetParams (new src) + cudaGraphLaunch", [&](int i) {
+    t.src[0] = srcs[(i & 7) + 8];
+    return cudaGraphExecKernelNodeSetParams(ge1, node1, &tp) != cudaSuccess || cudaGraphLaunch(ge1, s) != cudaSuccess;
+  });
+  rc |= time("tiny: 2x SetParams (new src) + cudaGraphLaunch", [&](int i) {
+    t.src[0] = srcs[(i & 7) + 8];
+    return cudaGraphExecKernelNodeSetParams(ge1, node1, &tp) != cudaSuccess ||
+           cudaGraphExecKernelNodeSetParams(ge1, node1, &tp) != cudaSuccess || cudaGraphLaunch(ge1, s) != cudaSuccess;
+  });
   int dev = -1;
   rc |= time("cudaGetDevice", [&](int) { return cudaGetDevice(&dev) != cudaSuccess; });
   std::printf("rc %d\n", rc);

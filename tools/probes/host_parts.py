@@ -98,6 +98,21 @@ def main() -> None:
     us["outputs_copy"] = per_call_us(lambda: entry.outputs.result(sig.pads, True))
     us["outputs_alias"] = per_call_us(lambda: aentry.outputs.result(asig.pads, False))
 
+    h = entry.handoff
+    if h is not None:
+        feed = entry.graph.feed
+        us["fed"] = {"random": feed.random}
+        us["handoff_replay_default"] = per_call_us(lambda: h.replay(sig.tensors, True))
+        us["handoff_replay_static_alias"] = per_call_us(lambda: aentry.handoff.replay(asig.tensors, False))
+        us["feed_launch_0_0"] = per_call_us(lambda: feed.launch(0, 0))
+        t = feed.table
+        t[4] = t[5] = t[6] = 0
+        us["feed_set_only_0_0"] = per_call_us(lambda: feed.fn(feed.at, feed.stream()))
+        us["feed_fn_0_0_launch"] = per_call_us(lambda: (t.__setitem__(6, 1), feed.fn(feed.at, feed.stream())))
+        x0 = inputs[0]
+        us["empty_like_contig"] = per_call_us(lambda: feed.empty_like(x0))
+        us["plain_1"] = per_call_us(lambda: feed.plain(x0))
+
     # primitives
     x = inputs[0]
     us["empty_like"] = per_call_us(lambda: torch.empty_like(x))

@@ -95,8 +95,9 @@ class TorchFeed:
         return bool(type(t) is torch.Tensor and t.is_cuda and t.device.index == self.index and _plain_bytes(t))
 
     def plain(self, t: Any) -> bool:
-        """A caller's tensor (per call) whose bytes are its values, in the key's layout."""
-        return bool(t.is_contiguous() and not t.is_neg())
+        """A caller's tensor (per call, with the buffer's shape and strides) whose bytes are its values: no lazy
+        negative bit (a real view such as ``z.conj().imag``); the dtype, never complex here, is the key's."""
+        return not t.is_neg()
 
     def empty_like(self, t: Any) -> Any:
         return torch.empty_like(t, memory_format=torch.contiguous_format)
