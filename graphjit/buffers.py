@@ -327,5 +327,6 @@ class KeyEntry:
         return self.outputs.result(sig.pads, copy)
 
     def release(self) -> None:
+        self.handoff = None  # its feed launches the executable graph reset() frees
         with contextlib.suppress(Exception):
             self.graph.reset()
