@@ -537,7 +537,7 @@ def test_tp_mlp_example_runs_the_custom_all_reduce_in_its_graphs_on_one_gpu():
 
 
 def test_the_pool_size_reading_is_torchs_memory_reserved():
-    from graphjit.backends.torch.graphs import _reserved
+    from graphjit.backends.torch.device import reserved as _reserved
 
     keep = torch.empty(1 << 20, device="cuda")
     assert _reserved(0) == torch.cuda.memory_reserved(0) > 0

@@ -255,3 +255,47 @@ def test_a_lazily_negated_view_is_copied_by_its_values(emu):
     assert dense_neg.is_neg() and dense_neg.is_contiguous()
     assert torch.equal(g(dense_neg, b), f(dense_neg, b))
     assert _key(g)["fed_replays"] == fed  # both went the copy path
+
+
+def test_a_fed_graph_handle_is_freed_as_soon_as_it_is_dropped():
+    """No reference cycle through the replay the feed installs: a dropped graph gives its memory pool back at once,
+    not at the next cyclic collection (tests/test_gpu_torch.py checks the pool itself)."""
+    import gc
+    import weakref
+
+    from graphjit.backends.torch import feed as feed_mod
+    from graphjit.backends.torch.graphs import TorchGraph
+
+    class Graph:
+        def instantiate(self) -> None:
+            pass
+
+        def raw_cuda_graph_exec(self) -> int:
+            return 1
+
+        def replay(self) -> None:
+            pass
+
+        def reset(self) -> None:
+            pass
+
+    class Lib:
+        def feed_layout(self) -> tuple[int, int, int]:
+            return 8 + 6 * 64, 64, 8
+
+        def feed_launch(self, table: int, stream: int) -> int:
+            return 0
+
+    graph = Graph()
+    handle = TorchGraph(graph, 0)
+    feed_mod.attach(handle, graph, Lib(), 1, 2, 0)
+    assert handle.feed is not None and handle.replay == handle.feed.replay_by_torch
+    gone = weakref.ref(handle)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        del handle
+        assert gone() is None
+    finally:
+        if was:
+            gc.enable()

@@ -54,11 +54,12 @@ def attach(handle: Any, graph: Any, lib: Any, in_node: int, out_node: int, index
     ``keep_graph``) its feed; a torch without ``instantiate`` or ``raw_cuda_graph_exec`` gives none."""
     try:
         graph.instantiate()
-        handle.feed = TorchFeed(lib, graph, int(graph.raw_cuda_graph_exec()), in_node, out_node, index)
+        feed = TorchFeed(lib, graph, int(graph.raw_cuda_graph_exec()), in_node, out_node, index)
     except Exception as exc:
         log.debug("graphjit: no feed for this graph: %s", exc)
         return
-    handle.replay = handle._fed_replay
+    handle.feed = feed
+    handle.replay = feed.replay_by_torch  # the feed's method, not the handle's: no reference cycle keeps the pool
 
 
 def generator_offset(index: int) -> int | None:

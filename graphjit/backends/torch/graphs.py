@@ -52,13 +52,10 @@ class TorchGraph(GraphHandle):
     """One captured ``CUDAGraph``; ``feed``: its feed nodes (:mod:`.feed`), which every replay by torch first
     sets to copy nothing."""
 
-    def __init__(self, graph: Any, pool_bytes: int, feed: Any = None) -> None:
+    def __init__(self, graph: Any, pool_bytes: int) -> None:
         self._graph = graph
         self.pool_bytes = pool_bytes
-        self.feed = feed
-        if feed is not None:
-            self.replay = self._fed_replay  # type: ignore[method-assign]
-            return
+        self.feed = None  # set by feed.attach, with the replay that clears the feed first
         replay = graph.replay
         raw = getattr(torch._C, "_CUDAGraph", None)
         if raw is not None and isinstance(graph, raw) and getattr(graph, "_tracker", None) is None \
@@ -70,9 +67,6 @@ class TorchGraph(GraphHandle):
 
     def replay(self) -> None:
         self._graph.replay()
-
-    def _fed_replay(self) -> None:
-        self.feed.replay_by_torch()
 
     def reset(self) -> None:
         self.feed = None
