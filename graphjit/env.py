@@ -64,7 +64,8 @@ VARIABLES: tuple[Variable, ...] = (
              "the GPU, milliseconds per call), so that the multi-process path can be tested on a 1-GPU machine. "
              "Set it alike on every rank; never in production."),
     Variable("GRAPHJIT_BATCH_COPY", "choice:auto|on|off", "auto",
-             "How a replay copies inputs in and outputs out: auto copies several tensors in one launch of "
+             "How a replay copies inputs in and outputs out: auto gives a torch graph feed nodes (its own batch "
+             "copies of the call's inputs and outputs, set per launch) and copies several tensors in one launch of "
              "graphjit's batch copy kernel (csrc) where its library is built, and builds it once in the background "
              "(nvcc) at the first capture where it is not; on also builds it, at once; off always uses the "
              "framework's copies."),
