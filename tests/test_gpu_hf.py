@@ -45,6 +45,8 @@ def test_static_cache_decode_equals_eager(llama, tracer, batch):
     assert worst < 1e-4, worst
     s = fn.stats()
     assert s["graphs"] == 1 and s["replays"] >= 60 and not s["fallbacks"], fn.report()
+    (key,) = s["keys"]
+    assert key["fed_replays"] == key["replays"] - 1, key  # the graph copied each step's tensors in and out itself
 
 
 def test_dynamic_cache_decode_equals_eager_and_says_why_it_is_uncaptured(llama):
