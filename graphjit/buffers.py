@@ -306,6 +306,8 @@ class KeyEntry:
                     inputs.store_back(sig.tensors)
                 st = self.stats
                 st.replays += 1
+                if not st.fed_replays:  # the first: who launches (decided at the graph's first replay by torch)
+                    st.feed = handoff.launcher()
                 st.fed_replays += 1
                 st.input_copies += handoff.copies - before
                 st.copy_backs = inputs.copy_backs

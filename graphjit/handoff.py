@@ -184,6 +184,11 @@ class Handoff:
             return self.outputs.tensors[0] if self.single_own else outs[0]
         return self.rebuild(outs)
 
+    def launcher(self) -> str:
+        """Who launches the graph: ``"torch"`` where its replays draw random numbers (the framework adds their
+        offsets), else ``"library"``."""
+        return "torch" if getattr(self.feed, "random", False) else "library"
+
     def _inside_owned(self, p: int) -> bool:
         """The address ``p`` lies inside one of graphjit's own input buffers (read while another is written)."""
         k = bisect.bisect_right(self.owned_starts, p) - 1

@@ -40,6 +40,7 @@ class KeyStats:
     input_copies: int = 0
     copy_backs: int = 0
     fed_replays: int = 0  # replays whose graph copied the call's tensors itself (handoff.py)
+    feed: str | None = None  # who launches them: "library", "torch" (random numbers drawn), None (no feed)
     reason: str | None = None  # short: the reason its calls are counted under
     detail: str | None = None  # the full message (what happened and what to do)
     verify: str | None = None  # "passed", "off", "failed" or "skipped: why"
@@ -64,6 +65,7 @@ class KeyStats:
             "input_copies": self.input_copies,
             "copy_backs": self.copy_backs,
             "fed_replays": self.fed_replays,
+            "feed": self.feed,
             "reason": self.reason,
             "detail": self.detail,
             "verify": self.verify,

@@ -57,6 +57,7 @@ def test_fresh_inputs_each_call_are_copied_in_and_out_by_the_graph(emu):
     # every replay but the capturing call's (its verify replays by copies) went through the feed nodes
     assert entry.handoff is not None and entry.graph.feed.launches == key["fed_replays"] == key["replays"] - 1 >= 4
     assert key["input_copies"] >= 3 * key["fed_replays"]
+    assert key["feed"] == "library"
 
 
 def test_static_inputs_and_alias_outputs_copy_nothing(emu):

@@ -184,7 +184,10 @@ class DecodeRunner:
                 status, details = _graphed_status(obj.stats(), self.on_gpu)
                 out.setdefault("graphed_status", {})[obj.graphjit_options.outputs] = {
                     "status": status, "captured": details["captured"],
-                    "fallback_reasons": details.get("fallback_reasons", [])}
+                    "fallback_reasons": details.get("fallback_reasons", []),
+                    # which path its replays took: the graph's own copies (handoff.py) or the copies around it
+                    "keys": [{k: key.get(k) for k in ("replays", "fed_replays", "feed")}
+                             for key in obj.stats().get("keys", [])]}
         self.release(keep)
         self._free()
         return out
