@@ -131,7 +131,8 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         executed = False
         try:
             after_capture(req, before, where, values, rescan)
-            guard = guards.GuardSet(values, req.tracer_guard(statics.args, statics.kwargs)) if values is not None \
+            guard = guards.GuardSet(values, req.tracer_guard(statics.args, statics.kwargs),
+                                    gated=b.counts_rebinds) if values is not None \
                 else None
             if guard is not None:
                 st.guards = guard.size

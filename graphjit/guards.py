@@ -12,14 +12,17 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   it is bound to (``self``, a graphed Layer/Module object), a callable object's attributes, and the
   Layer/Module objects passed as arguments (keyed by identity); from there, containers (lists, tuples,
   dicts) and object attributes (``__dict__``, ``__slots__``): submodules, configs, optimizers and their
-  ``param_groups``, schedulers.  Tensors are not values: they are captured by address.
+  ``param_groups``, schedulers.  Tensors are captured by address; those a Module holds are held (below).
 * **Which values**: numbers, bools, strings, bytes, ``None``, enum members, other hashable atoms without
   attributes (``torch.dtype``, ``torch.device``), and tuples of these, compared by ``==``, sets by a frozen copy of
   their contents, tuples of these and of objects item by item (:mod:`graphjit.guardable`); and, by identity,
   the objects held in attributes, closure cells and globals (a function, a submodule, a config object: a
-  rebound one is another graph's); class attributes the instances do not shadow.  Not: the entries of a
-  Module's ``_parameters`` / ``_buffers`` (captured by address), lists and dicts of more than
-  :data:`MAX_ITEMS` items (lookup tables).
+  rebound one is another graph's); class attributes the instances do not shadow; the entries of a
+  Module's ``_parameters`` / ``_buffers`` the code names, by identity (*held* tensors: the graph reads them at
+  their addresses, so a rebound one, ``m.b = new_tensor``, is another graph's), compared only after the framework
+  said one of its modules rebound a parameter or buffer (:func:`note_rebind`, torch's registration hooks; always
+  where the framework cannot say: Paddle).  Not: lists and dicts of more than :data:`MAX_ITEMS` items (lookup
+  tables); a tensor's storage replaced in place (``p.data = ...``, ``module.half()``).
 * **Which names**: every attribute step of a value's path must be named by code the call may run
   (:mod:`graphjit.names`: the function's code, the functions reached above, and the code its last warmup call
   ran as Python, per object: the code that took that object as an argument; where that run is unknown the
@@ -69,6 +72,16 @@ WRITES = "writes a Python value on every call"
 """The reason of a key whose function changes a guarded value itself (a replay would not)."""
 
 
+_REBINDS = [0]
+"""How many times a framework said one of its modules rebound a parameter or buffer (:func:`note_rebind`)."""
+
+
+def note_rebind(*_args: Any) -> None:
+    """A module of a framework rebound a parameter or buffer (a registration hook: returns None, changing nothing):
+    every graph's held tensors are compared again before its next replay."""
+    _REBINDS[0] += 1
+
+
 def same(a: Any, b: Any) -> bool:
     """``a is b or a == b``, False where the comparison raises or gives no truth value (arrays, tensors)."""
     if a is b:
@@ -98,6 +111,7 @@ class Scan:
     names: set[str] = field(default_factory=set)
     truncated: bool = False
     renewed: tuple[tuple[type, str], ...] = ()  # (type, attribute) the framework renews every call: not values
+    held: dict[int, _Box] = field(default_factory=dict)  # a Module's parameter and buffer dicts: tensors by identity
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
         if owner is not None and self.renewed and any(key == n and isinstance(owner, t) for t, n in self.renewed):
@@ -107,13 +121,20 @@ class Scan:
             box = self.boxes[id(container)] = _Box(container, kind, owner=owner)
         box.entries.setdefault(key, (snapshot(value), path))
 
-    def values(self) -> dict[tuple[int, Any], tuple[Any, Path]]:
+    def hold(self, container: Any, key: Any, value: Any, path: Path) -> None:
+        """A tensor (or None) a Module holds in its parameter or buffer dict ``container``: compared by identity."""
+        box = self.held.get(id(container))
+        if box is None:
+            box = self.held[id(container)] = _Box(container, "item")
+        box.entries.setdefault(key, (value, path))
+
+    def values(self, held: bool = False) -> dict[tuple[int, Any], tuple[Any, Path]]:
         """``(id(container), key) -> (value, path)`` of every candidate whose path's attribute steps are all named
         by code the function may run (a closure variable's or global's own name always counts, and so does
-        a dict key: it may come from a variable)."""
+        a dict key: it may come from a variable); ``held``: of the held tensors instead."""
         names = self.names
         out: dict[tuple[int, Any], tuple[Any, Path]] = {}
-        for cid, box in self.boxes.items():
+        for cid, box in (self.held if held else self.boxes).items():
             prefix: Path | None = None  # the entries of a box share their container's path: checked once
             named = False
             for key, vp in box.entries.items():
@@ -273,10 +294,14 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     stack.append((child, (*path, ("[]", i)), depth + 1, None))
             continue
         if isinstance(obj, dict):
-            big = len(obj) > MAX_ITEMS or (len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding)
+            holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding
+            big = len(obj) > MAX_ITEMS or holder
             for k, child in list(obj.items()):
                 if keys_of is not None and k not in keys_of:
                     continue  # a submodule (parameter, buffer) no code of the call names
+                if holder and (child is None or is_tensor(child)):
+                    out.hold(obj, k, child, (*path, ("[]", k)))
+                    continue
                 if (guardable(child) or by_identity(child, is_tensor)) and not big:
                     out.add(obj, "item", k, child, (*path, ("[]", k)))
                 if not guardable(child):
@@ -342,9 +367,11 @@ class GuardSet:
     they hold, else what failed.
     """
 
-    __slots__ = ("containers", "expected", "extra", "getters", "keys", "paths")
+    __slots__ = ("containers", "expected", "extra", "gated", "getters", "held", "keys", "paths", "seen")
 
-    def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None) -> None:
+    def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False) -> None:
+        """``gated``: the framework counts its modules' rebinding of parameters and buffers (:func:`note_rebind`),
+        so the held tensors are compared only after the count moved; else before every replay."""
         chosen = scan_.values()
         by_box: dict[int, list[Any]] = {}
         for cid, key in chosen:
@@ -367,9 +394,21 @@ class GuardSet:
             self.paths.append([chosen[(cid, k)][1] for k in keys])
             self.expected.append(expected)
         self.extra = extra
+        # held tensors: (container, key, path, the tensor or None at capture: kept, so its address stays its own)
+        held = scan_.values(held=True)
+        self.held = [(scan_.held[cid].container, key, path, value) for (cid, key), (value, path) in held.items()]
+        self.gated = gated
+        self.seen = _REBINDS[0]
 
     def __len__(self) -> int:
-        return sum(len(k) for k in self.keys)
+        return sum(len(k) for k in self.keys) + len(self.held)
+
+    def _held_same(self) -> bool:
+        """Every held tensor is the one the graph was captured with."""
+        try:
+            return all(c[k] is v for c, k, _p, v in self.held)
+        except Exception:  # an entry deleted
+            return False
 
     @property
     def size(self) -> tuple[int, int]:
@@ -380,12 +419,18 @@ class GuardSet:
         return self.getters[i](self.containers[i])
 
     def holds(self) -> bool:
-        """True while every guarded value is what it was at capture (the replay path: one pass)."""
+        """True while every guarded value is what it was at capture (the replay path: one pass; the held tensors
+        only where a module rebound one since they were last found the same, or where that is not counted)."""
         try:
             if list(map(operator.call, self.getters, self.containers)) != self.expected:
                 return False
         except Exception:  # a guarded entry was deleted (KeyError, IndexError, AttributeError)
             return False
+        if self.held and (not self.gated or _REBINDS[0] != self.seen):
+            count = _REBINDS[0]
+            if not self._held_same():
+                return False
+            self.seen = count
         return self.extra is None or self.extra() is None
 
     def differences(self) -> Iterator[tuple[str, str, str]]:
@@ -400,6 +445,14 @@ class GuardSet:
                     continue
                 if not same(now, want[j]):
                     yield describe(self.paths[i][j]), _show(want[j]), _show(now)
+        for c, k, path, was in self.held:
+            try:
+                now = c[k]
+            except Exception:
+                yield describe(path), _tensor(was), "(deleted)"
+                continue
+            if now is not was:
+                yield describe(path), _tensor(was), _tensor(now)
 
     def change(self) -> tuple[str, str, str] | None:
         """``(path, old, new)`` of the first guarded value that differs, else of the tracer's failed guard."""
@@ -422,6 +475,8 @@ class GuardSet:
         try:
             now = tuple(_each(hashable, got, len(keys))
                         for got, keys in zip(map(operator.call, self.getters, self.containers), self.keys))
+            if self.held:  # by identity: the graph of the new tensors holds them, so no other object takes their ids
+                now = (*now, tuple((type(v), id(v)) for v in (c[k] for c, k, _p, _v in self.held)))
             hash(now)
         except Exception:
             return None
@@ -486,6 +541,13 @@ def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
         if box is not None and key not in box.entries:  # deleted, or now a value no guard compares
             out.append((describe(path), _show(value), "(deleted)"))
     return out
+
+
+def _tensor(v: Any) -> str:
+    """A held tensor for a reason: its type, shape and identity (never its values: that could read the GPU)."""
+    if v is None:
+        return "None"
+    return f"<{type(v).__name__} {list(getattr(v, 'shape', ()))} at {id(v):#x}>"
 
 
 def _show(v: Any) -> str:

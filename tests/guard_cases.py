@@ -379,12 +379,51 @@ def nested_tuple_rebound(device: str) -> Case:
     return Case(step, lambda i: (xs[i],), before, calls=14)
 
 
+class _Buffered(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.register_buffer("gain", torch.ones(16))
+
+    def forward(self, x):
+        return self.lin(x) * self.gain
+
+
+def rebound_buffer(device: str) -> Case:
+    """A registered buffer rebound to another tensor (``m.gain = t``: what re-registering a cache does), then back:
+    the graph reads the buffer at its address, so a rebound one is another graph's."""
+    torch.manual_seed(0)
+    m = _Buffered().to(device)
+    ones, doubled = m.gain, torch.full((16,), 2.0, device=device)
+    xs = _xs(device, 14, (4, 16))
+
+    def before(i):
+        m.gain = doubled if 4 <= i < 9 else ones
+
+    return Case(m, lambda i: (xs[i],), before, lambda: [m.gain], calls=14)
+
+
+def rebound_parameter(device: str) -> Case:
+    """A submodule's weight replaced by a new Parameter (weights swapped in by hand), then the old one put back."""
+    torch.manual_seed(0)
+    m = _Parent().to(device)
+    old = m.child.lin.weight
+    new = torch.nn.Parameter(torch.randn(16, 16, generator=_gen(device, 7), device=device) / 4)
+
+    def before(i):
+        m.child.lin.weight = new if 4 <= i < 9 else old
+
+    xs = _xs(device, 14, (4, 16))
+    return Case(m, lambda i: (xs[i],), before, lambda: [m.child.lin.weight], calls=14)
+
+
 VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item, "slice_bound": slice_bound,
           "dict_item": dict_item, "set_closure": set_closure, "set_attribute": set_attribute,
           "set_in_argument": set_in_argument, "set_in_tuple": set_in_tuple, "tuple_rebound": tuple_rebound,
           "set_of_functions": set_of_functions, "dict_of_functions": dict_of_functions,
           "swapped_submodule": swapped_submodule, "submodule_attribute": submodule_attribute,
-          "dataclass_rebound": dataclass_rebound, "nested_tuple_rebound": nested_tuple_rebound}
+          "dataclass_rebound": dataclass_rebound, "nested_tuple_rebound": nested_tuple_rebound,
+          "rebound_buffer": rebound_buffer, "rebound_parameter": rebound_parameter}
 
 
 # -- training loops as users write them --------------------------------------------------------------------

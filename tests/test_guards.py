@@ -360,4 +360,42 @@ def test_an_attribute_counts_when_code_reads_it_off_that_object(emu):
     st = g.stats()
     assert st["graphs"] == 2 and not st["fallbacks"], g.report()
     paths = [k["guarded_values"] for k in st["keys"] if k["state"] == "replay"]
-    assert paths and max(paths) <= 12, g.report()
+    assert paths and max(paths) <= 12 + 6, g.report()  # and the 3 Linears' weight and bias, held by identity
+
+
+def test_held_tensors_are_compared_only_after_a_module_rebound_one(emu, monkeypatch):
+    """A Module's parameters and buffers are held by identity, and compared before a replay only after torch's
+    registration hooks said some module rebound one: an in-place update costs no comparison."""
+    m = cases._Buffered()
+    g = graphjit.graphed(m)
+    xs = [torch.randn(4, 16) for _ in range(8)]
+    compared: list[int] = []
+    real = guards.GuardSet._held_same
+    monkeypatch.setattr(guards.GuardSet, "_held_same", lambda self: compared.append(1) or real(self))
+    with torch.no_grad():
+        for i, x in enumerate(xs):
+            m.gain.mul_(1.5)  # in place: the same tensor, no rebinding
+            assert torch.equal(g(x), m(x)), i
+        assert not compared and g.stats()["graphs"] == 1
+        m.gain = m.gain * 2  # rebound: the graph of the old tensor no longer serves
+        assert torch.equal(g(xs[0]), m(xs[0]))
+        assert compared
+    assert g.stats()["keys"][0]["guarded_values"] >= 3  # lin.weight, lin.bias and gain
+
+
+def test_held_tensors_are_compared_on_every_call_where_rebinding_is_not_counted(emu, monkeypatch):
+    monkeypatch.setattr(type(emu), "counts_rebinds", False)  # as Paddle: no registration hooks
+    st, g = _check(cases.rebound_buffer)
+    assert st["graphs"] >= 2, g.report()
+
+
+def test_a_buffer_rebound_on_every_call_runs_uncaptured_naming_it(emu):
+    m = cases._Buffered()
+    g = graphjit.graphed(m)
+    with torch.no_grad():
+        for i in range(12):
+            m.gain = torch.full((16,), float(i))
+            x = torch.randn(4, 16)
+            assert torch.equal(g(x), m(x)), i
+    st = g.stats()
+    assert any(r == f"{guards.REASON}: self.gain" for r in st["fallbacks"]), g.report()

@@ -142,6 +142,9 @@ class Backend(abc.ABC):
     name: str = "base"
     tracers: tuple[str, ...] = ("eager",)
     default_tracer: str = "eager"
+    counts_rebinds: bool = False
+    """The framework tells :func:`graphjit.guards.note_rebind` whenever one of its modules rebinds a parameter or
+    buffer (then a replay compares the tensors a graph holds only after that happened)."""
     poisoned: str | None = None
     """Set when the framework cannot run GPU work any more in this process (the reason, for users)."""
     checked_tracers: tuple[str, ...] = ()

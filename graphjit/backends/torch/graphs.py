@@ -25,6 +25,7 @@ from ...feeds import StepContext
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, Segments, collector_paused, segments_open
 from . import device as cuda_device
 from . import feed as feed_mod
+from . import rebinds
 from .breaks import dynamo_off, shield
 from .recovery import recover
 from .syncs import SyncWatcher
@@ -155,6 +156,7 @@ class TorchBackend(Backend):
 
     def __init__(self) -> None:
         shield()
+        self.counts_rebinds = rebinds.count_rebinds()
         self._streams: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._unavailable: dict[str, str | None] = {}
