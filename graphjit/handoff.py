@@ -14,7 +14,8 @@ Guarantees: a call it serves acts as the copy-in, replay, copy-out path of :clas
 would: the same bytes in the static inputs before the graph's first node reads them, the same fresh outputs, on
 the current stream.  It serves a call only where that is plain: every adopted input at its buffer's address and
 layout, every tensor passed twice passed as one tensor, every moved input with its buffer's strides (dense: the
-buffers are), its bytes its values and outside graphjit's own buffers, every static output still at its address.
+buffers are; a size-1 dim's stride aside), its bytes its values and outside graphjit's own buffers, every static
+output still at its address.
 Anything else (and a library that refuses the call) it leaves to the copy path, which keeps its own checks
 (:class:`~graphjit.buffers.InputMoved` and the rest): :meth:`Handoff.replay` then returns :data:`NOT_SERVED` having
 launched nothing.
@@ -100,8 +101,9 @@ class Handoff:
         self.adopted_ptrs = inputs.adopted_ptrs
         self.aliases = list(inputs.alias_pairs)
         skip = inputs.aliases
-        # inputs copied in when moved: (index, buffer, its address, its strides, its bytes)
-        self.moved = [(i, st, inputs.ptrs[i], inputs.strides[i], backend.nbytes(st))
+        # inputs copied in when moved: (index, buffer, its address, its strides, its bytes, its dims of size > 1)
+        self.moved = [(i, st, inputs.ptrs[i], inputs.strides[i], backend.nbytes(st),
+                       [d for d, n in enumerate(inputs.shapes[i]) if n > 1])
                       for i, st in enumerate(statics) if not inputs.adopted[i] and i not in skip]
         self.owned_starts, self.owned_ends = inputs.owned_starts, inputs.owned_ends
         self.outputs = outputs
@@ -144,13 +146,14 @@ class Handoff:
         table, plain = self.table, self.plain
         dst_at, src_at, bytes_at = self.in_dst, self.in_src, self.in_bytes
         k = 0
-        for i, static, sp, ss, nbytes in self.moved:
+        for i, static, sp, ss, nbytes, wide in self.moved:
             t = tensors[i]
             if t is static:
                 continue
             p = ptr(t)
-            if stride(t) != ss:  # the key's shape with the dense buffer's strides: its bytes in the buffer's layout
-                return NOT_SERVED
+            st = stride(t)
+            if st != ss and any(st[d] != ss[d] for d in wide):
+                return NOT_SERVED  # not the dense buffer's layout (strides of size-1 dims do not count)
             if p == sp:
                 continue  # the buffer itself, as another tensor object
             if not p or not plain(t) or p in self.adopted_ptrs or self._inside_owned(p):

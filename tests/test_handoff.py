@@ -300,3 +300,91 @@ def test_a_fed_graph_handle_is_freed_as_soon_as_it_is_dropped():
     finally:
         if was:
             gc.enable()
+
+
+def test_a_size_one_dim_with_another_stride_is_still_fed(emu):
+    def f(ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return ids * w
+
+    g = graphjit.graphed(f)
+    w = torch.randn(1, 8)
+    for _ in range(3):
+        g(torch.randn(1, 8), w)
+    fed = _key(g)["fed_replays"]
+    wide = torch.randn(3, 16)
+    last = wide[1:2, 8:]  # shape (1, 8), strides (16, 1): dense all the same
+    assert last.stride() != (8, 1)
+    assert torch.equal(g(last, w), f(last, w))
+    assert _key(g)["fed_replays"] == fed + 1
+
+
+class _Graph:
+    """A stand-in of torch's CUDAGraph for the feed's bookkeeping (no GPU here)."""
+
+    def __init__(self) -> None:
+        self.instantiated = 0
+        self.replays = 0
+        self.was_reset = False
+
+    def instantiate(self) -> None:
+        self.instantiated += 1
+
+    def raw_cuda_graph_exec(self) -> int:
+        return 100 + self.instantiated
+
+    def replay(self) -> None:
+        self.replays += 1
+
+    def reset(self) -> None:
+        self.was_reset = True
+
+
+class _Lib:
+    def __init__(self, status: int = 0) -> None:
+        self.status = status
+        self.calls = 0
+
+    def feed_layout(self) -> tuple[int, int, int]:
+        return 8 + 12 * 64 + 2, 64, 8
+
+    def feed_launch(self, table: int, stream: int) -> int:
+        self.calls += 1
+        return self.status
+
+    def last_error(self) -> str:
+        return "the stand-in refused"
+
+
+def _fed_handle(lib: Any) -> tuple[Any, Any]:
+    from graphjit.backends.torch import feed as feed_mod
+    from graphjit.backends.torch.graphs import TorchGraph
+
+    graph = _Graph()
+    handle = TorchGraph(graph, 0)
+    feed_mod.attach(handle, graph, lib, 1, 2, 0)
+    handle.feed.stream = lambda: 0
+    handle.feed.random = False
+    return handle, graph
+
+
+def test_a_reset_graph_no_longer_hands_its_table_to_the_library():
+    handle, graph = _fed_handle(_Lib())
+    feed = handle.feed
+    feed.dirty = True
+    handle.reset()
+    assert handle.feed is None and feed.table[0] == 0 and not feed.dirty and graph.was_reset
+    handle.replay()  # torch's own replay now (a real one raises its own error on a reset graph)
+    assert graph.replays == 1
+
+
+def test_nodes_that_cannot_be_cleared_are_instantiated_again():
+    lib = _Lib()
+    handle, graph = _fed_handle(lib)
+    feed = handle.feed
+    assert feed.launch(2, 1) == 0 and feed.dirty
+    start = feed.header + 6 * feed.entries
+    feed.table[start] = 3  # what the library remembers of the nodes' last settings
+    lib.status = 2  # the library cannot set them now
+    handle.replay()
+    assert graph.instantiated == 2 and feed.table[0] == 102 and not feed.dirty
+    assert feed.table[start] == 0 and graph.replays == 1

@@ -107,10 +107,10 @@ class Library:
         fast = ctypes.PyDLL(str(self.path)).gj_copy_batch
         fast.argtypes, fast.restype = _SIGNATURES["gj_copy_batch"]
         self.copy_batch = fast
-        # A replay that hands the graph its own copies' pointers (graphjit.handoff): feed_launch(table, stream).
-        feed = ctypes.PyDLL(str(self.path)).gj_feed_launch
-        feed.argtypes, feed.restype = _SIGNATURES["gj_feed_launch"]
-        self.feed_launch = feed
+        # A replay that hands the graph its own copies' pointers (graphjit.handoff): feed_launch(table, stream).  Called
+        # releasing the GIL, as torch's own replay does: a launch blocks while the launch queue is full, and the work
+        # ahead of it may wait on another Python thread.
+        self.feed_launch = dll.gj_feed_launch
 
     # -- errors --------------------------------------------------------------------------------
     def last_error(self) -> str:

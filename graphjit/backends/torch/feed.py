@@ -124,16 +124,37 @@ class TorchFeed:
         return str(self.lib.last_error() or f"status {status}")
 
     def before_replay(self) -> None:
-        """Before a replay by torch: the nodes copy nothing (raises where the library cannot set them)."""
+        """Before a replay by torch: the nodes copy nothing.  Where the library cannot set them, the executable
+        graph is instantiated again from the captured one (whose nodes copy nothing); raises where that fails
+        too."""
         if self.dirty:
             table = self.table
             table[4] = table[5] = table[6] = 0
             rc = int(self.fn(self.at, self.stream()))
             if rc:
-                from ...errors import GraphjitError
+                why = self.why(rc)
+                try:
+                    self.graph.instantiate()
+                    table[0] = int(self.graph.raw_cuda_graph_exec())
+                except Exception as exc:
+                    from ...errors import GraphjitError
 
-                raise GraphjitError(f"graphjit: could not clear a graph's feed nodes before its replay: {self.why(rc)}")
+                    raise GraphjitError(f"graphjit: could not clear a graph's feed nodes before its replay: {why}; "
+                                        f"instantiating it again failed too: {exc}") from exc
+                self._forget()
+                log.info("graphjit: a graph's feed nodes could not be cleared (%s): instantiated again", why)
             self.dirty = False
+
+    def retire(self) -> None:
+        """The executable graph is being freed: the library refuses this table from now on."""
+        self.table[0] = 0
+        self.dirty = False
+
+    def _forget(self) -> None:
+        """What the library remembers of the nodes' last settings no longer holds (a fresh executable)."""
+        start = self.header + 6 * self.entries
+        self.table[start] = 0
+        self.table[start + 1 + 3 * self.entries] = 0
 
     def replay_by_torch(self) -> None:
         """A replay by torch (:meth:`before_replay` first); the first one tells whether the graph draws random

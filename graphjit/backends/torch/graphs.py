@@ -70,7 +70,10 @@ class TorchGraph(GraphHandle):
         self._graph.replay()
 
     def reset(self) -> None:
-        self.feed = None
+        feed, self.feed = self.feed, None
+        if feed is not None:  # its table names the executable reset() frees: the library refuses it from now on
+            feed.retire()
+            self.replay = self._graph.replay  # type: ignore[method-assign]  # torch's own error on a reset graph
         self._graph.reset()
 
     def dump(self, path: Path) -> None:
