@@ -64,9 +64,9 @@ class Feed(Protocol):
     def usable(self, t: Any) -> bool:
         """A fixed buffer the nodes may copy (dense memory of the graph's GPU); asked once per key."""
 
-    def plain(self, t: Any) -> bool:
-        """A caller's tensor (with the key's shape and a dense buffer's strides) whose bytes are its values (no lazy
-        negation); asked per call."""
+    negated: Callable[[Any], bool]
+    """True for a caller's tensor whose bytes are not its values (a lazy negation); asked per call, so a C function
+    where the framework has one."""
 
     def empty_like(self, t: Any) -> Any:
         """A new dense tensor like ``t`` for an output."""
@@ -82,15 +82,15 @@ class Handoff:
     """The plan of one key's replays through its graph's feed nodes (see the module docstring)."""
 
     __slots__ = ("adopted", "adopted_ptrs", "aliases", "broken", "copies", "empty", "failures", "feed", "fresh",
-                 "in_bytes", "in_dst", "in_src", "moved", "out_dst", "outputs", "owned_ends", "owned_starts", "plain",
-                 "ptr", "rebuild", "single_own", "stride", "table")
+                 "in_bytes", "in_dst", "in_src", "moved", "negated", "out_dst", "outputs", "owned_ends", "owned_starts",
+                 "ptr", "rebuild", "seen", "single_own", "stride", "table")
 
     def __init__(self, backend: Backend, feed: Feed, inputs: StaticInputs, outputs: StaticOutputs) -> None:
         self.feed = feed
         self.table = feed.table
         self.ptr: Callable[[Any], int] = backend.data_ptr
         self.stride: Callable[[Any], Any] = backend.strides
-        self.plain = feed.plain
+        self.negated: Callable[[Any], bool] = feed.negated
         self.empty = feed.empty_like
         h, m = feed.header, feed.entries
         self.in_dst, self.in_src, self.in_bytes = h, h + m, h + 2 * m
@@ -106,6 +106,9 @@ class Handoff:
                        [d for d, n in enumerate(inputs.shapes[i]) if n > 1])
                       for i, st in enumerate(statics) if not inputs.adopted[i] and i not in skip]
         self.owned_starts, self.owned_ends = inputs.owned_starts, inputs.owned_ends
+        # per moved input, the source address its last served call came from (found outside graphjit's buffers and
+        # the adopted ones, which never move for a key): the same address again needs no second look
+        self.seen = [0] * len(self.moved)
         self.outputs = outputs
         # outputs copied out: the fixed side of each entry written once, here
         self.fresh = [(t, self.ptr(t)) for t in outputs.fresh]
@@ -143,10 +146,10 @@ class Handoff:
         for i, o in self.aliases:
             if tensors[i] is not tensors[o]:
                 return NOT_SERVED
-        table, plain = self.table, self.plain
+        table, negated, seen = self.table, self.negated, self.seen
         dst_at, src_at, bytes_at = self.in_dst, self.in_src, self.in_bytes
         k = 0
-        for i, static, sp, ss, nbytes, wide in self.moved:
+        for j, (i, static, sp, ss, nbytes, wide) in enumerate(self.moved):
             t = tensors[i]
             if t is static:
                 continue
@@ -156,8 +159,12 @@ class Handoff:
                 return NOT_SERVED  # not the dense buffer's layout (strides of size-1 dims do not count)
             if p == sp:
                 continue  # the buffer itself, as another tensor object
-            if not p or not plain(t) or p in self.adopted_ptrs or self._inside_owned(p):
+            if negated(t):
                 return NOT_SERVED
+            if p != seen[j]:  # an address this input did not come from last time: where is it?
+                if not p or p in self.adopted_ptrs or self._inside_owned(p):
+                    return NOT_SERVED
+                seen[j] = p
             table[dst_at + k] = sp
             table[src_at + k] = p
             table[bytes_at + k] = nbytes

@@ -73,7 +73,8 @@ def generator_offset(index: int) -> int | None:
 class TorchFeed:
     """The feed nodes of one captured graph and the table :func:`gj_feed_launch` reads (see ``csrc``)."""
 
-    __slots__ = ("at", "dirty", "entries", "fn", "graph", "header", "index", "lib", "random", "stream", "table")
+    __slots__ = ("at", "dirty", "entries", "fn", "graph", "header", "index", "lib", "negated", "random", "stream",
+                 "table")
 
     def __init__(self, lib: Any, graph: Any, exec_handle: int, in_node: int, out_node: int, index: int) -> None:
         words, entries, header = lib.feed_layout()
@@ -88,6 +89,9 @@ class TorchFeed:
         self.index = index
         self.stream = functools.partial(cuda_device.current_stream, index)
         self.random: bool | None = None  # the graph advances the generator (None: not known before a torch replay)
+        # a caller's tensor whose bytes are not its values: torch's lazy negative bit (a real view such as
+        # ``z.conj().imag``); the dtype, never complex here, is the key's.  The C method itself: no Python frame
+        self.negated = torch.Tensor.is_neg
         self.dirty = False  # the nodes hold a call's pointers
 
     # -- what a feed may copy ----------------------------------------------------------------
@@ -95,10 +99,6 @@ class TorchFeed:
         """A fixed buffer (a static input or output) the nodes may copy: dense CUDA memory of this GPU."""
         return bool(type(t) is torch.Tensor and t.is_cuda and t.device.index == self.index and _plain_bytes(t))
 
-    def plain(self, t: Any) -> bool:
-        """A caller's tensor (per call, with the buffer's shape and strides) whose bytes are its values: no lazy
-        negative bit (a real view such as ``z.conj().imag``); the dtype, never complex here, is the key's."""
-        return not t.is_neg()
 
     def empty_like(self, t: Any) -> Any:
         return torch.empty_like(t, memory_format=torch.contiguous_format)
