@@ -108,7 +108,7 @@ class Handoff:
         self.owned_starts, self.owned_ends = inputs.owned_starts, inputs.owned_ends
         # per moved input, the source address its last served call came from (found outside graphjit's buffers and
         # the adopted ones, which never move for a key): the same address again needs no second look
-        self.seen = [0] * len(self.moved)
+        self.seen = [-1] * len(self.moved)  # -1: none yet (a null address is never served)
         self.outputs = outputs
         # outputs copied out: the fixed side of each entry written once, here
         self.fresh = [(t, self.ptr(t)) for t in outputs.fresh]

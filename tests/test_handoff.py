@@ -388,3 +388,18 @@ def test_nodes_that_cannot_be_cleared_are_instantiated_again():
     handle.replay()
     assert graph.instantiated == 2 and feed.table[0] == 102 and not feed.dirty
     assert feed.table[start] == 0 and graph.replays == 1
+
+
+def test_an_empty_input_is_served_and_a_null_address_never_is(emu):
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a.sum() + b
+
+    g = graphjit.graphed(f)
+    b = torch.randn(3)
+    for _ in range(3):
+        g(torch.randn(0, 4), b)
+    entry = _entry(g)
+    z = torch.zeros(0, 4)
+    assert torch.equal(g(z, b), f(z, b))
+    for _ in range(2):  # its address (null or not) is looked at each time it is new, never taken on trust
+        assert entry.handoff.seen[0] != 0
