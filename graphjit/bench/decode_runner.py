@@ -182,12 +182,14 @@ class DecodeRunner:
         for obj in keep:
             if hasattr(obj, "graphjit_options"):
                 status, details = _graphed_status(obj.stats(), self.on_gpu)
-                out.setdefault("graphed_status", {})[obj.graphjit_options.outputs] = {
+                stats = obj.stats()  # one entry per graphed function: its name and outputs mode
+                label = f"{stats.get('function')} outputs={obj.graphjit_options.outputs}"
+                out.setdefault("graphed_status", {})[label] = {
                     "status": status, "captured": details["captured"],
                     "fallback_reasons": details.get("fallback_reasons", []),
                     # which path its replays took: the graph's own copies (handoff.py) or the copies around it
                     "keys": [{k: key.get(k) for k in ("replays", "fed_replays", "feed")}
-                             for key in obj.stats().get("keys", [])]}
+                             for key in stats.get("keys", [])]}
         self.release(keep)
         self._free()
         return out
