@@ -152,7 +152,7 @@ class StaticInputs:
                     raise InputMoved(i)
                 which.append(i)
                 # another input's buffer or a view into one (static_inputs() passed swapped): read before it is written
-                srcs.append(b.clone(t) if self._inside_owned(p) else t)
+                srcs.append(b.clone(t) if self.inside_owned(p) else t)
             elif stride(t) != strides[i] and not self._same_layout(i, t):  # the buffer in another layout: via a clone
                 which.append(i)
                 srcs.append(b.clone(t))
@@ -162,7 +162,7 @@ class StaticInputs:
                 b.copy_many([statics[i] for i in which], srcs, self.grad_free)
             self.copies += len(which)
 
-    def _inside_owned(self, p: int) -> bool:
+    def inside_owned(self, p: int) -> bool:
         """The address ``p`` lies inside one of graphjit's own input buffers."""
         k = bisect.bisect_right(self.owned_starts, p) - 1
         return k >= 0 and p < self.owned_ends[k]
@@ -297,36 +297,28 @@ class KeyEntry:
     def replay(self, sig: CallSignature, copy: bool) -> Any:
         """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``."""
         inputs = self.inputs
-        handoff = self.handoff
-        if handoff is not None and not sig.pads:
-            before = handoff.copies
-            result = handoff.replay(sig.tensors, copy)
-            if result is not NOT_SERVED:
-                if inputs.mutated_idx:
-                    inputs.store_back(sig.tensors)
-                st = self.stats
-                st.replays += 1
-                if not st.fed_replays:  # the first: who launches (decided at the graph's first replay by torch)
-                    st.feed = handoff.launcher()
-                st.fed_replays += 1
-                st.input_copies += handoff.copies - before
-                st.copy_backs = inputs.copy_backs
-                return result
-            if handoff.broken:
-                self.handoff = None
         before = inputs.copies
-        inputs.load(sig.tensors)
-        graph = self.graph
-        if self.piecewise:
-            graph.dynamic = sig.dynamic  # type: ignore[attr-defined]
-        graph.replay()
+        st = self.stats
+        handoff = self.handoff
+        result = handoff.replay(sig.tensors, copy) if handoff is not None and not sig.pads else NOT_SERVED
+        if result is NOT_SERVED:  # the copy path: copies around the framework's replay
+            if handoff is not None and handoff.broken:
+                self.handoff = None
+            inputs.load(sig.tensors)
+            graph = self.graph
+            if self.piecewise:
+                graph.dynamic = sig.dynamic  # type: ignore[attr-defined]
+            graph.replay()
+        elif handoff is not None:  # the graph copied the call's tensors itself
+            if not st.fed_replays:  # the first: who launches (decided at the graph's first replay by torch)
+                st.feed = handoff.launcher()
+            st.fed_replays += 1
         if inputs.mutated_idx:
             inputs.store_back(sig.tensors)
-        st = self.stats
         st.replays += 1
         st.input_copies += inputs.copies - before
         st.copy_backs = inputs.copy_backs
-        return self.outputs.result(sig.pads, copy)
+        return self.outputs.result(sig.pads, copy) if result is NOT_SERVED else result
 
     def release(self) -> None:
         self.handoff = None  # its feed launches the executable graph reset() frees

@@ -27,7 +27,6 @@ by copies as before.
 
 from __future__ import annotations
 
-import bisect
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -81,11 +80,12 @@ class Feed(Protocol):
 class Handoff:
     """The plan of one key's replays through its graph's feed nodes (see the module docstring)."""
 
-    __slots__ = ("adopted", "adopted_ptrs", "aliases", "broken", "copies", "empty", "failures", "feed", "fresh",
-                 "in_bytes", "in_dst", "in_src", "moved", "negated", "out_dst", "outputs", "owned_ends", "owned_starts",
-                 "ptr", "rebuild", "seen", "single_own", "stride", "table")
+    __slots__ = ("adopted", "adopted_ptrs", "aliases", "broken", "empty", "feed", "fresh", "in_bytes", "in_dst",
+                 "in_src", "inputs", "inside_owned", "moved", "negated", "out_dst", "outputs", "ptr", "rebuild", "seen",
+                 "single_own", "stride", "table")
 
-    def __init__(self, backend: Backend, feed: Feed, inputs: StaticInputs, outputs: StaticOutputs) -> None:
+    def __init__(self, backend: Backend, feed: Feed, inputs: StaticInputs, outputs: StaticOutputs,
+                 movable: Sequence[int]) -> None:
         self.feed = feed
         self.table = feed.table
         self.ptr: Callable[[Any], int] = backend.data_ptr
@@ -96,16 +96,15 @@ class Handoff:
         self.in_dst, self.in_src, self.in_bytes = h, h + m, h + 2 * m
         self.out_dst = h + 3 * m
         statics = inputs.statics
+        self.inputs = inputs  # whose copies this counts
         # adopted inputs: the caller's own tensors, which must be where the graph reads them
         self.adopted = [(i, inputs.ptrs[i], inputs.strides[i]) for i in inputs.adopted_idx]
         self.adopted_ptrs = inputs.adopted_ptrs
         self.aliases = list(inputs.alias_pairs)
-        skip = inputs.aliases
+        self.inside_owned = inputs.inside_owned
         # inputs copied in when moved: (index, buffer, its address, its strides, its bytes, its dims of size > 1)
-        self.moved = [(i, st, inputs.ptrs[i], inputs.strides[i], backend.nbytes(st),
-                       [d for d, n in enumerate(inputs.shapes[i]) if n > 1])
-                      for i, st in enumerate(statics) if not inputs.adopted[i] and i not in skip]
-        self.owned_starts, self.owned_ends = inputs.owned_starts, inputs.owned_ends
+        self.moved = [(i, statics[i], inputs.ptrs[i], inputs.strides[i], backend.nbytes(statics[i]),
+                       [d for d, n in enumerate(inputs.shapes[i]) if n > 1]) for i in movable]
         # per moved input, the source address its last served call came from (found outside graphjit's buffers and
         # the adopted ones, which never move for a key): the same address again needs no second look
         self.seen = [-1] * len(self.moved)  # -1: none yet (a null address is never served)
@@ -118,8 +117,6 @@ class Handoff:
             table[h + 5 * m + j] = backend.nbytes(t)
         self.single_own = outputs.single and bool(outputs.own[0])
         self.rebuild: Callable[[Sequence[Any]], Any] | None = None if outputs.single else outputs.rebuild_copy
-        self.copies = 0
-        self.failures = 0
         self.broken = False  # the library refused a call for a reason that holds for the next ones too
 
     @classmethod
@@ -128,12 +125,12 @@ class Handoff:
         """The plan for a key whose graph has feed nodes, where every buffer a call may copy fits them; else None."""
         if feed is None or inputs.any_bucketed or not inputs.grad_free:
             return None
-        movable = [st for i, st in enumerate(inputs.statics) if not inputs.adopted[i] and i not in inputs.aliases]
+        movable = [i for i in range(len(inputs.statics)) if not inputs.adopted[i] and i not in inputs.aliases]
         if len(movable) > feed.entries or len(outputs.fresh) > feed.entries:
             return None
-        if not all(feed.usable(t) for t in movable) or not all(feed.usable(t) for t in outputs.fresh):
+        if not all(feed.usable(inputs.statics[i]) for i in movable) or not all(map(feed.usable, outputs.fresh)):
             return None
-        return cls(backend, feed, inputs, outputs)
+        return cls(backend, feed, inputs, outputs, movable)
 
     def replay(self, tensors: Sequence[Any], copy: bool) -> Any:
         """Replay the graph for a call of ``tensors`` (the key's tensors, in order); its result: fresh outputs
@@ -162,7 +159,7 @@ class Handoff:
             if negated(t):
                 return NOT_SERVED
             if p != seen[j]:  # an address this input did not come from last time: where is it?
-                if not p or p in self.adopted_ptrs or self._inside_owned(p):
+                if not p or p in self.adopted_ptrs or self.inside_owned(p):
                     return NOT_SERVED
                 seen[j] = p
             table[dst_at + k] = sp
@@ -181,13 +178,12 @@ class Handoff:
                 outs.append(o)
         rc = self.feed.launch(k, len(outs))
         if rc:
-            self.failures += 1
             if rc != STATUS_PENDING_ERROR:  # not an error of earlier work: every later call would fail the same way
                 self.broken = True
                 log.info("graphjit: a graph's feed nodes failed (%s); its calls copy by the framework from now on",
                          self.feed.why(rc))
             return NOT_SERVED
-        self.copies += k
+        self.inputs.copies += k
         if not copy:
             return self.outputs.result((), False)
         if self.rebuild is None:
@@ -198,8 +194,3 @@ class Handoff:
         """Who launches the graph: ``"torch"`` where its replays draw random numbers (the framework adds their
         offsets), else ``"library"``."""
         return "torch" if getattr(self.feed, "random", False) else "library"
-
-    def _inside_owned(self, p: int) -> bool:
-        """The address ``p`` lies inside one of graphjit's own input buffers (read while another is written)."""
-        k = bisect.bisect_right(self.owned_starts, p) - 1
-        return k >= 0 and p < self.owned_ends[k]

@@ -16,9 +16,8 @@ import argparse
 import array
 import ctypes
 import json
-import statistics
+import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,22 +26,12 @@ import torch
 
 import graphjit
 
-
-def per_call_us(fn: Callable[[], Any], iters: int = 3000, repeats: int = 7) -> float:
-    samples = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        for _ in range(iters):
-            fn()
-        t1 = time.perf_counter_ns()
-        torch.cuda.synchronize()
-        samples.append((t1 - t0) / 1e3 / iters)
-    return round(statistics.median(samples), 3)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import replay_profile  # the timer and the step this probe shares with it (imported after its folder is on the path)
 
 
-def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
-    return a + b + c + d
+def per_call_us(fn: Callable[[], Any]) -> float:
+    return replay_profile.per_call_us(fn, iters=3000)
 
 
 def main() -> None:
@@ -52,6 +41,7 @@ def main() -> None:
     inputs = [torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
     us: dict[str, Any] = {}
     us["python_noop_call"] = per_call_us(lambda: None)
+    tiny = replay_profile.tiny
     us["eager"] = per_call_us(lambda: tiny(*inputs))
 
     default = graphjit.graphed(tiny)

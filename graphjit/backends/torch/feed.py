@@ -99,7 +99,6 @@ class TorchFeed:
         """A fixed buffer (a static input or output) the nodes may copy: dense CUDA memory of this GPU."""
         return bool(type(t) is torch.Tensor and t.is_cuda and t.device.index == self.index and _plain_bytes(t))
 
-
     def empty_like(self, t: Any) -> Any:
         return torch.empty_like(t, memory_format=torch.contiguous_format)
 
@@ -124,26 +123,25 @@ class TorchFeed:
         return str(self.lib.last_error() or f"status {status}")
 
     def before_replay(self) -> None:
-        """Before a replay by torch: the nodes copy nothing.  Where the library cannot set them, the executable
-        graph is instantiated again from the captured one (whose nodes copy nothing); raises where that fails
-        too."""
-        if self.dirty:
-            table = self.table
-            table[4] = table[5] = table[6] = 0
-            rc = int(self.fn(self.at, self.stream()))
-            if rc:
-                why = self.why(rc)
-                try:
-                    self.graph.instantiate()
-                    table[0] = int(self.graph.raw_cuda_graph_exec())
-                except Exception as exc:
-                    from ...errors import GraphjitError
+        """Before a replay by torch, where a call set the nodes: they copy nothing.  Where the library cannot set
+        them, the executable graph is instantiated again from the captured one (whose nodes copy nothing); raises
+        where that fails too."""
+        table = self.table
+        table[4] = table[5] = table[6] = 0
+        rc = int(self.fn(self.at, self.stream()))
+        if rc:
+            why = self.why(rc)
+            try:
+                self.graph.instantiate()
+                table[0] = int(self.graph.raw_cuda_graph_exec())
+            except Exception as exc:
+                from ...errors import GraphjitError
 
-                    raise GraphjitError(f"graphjit: could not clear a graph's feed nodes before its replay: {why}; "
-                                        f"instantiating it again failed too: {exc}") from exc
-                self._forget()
-                log.info("graphjit: a graph's feed nodes could not be cleared (%s): instantiated again", why)
-            self.dirty = False
+                raise GraphjitError(f"graphjit: could not clear a graph's feed nodes before its replay: {why}; "
+                                    f"instantiating it again failed too: {exc}") from exc
+            self._forget()
+            log.info("graphjit: a graph's feed nodes could not be cleared (%s): instantiated again", why)
+        self.dirty = False
 
     def retire(self) -> None:
         """The executable graph is being freed: the library refuses this table from now on."""
