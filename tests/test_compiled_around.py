@@ -72,3 +72,44 @@ def test_torch_compile_around_a_graphed_closure_runs_without_a_graph():
             assert torch.allclose(compiled(x), f.__wrapped__(x) * 2)
     st = f.stats()
     assert st["calls"] == 3 and not st["graphs"], f.report()
+
+
+_FRESH = """
+import sys
+import torch
+import graphjit
+import graphjit.backends as registry
+
+f = graphjit.graphed(lambda x: x * 2)
+registry.get("torch")
+assert "torch._dynamo" not in sys.modules, "graphjit imported Dynamo"
+import torch._dynamo.trace_rules as rules
+import graphjit.api
+from pathlib import Path
+assert Path(graphjit.api.__file__).resolve().as_posix() in rules.SKIP_DIRS, "graphjit is not on the skip list"
+assert not any(type(h).__name__ == "_AfterImport" for h in sys.meta_path), "the hook stayed"
+assert rules.__loader__.__class__.__name__ != "_ThenExtend"
+compiled = torch.compile(lambda x: f(x) + 1, backend="eager")
+for n in (2, 2, 3):
+    x = torch.randn(n, 4)
+    assert torch.equal(compiled(x), x * 2 + 1)
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+assert not _debug_get_cache_entry_list(graphjit.api._State.call.__code__), "Dynamo compiled graphjit's frame"
+print("ok")
+"""
+
+
+def test_graphjit_does_not_import_dynamo_and_is_on_its_skip_list_once_something_does():
+    """Importing Dynamo costs seconds (2 s here, 4 to 5 s on a GPU host): a graphed function's decoration and first
+    call no longer pay it.  Where the program imports Dynamo later (``torch.compile``), graphjit's files go on its
+    skip list as the import finishes, so compiled code around a graphed call still never compiles graphjit's
+    frames.  In a fresh interpreter: nothing here has imported Dynamo yet."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    run = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout[-2000:] + run.stderr[-4000:]

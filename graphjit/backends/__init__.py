@@ -129,8 +129,8 @@ def identity_keyed(tp: type) -> bool:
 
 def shield_from_compilers() -> None:
     """Keep the compilers of already-imported frameworks out of graphjit's own code (torch: Dynamo's skip list,
-    :func:`graphjit.backends.torch.breaks.shield`; it imports Dynamo, which a graphed torch call imports anyway),
-    before any graphed call can run under one."""
+    :func:`graphjit.backends.torch.breaks.shield`, at once where Dynamo is imported and otherwise as soon as it
+    is: it does not import Dynamo), before any graphed call can run under one."""
     if "torch" in sys.modules:
         load("torch", "breaks").shield()
 

@@ -4,7 +4,9 @@ compiled graphs, with Dynamo off inside it), and keeping Dynamo out of graphjit'
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,22 +27,78 @@ def shield() -> None:
     folder, but for :data:`_INLINED`) go on Dynamo's skip list, as torch's own folders are.  A graphed function called
     inside a compiled one is a graph break (``_torchdynamo_disable``); without this, Dynamo then compiled the frames of
     graphjit's call path one by one, guarding graphjit's module state (and failed building such guards).
-    Idempotent; where this torch has no skip list, nothing."""
+
+    Dynamo is not imported for this: it costs seconds (2 s on a CPU with cached bytecode, 4 to 5 s on a GPU host
+    without), a program that never compiles never pays them, and code cannot be compiled before Dynamo is imported.
+    Where ``torch._dynamo.trace_rules`` is imported already, the list is extended now; otherwise right after that
+    module is first executed (an import hook on ``sys.meta_path``, gone once it fired).  Idempotent; where this torch
+    has no skip list, nothing."""
     global _shielded
     if _shielded:
         return
     _shielded = True
+    rules = sys.modules.get(_RULES)
+    if rules is not None:
+        _extend_skip_list(rules)
+    else:
+        sys.meta_path.insert(0, _AfterImport())
+
+
+_RULES = "torch._dynamo.trace_rules"
+
+
+def _extend_skip_list(rules: Any) -> None:
     here = Path(__file__).resolve().parent
     root = here.parents[1]  # graphjit/
     files = [*root.glob("*.py"), *(root / "backends").glob("*.py"),
              *(p for p in here.glob("*.py") if p.name not in _INLINED)]
     try:
-        from torch._dynamo import trace_rules
-
-        trace_rules.SKIP_DIRS.extend(p.as_posix() for p in files)
-        trace_rules._recompile_re()
+        rules.SKIP_DIRS.extend(p.as_posix() for p in files)
+        rules._recompile_re()
     except Exception as exc:  # a torch without the list: compiled code around graphed calls is rare
         log.debug("graphjit: could not put graphjit on Dynamo's skip list (%s)", exc)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: where ``torch._dynamo.trace_rules`` is being imported, it asks the finders after it
+    for the module's spec and wraps its loader so that :func:`_extend_skip_list` runs once the module has executed
+    (and before the import returns to Dynamo, which reads the list when it compiles).  The module gets its own
+    loader back; the hook leaves ``sys.meta_path`` on its first use."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _RULES:
+            return None
+        spec = None
+        for finder in list(sys.meta_path):
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec  # None: the import fails as it would have; an odd loader: no list (logged nowhere)
+        spec.loader = _ThenExtend(spec.loader, self)
+        return spec
+
+
+class _ThenExtend(importlib.abc.Loader):
+    """``loader`` as it is, then :func:`_extend_skip_list` on the module it executed."""
+
+    def __init__(self, loader: Any, hook: _AfterImport) -> None:
+        self.loader = loader
+        self.hook = hook
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self.hook)  # outside find_spec: the import system no longer walks the list
+        self.loader.exec_module(module)
+        _extend_skip_list(module)
 
 
 @contextlib.contextmanager
