@@ -290,7 +290,7 @@ def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values:
                            f"held by objects ({paths}); a replay would not do that again",
                            reason="rebinds a tensor held by an object")
     if values is not None and rescan is not None:
-        changed = guards.written(values, rescan())
+        changed = guards.writes(values, rescan)
         if changed:
             path, old, new = changed[0]
             raise CaptureError(f"{req.fn_name} {req.stats.label}: the function changes {path} ({old} -> {new}) when "

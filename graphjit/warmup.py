@@ -194,8 +194,8 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     if guard_src is not None and values is not None:
         if recorder.complete and runs_python:
             obs.names, obs.by_object = recorder.names, recorder.by_object
-        obs.py_written = guards.written(values, guards.scan(guard_src, is_tensor, None, b.tensor_holders,
-                                                            renewed=b.renewed_attributes))
+        obs.py_written = guards.writes(values, lambda: guards.scan(guard_src, is_tensor, None, b.tensor_holders,
+                                                                   renewed=b.renewed_attributes))
     return out, obs
 
 

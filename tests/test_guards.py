@@ -399,3 +399,70 @@ def test_a_buffer_rebound_on_every_call_runs_uncaptured_naming_it(emu):
             assert torch.equal(g(x), m(x)), i
     st = g.stats()
     assert any(r == f"{guards.REASON}: self.gain" for r in st["fallbacks"]), g.report()
+
+
+class _Slotted:
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 1
+
+
+class _Holder:
+    level = 3  # a class default the instances read
+
+
+def _write_sources():
+    """Sources reaching a closure cell, an object's dict, a slot, a class default, a list and a dict."""
+    box = _Holder()
+    box.scale, box.table, box.flags, box.slot = 2.0, [1, 2, 3], {"on": True}, _Slotted()
+    counter = 5
+
+    def fn():
+        return counter, box.scale, box.table, box.flags, box.slot.n, box.level, box.missing
+
+    src = guards.sources(fn, None)
+    return src, box, fn
+
+
+_WRITES = {
+    "nothing": lambda box, fn: None,
+    "an attribute": lambda box, fn: setattr(box, "scale", 3.0),
+    "a list item": lambda box, fn: box.table.__setitem__(0, 9),
+    "a list that shrank": lambda box, fn: box.table.pop(),
+    "a list grown past what a scan reads": lambda box, fn: box.table.extend(range(guards.MAX_ITEMS)),
+    "a dict entry deleted": lambda box, fn: box.flags.pop("on"),
+    "a slot": lambda box, fn: setattr(box.slot, "n", 2),
+    "a class default": lambda box, fn: setattr(_Holder, "level", 4),
+    "a closure cell": lambda box, fn: fn.__closure__[0].__setattr__("cell_contents", 6),
+    "an attribute added": lambda box, fn: setattr(box, "missing", 1),
+    "a value that becomes a list": lambda box, fn: setattr(box, "scale", [1.0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_WRITES))
+def test_writes_reads_again_before_walking_and_answers_as_the_walk(name, monkeypatch):
+    """``guards.writes`` first reads every compared value again and walks only where one may have changed; its
+    answer is the walk's (``guards.written`` of two scans) in every case, and no walk is made where nothing was
+    written."""
+    monkeypatch.setattr(_Holder, "level", 3)
+    src, box, fn = _write_sources()
+
+    def scan():
+        return guards.scan(src, lambda x: isinstance(x, torch.Tensor))
+
+    before = scan()
+    _WRITES[name](box, fn)
+    walks = []
+
+    def rescan():
+        walks.append(1)
+        return scan()
+
+    got = guards.writes(before, rescan)
+    assert got == guards.written(before, scan()), name
+    # an added value is not one the walk compares; an emptied dict or a list grown past MAX_ITEMS is a container the
+    # walk no longer reads item by item, so it reports nothing there either (after walking)
+    assert bool(walks) == (name not in ("nothing", "an attribute added")), name
+    assert bool(got) == (name not in ("nothing", "an attribute added", "a dict entry deleted",
+                                      "a list grown past what a scan reads")), (name, got)
