@@ -174,3 +174,12 @@ def test_a_multimodal_models_text_decoder_decodes_from_one_graph(emu):
     res = GenerateBench(args, on_gpu=False).measure("qwen2_vl", 2, "graphed")
     assert res["status"] == "ok" and res["tokens_equal_eager"] is True, res
     assert res["stats"]["graphs"] == 1 and res["stats"]["replays"] >= 5, res["stats"]
+
+
+def test_the_json_is_named_after_the_families_asked_for():
+    """Runs of other families into one folder each keep their JSON (two runs once wrote one file)."""
+    from graphjit.bench.generate import output_name
+
+    assert output_name(None, ["llama", "gpt2"], "h200") == "generate_torch_h200.json"
+    assert output_name("t5", ["t5"], "h200") == "generate_t5_torch_h200.json"
+    assert output_name("gemma2,t5", ["gemma2", "t5"], "ci") == "generate_gemma2_t5_torch_ci.json"

@@ -61,6 +61,13 @@ CPU_DEFAULTS: dict[str, Any] = {"families": "llama,gpt2", "layers": 2, "hidden":
                                 "prompt_len": 5, "repeats": 1}
 
 
+def output_name(asked: str | None, families: list[str], tag: str) -> str:
+    """The JSON's file name in ``--out``: ``generate_torch_<tag>.json`` for the default families, and with the
+    families named where ``--families`` chose them (``generate_t5_torch_<tag>.json``), so that runs of other families
+    into one folder do not overwrite each other."""
+    return f"generate_torch_{tag}.json" if asked is None else f"generate_{'_'.join(families)}_torch_{tag}.json"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("generate")
     g.add_argument("--families", default=None, help=f"comma-separated subset of {', '.join(FAMILIES)} (default all)")
@@ -86,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     on_gpu, code = common.gpu_or_exit("generate", "torch", args.allow_cpu, needs="transformers")
     if code is not None:
         return code
+    asked = args.families
     for key, value in (GPU_DEFAULTS if on_gpu else CPU_DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -103,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
             return 2
     tag = common.machine_tag(args)
-    json_path, png_path = common.output_paths(args.out, f"generate_torch_{tag}.json")
+    json_path, png_path = common.output_paths(args.out, output_name(asked, families, tag))
     data = common.grid_header("generate", args, tag, on_gpu, {
         "families": families, "variants": variants, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,
         "batch": args.batch, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,
