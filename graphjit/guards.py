@@ -545,38 +545,53 @@ def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
 
 def writes(before: Scan, rescan: Callable[[], Scan]) -> list[tuple[str, str, str]]:
     """:func:`written` of ``before`` and a scan made now (``rescan()``), walking again only where a value may have
-    changed: each value ``before`` compares is first read again from its container, and where every one reads the
-    same (and no list or dict among them grew past what a scan reads item by item) the answer is "none", as the
-    walk's would be.  The walk compares only containers both scans reach, by the same reads, so a re-read that finds
-    nothing changed means the walk finds nothing either; anything else (a changed value, an entry gone, a read that
-    raises) takes the walk, whose answer is the exact one.  Two walks per watched call were most of a call's warmup
-    for a model with many keys (Gemma's one graph per position)."""
+    changed.  Each value ``before`` compares is first read again from its container, as the walk reads it but never
+    through a container's own methods (``dict.get``, ``list.__getitem__``: no ``__missing__`` runs), and where every
+    one is of the same type and equal, its container is a plain ``dict``, ``list`` or tuple (or an object, a class, a
+    cell, a module's globals) and no list or dict of the walk grew past what a scan reads item by item, the answer
+    is "none" without walking.  The walk compares only containers both scans reach, and stores a value by its type,
+    so such a call would find nothing either; anything else takes the walk, whose answer is the one given.  Two
+    walks per watched call were most of a call's warmup for a model with many keys (Gemma's graph per position)."""
     if _reads_same(before):
         return []
     return written(before, rescan())
 
 
+_GONE = object()
+_PLAIN_ITEMS = (dict, list, tuple)
+
+
 def _reads_same(before: Scan) -> bool:
     boxes = before.boxes
-    grown: set[int] = set()
+    sized: set[int] = set()
     for (cid, key), (value, _path) in before.values().items():
         box = boxes[cid]
         container = box.container
+        kind = box.kind
         try:
-            if box.kind == "cell":
+            if kind == "cell":
                 now = container.cell_contents
-            elif box.kind == "attr":  # as the scan read it: a class's own dict, an instance's slot
+            elif kind == "attr":  # as the scan read it: a class's own dict, an instance's slot
                 now = vars(container)[key] if isinstance(container, type) else object.__getattribute__(container, key)
             else:
-                if cid not in grown:
-                    grown.add(cid)
-                    if isinstance(container, (list, dict)) and len(container) > MAX_ITEMS:
-                        return False  # the walk reads no item of it now: it would see these as deleted
-                now = container[key]
+                tp = type(container)
+                if tp not in _PLAIN_ITEMS:
+                    return False  # a subclass (its own items(), __iter__, __missing__): the walk decides
+                if tp is tuple:
+                    now = tuple.__getitem__(container, key)
+                else:
+                    if kind == "item" and box.owner is None and cid not in sized:  # a list or dict the walk walked
+                        sized.add(cid)
+                        if len(container) > MAX_ITEMS:
+                            return False  # the walk reads no item of it now: it would see these as deleted
+                    now = dict.get(container, key, _GONE) if tp is dict else list.__getitem__(container, key)
+                    if now is _GONE:
+                        return False
         except Exception:
             return False
-        if not same(value, snapshot(now)):
-            return False
+        now = snapshot(now)
+        if type(now) is not type(value) or not same(value, now):
+            return False  # another type may be one the walk does not store (b"ab" -> bytearray(b"ab"))
     return True
 
 

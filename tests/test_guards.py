@@ -412,14 +412,18 @@ class _Holder:
     level = 3  # a class default the instances read
 
 
-def _write_sources():
-    """Sources reaching a closure cell, an object's dict, a slot, a class default, a list and a dict."""
+def _write_sources(with_counts: bool):
+    """Sources reaching a closure cell, an object's dict, a slot, a class default, a list and a dict (and a
+    defaultdict: a dict subclass always takes the walk)."""
+    import collections
+
     box = _Holder()
     box.scale, box.table, box.flags, box.slot = 2.0, [1, 2, 3], {"on": True}, _Slotted()
+    box.key, box.counts = b"ab", collections.defaultdict(int, a=0, b=1) if with_counts else {"a": 0}
     counter = 5
 
     def fn():
-        return counter, box.scale, box.table, box.flags, box.slot.n, box.level, box.missing
+        return counter, box.scale, box.table, box.flags, box.slot.n, box.level, box.missing, box.key, box.counts
 
     src = guards.sources(fn, None)
     return src, box, fn
@@ -437,6 +441,8 @@ _WRITES = {
     "a closure cell": lambda box, fn: fn.__closure__[0].__setattr__("cell_contents", 6),
     "an attribute added": lambda box, fn: setattr(box, "missing", 1),
     "a value that becomes a list": lambda box, fn: setattr(box, "scale", [1.0]),
+    "an equal value of a type the walk does not store": lambda box, fn: setattr(box, "key", bytearray(b"ab")),
+    "an entry of a dict with __missing__ deleted": lambda box, fn: box.counts.pop("a"),
 }
 
 
@@ -446,7 +452,7 @@ def test_writes_reads_again_before_walking_and_answers_as_the_walk(name, monkeyp
     answer is the walk's (``guards.written`` of two scans) in every case, and no walk is made where nothing was
     written."""
     monkeypatch.setattr(_Holder, "level", 3)
-    src, box, fn = _write_sources()
+    src, box, fn = _write_sources(with_counts="__missing__" in name)
 
     def scan():
         return guards.scan(src, lambda x: isinstance(x, torch.Tensor))
@@ -464,5 +470,20 @@ def test_writes_reads_again_before_walking_and_answers_as_the_walk(name, monkeyp
     # an added value is not one the walk compares; an emptied dict or a list grown past MAX_ITEMS is a container the
     # walk no longer reads item by item, so it reports nothing there either (after walking)
     assert bool(walks) == (name not in ("nothing", "an attribute added")), name
+    assert "a" in box.counts or name == "an entry of a dict with __missing__ deleted", "the re-read added an entry"
     assert bool(got) == (name not in ("nothing", "an attribute added", "a dict entry deleted",
                                       "a list grown past what a scan reads")), (name, got)
+
+
+def test_writes_does_not_walk_for_a_large_namespace_that_did_not_change():
+    """A module's globals or an object's attributes are read entry by entry whatever their number: only a list or
+    dict the walk walks item by item makes a re-read walk once it holds more than MAX_ITEMS."""
+    space = {f"v{i}": i for i in range(guards.MAX_ITEMS + 10)}
+    code = compile("def fn():\n    return v0 + v1\n", "<space>", "exec")
+    exec(code, space)
+    src = guards.sources(space["fn"], None)
+    before = guards.scan(src, lambda x: isinstance(x, torch.Tensor))
+    walks = []
+    assert guards.writes(before, lambda: walks.append(1) or guards.scan(src, lambda x: False)) == [] and not walks
+    space["v1"] = 5
+    assert guards.writes(before, lambda: guards.scan(src, lambda x: False)) == [("global 'v1'", "1", "5")]

@@ -7,6 +7,7 @@ import contextlib
 import importlib.abc
 import logging
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 
 log = logging.getLogger("graphjit")
 _shielded = False
+_lock = threading.Lock()
 
 
 _INLINED = frozenset(("dist.py",))
@@ -31,17 +33,18 @@ def shield() -> None:
     Dynamo is not imported for this: it costs seconds (2 s on a CPU with cached bytecode, 4 to 5 s on a GPU host
     without), a program that never compiles never pays them, and code cannot be compiled before Dynamo is imported.
     Where ``torch._dynamo.trace_rules`` is imported already, the list is extended now; otherwise right after that
-    module is first executed (an import hook on ``sys.meta_path``, gone once it fired).  Idempotent; where this torch
-    has no skip list, nothing."""
+    module is first executed (an import hook on ``sys.meta_path``, inert once it fired).  Idempotent and thread-safe;
+    where this torch has no skip list, nothing."""
     global _shielded
-    if _shielded:
-        return
-    _shielded = True
-    rules = sys.modules.get(_RULES)
-    if rules is not None:
-        _extend_skip_list(rules)
-    else:
-        sys.meta_path.insert(0, _AfterImport())
+    with _lock:
+        if _shielded:
+            return
+        _shielded = True
+        rules = sys.modules.get(_RULES)
+        if rules is None:
+            sys.meta_path.insert(0, _AfterImport())
+            return
+    _extend_skip_list(rules)
 
 
 _RULES = "torch._dynamo.trace_rules"
@@ -63,10 +66,15 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself: where ``torch._dynamo.trace_rules`` is being imported, it asks the finders after it
     for the module's spec and wraps its loader so that :func:`_extend_skip_list` runs once the module has executed
     (and before the import returns to Dynamo, which reads the list when it compiles).  The module gets its own
-    loader back; the hook leaves ``sys.meta_path`` on its first use."""
+    loader back.  Once the list is extended the hook finds nothing for any name; it stays in ``sys.meta_path``
+    (removing it there could make another thread's import, walking that list, skip the finder after it).  Where
+    the module's first execution fails, the next import of it is wrapped again."""
+
+    def __init__(self) -> None:
+        self.fired = False
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _RULES:
+        if self.fired or name != _RULES:
             return None
         spec = None
         for finder in list(sys.meta_path):
@@ -89,15 +97,15 @@ class _ThenExtend(importlib.abc.Loader):
         self.hook = hook
 
     def create_module(self, spec: Any) -> Any:
-        return self.loader.create_module(spec)
+        create = getattr(self.loader, "create_module", None)
+        return create(spec) if create is not None else None  # None: the default module
 
     def exec_module(self, module: Any) -> None:
         module.__loader__ = self.loader
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self.hook)  # outside find_spec: the import system no longer walks the list
         self.loader.exec_module(module)
+        self.hook.fired = True
         _extend_skip_list(module)
 
 
