@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import guards, scope
+from . import guards, py_writes, scope
 from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import KeyEntry, StaticInputs, StaticOutputs, collect_tensors, real_view
 from .dynamic import DynamicArgs, Index
@@ -290,7 +290,7 @@ def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values:
                            f"held by objects ({paths}); a replay would not do that again",
                            reason="rebinds a tensor held by an object")
     if values is not None and rescan is not None:
-        changed = guards.writes(values, rescan)
+        changed = py_writes.writes(values, rescan)
         if changed:
             path, old, new = changed[0]
             raise CaptureError(f"{req.fn_name} {req.stats.label}: the function changes {path} ({old} -> {new}) when "

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import guards
+from . import guards, py_writes
 from .backends.base import Backend
 from .buffers import collect_tensors
 from .islands import IslandCall, collecting
@@ -194,7 +194,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     if guard_src is not None and values is not None:
         if recorder.complete and runs_python:
             obs.names, obs.by_object = recorder.names, recorder.by_object
-        obs.py_written = guards.writes(values, lambda: guards.scan(guard_src, is_tensor, None, b.tensor_holders,
+        obs.py_written = py_writes.writes(values, lambda: guards.scan(guard_src, is_tensor, None, b.tensor_holders,
                                                                    renewed=b.renewed_attributes))
     return out, obs
 

@@ -81,6 +81,13 @@ import graphjit
 import graphjit.backends as registry
 
 f = graphjit.graphed(lambda x: x * 2)
+
+
+@graphjit.eager
+def island(x):
+    return x - 1
+
+
 registry.get("torch")
 f(torch.ones(3))  # on this CPU build: run uncaptured (no CUDA graphs), through the whole call path
 assert "torch._dynamo" not in sys.modules, "graphjit imported Dynamo"
@@ -91,21 +98,25 @@ assert Path(graphjit.api.__file__).resolve().as_posix() in rules.SKIP_DIRS, "gra
 hooks = [h for h in sys.meta_path if type(h).__name__ == "_AfterImport"]
 assert len(hooks) == 1 and hooks[0].fired and hooks[0].find_spec(rules.__name__, None) is None, "the hook is live"
 assert rules.__loader__.__class__.__name__ != "_ThenExtend"
-compiled = torch.compile(lambda x: f(x) + 1, backend="eager")
+compiled = torch.compile(lambda x: island(f(x)) + 1, backend="eager")
 for n in (2, 2, 3):
     x = torch.randn(n, 4)
-    assert torch.equal(compiled(x), x * 2 + 1)
+    assert torch.allclose(compiled(x), x * 2 - 1 + 1)
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 assert not _debug_get_cache_entry_list(graphjit.api._State.call.__code__), "Dynamo compiled graphjit's frame"
+assert not _debug_get_cache_entry_list(island.__wrapped__.__code__), "Dynamo compiled the island"
+explained = torch._dynamo.explain(lambda x: island(x * 3) * 2)(torch.ones(2))
+assert explained.graph_break_count == 1 and "graphjit island" in str(explained.break_reasons[0].reason), explained
 print("ok")
 """
 
 
 def test_graphjit_does_not_import_dynamo_and_is_on_its_skip_list_once_something_does():
     """Importing Dynamo costs seconds (2 s here, 4 to 5 s on a GPU host): a graphed function's decoration and first
-    call no longer pay it.  Where the program imports Dynamo later (``torch.compile``), graphjit's files go on its
-    skip list as the import finishes, so compiled code around a graphed call still never compiles graphjit's
-    frames.  In a fresh interpreter: nothing here has imported Dynamo yet."""
+    call, and an island's decoration, no longer pay it.  Where the program imports Dynamo later (``torch.compile``),
+    graphjit's files go on its skip list as the import finishes, so compiled code around a graphed call still never
+    compiles graphjit's frames, and an island stays a graph break whose body Dynamo never compiles.  In a fresh
+    interpreter: nothing here has imported Dynamo yet."""
     import os
     import subprocess
     import sys

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import guard_cases as cases  # noqa: E402
 
 import graphjit  # noqa: E402
-from graphjit import guards  # noqa: E402
+from graphjit import guards, py_writes  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -448,8 +448,8 @@ _WRITES = {
 
 @pytest.mark.parametrize("name", sorted(_WRITES))
 def test_writes_reads_again_before_walking_and_answers_as_the_walk(name, monkeypatch):
-    """``guards.writes`` first reads every compared value again and walks only where one may have changed; its
-    answer is the walk's (``guards.written`` of two scans) in every case, and no walk is made where nothing was
+    """``py_writes.writes`` first reads every compared value again and walks only where one may have changed; its
+    answer is the walk's (``py_writes.written`` of two scans) in every case, and no walk is made where nothing was
     written."""
     monkeypatch.setattr(_Holder, "level", 3)
     src, box, fn = _write_sources(with_counts="__missing__" in name)
@@ -465,8 +465,8 @@ def test_writes_reads_again_before_walking_and_answers_as_the_walk(name, monkeyp
         walks.append(1)
         return scan()
 
-    got = guards.writes(before, rescan)
-    assert got == guards.written(before, scan()), name
+    got = py_writes.writes(before, rescan)
+    assert got == py_writes.written(before, scan()), name
     # an added value is not one the walk compares; an emptied dict or a list grown past MAX_ITEMS is a container the
     # walk no longer reads item by item, so it reports nothing there either (after walking)
     assert bool(walks) == (name not in ("nothing", "an attribute added")), name
@@ -484,6 +484,6 @@ def test_writes_does_not_walk_for_a_large_namespace_that_did_not_change():
     src = guards.sources(space["fn"], None)
     before = guards.scan(src, lambda x: isinstance(x, torch.Tensor))
     walks = []
-    assert guards.writes(before, lambda: walks.append(1) or guards.scan(src, lambda x: False)) == [] and not walks
+    assert py_writes.writes(before, lambda: walks.append(1) or guards.scan(src, lambda x: False)) == [] and not walks
     space["v1"] = 5
-    assert guards.writes(before, lambda: guards.scan(src, lambda x: False)) == [("global 'v1'", "1", "5")]
+    assert py_writes.writes(before, lambda: guards.scan(src, lambda x: False)) == [("global 'v1'", "1", "5")]

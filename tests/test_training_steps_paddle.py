@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import graphjit
-from graphjit import guards
+from graphjit import guards, py_writes
 from graphjit.names import NameRecorder
 
 pytestmark = pytest.mark.paddle
@@ -167,9 +167,9 @@ def test_the_helper_a_paddle_step_renews_on_every_call_is_not_a_value_of_the_cal
     guard = guards.GuardSet(before)
     step(model, opt, x, y)
     assert guard.holds(), guard.change()
-    plain = [p for p, _o, _n in guards.written(plain_before, guards.scan(src, is_tensor, None, ()))]
+    plain = [p for p, _o, _n in py_writes.written(plain_before, guards.scan(src, is_tensor, None, ()))]
     assert "argument 1.helper" in plain, plain
     opt._momentum = 0.5  # stands for a write the step itself would do
-    kept = [p for p, _o, _n in guards.written(before, guards.scan(src, is_tensor, None, (), renewed=renewed))]
+    kept = [p for p, _o, _n in py_writes.written(before, guards.scan(src, is_tensor, None, (), renewed=renewed))]
     assert "argument 1.helper" not in kept and "argument 1._momentum" in kept, kept
     assert not guard.holds()

@@ -4,6 +4,7 @@ compiled graphs, with Dynamo off inside it), and keeping Dynamo out of graphjit'
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.abc
 import logging
 import sys
@@ -127,8 +128,36 @@ def dynamo_off() -> Iterator[None]:
 
 
 def graph_break(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
-    """``fn`` behind ``torch.compiler.disable`` (``reason`` shows in Dynamo's graph-break logs where this torch
-    takes one); ``fn`` itself where this torch has no ``torch.compiler.disable`` (< 2.1: nothing to break)."""
+    """``fn`` as a graph break for ``torch.compile``, as ``torch.compiler.disable`` makes one, without importing
+    Dynamo (seconds, at an island's decoration): a wrapper that Dynamo does not inline (it carries the attributes
+    ``torch.compiler.disable`` sets: ``_torchdynamo_disable``, ``reason`` as its message, the original callable), so
+    compiled code ends its graph before the call and calls it, and that calls ``fn`` with Dynamo's frame hook off,
+    so no frame inside it is compiled.  The wrapper's own frame is graphjit's (on Dynamo's skip list, :func:`shield`).
+    ``fn`` itself where this torch has no Dynamo (nothing to break)."""
+    try:
+        from torch._C._dynamo.eval_frame import set_eval_frame
+    except ImportError:
+        return fn
+    shield()
+
+    @functools.wraps(fn)
+    def outside_compiled(*args: Any, **kwargs: Any) -> Any:
+        prior = set_eval_frame(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            set_eval_frame(prior)
+
+    marked: Any = outside_compiled
+    marked._torchdynamo_disable = True
+    marked._torchdynamo_disable_msg = reason
+    marked._torchdynamo_orig_callable = fn
+    return marked
+
+
+def compiler_disable(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
+    """``fn`` behind ``torch.compiler.disable`` itself (which imports Dynamo; ``reason`` shows in Dynamo's graph-break
+    logs where this torch takes one); ``fn`` itself where this torch has no ``torch.compiler.disable`` (< 2.1)."""
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     if disable is None:
         return fn

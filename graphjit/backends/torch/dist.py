@@ -116,7 +116,7 @@ class Dist(DistBackend):
         is_compiling = getattr(compiler, "is_compiling", None)
         if disable is None or is_compiling is None:  # torch < 2.3: no collective rewrites to avoid either
             return wrapper
-        eager = breaks.graph_break(wrapper, _COMPILE_REASON)
+        eager = breaks.compiler_disable(wrapper, _COMPILE_REASON)
         custom = _compile_op()
 
         @functools.wraps(wrapper)
