@@ -468,3 +468,27 @@ def test_an_island_that_breaks_its_contract_in_verify_leaves_one_execution(emu):
     assert [o.shape[0] for o in outs] == [2, 2, 2, 4]  # the capturing call's result is verify's eager reference
     s = g.stats()
     assert s["graphs"] == 0 and s["keys"][0]["verify"] == "failed" and "replay failed" in s["keys"][0]["detail"]
+
+
+def test_an_island_stays_a_graph_break_where_dynamo_traces_every_frame():
+    """Under ``dont_skip_tracing`` Dynamo ignores its skip list (graphjit's files on it too): the island's wrapper is
+    skipped all the same, as ``torch.compiler.disable``'s own wrapper is, and the island runs eagerly."""
+    import torch._dynamo as dynamo
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback
+
+    if not hasattr(dynamo, "dont_skip_tracing"):
+        pytest.skip("this torch has no dont_skip_tracing")
+    seen = []
+
+    @graphjit.eager
+    def island(x):
+        seen.append(get_eval_frame_callback())
+        return x * 3
+
+    @dynamo.dont_skip_tracing
+    def caller(x):
+        return island(x + 1) * 2
+
+    dynamo.reset()
+    out = torch.compile(caller, backend="eager")(torch.ones(2))
+    assert torch.equal(out, torch.full((2,), 12.0)) and seen == [None]

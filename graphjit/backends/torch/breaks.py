@@ -7,6 +7,7 @@ import contextlib
 import functools
 import importlib.abc
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -52,12 +53,14 @@ _RULES = "torch._dynamo.trace_rules"
 
 
 def _extend_skip_list(rules: Any) -> None:
-    here = Path(__file__).resolve().parent
-    root = here.parents[1]  # graphjit/
-    files = [*root.glob("*.py"), *(root / "backends").glob("*.py"),
-             *(p for p in here.glob("*.py") if p.name not in _INLINED)]
+    names: list[str] = []
+    for here in (Path(__file__).resolve().parent, Path(os.path.abspath(__file__)).parent):  # a symlinked install too
+        root = here.parents[1]  # graphjit/
+        files = [*root.glob("*.py"), *(root / "backends").glob("*.py"),
+                 *(p for p in here.glob("*.py") if p.name not in _INLINED)]
+        names.extend(p.as_posix() for p in files if p.as_posix() not in names)
     try:
-        rules.SKIP_DIRS.extend(p.as_posix() for p in files)
+        rules.SKIP_DIRS.extend(names)
         rules._recompile_re()
     except Exception as exc:  # a torch without the list: compiled code around graphed calls is rare
         log.debug("graphjit: could not put graphjit on Dynamo's skip list (%s)", exc)
@@ -149,10 +152,31 @@ def graph_break(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
             set_eval_frame(prior)
 
     marked: Any = outside_compiled
+    _never_compiled(marked.__code__)
     marked._torchdynamo_disable = True
     marked._torchdynamo_disable_msg = reason
     marked._torchdynamo_orig_callable = fn
+    marked._torchdynamo_disable_recursive = True
     return marked
+
+
+def _never_compiled(code: Any) -> None:
+    """Dynamo skips frames of ``code`` whatever its skip list says (``dont_skip_tracing``, graphjit reached through
+    a symlinked path), as it skips ``torch.compiler.disable``'s own wrapper, which lives in torch's files: marked in
+    the C part of Dynamo (no Python Dynamo import).  Nothing where this torch has neither way."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
+        return
+    except (ImportError, AttributeError, TypeError):
+        pass
+    try:
+        from torch._C._dynamo.eval_frame import skip_code  # type: ignore[attr-defined]  # older torch
+
+        skip_code(code)
+    except (ImportError, AttributeError, TypeError):
+        pass
 
 
 def compiler_disable(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
