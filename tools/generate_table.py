@@ -1,0 +1,101 @@
+"""The README's ``bench generate`` table from the JSON files of one or more runs.
+
+``python -m graphjit bench generate --families ...`` writes one JSON per run; a table of every family is made of
+several runs (a device call holds a few families).  This prints the README's markdown table (eager, graphed first /
+transformers' compiled first, graphed, compile tracer first / HF first, compile tracer, HF compiled, their ratio,
+graphs), one row per family and batch, in the order given, and says which commits the rows come from: a table
+meant to be "one commit" is refused (exit 1) where they differ, unless ``--mixed`` allows it.  A family measured in
+two files is taken from the later one.  Steady states are each file's own ``steady_s`` (the median of the last
+half of the calls after the first).
+
+Usage: ``python tools/generate_table.py benchmarks/results/generate_*_torch_h200.json [--mixed]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+NAMES = {"llama": "Llama", "qwen2": "Qwen2", "gpt2": "GPT-2", "mistral": "Mistral", "qwen3": "Qwen3", "phi3": "Phi-3",
+         "qwen2_moe": "Qwen2-MoE", "mixtral": "Mixtral", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3",
+         "qwen2_vl": "Qwen2-VL", "t5": "T5"}
+HEADER = ("| family, batch | eager | graphed first / HF compiled first | graphed | compile tracer first / HF compiled "
+          "first | compile tracer | HF compiled | compile tracer / HF | graphs |")
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3g}" if x >= 0.1 else f"{x:.3f}".rstrip("0")
+
+
+def _first(v: dict[str, Any], name: str) -> float | None:
+    got = v.get(name) or {}
+    return got.get("first_s") if got.get("status") == "ok" else None
+
+
+def _steady(v: dict[str, Any], name: str) -> float | None:
+    got = v.get(name) or {}
+    return got.get("steady_s") if got.get("status") == "ok" else None
+
+
+def row(label: str, variants: dict[str, Any]) -> str:
+    """One table row of one family and batch (``results[label]['variants']`` of a JSON)."""
+    g_first, c_first, h_first = (_first(variants, n) for n in ("graphed", "graphed_compile", "hf_compiled"))
+    eager, graphed, compiled, hf = (_steady(variants, n) for n in ("eager", "graphed", "graphed_compile",
+                                                                  "hf_compiled"))
+    family, _, batch = label.rpartition(" B")
+
+    def over(a: float | None, b: float | None, digits: int) -> str:
+        return f" ({a / b:.{digits}f})" if a is not None and b else ""
+
+    graphs = ((variants.get("graphed") or {}).get("stats") or {}).get("graphs")
+    cells = [f"{NAMES.get(family, family)} {batch}", _num(eager),
+             f"{_num(g_first)} / {_num(h_first)}{over(g_first, h_first, 3)}", _num(graphed),
+             f"{_num(c_first)} / {_num(h_first)}{over(c_first, h_first, 2)}", _num(compiled), _num(hf),
+             f"{compiled / hf:.2f}" if compiled is not None and hf else "-",
+             str(graphs) if graphs is not None else "-"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(paths: list[Path], mixed: bool = False) -> tuple[list[str], dict[str, list[str]]]:
+    """The table's lines and ``commit -> labels`` of the rows; raises ``ValueError`` for several commits unless
+    ``mixed``."""
+    rows: dict[str, tuple[str, str]] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        if data.get("benchmark") != "generate":
+            raise ValueError(f"{path}: not a bench generate JSON")
+        commit = str((data.get("env") or {}).get("git_commit") or "unknown")
+        for label, entry in (data.get("results") or {}).items():
+            rows[label] = (commit, row(label, entry.get("variants") or {}))
+    commits: dict[str, list[str]] = {}
+    for label, (commit, _line) in rows.items():
+        commits.setdefault(commit, []).append(label)
+    if len(commits) > 1 and not mixed:
+        raise ValueError("rows from several commits: " + "; ".join(f"{c}: {', '.join(ls)}" for c, ls in commits.items())
+                         + " (--mixed allows it)")
+    lines = [HEADER, "| --- " * 9 + "|", *(line for _c, line in rows.values())]
+    return lines, commits
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("--mixed", action="store_true", help="allow rows of several commits (listed after the table)")
+    a = p.parse_args(argv)
+    try:
+        lines, commits = table(a.files, a.mixed)
+    except (ValueError, OSError, json.JSONDecodeError) as exc:
+        print(f"generate_table: {exc}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    print("\nrows by commit: " + "; ".join(f"{c}: {len(ls)}" for c, ls in commits.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
