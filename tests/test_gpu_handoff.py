@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from only_key import only_entry, only_key
 
 import graphjit
 
@@ -17,16 +18,6 @@ torch = pytest.importorskip("torch")
 @pytest.fixture
 def dev() -> Any:
     return torch.device("cuda", 0)
-
-
-def _entry(g: Any) -> Any:
-    (entry,) = g._self_state.entries.values()
-    return entry
-
-
-def _key(g: Any) -> dict[str, Any]:
-    (key,) = g.stats()["keys"]
-    return key
 
 
 def test_queued_replays_each_read_their_own_inputs_and_write_their_own_outputs(dev):
@@ -48,8 +39,8 @@ def test_queued_replays_each_read_their_own_inputs_and_write_their_own_outputs(d
     torch.cuda.synchronize()
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), i
-    key = _key(g)
-    feed = _entry(g).graph.feed
+    key = only_key(g)
+    feed = only_entry(g).graph.feed
     assert feed is not None and feed.random is False  # launched by the library, not by torch
     assert key["fed_replays"] == key["replays"] - 1 >= 190, key
 
@@ -68,7 +59,7 @@ def test_calls_the_feed_cannot_serve_are_copied_and_the_nodes_are_cleared_first(
             x = torch.randn(256, 256, device=dev)
             arg = x.t() if i % 2 else x  # every other call not dense in the key's layout: the copy path
             assert torch.equal(g(arg, b), f(arg, b)), i
-    key = _key(g)
+    key = only_key(g)
     assert key["fed_replays"] == 5 and key["replays"] == 1 + 10, key  # the capturing call's, 5 fed, 5 copied
 
 
@@ -87,9 +78,9 @@ def test_random_ops_are_launched_by_torch_and_follow_the_generator(dev):
     assert torch.equal(torch.rand(4, device=dev), after)
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b), i
-    feed = _entry(g).graph.feed
+    feed = only_entry(g).graph.feed
     assert feed is not None and feed.random is True
-    assert _key(g)["fed_replays"] == _key(g)["replays"] - 1
+    assert only_key(g)["fed_replays"] == only_key(g)["replays"] - 1
 
 
 def test_static_inputs_alias_outputs_and_an_adopted_cache(dev):
@@ -109,7 +100,7 @@ def test_static_inputs_alias_outputs_and_an_adopted_cache(dev):
             out, want = g(x, cache, pos), decode(x, ref, pos)
             assert out["cache"] is cache and torch.equal(out["out"], want["out"]), t
             assert torch.equal(cache, ref), t
-        key = _key(g)
+        key = only_key(g)
         assert key["fed_replays"] >= 28, key
         (sx, scache, spos), _ = g.static_inputs(x, cache, pos)
         sx.copy_(x)
@@ -117,4 +108,4 @@ def test_static_inputs_alias_outputs_and_an_adopted_cache(dev):
         before = key["input_copies"]
         out = g(sx, scache, spos)
         assert torch.equal(out["out"], decode(x, ref, spos)["out"])
-        assert _key(g)["input_copies"] == before
+        assert only_key(g)["input_copies"] == before

@@ -13,6 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from only_key import only_entry, only_key  # noqa: E402
+
 import graphjit  # noqa: E402
 from graphjit.handoff import NOT_SERVED  # noqa: E402
 
@@ -29,16 +31,6 @@ def _inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.randn(5, 7, generator=g), torch.randn(7, 7, generator=g), torch.randn(5, 7, generator=g)
 
 
-def _entry(g: Any) -> Any:
-    (entry,) = g._self_state.entries.values()
-    return entry
-
-
-def _key(g: Any) -> dict[str, Any]:
-    (key,) = g.stats()["keys"]
-    return key
-
-
 def _equal(got: Any, want: Any) -> bool:
     return all(torch.equal(o, w) for o, w in zip(got, want))
 
@@ -52,8 +44,8 @@ def test_fresh_inputs_each_call_are_copied_in_and_out_by_the_graph(emu):
         assert _equal(out, _step(*args))
         outs.append(out)
     assert all(_equal(o, _step(*_inputs(s))) for s, o in enumerate(outs))  # later replays left earlier outputs alone
-    entry = _entry(g)
-    key = _key(g)
+    entry = only_entry(g)
+    key = only_key(g)
     # every replay but the capturing call's (its verify replays by copies) went through the feed nodes
     assert entry.handoff is not None and entry.graph.feed.launches == key["fed_replays"] == key["replays"] - 1 >= 4
     assert key["input_copies"] >= 3 * key["fed_replays"]
@@ -66,14 +58,14 @@ def test_static_inputs_and_alias_outputs_copy_nothing(emu):
     for _ in range(3):
         g(*args)
     static, _ = g.static_inputs(*args)
-    before = _key(g)["input_copies"]
+    before = only_key(g)["input_copies"]
     for seed in range(1, 5):
         for s, x in zip(static, _inputs(seed)):
             s.copy_(x)
         out = g(*static)
         assert _equal(out, _step(*_inputs(seed)))
-        assert out[0] is _entry(g).outputs.tensors[0]  # the static output itself
-    key = _key(g)
+        assert out[0] is only_entry(g).outputs.tensors[0]  # the static output itself
+    key = only_key(g)
     assert key["input_copies"] == before and key["fed_replays"] >= 4
 
 
@@ -85,13 +77,13 @@ def test_a_call_it_cannot_serve_goes_the_copy_path_and_the_next_is_fed_again(emu
     a, b = torch.randn(6, 6), torch.randn(6, 6)
     for _ in range(3):
         g(a, b)
-    fed = _key(g)["fed_replays"]
+    fed = only_key(g)["fed_replays"]
     at = a.t()  # the same shape, another layout: its bytes are not its values in the key's layout
     assert torch.equal(g(at, b), f(at, b))
-    assert _key(g)["fed_replays"] == fed
+    assert only_key(g)["fed_replays"] == fed
     c = torch.randn(6, 6)
     assert torch.equal(g(c, b), f(c, b))
-    assert _key(g)["fed_replays"] == fed + 1
+    assert only_key(g)["fed_replays"] == fed + 1
 
 
 def test_swapped_static_inputs_are_read_before_they_are_written(emu):
@@ -167,11 +159,11 @@ def test_a_library_that_refuses_leaves_the_key_to_the_copy_path(emu, monkeypatch
     g = graphjit.graphed(_step)
     for seed in range(3):
         g(*_inputs(seed))
-    feed = _entry(g).graph.feed
+    feed = only_entry(g).graph.feed
     monkeypatch.setattr(EmulatedFeed, "launch", lambda self, n_in, n_out: 2)  # a CUDA error
     for seed in range(3, 6):
         assert _equal(g(*_inputs(seed)), _step(*_inputs(seed)))
-    assert _entry(g).handoff is None  # given up for this key after the first refusal
+    assert only_entry(g).handoff is None  # given up for this key after the first refusal
     assert isinstance(feed, EmulatedFeed)
 
 
@@ -187,16 +179,16 @@ def test_a_pending_error_of_earlier_work_leaves_only_that_call_to_the_copy_path(
     monkeypatch.setattr(EmulatedFeed, "launch", lambda self, n_in, n_out: STATUS_PENDING_ERROR)
     assert _equal(g(*_inputs(3)), _step(*_inputs(3)))
     monkeypatch.setattr(EmulatedFeed, "launch", real)
-    fed = _key(g)["fed_replays"]
+    fed = only_key(g)["fed_replays"]
     assert _equal(g(*_inputs(4)), _step(*_inputs(4)))
-    assert _entry(g).handoff is not None and _key(g)["fed_replays"] == fed + 1
+    assert only_entry(g).handoff is not None and only_key(g)["fed_replays"] == fed + 1
 
 
 def test_handoff_replay_says_not_served_before_launching_anything(emu):
     g = graphjit.graphed(_step)
     for seed in range(3):
         g(*_inputs(seed))
-    entry = _entry(g)
+    entry = only_entry(g)
     launches = entry.graph.feed.launches
     a, b, c = _inputs(5)
     assert _equal(entry.handoff.replay([a, b, c], True), _step(a, b, c))
@@ -235,7 +227,7 @@ def test_same_results_with_and_without_feed_nodes(emu, monkeypatch, feeds):
             got, want = g(x, y), ref(x, y)
         assert all(torch.equal(got[k], want[k]) for k in want)
     assert torch.equal(m.steps, ref.steps)
-    key = _key(g)
+    key = only_key(g)
     assert (key["fed_replays"] == key["replays"] - 1) if feeds else key["fed_replays"] == 0
 
 
@@ -250,12 +242,12 @@ def test_a_lazily_negated_view_is_copied_by_its_values(emu):
     z = torch.randn(4, 4, dtype=torch.complex64)
     neg = z.conj().imag  # a real view whose bytes hold the values' negation
     assert neg.is_neg()
-    fed = _key(g)["fed_replays"]
+    fed = only_key(g)["fed_replays"]
     assert torch.equal(g(neg, b), f(neg, b))
     dense_neg = torch._neg_view(torch.randn(4, 4))
     assert dense_neg.is_neg() and dense_neg.is_contiguous()
     assert torch.equal(g(dense_neg, b), f(dense_neg, b))
-    assert _key(g)["fed_replays"] == fed  # both went the copy path
+    assert only_key(g)["fed_replays"] == fed  # both went the copy path
 
 
 def test_a_fed_graph_handle_is_freed_as_soon_as_it_is_dropped():
@@ -310,12 +302,12 @@ def test_a_size_one_dim_with_another_stride_is_still_fed(emu):
     w = torch.randn(1, 8)
     for _ in range(3):
         g(torch.randn(1, 8), w)
-    fed = _key(g)["fed_replays"]
+    fed = only_key(g)["fed_replays"]
     wide = torch.randn(3, 16)
     last = wide[1:2, 8:]  # shape (1, 8), strides (16, 1): dense all the same
     assert last.stride() != (8, 1)
     assert torch.equal(g(last, w), f(last, w))
-    assert _key(g)["fed_replays"] == fed + 1
+    assert only_key(g)["fed_replays"] == fed + 1
 
 
 class _Graph:
@@ -398,7 +390,7 @@ def test_an_empty_input_is_served_and_a_null_address_never_is(emu):
     b = torch.randn(3)
     for _ in range(3):
         g(torch.randn(0, 4), b)
-    entry = _entry(g)
+    entry = only_entry(g)
     z = torch.zeros(0, 4)
     assert torch.equal(g(z, b), f(z, b))
     for _ in range(2):  # its address (null or not) is looked at each time it is new, never taken on trust

@@ -32,21 +32,18 @@ def _num(x: float | None) -> str:
     return f"{x:.3g}" if x >= 0.1 else f"{x:.3f}".rstrip("0")
 
 
-def _first(v: dict[str, Any], name: str) -> float | None:
+def _seconds(v: dict[str, Any], name: str, which: str) -> float | None:
+    """Variant ``name``'s ``which`` ("first_s", "steady_s") where it ran; else None."""
     got = v.get(name) or {}
-    return got.get("first_s") if got.get("status") == "ok" else None
-
-
-def _steady(v: dict[str, Any], name: str) -> float | None:
-    got = v.get(name) or {}
-    return got.get("steady_s") if got.get("status") == "ok" else None
+    return got.get(which) if got.get("status") == "ok" else None
 
 
 def row(label: str, variants: dict[str, Any]) -> str:
     """One table row of one family and batch (``results[label]['variants']`` of a JSON)."""
-    g_first, c_first, h_first = (_first(variants, n) for n in ("graphed", "graphed_compile", "hf_compiled"))
-    eager, graphed, compiled, hf = (_steady(variants, n) for n in ("eager", "graphed", "graphed_compile",
-                                                                  "hf_compiled"))
+    g_first, c_first, h_first = (_seconds(variants, n, "first_s") for n in ("graphed", "graphed_compile",
+                                                                             "hf_compiled"))
+    eager, graphed, compiled, hf = (_seconds(variants, n, "steady_s") for n in ("eager", "graphed", "graphed_compile",
+                                                                               "hf_compiled"))
     family, _, batch = label.rpartition(" B")
 
     def over(a: float | None, b: float | None, digits: int) -> str:

@@ -138,18 +138,15 @@ def graph_break(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
     so no frame inside it is compiled.  The wrapper's own frame is graphjit's (on Dynamo's skip list, :func:`shield`).
     ``fn`` itself where this torch has no Dynamo (nothing to break)."""
     try:
-        from torch._C._dynamo.eval_frame import set_eval_frame
+        from torch._C._dynamo.eval_frame import set_eval_frame  # noqa: F401  # a torch with Dynamo
     except ImportError:
         return fn
     shield()
 
     @functools.wraps(fn)
     def outside_compiled(*args: Any, **kwargs: Any) -> Any:
-        prior = set_eval_frame(None)
-        try:
+        with dynamo_off():
             return fn(*args, **kwargs)
-        finally:
-            set_eval_frame(prior)
 
     marked: Any = outside_compiled
     _never_compiled(marked.__code__)
