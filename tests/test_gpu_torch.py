@@ -474,6 +474,13 @@ def test_a_dropped_function_gives_its_pool_memory_back(dev):
     ``torch.cuda.empty_cache()`` the device memory torch reserves is back where it was."""
     import gc
 
+    # the process's first capture makes the BLAS workspaces of graphjit's capture stream, outside the pool, and they
+    # stay for the process (as torch's own do for every stream): made here, before the base is read
+    warm = graphjit.graphed(lambda x: torch.nn.functional.linear(x @ x, x, x[0]))
+    with torch.no_grad():
+        for _ in range(3):
+            warm(torch.ones(8, 8, device=dev))
+    del warm
     torch.cuda.synchronize()
     gc.collect()
     torch.cuda.empty_cache()
@@ -534,6 +541,40 @@ def test_tp_mlp_example_runs_the_custom_all_reduce_in_its_graphs_on_one_gpu():
     assert proc.returncode == 0, out[-4000:]
     assert "graphjit's custom kernel for" in out and "MISMATCH" not in out, out[-4000:]
     assert "no CUDA graph" not in out, out[-4000:]
+
+
+def test_the_first_capture_of_a_process_leaves_no_blas_workspace_in_its_pool():
+    """cuBLAS and cuBLASLt keep a workspace per (handle, stream), made at the library's first use on a stream.  The
+    first capture of a fresh process, of bf16 products through both (``mm``: cuBLAS, ``linear`` with a bias:
+    cuBLASLt), must find both made outside it: made inside, they come from the graph's pool and pin it, and dropping
+    the function would not give the pool's memory back (a segment of the graph's pool would stay reserved)."""
+    code = textwrap.dedent("""
+        import gc, torch, graphjit
+        dev = torch.device("cuda", 0)
+        w = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(1024, device=dev, dtype=torch.bfloat16)
+        x = torch.randn(64, 1024, device=dev, dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+
+        def use():
+            f = graphjit.graphed(lambda x: torch.nn.functional.linear(x @ w, w, b))
+            with torch.no_grad():
+                outs = [f(x) for _ in range(4)]
+            assert f.stats()["replays"] >= 1 and not f.stats()["fallbacks"], f.stats()
+            want = torch.nn.functional.linear(x @ w, w, b).float()
+            assert float((outs[-1].float() - want).norm() / want.norm()) < 1e-2
+
+        use()
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        pools = {tuple(s["segment_pool_id"]) for s in torch.cuda.memory_snapshot()}
+        print("POOLS", sorted(pools))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "POOLS [(0, 0)]" in r.stdout, r.stdout + r.stderr  # only the default pool's memory is left
 
 
 def test_the_pool_size_reading_is_torchs_memory_reserved():

@@ -12,24 +12,33 @@ every call with ``scope="always"``), and the framework's collective for everythi
 reasons (:mod:`.reasons`), :mod:`.communicator` for one group, :mod:`.swap` for the wrapping,
 :mod:`.csrc_build` for the build and :mod:`.library` for the ctypes library, ``csrc/`` for the kernels.
 
-Importing this package imports no framework and builds nothing.
+Importing this package imports no framework and builds nothing; its names load their modules at first use (a
+capture that only needs the csrc loader, :mod:`.library`, does not import the all-reduce).
 """
 
 from __future__ import annotations
 
-from .csrc_build import BuildError, build
-from .custom_ar import (
-    REASONS,
-    Report,
-    init,
-    register_graph_buffers,
-    reset,
-    reset_stats,
-    shutdown,
-    stats,
-    status,
-)
-from .library import CollectiveError
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .csrc_build import BuildError, build
+    from .custom_ar import (
+        REASONS,
+        Report,
+        init,
+        register_graph_buffers,
+        reset,
+        reset_stats,
+        shutdown,
+        stats,
+        status,
+    )
+    from .library import CollectiveError
+
+_HOMES = {"BuildError": "csrc_build", "build": "csrc_build", "CollectiveError": "library",
+          **dict.fromkeys(("REASONS", "Report", "init", "register_graph_buffers", "reset", "reset_stats", "shutdown",
+                           "stats", "status"), "custom_ar")}
 
 __all__ = [
     "REASONS",
@@ -45,3 +54,16 @@ __all__ = [
     "stats",
     "status",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,54 @@
+"""Probe (GPU): is graphjit's priming of the BLAS workspaces needed, and enough?  In a fresh process, the first capture
+of bf16 products through cuBLAS (``mm``) and cuBLASLt (``linear`` with a bias); after dropping the function, the
+memory pools that still hold segments.  ``--no-prime`` replaces graphjit's priming by nothing: a graph pool left in the
+list is a workspace made inside the capture (what ``test_the_first_capture_of_a_process_leaves_no_blas_workspace_in_
+its_pool`` checks does not happen).  ``--library`` picks the product: ``both``, ``cublas`` or ``cublaslt``."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+
+import torch
+
+import graphjit
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--no-prime", action="store_true")
+    p.add_argument("--library", choices=("both", "cublas", "cublaslt"), default="both")
+    a = p.parse_args()
+    if a.no_prime:
+        from graphjit.backends.torch import workspaces
+
+        workspaces.prime = lambda stream, index: None
+    dev = torch.device("cuda", 0)
+    w = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(1024, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(64, 1024, device=dev, dtype=torch.bfloat16)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        if a.library == "cublas":
+            return x @ w
+        if a.library == "cublaslt":
+            return torch.nn.functional.linear(x, w, b)
+        return torch.nn.functional.linear(x @ w, w, b)
+
+    torch.cuda.synchronize()
+    f = graphjit.graphed(step)
+    with torch.no_grad():
+        for _ in range(4):
+            f(x)
+    replays = f.stats()["replays"]
+    del f
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    pools = sorted({tuple(s["segment_pool_id"]) for s in torch.cuda.memory_snapshot()})
+    print(json.dumps({"no_prime": a.no_prime, "library": a.library, "replays": replays, "pools": pools}))
+
+
+if __name__ == "__main__":
+    main()
