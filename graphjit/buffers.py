@@ -278,8 +278,8 @@ class KeyEntry:
                  piecewise: bool = False) -> None:
         self.guards = guard
         # What a replay checks first: every value the capture read still holds (None: nothing to check).
-        self.check: Callable[[], bool] | None = (guard.holds if guard is not None and (len(guard) or guard.extra)
-                                                 else None)
+        self.check: Callable[[], bool] | None = (
+            guard.holds if guard is not None and (len(guard) or guard.extra or guard.hooks) else None)
         self.graph = graph
         self.piecewise = piecewise  # a PiecewiseGraph: its islands read the call's dynamic values
         self.inputs = inputs

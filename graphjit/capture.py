@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import guards, py_writes, scope
+from . import guards, module_hooks, py_writes, scope
 from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import KeyEntry, StaticInputs, StaticOutputs, collect_tensors, real_view
 from .dynamic import DynamicArgs, Index
@@ -131,9 +131,8 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         executed = False
         try:
             after_capture(req, before, where, values, rescan)
-            guard = guards.GuardSet(values, req.tracer_guard(statics.args, statics.kwargs),
-                                    gated=b.counts_rebinds) if values is not None \
-                else None
+            guard = guards.GuardSet(values, req.tracer_guard(statics.args, statics.kwargs), gated=b.counts_rebinds,
+                                    hooks=module_hooks.watch(values.hooks, b)) if values is not None else None
             if guard is not None:
                 st.guards = guard.size
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed},
@@ -262,7 +261,7 @@ def _guard_scan(req: BuildRequest) -> Callable[[], guards.Scan] | None:
     b, src, warm = req.backend, req.guard_sources(), req.warm
     is_tensor = _is_tensor_of(b)
     return lambda: guards.scan(src, is_tensor, warm.names, b.tensor_holders, warm.by_object, b.module_holders,
-                               b.renewed_attributes)
+                               b.renewed_attributes, b.hook_holders)
 
 
 def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values: guards.Scan | None = None,

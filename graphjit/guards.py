@@ -23,6 +23,8 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   said one of its modules rebound a parameter or buffer (:func:`note_rebind`, torch's registration hooks; always
   where the framework cannot say: Paddle).  Not: lists and dicts of more than :data:`MAX_ITEMS` items (lookup
   tables); a tensor's storage replaced in place (``p.data = ...``, ``module.half()``).
+* **Module hooks**: the forward and backward hook dicts of the modules reached, and the framework's global ones
+  (:mod:`graphjit.module_hooks`): a hook registered or removed after the capture is a changed read value.
 * **Which names**: every attribute step of a value's path must be named by code the call may run
   (:mod:`graphjit.names`: the function's code, the functions reached above, and the code its last warmup call
   ran as Python, per object: the code that took that object as an argument; where that run is unknown the
@@ -49,6 +51,7 @@ from typing import Any
 
 from . import backends
 from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, guardable, hashable, opaque, snapshot
+from .module_hooks import HookWatch
 from .names import class_names, code_names
 from .reach import (
     FOREIGN_MODULES,
@@ -112,6 +115,7 @@ class Scan:
     truncated: bool = False
     renewed: tuple[tuple[type, str], ...] = ()  # (type, attribute) the framework renews every call: not values
     held: dict[int, _Box] = field(default_factory=dict)  # a Module's parameter and buffer dicts: tensors by identity
+    hooks: dict[int, tuple[dict[Any, Any], Path]] = field(default_factory=dict)  # the modules' hook dicts reached
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
         if owner is not None and self.renewed and any(key == n and isinstance(owner, t) for t, n in self.renewed):
@@ -228,7 +232,8 @@ def _identity_keyed(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str
 
 def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None,
          holders: Iterable[str] = (), by_object: dict[int, frozenset[str]] | None = None,
-         transparent: Iterable[str] = (), renewed: tuple[tuple[type, str], ...] = ()) -> Scan:
+         transparent: Iterable[str] = (), renewed: tuple[tuple[type, str], ...] = (),
+         hook_holders: tuple[str, ...] = ()) -> Scan:
     """Every guardable value the sources reach (see the module docstring).  ``ran``: the names the code of the
     last warmup call used (:class:`NameRecorder`, the function run as Python); None where that is not known
     (a tracer that runs a program instead, a profiler in the way): then every name the methods of the classes
@@ -240,7 +245,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     that code or the function's own code names it (a Linear's ``training`` flag, which no code of the call reads
     off the Linear, is not a value of the call); an object no code took as an argument (a config reached as
     ``self.config``) is checked against every name that ran.  ``transparent``: the attributes through which a
-    Module holds its submodules, parameters and buffers: their dict keys count as the owner's attributes."""
+    Module holds its submodules, parameters and buffers: their dict keys count as the owner's attributes.
+    ``hook_holders``: attributes whose dicts hold a module's hooks, collected in ``Scan.hooks`` for
+    :mod:`graphjit.module_hooks` (empty or not: a hook registered later lands there)."""
     holding = frozenset(holders)
     through = frozenset(transparent) | holding
     out = Scan(renewed=renewed)
@@ -313,6 +320,10 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
         named = names_for(obj)
         d = instance_dict(obj)
         if d is not None:
+            for h in hook_holders:
+                hooks = d.get(h)
+                if isinstance(hooks, dict):
+                    out.hooks.setdefault(id(hooks), (hooks, (*path, (".", h))))
             for k, child in list(d.items()):
                 if not isinstance(k, str):
                     continue
@@ -367,11 +378,14 @@ class GuardSet:
     they hold, else what failed.
     """
 
-    __slots__ = ("containers", "expected", "extra", "gated", "getters", "held", "keys", "paths", "seen")
+    __slots__ = ("containers", "expected", "extra", "gated", "getters", "held", "hooks", "keys", "paths", "seen")
 
-    def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False) -> None:
+    def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False,
+                 hooks: HookWatch | None = None) -> None:
         """``gated``: the framework counts its modules' rebinding of parameters and buffers (:func:`note_rebind`),
-        so the held tensors are compared only after the count moved; else before every replay."""
+        so the held tensors are compared only after the count moved; else before every replay.  ``hooks``: the
+        module hooks of the capture (:mod:`graphjit.module_hooks`), one more part of the read values."""
+        self.hooks = hooks
         chosen = scan_.values()
         by_box: dict[int, list[Any]] = {}
         for cid, key in chosen:
@@ -431,6 +445,8 @@ class GuardSet:
             if not self._held_same():
                 return False
             self.seen = count
+        if self.hooks is not None and not self.hooks.holds():
+            return False
         return self.extra is None or self.extra() is None
 
     def differences(self) -> Iterator[tuple[str, str, str]]:
@@ -453,6 +469,8 @@ class GuardSet:
                 continue
             if now is not was:
                 yield describe(path), _tensor(was), _tensor(now)
+        if self.hooks is not None:
+            yield from self.hooks.differences()
 
     def change(self) -> tuple[str, str, str] | None:
         """``(path, old, new)`` of the first guarded value that differs, else of the tracer's failed guard."""
@@ -477,6 +495,8 @@ class GuardSet:
                         for got, keys in zip(map(operator.call, self.getters, self.containers), self.keys))
             if self.held:  # by identity: the graph of the new tensors holds them, so no other object takes their ids
                 now = (*now, tuple((type(v), id(v)) for v in (c[k] for c, k, _p, _v in self.held)))
+            if self.hooks is not None:
+                now = (*now, self.hooks.state())
             hash(now)
         except Exception:
             return None

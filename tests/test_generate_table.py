@@ -21,12 +21,12 @@ def _tool():
 
 def test_one_commit_gives_one_row_per_family_and_batch_with_the_files_ratios():
     tool = _tool()
-    files = [RESULTS / "generate_t5_torch_h200.json", RESULTS / "generate_gemma2_b1_torch_h200.json"]
+    files = [RESULTS / "generate_llama_torch_h200.json", RESULTS / "generate_gemma2_torch_h200.json"]
     lines, commits = tool.table(files)
-    assert list(commits) == ["4494f63"] and len(lines) == 2 + 3, lines
-    t5 = next(line for line in lines if line.startswith("| T5 1 |"))
-    cells = [c.strip() for c in t5.strip("|").split("|")]
-    assert cells[5:] == ["0.111", "0.116", "0.96", "2"], cells  # compile tracer, HF compiled, their ratio, graphs
+    assert list(commits) == ["f8ef020"] and len(lines) == 2 + 4, lines
+    llama = next(line for line in lines if line.startswith("| Llama 1 |"))
+    cells = [c.strip() for c in llama.strip("|").split("|")]
+    assert cells[5:] == ["0.124", "0.148", "0.84", "1"], cells  # compile tracer, HF compiled, their ratio, graphs
 
 
 def test_rows_of_several_commits_are_refused_unless_asked_for(capsys: pytest.CaptureFixture[str]):
@@ -35,4 +35,4 @@ def test_rows_of_several_commits_are_refused_unless_asked_for(capsys: pytest.Cap
     assert tool.main(files) == 1 and "several commits" in capsys.readouterr().err
     assert tool.main([*files, "--mixed"]) == 0
     out = capsys.readouterr().out
-    assert "| Gemma 2 8 |" in out and "250ee05: 2" in out and "4494f63: 2" in out
+    assert "| Gemma 2 8 |" in out and "f8ef020: 2" in out and "4494f63: 2" in out

@@ -666,3 +666,29 @@ def test_batch_copies_move_inputs_and_outputs_exactly(dev, monkeypatch):
         assert plan.into(range(len(sources)), sources)
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(statics, sources))
+
+
+def test_a_module_hook_registered_after_the_capture_is_run(dev):
+    """A forward hook registered after the capture changes what a call computes: the graph captured without it is not
+    replayed; a graph with it is captured once it settles, and the first graph serves again once it is removed."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).to(dev)
+    f = graphjit.graphed(m)
+    x = torch.randn(8, 64, device=dev)
+
+    def calls(n):
+        with torch.no_grad():
+            for _ in range(n):
+                got, want = f(x), m(x)
+                assert torch.allclose(got, want, atol=1e-5), f.report()
+
+    calls(4)
+    assert f.stats()["graphs"] == 1
+    h = m[0].register_forward_hook(lambda mod, a, out: out * 0.5 + 1)
+    calls(5)
+    st = f.stats()
+    assert st["graphs"] == 2 and st["replays"] >= 4, f.report()
+    h.remove()
+    replays = st["replays"]
+    calls(2)
+    assert f.stats()["graphs"] == 2 and f.stats()["replays"] == replays + 2, f.report()

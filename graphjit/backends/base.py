@@ -263,6 +263,19 @@ class Backend(abc.ABC):
     """Attributes of the framework's Module/Layer objects whose dicts hold its tensors (``_parameters``,
     ``_buffers``): captured by address, not guarded as values (:mod:`graphjit.guards`)."""
 
+    hook_holders: tuple[str, ...] = ()
+    """Attributes of the framework's Module/Layer objects whose dicts hold the hooks a call runs (forward and
+    backward): watched with a graph's guards (:mod:`graphjit.module_hooks`)."""
+
+    def hook_count(self) -> Callable[[], int] | None:
+        """A function reading the framework's count of hook registrations (it moves whenever a hook is registered);
+        None where the framework keeps none (module hooks are then not watched)."""
+        return None
+
+    def global_hooks(self) -> list[tuple[dict[Any, Any], tuple[Any, ...]]]:
+        """The framework's global module hook dicts (run by every module call) with a path naming each."""
+        return []
+
     renewed_attributes: tuple[tuple[type, str], ...] = ()
     """``(type, attribute)``: Python attributes the framework's own code sets to an equivalent new object on every
     call (Paddle's optimizers make a new ``helper`` in each ``step()``): neither a guarded value nor a write a

@@ -9,7 +9,7 @@ from typing import Any
 
 import paddle
 
-from .graphs import skip_graphjit_in_sot
+from .sot import skip_graphjit_in_sot
 
 
 def register(fn: Any) -> str | None:

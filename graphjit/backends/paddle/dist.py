@@ -30,7 +30,7 @@ import paddle.distributed as dist
 from ..dist_base import Call, DistBackend, TensorInfo
 from . import breaks
 from . import device as cuda_device
-from .graphs import skip_graphjit_in_sot
+from .sot import skip_graphjit_in_sot
 
 _DTYPES = {paddle.float32: "float32", paddle.float16: "float16", paddle.bfloat16: "bfloat16"}
 

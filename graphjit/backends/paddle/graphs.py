@@ -27,7 +27,8 @@ import paddle
 from ...errors import BackendError, CaptureError, UnrecoverableCaptureError
 from ...feeds import StepContext
 from ..base import Backend, GraphHandle, Segments, segments_open
-from . import syncs
+from . import hooks, syncs
+from .sot import PACKAGE_DIR, SotFunction
 
 log = logging.getLogger("graphjit")
 
@@ -120,8 +121,7 @@ def _places_hash_by_value() -> bool:
 
 
 _DY2ST_ERROR_DATA = "Error data about original source code information and traceback."  # paddle.jit error.py
-_PACKAGE_DIR = str(Path(__file__).resolve().parents[2]) + os.sep  # the graphjit package
-_OWN_DIRS = (os.path.dirname(paddle.__file__) + os.sep, _PACKAGE_DIR)
+_OWN_DIRS = (os.path.dirname(paddle.__file__) + os.sep, PACKAGE_DIR)
 
 
 def _foreign_frames(exc: BaseException) -> bool:
@@ -132,63 +132,6 @@ def _foreign_frames(exc: BaseException) -> bool:
             return True
         tb = tb.tb_next
     return False
-
-
-def skip_graphjit_in_sot() -> bool:
-    """Add graphjit's package folder to the file prefixes SOT never translates (Paddle 2.6 and 3.x
-    keep them in ``skip_files.skip_file_names`` and hand them to the frame hook).  False if this
-    Paddle has no such list (then SOT may trace into graphjit; the swap's graph break still holds)."""
-    try:
-        from paddle.jit.sot.opcode_translator import skip_files
-    except ImportError:
-        return False
-    names = getattr(skip_files, "skip_file_names", None)
-    setter = getattr(paddle.framework.core, "eval_frame_skip_file_prefix", None)
-    if not isinstance(names, set) or setter is None:
-        return False
-    names.add(_PACKAGE_DIR)
-    setter(tuple(names))
-    return True
-
-
-class SotFunction:
-    """``fn`` run through SOT: ``paddle.jit.sot.symbolic_translate``, which is what
-    ``to_static(full_graph=False)`` runs once its own argument handling is done (Paddle 2.6 and 3.x).
-    Skipping that handling keeps what SOT itself translates and to_static refuses (``*args`` functions,
-    methods of classes that are not Layers, ``range`` arguments, functions behind ``functools.wraps``, a
-    first parameter named ``self``); a ``functools.partial`` is translated through its function.  Bound
-    to a Layer (the descriptor protocol, as a method), it translates in the Layer's train/eval mode."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-        self.func = fn.func if isinstance(fn, functools.partial) else fn
-        self.bound_args = (fn.args, fn.keywords) if isinstance(fn, functools.partial) else ((), {})
-        self._translated: dict[bool, Callable[..., Any]] = {}
-
-    def __get__(self, instance: Any, owner: Any = None) -> Callable[..., Any]:
-        if instance is None:
-            return self
-        return functools.partial(self.run, instance)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.run(None, *args, **kwargs)
-
-    def run(self, instance: Any, *args: Any, **kwargs: Any) -> Any:
-        from paddle.jit.sot import symbolic_translate
-
-        training = bool(getattr(instance, "training", True))
-        # One translated callable per mode, made at the first call, which runs under the trace lock
-        # (PaddleBackend.traced_call_guard); so does putting graphjit on SOT's skip list (SOT must never translate
-        # graphjit's own code: a nested graphed call runs it).  Done at backend creation instead, outside that
-        # lock, Paddle 2.6 crashed now and then with several threads calling (tests/test_threads.py: 1 run in 8).
-        traced = self._translated.get(training)
-        if traced is None:
-            skip_graphjit_in_sot()
-            traced = self._translated[training] = symbolic_translate(self.func, training=training)
-        pre, kw = self.bound_args
-        if instance is not None:
-            pre = (instance, *pre)
-        return traced(*pre, *args, **{**kw, **kwargs})
 
 
 class PaddleBackend(Backend):
@@ -367,6 +310,10 @@ class PaddleBackend(Backend):
     # -- state a call may write, modes, random numbers --------------------------------------
     module_holders = ("_sub_layers",)
     tensor_holders = ("_parameters", "_buffers")
+    hook_holders = hooks.HOLDERS
+
+    def hook_count(self) -> Callable[[], int] | None:
+        return hooks.count()
     renewed_attributes = ((paddle.optimizer.Optimizer, "helper"),)  # a new LayerHelper in every step()
     versions_complete = False  # Tensor.copy_ does not bump inplace_version (seen in 3.3.1)
 

@@ -25,7 +25,7 @@ from ...feeds import StepContext
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, Segments, collector_paused, segments_open
 from . import device as cuda_device
 from . import feed as feed_mod
-from . import rebinds, workspaces
+from . import hooks, rebinds, workspaces
 from .breaks import dynamo_off, shield
 from .recovery import recover
 from .syncs import SyncWatcher
@@ -268,11 +268,14 @@ class TorchBackend(Backend):
     def rel_error(self, a: Any, b: Any) -> float:
         if a.shape != b.shape:
             return float("inf")
-        if a.dtype == b.dtype and torch.equal(a, b):  # the usual verify: one kernel instead of ten
-            return 0.0
+        try:
+            if a.dtype == b.dtype and torch.equal(a, b):  # the usual verify: one kernel instead of ten
+                return 0.0
+        except (NotImplementedError, RuntimeError):  # a dtype torch.equal does not take (complex32 on the CPU)
+            pass
         if not (a.is_floating_point() or a.is_complex()):
             return float("inf")
-        a64, b64 = a.detach().double(), b.detach().double()
+        a64, b64 = _float64(a), _float64(b)
         if not torch.equal(torch.isnan(a64), torch.isnan(b64)):
             return float("inf")
         a64, b64 = torch.nan_to_num(a64, nan=0.0), torch.nan_to_num(b64, nan=0.0)
@@ -290,6 +293,13 @@ class TorchBackend(Backend):
     # -- state a call may write, modes, random numbers --------------------------------------
     module_holders = ("_modules",)
     tensor_holders = ("_parameters", "_buffers")
+    hook_holders = hooks.HOLDERS
+
+    def hook_count(self) -> Callable[[], int] | None:
+        return hooks.count()
+
+    def global_hooks(self) -> list[tuple[dict[Any, Any], tuple[Any, ...]]]:
+        return hooks.global_dicts()
     versions_complete = True
 
     def version(self, t: Any) -> int | None:
@@ -567,6 +577,12 @@ def _dynamo_guard(target: Any, f_locals: dict[str, Any]) -> Callable[[], str | N
 
         return failed
     return None
+
+
+def _float64(t: Any) -> Any:
+    """``t`` in float64; a complex tensor as its real and imaginary parts (``.double()`` drops the imaginary part)."""
+    t = t.detach()
+    return torch.view_as_real(t.to(torch.complex128)) if t.is_complex() else t.double()
 
 
 def _new_graph(keep: bool) -> Any:

@@ -1,7 +1,10 @@
 """The BLAS workspaces of graphjit's capture stream, made outside every capture (:func:`prime`).
 
-torch keeps one cuBLAS and one cuBLASLt workspace per (handle, stream) for the life of the process; a capture must
-find the ones of its stream made already, or they come from the graph's memory pool and pin it.
+torch keeps one cuBLAS and one cuBLASLt workspace per (handle, stream); a capture must find the ones of its stream made
+already, or they come from the graph's memory pool and pin it.  torch 2.11 keeps them while graphs captured with them
+live and after one of those is reset (``tools/probes/cublas_workspace_reset.py`` on an H200); a torch that frees a
+stream's workspaces when a graph of that stream is destroyed (pytorch#193402) would free them under graphjit's other
+graphs of the same capture stream, which nothing here guards against.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ def prime(stream: Any, index: int) -> None:
     0.22 on the H200).  The first capture of a process still pays for starting cuBLASLt where nothing used it yet
     (about 60-70 ms there); ``tools/probes/blas_workspace_pool.py`` shows the priming is needed and enough."""
     with torch.cuda.stream(stream), torch.no_grad():
-        a = torch.empty(8, 8, device=f"cuda:{index}")  # its values do not matter: the products are dropped
+        a = torch.zeros(8, 8, device=f"cuda:{index}")  # zeros: a memory checker's initcheck reads no garbage
         try:
             torch.cuda.current_blas_handle()
         except Exception:  # a torch without it: a product reaches cuBLAS

@@ -1,0 +1,156 @@
+"""Module hooks registered or removed after a capture (graphjit/module_hooks.py): every call equals the same call
+run eagerly, through the emulated CUDA graph (tests/graph_emulator.py: a replay runs no Python, so a stale graph
+would skip a new hook, as a real one does).  The hooks' state is a read value: a graph of the new hooks is captured
+once they settle, the old graph serves again once they are gone, and a hook registered elsewhere (a tensor's) costs
+a comparison, not a graph."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import graphjit  # noqa: E402
+from graphjit import guards  # noqa: E402
+from graphjit.backends import get  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+
+
+def _calls(m, f, x, n, change=None, at=None):
+    """``n`` calls of ``f`` (graphed ``m``), ``change()`` before call ``at``; each checked against ``m(x)``."""
+    with torch.no_grad():
+        for i in range(n):
+            if i == at:
+                change()
+            got, want = f(x), m(x)
+            assert torch.allclose(got, want), (i, got, want, f.report())
+
+
+@pytest.mark.parametrize("where", ["submodule", "graphed module", "pre-hook", "global"])
+def test_a_hook_registered_after_the_capture_runs_and_gets_its_own_graph(emu, where):
+    m, x = _model(), torch.randn(2, 4)
+    f = graphjit.graphed(m)
+    handles = []
+
+    def hook(mod, a, out):
+        return out * 0 + 5
+
+    def register():
+        if where == "submodule":
+            handles.append(m[0].register_forward_hook(hook))
+        elif where == "graphed module":
+            handles.append(m.register_forward_hook(hook))
+        elif where == "pre-hook":
+            handles.append(m[2].register_forward_pre_hook(lambda mod, a: (a[0] * 0 + 1,)))
+        else:
+            handles.append(torch.nn.modules.module.register_module_forward_hook(hook))
+
+    try:
+        _calls(m, f, x, 4)
+        assert f.stats()["graphs"] == 1 and f.stats()["replays"] >= 2
+        _calls(m, f, x, 5, register, at=0)
+        st = f.stats()
+        assert st["graphs"] == 2 and st["replays"] >= 4, f.report()  # the hooked graph, captured and replayed
+        replays = st["replays"]
+        handles.pop().remove()
+        _calls(m, f, x, 2)  # the first graph again
+        assert f.stats()["graphs"] == 2 and f.stats()["replays"] == replays + 2, f.report()
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_a_hook_present_at_capture_and_removed_is_not_replayed(emu):
+    m, x = _model(), torch.randn(2, 4)
+    h = m[0].register_forward_hook(lambda mod, a, out: out * 0 + 5)
+    f = graphjit.graphed(m)
+    _calls(m, f, x, 4)
+    _calls(m, f, x, 4, h.remove, at=0)
+
+
+def test_the_reason_names_the_hook_dict(emu):
+    m, x = _model(), torch.randn(2, 4)
+    f = graphjit.graphed(m)
+    _calls(m, f, x, 4)
+    handles = []
+    try:
+        for _ in range(4):  # a new hook on every call: its values never settle, so it runs uncaptured
+            handles.append(m[2].register_forward_hook(lambda mod, a, out: out + 1))
+            _calls(m, f, x, 1)
+        reasons = [r for r in f.stats()["fallbacks"] if r.startswith(guards.REASON)]
+        assert reasons and "_forward_hooks" in reasons[0], f.stats()["fallbacks"]
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_a_hook_registered_elsewhere_costs_no_graph(emu):
+    m, x = _model(), torch.randn(2, 4)
+    f = graphjit.graphed(m)
+    _calls(m, f, x, 3)
+    replays = f.stats()["replays"]
+    other = torch.ones(2, requires_grad=True)
+    for _ in range(4):  # a tensor hook moves torch's count of hook registrations on every call
+        other.register_hook(lambda g: g)
+        _calls(m, f, x, 1)
+    st = f.stats()
+    assert st["graphs"] == 1 and st["replays"] == replays + 4 and not st["fallbacks"], f.report()
+
+
+def test_the_compile_tracer_gets_a_graph_of_the_new_hook(emu):
+    """Dynamo compiles the call again with the hook (its own guards), and graphjit captures that program."""
+    m, x = _model(), torch.randn(2, 4)
+    f = graphjit.graphed(m, tracer="compile")
+    _calls(m, f, x, 4)
+    h = m[0].register_forward_hook(lambda mod, a, out: out * 0 + 5)
+    try:
+        _calls(m, f, x, 4)
+        assert f.stats()["graphs"] == 2 and "_forward_hooks=1 hook" in f.report(), f.report()
+    finally:
+        h.remove()
+
+
+def test_the_watch_holds_until_a_hook_changes():
+    from graphjit.module_hooks import HookWatch
+
+    m = _model()
+    b = get("torch")
+    count = b.hook_count()
+    assert count is not None
+    found = [(getattr(m[0], n), ("m", (".", n))) for n in b.hook_holders] + b.global_hooks()
+    w = HookWatch(found, count)
+    assert w.holds() and not list(w.differences())
+    torch.ones(1, requires_grad=True).register_hook(lambda g: g)  # elsewhere: the count moves, the dicts do not
+    assert w.holds()
+    h = m[0].register_forward_pre_hook(lambda mod, a: None)
+    assert not w.holds()
+    assert list(w.differences()) == [("m._forward_pre_hooks", "0 hooks", "1 hook")]
+    h.remove()
+    assert w.holds() and w.state() == w.expected
+
+
+def test_paddle_layers_hooks_are_watched_too():
+    """Paddle's side (its graphs need a GPU: tests/test_gpu_guards_paddle.py): the scan collects a Layer's hook dicts
+    and Paddle counts hook registrations, so a post-hook registered after a capture fails the watch."""
+    paddle = pytest.importorskip("paddle")
+    from graphjit.module_hooks import watch
+
+    b = get("paddle")
+    layer = paddle.nn.Sequential(paddle.nn.Linear(4, 4), paddle.nn.ReLU())
+    src = guards.Sources(objects=[("self", layer)], slots=[], names=frozenset())
+    found = guards.scan(src, lambda v: isinstance(v, paddle.Tensor), None, b.tensor_holders, None, b.module_holders,
+                        b.renewed_attributes, b.hook_holders).hooks
+    assert len(found) == 3 * len(b.hook_holders), found  # the Sequential's and its two layers'
+    w = watch(found, b)
+    assert w is not None and w.holds()
+    h = layer[0].register_forward_post_hook(lambda lay, inputs, out: out)
+    assert not w.holds()
+    assert any("_forward_post_hooks" in path for path, _old, _new in w.differences())
+    h.remove()
+    assert w.holds()
