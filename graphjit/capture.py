@@ -131,8 +131,9 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         executed = False
         try:
             after_capture(req, before, where, values, rescan)
-            guard = guards.GuardSet(values, req.tracer_guard(statics.args, statics.kwargs), gated=b.counts_rebinds,
-                                    hooks=module_hooks.watch(values.hooks, b)) if values is not None else None
+            guard = None if values is None else guards.GuardSet(
+                values, req.tracer_guard(statics.args, statics.kwargs), gated=b.counts_rebinds,
+                hooks=module_hooks.watch(values.hooks, b, req.method))
             if guard is not None:
                 st.guards = guard.size
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed},

@@ -51,7 +51,7 @@ from typing import Any
 
 from . import backends
 from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, guardable, hashable, opaque, snapshot
-from .module_hooks import HookWatch
+from .module_hooks import HookWatch, collect_hooks
 from .names import class_names, code_names
 from .reach import (
     FOREIGN_MODULES,
@@ -247,9 +247,11 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     ``self.config``) is checked against every name that ran.  ``transparent``: the attributes through which a
     Module holds its submodules, parameters and buffers: their dict keys count as the owner's attributes.
     ``hook_holders``: attributes whose dicts hold a module's hooks, collected in ``Scan.hooks`` for
-    :mod:`graphjit.module_hooks` (empty or not: a hook registered later lands there)."""
+    :mod:`graphjit.module_hooks` (empty or not: a hook registered later lands there), of every module reached and
+    of all modules below it, named or not; their entries are not values."""
     holding = frozenset(holders)
-    through = frozenset(transparent) | holding
+    children = tuple(transparent)
+    through = frozenset(children) | holding
     out = Scan(renewed=renewed)
     out.names.update(src.names)
     # the attributes through which a Module holds its submodules count as named: which of their keys count was decided
@@ -320,12 +322,10 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
         named = names_for(obj)
         d = instance_dict(obj)
         if d is not None:
-            for h in hook_holders:
-                hooks = d.get(h)
-                if isinstance(hooks, dict):
-                    out.hooks.setdefault(id(hooks), (hooks, (*path, (".", h))))
+            if hook_holders:
+                collect_hooks(d, path, hook_holders, children, out.hooks)
             for k, child in list(d.items()):
-                if not isinstance(k, str):
+                if not isinstance(k, str) or k in hook_holders:  # hooks: HookWatch's, not values
                     continue
                 if named is not None and k in through:
                     # a container module (ModuleList, ModuleDict, Sequential) hands out its entries by index or by

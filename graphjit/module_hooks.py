@@ -6,18 +6,26 @@ hook's kernels, and one captured without it has none.  A hook registered after t
 ``register_forward_post_hook(f)``) or removed after it must therefore not replay that graph.  Such a call acts as a
 call whose read values changed (:mod:`graphjit.variants`): the hooks' state is one of the values
 (:meth:`HookWatch.state`), so a graph of the new hooks is captured once they settle (its warmup calls run them) and
-the old graph serves again if they are removed.  With a tracer whose program froze the Python it ran (torch's
-``compile``: Dynamo guards no hook by default) the call runs the Python function uncaptured, as for any read value.
+the old graph serves again if they are removed (torch's ``compile`` tracer included: Dynamo compiles the call again
+with the hook).  With a tracer whose program froze the Python it ran (Paddle's ``ast``) the call runs the Python
+function uncaptured, as for any read value.
 
 Cost per replay (:meth:`HookWatch.holds`): one read of the framework's count of hook registrations (torch's
 ``RemovableHandle.next_id``, Paddle's ``HookRemoveHelper.next_hook_id``) and the length of each hook dict that held
 hooks at capture (a removal moves no count).  Only where the count moved (a hook registered anywhere: a tensor hook
-too) are the keys of every watched dict compared, about 0.1 us per dict, and the new count remembered.
+too, which ``register_full_backward_hook`` makes in every eager forward) are the dicts compared: those empty at
+capture by their truth value, the others by their keys (about 20 ns and 0.1 us a dict); the new count is remembered
+where they hold.  Where they do not, the dicts that differed are remembered with the count: until one of them
+changes or the count moves again, the watch fails at the cost of the fast path (a key whose hooks changed for good
+lets its other graph serve without comparing every dict on every call).
 
 What is watched: the dicts the backend names (:attr:`~graphjit.backends.base.Backend.hook_holders`) of every module
-the guard scan reached (it follows the paths the call's code names), and the framework's global module hooks
+the guard scan reached and of every module below those (named by the code or not: ``getattr(self, name)(x)`` and
+``self.children()`` run unnamed submodules), and the framework's global module hooks
 (:meth:`~graphjit.backends.base.Backend.global_hooks`).  Not watched: tensor hooks (``t.register_hook``), entries
-written into the dicts directly (private API), and hooks of a module the scan did not reach.
+written into the dicts directly and dicts replaced (private API), hooks of a module the scan did not reach
+(one only a ``functools.partial``'s bound arguments hold), and ``graphed_layer``'s recorded graphs (no guards).
+A graphed ``forward`` method does not watch its own module's hooks: ``Module.__call__`` runs them outside it.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from .reach import Path, describe
 class HookWatch:
     """The hook dicts of one captured graph and their keys at capture (see the module docstring)."""
 
-    __slots__ = ("count", "dicts", "expected", "paths", "seen", "sized")
+    __slots__ = ("count", "dicts", "empty", "expected", "failed", "filled", "paths", "seen", "sized")
 
     def __init__(self, found: list[tuple[dict[Any, Any], Path]], count: Callable[[], int]) -> None:
         self.dicts = [d for d, _p in found]
@@ -39,7 +47,10 @@ class HookWatch:
         self.expected = self.state()
         self.count = count
         self.seen = count()
+        self.empty = [d for d in self.dicts if not d]  # compared by truth value: any() of them, in C
+        self.filled = [(d, tuple(d)) for d in self.dicts if d]
         self.sized = [(d, len(d)) for d in self.dicts if d]  # a removal from these moves no count
+        self.failed: tuple[int, list[tuple[dict[Any, Any], int]]] | None = None  # (count, the dicts that differed)
 
     def state(self) -> tuple[tuple[Any, ...], ...]:
         """The keys of every watched dict, in order (hashable: a part of the graph's read values)."""
@@ -51,11 +62,16 @@ class HookWatch:
             if len(d) != n:
                 return False
         now = self.count()
-        if now != self.seen:
-            if self.state() != self.expected:
-                return False
-            self.seen = now
-        return True
+        if now == self.seen:
+            return True
+        failed = self.failed
+        if failed is not None and failed[0] == now and all(len(d) == n for d, n in failed[1]):
+            return False  # nothing registered, nothing removed where it differed: it still differs
+        if not any(self.empty) and all(tuple(d) == keys for d, keys in self.filled):
+            self.seen, self.failed = now, None
+            return True
+        self.failed = (now, [(d, len(d)) for d, keys in zip(self.dicts, self.expected) if tuple(d) != keys])
+        return False
 
     def differences(self) -> Iterator[tuple[str, str, str]]:
         """``(path, hooks at capture, hooks now)`` of each watched dict that changed."""
@@ -65,10 +81,39 @@ class HookWatch:
                 yield describe(path), _hooks(keys), _hooks(now)
 
 
-def watch(found: dict[int, tuple[dict[Any, Any], Path]], backend: Any) -> HookWatch | None:
+def collect_hooks(d: dict[str, Any], path: Path, holders: tuple[str, ...], children: tuple[str, ...],
+                  out: dict[int, tuple[dict[Any, Any], Path]]) -> None:
+    """Add to ``out`` the hook dicts (``holders``) of the object whose instance dict is ``d`` and of every module below
+    it through ``children`` (``_modules``), by ``id``; a module whose dicts are in ``out`` already is not walked
+    again, nor is anything below it."""
+    stack = [(d, path)]
+    while stack:
+        d, path = stack.pop()
+        new = False
+        for h in holders:
+            hooks = d.get(h)
+            if isinstance(hooks, dict) and id(hooks) not in out:
+                out[id(hooks)] = (hooks, (*path, (".", h)))
+                new = True
+        if not new:
+            continue
+        for c in children:
+            subs = d.get(c)
+            if isinstance(subs, dict):
+                for k, sub in subs.items():
+                    sd = getattr(sub, "__dict__", None)
+                    if isinstance(sd, dict):
+                        stack.append((sd, (*path, (".", c), ("[]", k))))
+
+
+def watch(found: dict[int, tuple[dict[Any, Any], Path]], backend: Any, method: bool = False) -> HookWatch | None:
     """A :class:`HookWatch` of the module hook dicts a scan ``found`` and the backend's global ones; None where the
-    scan reached no module or the backend cannot count hook registrations."""
+    scan reached no module or the backend cannot count hook registrations.  ``method``: the graphed function is a
+    method of the object the scan calls ``self`` (a graphed ``forward``): that object's own hooks run outside it
+    (``Module.__call__`` runs them around ``forward``), so they are not watched."""
     count = backend.hook_count()
+    if method:
+        found = {k: (d, p) for k, (d, p) in found.items() if not (len(p) == 2 and p[0] == "self")}
     if count is None or not found:
         return None
     return HookWatch([*found.values(), *backend.global_hooks()], count)

@@ -15,6 +15,7 @@ lead to; a tensor that only a C extension or an unreachable module holds is not 
 from __future__ import annotations
 
 import collections
+import functools
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -108,8 +109,9 @@ def functions(fn: Any, visit: Callable[[types.FunctionType], Iterable[Any]], obj
     """Walk ``fn`` and the Python functions it reaches, up to :data:`MAX_FUNCTIONS`: ``visit(f)`` sees each Python
     function once and returns the callables to follow from it (those its closure and globals hold).  A bound
     method adds ``("self", obj)`` to ``objects`` (also a decorated one: before unwrapping, whose ``__wrapped__``
-    is unbound), a callable object that is not ``opaque`` adds ``("the callable", obj)`` (its attributes are its
-    state); a callable ``skip`` accepts is not followed."""
+    is unbound), a ``functools.partial`` adds its bound arguments and is followed into its function, a callable
+    object that is not ``opaque`` adds ``("the callable", obj)`` (its attributes are its state); a callable ``skip``
+    accepts is not followed."""
     seen: set[int] = set()
     todo = [fn]
     while todo and len(seen) < MAX_FUNCTIONS:
@@ -126,6 +128,11 @@ def functions(fn: Any, visit: Callable[[types.FunctionType], Iterable[Any]], obj
         if isinstance(f, types.MethodType):
             objects.append(("self", f.__self__))
             f = f.__func__
+        if isinstance(f, functools.partial):  # its bound arguments are state the call reads, its function code
+            objects.extend((n, v) for n, v in (("partial's arguments", f.args), ("partial's keywords", f.keywords))
+                           if v)
+            todo.append(f.func)
+            continue
         if not isinstance(f, types.FunctionType):
             if f is not None and not isinstance(f, opaque):
                 objects.append(("the callable", f))

@@ -487,3 +487,23 @@ def test_writes_does_not_walk_for_a_large_namespace_that_did_not_change():
     assert py_writes.writes(before, lambda: walks.append(1) or guards.scan(src, lambda x: False)) == [] and not walks
     space["v1"] = 5
     assert py_writes.writes(before, lambda: guards.scan(src, lambda x: False)) == [("global 'v1'", "1", "5")]
+
+
+def test_a_value_a_partials_bound_argument_holds_is_guarded(emu):
+    """``graphed(functools.partial(f, cfg))``: the partial's bound arguments are state the call reads (they were not
+    walked, so a changed ``cfg.scale`` replayed the old graph)."""
+    import functools
+
+    class Cfg:
+        def __init__(self) -> None:
+            self.scale = 1.0
+
+    cfg = Cfg()
+    part = functools.partial(lambda c, x: x * c.scale, cfg)
+    f = graphjit.graphed(part)
+    x = torch.ones(3)
+    for i in range(8):
+        if i == 4:
+            cfg.scale = 3.0
+        assert torch.equal(f(x), x * cfg.scale), (i, f.report())
+    assert f.stats()["graphs"] == 2, f.report()

@@ -154,3 +154,94 @@ def test_paddle_layers_hooks_are_watched_too():
     assert any("_forward_post_hooks" in path for path, _old, _new in w.differences())
     h.remove()
     assert w.holds()
+
+
+class _Named(torch.nn.Module):
+    """Runs its layers by computed names and through ``children()``: no code names ``layer1`` or the Sequential."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer0, self.layer1 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.rest = torch.nn.Sequential(torch.nn.ReLU())
+
+    def forward(self, x):
+        for i in range(2):
+            x = getattr(self, f"layer{i}")(x)
+        for c in self.rest.children():
+            x = c(x)
+        return x
+
+
+@pytest.mark.parametrize("target", ["layer1", "rest.0"])
+def test_a_hook_on_a_submodule_the_code_does_not_name_is_watched(emu, target):
+    torch.manual_seed(0)
+    m, x = _Named(), torch.randn(2, 4)
+    f = graphjit.graphed(m)
+    _calls(m, f, x, 4)
+    h = m.get_submodule(target).register_forward_hook(lambda mod, a, out: out * 0 + 5)
+    try:
+        _calls(m, f, x, 5)
+        assert f.stats()["graphs"] == 2, f.report()
+    finally:
+        h.remove()
+
+
+def test_removing_a_hook_present_at_capture_gets_a_graph_with_the_compile_tracer_too(emu):
+    m, x = _model(), torch.randn(2, 4)
+    h = m[0].register_forward_hook(lambda mod, a, out: out * 0 + 5)
+    f = graphjit.graphed(m, tracer="compile")
+    _calls(m, f, x, 4)
+    _calls(m, f, x, 6, h.remove, at=0)
+    st = f.stats()
+    assert st["graphs"] == 2 and not st["fallbacks"], f.report()  # captured again, not uncaptured for good
+
+
+def test_a_watch_that_failed_does_not_compare_every_dict_again_until_something_changes():
+    from graphjit.module_hooks import HookWatch
+
+    m = _model()
+    b = get("torch")
+    found = [(getattr(mod, n), (f"m[{i}]", (".", n))) for i, mod in enumerate(m) for n in b.hook_holders]
+    w = HookWatch(found, b.hook_count())
+    h = m[1].register_forward_hook(lambda mod, a, out: out)
+    assert not w.holds()
+    failed = w.failed
+    assert failed is not None and [d for d, _n in failed[1]] == [m[1]._forward_hooks]
+    assert not w.holds() and w.failed is failed  # the same failure, not compared again
+    h.remove()
+    assert w.holds() and w.failed is None
+
+
+def test_a_graphed_forwards_own_module_hooks_run_outside_it_and_cost_no_graph(emu):
+    """``@graphjit.graphed`` on ``forward``: ``Module.__call__`` runs the module's own hooks around the graphed
+    ``forward``, so a hook there changes nothing in its graph; a submodule's hook does."""
+
+    class Dec(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = torch.nn.Linear(4, 4)
+
+        @graphjit.graphed
+        def forward(self, x):
+            return self.a(x)
+
+    m, x = Dec(), torch.randn(2, 4)
+    handles = []
+    try:
+        with torch.no_grad():
+            for _ in range(4):
+                m(x)
+            handles.append(m.register_forward_hook(lambda mod, a, out: out + 1))
+            want = m.a(x) + 1
+            for _ in range(3):
+                assert torch.allclose(m(x), want)
+            st = Dec.forward.stats()
+            assert st["graphs"] == 1 and not st["fallbacks"], st
+            handles.append(m.a.register_forward_hook(lambda mod, a, out: out * 0))
+            for _ in range(4):
+                assert torch.allclose(m(x), torch.ones_like(want))
+            assert Dec.forward.stats()["graphs"] == 2
+    finally:
+        for h in handles:
+            h.remove()

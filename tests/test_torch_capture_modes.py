@@ -87,3 +87,35 @@ def test_a_graph_captured_inside_a_switched_off_block_reads_no_cast_of_the_calle
         got = f(x)
         assert f.stats()["replays"] >= 2
         assert torch.equal(got, body(x))
+
+
+def test_a_default_dtype_set_after_the_capture_is_another_key(emu):
+    """``torch.ones(3)`` inside the function makes the default dtype: a graph froze the one of its capture, so a call
+    under another default dtype is another key (its own warmup and graph), never the old graph."""
+    import graphjit
+
+    f = graphjit.graphed(lambda x: x + torch.ones(3))
+    x = torch.ones(3)
+    try:
+        for i in range(8):
+            if i == 4:
+                torch.set_default_dtype(torch.float64)
+            got, want = f(x), x + torch.ones(3)
+            assert got.dtype == want.dtype and torch.equal(got, want), (i, f.report())
+        assert f.stats()["graphs"] == 2 and "default dtype float64" in f.report(), f.report()
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_paddles_modes_hold_its_default_dtype():
+    paddle = pytest.importorskip("paddle")
+    from graphjit.backends import get
+
+    b = get("paddle")
+    before = b.modes()
+    paddle.set_default_dtype("float64")
+    try:
+        assert b.modes() != before and "default dtype float64" in b.describe_modes(b.modes())
+    finally:
+        paddle.set_default_dtype("float32")
+    assert b.modes() == before and "default dtype" not in b.describe_modes(before)

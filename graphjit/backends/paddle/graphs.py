@@ -32,6 +32,19 @@ from .sot import PACKAGE_DIR, SotFunction
 
 log = logging.getLogger("graphjit")
 
+def _default_dtype_reader() -> Callable[[], Any]:
+    """A reader of Paddle's default dtype: the class attribute ``paddle.get_default_dtype()`` returns, without its two
+    Python calls, where this Paddle keeps it there."""
+    try:
+        from paddle.base.layer_helper_base import LayerHelperBase
+    except ImportError:
+        return paddle.get_default_dtype
+    if not hasattr(LayerHelperBase, "_LayerHelperBase__dtype"):
+        return paddle.get_default_dtype
+    return functools.partial(getattr, LayerHelperBase, "_LayerHelperBase__dtype")
+
+
+_default_dtype = _default_dtype_reader()
 _TRACE_LOCK = threading.RLock()  # SOT and AST translation are not thread-safe: one traced call at a time
 
 # run_program (the op that executes to_static programs) refuses to run inside a capture unless these
@@ -330,14 +343,17 @@ class PaddleBackend(Backend):
         tracer = _GLOBALS._dygraph_tracer_ if _GLOBALS is not None else None  # thread-local, as Paddle keeps it
         # paddle.is_grad_enabled() without its Python call: 3.x's C function, or what 2.6's reads
         grad = _has_grad() if _has_grad is not None else (tracer._has_grad if tracer is not None else False)
+        dtype = _default_dtype()  # what paddle.ones([3]) makes: the graph froze it
         if tracer is None:
-            return (grad,)
-        return (grad, tracer._amp_level, tracer._amp_dtype)
+            return (grad, dtype)
+        return (grad, dtype, tracer._amp_level, tracer._amp_dtype)
 
     def describe_modes(self, modes: tuple[Any, ...]) -> str:
         parts = [] if modes[0] else ["no_grad"]
-        if len(modes) == 3 and not str(modes[1]).endswith("O0"):
-            parts.append(f"amp({str(modes[1]).rsplit('.', 1)[-1]}, {modes[2]})")
+        if len(modes) == 4 and not str(modes[2]).endswith("O0"):
+            parts.append(f"amp({str(modes[2]).rsplit('.', 1)[-1]}, {modes[3]})")
+        if str(modes[1]) not in ("float32", "paddle.float32"):
+            parts.append(f"default dtype {str(modes[1]).replace('paddle.', '')}")
         return " ".join(parts)
 
     def _generator(self, device: str) -> Any:

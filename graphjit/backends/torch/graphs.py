@@ -26,7 +26,9 @@ from ..base import CAPTURE_LOCK, Backend, GraphHandle, Segments, collector_pause
 from . import device as cuda_device
 from . import feed as feed_mod
 from . import hooks, rebinds, workspaces
+from . import modes as torch_modes
 from .breaks import dynamo_off, shield
+from .modes import autocast_cache_off
 from .recovery import recover
 from .syncs import SyncWatcher
 
@@ -338,21 +340,10 @@ class TorchBackend(Backend):
         an H200)."""
         return (len(path) >= 3 and path[-2] == (".", "_buffers")) or (".", "state") in path[1:]
 
-    def modes(self) -> tuple[Any, ...]:
-        autocast = _autocast_modes() if _any_autocast() else None
-        return (_grad_enabled(), _inference_mode(), autocast, _matmul_precision(), _deterministic())
+    modes = staticmethod(torch_modes.read)  # every call reads them: no method of its own in between
 
     def describe_modes(self, modes: tuple[Any, ...]) -> str:
-        grad, inference, autocast, precision, deterministic = modes
-        parts = ["inference_mode" if inference else ("no_grad" if not grad else "")]
-        for device_type, enabled, dtype in autocast or ():
-            if enabled:
-                parts.append(f"autocast({device_type}, {str(dtype).replace('torch.', '')})")
-        if precision != "highest":
-            parts.append(f"fp32 matmul={precision}")
-        if deterministic:
-            parts.append("deterministic")
-        return " ".join(p for p in parts if p)
+        return torch_modes.describe(modes)
 
     def rng_state(self, device: str) -> Any:
         if device.startswith("cuda"):
@@ -501,49 +492,6 @@ _SYNC_WATCHER = SyncWatcher(torch.cuda.get_sync_debug_mode, torch.cuda.set_sync_
 
 # Dynamo's C++ check of tensors' metadata (None on a torch without it): Backend.meta_check
 _TensorGuards: Any = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None)
-_any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
-# The modes read on every call, as the C functions behind torch's Python wrappers where this torch has them.
-_grad_enabled: Callable[[], bool] = torch.is_grad_enabled
-_inference_mode: Callable[[], bool] = torch.is_inference_mode_enabled
-_matmul_precision: Callable[[], str] = getattr(torch._C, "_get_float32_matmul_precision",
-                                               torch.get_float32_matmul_precision)
-_deterministic: Callable[[], bool] = getattr(torch._C, "_get_deterministic_algorithms",
-                                             torch.are_deterministic_algorithms_enabled)
-
-
-@contextlib.contextmanager
-def autocast_cache_off() -> Iterator[None]:
-    """Inside the block, autocast keeps no cache of its casts, where autocast is on or an autocast block is open: a
-    graph that read a cached cast would read it after the user's autocast block freed it, so the casts are captured
-    instead.  Outside every autocast block there is nothing cached and the flag stays as it is: it is part of the
-    global state Dynamo's guards check, and a capture that flipped it made ``tracer="compile"`` recompile inside the
-    capture (a failed capture, or seconds of compiling a program that only the capture ran).  The flag is put back
-    when the block ends."""
-    # Inside an autocast block switched off (``enabled=False``) the cache still holds the outer block's casts, and a
-    # block the function enters takes them: the nesting level says so (1 after this increment: no block at all).
-    inside_a_block = torch.autocast_increment_nesting() > 1
-    torch.autocast_decrement_nesting()
-    if not _any_autocast() and not inside_a_block:
-        yield
-        return
-    cache = torch.is_autocast_cache_enabled()
-    torch.set_autocast_cache_enabled(False)
-    try:
-        yield
-    finally:
-        torch.set_autocast_cache_enabled(cache)
-
-
-def _autocast_modes() -> tuple[tuple[str, bool, Any], ...]:
-    """(device type, enabled, dtype) of autocast for CUDA and the CPU (torch >= 2.4 API, older spelling
-    as the fallback)."""
-    try:
-        return tuple((d, bool(torch.is_autocast_enabled(d)), torch.get_autocast_dtype(d)) for d in ("cuda", "cpu"))
-    except TypeError:  # torch < 2.4
-        return (("cuda", bool(torch.is_autocast_enabled()), torch.get_autocast_gpu_dtype()),
-                ("cpu", bool(torch.is_autocast_cpu_enabled()), torch.get_autocast_cpu_dtype()))
-
-
 def _dynamo_guard(target: Any, f_locals: dict[str, Any]) -> Callable[[], str | None] | None:
     code = getattr(getattr(target, "__func__", target), "__code__", None)
     if code is None:

@@ -1,0 +1,77 @@
+"""torch's modes as graphjit keys calls on them (:meth:`TorchBackend.modes`, read on every call), and the autocast
+cast cache a capture turns off (:func:`autocast_cache_off`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+_any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+# The modes read on every call, as the C functions behind torch's Python wrappers where this torch has them.
+_grad_enabled: Callable[[], bool] = torch.is_grad_enabled
+_inference_mode: Callable[[], bool] = torch.is_inference_mode_enabled
+_matmul_precision: Callable[[], str] = getattr(torch._C, "_get_float32_matmul_precision",
+                                               torch.get_float32_matmul_precision)
+_deterministic: Callable[[], bool] = getattr(torch._C, "_get_deterministic_algorithms",
+                                             torch.are_deterministic_algorithms_enabled)
+_default_dtype: Callable[[], Any] = torch.get_default_dtype  # what torch.ones(3) makes: the graph froze it
+
+
+@contextlib.contextmanager
+def autocast_cache_off() -> Iterator[None]:
+    """Inside the block, autocast keeps no cache of its casts, where autocast is on or an autocast block is open: a
+    graph that read a cached cast would read it after the user's autocast block freed it, so the casts are captured
+    instead.  Outside every autocast block there is nothing cached and the flag stays as it is: it is part of the
+    global state Dynamo's guards check, and a capture that flipped it made ``tracer="compile"`` recompile inside the
+    capture (a failed capture, or seconds of compiling a program that only the capture ran).  The flag is put back
+    when the block ends."""
+    # Inside an autocast block switched off (``enabled=False``) the cache still holds the outer block's casts, and a
+    # block the function enters takes them: the nesting level says so (1 after this increment: no block at all).
+    inside_a_block = torch.autocast_increment_nesting() > 1
+    torch.autocast_decrement_nesting()
+    if not _any_autocast() and not inside_a_block:
+        yield
+        return
+    cache = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(cache)
+
+
+def _autocast_modes() -> tuple[tuple[str, bool, Any], ...]:
+    """(device type, enabled, dtype) of autocast for CUDA and the CPU (torch >= 2.4 API, older spelling
+    as the fallback)."""
+    try:
+        return tuple((d, bool(torch.is_autocast_enabled(d)), torch.get_autocast_dtype(d)) for d in ("cuda", "cpu"))
+    except TypeError:  # torch < 2.4
+        return (("cuda", bool(torch.is_autocast_enabled()), torch.get_autocast_gpu_dtype()),
+                ("cpu", bool(torch.is_autocast_cpu_enabled()), torch.get_autocast_cpu_dtype()))
+
+
+def read() -> tuple[Any, ...]:
+    """The modes a call is keyed on: grad mode, inference mode, autocast (None outside every autocast block), the fp32
+    matmul precision, deterministic algorithms and the default dtype (what ``torch.ones(3)`` makes: a graph froze
+    it)."""
+    autocast = _autocast_modes() if _any_autocast() else None
+    return (_grad_enabled(), _inference_mode(), autocast, _matmul_precision(), _deterministic(), _default_dtype())
+
+
+def describe(modes: tuple[Any, ...]) -> str:
+    """The modes of :func:`read` as a key's label shows them (only those that are not the default)."""
+    grad, inference, autocast, precision, deterministic, dtype = modes
+    parts = ["inference_mode" if inference else ("no_grad" if not grad else "")]
+    for device_type, enabled, dtype in autocast or ():
+        if enabled:
+            parts.append(f"autocast({device_type}, {str(dtype).replace('torch.', '')})")
+    if precision != "highest":
+        parts.append(f"fp32 matmul={precision}")
+    if deterministic:
+        parts.append("deterministic")
+    if dtype is not torch.float32:
+        parts.append(f"default dtype {str(dtype).replace('torch.', '')}")
+    return " ".join(p for p in parts if p)
