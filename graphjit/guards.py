@@ -23,6 +23,8 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   said one of its modules rebound a parameter or buffer (:func:`note_rebind`, torch's registration hooks; always
   where the framework cannot say: Paddle).  Not: lists and dicts of more than :data:`MAX_ITEMS` items (lookup
   tables); a tensor's storage replaced in place (``p.data = ...``, ``module.half()``).
+* **Lengths**: of every list reached and of a container module's dict of submodules (``ModuleList``,
+  ``Sequential``, ``ModuleDict``): code that iterates them would run an item appended after the capture.
 * **Module hooks**: the forward and backward hook dicts of the modules reached, and the framework's global ones
   (:mod:`graphjit.module_hooks`): a hook registered or removed after the capture is a changed read value.
 * **Which names**: every attribute step of a value's path must be named by code the call may run
@@ -116,6 +118,7 @@ class Scan:
     renewed: tuple[tuple[type, str], ...] = ()  # (type, attribute) the framework renews every call: not values
     held: dict[int, _Box] = field(default_factory=dict)  # a Module's parameter and buffer dicts: tensors by identity
     hooks: dict[int, tuple[dict[Any, Any], Path]] = field(default_factory=dict)  # the modules' hook dicts reached
+    lengths: dict[int, tuple[Any, int, Path]] = field(default_factory=dict)  # lists, container modules' dicts
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
         if owner is not None and self.renewed and any(key == n and isinstance(owner, t) for t, n in self.renewed):
@@ -124,6 +127,17 @@ class Scan:
         if box is None:
             box = self.boxes[id(container)] = _Box(container, kind, owner=owner)
         box.entries.setdefault(key, (snapshot(value), path))
+
+    def length(self, container: Any, path: Path) -> None:
+        """A list, or a container module's dict of submodules, whose length is guarded: code that iterates it runs
+        an item appended after the capture, which the graph does not hold."""
+        if len(container) <= MAX_ITEMS:
+            self.lengths.setdefault(id(container), (container, len(container), path))
+
+    def named_lengths(self) -> list[tuple[Any, int, Path]]:
+        """The :meth:`length` entries whose path's attribute steps are all named by code the function may run."""
+        names = self.names
+        return [e for e in self.lengths.values() if all(step[1] in names for step in e[2][1:] if step[0] == ".")]
 
     def hold(self, container: Any, key: Any, value: Any, path: Path) -> None:
         """A tensor (or None) a Module holds in its parameter or buffer dict ``container``: compared by identity."""
@@ -281,6 +295,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     while stack:
         obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
         tp = type(obj)
+        if tp is list:
+            out.length(obj, path)
         if (tp in PLAIN_CONTAINERS and not obj) or tp in _SCALAR_TYPES or is_tensor(obj) or opaque(obj):
             continue  # (a module's dozen hook dicts are nearly always empty: nothing to guard in them)
         if not visits.first(obj, depth):
@@ -327,10 +343,13 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             for k, child in list(d.items()):
                 if not isinstance(k, str) or k in hook_holders:  # hooks: HookWatch's, not values
                     continue
+                container = hasattr(tp, "__getitem__") or hasattr(tp, "__iter__")
+                if container and k in children and isinstance(child, dict):
+                    out.length(child, (*path, (".", k)))  # a module appended to a ModuleList would run uncaptured
                 if named is not None and k in through:
                     # a container module (ModuleList, ModuleDict, Sequential) hands out its entries by index or by
                     # a key in a variable: all count; another module's entries count where its code names them
-                    keys = None if hasattr(tp, "__getitem__") or hasattr(tp, "__iter__") else named
+                    keys = None if container else named
                     stack.append((child, (*path, (".", k)), depth + 1, keys))
                     continue
                 if named is not None and k not in named:
@@ -407,6 +426,12 @@ class GuardSet:
             self.keys.append(keys)
             self.paths.append([chosen[(cid, k)][1] for k in keys])
             self.expected.append(expected)
+        for container, n, path in scan_.named_lengths():
+            self.containers.append(container)
+            self.getters.append(len)
+            self.keys.append([len])
+            self.paths.append([(f"len({describe(path)})",)])
+            self.expected.append(n)
         self.extra = extra
         # held tensors: (container, key, path, the tensor or None at capture: kept, so its address stays its own)
         held = scan_.values(held=True)
@@ -485,6 +510,8 @@ class GuardSet:
 
     def _one(self, i: int, key: Any) -> Any:
         c = self.containers[i]
+        if key is len:
+            return len(c)
         return getattr(c, key) if isinstance(self.getters[i], operator.attrgetter) else c[key]
 
     def values(self) -> tuple[Any, ...] | None:

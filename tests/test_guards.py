@@ -507,3 +507,46 @@ def test_a_value_a_partials_bound_argument_holds_is_guarded(emu):
             cfg.scale = 3.0
         assert torch.equal(f(x), x * cfg.scale), (i, f.report())
     assert f.stats()["graphs"] == 2, f.report()
+
+
+class _Stack(torch.nn.Module):
+    """Iterates a ModuleList and a list of factors: what it runs depends on their lengths."""
+
+    def __init__(self, n_layers: int, factors: list[float]) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(n_layers)])
+        self.factors = factors
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        for v in self.factors:
+            x = x * v
+        return x
+
+
+@pytest.mark.parametrize("grow", ["Sequential.append", "ModuleList.append", "empty ModuleList", "list of values",
+                                  "empty list"])
+def test_an_item_appended_after_the_capture_to_what_the_function_iterates_is_run(emu, grow):
+    """A list, or a container module, that the function iterates: the graph holds the items of its capture, so an
+    appended one is a changed value (its length is guarded), never skipped by a replay."""
+    if grow == "Sequential.append":
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    else:
+        m = _Stack(0 if grow == "empty ModuleList" else 1, [] if grow == "empty list" else [2.0])
+    f, x = graphjit.graphed(m), torch.randn(2, 4)
+    with torch.no_grad():
+        for i in range(8):
+            if i == 4:
+                if grow == "Sequential.append":
+                    m.append(torch.nn.Tanh())
+                elif grow in ("ModuleList.append", "empty ModuleList"):
+                    m.layers.append(torch.nn.Linear(4, 4))
+                else:
+                    m.factors.append(3.0)
+            got, want = f(x), m(x)
+            assert torch.allclose(got, want), (i, f.report())
+    assert f.stats()["graphs"] == 2, f.report()
+    assert "len(" in f.report(), f.report()
