@@ -23,8 +23,9 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   said one of its modules rebound a parameter or buffer (:func:`note_rebind`, torch's registration hooks; always
   where the framework cannot say: Paddle).  Not: lists and dicts of more than :data:`MAX_ITEMS` items (lookup
   tables); a tensor's storage replaced in place (``p.data = ...``, ``module.half()``).
-* **Lengths**: of every list reached and of a container module's dict of submodules (``ModuleList``,
-  ``Sequential``, ``ModuleDict``): code that iterates them would run an item appended after the capture.
+* **Lengths**: of every list and non-empty dict reached (not a module's parameter, buffer or submodule dict) and of
+  a container module's dict of submodules (``ModuleList``, ``Sequential``, ``ModuleDict``): code that iterates them
+  would run an item added after the capture.
 * **Module hooks**: the forward and backward hook dicts of the modules reached, and the framework's global ones
   (:mod:`graphjit.module_hooks`): a hook registered or removed after the capture is a changed read value.
 * **Which names**: every attribute step of a value's path must be named by code the call may run
@@ -129,8 +130,8 @@ class Scan:
         box.entries.setdefault(key, (snapshot(value), path))
 
     def length(self, container: Any, path: Path) -> None:
-        """A list, or a container module's dict of submodules, whose length is guarded: code that iterates it runs
-        an item appended after the capture, which the graph does not hold."""
+        """A list, a dict, or a container module's dict of submodules, whose length is guarded: code that iterates it
+        runs an item added after the capture, which the graph does not hold."""
         if len(container) <= MAX_ITEMS:
             self.lengths.setdefault(id(container), (container, len(container), path))
 
@@ -321,6 +322,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
         if isinstance(obj, dict):
             holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding
             big = len(obj) > MAX_ITEMS or holder
+            submodules = len(path) > 1 and path[-1][0] == "." and path[-1][1] in children
+            if keys_of is None and not holder and not submodules:
+                out.length(obj, path)  # a key added after the capture to a dict the function iterates
             for k, child in list(obj.items()):
                 if keys_of is not None and k not in keys_of:
                     continue  # a submodule (parameter, buffer) no code of the call names

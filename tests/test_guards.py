@@ -6,6 +6,8 @@ GPU, both torch tracers and Paddle: tests/test_gpu_guards.py."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -550,3 +552,14 @@ def test_an_item_appended_after_the_capture_to_what_the_function_iterates_is_run
             assert torch.allclose(got, want), (i, f.report())
     assert f.stats()["graphs"] == 2, f.report()
     assert "len(" in f.report(), f.report()
+
+
+def test_a_key_added_after_the_capture_to_a_dict_the_function_iterates_is_run(emu):
+    scales = {"a": 2.0}
+    f = graphjit.graphed(lambda x: x * math.prod(scales.values()))
+    x = torch.ones(3)
+    for i in range(8):
+        if i == 4:
+            scales["b"] = 3.0
+        assert torch.equal(f(x), x * math.prod(scales.values())), (i, f.report())
+    assert f.stats()["graphs"] == 2, f.report()
