@@ -43,7 +43,7 @@ from .buffers import InputMoved, KeyEntry
 from .dynamic import DynamicArgs
 from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
 from .feeds import StepContext
-from .guards import Drift, Sources
+from .guards import Sources
 from .history import SIGNATURE_CHANGES, KeyHistory
 from .invoke import Invoker
 from .keys import BucketsArg, CallSignature, Signer, rebuild_call
@@ -54,7 +54,7 @@ from .options import Options, check_callable, make_options
 from .policy import Policy
 from .stats import FunctionStats, KeyStats, State
 from .tree import collect_tensors
-from .variants import ValueVariants
+from .variants import Drift, ValueVariants
 from .warmup import Blocked, Warmup
 
 log = logging.getLogger("graphjit")

@@ -81,6 +81,7 @@ class BuildRequest:
     no_adopt: frozenset[int] = field(default_factory=frozenset)
     dynamic: DynamicArgs | None = None  # the function's dynamic parameters (their values: sig.dynamic)
     method: bool = False  # a method call (args without self): where the dynamic parameters sit
+    hooks_outside: bool = False  # a graphed forward: Module.__call__ runs self's hooks around it (module_hooks)
     guard_sources: Callable[[], guards.Sources] | None = None  # where the values the function reads live
     tracer_guard: Callable[[tuple[Any, ...], dict[str, Any]], Any] = lambda _a, _k: None
     """Given the captured call's (static) arguments: the tracer's own guard check (``Backend.tracer_guard``)."""
@@ -133,7 +134,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             after_capture(req, before, where, values, rescan)
             guard = None if values is None else guards.GuardSet(
                 values, req.tracer_guard(statics.args, statics.kwargs), gated=b.counts_rebinds,
-                hooks=module_hooks.watch(values.hooks, b, req.method))
+                hooks=module_hooks.watch(values.hooks, b, req.hooks_outside))
             if guard is not None:
                 st.guards = guard.size
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed},

@@ -23,9 +23,9 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   said one of its modules rebound a parameter or buffer (:func:`note_rebind`, torch's registration hooks; always
   where the framework cannot say: Paddle).  Not: lists and dicts of more than :data:`MAX_ITEMS` items (lookup
   tables); a tensor's storage replaced in place (``p.data = ...``, ``module.half()``).
-* **Lengths**: of every list and non-empty dict reached (not a module's parameter, buffer or submodule dict) and of
-  a container module's dict of submodules (``ModuleList``, ``Sequential``, ``ModuleDict``): code that iterates them
-  would run an item added after the capture.
+* **Lengths**: of every list reached and of a container module's dict of submodules (``ModuleList``,
+  ``Sequential``, ``ModuleDict``): code that iterates them would run an item added after the capture.  Not of other
+  dicts: a cache a function fills by key (one entry per shape) would end its other graphs.
 * **Module hooks**: the forward and backward hook dicts of the modules reached, and the framework's global ones
   (:mod:`graphjit.module_hooks`): a hook registered or removed after the capture is a changed read value.
 * **Which names**: every attribute step of a value's path must be named by code the call may run
@@ -130,10 +130,9 @@ class Scan:
         box.entries.setdefault(key, (snapshot(value), path))
 
     def length(self, container: Any, path: Path) -> None:
-        """A list, a dict, or a container module's dict of submodules, whose length is guarded: code that iterates it
-        runs an item added after the capture, which the graph does not hold."""
-        if len(container) <= MAX_ITEMS:
-            self.lengths.setdefault(id(container), (container, len(container), path))
+        """A list, or a container module's dict of submodules, whose length is guarded: code that iterates it runs an
+        item added after the capture, which the graph does not hold (any size: ``len`` costs the same)."""
+        self.lengths.setdefault(id(container), (container, len(container), path))
 
     def named_lengths(self) -> list[tuple[Any, int, Path]]:
         """The :meth:`length` entries whose path's attribute steps are all named by code the function may run."""
@@ -296,7 +295,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     while stack:
         obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
         tp = type(obj)
-        if tp is list:
+        if isinstance(obj, list):
             out.length(obj, path)
         if (tp in PLAIN_CONTAINERS and not obj) or tp in _SCALAR_TYPES or is_tensor(obj) or opaque(obj):
             continue  # (a module's dozen hook dicts are nearly always empty: nothing to guard in them)
@@ -322,9 +321,6 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
         if isinstance(obj, dict):
             holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding
             big = len(obj) > MAX_ITEMS or holder
-            submodules = len(path) > 1 and path[-1][0] == "." and path[-1][1] in children
-            if keys_of is None and not holder and not submodules:
-                out.length(obj, path)  # a key added after the capture to a dict the function iterates
             for k, child in list(obj.items()):
                 if keys_of is not None and k not in keys_of:
                     continue  # a submodule (parameter, buffer) no code of the call names
@@ -383,8 +379,17 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             if cls is object or cls.__module__ == "builtins" or id(cls) in out.boxes:
                 continue
             for k, child in list(vars(cls).items()):
-                if isinstance(k, str) and not k.startswith("__") and guardable(child):
-                    out.add(cls, "attr", k, child, (f"class {cls.__qualname__}", (".", k)))
+                if not isinstance(k, str) or k.startswith("__"):
+                    continue
+                cpath: Path = (f"class {cls.__qualname__}", (".", k))
+                if guardable(child):
+                    out.add(cls, "attr", k, child, cpath)
+                elif type(child) in (list, dict) and len(child) <= MAX_ITEMS:  # shared state: its items, one level
+                    if type(child) is list:
+                        out.length(child, cpath)
+                    for i, v in enumerate(child) if type(child) is list else list(child.items()):
+                        if guardable(v):
+                            out.add(child, "item", i, v, (*cpath, ("[]", i)))
     return out
 
 
@@ -519,13 +524,13 @@ class GuardSet:
         return getattr(c, key) if isinstance(self.getters[i], operator.attrgetter) else c[key]
 
     def values(self) -> tuple[Any, ...] | None:
-        """The current guarded values, hashable (None where an entry is gone): an unhashable object compared as an
-        object (a dataclass config) stands for itself by its identity (:func:`~graphjit.guardable.hashable`)."""
+        """The current guarded values, hashable (None where one is not): an unhashable object compared as an object
+        (a dataclass config) stands for itself by its identity (:func:`~graphjit.guardable.hashable`), an entry gone
+        (a list that shrank) by :data:`DELETED`."""
         try:
-            now = tuple(_each(hashable, got, len(keys))
-                        for got, keys in zip(map(operator.call, self.getters, self.containers), self.keys))
+            now = tuple(_each(hashable, self._get_or_deleted(i), len(keys)) for i, keys in enumerate(self.keys))
             if self.held:  # by identity: the graph of the new tensors holds them, so no other object takes their ids
-                now = (*now, tuple((type(v), id(v)) for v in (c[k] for c, k, _p, _v in self.held)))
+                now = (*now, tuple((type(v), id(v)) for v in (c.get(k, DELETED) for c, k, _p, _v in self.held)))
             if self.hooks is not None:
                 now = (*now, self.hooks.state())
             hash(now)
@@ -533,48 +538,38 @@ class GuardSet:
             return None
         return now
 
+    def _get_or_deleted(self, i: int) -> Any:
+        """What getter ``i`` returns, with :data:`DELETED` for each of its entries that is gone."""
+        try:
+            return self._get(i)
+        except Exception:
+            keys = self.keys[i]
+            got = []
+            for key in keys:
+                try:
+                    got.append(self._one(i, key))
+                except Exception:
+                    got.append(DELETED)
+            return got[0] if len(keys) == 1 else tuple(got)
+
     def shown(self) -> dict[str, tuple[str, str]]:
         """``path -> (value at capture, value now)`` of the values that differ and still exist (for labels)."""
         return {path: (old, new) for path, old, new in self.differences() if new != "(deleted)"}
 
 
+class _Deleted:
+    """A guarded entry that is gone (:meth:`GuardSet.values`)."""
+
+    def __repr__(self) -> str:
+        return "(deleted)"
+
+
+DELETED = _Deleted()
+
+
 def _each(f: Callable[[Any], Any], got: Any, n: int) -> Any:
     """``f`` of each value a getter returned: its one value, or each of the tuple of ``n`` > 1 it returns."""
     return f(got) if n == 1 else tuple(map(f, got))
-
-
-class Drift:
-    """How the read values of one key of the arguments changed on the calls whose guards failed: values new on
-    each of :data:`VOLATILE` such calls in a row change on every call (graphing them would make one graph per
-    call); values seen on a recent such call (a flag toggled back, a value that settled) get a graph."""
-
-    VOLATILE = 3
-    RECENT = 16
-    MAX_VALUES = 8
-    """Distinct sets of values one key of the arguments gets graphs for (as Dynamo's recompile limit): a value
-    that drifts slowly (an epoch counter) would otherwise fill ``max_graphs`` with graphs used a few times each."""
-
-    __slots__ = ("changes", "distinct", "recent")
-
-    def __init__(self) -> None:
-        self.recent: dict[tuple[Any, ...], None] = {}
-        self.changes = 0
-        self.distinct = 0
-
-    def note(self, values: tuple[Any, ...] | None) -> bool:
-        """Record the values of a call whose guards failed; True if they change on every call, or have taken more
-        than :data:`MAX_VALUES` values (run it uncaptured)."""
-        if values is not None and values in self.recent:
-            self.changes = 0
-            self.recent.pop(values)
-        else:
-            self.changes += 1
-            self.distinct += 1
-        if values is not None:
-            self.recent[values] = None
-            while len(self.recent) > self.RECENT:
-                self.recent.pop(next(iter(self.recent)))
-        return self.changes >= self.VOLATILE or self.distinct > self.MAX_VALUES
 
 
 def _tensor(v: Any) -> str:

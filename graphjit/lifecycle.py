@@ -397,6 +397,7 @@ class KeyLifecycle(abc.ABC):
             copy_outputs=self.options.outputs == "copy" or settings.check_outputs,
             pool=self.pool_for(backend, device), dump_dir=settings.dump_dir, debug=settings.debug,
             no_adopt=no_adopt, dynamic=self.dynamic, method=instance is not None,
+            hooks_outside=instance is not None and getattr(inv.target, "__name__", None) == "forward",
             guard_sources=lambda: self.guard_sources(instance, args, kwargs),
             tracer_guard=lambda sargs, skwargs: backend.tracer_guard(
                 inv.target, inv.tracer_name(backend), inv.frame_locals(instance, sargs, skwargs)))

@@ -106,13 +106,14 @@ def collect_hooks(d: dict[str, Any], path: Path, holders: tuple[str, ...], child
                         stack.append((sd, (*path, (".", c), ("[]", k))))
 
 
-def watch(found: dict[int, tuple[dict[Any, Any], Path]], backend: Any, method: bool = False) -> HookWatch | None:
+def watch(found: dict[int, tuple[dict[Any, Any], Path]], backend: Any, outside: bool = False) -> HookWatch | None:
     """A :class:`HookWatch` of the module hook dicts a scan ``found`` and the backend's global ones; None where the
-    scan reached no module or the backend cannot count hook registrations.  ``method``: the graphed function is a
-    method of the object the scan calls ``self`` (a graphed ``forward``): that object's own hooks run outside it
-    (``Module.__call__`` runs them around ``forward``), so they are not watched."""
+    scan reached no module or the backend cannot count hook registrations.  ``outside``: the graphed function is the
+    ``forward`` of the object the scan calls ``self``: that object's own hooks run outside it (``Module.__call__``
+    runs them around ``forward``), so they are not watched (another method that calls ``self(x)`` runs them inside,
+    and watches them)."""
     count = backend.hook_count()
-    if method:
+    if outside:
         found = {k: (d, p) for k, (d, p) in found.items() if not (len(p) == 2 and p[0] == "self")}
     if count is None or not found:
         return None

@@ -20,7 +20,7 @@ from . import env, guards
 from .backends.base import Backend
 from .buffers import KeyEntry
 from .errors import CaptureError
-from .guards import READ_VALUES, Drift
+from .guards import READ_VALUES
 from .keys import CallSignature, Key
 
 if TYPE_CHECKING:
@@ -98,6 +98,16 @@ class ValueVariants(abc.ABC):
         if volatile or values is None:
             return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
         vkey = Key((*base[:-1], (READ_VALUES, values), base[-1]))  # the modes stay last
+        for _ in range(4):  # that key's graph failed its own guards above (its run read values this one does not):
+            other = self.entries.get(vkey)  # its values, too, tell the graph of these values from it
+            if other is None or other.guards is None:
+                break
+            more = other.guards.values()
+            if more is None:
+                return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
+            vkey = Key((*vkey[:-1], (READ_VALUES, more), vkey[-1]))
+        else:
+            return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
         shown = guard.shown()
         self.history.note_values(base, {path: old for path, (old, _new) in shown.items()})
         return self.slow(sig.for_values(vkey, {path: new for path, (_old, new) in shown.items()}), settings, instance,
@@ -133,3 +143,36 @@ class ValueVariants(abc.ABC):
         self.say_once(logging.WARNING, "values:" + path, "graphjit %s: %s", self.name, detail)
         return result
 
+
+class Drift:
+    """How the read values of one key of the arguments changed on the calls whose guards failed: values new on
+    each of :data:`VOLATILE` such calls in a row change on every call (graphing them would make one graph per
+    call); values seen on a recent such call (a flag toggled back, a value that settled) get a graph."""
+
+    VOLATILE = 3
+    RECENT = 16
+    MAX_VALUES = 8
+    """Distinct sets of values one key of the arguments gets graphs for (as Dynamo's recompile limit): a value
+    that drifts slowly (an epoch counter) would otherwise fill ``max_graphs`` with graphs used a few times each."""
+
+    __slots__ = ("changes", "distinct", "recent")
+
+    def __init__(self) -> None:
+        self.recent: dict[tuple[Any, ...], None] = {}
+        self.changes = 0
+        self.distinct = 0
+
+    def note(self, values: tuple[Any, ...] | None) -> bool:
+        """Record the values of a call whose guards failed; True if they change on every call, or have taken more
+        than :data:`MAX_VALUES` values (run it uncaptured)."""
+        if values is not None and values in self.recent:
+            self.changes = 0
+            self.recent.pop(values)
+        else:
+            self.changes += 1
+            self.distinct += 1
+        if values is not None:
+            self.recent[values] = None
+            while len(self.recent) > self.RECENT:
+                self.recent.pop(next(iter(self.recent)))
+        return self.changes >= self.VOLATILE or self.distinct > self.MAX_VALUES

@@ -6,8 +6,6 @@ GPU, both torch tracers and Paddle: tests/test_gpu_guards.py."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,7 +13,7 @@ torch = pytest.importorskip("torch")
 import guard_cases as cases  # noqa: E402
 
 import graphjit  # noqa: E402
-from graphjit import guards, py_writes  # noqa: E402
+from graphjit import guards, py_writes, variants  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -323,7 +321,7 @@ def test_a_slowly_drifting_value_stops_making_graphs(emu):
             state["epoch"] = i // 4
             assert torch.allclose(g(x), x * (1.0 + state["epoch"]))
     st = g.stats()
-    assert st["graphs"] <= guards.Drift.MAX_VALUES + 1, g.report()
+    assert st["graphs"] <= variants.Drift.MAX_VALUES + 1, g.report()
     assert any(r.startswith(guards.REASON) for r in st["fallbacks"]), g.report()
 
 
@@ -554,12 +552,39 @@ def test_an_item_appended_after_the_capture_to_what_the_function_iterates_is_run
     assert "len(" in f.report(), f.report()
 
 
-def test_a_key_added_after_the_capture_to_a_dict_the_function_iterates_is_run(emu):
-    scales = {"a": 2.0}
-    f = graphjit.graphed(lambda x: x * math.prod(scales.values()))
-    x = torch.ones(3)
-    for i in range(8):
-        if i == 4:
-            scales["b"] = 3.0
-        assert torch.equal(f(x), x * math.prod(scales.values())), (i, f.report())
-    assert f.stats()["graphs"] == 2, f.report()
+
+def test_a_value_only_a_later_graph_reads_is_checked_before_that_graph_replays(emu):
+    """The graph of a list of one factor guards ``factors[0]`` and the length; after an append, the graph of two
+    factors guards ``factors[1]`` too.  A call whose ``factors[1]`` changed finds that graph's key from the first
+    graph's values (unchanged but for the length) and must not replay it: it gets a graph of its own."""
+    m = _Stack(1, [2.0])
+    f, x = graphjit.graphed(m), torch.randn(2, 4)
+    with torch.no_grad():
+        for i in range(12):
+            if i == 4:
+                m.factors.append(3.0)
+            if i == 8:
+                m.factors[1] = 5.0
+            assert torch.allclose(f(x), m(x)), (i, f.report())
+    assert f.stats()["graphs"] == 3, f.report()
+
+
+def test_a_class_level_list_the_function_reads_is_guarded(emu):
+    class Scaled(torch.nn.Module):
+        FACTORS = [2.0]
+
+        def forward(self, x):
+            return x * self.FACTORS[-1] * len(self.FACTORS)
+
+    m, x = Scaled(), torch.ones(3)
+    f = graphjit.graphed(m)
+    try:
+        with torch.no_grad():
+            for i in range(12):
+                if i == 4:
+                    Scaled.FACTORS.append(3.0)
+                if i == 8:
+                    Scaled.FACTORS[1] = 5.0
+                assert torch.equal(f(x), m(x)), (i, f.report())
+    finally:
+        Scaled.FACTORS[:] = [2.0]

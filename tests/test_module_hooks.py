@@ -245,3 +245,33 @@ def test_a_graphed_forwards_own_module_hooks_run_outside_it_and_cost_no_graph(em
     finally:
         for h in handles:
             h.remove()
+
+
+def test_a_graphed_method_that_calls_its_module_watches_the_modules_hooks(emu):
+    """``@graphed def step(self, x): return self(x)``: ``self``'s hooks run inside the graph (only ``forward``'s run
+    around it), so one registered after the capture is watched."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.a(x)
+
+        @graphjit.graphed
+        def step(self, x):
+            return self(x) * 2
+
+    m, x = Net(), torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(4):
+            m.step(x)
+        h = m.register_forward_hook(lambda mod, a, out: out * 0 + 1)
+        try:
+            for i in range(5):
+                assert torch.allclose(m.step(x), torch.full((2, 4), 2.0)), (i, Net.step.report())
+            assert Net.step.stats()["graphs"] == 2
+        finally:
+            h.remove()

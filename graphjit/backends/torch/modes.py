@@ -65,9 +65,9 @@ def describe(modes: tuple[Any, ...]) -> str:
     """The modes of :func:`read` as a key's label shows them (only those that are not the default)."""
     grad, inference, autocast, precision, deterministic, dtype = modes
     parts = ["inference_mode" if inference else ("no_grad" if not grad else "")]
-    for device_type, enabled, dtype in autocast or ():
+    for device_type, enabled, cast in autocast or ():
         if enabled:
-            parts.append(f"autocast({device_type}, {str(dtype).replace('torch.', '')})")
+            parts.append(f"autocast({device_type}, {str(cast).replace('torch.', '')})")
     if precision != "highest":
         parts.append(f"fp32 matmul={precision}")
     if deterministic:
