@@ -363,8 +363,8 @@ class _State(Policy, KeyLifecycle, ValueVariants):
             return device.result
         with self.lock:
             entry = self.entries.get(sig.key)
-            if entry is not None:  # another thread captured this key meanwhile
-                return self.replay(entry, sig, settings, instance, args, kwargs)
+            if entry is not None:  # another thread captured this key meanwhile: replayed only where its guards hold
+                return self.captured(entry, sig, settings, instance, args, kwargs, previous)
             if self.blocked_fn is not None:
                 st = self.key_stats(backend, sig)
                 st.state, st.reason, st.detail = State.FALLBACK, self.blocked_fn.reason, self.blocked_fn.message

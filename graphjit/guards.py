@@ -384,10 +384,10 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 cpath: Path = (f"class {cls.__qualname__}", (".", k))
                 if guardable(child):
                     out.add(cls, "attr", k, child, cpath)
-                elif type(child) in (list, dict) and len(child) <= MAX_ITEMS:  # shared state: its items, one level
-                    if type(child) is list:
+                elif isinstance(child, (list, dict)):  # shared state: its length and plain items, one level
+                    if isinstance(child, list):
                         out.length(child, cpath)
-                    for i, v in enumerate(child) if type(child) is list else list(child.items()):
+                    for i, v in list(enumerate(child) if isinstance(child, list) else child.items())[:MAX_ITEMS]:
                         if guardable(v):
                             out.add(child, "item", i, v, (*cpath, ("[]", i)))
     return out

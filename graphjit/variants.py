@@ -92,10 +92,7 @@ class ValueVariants(abc.ABC):
         backend = entry.inputs.backend
         if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
             return self.values_uncaptured(backend, sig, change, instance, args, kwargs, frozen=True)
-        with self.lock:
-            drift = self.drift.setdefault(base, Drift())
-            volatile = drift.note(values)
-        if volatile or values is None:
+        if values is None:
             return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
         vkey = Key((*base[:-1], (READ_VALUES, values), base[-1]))  # the modes stay last
         for _ in range(4):  # that key's graph failed its own guards above (its run read values this one does not):
@@ -107,6 +104,10 @@ class ValueVariants(abc.ABC):
                 return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
             vkey = Key((*vkey[:-1], (READ_VALUES, more), vkey[-1]))
         else:
+            return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
+        with self.lock:  # every level's values: a value only a later graph reads drifts too
+            volatile = self.drift.setdefault(base, Drift()).note(tuple(vkey[len(base) - 1:-1]))
+        if volatile:
             return self.values_uncaptured(backend, sig, change, instance, args, kwargs)
         shown = guard.shown()
         self.history.note_values(base, {path: old for path, (old, _new) in shown.items()})

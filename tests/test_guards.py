@@ -588,3 +588,18 @@ def test_a_class_level_list_the_function_reads_is_guarded(emu):
                 assert torch.equal(f(x), m(x)), (i, f.report())
     finally:
         Scaled.FACTORS[:] = [2.0]
+
+
+def test_a_value_only_a_later_graph_reads_that_changes_on_every_call_runs_uncaptured(emu):
+    """Its changes count toward the key's drift (they did not: a graph per call, until max_graphs)."""
+    m = _Stack(1, [2.0])
+    f, x = graphjit.graphed(m), torch.randn(2, 4)
+    with torch.no_grad():
+        for i in range(40):
+            if i == 4:
+                m.factors.append(3.0)
+            if i >= 8:
+                m.factors[1] = float(i)
+            assert torch.allclose(f(x), m(x)), (i, f.report())
+    st = f.stats()
+    assert st["graphs"] <= variants.Drift.MAX_VALUES + 2 and st["fallbacks"], f.report()
