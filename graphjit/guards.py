@@ -136,8 +136,7 @@ class Scan:
 
     def named_lengths(self) -> list[tuple[Any, int, Path]]:
         """The :meth:`length` entries whose path's attribute steps are all named by code the function may run."""
-        names = self.names
-        return [e for e in self.lengths.values() if all(step[1] in names for step in e[2][1:] if step[0] == ".")]
+        return [e for e in self.lengths.values() if _attributes_named(e[2], self.names)]
 
     def hold(self, container: Any, key: Any, value: Any, path: Path) -> None:
         """A tensor (or None) a Module holds in its parameter or buffer dict ``container``: compared by identity."""
@@ -162,11 +161,16 @@ class Scan:
                     continue
                 if path[:-1] != prefix:
                     prefix = path[:-1]
-                    named = all(step[1] in names for step in prefix[1:] if step[0] == ".")
+                    named = _attributes_named(prefix, names)
                 last = path[-1]
                 if named and (last[0] != "." or last[1] in names):
                     out[(cid, key)] = vp
         return out
+
+
+def _attributes_named(path: Path, names: set[str]) -> bool:
+    """Every attribute step of ``path`` (after its root) is a name in ``names``."""
+    return all(step[1] in names for step in path[1:] if step[0] == ".")
 
 
 @dataclass(frozen=True)
@@ -384,12 +388,17 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 cpath: Path = (f"class {cls.__qualname__}", (".", k))
                 if guardable(child):
                     out.add(cls, "attr", k, child, cpath)
-                elif isinstance(child, (list, dict)):  # shared state: its length and plain items, one level
-                    if isinstance(child, list):
-                        out.length(child, cpath)
-                    for i, v in list(enumerate(child) if isinstance(child, list) else child.items())[:MAX_ITEMS]:
-                        if guardable(v):
-                            out.add(child, "item", i, v, (*cpath, ("[]", i)))
+                    continue
+                if isinstance(child, list):  # shared state: its length and plain items, one level
+                    out.length(child, cpath)
+                    items: Iterable[tuple[Any, Any]] = enumerate(child)
+                elif isinstance(child, dict):
+                    items = child.items()
+                else:
+                    continue
+                for i, v in list(items)[:MAX_ITEMS]:
+                    if guardable(v):
+                        out.add(child, "item", i, v, (*cpath, ("[]", i)))
     return out
 
 

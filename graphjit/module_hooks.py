@@ -39,7 +39,7 @@ from .reach import Path, describe
 class HookWatch:
     """The hook dicts of one captured graph and their keys at capture (see the module docstring)."""
 
-    __slots__ = ("count", "dicts", "empty", "expected", "failed", "filled", "paths", "seen", "sized")
+    __slots__ = ("count", "dicts", "empty", "expected", "failed", "filled", "paths", "seen")
 
     def __init__(self, found: list[tuple[dict[Any, Any], Path]], count: Callable[[], int]) -> None:
         self.dicts = [d for d, _p in found]
@@ -48,8 +48,7 @@ class HookWatch:
         self.count = count
         self.seen = count()
         self.empty = [d for d in self.dicts if not d]  # compared by truth value: any() of them, in C
-        self.filled = [(d, tuple(d)) for d in self.dicts if d]
-        self.sized = [(d, len(d)) for d in self.dicts if d]  # a removal from these moves no count
+        self.filled = [(d, tuple(d)) for d in self.dicts if d]  # a removal from these moves no count: sized each time
         self.failed: tuple[int, list[tuple[dict[Any, Any], int]]] | None = None  # (count, the dicts that differed)
 
     def state(self) -> tuple[tuple[Any, ...], ...]:
@@ -58,8 +57,8 @@ class HookWatch:
 
     def holds(self) -> bool:
         """True while the watched dicts hold the hooks they held at capture."""
-        for d, n in self.sized:
-            if len(d) != n:
+        for d, keys in self.filled:
+            if len(d) != len(keys):
                 return False
         now = self.count()
         if now == self.seen:
