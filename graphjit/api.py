@@ -44,6 +44,7 @@ from .dynamic import DynamicArgs
 from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
 from .feeds import StepContext
 from .guards import Sources
+from .handoff import NOT_SERVED
 from .history import SIGNATURE_CHANGES, KeyHistory
 from .invoke import Invoker
 from .keys import BucketsArg, CallSignature, Signer, rebuild_call
@@ -261,9 +262,12 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                 return self.fallback(advances.LAYOUT, backend, instance, args, kwargs, sig.key)
         copy = self.copy_outputs
         check = not copy and settings.check_outputs
+        handoff = entry.handoff
         with self.lock:
-            try:
-                result = entry.replay(sig, copy or check)
+            try:  # the graph's feed nodes take the call's tensors where they can (handoff.py), else copies
+                result = handoff.replay(sig.tensors, copy or check) if handoff is not None else NOT_SERVED
+                if result is NOT_SERVED:
+                    result = entry.replay_copies(sig, copy or check)
             except InputMoved as moved:
                 entry.no_adopt |= moved.leaves  # every input that moved at once: one recapture, not one per input
                 return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)

@@ -292,33 +292,41 @@ class KeyEntry:
         self.feeds: StepContext | None = None  # hyperparameters filled into device tensors around each call (feeds.py)
         self.advances: Advances | None = None  # scalars of its key each replay sets as the call would (advances.py)
         # the graph copies the call's tensors in and out itself where it has feed nodes (handoff.py)
-        self.handoff = None if piecewise else Handoff.plan(inputs.backend, graph.feed, inputs, outputs)
+        # (a key with buckets has none: Handoff.plan refuses it, so a served call has no pads)
+        self.handoff = None if piecewise else Handoff.plan(inputs.backend, graph.feed, inputs, outputs, stats)
 
     def replay(self, sig: CallSignature, copy: bool) -> Any:
-        """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``."""
+        """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``.
+
+        The graph's feed nodes serve the call where they can (:meth:`Handoff.replay`, which ``_State.replay`` calls
+        itself on the replay path); else :meth:`replay_copies`."""
+        handoff = self.handoff
+        if handoff is not None:
+            result = handoff.replay(sig.tensors, copy)
+            if result is not NOT_SERVED:
+                return result
+        return self.replay_copies(sig, copy)
+
+    def replay_copies(self, sig: CallSignature, copy: bool) -> Any:
+        """A replay by copies around the framework's launch, for a call the feed nodes did not serve.  Raises
+        ``InputMoved``."""
         inputs = self.inputs
         before = inputs.copies
         st = self.stats
         handoff = self.handoff
-        result = handoff.replay(sig.tensors, copy) if handoff is not None and not sig.pads else NOT_SERVED
-        if result is NOT_SERVED:  # the copy path: copies around the framework's replay
-            if handoff is not None and handoff.broken:
-                self.handoff = None
-            inputs.load(sig.tensors)
-            graph = self.graph
-            if self.piecewise:
-                graph.dynamic = sig.dynamic  # type: ignore[attr-defined]
-            graph.replay()
-        elif handoff is not None:  # the graph copied the call's tensors itself
-            if not st.fed_replays:  # the first: who launches (decided at the graph's first replay by torch)
-                st.feed = handoff.launcher()
-            st.fed_replays += 1
+        if handoff is not None and handoff.broken:
+            self.handoff = None
+        inputs.load(sig.tensors)
+        graph = self.graph
+        if self.piecewise:
+            graph.dynamic = sig.dynamic  # type: ignore[attr-defined]
+        graph.replay()
         if inputs.mutated_idx:
             inputs.store_back(sig.tensors)
         st.replays += 1
         st.input_copies += inputs.copies - before
         st.copy_backs = inputs.copy_backs
-        return self.outputs.result(sig.pads, copy) if result is NOT_SERVED else result
+        return self.outputs.result(sig.pads, copy)
 
     def release(self) -> None:
         self.handoff = None  # its feed launches the executable graph reset() frees

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from .backends.base import Backend
     from .buffers import StaticInputs, StaticOutputs
+    from .stats import KeyStats
 
 __all__ = ["NOT_SERVED", "Feed", "Handoff"]
 
@@ -82,11 +83,14 @@ class Handoff:
 
     __slots__ = ("adopted", "adopted_ptrs", "aliases", "broken", "empty", "feed", "fresh", "in_bytes", "in_dst",
                  "in_src", "inputs", "inside_owned", "moved", "negated", "out_dst", "outputs", "ptr", "rebuild", "seen",
-                 "single_own", "stride", "table")
+                 "single_own", "stats", "store_back", "stride", "table")
 
     def __init__(self, backend: Backend, feed: Feed, inputs: StaticInputs, outputs: StaticOutputs,
-                 movable: Sequence[int]) -> None:
+                 movable: Sequence[int], stats: KeyStats) -> None:
         self.feed = feed
+        self.stats = stats  # the key's counters: a served call is counted here, its caller does not come back
+        # inputs the graph writes in place: copied back into the caller's tensors after the launch
+        self.store_back: Callable[[Sequence[Any]], None] | None = inputs.store_back if inputs.mutated_idx else None
         self.table = feed.table
         self.ptr: Callable[[Any], int] = backend.data_ptr
         self.stride: Callable[[Any], Any] = backend.strides
@@ -120,8 +124,8 @@ class Handoff:
         self.broken = False  # the library refused a call for a reason that holds for the next ones too
 
     @classmethod
-    def plan(cls, backend: Backend, feed: Feed | None, inputs: StaticInputs,
-             outputs: StaticOutputs) -> Handoff | None:
+    def plan(cls, backend: Backend, feed: Feed | None, inputs: StaticInputs, outputs: StaticOutputs,
+             stats: KeyStats) -> Handoff | None:
         """The plan for a key whose graph has feed nodes, where every buffer a call may copy fits them; else None."""
         if feed is None or inputs.any_bucketed or not inputs.grad_free:
             return None
@@ -130,11 +134,12 @@ class Handoff:
             return None
         if not all(feed.usable(inputs.statics[i]) for i in movable) or not all(map(feed.usable, outputs.fresh)):
             return None
-        return cls(backend, feed, inputs, outputs, movable)
+        return cls(backend, feed, inputs, outputs, movable, stats)
 
     def replay(self, tensors: Sequence[Any], copy: bool) -> Any:
         """Replay the graph for a call of ``tensors`` (the key's tensors, in order); its result: fresh outputs
-        (``copy``) or the static ones.  :data:`NOT_SERVED` where the copy path must serve it (nothing launched)."""
+        (``copy``) or the static ones, the call counted in the key's stats and any input the graph writes in place
+        copied back.  :data:`NOT_SERVED` where the copy path must serve it (nothing launched, nothing counted)."""
         ptr, stride = self.ptr, self.stride
         for i, p, s in self.adopted:
             t = tensors[i]
@@ -184,6 +189,15 @@ class Handoff:
                          self.feed.why(rc))
             return NOT_SERVED
         self.inputs.copies += k
+        st = self.stats
+        if not st.fed_replays:  # the first: who launches (decided at the graph's first replay by torch)
+            st.feed = self.launcher()
+        st.fed_replays += 1
+        st.replays += 1
+        st.input_copies += k
+        if self.store_back is not None:
+            self.store_back(tensors)
+            st.copy_backs = self.inputs.copy_backs
         if not copy:
             return self.outputs.result((), False)
         if self.rebuild is None:
