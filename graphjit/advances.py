@@ -115,12 +115,21 @@ class Advances:
     """The scalars one key's call advances (see the module docstring): :meth:`targets` before each replay (None:
     the call cannot replay), :meth:`apply` after it."""
 
-    __slots__ = ("items", "layout", "paths")
+    __slots__ = ("counted", "items", "layout", "paths")
 
-    def __init__(self, items: Sequence[Advance], paths: Sequence[str], layout: tuple[int, ...]) -> None:
+    def __init__(self, items: Sequence[Advance], paths: Sequence[str], layout: tuple[int, ...],
+                 counted: frozenset[int] = frozenset()) -> None:
         self.items = tuple(items)
         self.paths = tuple(paths)  # for stats and report: ``argument 'cache'.layers[0].n``
         self.layout = layout  # which of them share a place in the calls that found them (_layout)
+        # ints a replay moves by their step from the call's own value instead of setting (a family's counters,
+        # graphjit/families.py: its graph serves other values of them); once per place, as the run moved it once
+        self.counted = counted
+
+    def counting(self, counted: frozenset[int]) -> Advances:
+        """These advances, the ``counted`` ones (indices of ``int`` items) moved by their step from the call's value
+        (:mod:`graphjit.families`)."""
+        return Advances(self.items, self.paths, self.layout, counted)
 
     def targets(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Target] | None:
         """Where this call holds the scalars, or None where a path is gone or they share places otherwise than in
@@ -132,9 +141,14 @@ class Advances:
         return found if _layout(found) == self.layout else None
 
     def apply(self, targets: Sequence[Target]) -> None:
-        """What the call's Python code would have left: each scalar set to its value after the call."""
-        for item, target in zip(self.items, targets):
-            put(target, item.after)
+        """What the call's Python code would have left: each scalar set to its value after the call; a counted one
+        moved by its step from its value in this call (for the key's own value, the same)."""
+        counted = self.counted
+        for i, (item, target) in enumerate(zip(self.items, targets)):
+            if i not in counted:
+                put(target, item.after)
+            elif self.layout[i] == i:  # a place two paths share moved once, by the whole step the run made
+                put(target, value_at(target) + (item.after - item.before))
 
     def explains(self, args: Sequence[Any], kwargs: dict[str, Any], sign: Callable[[], Any], key: Any) -> bool:
         """Whether these scalars are all the run changed of its key: with each put back to its value before the run,
@@ -155,7 +169,7 @@ class Advances:
         """Whether this call's objects hold the values after (a capturing call's run left them the same way)."""
         targets = self.targets(args, kwargs)
         return targets is not None and all(
-            type(v := _value(t)) is type(item.after) and v == item.after for item, t in zip(self.items, targets))
+            type(v := value_at(t)) is type(item.after) and v == item.after for item, t in zip(self.items, targets))
 
     def holders(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[int, ...] | None:
         """``id()`` of every object on the scalars' paths in this call (None where a path is gone): a run that
@@ -173,7 +187,8 @@ class Advances:
             for a, b in zip(self.items, other.items))
 
 
-def _value(target: Target) -> Any:
+def value_at(target: Target) -> Any:
+    """The scalar at ``target`` now."""
     obj, is_attr, sub = target
     return getattr(obj, sub) if is_attr else obj[sub]
 
@@ -205,7 +220,7 @@ def _advance(change: Change, args: Sequence[Any], kwargs: dict[str, Any]) -> Adv
     steps = tuple((isinstance(sub, Attr), sub) for sub in label[2:])
     try:
         target = _target(root, steps, args, kwargs)
-        value = _value(target)
+        value = value_at(target)
     except (LookupError, AttributeError, TypeError):
         return None
     parent, is_attr, sub = target
@@ -245,4 +260,4 @@ def _parsed(value: Any, before: str) -> Any:
     return _NO
 
 
-__all__ = ["LAYOUT", "Advance", "Advances", "find", "layout_of", "put"]
+__all__ = ["LAYOUT", "Advance", "Advances", "find", "layout_of", "put", "value_at"]

@@ -42,6 +42,7 @@ from .backends.base import Backend
 from .buffers import InputMoved, KeyEntry
 from .dynamic import DynamicArgs
 from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
+from .families import NOT_MEMBER, Families
 from .feeds import StepContext
 from .guards import Sources
 from .handoff import NOT_SERVED
@@ -106,6 +107,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         self.previous_key: tuple[Any, ...] | None = None  # the key of the call before the one on the slow path
         self.last_key: tuple[Any, ...] | None = None  # the key of the previous call (any path)
         self.history = KeyHistory(self.signer)
+        self.families = Families()  # captured keys whose graph serves other values of their counters
         self.variants: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # keys for other values of what fn reads
         self.drift: dict[tuple[Any, ...], Drift] = {}  # per key of the arguments: how its read values change
         self.step_feeds: dict[tuple[Any, ...], StepContext | None] = {}  # per key: the hyperparameters fed to its graph
@@ -168,8 +170,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         self.stats.calls += 1
         if self.handed_out:
             self.poison_previous()
-        if self.prebound:
-            instance = None
+        instance = None if self.prebound else instance
         signer = self.signer
         args, kwargs = signer.binder.bind(instance is not None, args, kwargs)
         sig = signer.sign_plain(instance, args) if not kwargs and self.dynamic is None else None
@@ -253,16 +254,12 @@ class _State(Policy, KeyLifecycle, ValueVariants):
 
     def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        adv = entry.advances
-        targets = None
-        if adv is not None:  # where this call holds the scalars the replay sets after (advances.py)
-            targets = adv.targets(args, kwargs)
-            if targets is None:
-                backend = entry.inputs.backend
-                return self.fallback(advances.LAYOUT, backend, instance, args, kwargs, sig.key)
-        copy = self.copy_outputs
+        adv = entry.advances  # where this call holds the scalars the replay sets after (advances.py)
+        targets = adv.targets(args, kwargs) if adv is not None else None
+        if adv is not None and targets is None:
+            return self.fallback(advances.LAYOUT, entry.inputs.backend, instance, args, kwargs, sig.key)
+        copy, handoff = self.copy_outputs, entry.handoff
         check = not copy and settings.check_outputs
-        handoff = entry.handoff
         with self.lock:
             try:  # the graph's feed nodes take the call's tensors where they can (handoff.py), else copies
                 result = handoff.replay(sig.tensors, copy or check) if handoff is not None else NOT_SERVED
@@ -278,8 +275,8 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                 raise
         if entry.feeds is not None:
             entry.feeds.replayed()
-        if adv is not None and targets is not None:  # the Python scalars the call would have advanced
-            adv.apply(targets)
+        if targets is not None:  # the Python scalars the call would have advanced
+            adv.apply(targets)  # type: ignore[union-attr]
         if settings.debug:
             self.debug_replay(entry, sig, result)
         if check:
@@ -348,6 +345,9 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         backend = self.pick_backend(sig)
         if backend.poisoned is not None:
             raise UnrecoverableCaptureError(f"{self.name}: {backend.poisoned}")
+        if self.families.items and (served := self.family_call(backend, sig, settings, instance, args, kwargs,
+                                                               previous)) is not NOT_MEMBER:
+            return served  # a counter's other value, in a class whose graph serves it (families.py)
         st = self.key_stats(backend, sig, args, kwargs, instance=instance)
         with self.lock:
             self.note_previous(previous, sig)
@@ -375,9 +375,10 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                 return self.fallback(self.blocked_fn.reason, backend, instance, args, kwargs, sig.key)
             warm = self.warming.get(sig.key)
             if warm is None:
-                if self.over_key_limit(len(self.entries), "graphs", "use buckets= to pad dims to fewer sizes, or "
+                graphs = len({id(e) for e in self.entries.values()})  # (a family's keys share one)
+                if self.over_key_limit(graphs, "graphs", "use buckets= to pad dims to fewer sizes, or "
                                        "raise max_graphs"):
-                    why = (f"{len(self.entries)} graphs are already captured (max_graphs={self.max_graphs()}): use "
+                    why = (f"{graphs} graphs are already captured (max_graphs={self.max_graphs()}): use "
                            "buckets= to pad dims to fewer sizes, pass changing values as tensors, or raise max_graphs")
                     return self.uncaptured("max_graphs reached", why, backend, sig, instance, args, kwargs)
                 warm = self.new_warmup(sig.key)
@@ -426,8 +427,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         return warm
 
     def static_inputs(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        if self.prebound:
-            instance = None
+        instance = None if self.prebound else instance
         method = instance is not None
         args, kwargs = self.signer.binder.bind(method, args, kwargs)
         dynamic = self.dynamic
@@ -465,9 +465,10 @@ class _State(Policy, KeyLifecycle, ValueVariants):
 
     def reset(self) -> None:
         with self.lock:
-            for e in self.entries.values():
+            for e in {id(e): e for e in self.entries.values()}.values():
                 e.release()
             self.entries.clear()
+            self.families = Families()
             self.warming.clear()
             self.blocked_fn = None
             self.failed.clear()

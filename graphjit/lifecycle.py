@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import advances, env, reach, tracer_check
+from . import families as families_mod
 from . import recheck as recheck_mod
 from . import scope as scope_mod
 from .backends.base import Backend
@@ -89,8 +90,13 @@ class KeyLifecycle(abc.ABC):
     tracer_checked: set[tuple[Any, ...]]  # keys whose first call checked the tracer (tracer_check)
     variants: dict[tuple[Any, ...], list[tuple[Any, ...]]]  # a key of the arguments -> its keys for other values
     step_feeds: dict[tuple[Any, ...], StepContext | None]  # a key -> the hyperparameters fed to its graph (feeds.py)
+    families: families_mod.Families  # captured keys whose graph serves other values of their counters (families.py)
 
     # -- provided by _State -------------------------------------------------------------------
+    @abc.abstractmethod
+    def captured(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
+                 args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any: ...
+
     @abc.abstractmethod
     def key_stats(self, backend: Backend, sig: CallSignature) -> KeyStats: ...
 
@@ -426,6 +432,9 @@ class KeyLifecycle(abc.ABC):
         if entry.feeds is not None:
             entry.feeds.captured()
         self.entries[sig.key] = entry
+        if entry.advances is not None and sig.base is None and self.dynamic is None:
+            record = self.history.records.get(sig.key)
+            self.families.found(sig.key, entry, record.leaves if record is not None else None, args, kwargs)
         if sig.base is not None:  # a graph for other values of what the function reads: found from the arguments' key
             keys = self.variants.setdefault(sig.base, [sig.base])
             if sig.key not in keys:
@@ -505,6 +514,7 @@ class KeyLifecycle(abc.ABC):
         backend.synchronize(entry.device)
         st.replays -= 1  # the rejected replay was verify's, not the call's
         del self.entries[sig.key]
+        self.families.forget(entry, self.entries)
         entry.release()
         reason = recheck_mod.REASON
         message = (f"on a call with other dynamic arguments ({', '.join(sig.dynamic)}) the graph's result differs from "
@@ -525,6 +535,41 @@ class KeyLifecycle(abc.ABC):
     def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
 
+    def family_call(self, backend: Backend, sig: CallSignature, settings: env.Settings, instance: Any,
+                    args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any:
+        """A key without a graph that a family's graph may serve (:mod:`graphjit.families`): replayed where the family
+        is proven, proven on it where not yet; :data:`~graphjit.families.NOT_MEMBER` where no family serves it."""
+        fam = self.families.member(sig, lambda: self.named_leaves(backend, sig, instance, args, kwargs), args, kwargs)
+        if fam is None:
+            return families_mod.NOT_MEMBER
+        entry = fam.entry
+        proving = not fam.verified
+        if proving:
+            try:
+                problem, result = families_mod.prove(fam, sig, backend,
+                                                     lambda: self.invoker.run(backend, instance, args, kwargs),
+                                                     self.lock, args, kwargs)
+            except InputMoved:  # nothing replayed, the eager run undone: the key goes its own way
+                self.families.drop(fam, self.entries)
+                return families_mod.NOT_MEMBER
+            if problem is not None:
+                self.families.drop(fam, self.entries)
+                self.say_once(logging.INFO, "family:" + entry.stats.label, "graphjit %s [%s]: its graph differs from "
+                              "eager on another value of %s (%s): one graph per value", self.name, entry.stats.label,
+                              ", ".join(entry.stats.advances), problem)
+                return result
+            fam.verified = True
+            entry.stats.verify = "passed (and on another value of its counters)"
+        with self.lock:
+            self.entries[sig.key] = entry
+            fam.members.append(sig.key)
+            entry.stats.members += 1
+            self.warming.pop(sig.key, None)  # a key warmed before the family was proven: its row goes
+            self.stats.keys.pop(sig.key, None)
+        if proving:
+            return result  # the proof's replay was this call's
+        return self.captured(entry, sig, settings, instance, args, kwargs, previous)
+
     def recapture(self, entry: KeyEntry, leaf: int, sig: CallSignature, instance: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Any:
         backend = entry.inputs.backend
@@ -534,6 +579,7 @@ class KeyLifecycle(abc.ABC):
                       "graphjit-owned buffer that is copied in and back each call (pass the same tensor every "
                       "call to avoid the copies)", self.name, path)
         del self.entries[sig.key]
+        self.families.forget(entry, self.entries)
         entry.release()
         entry.stats.reason = f"recaptured: {path} moved"
         device = backend.device_str(sig.tensors[0])

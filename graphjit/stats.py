@@ -49,6 +49,7 @@ class KeyStats:
     islands: int = 0  # islands between them (graphjit.eager)
     guards: tuple[int, int] = (0, 0)  # (containers, values) of Python values checked before each replay
     advances: list[str] = field(default_factory=list)  # scalars of the key each replay sets (advances.py)
+    members: int = 0  # other keys (values of its counters) its graph serves (families.py)
     replay_us: float = 0.0  # host time of the piecewise replays, in total
     island_us: float = 0.0  # of which in islands
 
@@ -74,6 +75,7 @@ class KeyStats:
             "islands": self.islands,
             "guarded_values": self.guards[1],
             **({"advances": list(self.advances)} if self.advances else {}),
+            **({"members": self.members} if self.members else {}),
             **({"replay_us": round(self.replay_us / self.replays, 2) if self.replays else None,
                 "island_us": round(self.island_us / self.replays, 2) if self.replays else None}
                if self.islands else {}),

@@ -69,12 +69,12 @@ def test_gpt2_static_cache_generate_captures_the_decode_key_once():
     assert "(None before the call, [1, 4, 16, 16] float32 cpu after)" in prefill["detail"], prefill
 
 
-def test_gemma2_decodes_past_a_full_sliding_window_from_one_graph_per_position():
-    """transformers' sliding-window layer advances a Python int on every call (its length), which also sets the
-    attention mask's offset once the window is full: each position is a key of its own, captured once it repeats
-    (graph_generation keeps the cache across generate() calls), and each replay advances the int as the call would
-    (graphjit/advances.py).  The window (8) fills during decoding, so replays run the layer's rolling branch too; the
-    emulator freezes what a capture read, so equal tokens in every call show each replay left the right count."""
+def test_gemma2_decodes_past_a_full_sliding_window_from_one_graph_per_class():
+    """transformers' sliding-window layer advances a Python int on every call (its length), which picks the update's
+    branch (full or not): each position is a key of its own, and the positions of one class share a graph once it is
+    proven on a second position (graphjit/families.py), each replay advancing the int as the call would.  The window
+    (8) fills during decoding, so replays run the layer's rolling branch too: two graphs, one per class; the emulator
+    freezes what a capture read, so equal tokens in every call show each replay left the right count."""
     model = _gemma2(sliding_window=8)
     prompt = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -84,8 +84,7 @@ def test_gemma2_decodes_past_a_full_sliding_window_from_one_graph_per_position()
         for _ in range(4):
             assert torch.equal(model.generate(prompt, **GENERATE), want)
     fn = model.forward
-    decode = [k for k in fn.stats()["keys"] if "input_ids[1, 1]" in k["key"]]
-    assert len(decode) == STEPS - 1 and len({k["key"] for k in decode}) == len(decode), fn.report()
-    assert all(k["state"] == "replay" and k["captures"] == 1 and k["replays"] == 2 for k in decode), fn.report()
+    decode = [k for k in fn.stats()["keys"] if "input_ids[1, 1]" in k["key"] and k["state"] == "replay"]
+    assert len(decode) == 2 and all(k["captures"] == 1 and k["members"] >= 1 for k in decode), fn.report()
     path = re.compile(r"argument '(cache|past_key_values)'\.layers\[0\]\.cumulative_length_int")
     assert all(any(path.fullmatch(p) for p in k["advances"]) for k in decode), decode
