@@ -2,8 +2,9 @@
 (issue 29), for every family of ``hf_families`` (random weights from configs, fp32, 4 layers, hidden 256), batch
 1 and 8: greedy tokens equal eager ``generate()``'s in each of two calls, transformers compiles nothing, and the
 decode step is captured once per batch size and replayed by both calls (the static cache kept across them).
-Gemma 2 and 3 count their sliding window's length in a Python int that every step advances: one graph per position,
-captured once it repeats (the third call), each replay advancing the int as the call would (graphjit/advances.py)."""
+Gemma 2 and 3 count their sliding window's length in a Python int that every step advances: one key per position,
+captured once it repeats (the third call), the positions of one class sharing one graph (graphjit/families.py), each
+replay advancing the int as the call would (graphjit/advances.py)."""
 
 from __future__ import annotations
 
@@ -27,18 +28,22 @@ WINDOW = 16  # hf_families' sliding window for the tests: 8 prompt tokens and 16
 
 
 def _check_positions(keys, fn):
-    """Gemma's decode keys, one per position (its cache's ``cumulative_length_int``): each captured once and replayed
-    in the fourth call, advancing the count, while the window is not full; once it is, the layer's rolling branch
-    copies an index made from a Python list to the GPU (``torch.tensor([-1], device=...)``), a CPU-GPU sync under
-    the eager tracer: such a key runs uncaptured, saying so, unless it was captured like the others."""
-    assert len(keys) == GREEDY["max_new_tokens"] - 1, fn.report()
-    for k in keys:
-        n = int(re.search(r"cumulative_length_int=(\d+)", k["key"]).group(1))
-        captured = k["state"] == "replay" and k["captures"] == 1 and k["replays"] == 2 and k["advances"]
-        if n < WINDOW:
-            assert captured, (n, k)
-        else:
-            assert captured or (k["state"] == "fallback" and k["reason"].startswith("CPU-GPU sync")), (n, k)
+    """Gemma's decode keys, one per position (its cache's ``cumulative_length_int``): the positions before the window
+    is full share one graph (graphjit/families.py), captured at the first (8, the prompt's length) in the third call,
+    verified on the second, replayed by the others, each replay advancing the count; their rows are the first one's
+    ``members``.  Once the window is full, the layer's rolling branch copies an index made from a Python list to the
+    GPU (``torch.tensor([-1], device=...)``), a CPU-GPU sync under the eager tracer: such a key runs uncaptured,
+    saying so, unless it was captured (then its class shares its graph too)."""
+    rows = {int(re.search(r"cumulative_length_int=(\d+)", k["key"]).group(1)): k for k in keys}
+    first = rows[min(rows)]
+    assert min(rows) == 8 and first["state"] == "replay" and first["captures"] == 1, fn.report()
+    assert first["members"] == WINDOW - 8 - 1 and first["advances"], first
+    assert first["verify"] == "passed (and on another value of its counters)", first
+    assert not any(8 < n < WINDOW for n in rows), fn.report()  # served by the first one's graph
+    for n, k in rows.items():
+        if n >= WINDOW:
+            assert (k["state"] == "replay" and k["captures"] == 1) or \
+                (k["state"] == "fallback" and k["reason"].startswith("CPU-GPU sync")), (n, k)
 
 
 @pytest.mark.parametrize("batch", [1, 8])
@@ -63,7 +68,7 @@ def test_one_line_generate_equals_eager_and_decodes_from_one_graph(family, batch
     s = fn.stats()
     decode = [k for k in s["keys"] if k["state"] == "replay" and f"input_ids[{batch}, 1]" in k["key"]]
     assert model._prepare_static_cache.__self__.reused == calls - 1
-    if sliding:  # one key per position: two calls warm it up, the third captures it, the fourth replays it
+    if sliding:  # one key per position: two calls warm them up, the third captures and proves the family's graph
         _check_positions([k for k in s["keys"] if f"input_ids[{batch}, 1]" in k["key"]], fn)
         return
     assert len(decode) == 1 and decode[0]["captures"] == 1, fn.report()
