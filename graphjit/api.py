@@ -275,8 +275,8 @@ class _State(Policy, KeyLifecycle, ValueVariants):
                 raise
         if entry.feeds is not None:
             entry.feeds.replayed()
-        if targets is not None:  # the Python scalars the call would have advanced
-            adv.apply(targets)  # type: ignore[union-attr]
+        if adv is not None and targets is not None:  # the Python scalars the call would have advanced
+            adv.apply(targets)
         if settings.debug:
             self.debug_replay(entry, sig, result)
         if check:

@@ -189,9 +189,6 @@ class Families:
             self.drop(fam, entries)
             self.dropped.discard(fam.key)
 
-    def serves(self, entry: KeyEntry) -> bool:
-        return any(f.entry is entry for f in self.items)
-
 
 def prove(fam: Family, sig: CallSignature, backend: Backend, run: Callable[[], Any], lock: Any,
           args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, Any]:
