@@ -262,9 +262,10 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         check = not copy and settings.check_outputs
         with self.lock:
             try:  # the graph's feed nodes take the call's tensors where they can (handoff.py), else copies
-                result = handoff.replay(sig.tensors, copy or check) if handoff is not None else NOT_SERVED
+                call = (args, kwargs)
+                result = handoff.replay(sig.tensors, copy or check, call) if handoff is not None else NOT_SERVED
                 if result is NOT_SERVED:
-                    result = entry.replay_copies(sig, copy or check)
+                    result = entry.replay_copies(sig, copy or check, call)
             except InputMoved as moved:
                 entry.no_adopt |= moved.leaves  # every input that moved at once: one recapture, not one per input
                 return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)
@@ -280,7 +281,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         if settings.debug:
             self.debug_replay(entry, sig, result)
         if check:
-            self.hand_out(entry, result)
+            self.hand_out(entry, sig, result)
         return result
 
     def key_stats(self, backend: Backend, sig: CallSignature, args: tuple[Any, ...] = (),
@@ -442,11 +443,11 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         plain_args, plain_kwargs, values = dynamic.split(method, args, kwargs)  # handed back as they are
         return dynamic.merge(method, *rebuild_call(plain_args, plain_kwargs, entry.inputs.statics, is_tensor), values)
 
-    def hand_out(self, entry: KeyEntry, result: Any) -> None:
+    def hand_out(self, entry: KeyEntry, sig: CallSignature, result: Any) -> None:
         b = entry.inputs.backend
         self.poison_backend = b
         types = b.tensor_types()
-        own = entry.inputs.own()  # the caller's own tensors (a cache the function returns): never poisoned
+        own = {id(t) for t in sig.tensors}  # the caller's own tensors (a cache the function returns): never poisoned
         self.handed_out = [t for t in collect_tensors(result, lambda x: isinstance(x, types)) if id(t) not in own]
 
     def poison_previous(self) -> None:

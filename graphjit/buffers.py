@@ -15,10 +15,11 @@ written to again).
 
 Outputs.  ``outputs="copy"`` returns fresh tensors; ``outputs="alias"`` returns the graph's static
 output tensors (views, when bucket padding is sliced off), valid until the next call of the function.
-Either way, an output that is an adopted input (the function returns the cache it wrote in place, as
-transformers' models return their cache object) is the caller's own tensor, as an eager call returns
-it: never copied, so an object holding only such tensors comes back as the caller's own object, and
-passing it back in the next call keeps every address the graph was captured with.
+Either way, an output that is one of the call's inputs (the function returns the cache it wrote in place, as
+transformers' models return their cache object) is the caller's own tensor, as an eager call returns it, and an
+output object that is one of the call's arguments is the caller's own object (``tree.places``): never copied,
+whether the graph reads the tensor in place (adopted) or a copy of it, so passing it back in the next call keeps
+every address the graph was captured with, and Python values the replay advances are advanced on it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from .backends.base import Backend, GraphHandle
 from .batch_copy import Batch
 from .handoff import NOT_SERVED, Handoff
 from .keys import CallSignature, Pad
-from .tree import collect_tensors, rebuild, rebuilder
+from .tree import FRESH, KEEP, Call, Path, collect_tensors, places, rebuilder
 
 if TYPE_CHECKING:
     from .advances import Advances
@@ -104,10 +105,6 @@ class StaticInputs:
         ops = backend.batch_operands()
         self.batch = (Batch.plan(ops, [None if adopted[i] else st for i, st in enumerate(statics)])
                       if ops is not None and ops.inputs else None)
-
-    def own(self) -> set[int]:
-        """``id`` of each adopted input: the caller's own tensors, which every replay reads and writes in place."""
-        return {id(self.statics[i]) for i in self.adopted_idx}
 
     def load(self, tensors: Sequence[Any]) -> None:
         """Bring the caller's tensors into the static buffers (hot path).
@@ -205,63 +202,104 @@ class StaticInputs:
 class StaticOutputs:
     """The output structure of one graph: static output tensors plus any constant non-tensor leaves.
 
-    ``inputs``: the graph's static inputs; an output that is one of their adopted inputs is handed back as it
-    is (see the module docstring)."""
+    ``inputs``: the graph's static inputs, and ``arguments`` the capturing call's ``(args, kwargs)`` holding them.
+    An output that is one of the inputs is the call's own tensor, and an output container or object that is one of
+    the arguments (unchanged: the same tensors under it) is the call's own object, as an eager call returns them
+    (see the module docstring): never copied, whether the graph reads the caller's tensor in place (adopted) or a
+    copy of it (a graph-owned buffer, copied back where the graph writes it)."""
 
     def __init__(self, backend: Backend, obj: Any, is_tensor: Callable[[Any], bool],
-                 bucket_dims: set[tuple[int, int]], inputs: StaticInputs | None = None) -> None:
+                 bucket_dims: set[tuple[int, int]], inputs: StaticInputs | None = None,
+                 arguments: Call | None = None) -> None:
         self.backend = backend
         self.obj = obj
         self.is_tensor = is_tensor
         self.single = is_tensor(obj)
         self.tensors: list[Any] = [obj] if self.single else collect_tensors(obj, is_tensor)
-        own = inputs.own() if inputs is not None else set()
-        self.own = [id(t) in own for t in self.tensors]  # the caller's own tensors: handed back as they are
+        statics = self.statics = inputs.statics if inputs is not None else []
+        index: dict[int, int] = {}
+        for i, st in enumerate(statics):
+            index.setdefault(id(st), i)
+        # the call's input each output is (None: none), handed back as the call's own tensor
+        self.source: list[int | None] = [index.get(id(t)) for t in self.tensors]
         self.slice_dims: list[list[tuple[int, int]]] = []
-        for t, mine in zip(self.tensors, self.own):
+        for t, src in zip(self.tensors, self.source):
             shape = backend.shape(t)
-            self.slice_dims.append([] if mine else [(d, n) for d, n in enumerate(shape) if (d, n) in bucket_dims])
-        # The return value's tree, planned once per mode (tree.rebuilder): copied, the leaves that are not the
-        # caller's own are fresh clones; aliased, every leaf is the static output itself.
-        self.fresh = [t for t, mine in zip(self.tensors, self.own) if not mine]
+            self.slice_dims.append([] if src is not None else [(d, n) for d, n in enumerate(shape)
+                                                               if (d, n) in bucket_dims])
+        # The return value's tree, planned once per mode (tree.rebuilder): copied, the outputs that are not the
+        # call's inputs are fresh clones; aliased, the static outputs themselves; padded, views or clones of them.
+        self.fresh = [t for t, src in zip(self.tensors, self.source) if src is None]
         self.batch: Batch | None = None
         if not self.single:
-            self.rebuild_copy = rebuilder(obj, [not mine for mine in self.own], is_tensor)
-            self.rebuild_alias = rebuilder(obj, [False] * len(self.tensors), is_tensor)
+            argument = _arguments(statics, arguments, is_tensor) if arguments is not None else None
+            inputs_at = [KEEP if src is None else src for src in self.source]
+            self.rebuild_copy = rebuilder(obj, [FRESH if src is None else src for src in self.source], is_tensor,
+                                          argument)
+            self.rebuild_alias = rebuilder(obj, inputs_at, is_tensor, argument)
+            self.rebuild_padded = self.rebuild_copy
             # copies of several outputs: one launch of graphjit's batch copy (graphjit.batch_copy), where it can serve
             ops = backend.batch_operands()
             self.batch = Batch.plan(ops, self.fresh, every=True) if ops is not None and ops.outputs else None
 
-    def result(self, pads: Sequence[Pad], copy: bool) -> Any:
-        """The call's return value: copies (or views) of the static outputs, padding sliced off."""
+    def result(self, pads: Sequence[Pad], copy: bool, tensors: Sequence[Any] | None = None,
+               call: Call | None = None) -> Any:
+        """The call's return value: copies (or views) of the static outputs, padding sliced off; the call's own
+        ``tensors`` and arguments (``call``: its ``(args, kwargs)``) where an output is one of them.  Without
+        ``tensors``, the static outputs as the graph holds them (verify compares those)."""
         b = self.backend
         if not pads:  # the common case: nothing to slice
             if self.single:
-                t = self.tensors[0]
-                return b.clone(t) if copy and not self.own[0] else t
+                t, src = self.tensors[0], self.source[0]
+                if src is not None:
+                    return tensors[src] if tensors is not None else t
+                return b.clone(t) if copy else t
             if copy:
                 batch = self.batch
                 outs = batch.out_of() if batch is not None else None
                 if outs is None:
                     clone = b.clone
                     outs = [clone(t) for t in self.fresh]
-                return self.rebuild_copy(outs)
-            return self.rebuild_alias(())
+                return self.rebuild_copy(outs, tensors, call)
+            return self.rebuild_alias((), tensors, call)
         padmap: dict[tuple[int, int], int] = {}
         for p in pads:
             padmap.setdefault((p.dim, p.padded), p.real)
+        if tensors is None:  # the static inputs, as the call's real sizes see them
+            tensors = list(self.statics)
+            for p in pads:
+                tensors[p.leaf] = b.narrow(tensors[p.leaf], p.dim, 0, p.real)
         out = []
-        for t, dims, mine in zip(self.tensors, self.slice_dims, self.own):
+        for t, dims in zip(self.fresh, (d for d, src in zip(self.slice_dims, self.source) if src is None)):
             v = t
             if padmap and dims:
                 for d, n in dims:
                     real = padmap.get((d, n))
                     if real is not None:
                         v = b.narrow(v, d, 0, real)
-            out.append(b.clone(v) if copy and not mine else v)
+            out.append(b.clone(v) if copy else v)
         if self.single:
-            return out[0]
-        return rebuild(self.obj, out, self.is_tensor)
+            src = self.source[0]
+            return out[0] if src is None else tensors[src]
+        return self.rebuild_padded(out, tensors, call)
+
+
+def _arguments(statics: Sequence[Any], arguments: Call,
+               is_tensor: Callable[[Any], bool]) -> Callable[[Any, list[Any]], Path | None]:
+    """For :func:`~graphjit.tree.rebuilder`: the path of a container or object of the capturing call's arguments
+    whose tensors are still the static inputs at its place (the call did not rebind them), else None."""
+    where = places(arguments[0], arguments[1], is_tensor)
+
+    def argument(x: Any, leaves: list[Any]) -> Path | None:
+        found = where.get(id(x))
+        if found is None:
+            return None
+        path, first, stop = found
+        if len(leaves) != stop - first or any(t is not statics[first + j] for j, t in enumerate(leaves)):
+            return None
+        return path
+
+    return argument
 
 
 class KeyEntry:
@@ -295,19 +333,20 @@ class KeyEntry:
         # (a key with buckets has none: Handoff.plan refuses it, so a served call has no pads)
         self.handoff = None if piecewise else Handoff.plan(inputs.backend, graph.feed, inputs, outputs, stats)
 
-    def replay(self, sig: CallSignature, copy: bool) -> Any:
-        """Load inputs, replay, copy mutations back, return outputs.  Raises ``InputMoved``.
+    def replay(self, sig: CallSignature, copy: bool, call: Call | None = None) -> Any:
+        """Load inputs, replay, copy mutations back, return outputs (``call``: the call's ``(args, kwargs)``, whose
+        own objects come back where an output is one of them).  Raises ``InputMoved``.
 
         The graph's feed nodes serve the call where they can (:meth:`Handoff.replay`, which ``_State.replay`` calls
         itself on the replay path); else :meth:`replay_copies`."""
         handoff = self.handoff
         if handoff is not None:
-            result = handoff.replay(sig.tensors, copy)
+            result = handoff.replay(sig.tensors, copy, call)
             if result is not NOT_SERVED:
                 return result
-        return self.replay_copies(sig, copy)
+        return self.replay_copies(sig, copy, call)
 
-    def replay_copies(self, sig: CallSignature, copy: bool) -> Any:
+    def replay_copies(self, sig: CallSignature, copy: bool, call: Call | None = None) -> Any:
         """A replay by copies around the framework's launch, for a call the feed nodes did not serve.  Raises
         ``InputMoved``."""
         inputs = self.inputs
@@ -326,7 +365,7 @@ class KeyEntry:
         st.replays += 1
         st.input_copies += inputs.copies - before
         st.copy_backs = inputs.copy_backs
-        return self.outputs.result(sig.pads, copy)
+        return self.outputs.result(sig.pads, copy, sig.tensors, call)
 
     def release(self) -> None:
         self.handoff = None  # its feed launches the executable graph reset() frees

@@ -138,7 +138,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             if guard is not None:
                 st.guards = guard.size
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed},
-                                    statics.inputs)
+                                    statics.inputs, (statics.args, statics.kwargs))
             executed = True  # from here on the Python state is what verify's eager reference leaves
             result = verify_and_replay(req, statics, graph, outputs, static_out, py)
         except BaseException:
@@ -340,7 +340,7 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
         graph.replay()
         st.replays += 1
         inputs.store_back(sig.tensors)
-        return outputs.result(sig.pads, req.copy_outputs)
+        return outputs.result(sig.pads, req.copy_outputs, sig.tensors, (req.args, req.kwargs))
     written, paths, current = _written_state(req, statics)
     is_tensor = _is_tensor_of(b)
     pre = Snapshot(b, written, req.device)
@@ -389,7 +389,7 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
         return None
     st.replays += 1
     inputs.store_back(sig.tensors)
-    return outputs.result(sig.pads, req.copy_outputs)
+    return outputs.result(sig.pads, req.copy_outputs, sig.tensors, (req.args, req.kwargs))
 
 
 @dataclass

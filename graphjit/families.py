@@ -213,7 +213,8 @@ def prove(fam: Family, sig: CallSignature, backend: Backend, run: Callable[[], A
 
     written, paths = entry.warm.state(sig, backend)
     with lock:
-        outcome, post = against_eager(backend, entry.device, written, paths, eager, lambda: entry.replay(sig, True))
+        outcome, post = against_eager(backend, entry.device, written, paths, eager,
+                                      lambda: entry.replay(sig, True, (args, kwargs)))
     problem = outcome.problem
     if problem is None:
         adv.apply(targets)

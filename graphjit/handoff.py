@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .backends.base import Backend
     from .buffers import StaticInputs, StaticOutputs
     from .stats import KeyStats
+    from .tree import Call
 
 __all__ = ["NOT_SERVED", "Feed", "Handoff"]
 
@@ -83,7 +84,7 @@ class Handoff:
 
     __slots__ = ("adopted", "adopted_ptrs", "aliases", "broken", "empty", "feed", "fresh", "in_bytes", "in_dst",
                  "in_src", "inputs", "inside_owned", "moved", "negated", "out_dst", "outputs", "ptr", "rebuild", "seen",
-                 "single_own", "stats", "store_back", "stride", "table")
+                 "single_source", "stats", "store_back", "stride", "table")
 
     def __init__(self, backend: Backend, feed: Feed, inputs: StaticInputs, outputs: StaticOutputs,
                  movable: Sequence[int], stats: KeyStats) -> None:
@@ -119,8 +120,8 @@ class Handoff:
         for j, (t, p) in enumerate(self.fresh):
             table[h + 4 * m + j] = p
             table[h + 5 * m + j] = backend.nbytes(t)
-        self.single_own = outputs.single and bool(outputs.own[0])
-        self.rebuild: Callable[[Sequence[Any]], Any] | None = None if outputs.single else outputs.rebuild_copy
+        self.single_source = outputs.source[0] if outputs.single else None  # the call's input it is, if one
+        self.rebuild: Callable[..., Any] | None = None if outputs.single else outputs.rebuild_copy
         self.broken = False  # the library refused a call for a reason that holds for the next ones too
 
     @classmethod
@@ -136,10 +137,12 @@ class Handoff:
             return None
         return cls(backend, feed, inputs, outputs, movable, stats)
 
-    def replay(self, tensors: Sequence[Any], copy: bool) -> Any:
+    def replay(self, tensors: Sequence[Any], copy: bool, call: Call | None = None) -> Any:
         """Replay the graph for a call of ``tensors`` (the key's tensors, in order); its result: fresh outputs
         (``copy``) or the static ones, the call counted in the key's stats and any input the graph writes in place
-        copied back.  :data:`NOT_SERVED` where the copy path must serve it (nothing launched, nothing counted)."""
+        copied back; an output that is one of the call's inputs or arguments is the call's own (``call``: its
+        ``(args, kwargs)``).  :data:`NOT_SERVED` where the copy path must serve it (nothing launched, nothing
+        counted)."""
         ptr, stride = self.ptr, self.stride
         for i, p, s in self.adopted:
             t = tensors[i]
@@ -199,10 +202,11 @@ class Handoff:
             self.store_back(tensors)
             st.copy_backs = self.inputs.copy_backs
         if not copy:
-            return self.outputs.result((), False)
+            return self.outputs.result((), False, tensors, call)
         if self.rebuild is None:
-            return self.outputs.tensors[0] if self.single_own else outs[0]
-        return self.rebuild(outs)
+            src = self.single_source
+            return outs[0] if src is None else tensors[src]
+        return self.rebuild(outs, tensors, call)
 
     def launcher(self) -> str:
         """Who launches the graph: ``"torch"`` where its replays draw random numbers (the framework adds their

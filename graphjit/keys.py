@@ -134,7 +134,7 @@ class Signer:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
             sig = None
-        self.binder = Binder(sig)
+        self.binder = Binder(sig if not wraps_another(fn) else None)
         self.signature = sig
         self._positional: list[str] = []
         self._has_var_pos = self._has_var_kw = False
@@ -487,9 +487,19 @@ class _WalkState:
 __all__ = ["Binder", "CallSignature", "Key", "Pad", "Signer", "rebuild", "rebuild_call"]
 
 
+def wraps_another(fn: Callable[..., Any]) -> bool:
+    """``fn`` (or the function of a bound method) is a decorator's wrapper of another function (``__wrapped__``, as
+    ``functools.wraps`` sets it): it receives ``*args, **kwargs`` and may tell a keyword from a position, or a default
+    from a value passed, whatever the signature ``inspect`` reports from the function it wraps.  transformers renames
+    a deprecated keyword so (``past_key_values=`` to ``cache=``): bound with the defaults applied, the call would pass
+    both.  Its calls are passed as written (:class:`Binder` of None)."""
+    return getattr(getattr(fn, "__func__", fn), "__wrapped__", None) is not None
+
+
 class Binder:
     """Puts a call's arguments in parameter order with the defaults applied, so that equivalent calls
-    (``f(x)``, ``f(x=x)``, ``f(x, 2.0)``, ``f(x, scale=2.0)``) are one key and run alike.
+    (``f(x)``, ``f(x=x)``, ``f(x, 2.0)``, ``f(x, scale=2.0)``) are one key and run alike.  Not for a function that
+    wraps another (:func:`wraps_another`): its calls are passed as written, each way of writing one a key of its own.
 
     Guarantees: the function receives the same values for the same parameters as with the call as
     written: the result equals ``inspect.Signature.bind`` with ``apply_defaults()`` (its ``args`` and

@@ -126,7 +126,7 @@ class KeyLifecycle(abc.ABC):
     def pool_for(self, backend: Backend, device: str) -> Any: ...
 
     @abc.abstractmethod
-    def hand_out(self, entry: KeyEntry, result: Any) -> None: ...
+    def hand_out(self, entry: KeyEntry, sig: CallSignature, result: Any) -> None: ...
 
     # -- the calls ------------------------------------------------------------------------------
     def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
@@ -450,7 +450,7 @@ class KeyLifecycle(abc.ABC):
         if scope_run:
             return own
         if settings.check_outputs and self.options.outputs == "alias":
-            self.hand_out(entry, result)
+            self.hand_out(entry, sig, result)
         return result
 
     def capture_failed(self, exc: CaptureError, backend: Backend, sig: CallSignature, st: KeyStats, own: Any,
@@ -504,7 +504,7 @@ class KeyLifecycle(abc.ABC):
         with self.lock:
             try:
                 outcome, post = recheck_mod.against_eager(backend, entry.device, written, paths, eager,
-                                                          lambda: entry.replay(sig, True))
+                                                          lambda: entry.replay(sig, True, (args, kwargs)))
             except InputMoved as moved:  # nothing replayed; the eager run was undone
                 return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)
         if outcome.problem is None:

@@ -196,64 +196,156 @@ def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiti
     return x, True
 
 
-def rebuilder(obj: Any, changed: Sequence[bool], is_tensor: Callable[[Any], bool]) -> Callable[[Sequence[Any]], Any]:
-    """:func:`rebuild` of ``obj`` planned once, for calls that replace only the leaves marked in ``changed`` (in
-    :func:`collect_tensors` order): the returned function takes the new tensors of those leaves alone, in order,
-    and gives what ``rebuild(obj, tensors, is_tensor)`` gives for the full list with every other leaf ``obj``'s own.
+FRESH = -1
+"""A leaf source for :func:`rebuilder`: the leaf takes the next of the call's fresh tensors."""
+KEEP = -2
+"""A leaf source for :func:`rebuilder`: the leaf stays the template's own tensor."""
 
-    The walk is done here: the function rebuilds the containers (always, as :func:`rebuild` does: the caller never
-    gets ``obj``'s own) and only the objects above a changed leaf; an object with no changed leaf under it (a cache
-    handed back as the caller's own) is returned as it is without being walked.  For the outputs of a replay,
-    where which leaves are fresh is decided at capture."""
-    rank = iter(range(sum(1 for c in changed if c)))
-    node, _same = _plan(obj, iter(changed), rank, is_tensor, set())
+# Where an argument object sits: (keyword or None, position, then (attribute?, key) steps down from there).
+Path = tuple[Any, ...]
+Call = tuple[Sequence[Any], dict[str, Any]]
+"""A call's positional and keyword arguments."""
+
+
+def places(args: Sequence[Any], kwargs: dict[str, Any], is_tensor: Callable[[Any], bool]
+           ) -> dict[int, tuple[Path, int, int]]:
+    """Every container and object in a call's arguments, by ``id``: ``(path, first, stop)``, where the call's
+    tensor leaves ``first`` up to ``stop`` (in :func:`collect_tensors` order of ``list(args)`` followed by the keyword
+    values in sorted order, as ``keys.rebuild_call`` lays them out) are the ones under it, and ``path`` finds the
+    same place in another call of that layout (:func:`at`)."""
+    found: dict[int, tuple[Path, int, int]] = {}
+    count = [0]
+    for i, a in enumerate(args):
+        _place(a, (None, i), is_tensor, found, count, set())
+    for k in sorted(kwargs):
+        _place(kwargs[k], (k, None), is_tensor, found, count, set())
+    return found
+
+
+def _place(x: Any, path: Path, is_tensor: Callable[[Any], bool], found: dict[int, tuple[Path, int, int]],
+           count: list[int], visiting: set[int]) -> None:
+    if is_tensor(x):
+        count[0] += 1
+        return
+    first = count[0]
+    if isinstance(x, dict):
+        for k, v in x.items():
+            _place(v, (*path, (False, k)), is_tensor, found, count, visiting)
+    elif isinstance(x, _SEQUENCES):
+        for j, e in enumerate(x):
+            _place(e, (*path, (False, j)), is_tensor, found, count, visiting)
+    elif is_object(type(x)) and id(x) not in visiting:
+        visiting.add(id(x))
+        for name, v in object_fields(x):
+            _place(v, (*path, (True, name)), is_tensor, found, count, visiting)
+        visiting.discard(id(x))
+    else:
+        return
+    found.setdefault(id(x), (path, first, count[0]))
+
+
+def at(path: Path, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The value at ``path`` (from :func:`places`) in a call of ``args`` and ``kwargs``."""
+    name, pos = path[0], path[1]
+    x = kwargs[name] if name is not None else args[pos]
+    for attr, key in path[2:]:
+        x = getattr(x, key) if attr else x[key]
+    return x
+
+
+def rebuilder(obj: Any, sources: Sequence[int], is_tensor: Callable[[Any], bool],
+              argument: Callable[[Any, list[Any]], Path | None] | None = None
+              ) -> Callable[..., Any]:
+    """:func:`rebuild` of ``obj`` planned once for many calls, each leaf (in :func:`collect_tensors` order) taken
+    from where ``sources`` says: :data:`FRESH`, the next of the call's fresh tensors; :data:`KEEP`, ``obj``'s own; an
+    index ``i``, the call's own tensor ``i`` (an output that is one of the call's inputs, as an eager call returns it).
+
+    The returned function is ``run(fresh, tensors=None, call=None)``.  Without ``tensors`` the input leaves stay
+    ``obj``'s own.  ``argument(x, leaves)`` says whether a container or object ``x`` of ``obj`` (holding the tensors
+    ``leaves``) is one of the capturing call's arguments, unchanged: its path (:func:`places`), where ``run`` given
+    the ``call`` (its ``(args, kwargs)``) returns the call's own object at that path as it is, as an eager call
+    returns the object it was given (a cache, with its layers and counters: the caller's, not a copy).
+
+    The walk is done here: the function rebuilds the other containers (always, as :func:`rebuild` does: the caller
+    never gets ``obj``'s own) and only the objects above a leaf that changes; an object with no such leaf under it
+    is returned as it is without being walked."""
+    nodes = _Planner(iter(sources), is_tensor, argument)
+    node, _same = nodes.plan(obj)
     return functools.partial(_run, node)
 
 
-# A planned node: (kind, value, children).  kind: 0 a constant, 1 the i-th tensor, 2 a dict, 3 a list,
-# 4 a tuple, 5 another sequence, 6 an object (its changed attributes only).
+# A planned node: (kind, value, children).  kind: 0 a constant, 1 the i-th fresh tensor, 2 a dict, 3 a list,
+# 4 a tuple, 5 another sequence, 6 an object (its changed attributes only), 7 the call's tensor i (value: (i, the
+# template's)), 8 the call's argument at a path (value: (path, the node without a call)).
 _Node = tuple[int, Any, Any]
 
 
-def _plan(x: Any, changed: Iterator[bool], rank: Iterator[int], is_tensor: Callable[[Any], bool],
-          visiting: set[int]) -> tuple[_Node, bool]:
-    """The node of ``x`` and whether no leaf under it changes (the walk of :func:`_rebuild`); ``changed`` gives each
-    leaf's flag in turn, ``rank`` each changed leaf's place in the function's argument."""
-    if is_tensor(x):
-        return ((1, next(rank), None), False) if next(changed) else ((0, x, None), True)
-    if isinstance(x, dict):
-        pairs = [(k, _plan(v, changed, rank, is_tensor, visiting)) for k, v in x.items()]
-        return (2, x, [(k, n) for k, (n, _s) in pairs]), all(s for _k, (_n, s) in pairs)
-    if isinstance(x, _SEQUENCES):
-        parts = [_plan(e, changed, rank, is_tensor, visiting) for e in x]
-        kind = 3 if type(x) is list else 4 if type(x) is tuple else 5
-        return (kind, x, [n for n, _s in parts]), all(s for _n, s in parts)
-    if is_object(type(x)) and id(x) not in visiting:
-        visiting.add(id(x))
-        fields = [(name, _plan(v, changed, rank, is_tensor, visiting)) for name, v in object_fields(x)]
-        visiting.discard(id(x))
-        moved = [(name, n) for name, (n, same) in fields if not same]
-        return ((6, x, moved), False) if moved else ((0, x, None), True)
-    return (0, x, None), True
+class _Planner:
+    """The walk of :func:`_rebuild` planned once: each node and whether no leaf under it changes."""
+
+    def __init__(self, sources: Iterator[int], is_tensor: Callable[[Any], bool],
+                 argument: Callable[[Any, list[Any]], Path | None] | None) -> None:
+        self.sources = sources
+        self.is_tensor = is_tensor
+        self.argument = argument
+        self.fresh = 0
+        self.visiting: set[int] = set()
+
+    def plan(self, x: Any) -> tuple[_Node, bool]:
+        if self.is_tensor(x):
+            src = next(self.sources)
+            if src == KEEP:
+                return (0, x, None), True
+            if src == FRESH:
+                self.fresh += 1
+                return (1, self.fresh - 1, None), False
+            return (7, (src, x), None), False
+        node, same = self._inner(x)
+        if self.argument is not None and (isinstance(x, (dict, *_SEQUENCES)) or is_object(type(x))):
+            path = self.argument(x, collect_tensors(x, self.is_tensor))
+            if path is not None:  # the call's own object: it differs from the template's in every call
+                return (8, (path, node), None), False
+        return node, same
+
+    def _inner(self, x: Any) -> tuple[_Node, bool]:
+        if isinstance(x, dict):
+            pairs = [(k, self.plan(v)) for k, v in x.items()]
+            return (2, x, [(k, n) for k, (n, _s) in pairs]), all(s for _k, (_n, s) in pairs)
+        if isinstance(x, _SEQUENCES):
+            parts = [self.plan(e) for e in x]
+            kind = 3 if type(x) is list else 4 if type(x) is tuple else 5
+            return (kind, x, [n for n, _s in parts]), all(s for _n, s in parts)
+        if is_object(type(x)) and id(x) not in self.visiting:
+            self.visiting.add(id(x))
+            fields = [(name, self.plan(v)) for name, v in object_fields(x)]
+            self.visiting.discard(id(x))
+            moved = [(name, n) for name, (n, same) in fields if not same]
+            return ((6, x, moved), False) if moved else ((0, x, None), True)
+        return (0, x, None), True
 
 
-def _run(node: _Node, tensors: Sequence[Any]) -> Any:
+def _run(node: _Node, fresh: Sequence[Any], tensors: Sequence[Any] | None = None,
+         call: Call | None = None) -> Any:
     kind, x, children = node
     if kind == 0:
         return x
     if kind == 1:
-        return tensors[x]
+        return fresh[x]
+    if kind == 7:
+        return tensors[x[0]] if tensors is not None else x[1]
+    if kind == 8:
+        return at(x[0], *call) if call is not None else _run(x[1], fresh, tensors, call)
     if kind == 2:
-        return _own_type(x, [(k, _run(n, tensors)) for k, n in children])
+        return _own_type(x, [(k, _run(n, fresh, tensors, call)) for k, n in children])
     if kind == 3:
-        return [_run(n, tensors) for n in children]
+        return [_run(n, fresh, tensors, call) for n in children]
     if kind == 4:
-        return tuple(_run(n, tensors) for n in children)
+        return tuple(_run(n, fresh, tensors, call) for n in children)
     if kind == 5:
-        return _own_type(x, [_run(n, tensors) for n in children])
+        return _own_type(x, [_run(n, fresh, tensors, call) for n in children])
     clone = copy.copy(x)
     for name, n in children:
-        object.__setattr__(clone, name, _run(n, tensors))
+        object.__setattr__(clone, name, _run(n, fresh, tensors, call))
     return clone
 
 

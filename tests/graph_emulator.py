@@ -243,19 +243,19 @@ class _Segments(Segments):
             self.rec = None
 
 
-def record_compile_tracer(monkeypatch: Any) -> list[tuple[Any, ...]]:
+def record_compile_tracer(monkeypatch: Any) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     """Stand in for the compile tracer (on a CPU, Inductor would compile for a minute; the GPU tests run the real
     one): the function runs as written, and each call that goes through the compiled function appends its
-    positional arguments (graphjit calls with the arguments bound in order) to the list returned.  Its Dynamo
-    guards are none."""
-    calls: list[tuple[Any, ...]] = []
+    ``(args, kwargs)`` to the list returned (a plain function's call bound in parameter order by graphjit, a wrapped
+    one's as written).  Its Dynamo guards are none."""
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
     def trace(self: Any, fn: Callable[..., Any], tracer: str) -> Callable[..., Any]:
         if tracer != "compile":
             return fn
 
         def compiled(*args: Any, **kwargs: Any) -> Any:
-            calls.append(args)
+            calls.append((args, kwargs))
             return fn(*args, **kwargs)
 
         return compiled

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from graphjit.keys import Binder
+from graphjit.keys import Binder, Signer
 
 EMPTY = inspect.Parameter.empty
 
@@ -76,3 +76,34 @@ def test_other_signatures_bind_as_inspect_does():
     binder = Binder(inspect.signature(f))
     for args, kwargs in [((1, 2), {}), ((1,), {"b": 2, "c": 4, "z": 5}), ((1, 2, 3, 4), {}), ((), {"a": 1})]:
         assert binder.bind(False, args, kwargs) == _reference(inspect.signature(f), args, kwargs)
+
+
+def test_a_wrapper_that_renames_a_keyword_gets_its_call_as_written():
+    """A decorator's wrapper (``functools.wraps``) reads its keywords by name: transformers renames a deprecated
+    ``past_key_values=`` to ``cache=``.  The signature ``inspect`` reports is the wrapped function's; bound with
+    defaults applied, the call would pass ``cache`` twice.  graphed passes such a call as written."""
+    import functools
+
+    def renaming(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if "past_key_values" in kwargs:
+                kwargs["cache"] = kwargs.pop("past_key_values")
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    class Model:
+        @renaming
+        def forward(self, input_ids=None, cache=None, **kwargs):
+            return (input_ids, cache, kwargs)
+
+    m = Model()
+    want = m.forward(input_ids=1, past_key_values="c")
+    assert want == (1, "c", {})
+    binder = Signer(m.forward, None, "auto", "forward").binder
+    for args, kwargs in [((), {"input_ids": 1, "past_key_values": "c"}), ((1,), {"cache": "c"})]:
+        assert binder.bind(False, args, kwargs) == (args, kwargs)
+        assert m.forward(*args, **kwargs) == want
+    assert Signer(Model.forward.__wrapped__, None, "auto", "forward").binder.bind(False, ("m", 1), {}) == (
+        ("m", 1, None), {})  # the function itself binds as before

@@ -88,3 +88,37 @@ def test_gemma2_decodes_past_a_full_sliding_window_from_one_graph_per_class():
     assert len(decode) == 2 and all(k["captures"] == 1 and k["members"] >= 1 for k in decode), fn.report()
     path = re.compile(r"argument '(cache|past_key_values)'\.layers\[0\]\.cumulative_length_int")
     assert all(any(path.fullmatch(p) for p in k["advances"]) for k in decode), decode
+
+
+@pytest.mark.parametrize("keyword", ["cache", "past_key_values"])
+def test_gemma2_decode_steps_hand_back_the_callers_cache_and_layers_past_a_full_window(keyword):
+    """Once the window (8) is full, the layer's length tensor is only read (the graph reads a copy of it): each step
+    still returns the caller's own cache, with its own layers, their counts where eager leaves them.  Before, the
+    replays of the full class returned a copy of the layer each step, its count not advanced.  The cache passed by
+    its deprecated name too (``past_key_values=``, which transformers' wrapper renames): before, graphjit bound the
+    call with the defaults applied and the model got ``cache`` twice (TypeError)."""
+    model = _gemma2(sliding_window=8)
+    config = model.config
+    prompt = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(1))
+
+    def decode(forward, cache):
+        cache.reset()
+        out = forward(input_ids=prompt, cache_position=torch.arange(5), use_cache=True, **{keyword: cache})
+        steps = []
+        for step in range(12):
+            token = out.logits[:, -1:].argmax(-1)
+            out = forward(input_ids=token, cache_position=torch.tensor([5 + step]), use_cache=True, **{keyword: cache})
+            back = out.past_key_values
+            steps.append((int(token), back is cache, back.layers[0] is cache.layers[0],
+                          back.layers[0].cumulative_length_int))
+        return steps
+
+    with torch.no_grad():
+        want = decode(model.forward, transformers.StaticCache(config=config, max_cache_len=32))
+        cache = transformers.StaticCache(config=config, max_cache_len=32)
+        with emulated_torch():
+            graphjit.graph_generation(model)
+            for _ in range(4):
+                assert decode(model.forward, cache) == want
+    assert all(same and own for _t, same, own, _n in want)
+    assert model.forward.stats()["replays"] >= 12, model.forward.report()

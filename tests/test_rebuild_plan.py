@@ -3,7 +3,8 @@
 A replay hands back its outputs through a plan made at capture: only the containers and the objects above a fresh
 leaf are rebuilt; an object with no fresh leaf under it (a transformers cache handed back as the caller's own) is
 returned as it is without a walk.  Checked here against the walk it replaces, on every mask of fresh leaves of
-trees with containers of every kind, objects, a cycle and a repeated tensor.
+trees with containers of every kind, objects, a cycle and a repeated tensor.  An output that is one of the call's
+own tensors or argument objects comes back as the call's own (``tree.places``), as an eager call returns it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from graphjit.tree import collect_tensors, is_object, object_fields, rebuild, rebuilder  # noqa: E402
+from graphjit.tree import FRESH, KEEP, collect_tensors, is_object, object_fields, places, rebuild, rebuilder  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -121,7 +122,7 @@ def test_the_plan_gives_what_the_walk_gives_for_every_mask(index: int) -> None:
         it = iter(fresh)
         full = [next(it) if changed else leaf for leaf, changed in zip(leaves, mask)]
         want = rebuild(template, full, is_tensor)
-        got = rebuilder(template, mask, is_tensor)(fresh)
+        got = rebuilder(template, [FRESH if changed else KEEP for changed in mask], is_tensor)(fresh)
         assert form(got, originals) == form(want, originals), mask
     assert form(template, set()) == before  # the template itself is never changed
 
@@ -129,7 +130,7 @@ def test_the_plan_gives_what_the_walk_gives_for_every_mask(index: int) -> None:
 def test_an_untouched_object_is_returned_without_a_walk() -> None:
     """The cache of a decode step's output comes back as the caller's own object; the output dict is a new one."""
     template = trees()[0]
-    plan = rebuilder(template, [True, False, False, False, False], is_tensor)
+    plan = rebuilder(template, [FRESH, KEEP, KEEP, KEEP, KEEP], is_tensor)
     logits = torch.ones(2)
     template["cache"].layers.append("added after the plan")  # a plan does not walk the untouched object again
     out = plan([logits])
@@ -139,6 +140,30 @@ def test_an_untouched_object_is_returned_without_a_walk() -> None:
 
 def test_a_plan_with_no_fresh_leaf_still_copies_the_containers() -> None:
     template = trees()[1]
-    out = rebuilder(template, [False] * len(collect_tensors(template, is_tensor)), is_tensor)(())
+    out = rebuilder(template, [KEEP] * len(collect_tensors(template, is_tensor)), is_tensor)(())
     assert out is not template and out[2] is not template[2] and out[1] is not template[1]
     assert out[0] is template[0] and out[3].a is template[3].a
+
+
+def test_inputs_and_argument_objects_come_back_as_the_calls_own() -> None:
+    """The capture's arguments hold a cache; the output holds that cache, one of its tensors, and a fresh tensor.
+    A later call of the same layout passes other objects: it gets its own cache object back (not the capture's,
+    not a copy), its own tensor where an output was an input, and the fresh tensor it is given."""
+    t = [torch.full((2,), float(i)) for i in range(4)]
+    cache = Cache([Layer(t[0], t[1]), Layer(t[2], t[3], 5)])
+    args, kwargs = (torch.zeros(1),), {"cache": cache}
+    where = places(args, kwargs, is_tensor)
+    assert where[id(cache)] == (("cache", None), 1, 5) and where[id(cache.layers[1])][0][-2:] == (
+        (True, "layers"), (False, 1))
+    template = Output(logits=torch.ones(3), cache=cache, keys=t[2])
+    argument = lambda x, leaves: where[id(x)][0] if id(x) in where else None  # noqa: E731
+    plan = rebuilder(template, [FRESH, 1, 2, 3, 4, 3], is_tensor, argument)
+    other = Cache([Layer(torch.zeros(2), torch.zeros(2)), Layer(torch.zeros(2), torch.zeros(2))])
+    call_tensors = [torch.zeros(1)] + [x for layer in other.layers for x in (layer.keys, layer.values)]
+    logits = torch.zeros(3)
+    out = plan([logits], call_tensors, ((call_tensors[0],), {"cache": other}))
+    assert type(out) is Output and out["logits"] is logits
+    assert out["cache"] is other and out["keys"] is other.layers[1].keys
+    # without the call (verify compares the graph's own buffers): the template's tensors
+    out = plan([logits])
+    assert out["keys"] is t[2] and out["cache"].layers[1].keys is t[2] and out["cache"].layers[0].values is t[1]

@@ -121,3 +121,66 @@ def test_a_cache_passed_anew_with_every_tensor_moved_recaptures_once(emu):
     (key,) = g.stats()["keys"]
     assert key["captures"] == 2, key  # one recapture for the six tensors that moved together, not six
     assert key["reason"] == "recaptured: argument 'cache'.layers[0].length moved", key
+    assert g(x, moved)["cache"] is moved  # its buffers are graphjit's now: the caller's object all the same
+
+
+class Window:
+    """A layer with a tensor the step only reads (Gemma's sliding-window length once the window is full): the graph
+    reads a copy of it in its own buffer."""
+
+    def __init__(self, size: int) -> None:
+        self.keys = torch.zeros(size, 4)
+        self.start = torch.tensor(2)
+
+
+def _windowed(dim: int = 4):
+    w = torch.randn(dim, dim, generator=torch.Generator().manual_seed(3))
+
+    def forward(x, cache):
+        layer = cache.layers[0]
+        layer.keys.copy_(layer.keys.roll(-1, 0))
+        layer.keys[-1] = (x @ w)[0]
+        return {"logits": layer.keys.sum(0) * layer.start, "cache": cache}
+
+    return forward
+
+
+def _window_cache() -> Cache:
+    cache = Cache(0, 0)
+    cache.layers = [Window(6)]
+    return cache
+
+
+def test_a_returned_cache_with_a_tensor_copied_in_is_the_callers_own_object(emu):
+    """An output object that is an argument comes back as the caller's object even where the graph reads one of
+    its tensors from graphjit's buffer (copied in, not adopted): before, the replay handed back a copy of the
+    layer holding a copy of that tensor (and a count the replay advanced on the caller's layer, not on the copy)."""
+    forward = _windowed()
+    g = graphjit.graphed(forward)
+    x = torch.randn(1, 4, generator=torch.Generator().manual_seed(4))
+    want, mine = _window_cache(), _window_cache()
+    for i in range(8):
+        ref = forward(x * i, want)
+        out = g(x * i, mine)
+        assert out["cache"] is mine and out["cache"].layers[0] is mine.layers[0], i
+        assert torch.equal(out["logits"], ref["logits"]) and torch.equal(mine.layers[0].keys, want.layers[0].keys)
+    (key,) = g.stats()["keys"]
+    assert key["state"] == "replay" and key["replays"] >= 5, g.report()
+
+
+def test_another_cache_object_of_the_same_layout_comes_back_as_itself(emu):
+    """Two caches of one layout whose tensors the graph copies in (they alternate, so none is adopted): each call
+    gets back the cache it passed, never the one the key was captured with."""
+
+    def forward(x, cache):
+        return {"logits": x * cache.layers[0].start, "cache": cache}
+
+    g = graphjit.graphed(forward)
+    caches = [_window_cache(), _window_cache()]
+    caches[1].layers[0].start.fill_(5)
+    x = torch.ones(2)
+    for i in range(8):
+        c = caches[i % 2]
+        out = g(x, c)
+        assert out["cache"] is c and torch.equal(out["logits"], x * c.layers[0].start), i
+    assert g.stats()["graphs"] == 1

@@ -249,12 +249,12 @@ def test_under_a_compiling_tracer_a_keys_first_uncaptured_call_runs_the_python_f
     del traced_calls[:]
     for _ in range(3):  # past max_graphs: the first call untraced, the others traced
         assert torch.equal(g(torch.ones(2), torch.ones(1)), torch.full((2,), 2.0))
-    assert [tuple(a[0].shape) for a in traced_calls] == [(2,), (2,)]
+    assert [tuple(a[0].shape) for a, _kw in traced_calls] == [(2,), (2,)]
     del traced_calls[:]
     meta = torch.empty(1, device="meta")
     for _ in range(2):  # several devices
         assert torch.equal(g(torch.ones(3), meta), torch.full((3,), 2.0))
-    assert [tuple(a[0].shape) for a in traced_calls] == [(3,)]
+    assert [tuple(a[0].shape) for a, _kw in traced_calls] == [(3,)]
     st = g.stats()
     assert st["fallbacks"] == {"max_graphs reached": 3, "inputs on several devices (cpu, meta:0)": 2}, st
     assert [k["uncaptured_calls"] for k in st["keys"][1:]] == [3, 2]
