@@ -38,7 +38,7 @@ from .tree import FRESH, KEEP, Call, Path, collect_tensors, places, rebuilder
 if TYPE_CHECKING:
     from .advances import Advances
     from .feeds import StepContext
-    from .guards import GuardSet
+    from .guard_set import GuardSet
     from .recheck import DynamicCheck
     from .stats import KeyStats
     from .warmup import Warmup

@@ -40,6 +40,7 @@ from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import KeyEntry, StaticInputs, StaticOutputs, collect_tensors, real_view
 from .dynamic import DynamicArgs, Index
 from .errors import CaptureError, IslandError, SignatureError, UnrecoverableCaptureError, VerifyError
+from .guard_set import GuardSet
 from .islands import recording
 from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
@@ -132,7 +133,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         executed = False
         try:
             after_capture(req, before, where, values, rescan)
-            guard = None if values is None else guards.GuardSet(
+            guard = None if values is None else GuardSet(
                 values, req.tracer_guard(statics.args, statics.kwargs), gated=b.counts_rebinds,
                 hooks=module_hooks.watch(values.hooks, b, req.hooks_outside))
             if guard is not None:

@@ -24,8 +24,10 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   where the framework cannot say: Paddle).  Not: lists and dicts of more than :data:`MAX_ITEMS` items (lookup
   tables); a tensor's storage replaced in place (``p.data = ...``, ``module.half()``).
 * **Lengths**: of every list reached and of a container module's dict of submodules (``ModuleList``,
-  ``Sequential``, ``ModuleDict``): code that iterates them would run an item added after the capture.  Not of other
-  dicts: a cache a function fills by key (one entry per shape) would end its other graphs.
+  ``Sequential``, ``ModuleDict``): code that iterates them would run an item added after the capture.  **Keys**, in
+  order, of every dict of settings reached (string keys, plain values: ``for k, v in options.items()`` would read a
+  key added later).  Not of other dicts: a cache a function fills by key (one entry per shape) would end its other
+  graphs.
 * **Module hooks**: the forward and backward hook dicts of the modules reached, and the framework's global ones
   (:mod:`graphjit.module_hooks`): a hook registered or removed after the capture is a changed read value.
 * **Which names**: every attribute step of a value's path must be named by code the call may run
@@ -46,15 +48,15 @@ every call, which a replay would not do: :mod:`graphjit.py_writes`); never on th
 
 from __future__ import annotations
 
-import operator
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import backends
-from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, guardable, hashable, opaque, snapshot
-from .module_hooks import HookWatch, collect_hooks
+from .guard_set import DELETED, GuardSet, note_rebind, same, show
+from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, guardable, opaque, snapshot
+from .module_hooks import collect_hooks
 from .names import class_names, code_names
 from .reach import (
     FOREIGN_MODULES,
@@ -68,6 +70,9 @@ from .reach import (
     slots_of,
 )
 
+__all__ = ["DELETED", "MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "READ_VALUES", "REASON", "WRITES", "GuardSet", "Scan",
+           "Sources", "describe", "guardable", "note_rebind", "same", "scan", "show", "sources"]
+
 MAX_NODES = 100_000
 MAX_DEPTH = 48
 REASON = "value read by the function changed"
@@ -76,26 +81,6 @@ READ_VALUES = "values the function reads"
 """The part of a key, before its modes, that holds the read values a graph was captured for (:class:`GuardSet`)."""
 WRITES = "writes a Python value on every call"
 """The reason of a key whose function changes a guarded value itself (a replay would not)."""
-
-
-_REBINDS = [0]
-"""How many times a framework said one of its modules rebound a parameter or buffer (:func:`note_rebind`)."""
-
-
-def note_rebind(*_args: Any) -> None:
-    """A module of a framework rebound a parameter or buffer (a registration hook: returns None, changing nothing):
-    every graph's held tensors are compared again before its next replay."""
-    _REBINDS[0] += 1
-
-
-def same(a: Any, b: Any) -> bool:
-    """``a is b or a == b``, False where the comparison raises or gives no truth value (arrays, tensors)."""
-    if a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
 
 
 @dataclass
@@ -120,6 +105,7 @@ class Scan:
     held: dict[int, _Box] = field(default_factory=dict)  # a Module's parameter and buffer dicts: tensors by identity
     hooks: dict[int, tuple[dict[Any, Any], Path]] = field(default_factory=dict)  # the modules' hook dicts reached
     lengths: dict[int, tuple[Any, int, Path]] = field(default_factory=dict)  # lists, container modules' dicts
+    key_sets: dict[int, tuple[Any, tuple[str, ...], Path]] = field(default_factory=dict)  # dicts of settings
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
         if owner is not None and self.renewed and any(key == n and isinstance(owner, t) for t, n in self.renewed):
@@ -137,6 +123,15 @@ class Scan:
     def named_lengths(self) -> list[tuple[Any, int, Path]]:
         """The :meth:`length` entries whose path's attribute steps are all named by code the function may run."""
         return [e for e in self.lengths.values() if _attributes_named(e[2], self.names)]
+
+    def key_set(self, container: dict[str, Any], path: Path) -> None:
+        """A dict of settings (string keys, plain values) whose keys are guarded, in order: code that iterates it
+        (``for k, v in options.items()``) would read a key added after the capture."""
+        self.key_sets.setdefault(id(container), (container, tuple(container), path))
+
+    def named_key_sets(self) -> list[tuple[Any, tuple[str, ...], Path]]:
+        """The :meth:`key_set` entries whose path's attribute steps are all named by code the function may run."""
+        return [e for e in self.key_sets.values() if _attributes_named(e[2], self.names)]
 
     def hold(self, container: Any, key: Any, value: Any, path: Path) -> None:
         """A tensor (or None) a Module holds in its parameter or buffer dict ``container``: compared by identity."""
@@ -287,99 +282,136 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             known = by_object.get(id(o))
             got = own[id(o)] = frozenset(out.names) if known is None else known | src.names
         return got
+    classes: set[type] = set()
     for container, kind, key, path in src.slots:
         try:
             value = container[key] if kind == "globals" else container.cell_contents
         except (KeyError, ValueError):
             continue
         out.add(container, kind, key, value, path)
-    classes: set[type] = set()
+        if _own_class(value):  # a class the function names: its attributes are read values too (``Config.scale``)
+            classes.add(value)
     visits = Visits(MAX_NODES, MAX_DEPTH)
     stack: list[tuple[Any, Path, int, Any]] = [(value, (name,), 0, None) for name, value in reversed(src.objects)]
-    while stack:
-        obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
-        tp = type(obj)
-        if isinstance(obj, list):
-            out.length(obj, path)
-        if (tp in PLAIN_CONTAINERS and not obj) or tp in _SCALAR_TYPES or is_tensor(obj) or opaque(obj):
-            continue  # (a module's dozen hook dicts are nearly always empty: nothing to guard in them)
-        if not visits.first(obj, depth):
-            if visits.full:
-                break
-            continue
-        if isinstance(obj, (tuple, frozenset, set)):
-            for i, child in enumerate(obj if isinstance(obj, tuple) else ()):
-                if isinstance(child, set) and guardable(child):  # a set in a tuple changes in place: read again
-                    out.add(obj, "item", i, child, (*path, ("[]", i)))
-                elif not guardable(child):
-                    stack.append((child, (*path, ("[]", i)), depth + 1, None))
-            continue
-        if isinstance(obj, list):
-            big = len(obj) > MAX_ITEMS
-            for i, child in enumerate(obj):
-                if (guardable(child) or by_identity(child, is_tensor)) and not big:
-                    out.add(obj, "item", i, child, (*path, ("[]", i)))
-                if not guardable(child):
-                    stack.append((child, (*path, ("[]", i)), depth + 1, None))
-            continue
-        if isinstance(obj, dict):
-            holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding
-            big = len(obj) > MAX_ITEMS or holder
-            for k, child in list(obj.items()):
-                if keys_of is not None and k not in keys_of:
-                    continue  # a submodule (parameter, buffer) no code of the call names
-                if holder and (child is None or is_tensor(child)):
-                    out.hold(obj, k, child, (*path, ("[]", k)))
-                    continue
-                if (guardable(child) or by_identity(child, is_tensor)) and not big:
-                    out.add(obj, "item", k, child, (*path, ("[]", k)))
-                if not guardable(child):
-                    stack.append((child, (*path, ("[]", k)), depth + 1, None))
-            continue
-        if tp.__module__.partition(".")[0] in FOREIGN_MODULES:
-            continue
-        classes.add(tp)
-        named = names_for(obj)
-        d = instance_dict(obj)
-        if d is not None:
-            if hook_holders:
-                collect_hooks(d, path, hook_holders, children, out.hooks)
-            for k, child in list(d.items()):
-                if not isinstance(k, str) or k in hook_holders:  # hooks: HookWatch's, not values
-                    continue
-                container = hasattr(tp, "__getitem__") or hasattr(tp, "__iter__")
-                if container and k in children and isinstance(child, dict):
-                    out.length(child, (*path, (".", k)))  # a module appended to a ModuleList would run uncaptured
-                if named is not None and k in through:
-                    # a container module (ModuleList, ModuleDict, Sequential) hands out its entries by index or by
-                    # a key in a variable: all count; another module's entries count where its code names them
-                    keys = None if container else named
-                    stack.append((child, (*path, (".", k)), depth + 1, keys))
-                    continue
-                if named is not None and k not in named:
-                    continue  # no code of the call reads it off this object
-                if guardable(child):
-                    out.add(d, "item", k, child, (*path, (".", k)), obj)
-                    continue
-                if by_identity(child, is_tensor):
-                    out.add(d, "item", k, child, (*path, (".", k)), obj)
-                stack.append((child, (*path, (".", k)), depth + 1, None))
-        for name in slots_of(tp):
-            if named is not None and name not in named:
+    done: set[type] = set()
+    while True:  # the objects reached, then the containers their classes hold, until no new class is reached
+        while stack:
+            obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
+            tp = type(obj)
+            if isinstance(obj, list):
+                out.length(obj, path)
+            if (tp in PLAIN_CONTAINERS and not obj) or tp in _SCALAR_TYPES or is_tensor(obj) or opaque(obj):
+                if _own_class(obj):  # a class held by an object or a container: its attributes, as below
+                    classes.add(obj)
+                continue  # (a module's dozen hook dicts are nearly always empty: nothing to guard in them)
+            if not visits.first(obj, depth):
+                if visits.full:
+                    break
                 continue
-            try:
-                child = object.__getattribute__(obj, name)
-            except (AttributeError, TypeError):
+            if isinstance(obj, (tuple, frozenset, set)):
+                for i, child in enumerate(obj if isinstance(obj, tuple) else ()):
+                    if isinstance(child, set) and guardable(child):  # a set in a tuple changes in place: read again
+                        out.add(obj, "item", i, child, (*path, ("[]", i)))
+                    elif not guardable(child):
+                        stack.append((child, (*path, ("[]", i)), depth + 1, None))
                 continue
-            if guardable(child) or by_identity(child, is_tensor):
-                out.add(obj, "attr", name, child, (*path, (".", name)))
-            if not guardable(child):
-                stack.append((child, (*path, (".", name)), depth + 1, None))
+            if isinstance(obj, list):
+                big = len(obj) > MAX_ITEMS
+                for i, child in enumerate(obj):
+                    if (guardable(child) or by_identity(child, is_tensor)) and not big:
+                        out.add(obj, "item", i, child, (*path, ("[]", i)))
+                    if not guardable(child):
+                        stack.append((child, (*path, ("[]", i)), depth + 1, None))
+                continue
+            if isinstance(obj, dict):
+                holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding
+                big = len(obj) > MAX_ITEMS or holder
+                if not big and keys_of is None and _settings(obj):
+                    out.key_set(obj, path)
+                for k, child in list(obj.items()):
+                    if keys_of is not None and k not in keys_of:
+                        continue  # a submodule (parameter, buffer) no code of the call names
+                    if holder and (child is None or is_tensor(child)):
+                        out.hold(obj, k, child, (*path, ("[]", k)))
+                        continue
+                    if (guardable(child) or by_identity(child, is_tensor)) and not big:
+                        out.add(obj, "item", k, child, (*path, ("[]", k)))
+                    if not guardable(child):
+                        stack.append((child, (*path, ("[]", k)), depth + 1, None))
+                continue
+            if tp.__module__.partition(".")[0] in FOREIGN_MODULES:
+                continue
+            classes.add(tp)
+            named = names_for(obj)
+            d = instance_dict(obj)
+            if d is not None:
+                if hook_holders:
+                    collect_hooks(d, path, hook_holders, children, out.hooks)
+                for k, child in list(d.items()):
+                    if not isinstance(k, str) or k in hook_holders:  # hooks: HookWatch's, not values
+                        continue
+                    container = hasattr(tp, "__getitem__") or hasattr(tp, "__iter__")
+                    if container and k in children and isinstance(child, dict):
+                        out.length(child, (*path, (".", k)))  # a module appended to a ModuleList would run uncaptured
+                    if named is not None and k in through:
+                        # a container module (ModuleList, ModuleDict, Sequential) hands out its entries by index or by
+                        # a key in a variable: all count; another module's entries count where its code names them
+                        keys = None if container else named
+                        stack.append((child, (*path, (".", k)), depth + 1, keys))
+                        continue
+                    if named is not None and k not in named:
+                        continue  # no code of the call reads it off this object
+                    if guardable(child):
+                        out.add(d, "item", k, child, (*path, (".", k)), obj)
+                        continue
+                    if by_identity(child, is_tensor):
+                        out.add(d, "item", k, child, (*path, (".", k)), obj)
+                    stack.append((child, (*path, (".", k)), depth + 1, None))
+            for name in slots_of(tp):
+                if named is not None and name not in named:
+                    continue
+                try:
+                    child = object.__getattribute__(obj, name)
+                except (AttributeError, TypeError):
+                    continue
+                if guardable(child) or by_identity(child, is_tensor):
+                    out.add(obj, "attr", name, child, (*path, (".", name)))
+                if not guardable(child):
+                    stack.append((child, (*path, (".", name)), depth + 1, None))
+        new = [tp for tp in classes if tp not in done]
+        if not new:
+            break
+        done.update(new)
+        _class_attributes(new, out, stack, ran)
     out.truncated = visits.truncated
+    return out
+
+
+def _settings(d: dict[Any, Any]) -> bool:
+    """``d`` holds settings: string keys and plain values (numbers, strings, tuples, nested dicts and lists), not a
+    cache a function fills by key (one entry per shape, tensors or objects as values), whose new keys must not end
+    the other graphs."""
+    return all(type(k) is str for k in d) and all(guardable(v) or type(v) in (dict, list, tuple) for v in d.values())
+
+
+def _own_class(v: Any) -> bool:
+    """``v`` is a class whose attributes a walk reads: not a builtin one, nor one of :data:`FOREIGN_MODULES`."""
+    return isinstance(v, type) and v.__module__.partition(".")[0] not in _NOT_WALKED
+
+
+_NOT_WALKED = FOREIGN_MODULES | {"builtins", "typing", "abc", "collections", "enum", "types"}
+
+
+def _class_attributes(classes: Iterable[type], out: Scan, stack: list[tuple[Any, Path, int, Any]],
+                      ran: Iterable[str] | None) -> None:
+    """The class attributes of ``classes`` (and their bases) that instances read where they do not shadow them: plain
+    values are guarded; a list, tuple or dict of at most :data:`MAX_ITEMS` entries is put on ``stack`` for the walk,
+    which guards its length, its items and what they hold, nested containers and objects included (shared state:
+    ``table = {"scale": [2.0]}`` on the class)."""
     for tp in classes:
         if ran is None:
             out.names.update(class_names(tp))
-        for cls in tp.__mro__:  # class attributes the instances read (a default the instance does not shadow)
+        for cls in tp.__mro__:
             if cls is object or cls.__module__ == "builtins" or id(cls) in out.boxes:
                 continue
             for k, child in list(vars(cls).items()):
@@ -388,207 +420,10 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 cpath: Path = (f"class {cls.__qualname__}", (".", k))
                 if guardable(child):
                     out.add(cls, "attr", k, child, cpath)
-                    continue
-                if isinstance(child, list):  # shared state: its length and plain items, one level
+                elif isinstance(child, (list, tuple, dict)) and 0 < len(child) <= MAX_ITEMS:
+                    stack.append((child, cpath, 1, None))
+                elif isinstance(child, list):
                     out.length(child, cpath)
-                    items: Iterable[tuple[Any, Any]] = enumerate(child)
-                elif isinstance(child, dict):
-                    items = child.items()
-                else:
-                    continue
-                for i, v in list(items)[:MAX_ITEMS]:
-                    if guardable(v):
-                        out.add(child, "item", i, v, (*cpath, ("[]", i)))
-    return out
 
 
 _SCALAR_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))
-
-
-class GuardSet:
-    """The guarded values of one captured graph (see the module docstring).
-
-    ``holds()`` is the replay's check: True while every value is what it was at capture.  ``change()``
-    names the first value that is not, with both values (for reasons and logs); ``values()`` is a hashable
-    tuple of the current values (the key of a graph captured for them), or None if a container lost a
-    guarded entry.  ``extra``: a check of the tracer's own guards (``torch.compile``), returning None when
-    they hold, else what failed.
-    """
-
-    __slots__ = ("containers", "expected", "extra", "gated", "getters", "held", "hooks", "keys", "paths", "seen")
-
-    def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False,
-                 hooks: HookWatch | None = None) -> None:
-        """``gated``: the framework counts its modules' rebinding of parameters and buffers (:func:`note_rebind`),
-        so the held tensors are compared only after the count moved; else before every replay.  ``hooks``: the
-        module hooks of the capture (:mod:`graphjit.module_hooks`), one more part of the read values."""
-        self.hooks = hooks
-        chosen = scan_.values()
-        by_box: dict[int, list[Any]] = {}
-        for cid, key in chosen:
-            by_box.setdefault(cid, []).append(key)
-        self.containers: list[Any] = []
-        self.getters: list[Callable[[Any], Any]] = []
-        self.keys: list[list[Any]] = []
-        self.paths: list[list[Path]] = []
-        self.expected: list[Any] = []
-        for cid, keys in by_box.items():
-            box = scan_.boxes[cid]
-            getter = operator.attrgetter(*keys) if box.kind in ("attr", "cell") else operator.itemgetter(*keys)
-            try:
-                expected = _each(snapshot, getter(box.container), len(keys))
-            except Exception:  # an entry gone since the scan (the function deleted it): not a value it reads
-                continue
-            self.containers.append(box.container)
-            self.getters.append(getter)
-            self.keys.append(keys)
-            self.paths.append([chosen[(cid, k)][1] for k in keys])
-            self.expected.append(expected)
-        for container, n, path in scan_.named_lengths():
-            self.containers.append(container)
-            self.getters.append(len)
-            self.keys.append([len])
-            self.paths.append([(f"len({describe(path)})",)])
-            self.expected.append(n)
-        self.extra = extra
-        # held tensors: (container, key, path, the tensor or None at capture: kept, so its address stays its own)
-        held = scan_.values(held=True)
-        self.held = [(scan_.held[cid].container, key, path, value) for (cid, key), (value, path) in held.items()]
-        self.gated = gated
-        self.seen = _REBINDS[0]
-
-    def __len__(self) -> int:
-        return sum(len(k) for k in self.keys) + len(self.held)
-
-    def _held_same(self) -> bool:
-        """Every held tensor is the one the graph was captured with."""
-        try:
-            return all(c[k] is v for c, k, _p, v in self.held)
-        except Exception:  # an entry deleted
-            return False
-
-    @property
-    def size(self) -> tuple[int, int]:
-        """``(containers, values)`` checked per replay."""
-        return len(self.containers), len(self)
-
-    def _get(self, i: int) -> Any:
-        return self.getters[i](self.containers[i])
-
-    def holds(self) -> bool:
-        """True while every guarded value is what it was at capture (the replay path: one pass; the held tensors
-        only where a module rebound one since they were last found the same, or where that is not counted)."""
-        try:
-            if list(map(operator.call, self.getters, self.containers)) != self.expected:
-                return False
-        except Exception:  # a guarded entry was deleted (KeyError, IndexError, AttributeError)
-            return False
-        if self.held and (not self.gated or _REBINDS[0] != self.seen):
-            count = _REBINDS[0]
-            if not self._held_same():
-                return False
-            self.seen = count
-        if self.hooks is not None and not self.hooks.holds():
-            return False
-        return self.extra is None or self.extra() is None
-
-    def differences(self) -> Iterator[tuple[str, str, str]]:
-        """``(path, value at capture, value now or "(deleted)")`` of each guarded value that differs, in order."""
-        for i, keys in enumerate(self.keys):
-            want = self.expected[i] if len(keys) > 1 else (self.expected[i],)
-            for j, key in enumerate(keys):
-                try:
-                    now = self._one(i, key)
-                except Exception:
-                    yield describe(self.paths[i][j]), show(want[j]), "(deleted)"
-                    continue
-                if not same(now, want[j]):
-                    yield describe(self.paths[i][j]), show(want[j]), show(now)
-        for c, k, path, was in self.held:
-            try:
-                now = c[k]
-            except Exception:
-                yield describe(path), _tensor(was), "(deleted)"
-                continue
-            if now is not was:
-                yield describe(path), _tensor(was), _tensor(now)
-        if self.hooks is not None:
-            yield from self.hooks.differences()
-
-    def change(self) -> tuple[str, str, str] | None:
-        """``(path, old, new)`` of the first guarded value that differs, else of the tracer's failed guard."""
-        first = next(self.differences(), None)
-        if first is not None:
-            return first
-        if self.extra is not None:
-            failed = self.extra()
-            if failed is not None:
-                return "torch.compile's guards", "held", f"failed: {failed}"
-        return None
-
-    def _one(self, i: int, key: Any) -> Any:
-        c = self.containers[i]
-        if key is len:
-            return len(c)
-        return getattr(c, key) if isinstance(self.getters[i], operator.attrgetter) else c[key]
-
-    def values(self) -> tuple[Any, ...] | None:
-        """The current guarded values, hashable (None where one is not): an unhashable object compared as an object
-        (a dataclass config) stands for itself by its identity (:func:`~graphjit.guardable.hashable`), an entry gone
-        (a list that shrank) by :data:`DELETED`."""
-        try:
-            now = tuple(_each(hashable, self._get_or_deleted(i), len(keys)) for i, keys in enumerate(self.keys))
-            if self.held:  # by identity: the graph of the new tensors holds them, so no other object takes their ids
-                now = (*now, tuple((type(v), id(v)) for v in (c.get(k, DELETED) for c, k, _p, _v in self.held)))
-            if self.hooks is not None:
-                now = (*now, self.hooks.state())
-            hash(now)
-        except Exception:
-            return None
-        return now
-
-    def _get_or_deleted(self, i: int) -> Any:
-        """What getter ``i`` returns, with :data:`DELETED` for each of its entries that is gone."""
-        try:
-            return self._get(i)
-        except Exception:
-            keys = self.keys[i]
-            got = []
-            for key in keys:
-                try:
-                    got.append(self._one(i, key))
-                except Exception:
-                    got.append(DELETED)
-            return got[0] if len(keys) == 1 else tuple(got)
-
-    def shown(self) -> dict[str, tuple[str, str]]:
-        """``path -> (value at capture, value now)`` of the values that differ and still exist (for labels)."""
-        return {path: (old, new) for path, old, new in self.differences() if new != "(deleted)"}
-
-
-class _Deleted:
-    """A guarded entry that is gone (:meth:`GuardSet.values`)."""
-
-    def __repr__(self) -> str:
-        return "(deleted)"
-
-
-DELETED = _Deleted()
-
-
-def _each(f: Callable[[Any], Any], got: Any, n: int) -> Any:
-    """``f`` of each value a getter returned: its one value, or each of the tuple of ``n`` > 1 it returns."""
-    return f(got) if n == 1 else tuple(map(f, got))
-
-
-def _tensor(v: Any) -> str:
-    """A held tensor for a reason: its type, shape and identity (never its values: that could read the GPU)."""
-    if v is None:
-        return "None"
-    return f"<{type(v).__name__} {list(getattr(v, 'shape', ()))} at {id(v):#x}>"
-
-
-def show(v: Any) -> str:
-    """A value as a reason shows it: its repr, cut to 60 characters."""
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .guard_set import same, show
 from .guardable import MAX_ITEMS, snapshot
-from .guards import Scan, same, show
+from .guards import Scan
 from .reach import describe
 
 

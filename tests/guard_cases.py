@@ -417,13 +417,79 @@ def rebound_parameter(device: str) -> Case:
     return Case(m, lambda i: (xs[i],), before, lambda: [m.child.lin.weight], calls=14)
 
 
+class Tuning:
+    """A class the "class_attribute" and "class_nested" cases' functions read by its global name: a plain class
+    attribute and a container of containers on the class (settings users toggle on the class, not an instance)."""
+
+    scale = 1.0
+    table: dict[str, list[float]] = {"shift": [0.0]}
+
+
+def class_attribute(device: str) -> Case:
+    """``Tuning.scale``: a class attribute the function reads through a global class, toggled.  Before, a class
+    reached by its name was held by identity only: its attributes were never compared."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    xs = _xs(device, 12, (4, 16))
+    Tuning.scale = 1.0
+
+    def step(x):
+        return (x @ w) * Tuning.scale
+
+    def before(i):
+        Tuning.scale = 2.0 if (i // 3) % 2 else 1.0
+
+    return Case(step, lambda i: (xs[i],), before)
+
+
+def class_nested(device: str) -> Case:
+    """``Tuning.table["shift"][0]``: a list in a dict on the class, changed in place, then settled.  Before, a class's
+    containers were guarded one level down: the list inside the dict was not."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    xs = _xs(device, 12, (4, 16))
+    Tuning.table = {"shift": [0.0]}
+
+    def step(x):
+        return (x @ w) + Tuning.table["shift"][0]
+
+    def before(i):
+        Tuning.table["shift"][0] = float(min(i, 5))
+
+    return Case(step, lambda i: (xs[i],), before)
+
+
+def settings_key_added(device: str) -> Case:
+    """``for name, v in scales.items()``: a dict of settings the function iterates gets a key after a few calls.
+    Before, dicts had only their values guarded, so the graph kept multiplying by the old keys' values alone."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    xs = _xs(device, 12, (4, 16))
+    scales = {"a": 2.0}
+
+    def step(x):
+        y = x @ w
+        for _name, v in scales.items():
+            y = y * v
+        return y
+
+    def before(i):
+        if i == 5:
+            scales["b"] = 3.0
+        if i == 8:
+            del scales["a"]
+
+    return Case(step, lambda i: (xs[i],), before)
+
+
 VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item, "slice_bound": slice_bound,
           "dict_item": dict_item, "set_closure": set_closure, "set_attribute": set_attribute,
           "set_in_argument": set_in_argument, "set_in_tuple": set_in_tuple, "tuple_rebound": tuple_rebound,
           "set_of_functions": set_of_functions, "dict_of_functions": dict_of_functions,
           "swapped_submodule": swapped_submodule, "submodule_attribute": submodule_attribute,
           "dataclass_rebound": dataclass_rebound, "nested_tuple_rebound": nested_tuple_rebound,
-          "rebound_buffer": rebound_buffer, "rebound_parameter": rebound_parameter}
+          "rebound_buffer": rebound_buffer, "rebound_parameter": rebound_parameter,
+          "class_attribute": class_attribute, "class_nested": class_nested, "settings_key_added": settings_key_added}
 
 
 # -- training loops as users write them --------------------------------------------------------------------

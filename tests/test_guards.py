@@ -603,3 +603,27 @@ def test_a_value_only_a_later_graph_reads_that_changes_on_every_call_runs_uncapt
             assert torch.allclose(f(x), m(x)), (i, f.report())
     st = f.stats()
     assert st["graphs"] <= variants.Drift.MAX_VALUES + 2 and st["fallbacks"], f.report()
+
+
+def test_a_cache_filled_by_key_keeps_the_other_graphs_and_settings_keys_are_guarded(emu):
+    """A dict the function fills by key (one entry per shape, tensors as values) has no key guard: a new shape's entry
+    leaves the graphs of the others replaying.  A dict of settings (string keys, plain values) has its keys guarded
+    in order, and not a closed-over cache of tensors (guards._settings)."""
+    w = torch.randn(8, 8)
+    ones: dict[int, torch.Tensor] = {}
+
+    def step(x):
+        n = x.shape[0]
+        if n not in ones:
+            ones[n] = torch.ones(n, 8)
+        return x @ w + ones[n]
+
+    g = graphjit.graphed(step)
+    for n in (2, 2, 2, 2, 4, 4, 4, 4, 2, 4, 2, 4):
+        x = torch.full((n, 8), float(n))
+        assert torch.equal(g(x), x @ w + 1)
+    st = g.stats()
+    assert st["graphs"] == 2 and st["fallbacks"] == {}, g.report()
+    assert all(k["captures"] == 1 for k in st["keys"]), g.report()
+    assert guards._settings({"a": 1.0, "b": (1, "x"), "c": {"d": [1]}})
+    assert not guards._settings({"a": torch.ones(1)}) and not guards._settings({1: 2.0})

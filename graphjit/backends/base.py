@@ -143,7 +143,7 @@ class Backend(abc.ABC):
     tracers: tuple[str, ...] = ("eager",)
     default_tracer: str = "eager"
     counts_rebinds: bool = False
-    """The framework tells :func:`graphjit.guards.note_rebind` whenever one of its modules rebinds a parameter or
+    """The framework tells :func:`graphjit.guard_set.note_rebind` whenever one of its modules rebinds a parameter or
     buffer (then a replay compares the tensors a graph holds only after that happened)."""
     poisoned: str | None = None
     """Set when the framework cannot run GPU work any more in this process (the reason, for users)."""

@@ -1,4 +1,4 @@
-"""torch's side of the guards' held tensors (:func:`graphjit.guards.note_rebind`): the global registration hooks
+"""torch's side of the guards' held tensors (:func:`graphjit.guard_set.note_rebind`): the global registration hooks
 through which every module tells when it rebinds a parameter or buffer (``m.b = t``, ``register_buffer``, a new
 ``Parameter``), so a replay compares the tensors its graph holds only after one did.
 
@@ -11,7 +11,7 @@ import threading
 
 import torch
 
-from ...guards import note_rebind
+from ...guard_set import note_rebind
 
 _lock = threading.Lock()
 _installed: list[bool] = []

@@ -1,0 +1,232 @@
+"""The check before every replay of a captured graph: the Python values its capture read (found by
+:func:`graphjit.guards.scan`) still what they were, in one pass (:class:`GuardSet`; :mod:`graphjit.guards` says what
+is guarded and why)."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .guardable import hashable, snapshot
+from .reach import Path, describe
+
+if TYPE_CHECKING:
+    from .guards import Scan
+    from .module_hooks import HookWatch
+
+__all__ = ["DELETED", "GuardSet", "note_rebind", "same", "show"]
+
+_REBINDS = [0]
+"""How many times a framework said one of its modules rebound a parameter or buffer (:func:`note_rebind`)."""
+
+
+def note_rebind(*_args: Any) -> None:
+    """A module of a framework rebound a parameter or buffer (a registration hook: returns None, changing nothing):
+    every graph's held tensors are compared again before its next replay."""
+    _REBINDS[0] += 1
+
+
+def same(a: Any, b: Any) -> bool:
+    """``a is b or a == b``, False where the comparison raises or gives no truth value (arrays, tensors)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+class GuardSet:
+    """The guarded values of one captured graph (see the module docstring).
+
+    ``holds()`` is the replay's check: True while every value is what it was at capture.  ``change()``
+    names the first value that is not, with both values (for reasons and logs); ``values()`` is a hashable
+    tuple of the current values (the key of a graph captured for them), or None if a container lost a
+    guarded entry.  ``extra``: a check of the tracer's own guards (``torch.compile``), returning None when
+    they hold, else what failed.
+    """
+
+    __slots__ = ("containers", "expected", "extra", "gated", "getters", "held", "hooks", "keys", "paths", "seen")
+
+    def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False,
+                 hooks: HookWatch | None = None) -> None:
+        """``gated``: the framework counts its modules' rebinding of parameters and buffers (:func:`note_rebind`),
+        so the held tensors are compared only after the count moved; else before every replay.  ``hooks``: the
+        module hooks of the capture (:mod:`graphjit.module_hooks`), one more part of the read values."""
+        self.hooks = hooks
+        chosen = scan_.values()
+        by_box: dict[int, list[Any]] = {}
+        for cid, key in chosen:
+            by_box.setdefault(cid, []).append(key)
+        self.containers: list[Any] = []
+        self.getters: list[Callable[[Any], Any]] = []
+        self.keys: list[list[Any]] = []
+        self.paths: list[list[Path]] = []
+        self.expected: list[Any] = []
+        for cid, keys in by_box.items():
+            box = scan_.boxes[cid]
+            getter = operator.attrgetter(*keys) if box.kind in ("attr", "cell") else operator.itemgetter(*keys)
+            try:
+                expected = _each(snapshot, getter(box.container), len(keys))
+            except Exception:  # an entry gone since the scan (the function deleted it): not a value it reads
+                continue
+            self.containers.append(box.container)
+            self.getters.append(getter)
+            self.keys.append(keys)
+            self.paths.append([chosen[(cid, k)][1] for k in keys])
+            self.expected.append(expected)
+        for container, n, path in scan_.named_lengths():
+            self.containers.append(container)
+            self.getters.append(len)
+            self.keys.append([len])
+            self.paths.append([(f"len({describe(path)})",)])
+            self.expected.append(n)
+        for container, names, path in scan_.named_key_sets():
+            self.containers.append(container)
+            self.getters.append(tuple)
+            self.keys.append([tuple])
+            self.paths.append([(f"keys({describe(path)})",)])
+            self.expected.append(names)
+        self.extra = extra
+        # held tensors: (container, key, path, the tensor or None at capture: kept, so its address stays its own)
+        held = scan_.values(held=True)
+        self.held = [(scan_.held[cid].container, key, path, value) for (cid, key), (value, path) in held.items()]
+        self.gated = gated
+        self.seen = _REBINDS[0]
+
+    def __len__(self) -> int:
+        return sum(len(k) for k in self.keys) + len(self.held)
+
+    def _held_same(self) -> bool:
+        """Every held tensor is the one the graph was captured with."""
+        try:
+            return all(c[k] is v for c, k, _p, v in self.held)
+        except Exception:  # an entry deleted
+            return False
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """``(containers, values)`` checked per replay."""
+        return len(self.containers), len(self)
+
+    def _get(self, i: int) -> Any:
+        return self.getters[i](self.containers[i])
+
+    def holds(self) -> bool:
+        """True while every guarded value is what it was at capture (the replay path: one pass; the held tensors
+        only where a module rebound one since they were last found the same, or where that is not counted)."""
+        try:
+            if list(map(operator.call, self.getters, self.containers)) != self.expected:
+                return False
+        except Exception:  # a guarded entry was deleted (KeyError, IndexError, AttributeError)
+            return False
+        if self.held and (not self.gated or _REBINDS[0] != self.seen):
+            count = _REBINDS[0]
+            if not self._held_same():
+                return False
+            self.seen = count
+        if self.hooks is not None and not self.hooks.holds():
+            return False
+        return self.extra is None or self.extra() is None
+
+    def differences(self) -> Iterator[tuple[str, str, str]]:
+        """``(path, value at capture, value now or "(deleted)")`` of each guarded value that differs, in order."""
+        for i, keys in enumerate(self.keys):
+            want = self.expected[i] if len(keys) > 1 else (self.expected[i],)
+            for j, key in enumerate(keys):
+                try:
+                    now = self._one(i, key)
+                except Exception:
+                    yield describe(self.paths[i][j]), show(want[j]), "(deleted)"
+                    continue
+                if not same(now, want[j]):
+                    yield describe(self.paths[i][j]), show(want[j]), show(now)
+        for c, k, path, was in self.held:
+            try:
+                now = c[k]
+            except Exception:
+                yield describe(path), _tensor(was), "(deleted)"
+                continue
+            if now is not was:
+                yield describe(path), _tensor(was), _tensor(now)
+        if self.hooks is not None:
+            yield from self.hooks.differences()
+
+    def change(self) -> tuple[str, str, str] | None:
+        """``(path, old, new)`` of the first guarded value that differs, else of the tracer's failed guard."""
+        first = next(self.differences(), None)
+        if first is not None:
+            return first
+        if self.extra is not None:
+            failed = self.extra()
+            if failed is not None:
+                return "torch.compile's guards", "held", f"failed: {failed}"
+        return None
+
+    def _one(self, i: int, key: Any) -> Any:
+        c = self.containers[i]
+        if key is len or key is tuple:
+            return key(c)
+        return getattr(c, key) if isinstance(self.getters[i], operator.attrgetter) else c[key]
+
+    def values(self) -> tuple[Any, ...] | None:
+        """The current guarded values, hashable (None where one is not): an unhashable object compared as an object
+        (a dataclass config) stands for itself by its identity (:func:`~graphjit.guardable.hashable`), an entry gone
+        (a list that shrank) by :data:`DELETED`."""
+        try:
+            now = tuple(_each(hashable, self._get_or_deleted(i), len(keys)) for i, keys in enumerate(self.keys))
+            if self.held:  # by identity: the graph of the new tensors holds them, so no other object takes their ids
+                now = (*now, tuple((type(v), id(v)) for v in (c.get(k, DELETED) for c, k, _p, _v in self.held)))
+            if self.hooks is not None:
+                now = (*now, self.hooks.state())
+            hash(now)
+        except Exception:
+            return None
+        return now
+
+    def _get_or_deleted(self, i: int) -> Any:
+        """What getter ``i`` returns, with :data:`DELETED` for each of its entries that is gone."""
+        try:
+            return self._get(i)
+        except Exception:
+            keys = self.keys[i]
+            got = []
+            for key in keys:
+                try:
+                    got.append(self._one(i, key))
+                except Exception:
+                    got.append(DELETED)
+            return got[0] if len(keys) == 1 else tuple(got)
+
+    def shown(self) -> dict[str, tuple[str, str]]:
+        """``path -> (value at capture, value now)`` of the values that differ and still exist (for labels)."""
+        return {path: (old, new) for path, old, new in self.differences() if new != "(deleted)"}
+
+
+class _Deleted:
+    """A guarded entry that is gone (:meth:`GuardSet.values`)."""
+
+    def __repr__(self) -> str:
+        return "(deleted)"
+
+
+DELETED = _Deleted()
+
+
+def _each(f: Callable[[Any], Any], got: Any, n: int) -> Any:
+    """``f`` of each value a getter returned: its one value, or each of the tuple of ``n`` > 1 it returns."""
+    return f(got) if n == 1 else tuple(map(f, got))
+
+
+def _tensor(v: Any) -> str:
+    """A held tensor for a reason: its type, shape and identity (never its values: that could read the GPU)."""
+    if v is None:
+        return "None"
+    return f"<{type(v).__name__} {list(getattr(v, 'shape', ()))} at {id(v):#x}>"
+
+
+def show(v: Any) -> str:
+    """A value as a reason shows it: its repr, cut to 60 characters."""
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
