@@ -107,6 +107,30 @@ def test_a_default_dtype_set_after_the_capture_is_another_key(emu):
         torch.set_default_dtype(torch.float32)
 
 
+def test_a_default_device_set_after_the_capture_is_another_key(emu):
+    """``torch.set_default_device`` (or a ``torch.device`` block) decides where ``torch.zeros(3)`` is made: a graph
+    froze the device of its capture, so a call under another default device is another key, never the old graph."""
+    import graphjit
+
+    def body(x):
+        return x * 2, torch.zeros(3)
+
+    f = graphjit.graphed(body)
+    x = torch.ones(3)
+    try:
+        for i in range(8):
+            if i == 4:
+                torch.set_default_device("meta")
+            got, want = f(x), body(x)
+            assert [t.device for t in got] == [t.device for t in want], (i, f.report())
+    finally:
+        torch.set_default_device(None)
+    with torch.device("meta"):
+        assert f(x)[1].device.type == "meta"
+    assert f(x)[1].device.type == "cpu"
+    assert "default device meta" in f.report(), f.report()
+
+
 def test_paddles_modes_hold_its_default_dtype():
     paddle = pytest.importorskip("paddle")
     from graphjit.backends import get

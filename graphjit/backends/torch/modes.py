@@ -18,6 +18,7 @@ _matmul_precision: Callable[[], str] = getattr(torch._C, "_get_float32_matmul_pr
 _deterministic: Callable[[], bool] = getattr(torch._C, "_get_deterministic_algorithms",
                                              torch.are_deterministic_algorithms_enabled)
 _default_dtype: Callable[[], Any] = torch.get_default_dtype  # what torch.ones(3) makes: the graph froze it
+_function_modes: Callable[[], int] = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
 
 
 @contextlib.contextmanager
@@ -53,17 +54,32 @@ def _autocast_modes() -> tuple[tuple[str, bool, Any], ...]:
                 ("cpu", bool(torch.is_autocast_cpu_enabled()), torch.get_autocast_cpu_dtype()))
 
 
+def _default_device() -> Any:
+    """The device of the innermost ``torch.device`` context or ``torch.set_default_device`` (what ``torch.ones(3)``
+    makes), None where there is none: read only where a torch function mode is active (one C call otherwise)."""
+    if not _function_modes():
+        return None
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+
+    for mode in reversed(_get_current_function_mode_stack()):
+        if isinstance(mode, DeviceContext):
+            return mode.device
+    return None
+
+
 def read() -> tuple[Any, ...]:
     """The modes a call is keyed on: grad mode, inference mode, autocast (None outside every autocast block), the fp32
-    matmul precision, deterministic algorithms and the default dtype (what ``torch.ones(3)`` makes: a graph froze
-    it)."""
+    matmul precision, deterministic algorithms, the default dtype and the default device (what ``torch.ones(3)``
+    makes: a graph froze them)."""
     autocast = _autocast_modes() if _any_autocast() else None
-    return (_grad_enabled(), _inference_mode(), autocast, _matmul_precision(), _deterministic(), _default_dtype())
+    return (_grad_enabled(), _inference_mode(), autocast, _matmul_precision(), _deterministic(), _default_dtype(),
+            _default_device())
 
 
 def describe(modes: tuple[Any, ...]) -> str:
     """The modes of :func:`read` as a key's label shows them (only those that are not the default)."""
-    grad, inference, autocast, precision, deterministic, dtype = modes
+    grad, inference, autocast, precision, deterministic, dtype, device = modes
     parts = ["inference_mode" if inference else ("no_grad" if not grad else "")]
     for device_type, enabled, cast in autocast or ():
         if enabled:
@@ -74,4 +90,6 @@ def describe(modes: tuple[Any, ...]) -> str:
         parts.append("deterministic")
     if dtype is not torch.float32:
         parts.append(f"default dtype {str(dtype).replace('torch.', '')}")
+    if device is not None:
+        parts.append(f"default device {device}")
     return " ".join(p for p in parts if p)
