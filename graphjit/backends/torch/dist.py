@@ -111,10 +111,8 @@ class Dist(DistBackend):
     default_op = _SUM
 
     def publish(self, wrapper: Any) -> Any:
-        compiler = getattr(torch, "compiler", None)
-        disable = getattr(compiler, "disable", None)
-        is_compiling = getattr(compiler, "is_compiling", None)
-        if disable is None or is_compiling is None:  # torch < 2.3: no collective rewrites to avoid either
+        is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+        if is_compiling is None:  # torch < 2.3: no collective rewrites to avoid either (nor torch.compiler.disable)
             return wrapper
         eager = breaks.compiler_disable(wrapper, _COMPILE_REASON)
         custom = _compile_op()
