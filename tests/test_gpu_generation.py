@@ -143,3 +143,38 @@ def test_prompts_in_buckets_graph_the_prefill_and_give_eagers_tokens(family):
     fn = model.forward
     prefill = [k for k in fn.stats()["keys"] if "input_ids[2, 8]" in k["key"] and k["state"] == "replay"]
     assert len(prefill) == 1 and prefill[0]["replays"] >= 1, fn.report()
+
+
+@pytest.mark.parametrize("keyword", ["cache", "past_key_values"])
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_a_hand_written_decode_loop_gets_its_own_cache_back_by_either_keyword(family, keyword):
+    """A decode loop written by hand around a graphed forward, the static cache passed by its name or by its deprecated
+    one (``past_key_values=``, which transformers' wrapper renames: graphjit passes such a call as written): greedy
+    tokens equal the eager loop's, and every step returns the caller's own cache object with its own layers (their
+    Python counts where eager leaves them), replays included, where the graph reads a copy of a layer's tensor too
+    (Gemma's window length, only read once the window is full)."""
+    model = hf_families.build(torch, transformers, family, layers=4, hidden=256, device="cuda")
+    prompt = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(3)).cuda()
+    cache = transformers.StaticCache(config=model.config, max_cache_len=64)
+
+    def decode(forward):
+        cache.reset()
+        out = forward(input_ids=prompt, cache_position=torch.arange(8, device="cuda"), use_cache=True,
+                      **{keyword: cache})
+        steps = []
+        for step in range(20):
+            token = out.logits[:, -1:].argmax(-1)
+            out = forward(input_ids=token, cache_position=torch.tensor([8 + step], device="cuda"), use_cache=True,
+                          position_ids=torch.tensor([[8 + step]], device="cuda"), **{keyword: cache})
+            back = out.past_key_values
+            steps.append((int(token), back is cache, all(a is b for a, b in zip(back.layers, cache.layers)),
+                          [getattr(layer, "cumulative_length_int", None) for layer in back.layers]))
+        return steps
+
+    with torch.no_grad():
+        want = decode(model.forward)
+        model.forward = graphjit.graphed(model.forward)
+        for _ in range(4):
+            assert decode(model.forward) == want, model.forward.report()
+    assert all(same and layers for _t, same, layers, _n in want)
+    assert model.forward.stats()["replays"] >= 20, model.forward.report()

@@ -56,9 +56,7 @@ def _autocast_modes() -> tuple[tuple[str, bool, Any], ...]:
 
 def _default_device() -> Any:
     """The device of the innermost ``torch.device`` context or ``torch.set_default_device`` (what ``torch.ones(3)``
-    makes), None where there is none: read only where a torch function mode is active (one C call otherwise)."""
-    if not _function_modes():
-        return None
+    makes), None where there is none.  :func:`read` asks only where a torch function mode is active."""
     from torch.overrides import _get_current_function_mode_stack
     from torch.utils._device import DeviceContext
 
@@ -71,10 +69,10 @@ def _default_device() -> Any:
 def read() -> tuple[Any, ...]:
     """The modes a call is keyed on: grad mode, inference mode, autocast (None outside every autocast block), the fp32
     matmul precision, deterministic algorithms, the default dtype and the default device (what ``torch.ones(3)``
-    makes: a graph froze them)."""
+    makes: a graph froze them; one C call where no torch function mode is active)."""
     autocast = _autocast_modes() if _any_autocast() else None
     return (_grad_enabled(), _inference_mode(), autocast, _matmul_precision(), _deterministic(), _default_dtype(),
-            _default_device())
+            _default_device() if _function_modes() else None)
 
 
 def describe(modes: tuple[Any, ...]) -> str:
