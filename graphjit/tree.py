@@ -212,17 +212,18 @@ def places(args: Sequence[Any], kwargs: dict[str, Any], is_tensor: Callable[[Any
     """Every container and object in a call's arguments, by ``id``: ``(path, first, stop)``, where the call's
     tensor leaves ``first`` up to ``stop`` (in :func:`collect_tensors` order of ``list(args)`` followed by the keyword
     values in sorted order, as ``keys.rebuild_call`` lays them out) are the ones under it, and ``path`` finds the
-    same place in another call of that layout (:func:`at`)."""
-    found: dict[int, tuple[Path, int, int]] = {}
+    same place in another call of that layout (:func:`at`).  An object found at two places is left out: another call
+    may pass two objects there, and which one an output is cannot be told."""
+    found: dict[int, tuple[Path, int, int] | None] = {}
     count = [0]
     for i, a in enumerate(args):
         _place(a, (None, i), is_tensor, found, count, set())
     for k in sorted(kwargs):
         _place(kwargs[k], (k, None), is_tensor, found, count, set())
-    return found
+    return {i: p for i, p in found.items() if p is not None}
 
 
-def _place(x: Any, path: Path, is_tensor: Callable[[Any], bool], found: dict[int, tuple[Path, int, int]],
+def _place(x: Any, path: Path, is_tensor: Callable[[Any], bool], found: dict[int, tuple[Path, int, int] | None],
            count: list[int], visiting: set[int]) -> None:
     if is_tensor(x):
         count[0] += 1
@@ -241,7 +242,7 @@ def _place(x: Any, path: Path, is_tensor: Callable[[Any], bool], found: dict[int
         visiting.discard(id(x))
     else:
         return
-    found.setdefault(id(x), (path, first, count[0]))
+    found[id(x)] = (path, first, count[0]) if id(x) not in found else None
 
 
 def at(path: Path, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

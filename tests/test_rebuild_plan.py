@@ -167,3 +167,11 @@ def test_inputs_and_argument_objects_come_back_as_the_calls_own() -> None:
     # without the call (verify compares the graph's own buffers): the template's tensors
     out = plan([logits])
     assert out["keys"] is t[2] and out["cache"].layers[1].keys is t[2] and out["cache"].layers[0].values is t[1]
+
+
+def test_an_object_passed_twice_has_no_place() -> None:
+    """The same object at two places of the capturing call: a later call may pass two objects there, so an output
+    that is it cannot be said to be either; it is rebuilt as before (``places`` leaves it out)."""
+    shared = Cache([Layer(torch.zeros(1), torch.zeros(1))])
+    where = places((shared, shared), {}, is_tensor)
+    assert id(shared) not in where and id(shared.layers) not in where
