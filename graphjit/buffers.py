@@ -218,8 +218,12 @@ class StaticOutputs:
         self.tensors: list[Any] = [obj] if self.single else collect_tensors(obj, is_tensor)
         statics = self.statics = inputs.statics if inputs is not None else []
         index: dict[int, int] = {}
+        shared: set[int] = set()  # a buffer behind several inputs (one tensor and a view of it): not one input
         for i, st in enumerate(statics):
-            index.setdefault(id(st), i)
+            if index.setdefault(id(st), i) != i:
+                shared.add(id(st))
+        for k in shared:
+            del index[k]
         # the call's input each output is (None: none), handed back as the call's own tensor
         self.source: list[int | None] = [index.get(id(t)) for t in self.tensors]
         self.slice_dims: list[list[tuple[int, int]]] = []
@@ -242,8 +246,7 @@ class StaticOutputs:
             ops = backend.batch_operands()
             self.batch = Batch.plan(ops, self.fresh, every=True) if ops is not None and ops.outputs else None
 
-    def result(self, pads: Sequence[Pad], copy: bool, tensors: Sequence[Any] | None = None,
-               call: Call | None = None) -> Any:
+    def result(self, pads: Sequence[Pad], copy: bool, tensors: Sequence[Any] | None, call: Call | None) -> Any:
         """The call's return value: copies (or views) of the static outputs, padding sliced off; the call's own
         ``tensors`` and arguments (``call``: its ``(args, kwargs)``) where an output is one of them.  Without
         ``tensors``, the static outputs as the graph holds them (verify compares those)."""
@@ -295,7 +298,8 @@ def _arguments(statics: Sequence[Any], arguments: Call,
         if found is None:
             return None
         path, first, stop = found
-        if len(leaves) != stop - first or any(t is not statics[first + j] for j, t in enumerate(leaves)):
+        if stop > len(statics) or len(leaves) != stop - first or any(
+                t is not statics[first + j] for j, t in enumerate(leaves)):
             return None
         return path
 
@@ -333,7 +337,7 @@ class KeyEntry:
         # (a key with buckets has none: Handoff.plan refuses it, so a served call has no pads)
         self.handoff = None if piecewise else Handoff.plan(inputs.backend, graph.feed, inputs, outputs, stats)
 
-    def replay(self, sig: CallSignature, copy: bool, call: Call | None = None) -> Any:
+    def replay(self, sig: CallSignature, copy: bool, call: Call | None) -> Any:
         """Load inputs, replay, copy mutations back, return outputs (``call``: the call's ``(args, kwargs)``, whose
         own objects come back where an output is one of them).  Raises ``InputMoved``.
 
@@ -346,7 +350,7 @@ class KeyEntry:
                 return result
         return self.replay_copies(sig, copy, call)
 
-    def replay_copies(self, sig: CallSignature, copy: bool, call: Call | None = None) -> Any:
+    def replay_copies(self, sig: CallSignature, copy: bool, call: Call | None) -> Any:
         """A replay by copies around the framework's launch, for a call the feed nodes did not serve.  Raises
         ``InputMoved``."""
         inputs = self.inputs

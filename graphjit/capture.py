@@ -96,6 +96,7 @@ class Statics:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     full_shapes: list[list[int]]
+    layout: tuple[tuple[Any, ...], dict[str, Any]]  # args and kwargs holding the buffers, dynamic= ones left out
 
 
 def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
@@ -139,7 +140,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             if guard is not None:
                 st.guards = guard.size
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed},
-                                    statics.inputs, (statics.args, statics.kwargs))
+                                    statics.inputs, statics.layout)
             executed = True  # from here on the Python state is what verify's eager reference leaves
             result = verify_and_replay(req, statics, graph, outputs, static_out, py)
         except BaseException:
@@ -200,13 +201,13 @@ def static_buffers(req: BuildRequest) -> Statics:
     try:
         if req.dynamic is not None and sig.dynamic:
             plain_args, plain_kwargs, values = req.dynamic.split(req.method, req.args, req.kwargs)
-            sargs, skwargs = rebuild_call(plain_args, plain_kwargs, statics, is_tensor)
-            sargs, skwargs = req.dynamic.merge(req.method, sargs, skwargs, values)
+            pargs, pkwargs = rebuild_call(plain_args, plain_kwargs, statics, is_tensor)
+            sargs, skwargs = req.dynamic.merge(req.method, pargs, pkwargs, values)
         else:
-            sargs, skwargs = rebuild_call(req.args, req.kwargs, statics, is_tensor)
+            sargs, skwargs = pargs, pkwargs = rebuild_call(req.args, req.kwargs, statics, is_tensor)
     except SignatureError as exc:  # a container that cannot hold the static buffers: this key runs uncaptured
         raise CaptureError(f"{req.fn_name} {req.stats.label}: {exc}", reason="an argument cannot be rebuilt") from exc
-    return Statics(inputs, sargs, skwargs, full_shapes)
+    return Statics(inputs, sargs, skwargs, full_shapes, (pargs, pkwargs))
 
 
 # -- phase 2 ---------------------------------------------------------------------------------------
@@ -305,10 +306,13 @@ def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values:
 def _compare(b: Backend, got: Any, expected: list[Any], expected_shape: Any, is_tensor: Callable[[Any], bool]
              ) -> str | None:
     """:func:`~graphjit.writes.compare_outputs`, where outputs that cannot be compared (tensors on the meta device,
-    a type without arithmetic) are a verify failure: the key runs uncaptured, the call's result the eager one."""
+    a type without arithmetic) are a verify failure: the key runs uncaptured, the call's result the eager one.  Raises
+    where the backend is poisoned (the device itself failed)."""
     try:
         return compare_outputs(b, got, expected, expected_shape, is_tensor)
     except Exception as exc:
+        if b.poisoned is not None:  # the device failed (a CUDA error): not a verdict on the graph
+            raise
         first = str(exc).splitlines()[0] if str(exc) else ""
         return f"its outputs cannot be compared with eager's ({type(exc).__name__}: {first[:120]})"
 
@@ -374,7 +378,7 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
     try:
         graph.replay()
         b.synchronize(req.device)
-        problem = _compare(b, outputs.result(sig.pads, copy=False), expected, expected_shape, is_tensor)
+        problem = _compare(b, outputs.result(sig.pads, False, None, None), expected, expected_shape, is_tensor)
     except IslandError as exc:  # an island broke its contract in verify's replay: restored below like a mismatch
         problem = f"the replay failed: {exc}"
     problem = problem or post.differs(current, paths)

@@ -25,9 +25,9 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   tables); a tensor's storage replaced in place (``p.data = ...``, ``module.half()``).
 * **Lengths**: of every list reached and of a container module's dict of submodules (``ModuleList``,
   ``Sequential``, ``ModuleDict``): code that iterates them would run an item added after the capture.  **Keys**, in
-  order, of every dict of settings reached (string keys, plain values: ``for k, v in options.items()`` would read a
-  key added later).  Not of other dicts: a cache a function fills by key (one entry per shape) would end its other
-  graphs.
+  order, of every dict of settings reached (string keys, plain values) where the function's code iterates a dict
+  (names ``items``, ``keys`` or ``values``: ``for k, v in options.items()`` would read a key added later).  Not of
+  other dicts: a cache a function fills by key (one entry per shape) would end its other graphs.
 * **Module hooks**: the forward and backward hook dicts of the modules reached, and the framework's global ones
   (:mod:`graphjit.module_hooks`): a hook registered or removed after the capture is a changed read value.
 * **Which names**: every attribute step of a value's path must be named by code the call may run
@@ -282,7 +282,11 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             known = by_object.get(id(o))
             got = own[id(o)] = frozenset(out.names) if known is None else known | src.names
         return got
-    classes: set[type] = set()
+    # the function's code iterates a dict (``.items()``, ``.keys()``, ``.values()``): its dicts of settings have their
+    # keys guarded; not where it only looks keys up (a cache it fills by key)
+    iterates = not _ITERATING.isdisjoint(src.names)
+    classes: set[type] = set()  # the classes of the objects reached
+    by_name: set[type] = set()  # classes reached as values (a global class, one held in an attribute)
     for container, kind, key, path in src.slots:
         try:
             value = container[key] if kind == "globals" else container.cell_contents
@@ -290,7 +294,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             continue
         out.add(container, kind, key, value, path)
         if _own_class(value):  # a class the function names: its attributes are read values too (``Config.scale``)
-            classes.add(value)
+            by_name.add(value)
     visits = Visits(MAX_NODES, MAX_DEPTH)
     stack: list[tuple[Any, Path, int, Any]] = [(value, (name,), 0, None) for name, value in reversed(src.objects)]
     done: set[type] = set()
@@ -302,7 +306,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 out.length(obj, path)
             if (tp in PLAIN_CONTAINERS and not obj) or tp in _SCALAR_TYPES or is_tensor(obj) or opaque(obj):
                 if _own_class(obj):  # a class held by an object or a container: its attributes, as below
-                    classes.add(obj)
+                    by_name.add(obj)
                 continue  # (a module's dozen hook dicts are nearly always empty: nothing to guard in them)
             if not visits.first(obj, depth):
                 if visits.full:
@@ -326,7 +330,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             if isinstance(obj, dict):
                 holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding
                 big = len(obj) > MAX_ITEMS or holder
-                if not big and keys_of is None and _settings(obj):
+                if iterates and not big and keys_of is None and _settings(obj):
                     out.key_set(obj, path)
                 for k, child in list(obj.items()):
                     if keys_of is not None and k not in keys_of:
@@ -378,20 +382,37 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     out.add(obj, "attr", name, child, (*path, (".", name)))
                 if not guardable(child):
                     stack.append((child, (*path, (".", name)), depth + 1, None))
-        new = [tp for tp in classes if tp not in done]
+        new = [tp for tp in classes | by_name if tp not in done]
         if not new:
             break
         done.update(new)
-        _class_attributes(new, out, stack, ran)
+        for tp in new:
+            # a class the code reads as a value: the attributes the function's code names (or code that ran with the
+            # class as its argument: a classmethod), not every name its methods use (a counter only the loop ticks)
+            read = None if tp in classes else src.names | (by_object or {}).get(id(tp), frozenset())
+            _class_attributes(tp, out, stack, ran, read)
     out.truncated = visits.truncated
     return out
 
 
+_ITERATING = frozenset(("items", "keys", "values"))
+
+
 def _settings(d: dict[Any, Any]) -> bool:
-    """``d`` holds settings: string keys and plain values (numbers, strings, tuples, nested dicts and lists), not a
-    cache a function fills by key (one entry per shape, tensors or objects as values), whose new keys must not end
-    the other graphs."""
-    return all(type(k) is str for k in d) and all(guardable(v) or type(v) in (dict, list, tuple) for v in d.values())
+    """``d`` holds settings: string keys and plain values (numbers, strings, ``None``, and lists, tuples and dicts of
+    these, nested a few levels), not a cache a function fills by key (one entry per shape, tensors or objects in its
+    values), whose new keys must not end the other graphs."""
+    return all(type(k) is str for k in d) and all(_plain(v, 0) for v in d.values())
+
+
+def _plain(v: Any, depth: int) -> bool:
+    """``v`` is a plain value or a small container of plain values (no tensor, no object), at most 4 levels deep."""
+    tp = type(v)
+    if tp in _SCALAR_TYPES:
+        return True
+    if depth >= 4 or tp not in (list, tuple, dict) or len(v) > MAX_ITEMS:
+        return False
+    return all(_plain(e, depth + 1) for e in (v.values() if tp is dict else v))
 
 
 def _own_class(v: Any) -> bool:
@@ -402,28 +423,27 @@ def _own_class(v: Any) -> bool:
 _NOT_WALKED = FOREIGN_MODULES | {"builtins", "typing", "abc", "collections", "enum", "types"}
 
 
-def _class_attributes(classes: Iterable[type], out: Scan, stack: list[tuple[Any, Path, int, Any]],
-                      ran: Iterable[str] | None) -> None:
-    """The class attributes of ``classes`` (and their bases) that instances read where they do not shadow them: plain
-    values are guarded; a list, tuple or dict of at most :data:`MAX_ITEMS` entries is put on ``stack`` for the walk,
-    which guards its length, its items and what they hold, nested containers and objects included (shared state:
-    ``table = {"scale": [2.0]}`` on the class)."""
-    for tp in classes:
-        if ran is None:
-            out.names.update(class_names(tp))
-        for cls in tp.__mro__:
-            if cls is object or cls.__module__ == "builtins" or id(cls) in out.boxes:
+def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any]], ran: Iterable[str] | None,
+                      read: frozenset[str] | None) -> None:
+    """The class attributes of ``tp`` (and its bases) that instances read where they do not shadow them (``read``:
+    only these names): plain values are guarded; a list, tuple or dict of at most :data:`MAX_ITEMS` entries is put on
+    ``stack`` for the walk, which guards its length, its items and what they hold, nested containers and objects
+    included (shared state: ``table = {"scale": [2.0]}`` on the class)."""
+    if ran is None and read is None:
+        out.names.update(class_names(tp))
+    for cls in tp.__mro__:
+        if cls is object or cls.__module__ == "builtins" or id(cls) in out.boxes:
+            continue
+        for k, child in list(vars(cls).items()):
+            if not isinstance(k, str) or k.startswith("__") or (read is not None and k not in read):
                 continue
-            for k, child in list(vars(cls).items()):
-                if not isinstance(k, str) or k.startswith("__"):
-                    continue
-                cpath: Path = (f"class {cls.__qualname__}", (".", k))
-                if guardable(child):
-                    out.add(cls, "attr", k, child, cpath)
-                elif isinstance(child, (list, tuple, dict)) and 0 < len(child) <= MAX_ITEMS:
-                    stack.append((child, cpath, 1, None))
-                elif isinstance(child, list):
-                    out.length(child, cpath)
+            cpath: Path = (f"class {cls.__qualname__}", (".", k))
+            if guardable(child):
+                out.add(cls, "attr", k, child, cpath)
+            elif isinstance(child, (list, tuple, dict)) and 0 < len(child) <= MAX_ITEMS:
+                stack.append((child, cpath, 1, None))
+            elif isinstance(child, list):
+                out.length(child, cpath)
 
 
 _SCALAR_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))

@@ -137,7 +137,7 @@ class Handoff:
             return None
         return cls(backend, feed, inputs, outputs, movable, stats)
 
-    def replay(self, tensors: Sequence[Any], copy: bool, call: Call | None = None) -> Any:
+    def replay(self, tensors: Sequence[Any], copy: bool, call: Call | None) -> Any:
         """Replay the graph for a call of ``tensors`` (the key's tensors, in order); its result: fresh outputs
         (``copy``) or the static ones, the call counted in the key's stats and any input the graph writes in place
         copied back; an output that is one of the call's inputs or arguments is the call's own (``call``: its

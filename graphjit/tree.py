@@ -272,6 +272,8 @@ def rebuilder(obj: Any, sources: Sequence[int], is_tensor: Callable[[Any], bool]
     is returned as it is without being walked."""
     nodes = _Planner(iter(sources), is_tensor, argument)
     node, _same = nodes.plan(obj)
+    if not nodes.of_call:  # fresh tensors and constants only: the walk with the fresh tensors alone
+        return functools.partial(_run_fresh, node)
     return functools.partial(_run, node)
 
 
@@ -290,9 +292,12 @@ class _Planner:
         self.is_tensor = is_tensor
         self.argument = argument
         self.fresh = 0
+        self.of_call = False  # a node takes the call's tensors or arguments (kind 7 or 8)
         self.visiting: set[int] = set()
 
     def plan(self, x: Any) -> tuple[_Node, bool]:
+        """The node of ``x`` and whether it is ``x`` itself in every call (no leaf under it changes); consumes one
+        source per tensor leaf, in :func:`collect_tensors` order."""
         if self.is_tensor(x):
             src = next(self.sources)
             if src == KEEP:
@@ -300,15 +305,18 @@ class _Planner:
             if src == FRESH:
                 self.fresh += 1
                 return (1, self.fresh - 1, None), False
+            self.of_call = True
             return (7, (src, x), None), False
         node, same = self._inner(x)
         if self.argument is not None and (isinstance(x, (dict, *_SEQUENCES)) or is_object(type(x))):
             path = self.argument(x, collect_tensors(x, self.is_tensor))
             if path is not None:  # the call's own object: it differs from the template's in every call
+                self.of_call = True
                 return (8, (path, node), None), False
         return node, same
 
     def _inner(self, x: Any) -> tuple[_Node, bool]:
+        """The node of a container or object (a constant for anything else), its children planned."""
         if isinstance(x, dict):
             pairs = [(k, self.plan(v)) for k, v in x.items()]
             return (2, x, [(k, n) for k, (n, _s) in pairs]), all(s for _k, (_n, s) in pairs)
@@ -325,8 +333,36 @@ class _Planner:
         return (0, x, None), True
 
 
+def _run_fresh(node: _Node, fresh: Sequence[Any], tensors: Sequence[Any] | None = None, call: Call | None = None
+               ) -> Any:
+    """:func:`_run` of a plan with no node of the call's (kinds 0 to 6): the walk takes the fresh tensors alone."""
+    return _walk(node, fresh)
+
+
+def _walk(node: _Node, fresh: Sequence[Any]) -> Any:
+    kind, x, children = node
+    if kind == 0:
+        return x
+    if kind == 1:
+        return fresh[x]
+    if kind == 2:
+        return _own_type(x, [(k, _walk(n, fresh)) for k, n in children])
+    if kind == 3:
+        return [_walk(n, fresh) for n in children]
+    if kind == 4:
+        return tuple(_walk(n, fresh) for n in children)
+    if kind == 5:
+        return _own_type(x, [_walk(n, fresh) for n in children])
+    clone = copy.copy(x)
+    for name, n in children:
+        object.__setattr__(clone, name, _walk(n, fresh))
+    return clone
+
+
 def _run(node: _Node, fresh: Sequence[Any], tensors: Sequence[Any] | None = None,
          call: Call | None = None) -> Any:
+    """The value of a planned ``node`` for one call: ``fresh`` its fresh tensors, ``tensors`` its own tensors and
+    ``call`` its ``(args, kwargs)`` (without them, the template's tensors and objects)."""
     kind, x, children = node
     if kind == 0:
         return x

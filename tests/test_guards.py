@@ -627,3 +627,62 @@ def test_a_cache_filled_by_key_keeps_the_other_graphs_and_settings_keys_are_guar
     assert all(k["captures"] == 1 for k in st["keys"]), g.report()
     assert guards._settings({"a": 1.0, "b": (1, "x"), "c": {"d": [1]}})
     assert not guards._settings({"a": torch.ones(1)}) and not guards._settings({1: 2.0})
+    assert not guards._settings({"len8": (torch.ones(1), torch.ones(1))})  # a table of tensors by a string key
+    assert not guards._settings({"a": [{"b": object()}]})
+
+
+class _Meter:
+    """A helper class the step names for one method; the loop ticks a counter on the class the step never reads."""
+
+    step = 0
+    factor = 2.0
+
+    @staticmethod
+    def scale(x):
+        return x * 2
+
+    @classmethod
+    def tick(cls):
+        cls.step += 1
+
+
+def test_a_class_reached_by_name_guards_only_what_the_function_reads_off_it(emu):
+    """Guarded: ``_Meter.factor`` (the step names it).  Not guarded: ``_Meter.step``, which only the loop's
+    ``_Meter.tick()`` changes (before this narrowing, every call after a tick ran uncaptured)."""
+
+    def f(x):
+        return _Meter.scale(x) * _Meter.factor
+
+    g = graphjit.graphed(f)
+    x = torch.ones(3)
+    try:
+        for i in range(12):
+            _Meter.tick()
+            if i == 8:
+                _Meter.factor = 3.0
+            assert torch.equal(g(x), f(x)), (i, g.report())
+        st = g.stats()
+        assert st["fallbacks"] == {} and st["graphs"] == 2, g.report()
+    finally:
+        _Meter.factor, _Meter.step = 2.0, 0
+
+
+def test_a_string_keyed_cache_the_function_fills_keeps_one_graph_per_shape(emu):
+    """A module-level table filled by shape under string keys with int values (an autotuner's): looked up, never
+    iterated, so its keys are not guarded and a new shape's entry leaves the other graphs replaying."""
+    tuned = {"default": 1}
+
+    def f(x):
+        k = f"n{x.shape[0]}"
+        if k not in tuned:
+            tuned[k] = 2
+        return x * tuned[k]
+
+    g = graphjit.graphed(f)
+    sizes = list(range(2, 7))
+    for j in range(len(sizes)):
+        for n in sizes[: j + 1]:
+            for _ in range(3):
+                assert torch.equal(g(torch.ones(n)), torch.full((n,), 2.0))
+    st = g.stats()
+    assert st["graphs"] == len(sizes) and all(k["captures"] == 1 for k in st["keys"]), g.report()

@@ -191,11 +191,11 @@ def test_handoff_replay_says_not_served_before_launching_anything(emu):
     entry = only_entry(g)
     launches = entry.graph.feed.launches
     a, b, c = _inputs(5)
-    assert _equal(entry.handoff.replay([a, b, c], True), _step(a, b, c))
+    assert _equal(entry.handoff.replay([a, b, c], True, ((a, b, c), {})), _step(a, b, c))
     assert entry.graph.feed.launches == launches + 1
     wide = torch.randn(5, 14)[:, ::2]  # the key's shape, not dense
-    assert entry.handoff.replay([wide, b, c], True) is NOT_SERVED
-    assert entry.handoff.replay([a, b, entry.inputs.statics[0]], True) is NOT_SERVED  # inside another buffer
+    assert entry.handoff.replay([wide, b, c], True, ((wide, b, c), {})) is NOT_SERVED
+    assert entry.handoff.replay([a, b, entry.inputs.statics[0]], True, None) is NOT_SERVED  # inside another buffer
     assert entry.graph.feed.launches == launches + 1
 
 

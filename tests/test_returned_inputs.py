@@ -184,3 +184,21 @@ def test_another_cache_object_of_the_same_layout_comes_back_as_itself(emu):
         out = g(x, c)
         assert out["cache"] is c and torch.equal(out["logits"], x * c.layers[0].start), i
     assert g.stats()["graphs"] == 1
+
+
+def test_a_returned_cache_comes_back_as_itself_beside_dynamic_arguments_holding_tensors(emu):
+    """``dynamic=`` arguments are not among the graph's inputs: the places of the other arguments' objects are counted
+    without them (before, their tensors shifted every later argument's place: an IndexError at the capture, or the
+    cache handed back as a copy)."""
+
+    def step(x, meta, cache, y):
+        cache.layers[0].keys.add_(x + y)
+        return x * 2, cache
+
+    g = graphjit.graphed(step, dynamic=("meta",))
+    cache = Cache(0, 0)
+    cache.layers = [Window(2)]
+    for i in range(6):
+        out = g(torch.ones(4), [torch.tensor([i, 1])], cache, torch.ones(4))
+        assert out[1] is cache and torch.equal(cache.layers[0].keys, torch.full((2, 4), 2.0 * (i + 1))), i
+    assert g.stats()["replays"] >= 3, g.report()

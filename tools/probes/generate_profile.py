@@ -140,8 +140,9 @@ def parts(fn: Any, call: tuple[tuple[Any, ...], dict[str, Any]], on_gpu: bool, i
         out["guards_us"] = median_us(entry.check, iters)
     out["load_inputs_us"] = median_us(lambda: entry.inputs.load(sig.tensors), iters)
     out["replay_host_us"] = median_us(entry.graph.replay, iters, before=lambda: (put_back(), sync()))
-    out["output_copy_us"] = median_us(lambda: entry.outputs.result(sig.pads, True), iters)
-    out["output_alias_us"] = median_us(lambda: entry.outputs.result(sig.pads, False), iters)
+    call = (bound_args, bound_kwargs)
+    out["output_copy_us"] = median_us(lambda: entry.outputs.result(sig.pads, True, sig.tensors, call), iters)
+    out["output_alias_us"] = median_us(lambda: entry.outputs.result(sig.pads, False, sig.tensors, call), iters)
     if on_gpu:
         spans = []
         for _ in range(iters):

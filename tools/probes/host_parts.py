@@ -80,24 +80,25 @@ def main() -> None:
     st = graphjit.env.settings()
     us["state_replay_default"] = per_call_us(lambda: state.replay(entry, sig, st, None, tup, {}))
     us["state_replay_static_alias"] = per_call_us(lambda: astate.replay(aentry, asig, st, None, sargs, {}))
-    us["entry_replay_default"] = per_call_us(lambda: entry.replay(sig, True))
-    us["entry_replay_static_alias"] = per_call_us(lambda: aentry.replay(asig, False))
+    call, acall = (tup, {}), (sargs, {})
+    us["entry_replay_default"] = per_call_us(lambda: entry.replay(sig, True, call))
+    us["entry_replay_static_alias"] = per_call_us(lambda: aentry.replay(asig, False, acall))
     us["inputs_load_default"] = per_call_us(lambda: entry.inputs.load(sig.tensors))
     us["inputs_load_static"] = per_call_us(lambda: aentry.inputs.load(asig.tensors))
     us["graph_replay"] = per_call_us(entry.graph.replay)
-    us["outputs_copy"] = per_call_us(lambda: entry.outputs.result(sig.pads, True))
-    us["outputs_alias"] = per_call_us(lambda: aentry.outputs.result(asig.pads, False))
+    us["outputs_copy"] = per_call_us(lambda: entry.outputs.result(sig.pads, True, sig.tensors, call))
+    us["outputs_alias"] = per_call_us(lambda: aentry.outputs.result(asig.pads, False, asig.tensors, acall))
 
     h = entry.handoff
     if h is not None:
         feed = entry.graph.feed
         us["fed"] = {"random": feed.random}
-        us["handoff_replay_default"] = per_call_us(lambda: h.replay(sig.tensors, True))
-        us["handoff_replay_static_alias"] = per_call_us(lambda: aentry.handoff.replay(asig.tensors, False))
+        us["handoff_replay_default"] = per_call_us(lambda: h.replay(sig.tensors, True, call))
+        us["handoff_replay_static_alias"] = per_call_us(lambda: aentry.handoff.replay(asig.tensors, False, acall))
         import collections
 
         held: collections.deque[Any] = collections.deque(maxlen=3)  # outputs kept: a new address every call
-        us["handoff_replay_default_outputs_kept"] = per_call_us(lambda: held.append(h.replay(sig.tensors, True)))
+        us["handoff_replay_default_outputs_kept"] = per_call_us(lambda: held.append(h.replay(sig.tensors, True, call)))
         us["graphed_default_outputs_kept"] = per_call_us(lambda: held.append(default(*inputs)))
         us["feed_launch_0_0"] = per_call_us(lambda: feed.launch(0, 0))
         t = feed.table
