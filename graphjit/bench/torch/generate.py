@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import copy
 import gc
+import os
 import statistics
 import time
 from typing import Any
@@ -177,13 +178,26 @@ def steady_state(samples: list[float]) -> float:
     return statistics.median(samples[-max(1, len(samples) // 2):])
 
 
+@contextlib.contextmanager
 def _fresh_compile_cache(torch: Any) -> Any:
     """torch's own cold-start context (``torch._inductor.utils.fresh_cache``, ``fresh_inductor_cache`` before
-    2.6): Inductor's and Triton's caches in a new temporary folder, its in-memory caches cleared, for the block."""
-    from torch._inductor import utils
+    2.6): Inductor's and Triton's caches in a new temporary folder, its in-memory caches cleared, for the block.  The
+    cache folders' environment variables are put back as they were before it (importing Inductor, or clearing its
+    caches at the block's end, can set ``TORCHINDUCTOR_CACHE_DIR`` to its default folder)."""
+    names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    before = {n: os.environ.get(n) for n in names}
+    try:
+        from torch._inductor import utils
 
-    fresh = getattr(utils, "fresh_cache", None) or utils.fresh_inductor_cache
-    return fresh()
+        fresh = getattr(utils, "fresh_cache", None) or utils.fresh_inductor_cache
+        with fresh():
+            yield
+    finally:
+        for n, v in before.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
 
 
 COMPILED = ("graphed_compile", "hf_compiled")
