@@ -371,7 +371,12 @@ def _run(node: _Node, fresh: Sequence[Any], tensors: Sequence[Any] | None = None
     if kind == 7:
         return tensors[x[0]] if tensors is not None else x[1]
     if kind == 8:
-        return at(x[0], *call) if call is not None else _run(x[1], fresh, tensors, call)
+        if call is not None:
+            try:
+                return at(x[0], *call)
+            except (LookupError, AttributeError, TypeError):  # a call of the key built otherwise (an odd __eq__)
+                pass
+        return _run(x[1], fresh, tensors, call)
     if kind == 2:
         return _own_type(x, [(k, _run(n, fresh, tensors, call)) for k, n in children])
     if kind == 3:

@@ -175,3 +175,16 @@ def test_an_object_passed_twice_has_no_place() -> None:
     shared = Cache([Layer(torch.zeros(1), torch.zeros(1))])
     where = places((shared, shared), {}, is_tensor)
     assert id(shared) not in where and id(shared.layers) not in where
+
+
+def test_a_place_a_later_call_does_not_have_falls_back_to_the_rebuild() -> None:
+    """Where the call's own object cannot be found at its place (a call of the key built otherwise: an argument equal
+    by an odd ``__eq__``), the output is rebuilt from the template as before, never an exception after the replay."""
+    t = [torch.zeros(2), torch.ones(2)]
+    cache = Cache([Layer(t[0], t[1])])
+    where = places((), {"cache": cache}, is_tensor)
+    argument = lambda x, leaves: where[id(x)][0] if id(x) in where else None  # noqa: E731
+    plan = rebuilder((torch.ones(1), cache), [FRESH, 0, 1], is_tensor, argument)
+    logits = torch.zeros(1)
+    out = plan([logits], t, ((), {"other": cache}))  # no 'cache' in this call
+    assert out[0] is logits and type(out[1]) is Cache and out[1].layers[0].keys is t[0]
