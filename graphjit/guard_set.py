@@ -200,8 +200,9 @@ class GuardSet:
             return got[0] if len(keys) == 1 else tuple(got)
 
     def shown(self) -> dict[str, tuple[str, str]]:
-        """``path -> (value at capture, value now)`` of the values that differ and still exist (for labels)."""
-        return {path: (old, new) for path, old, new in self.differences() if new != "(deleted)"}
+        """``path -> (value at capture, value now)`` of the values that differ, ``"(deleted)"`` now where one is gone
+        (for labels: a key of other values says which, a deleted entry too)."""
+        return {path: (old, new) for path, old, new in self.differences()}
 
 
 class _Deleted:

@@ -686,3 +686,23 @@ def test_a_string_keyed_cache_the_function_fills_keeps_one_graph_per_shape(emu):
                 assert torch.equal(g(torch.ones(n)), torch.full((n,), 2.0))
     st = g.stats()
     assert st["graphs"] == len(sizes) and all(k["captures"] == 1 for k in st["keys"]), g.report()
+
+
+def test_a_key_of_a_deleted_entry_says_so_in_its_label(emu):
+    """A list item the function reads is gone after a few calls: the key of the new values names it ``(deleted)``, so
+    the two keys' labels tell them apart (before, the deleted entry was left out of the label)."""
+    scales = [2.0, 3.0]
+
+    def f(x):
+        for v in scales:
+            x = x * v
+        return x
+
+    g = graphjit.graphed(f)
+    x = torch.ones(2)
+    for i in range(10):
+        if i == 4:
+            scales.pop()
+        assert torch.equal(g(x), f(x)), i
+    labels = [k["key"] for k in g.stats()["keys"]]
+    assert len(labels) == 2 and any("'scales'[1]=(deleted)" in label for label in labels), labels
