@@ -9,6 +9,8 @@ reached objects (:func:`class_names`).  Nothing here runs on the replay path.
 
 from __future__ import annotations
 
+import builtins
+import logging
 import sys
 import types
 from collections.abc import Iterator
@@ -28,6 +30,11 @@ _SKIP_CODE = ("torch.nn.modules.module", "paddle.nn.layer.layers", "torch._dynam
 """Modules whose running code adds no names: the Module/Layer call machinery (it reads every module's hooks and
 compile slot: a ``module.compile()`` after the capture needs ``reset()``), tracers and compilers, graphjit, the
 standard library's machinery.  A Module's own code counts (``Dropout.forward`` reads ``self.p``)."""
+
+_PRINT = builtins.print
+_EMIT = logging.Logger.callHandlers.__code__  # runs where a logger emits a record (it passed level and filters)
+MAX_EMITTED = 3
+_OWN_LOGGERS = frozenset(("graphjit", "torch", "paddle"))
 
 _CLASS_NAMES: dict[type, frozenset[str]] = {}
 _CODE_NAMES: dict[types.CodeType, frozenset[str]] = {}
@@ -101,6 +108,7 @@ class NameRecorder:
         self.complete = False  # the whole call ran under the hook (no profiler of the user's was in the way)
         self.arguments: dict[int, set[types.CodeType]] = {}  # id(object) -> code that ran with it as an argument
         self.by_object: dict[int, frozenset[str]] = {}
+        self.emitted: list[str] = []  # what the call printed or logged outside islands, and where (a replay would not)
 
     def __enter__(self) -> NameRecorder:
         if sys.getprofile() is None:
@@ -125,9 +133,14 @@ class NameRecorder:
 
     def _hook(self, frame: types.FrameType, event: str, arg: Any) -> None:
         if event != "call":
+            if event == "c_call" and arg is _PRINT and not in_island() and len(self.emitted) < MAX_EMITTED:
+                self.emitted.append(f"print() at {frame.f_code.co_filename}:{frame.f_lineno}")
             return
         code = frame.f_code
         if in_island():
+            return
+        if code is _EMIT:
+            self._logged(frame)
             return
         module = frame.f_globals.get("__name__", "")
         if isinstance(module, str) and module.startswith(_SKIP_CODE):
@@ -138,5 +151,16 @@ class NameRecorder:
             if tp not in _ATOMS and not issubclass(tp, _NOT_STATE) and (tp.__dictoffset__
                                                                          or "__slots__" in tp.__dict__):
                 self.arguments.setdefault(id(value), set()).add(code)
+
+    def _logged(self, frame: types.FrameType) -> None:
+        """A logger emits a record in the call: where, unless it is graphjit's or a framework's own (its tracer's
+        and compiler's diagnostics, ``TORCH_LOGS``)."""
+        record = frame.f_locals.get("record")
+        name = getattr(record, "name", "")
+        if isinstance(name, str) and name.partition(".")[0] in _OWN_LOGGERS:
+            return
+        if len(self.emitted) < MAX_EMITTED:
+            where = f"{getattr(record, 'pathname', '?')}:{getattr(record, 'lineno', '?')}"
+            self.emitted.append(f"logger {name!r} at {where}")
 
 

@@ -59,6 +59,8 @@ class Observation:
     """The names the Python code of the call used (when watched for guards and the call ran as Python)."""
     by_object: dict[int, frozenset[str]] | None = None
     """And by the object the code took as an argument (:class:`~graphjit.names.NameRecorder`)."""
+    emitted: list[str] = field(default_factory=list)
+    """What the call printed or logged outside islands, and where (a replay runs no Python, so it would not)."""
 
 
 @dataclass
@@ -194,12 +196,14 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     if guard_src is not None and values is not None:
         if recorder.complete and runs_python:
             obs.names, obs.by_object = recorder.names, recorder.by_object
+            obs.emitted = recorder.emitted
         obs.py_written = py_writes.writes(values, lambda: guards.scan(guard_src, is_tensor, None, b.tensor_holders,
                                                                    renewed=b.renewed_attributes))
     return out, obs
 
 
 ELSEWHERE = "writes a tensor on another device"
+PRINTS = "prints or logs on every call"
 
 
 def elsewhere(paths: list[Path]) -> Blocked:
@@ -251,6 +255,11 @@ def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked
                        "keep reading and writing the old tensors (" + (_GRAD_HINT if _grads(obs.rebound) else
                        "a cache that grows by concatenation does this: use a preallocated cache written in place, "
                        "such as transformers' StaticCache") + ")")
+    if obs.emitted and not first:
+        where = "; ".join(obs.emitted)
+        return Blocked(PRINTS, f"the function prints or logs on every call ({where}); a replay runs no Python, so it "
+                       "would not. Print or log outside the function, or mark the function that does with "
+                       "@graphjit.eager (an island runs on every call)")
     if obs.added and not first:
         where = ", ".join(describe(p) for p in obs.added[:3]) + (" ..." if len(obs.added) > 3 else "")
         return Blocked("adds tensors to an object on every call",
