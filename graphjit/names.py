@@ -34,7 +34,26 @@ standard library's machinery.  A Module's own code counts (``Dropout.forward`` r
 _PRINT = builtins.print
 _EMIT = logging.Logger.callHandlers.__code__  # runs where a logger emits a record (it passed level and filters)
 MAX_EMITTED = 3
-_OWN_LOGGERS = frozenset(("graphjit", "torch", "paddle"))
+_OWN_LOGGERS = frozenset(("graphjit", "torch", "paddle", "py"))  # py.warnings: warnings are not watched (once a place)
+_OWN_WRITERS = frozenset(("graphjit", "torch", "paddle", "logging", "warnings"))
+
+def _written(logger: Any, level: int) -> bool:
+    """A record of ``level`` handed to ``logger.callHandlers`` reaches a handler that writes it: one that is not a
+    ``NullHandler`` and whose level lets it through, on the logger or the ancestors it propagates to; where the
+    loggers have no handler at all, ``logging.lastResort`` (stderr, WARNING and above)."""
+    found = 0
+    c = logger
+    while isinstance(c, logging.Logger):
+        for h in c.handlers:
+            found += 1
+            if not isinstance(h, logging.NullHandler) and level >= h.level:
+                return True
+        if not c.propagate:
+            break
+        c = c.parent
+    last = logging.lastResort
+    return not found and last is not None and level >= last.level
+
 
 _CLASS_NAMES: dict[type, frozenset[str]] = {}
 _CODE_NAMES: dict[types.CodeType, frozenset[str]] = {}
@@ -133,8 +152,9 @@ class NameRecorder:
 
     def _hook(self, frame: types.FrameType, event: str, arg: Any) -> None:
         if event != "call":
-            if event == "c_call" and arg is _PRINT and not in_island() and len(self.emitted) < MAX_EMITTED:
-                self.emitted.append(f"print() at {frame.f_code.co_filename}:{frame.f_lineno}")
+            if event == "c_call" and (arg is _PRINT or getattr(arg, "__name__", None) == "write") and \
+                    len(self.emitted) < MAX_EMITTED and not in_island():
+                self._printed(frame, arg)
             return
         code = frame.f_code
         if in_island():
@@ -152,15 +172,32 @@ class NameRecorder:
                                                                          or "__slots__" in tp.__dict__):
                 self.arguments.setdefault(id(value), set()).add(code)
 
-    def _logged(self, frame: types.FrameType) -> None:
-        """A logger emits a record in the call: where, unless it is graphjit's or a framework's own (its tracer's
-        and compiler's diagnostics, ``TORCH_LOGS``)."""
-        record = frame.f_locals.get("record")
-        name = getattr(record, "name", "")
-        if isinstance(name, str) and name.partition(".")[0] in _OWN_LOGGERS:
+    def _printed(self, frame: types.FrameType, fn: Any) -> None:
+        """``fn`` (``print``, or a ``write`` method) is called from ``frame``: noted where it writes to the process's
+        standard output or error."""
+        if fn is not _PRINT and getattr(fn, "__self__", None) not in (sys.stdout, sys.stderr):
             return
-        if len(self.emitted) < MAX_EMITTED:
-            where = f"{getattr(record, 'pathname', '?')}:{getattr(record, 'lineno', '?')}"
-            self.emitted.append(f"logger {name!r} at {where}")
+        module = frame.f_globals.get("__name__", "")
+        if isinstance(module, str) and module.partition(".")[0] in _OWN_WRITERS:
+            return  # a log handler (its record was weighed by _logged), a warning (not watched), a framework's own
+        what = "print()" if fn is _PRINT else "a write to standard output"
+        self.emitted.append(f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}")
+
+    def _logged(self, frame: types.FrameType) -> None:
+        """A logger emits a record in the call that a handler writes (not a ``NullHandler``, not below its level; as
+        ``callHandlers`` finds them, ``logging.lastResort`` where none is): where, unless it is graphjit's, a
+        framework's (its tracer's and compiler's diagnostics, ``TORCH_LOGS``) or a captured warning.  Never raises
+        (a record or logger of the user's own making is read defensively)."""
+        try:
+            record = frame.f_locals.get("record")
+            fields = vars(record) if record is not None else {}
+            name, level = fields.get("name"), fields.get("levelno")
+            if not isinstance(name, str) or not isinstance(level, int) or name.partition(".")[0] in _OWN_LOGGERS:
+                return
+            if not _written(frame.f_locals.get("self"), level) or len(self.emitted) >= MAX_EMITTED:
+                return
+            self.emitted.append(f"logger {name!r} at {fields.get('pathname', '?')}:{fields.get('lineno', '?')}")
+        except Exception:  # a profile hook must not raise into the user's call
+            return
 
 

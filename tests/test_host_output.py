@@ -85,3 +85,61 @@ def test_a_first_call_message_an_island_and_graphjits_own_log_leave_it_graphed(e
         g(torch.ones(2))
     assert capsys.readouterr().out.count("island (2,)") == 3  # the island runs in every replay
     assert g.stats()["replays"] == st["replays"] + 3
+
+
+def test_only_what_reaches_a_writing_handler_or_the_standard_streams_counts(emu, capsys):
+    """A library logger with only a NullHandler writes nothing (graphed); a warning shown on every call is not
+    watched (graphed: warnings show once a place by default); a write to standard output is output (uncaptured); a
+    record of a user's own odd making never raises out of graphjit's watch."""
+    quiet = logging.getLogger("quiet_lib")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    try:
+        def silent(x):
+            quiet.warning("nobody hears this")
+            return x * 2
+
+        st, g = _run(silent)
+        assert st["graphs"] == 1 and st["fallbacks"] == {}, g.report()
+    finally:
+        quiet.propagate = True
+        quiet.handlers.clear()
+
+    import warnings
+
+    def warns(x):
+        warnings.warn("deprecated", FutureWarning, stacklevel=1)
+        return x * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st, g = _run(warns)
+    assert st["graphs"] == 1 and st["fallbacks"] == {}, g.report()
+
+    import sys
+
+    def writes(x):
+        sys.stdout.write("step\n")
+        return x * 2
+
+    st, g = _run(writes)
+    assert st["fallbacks"] == {PRINTS: 5} and "a write to standard output at " in st["keys"][0]["detail"], g.report()
+    assert capsys.readouterr().out.count("step\n") == 12
+
+    class Odd(logging.LogRecord):
+        def __getattribute__(self, name):
+            if name == "name":
+                raise KeyError(name)
+            return super().__getattribute__(name)
+
+    odd = logging.getLogger("odd_records")
+    odd.makeRecord = lambda *a, **k: Odd(*a[:7])  # type: ignore[method-assign]
+    odd.addHandler(logging.NullHandler())
+
+    def odd_log(x):
+        odd.warning("an odd record")
+        return x * 2
+
+    st, g = _run(odd_log)  # every call returns eager's result: the watch read the record without raising
+    assert st["calls"] == 6 and "logger 'odd_records' at " in st["keys"][0]["detail"], g.report()
+    odd.handlers.clear()
