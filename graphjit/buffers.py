@@ -226,14 +226,13 @@ class StaticOutputs:
             del index[k]
         # the call's input each output is (None: none), handed back as the call's own tensor
         self.source: list[int | None] = [index.get(id(t)) for t in self.tensors]
-        self.slice_dims: list[list[tuple[int, int]]] = []
-        for t, src in zip(self.tensors, self.source):
-            shape = backend.shape(t)
-            self.slice_dims.append([] if src is not None else [(d, n) for d, n in enumerate(shape)
-                                                               if (d, n) in bucket_dims])
         # The return value's tree, planned once per mode (tree.rebuilder): copied, the outputs that are not the
-        # call's inputs are fresh clones; aliased, the static outputs themselves; padded, views or clones of them.
+        # call's inputs are fresh clones; aliased, the static outputs themselves; padded, views or clones of them
+        # (the copy plan: it takes them in the same order).
         self.fresh = [t for t, src in zip(self.tensors, self.source) if src is None]
+        # the bucketed dims of each of those, sliced back to the call's real size where it is padded
+        self.slice_dims = [[(d, n) for d, n in enumerate(backend.shape(t)) if (d, n) in bucket_dims]
+                           for t in self.fresh]
         self.batch: Batch | None = None
         if not self.single:
             argument = _arguments(statics, arguments, is_tensor) if arguments is not None else None
@@ -241,7 +240,6 @@ class StaticOutputs:
             self.rebuild_copy = rebuilder(obj, [FRESH if src is None else src for src in self.source], is_tensor,
                                           argument)
             self.rebuild_alias = rebuilder(obj, inputs_at, is_tensor, argument)
-            self.rebuild_padded = self.rebuild_copy
             # copies of several outputs: one launch of graphjit's batch copy (graphjit.batch_copy), where it can serve
             ops = backend.batch_operands()
             self.batch = Batch.plan(ops, self.fresh, every=True) if ops is not None and ops.outputs else None
@@ -273,7 +271,7 @@ class StaticOutputs:
             for p in pads:
                 tensors[p.leaf] = b.narrow(tensors[p.leaf], p.dim, 0, p.real)
         out = []
-        for t, dims in zip(self.fresh, (d for d, src in zip(self.slice_dims, self.source) if src is None)):
+        for t, dims in zip(self.fresh, self.slice_dims):
             v = t
             if padmap and dims:
                 for d, n in dims:
@@ -284,7 +282,7 @@ class StaticOutputs:
         if self.single:
             src = self.source[0]
             return out[0] if src is None else tensors[src]
-        return self.rebuild_padded(out, tensors, call)
+        return self.rebuild_copy(out, tensors, call)
 
 
 def _arguments(statics: Sequence[Any], arguments: Call,

@@ -76,18 +76,12 @@ class GuardSet:
             self.keys.append(keys)
             self.paths.append([chosen[(cid, k)][1] for k in keys])
             self.expected.append(expected)
-        for container, n, path in scan_.named_lengths():
+        for what, container, whole, value, path in scan_.named_wholes():  # len(list), the keys of a dict
             self.containers.append(container)
-            self.getters.append(len)
-            self.keys.append([len])
-            self.paths.append([(f"len({describe(path)})",)])
-            self.expected.append(n)
-        for container, names, path in scan_.named_key_sets():
-            self.containers.append(container)
-            self.getters.append(tuple)
-            self.keys.append([tuple])
-            self.paths.append([(f"keys({describe(path)})",)])
-            self.expected.append(names)
+            self.getters.append(whole)
+            self.keys.append([whole])
+            self.paths.append([(f"{what}({describe(path)})",)])
+            self.expected.append(value)
         self.extra = extra
         # held tensors: (container, key, path, the tensor or None at capture: kept, so its address stays its own)
         held = scan_.values(held=True)
@@ -166,7 +160,7 @@ class GuardSet:
 
     def _one(self, i: int, key: Any) -> Any:
         c = self.containers[i]
-        if key is len or key is tuple:
+        if key is len or key is tuple:  # a whole container's (Scan.wholes)
             return key(c)
         return getattr(c, key) if isinstance(self.getters[i], operator.attrgetter) else c[key]
 

@@ -104,8 +104,9 @@ class Scan:
     renewed: tuple[tuple[type, str], ...] = ()  # (type, attribute) the framework renews every call: not values
     held: dict[int, _Box] = field(default_factory=dict)  # a Module's parameter and buffer dicts: tensors by identity
     hooks: dict[int, tuple[dict[Any, Any], Path]] = field(default_factory=dict)  # the modules' hook dicts reached
-    lengths: dict[int, tuple[Any, int, Path]] = field(default_factory=dict)  # lists, container modules' dicts
-    key_sets: dict[int, tuple[Any, tuple[str, ...], Path]] = field(default_factory=dict)  # dicts of settings
+    # whole containers: ``(id, what) -> (container, getter, value, path)``; what: "len" (lists, container modules'
+    # dicts) or "keys" (dicts of settings, their keys in order)
+    wholes: dict[tuple[int, str], tuple[Any, Callable[[Any], Any], Any, Path]] = field(default_factory=dict)
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
         if owner is not None and self.renewed and any(key == n and isinstance(owner, t) for t, n in self.renewed):
@@ -118,20 +119,17 @@ class Scan:
     def length(self, container: Any, path: Path) -> None:
         """A list, or a container module's dict of submodules, whose length is guarded: code that iterates it runs an
         item added after the capture, which the graph does not hold (any size: ``len`` costs the same)."""
-        self.lengths.setdefault(id(container), (container, len(container), path))
-
-    def named_lengths(self) -> list[tuple[Any, int, Path]]:
-        """The :meth:`length` entries whose path's attribute steps are all named by code the function may run."""
-        return [e for e in self.lengths.values() if _attributes_named(e[2], self.names)]
+        self.wholes.setdefault((id(container), "len"), (container, len, len(container), path))
 
     def key_set(self, container: dict[str, Any], path: Path) -> None:
         """A dict of settings (string keys, plain values) whose keys are guarded, in order: code that iterates it
         (``for k, v in options.items()``) would read a key added after the capture."""
-        self.key_sets.setdefault(id(container), (container, tuple(container), path))
+        self.wholes.setdefault((id(container), "keys"), (container, tuple, tuple(container), path))
 
-    def named_key_sets(self) -> list[tuple[Any, tuple[str, ...], Path]]:
-        """The :meth:`key_set` entries whose path's attribute steps are all named by code the function may run."""
-        return [e for e in self.key_sets.values() if _attributes_named(e[2], self.names)]
+    def named_wholes(self) -> list[tuple[str, Any, Callable[[Any], Any], Any, Path]]:
+        """``(what, container, getter, value, path)`` of the :meth:`length` and :meth:`key_set` entries whose path's
+        attribute steps are all named by code the function may run."""
+        return [(what, *e) for (_i, what), e in self.wholes.items() if _attributes_named(e[3], self.names)]
 
     def hold(self, container: Any, key: Any, value: Any, path: Path) -> None:
         """A tensor (or None) a Module holds in its parameter or buffer dict ``container``: compared by identity."""

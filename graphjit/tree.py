@@ -340,6 +340,8 @@ def _run_fresh(node: _Node, fresh: Sequence[Any], tensors: Sequence[Any] | None 
 
 
 def _walk(node: _Node, fresh: Sequence[Any]) -> Any:
+    """:func:`_run` for nodes of kinds 0 to 6, kept apart on purpose: a replay's outputs are rebuilt here on every
+    call, and passing the call's tensors and arguments down every node cost 18% of that (a six-leaf output)."""
     kind, x, children = node
     if kind == 0:
         return x
