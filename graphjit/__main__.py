@@ -79,9 +79,11 @@ COMMANDS: list[Callable[[argparse._SubParsersAction, Sequence[str]], None]] = [_
 
 
 def _add_build(sub: argparse._SubParsersAction, argv: Sequence[str]) -> None:
-    p = sub.add_parser("build", help="compile csrc (the custom all-reduce) ahead of time into GRAPHJIT_CACHE_DIR",
-                       description="Compile csrc/ with nvcc for each GPU architecture into the cache directory, "
-                                   "under a file lock, as collectives.init() would on first use.")
+    p = sub.add_parser("build", help="compile csrc (the replay lane, the custom all-reduce and batch copies) ahead of "
+                                     "time into GRAPHJIT_CACHE_DIR",
+                       description="Compile the replay lane (csrc/lane.c, with the C compiler) for this Python, then "
+                                   "csrc/ with nvcc for each GPU architecture, into the cache directory, under a file "
+                                   "lock, as the first capture and collectives.init() would on first use.")
     _build_arguments(p)
     p.set_defaults(handler=_cmd_build)
 
@@ -95,9 +97,20 @@ def _build_arguments(p: Any) -> None:
 
 
 def _cmd_build(args: Any) -> int:
-    """The ``build`` command: compile csrc for each architecture; prints one line per library."""
+    """The ``build`` command: compile the replay lane, then csrc for each architecture; prints one line per
+    library."""
+    from . import lane
     from .collectives import csrc_build
 
+    try:
+        t0 = time.perf_counter()
+        existed = (not args.force) and lane.library_path(args.cache_dir).is_file()
+        path = lane.build(force=args.force, cache=args.cache_dir)
+        state = "cached" if existed else f"built in {time.perf_counter() - t0:.1f} s"
+        sys.stdout.write(f"replay lane: {path} ({state})\n")
+    except lane.LaneBuildError as exc:
+        sys.stdout.write(f"graphjit build: replay lane: {exc}\n")
+    sys.stdout.flush()
     try:
         given = [a for a in args.arch.split(",") if a.strip()] if args.arch else []
         archs = [csrc_build.normalize_arch(a) for a in given] if given else csrc_build.detect_archs()

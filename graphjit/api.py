@@ -37,6 +37,7 @@ from typing import Any, TypeVar, overload
 import wrapt
 
 from . import advances, backends, env
+from . import lane as lane_mod
 from . import scope as scope_mod
 from .backends.base import Backend
 from .buffers import InputMoved, KeyEntry
@@ -47,21 +48,25 @@ from .feeds import StepContext
 from .guards import Sources
 from .handoff import NOT_SERVED
 from .history import SIGNATURE_CHANGES, KeyHistory
-from .invoke import Invoker
+from .invoke import Invoker, KeepsWrapped
 from .keys import BucketsArg, CallSignature, Signer, rebuild_call
 from .labels import changed_argument, key_order, label_parts
+from .lane import MISS as LANE_MISS
+from .lane import LaneHolder
 from .leaves import leaves
 from .lifecycle import KeyLifecycle
 from .options import Options, check_callable, make_options
+from .output_checks import OutputChecks
 from .policy import Policy
 from .stats import FunctionStats, KeyStats, State
-from .tree import collect_tensors
 from .variants import Drift, ValueVariants
 from .warmup import Blocked, Warmup
 
 log = logging.getLogger("graphjit")
 
 F = TypeVar("F", bound=Callable[..., Any])
+_UNBOUND: Any = object()
+"""The instance wrapt hands the wrapper for a call of the (unbound) GraphedFunction: taken as None."""
 
 NEW_KEY_WARNING_AFTER = 8
 """Keys made before graphjit checks whether most calls make a new one (and says which argument changes)."""
@@ -74,7 +79,7 @@ class _Ran:
     result: Any
 
 
-class _State(Policy, KeyLifecycle, ValueVariants):
+class _State(OutputChecks, LaneHolder, Policy, KeyLifecycle, ValueVariants):
     """Per-function state: options, keys, graphs, stats.  Shared by every binding of the wrapper."""
 
     def __init__(self, fn: Callable[..., Any], options: Options) -> None:
@@ -91,6 +96,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         self.dynamic = (DynamicArgs(options.dynamic, self.signer.signature, self.name, self.signer.bucket_targets())
                         if options.dynamic else None)
         self.stats = FunctionStats(self.name)
+        self.stats.pending = self.flush_lane  # the counts of calls the replay lane served (lane.py)
         self.entries: dict[tuple[Any, ...], KeyEntry] = {}
         self.warming: dict[tuple[Any, ...], Warmup] = {}
         self.failed: dict[tuple[Any, ...], str] = {}
@@ -160,6 +166,20 @@ class _State(Policy, KeyLifecycle, ValueVariants):
 
     # -- the call -------------------------------------------------------------------------
     def call(self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if instance is _UNBOUND:
+            instance = None
+        lane = self.lane  # the key replayed last, served in C where the call is its (lane.py)
+        if lane is not None:
+            result = lane.run(instance, args, kwargs)
+            if result is not LANE_MISS:
+                return result
+        return self.decide(wrapped, instance, args, kwargs)
+
+    def decide(self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Any:
+        """A call the replay lane did not serve (``lane.front`` calls it directly)."""
+        if self.lane is not None and self.lane.hits:
+            self.flush_lane()
         settings = env.settings()
         if settings.disable:
             self.stats.disabled_calls += 1
@@ -185,6 +205,8 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         previous, self.last_key = self.last_key, sig.key
         entry = self.entries.get(sig.key)
         if entry is not None:
+            if previous == sig.key and entry is not self.lane_entry and entry.lane is not False:
+                self.arm_lane(entry, sig)  # replayed twice in a row: the next calls of the key may take the lane
             if entry.feeds is None:
                 if entry.check is None and entry.recheck is None:  # nothing to check first: the replay path
                     return self.replay(entry, sig, settings, instance, args, kwargs)
@@ -443,29 +465,9 @@ class _State(Policy, KeyLifecycle, ValueVariants):
         plain_args, plain_kwargs, values = dynamic.split(method, args, kwargs)  # handed back as they are
         return dynamic.merge(method, *rebuild_call(plain_args, plain_kwargs, entry.inputs.statics, is_tensor), values)
 
-    def hand_out(self, entry: KeyEntry, sig: CallSignature, result: Any) -> None:
-        b = entry.inputs.backend
-        self.poison_backend = b
-        types = b.tensor_types()
-        own = {id(t) for t in sig.tensors}  # the caller's own tensors (a cache the function returns): never poisoned
-        self.handed_out = [t for t in collect_tensors(result, lambda x: isinstance(x, types)) if id(t) not in own]
-
-    def poison_previous(self) -> None:
-        b = self.poison_backend
-        handed, self.handed_out = self.handed_out, []
-        if b is not None:
-            for t in handed:
-                b.poison_(t)
-
-    def debug_replay(self, entry: KeyEntry, sig: CallSignature, result: Any) -> None:
-        b = entry.inputs.backend
-        types = b.tensor_types()
-        log.debug("graphjit %s [%s]: replay %d inputs=%s outputs=%s", self.name, entry.stats.label,
-                  entry.stats.replays, ",".join(b.fingerprint(t) for t in sig.tensors),
-                  ",".join(b.fingerprint(t) for t in collect_tensors(result, lambda x: isinstance(x, types))))
-
     def reset(self) -> None:
         with self.lock:
+            self.drop_lane()
             for e in {id(e): e for e in self.entries.values()}.values():
                 e.release()
             self.entries.clear()
@@ -485,28 +487,7 @@ class _State(Policy, KeyLifecycle, ValueVariants):
             self.step_feeds.clear()
 
 
-class _KeepsWrapped:
-    """Paddle's SOT, binding a call's arguments to a function it inlines, deletes ``__wrapped__`` for a
-    moment and sets it back; a wrapt proxy refuses that.  Here the deletion is a no-op (the setter then
-    sets the same function), so that SOT inlines a graphed function called from another one (its code is
-    the wrapped function's) and the inner call becomes part of the outer's program.
-
-    Dynamo (``torch.compile``) does not inline a graphed function: it sees it as ``torch.compiler.disable``
-    marks functions (the attributes below), ends its graph before the call and calls it, so graphjit graphs
-    the call as anywhere else (a model whose ``forward`` is graphed under transformers' compiled
-    ``generate()``, say).  Inlined, it would have been compiled without graphjit, or failed Dynamo's
-    closure guards (a proxy is not a function object)."""
-
-    _torchdynamo_disable = True
-    _torchdynamo_disable_msg = "graphjit.graphed: graphjit captures and replays this call itself"
-
-    def __delattr__(self, name: str) -> None:
-        if name == "__wrapped__":
-            return
-        super().__delattr__(name)  # type: ignore[misc]
-
-
-class BoundGraphedFunction(_KeepsWrapped, wrapt.BoundFunctionWrapper):  # type: ignore[misc]
+class BoundGraphedFunction(KeepsWrapped, wrapt.BoundFunctionWrapper):  # type: ignore[misc]
     """A graphed method bound to an instance; ``stats()``/``reset()`` act on the whole function."""
 
     def stats(self) -> dict[str, Any]:
@@ -522,7 +503,7 @@ class BoundGraphedFunction(_KeepsWrapped, wrapt.BoundFunctionWrapper):  # type: 
         return self._self_parent._self_state.static_inputs(self._self_instance, args, kwargs)
 
 
-class GraphedFunction(_KeepsWrapped, wrapt.FunctionWrapper):  # type: ignore[misc]
+class GraphedFunction(KeepsWrapped, wrapt.FunctionWrapper):  # type: ignore[misc]
     """The object ``@graphed`` returns: calls like the function, plus :meth:`stats` and :meth:`reset`.
 
     Name, docstring, signature and method binding of the wrapped function are kept (wrapt).
@@ -532,7 +513,11 @@ class GraphedFunction(_KeepsWrapped, wrapt.FunctionWrapper):  # type: ignore[mis
 
     def __init__(self, wrapped: Callable[..., Any], options: Options) -> None:
         state = _State(wrapped, options)
-        super().__init__(wrapped, state.call)
+        super().__init__(wrapped, lane_mod.front(state, _UNBOUND))
+        # An unbound call's instance is ours, not None: for None, wrapt looks up the wrapped function's __self__ on
+        # every call (an AttributeError raised and caught, 0.3 us of a call's host time on a development CPU).
+        super(wrapt.FunctionWrapper, self).__init__(  # type: ignore[call-arg]
+            wrapped, _UNBOUND, self._self_wrapper, None, self._self_binding)
         self._self_state = state
 
     def stats(self) -> dict[str, Any]:

@@ -310,7 +310,7 @@ class KeyEntry:
     What a replay does is decided here once: whether guards are checked first (:attr:`check`), whether the graph
     is piecewise (it then takes the call's dynamic values)."""
 
-    __slots__ = ("advances", "check", "device", "feeds", "graph", "guards", "handoff", "inputs", "no_adopt",
+    __slots__ = ("advances", "check", "device", "feeds", "graph", "guards", "handoff", "inputs", "lane", "no_adopt",
                  "outputs", "piecewise", "recheck", "stats", "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
@@ -334,6 +334,7 @@ class KeyEntry:
         # the graph copies the call's tensors in and out itself where it has feed nodes (handoff.py)
         # (a key with buckets has none: Handoff.plan refuses it, so a served call has no pads)
         self.handoff = None if piecewise else Handoff.plan(inputs.backend, graph.feed, inputs, outputs, stats)
+        self.lane: Any = None  # the replay lane's plan of this key (lane.py): None not made yet, False never
 
     def replay(self, sig: CallSignature, copy: bool, call: Call | None) -> Any:
         """Load inputs, replay, copy mutations back, return outputs (``call``: the call's ``(args, kwargs)``, whose

@@ -69,6 +69,12 @@ VARIABLES: tuple[Variable, ...] = (
              "graphjit's batch copy kernel (csrc) where its library is built, and builds it once in the background "
              "(nvcc) at the first capture where it is not; on also builds it, at once; off always uses the "
              "framework's copies."),
+    Variable("GRAPHJIT_LANE", "choice:auto|on|off", "auto",
+             "The replay lane: a plain positional call of a key that replays through its graph's feed nodes is "
+             "checked and launched in C (csrc/lane.c) instead of graphjit's Python path. auto builds it with the C "
+             "compiler once, in the background, where a key first replays twice in a row and it is not built yet "
+             "(python -m graphjit build builds it ahead of time); on builds it there at once; off: the Python path "
+             "only."),
     Variable("GRAPHJIT_CACHE_DIR", "path", "~/.cache/graphjit",
              "Where compiled csrc libraries are kept, keyed by source hash and GPU architecture "
              "(python -m graphjit build fills it ahead of time)."),
@@ -101,6 +107,7 @@ class Settings:
     ar_max_bytes: int | None
     ar_shared_gpu: bool
     batch_copy: str
+    lane: str
     cache_dir: Path
     nvcc: str | None
     commit: str | None
@@ -158,6 +165,7 @@ def _read() -> Settings:
         ar_max_bytes=_int("GRAPHJIT_AR_MAX_BYTES", minimum=16),
         ar_shared_gpu=_bool("GRAPHJIT_AR_SHARED_GPU"),
         batch_copy=_choice("GRAPHJIT_BATCH_COPY"),
+        lane=_choice("GRAPHJIT_LANE"),
         cache_dir=Path(_raw("GRAPHJIT_CACHE_DIR")).expanduser(),
         nvcc=_raw("GRAPHJIT_NVCC") or None,
         commit=_raw("GRAPHJIT_COMMIT") or None,

@@ -195,3 +195,24 @@ def tracer_error(exc: BaseException, message: str) -> TracerError:
             cls = TracerError
         _TRACER_ERRORS[base] = cls
     return cls(message)  # type: ignore[no-any-return]
+
+
+class KeepsWrapped:
+    """Paddle's SOT, binding a call's arguments to a function it inlines, deletes ``__wrapped__`` for a
+    moment and sets it back; a wrapt proxy refuses that.  Here the deletion is a no-op (the setter then
+    sets the same function), so that SOT inlines a graphed function called from another one (its code is
+    the wrapped function's) and the inner call becomes part of the outer's program.
+
+    Dynamo (``torch.compile``) does not inline a graphed function: it sees it as ``torch.compiler.disable``
+    marks functions (the attributes below), ends its graph before the call and calls it, so graphjit graphs
+    the call as anywhere else (a model whose ``forward`` is graphed under transformers' compiled
+    ``generate()``, say).  Inlined, it would have been compiled without graphjit, or failed Dynamo's
+    closure guards (a proxy is not a function object)."""
+
+    _torchdynamo_disable = True
+    _torchdynamo_disable_msg = "graphjit.graphed: graphjit captures and replays this call itself"
+
+    def __delattr__(self, name: str) -> None:
+        if name == "__wrapped__":
+            return
+        super().__delattr__(name)  # type: ignore[misc]

@@ -33,8 +33,9 @@ from .errors import SignatureError
 from .tree import Attr, is_object, object_fields, rebuild
 
 _SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))
-_TENSOR = ("<tensor>",)
+TENSOR_MARK = ("<tensor>",)
 """A tensor's place in a plain call's layout (:meth:`Signer.sign_plain`); its metadata is the check's."""
+_TENSOR = TENSOR_MARK
 _MISSING = object()
 
 BucketsArg = bucket_spec.BucketsArg

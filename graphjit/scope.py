@@ -29,7 +29,18 @@ from typing import Any
 log = logging.getLogger("graphjit")
 
 _lock = threading.Lock()
-_tls = threading.local()
+
+
+class _ThreadState(threading.local):
+    """What a thread is doing with graphed calls; the class values are every new thread's (so that reading one is
+    never a missing attribute: the replay lane reads ``phase`` on every call)."""
+
+    phase: str | None = None
+    capture: int = 0
+    scopes: list[CaptureScope] | None = None
+
+
+_tls = _ThreadState()
 _capture_ids = itertools.count(1)
 
 AFTER_CAPTURE: list[Callable[[], None]] = []
@@ -178,6 +189,11 @@ def enter_phase(phase: str) -> str | None:
 def leave_phase(previous: str | None) -> None:
     """Undo :func:`enter_phase` (call it in a ``finally``)."""
     _tls.phase = previous
+
+
+def thread_state() -> threading.local:
+    """The per-thread object whose ``phase`` :func:`phase` reads (the replay lane reads it in C)."""
+    return _tls
 
 
 def phase() -> str | None:

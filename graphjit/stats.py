@@ -8,6 +8,7 @@ silent: every call that did not replay a graph is counted under a reason string.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -94,12 +95,16 @@ class FunctionStats:
     verify_skipped: Counter[str] = field(default_factory=Counter)
     keys: dict[Any, KeyStats] = field(default_factory=dict)
     tracer: str | None = None  # set when the tracer was replaced: which by which, and why
+    # counts kept elsewhere until read (the replay lane's served calls, lane.py): moved in before each read
+    pending: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def fallback(self, reason: str, calls: int = 1) -> None:
         """Count ``calls`` calls that ran without a graph, under ``reason``."""
         self.fallbacks[reason] += calls
 
     def as_dict(self) -> dict[str, Any]:
+        if self.pending is not None:
+            self.pending()
         keys = [k.as_dict() for k in self.keys.values()]
         return {
             "function": self.name,

@@ -362,7 +362,8 @@ def _fed_handle(lib: Any) -> tuple[Any, Any]:
 def test_a_reset_graph_no_longer_hands_its_table_to_the_library():
     handle, graph = _fed_handle(_Lib())
     feed = handle.feed
-    feed.dirty = True
+    feed.table[4] = 1  # the nodes hold a call's pointers
+    assert feed.dirty
     handle.reset()
     assert handle.feed is None and feed.table[0] == 0 and not feed.dirty and graph.was_reset
     handle.replay()  # torch's own replay now (a real one raises its own error on a reset graph)

@@ -13,7 +13,7 @@ import gc
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from ..feeds import StepContext
@@ -127,6 +127,21 @@ def open_segments() -> Segments | None:
     return getattr(_segments_tls, "current", None)
 
 
+class LaneParts(NamedTuple):
+    """A framework's part of a replay lane plan (:meth:`Backend.lane_parts`).
+
+    ``probes``: functions of no argument (C functions, called on every call) that give ``expected`` exactly where the
+    framework's modes are the key's (a probe that gives another value sends the call to the Python path, so the
+    probes may refuse more than :meth:`Backend.modes` does, never less).  ``check``: called with the call's tensors,
+    True only where each has the key's metadata and the given tensors' strides.  ``data_ptr``: a tensor's address
+    (a C function where the framework has one)."""
+
+    probes: tuple[Callable[[], Any], ...]
+    expected: tuple[Any, ...]
+    check: Callable[..., bool]
+    data_ptr: Callable[[Any], int]
+
+
 class Backend(abc.ABC):
     """What graphjit's core needs from one framework.
 
@@ -167,6 +182,12 @@ class Backend(abc.ABC):
         """A check, in one call, that tensors passed positionally have the ``meta_key`` of ``tensors`` (the same
         count, in order): True only where every ``meta_key`` would be equal (it may refuse more, strides or
         subclasses for one).  None where the framework has none (the caller reads each ``meta_key``)."""
+        return None
+
+    def lane_parts(self, modes: tuple[Any, ...], tensors: Sequence[Any]) -> LaneParts | None:
+        """What the replay lane (``graphjit/lane.py``) needs of the framework for a key whose modes are ``modes`` and
+        whose tensors are like ``tensors``, or None where it has none (the Python path serves every call): see
+        :class:`LaneParts`."""
         return None
 
     @abc.abstractmethod

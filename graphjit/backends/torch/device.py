@@ -5,6 +5,7 @@ current stream and architecture as the csrc library takes them."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,6 +13,11 @@ import torch
 # The current stream's cudaStream_t as an int, without building a torch.cuda.Stream (what
 # torch._inductor's get_raw_stream calls); None in a CPU build or a torch without it.
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def raw_stream() -> Callable[[int], int] | None:
+    """torch's C function that gives GPU ``device``'s current stream as an integer, where this torch has it."""
+    return _RAW_STREAM
 
 
 def current_stream(device: int) -> int:

@@ -17,8 +17,10 @@ Refuses nothing: where the library is not loaded, the torch build cannot give th
 from __future__ import annotations
 
 import array
+import ctypes
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -73,8 +75,7 @@ def generator_offset(index: int) -> int | None:
 class TorchFeed:
     """The feed nodes of one captured graph and the table :func:`gj_feed_launch` reads (see ``csrc``)."""
 
-    __slots__ = ("at", "dirty", "entries", "fn", "graph", "header", "index", "lib", "negated", "random", "stream",
-                 "table")
+    __slots__ = ("at", "entries", "fn", "graph", "header", "index", "lib", "negated", "random", "stream", "table")
 
     def __init__(self, lib: Any, graph: Any, exec_handle: int, in_node: int, out_node: int, index: int) -> None:
         words, entries, header = lib.feed_layout()
@@ -92,7 +93,6 @@ class TorchFeed:
         # a caller's tensor whose bytes are not its values: torch's lazy negative bit (a real view such as
         # ``z.conj().imag``); the dtype, never complex here, is the key's.  The C method itself: no Python frame
         self.negated = torch.Tensor.is_neg
-        self.dirty = False  # the nodes hold a call's pointers
 
     # -- what a feed may copy ----------------------------------------------------------------
     def usable(self, t: Any) -> bool:
@@ -103,12 +103,17 @@ class TorchFeed:
         return torch.empty_like(t, memory_format=torch.contiguous_format)
 
     # -- launches --------------------------------------------------------------------------------
+    @property
+    def dirty(self) -> bool:
+        """The nodes hold a call's pointers: the last launch's counts (table words 4 and 5, which every launch sets,
+        :meth:`launch` and the replay lane's alike) are not both zero."""
+        return bool(self.table[4] or self.table[5])
+
     def launch(self, n_in: int, n_out: int) -> int:
         """Set the nodes to the table's first ``n_in`` input and ``n_out`` output entries and replay the graph
         on the current stream; the library's status (0: launched)."""
         table = self.table
         table[4], table[5] = n_in, n_out
-        self.dirty = True
         if self.random is False:
             table[6] = 1
             return int(self.fn(self.at, self.stream()))
@@ -118,6 +123,19 @@ class TorchFeed:
             return rc
         self._torch_replay()
         return 0
+
+    def lane_launch(self) -> tuple[int, Callable[[int], int], int] | None:
+        """For the replay lane (``graphjit/lane.py``): ``(address of gj_feed_launch, the current raw stream's
+        function, its argument)``, which the lane calls as :meth:`launch` does for a graph the library launches;
+        None for a graph torch launches (random draws, or not known yet) or without the raw stream's C function."""
+        stream = cuda_device.raw_stream()
+        if self.random is not False or stream is None:
+            return None
+        try:
+            address = int(ctypes.cast(self.fn, ctypes.c_void_p).value or 0)
+        except (TypeError, ctypes.ArgumentError):  # not a function of a loaded library
+            return None
+        return (address, stream, self.index) if address else None
 
     def why(self, status: int) -> str:
         return str(self.lib.last_error() or f"status {status}")
@@ -141,12 +159,11 @@ class TorchFeed:
                                     f"instantiating it again failed too: {exc}") from exc
             self._forget()
             log.info("graphjit: a graph's feed nodes could not be cleared (%s): instantiated again", why)
-        self.dirty = False
 
     def retire(self) -> None:
         """The executable graph is being freed: the library refuses this table from now on."""
-        self.table[0] = 0
-        self.dirty = False
+        table = self.table
+        table[0] = table[4] = table[5] = 0
 
     def _forget(self) -> None:
         """What the library remembers of the nodes' last settings no longer holds (a fresh executable)."""

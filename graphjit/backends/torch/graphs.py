@@ -22,7 +22,7 @@ import torch
 
 from ...errors import BackendError, CaptureError
 from ...feeds import StepContext
-from ..base import CAPTURE_LOCK, Backend, GraphHandle, Segments, collector_paused, segments_open
+from ..base import CAPTURE_LOCK, Backend, GraphHandle, LaneParts, Segments, collector_paused, segments_open
 from . import device as cuda_device
 from . import feed as feed_mod
 from . import hooks, rebinds, workspaces
@@ -193,6 +193,20 @@ class TorchBackend(Backend):
             return guards.check  # type: ignore[no-any-return]
         except Exception:  # a signature this torch does not take: each meta_key is read instead
             return None
+
+    def lane_parts(self, modes: tuple[Any, ...], tensors: Sequence[Any]) -> LaneParts | None:
+        """The modes' C probes (:func:`.modes.probes`: none inside an autocast block or a torch function mode),
+        ``TensorGuards`` with the tensors' strides fixed too, and ``Tensor.data_ptr``; None on a torch without
+        ``TensorGuards``."""
+        probes = torch_modes.probes(modes)
+        if probes is None or _TensorGuards is None:
+            return None
+        try:
+            guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                                   dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        except Exception:
+            return None
+        return LaneParts(probes[0], probes[1], guards.check, torch.Tensor.data_ptr)
 
     def shape(self, t: Any) -> tuple[int, ...]:
         return tuple(t.shape)

@@ -75,6 +75,19 @@ def read() -> tuple[Any, ...]:
             _default_device() if _function_modes() else None)
 
 
+def probes(modes: tuple[Any, ...]) -> tuple[tuple[Callable[[], Any], ...], tuple[Any, ...]] | None:
+    """The C functions that give, on a call, the values they gave for ``modes`` (:func:`read`'s) exactly where
+    :func:`read` would give ``modes`` again, with what they must give; None for modes read inside an autocast block
+    or a torch function mode (their reads are Python: the replay lane leaves such calls to the Python path).  A
+    torch function mode active on a call makes its probe differ (the count is 0 here), so the probes refuse such a
+    call where :func:`read` might not: never looser."""
+    grad, inference, autocast, precision, deterministic, dtype, device = modes
+    if autocast is not None or device is not None:
+        return None
+    return ((_any_autocast, _grad_enabled, _inference_mode, _matmul_precision, _deterministic, _default_dtype,
+             _function_modes), (False, grad, inference, precision, deterministic, dtype, 0))
+
+
 def describe(modes: tuple[Any, ...]) -> str:
     """The modes of :func:`read` as a key's label shows them (only those that are not the default)."""
     grad, inference, autocast, precision, deterministic, dtype, device = modes

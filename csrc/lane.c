@@ -1,0 +1,744 @@
+/* graphjit's replay lane (graphjit/lane.py): a plain call of a key that already replays through its graph's feed
+ * nodes, checked and launched in one C function instead of graphjit's Python path.
+ *
+ * A Plan is made once per key (lane.py: lane.plan) from what the Python path decided for that key: the call's
+ * layout (where its tensors are, its plain scalars, its owner's training flag), the framework's modes as zero-argument
+ * probes and the values they must give, a metadata check of the key's tensors that includes their strides, the
+ * handoff of handoff.py (which inputs are adopted, which are copied in, where the static buffers are, which outputs
+ * come out fresh) and how the graph is launched.  Plan.run(instance, args, kwargs) serves a call only where every one
+ * of those holds and the key's entry is still the one planned, with the same guards, advances, step context and
+ * handoff; anything else returns MISS having changed nothing, and the Python path decides the call as before (its
+ * checks are the reference; this lane only ever says "the Python path would replay this call the same way").
+ *
+ * Concurrency: every step that writes (the feed table, the addresses seen, the counters) runs under the function's
+ * lock (the RLock the Python path replays under), acquired through its own acquire/release.  The plan's
+ * configuration is immutable once made; a Plan is replaced, never changed, so a call that began with one plan finishes
+ * with it (it holds a reference).  The launch itself releases the GIL, as torch's replay does.
+ *
+ * Memory ordering: the table is host memory the library reads on this thread, inside the launch call that follows
+ * the writes (program order on one thread); the library copies the node parameters into the executable graph before
+ * it returns, so the next call may write the table again at once.
+ *
+ * Counting: a served call is counted in the plan (hits, copies); the Python side moves the counts into graphjit's
+ * stats before anything reads them (lane.py: flush).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANE_ABI 1
+#define LANE_MAX 64 /* tensors in one call the lane serves; a call with more takes the Python path */
+
+typedef int (*feed_launch_t)(unsigned long long *table, void *stream);
+
+static PyObject *s_settings, *s_phase, *s_training, *s_check, *s_recheck, *s_feeds, *s_advances, *s_handoff,
+    *s_broken, *s_last_key, *s_targets, *s_apply;
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define LOOKUP_ATTR(o, n, r) PyObject_GetOptionalAttr((o), (n), (r))
+#else
+#define LOOKUP_ATTR(o, n, r) _PyObject_LookupAttr((o), (n), (r))
+#endif
+
+typedef struct {
+  Py_ssize_t i;
+  unsigned long long p;
+} Adopted;
+typedef struct {
+  Py_ssize_t i;
+  PyObject *buffer; /* borrowed from refs */
+  unsigned long long p, nbytes, seen;
+} Moved;
+typedef struct {
+  PyObject *t; /* borrowed from refs */
+  unsigned long long p;
+} Fresh;
+
+typedef struct {
+  PyObject_HEAD
+  PyObject *refs; /* the dict the plan was made from: keeps every borrowed object below alive */
+  PyObject *miss; /* what run() returns where the Python path must serve the call (lane.MISS) */
+  /* the environment a served call needs */
+  PyObject *env_dict, *settings, *tls;
+  int prebound, method;
+  Py_ssize_t nargs;
+  PyObject *kinds;  /* per argument: None for a tensor, else (type, value) of a plain scalar */
+  PyObject *types;  /* the tensor types of the key's framework */
+  PyObject *owner;  /* None, or the function's own owner (an unbound call) */
+  unsigned long long owner_id; /* a bound call: its instance's id; 0 otherwise */
+  PyObject *training;          /* the owner's training flag, as keyed */
+  PyObject *probes, *expected; /* the framework's modes */
+  PyObject *check;             /* the tensors' metadata (strides included) */
+  /* the key */
+  PyObject *state, *key, *entries, *entry, *entry_check, *recheck, *feeds, *advances, *handoff;
+  PyObject *acquire, *release;
+  /* the handoff */
+  PyObject *ptr, *negated, *adopted_ptrs, *inside_owned, *empty;
+  Adopted *adopted;
+  Py_ssize_t n_adopted;
+  Py_ssize_t *aliases; /* pairs (i, o): tensors i and o are one tensor */
+  Py_ssize_t n_aliases;
+  Moved *moved;
+  Py_ssize_t n_moved;
+  Fresh *fresh;
+  Py_ssize_t n_fresh;
+  unsigned long long *table;
+  Py_ssize_t in_dst, in_src, in_bytes, out_dst;
+  int copy;
+  Py_ssize_t single_source; /* the one output is the call's tensor at this index; -1: a fresh one */
+  PyObject *rebuild;        /* None, or the outputs' rebuild (fresh outputs, the call's tensors, the call) */
+  PyObject *result;         /* outputs.result (alias) */
+  /* the launch */
+  feed_launch_t fn; /* the library's gj_feed_launch, or NULL: launch_py */
+  PyObject *stream_fn, *stream_arg, *launch_py;
+  /* served calls not yet counted in graphjit's stats */
+  unsigned long long hits, copies;
+} Plan;
+
+/* ---- helpers ------------------------------------------------------------------------------------------------- */
+
+static int same(PyObject *a, PyObject *b) { /* 1 equal, 0 not (an error cleared: not equal) */
+  if (a == b) return 1;
+  int r = PyObject_RichCompareBool(a, b, Py_EQ);
+  if (r < 0) {
+    PyErr_Clear();
+    return 0;
+  }
+  return r;
+}
+
+static int truthy_call(PyObject *fn, PyObject *const *args, size_t n) { /* 1, 0, or -1 with an error set */
+  PyObject *r = PyObject_Vectorcall(fn, args, n, NULL);
+  if (r == NULL) return -1;
+  int t = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return t;
+}
+
+static int address(PyObject *ptr, PyObject *t, unsigned long long *out) { /* 0, or -1 with an error set */
+  PyObject *r = PyObject_Vectorcall(ptr, &t, 1, NULL);
+  if (r == NULL) return -1;
+  *out = PyLong_AsUnsignedLongLong(r);
+  Py_DECREF(r);
+  return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *item(PyObject *d, const char *name) { /* borrowed; NULL with KeyError set */
+  PyObject *v = PyDict_GetItemString(d, name);
+  if (v == NULL) PyErr_Format(PyExc_KeyError, "graphjit lane plan: missing %s", name);
+  return v;
+}
+
+/* ---- making a plan ----------------------------------------------------------------------------------------- */
+
+static void plan_free_arrays(Plan *p) {
+  PyMem_Free(p->adopted);
+  PyMem_Free(p->aliases);
+  PyMem_Free(p->moved);
+  PyMem_Free(p->fresh);
+  p->adopted = NULL;
+  p->aliases = NULL;
+  p->moved = NULL;
+  p->fresh = NULL;
+}
+
+static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
+  PyObject *d;
+  if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
+  if (self->refs != NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "a graphjit lane plan is made once");
+    return -1;
+  }
+  Py_INCREF(d);
+  self->refs = d;
+#define GET(field, name)                    \
+  do {                                      \
+    self->field = item(d, name);            \
+    if (self->field == NULL) return -1;     \
+  } while (0)
+  GET(miss, "miss");
+  GET(env_dict, "env_dict");
+  GET(settings, "settings");
+  GET(tls, "tls");
+  GET(kinds, "kinds");
+  GET(types, "types");
+  GET(owner, "owner");
+  GET(training, "training");
+  GET(probes, "probes");
+  GET(expected, "expected");
+  GET(check, "check");
+  GET(state, "state");
+  GET(key, "key");
+  GET(entries, "entries");
+  GET(entry, "entry");
+  GET(entry_check, "entry_check");
+  GET(recheck, "recheck");
+  GET(feeds, "feeds");
+  GET(advances, "advances");
+  GET(handoff, "handoff");
+  GET(acquire, "acquire");
+  GET(release, "release");
+  GET(ptr, "ptr");
+  GET(negated, "negated");
+  GET(adopted_ptrs, "adopted_ptrs");
+  GET(inside_owned, "inside_owned");
+  GET(empty, "empty");
+  GET(rebuild, "rebuild");
+  GET(result, "result");
+  GET(stream_fn, "stream_fn");
+  GET(stream_arg, "stream_arg");
+  GET(launch_py, "launch_py");
+#undef GET
+  PyObject *o;
+  if (!PyTuple_Check(self->kinds) || !PyTuple_Check(self->types) || !PyTuple_Check(self->probes) ||
+      !PyTuple_Check(self->expected) || PyTuple_GET_SIZE(self->probes) != PyTuple_GET_SIZE(self->expected) ||
+      !PyDict_Check(self->entries) || !PyDict_Check(self->env_dict) || !PyAnySet_Check(self->adopted_ptrs)) {
+    PyErr_SetString(PyExc_TypeError, "graphjit lane plan: kinds, types, probes, expected: tuples; entries, "
+                                     "env_dict: dicts; adopted_ptrs: a set");
+    return -1;
+  }
+  self->nargs = PyTuple_GET_SIZE(self->kinds);
+  Py_ssize_t n_tensors = 0;
+  for (Py_ssize_t i = 0; i < self->nargs; ++i) {
+    PyObject *k = PyTuple_GET_ITEM(self->kinds, i);
+    if (k == Py_None) {
+      ++n_tensors;
+    } else if (!PyTuple_Check(k) || PyTuple_GET_SIZE(k) != 2) {
+      PyErr_SetString(PyExc_TypeError, "graphjit lane plan: a scalar's kind is (type, value)");
+      return -1;
+    }
+  }
+  if (n_tensors == 0 || n_tensors > LANE_MAX) {
+    PyErr_SetString(PyExc_ValueError, "graphjit lane plan: 1 to 64 tensors");
+    return -1;
+  }
+#define INT(var, name)                     \
+  do {                                     \
+    if ((o = item(d, name)) == NULL) return -1; \
+    var = PyLong_AsSsize_t(o);             \
+    if (var == -1 && PyErr_Occurred()) return -1; \
+  } while (0)
+  Py_ssize_t v;
+  INT(v, "prebound");
+  self->prebound = (int)v;
+  INT(v, "method");
+  self->method = (int)v;
+  INT(v, "copy");
+  self->copy = (int)v;
+  INT(self->single_source, "single_source");
+  INT(self->in_dst, "in_dst");
+  INT(self->in_src, "in_src");
+  INT(self->in_bytes, "in_bytes");
+  INT(self->out_dst, "out_dst");
+#undef INT
+  if ((o = item(d, "owner_id")) == NULL) return -1;
+  self->owner_id = PyLong_AsUnsignedLongLong(o);
+  if ((o = item(d, "table")) == NULL) return -1;
+  self->table = (unsigned long long *)PyLong_AsVoidPtr(o);
+  if ((o = item(d, "fn")) == NULL) return -1;
+  self->fn = (feed_launch_t)PyLong_AsVoidPtr(o);
+  if (PyErr_Occurred()) return -1;
+  if (self->table == NULL) {
+    PyErr_SetString(PyExc_ValueError, "graphjit lane plan: no feed table");
+    return -1;
+  }
+  if (self->fn == NULL && self->launch_py == Py_None) {
+    PyErr_SetString(PyExc_ValueError, "graphjit lane plan: no launch");
+    return -1;
+  }
+  /* the handoff's lists: tuples of tuples of ints (and buffers) */
+  PyObject *adopted = item(d, "adopted"), *aliases = item(d, "aliases"), *moved = item(d, "moved"),
+           *fresh = item(d, "fresh");
+  if (!adopted || !aliases || !moved || !fresh) return -1;
+  if (!PyTuple_Check(adopted) || !PyTuple_Check(aliases) || !PyTuple_Check(moved) || !PyTuple_Check(fresh)) {
+    PyErr_SetString(PyExc_TypeError, "graphjit lane plan: adopted, aliases, moved, fresh: tuples");
+    return -1;
+  }
+  self->n_adopted = PyTuple_GET_SIZE(adopted);
+  self->n_aliases = PyTuple_GET_SIZE(aliases);
+  self->n_moved = PyTuple_GET_SIZE(moved);
+  self->n_fresh = PyTuple_GET_SIZE(fresh);
+  self->adopted = PyMem_Calloc(self->n_adopted + 1, sizeof(Adopted));
+  self->aliases = PyMem_Calloc(2 * self->n_aliases + 1, sizeof(Py_ssize_t));
+  self->moved = PyMem_Calloc(self->n_moved + 1, sizeof(Moved));
+  self->fresh = PyMem_Calloc(self->n_fresh + 1, sizeof(Fresh));
+  if (!self->adopted || !self->aliases || !self->moved || !self->fresh) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t j = 0; j < self->n_adopted; ++j) {
+    PyObject *e = PyTuple_GET_ITEM(adopted, j);
+    if (!PyArg_ParseTuple(e, "nK", &self->adopted[j].i, &self->adopted[j].p)) return -1;
+    if (self->adopted[j].i < 0 || self->adopted[j].i >= n_tensors) goto bad_index;
+  }
+  for (Py_ssize_t j = 0; j < self->n_aliases; ++j) {
+    PyObject *e = PyTuple_GET_ITEM(aliases, j);
+    if (!PyArg_ParseTuple(e, "nn", &self->aliases[2 * j], &self->aliases[2 * j + 1])) return -1;
+    if (self->aliases[2 * j] < 0 || self->aliases[2 * j] >= n_tensors || self->aliases[2 * j + 1] < 0 ||
+        self->aliases[2 * j + 1] >= n_tensors)
+      goto bad_index;
+  }
+  for (Py_ssize_t j = 0; j < self->n_moved; ++j) {
+    PyObject *e = PyTuple_GET_ITEM(moved, j);
+    Moved *m = &self->moved[j];
+    if (!PyArg_ParseTuple(e, "nOKK", &m->i, &m->buffer, &m->p, &m->nbytes)) return -1;
+    if (m->i < 0 || m->i >= n_tensors) goto bad_index;
+    m->seen = 0; /* none yet: a null address is never served */
+  }
+  for (Py_ssize_t j = 0; j < self->n_fresh; ++j) {
+    PyObject *e = PyTuple_GET_ITEM(fresh, j);
+    if (!PyArg_ParseTuple(e, "OK", &self->fresh[j].t, &self->fresh[j].p)) return -1;
+  }
+  if (self->n_moved > LANE_MAX || self->n_fresh > LANE_MAX || self->single_source >= n_tensors) goto bad_index;
+  return 0;
+bad_index:
+  PyErr_SetString(PyExc_ValueError, "graphjit lane plan: an index outside the call's tensors");
+  return -1;
+}
+
+/* ---- a call ------------------------------------------------------------------------------------------------ */
+
+/* The part before the lock: the call is the key's, its environment the planned one.  1 served so far, 0 a miss
+ * (no error set), -1 an error (the caller clears it: a miss). */
+static int signed_as_planned(Plan *self, PyObject *instance, PyObject *args, PyObject *kwargs, PyObject **tensors,
+                             Py_ssize_t *n_tensors) {
+  if (kwargs != Py_None && (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != 0)) return 0;
+  if (!PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != self->nargs) return 0;
+  /* GRAPHJIT_* read again since the plan (env.refresh), or another thread's settings: the Python path */
+  if (PyDict_GetItemWithError(self->env_dict, s_settings) != self->settings) return PyErr_Occurred() ? -1 : 0;
+  /* inside another graphed call's warmup, capture or verify: part of it (the Python path says so) */
+  PyObject *phase = PyObject_GetAttr(self->tls, s_phase);
+  if (phase == NULL) return -1;
+  Py_DECREF(phase);
+  if (phase != Py_None) return 0;
+  /* the arguments: each tensor of the framework's types, each scalar of its type and value */
+  Py_ssize_t n = 0, n_types = PyTuple_GET_SIZE(self->types);
+  for (Py_ssize_t i = 0; i < self->nargs; ++i) {
+    PyObject *a = PyTuple_GET_ITEM(args, i), *kind = PyTuple_GET_ITEM(self->kinds, i);
+    if (kind == Py_None) {
+      PyTypeObject *tp = Py_TYPE(a);
+      Py_ssize_t t = 0;
+      while (t < n_types && (PyTypeObject *)PyTuple_GET_ITEM(self->types, t) != tp) ++t;
+      if (t == n_types) return 0;
+      tensors[n++] = a;
+    } else if ((PyObject *)Py_TYPE(a) != PyTuple_GET_ITEM(kind, 0) || !same(a, PyTuple_GET_ITEM(kind, 1))) {
+      return 0;
+    }
+  }
+  *n_tensors = n;
+  /* the owner: the same object (a bound call), its training flag as keyed */
+  PyObject *owner = self->owner;
+  if (self->method) {
+    if (self->prebound || instance == Py_None || (unsigned long long)(uintptr_t)instance != self->owner_id) return 0;
+    owner = instance;
+  } else if (!self->prebound && instance != Py_None) {
+    return 0;
+  }
+  if (owner != Py_None) {
+    PyObject *training = NULL;
+    if (LOOKUP_ATTR(owner, s_training, &training) < 0) return -1;
+    int ok = same(training ? training : Py_None, self->training);
+    Py_XDECREF(training);
+    if (!ok) return 0;
+  }
+  /* the framework's modes */
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(self->probes); ++k) {
+    PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(self->probes, k));
+    if (r == NULL) return -1;
+    int ok = same(r, PyTuple_GET_ITEM(self->expected, k));
+    Py_DECREF(r);
+    if (!ok) return 0;
+  }
+  /* the tensors' metadata, strides included */
+  int ok = truthy_call(self->check, tensors, (size_t)n);
+  if (ok <= 0) return ok;
+  /* the key's entry: still the planned one, with the same guards, recheck, step context, advances and handoff */
+  if (PyDict_GetItemWithError(self->entries, self->key) != self->entry) return PyErr_Occurred() ? -1 : 0;
+  PyObject *const names[5] = {s_check, s_recheck, s_feeds, s_advances, s_handoff};
+  PyObject *const want[5] = {self->entry_check, self->recheck, self->feeds, self->advances, self->handoff};
+  for (int k = 0; k < 5; ++k) {
+    PyObject *v = PyObject_GetAttr(self->entry, names[k]);
+    if (v == NULL) return -1;
+    Py_DECREF(v);
+    if (v != want[k]) return 0;
+  }
+  PyObject *broken = PyObject_GetAttr(self->handoff, s_broken);
+  if (broken == NULL) return -1;
+  Py_DECREF(broken);
+  if (broken != Py_False) return 0;
+  /* the values the graph froze (GuardSet.holds) */
+  if (self->entry_check != Py_None) {
+    ok = truthy_call(self->entry_check, NULL, 0);
+    if (ok <= 0) return ok;
+  }
+  return 1;
+}
+
+/* Under the lock: the handoff of handoff.py (Handoff.replay), up to the launch.  1 launched, 0 a miss, -1 an error;
+ * *outs gets the fresh outputs (a new list) where the call copies them out. */
+static int hand_off(Plan *self, PyObject **tensors, PyObject **outs, unsigned long long *k_out) {
+  unsigned long long p;
+  for (Py_ssize_t j = 0; j < self->n_adopted; ++j) {
+    if (address(self->ptr, tensors[self->adopted[j].i], &p) < 0) return -1;
+    if (p != self->adopted[j].p) return 0; /* moved: the copy path says how (InputMoved) */
+  }
+  for (Py_ssize_t j = 0; j < self->n_aliases; ++j)
+    if (tensors[self->aliases[2 * j]] != tensors[self->aliases[2 * j + 1]]) return 0;
+  unsigned long long *table = self->table, k = 0;
+  for (Py_ssize_t j = 0; j < self->n_moved; ++j) {
+    Moved *m = &self->moved[j];
+    PyObject *t = tensors[m->i];
+    if (t == m->buffer) continue;
+    if (address(self->ptr, t, &p) < 0) return -1;
+    if (p == m->p) continue; /* the buffer itself, as another tensor object */
+    int neg = truthy_call(self->negated, &t, 1);
+    if (neg != 0) return neg < 0 ? -1 : 0;
+    if (p != m->seen) { /* an address this input did not come from last time: where is it? */
+      if (p == 0) return 0;
+      PyObject *addr = PyLong_FromUnsignedLongLong(p);
+      if (addr == NULL) return -1;
+      int owned = PySet_Contains(self->adopted_ptrs, addr);
+      if (owned == 0) owned = truthy_call(self->inside_owned, &addr, 1);
+      Py_DECREF(addr);
+      if (owned != 0) return owned < 0 ? -1 : 0;
+      m->seen = p;
+    }
+    table[self->in_dst + k] = m->p;
+    table[self->in_src + k] = p;
+    table[self->in_bytes + k] = m->nbytes;
+    ++k;
+  }
+  Py_ssize_t n_out = 0;
+  if (self->copy && self->n_fresh) {
+    for (Py_ssize_t j = 0; j < self->n_fresh; ++j) {
+      if (address(self->ptr, self->fresh[j].t, &p) < 0) return -1;
+      if (p != self->fresh[j].p) return 0; /* a module buffer returned as it is, rebound since */
+    }
+    PyObject *list = PyList_New(self->n_fresh);
+    if (list == NULL) return -1;
+    for (Py_ssize_t j = 0; j < self->n_fresh; ++j) {
+      PyObject *o = PyObject_Vectorcall(self->empty, &self->fresh[j].t, 1, NULL);
+      if (o == NULL || address(self->ptr, o, &p) < 0) {
+        Py_XDECREF(o);
+        Py_DECREF(list);
+        return -1;
+      }
+      PyList_SET_ITEM(list, j, o);
+      table[self->out_dst + j] = p;
+    }
+    *outs = list;
+    n_out = self->n_fresh;
+  }
+  int rc;
+  if (self->fn != NULL) {
+    PyObject *s = PyObject_Vectorcall(self->stream_fn, &self->stream_arg, 1, NULL);
+    void *stream = s ? PyLong_AsVoidPtr(s) : NULL;
+    Py_XDECREF(s);
+    if (PyErr_Occurred()) goto failed;
+    table[4] = k;
+    table[5] = (unsigned long long)n_out;
+    table[6] = 1;
+    feed_launch_t fn = self->fn;
+    Py_BEGIN_ALLOW_THREADS rc = fn(table, stream);
+    Py_END_ALLOW_THREADS
+  } else {
+    PyObject *a[2] = {PyLong_FromUnsignedLongLong(k), PyLong_FromSsize_t(n_out)};
+    PyObject *r = (a[0] && a[1]) ? PyObject_Vectorcall(self->launch_py, a, 2, NULL) : NULL;
+    Py_XDECREF(a[0]);
+    Py_XDECREF(a[1]);
+    if (r == NULL) goto failed;
+    rc = (int)PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (rc == -1 && PyErr_Occurred()) goto failed;
+  }
+  if (rc != 0) { /* the Python path launches again and says why (a broken feed, a pending error) */
+    Py_CLEAR(*outs);
+    return 0;
+  }
+  *k_out = k;
+  return 1;
+failed:
+  Py_CLEAR(*outs);
+  return -1;
+}
+
+static PyObject *tensor_tuple(PyObject **tensors, Py_ssize_t n) {
+  PyObject *t = PyTuple_New(n);
+  if (t == NULL) return NULL;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    Py_INCREF(tensors[i]);
+    PyTuple_SET_ITEM(t, i, tensors[i]);
+  }
+  return t;
+}
+
+/* The call's result, as Handoff.replay gives it (new reference), or NULL with an error. */
+static PyObject *outputs(Plan *self, PyObject **tensors, Py_ssize_t n, PyObject *outs, PyObject *args,
+                         PyObject *kwargs) {
+  if (self->copy && self->rebuild == Py_None) {
+    PyObject *r = self->single_source >= 0 ? tensors[self->single_source] : PyList_GET_ITEM(outs, 0);
+    Py_INCREF(r);
+    return r;
+  }
+  PyObject *tt = tensor_tuple(tensors, n);
+  PyObject *kw = kwargs == Py_None ? PyDict_New() : (Py_INCREF(kwargs), kwargs);
+  PyObject *call = (tt && kw) ? PyTuple_Pack(2, args, kw) : NULL;
+  Py_XDECREF(kw);
+  PyObject *r = NULL;
+  if (call != NULL) {
+    if (self->copy) {
+      PyObject *a[3] = {outs, tt, call};
+      r = PyObject_Vectorcall(self->rebuild, a, 3, NULL);
+    } else {
+      PyObject *none = PyTuple_New(0);
+      if (none != NULL) {
+        PyObject *a[4] = {none, Py_False, tt, call};
+        r = PyObject_Vectorcall(self->result, a, 4, NULL);
+        Py_DECREF(none);
+      }
+    }
+  }
+  Py_XDECREF(call);
+  Py_XDECREF(tt);
+  return r;
+}
+
+static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
+  if (argc != 3) {
+    PyErr_SetString(PyExc_TypeError, "run(instance, args, kwargs)");
+    return NULL;
+  }
+  if (self->refs == NULL) { /* cleared by the collector: unreachable, so never called */
+    PyErr_SetString(PyExc_RuntimeError, "a graphjit lane plan used after it was cleared");
+    return NULL;
+  }
+  PyObject *instance = argv[0], *args = argv[1], *kwargs = argv[2];
+  PyObject *tensors[LANE_MAX];
+  Py_ssize_t n = 0;
+  PyObject *targets = NULL, *outs = NULL, *result = NULL;
+  int ok = signed_as_planned(self, instance, args, kwargs, tensors, &n);
+  if (ok > 0 && self->advances != Py_None) { /* where this call holds the scalars its replay sets (advances.py) */
+    if (!PyDict_Check(kwargs)) {
+      ok = 0;
+    } else {
+      PyObject *a[3] = {self->advances, args, kwargs};
+      targets = PyObject_VectorcallMethod(s_targets, a, 3, NULL);
+      ok = targets == NULL ? -1 : (targets == Py_None ? 0 : 1);
+    }
+  }
+  if (ok <= 0) goto miss;
+  PyObject *got = PyObject_CallNoArgs(self->acquire);
+  if (got == NULL) goto miss;
+  Py_DECREF(got);
+  unsigned long long k = 0;
+  ok = hand_off(self, tensors, &outs, &k);
+  if (ok > 0) { /* launched: the call is served from here on; an error now is the call's, as on the Python path */
+    self->hits += 1;
+    self->copies += k;
+    result = outputs(self, tensors, n, outs, args, kwargs);
+  }
+  Py_XDECREF(outs);
+  {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb); /* the error of the handoff or of the result, kept across the release */
+    PyObject *r = PyObject_CallNoArgs(self->release);
+    if (r == NULL) {
+      Py_XDECREF(et);
+      Py_XDECREF(ev);
+      Py_XDECREF(tb);
+      Py_XDECREF(result);
+      Py_XDECREF(targets);
+      return NULL; /* the lock could not be released: nothing sensible is left to do */
+    }
+    Py_DECREF(r);
+    PyErr_Restore(et, ev, tb);
+  }
+  if (ok <= 0) goto miss;
+  if (result != NULL && PyObject_SetAttr(self->state, s_last_key, self->key) < 0) Py_CLEAR(result);
+  if (result != NULL && targets != NULL) { /* the Python scalars the call would have advanced */
+    PyObject *a[2] = {self->advances, targets};
+    PyObject *r = PyObject_VectorcallMethod(s_apply, a, 2, NULL);
+    if (r == NULL) Py_CLEAR(result);
+    Py_XDECREF(r);
+  }
+  Py_XDECREF(targets);
+  return result;
+miss:
+  PyErr_Clear(); /* before the launch: the Python path meets the same error and handles it */
+  Py_XDECREF(targets);
+  Py_INCREF(self->miss);
+  return self->miss;
+}
+
+static PyObject *plan_take(Plan *self, PyObject *Py_UNUSED(ignored)) {
+  PyObject *r = Py_BuildValue("(KK)", self->hits, self->copies);
+  if (r != NULL) self->hits = self->copies = 0;
+  return r;
+}
+
+/* ---- the type ---------------------------------------------------------------------------------------------- */
+
+static int plan_traverse(Plan *self, visitproc visit, void *arg) {
+  Py_VISIT(self->refs);
+  return 0;
+}
+
+static int plan_clear(Plan *self) {
+  /* every borrowed pointer points into refs: nothing may be used after this */
+  Py_CLEAR(self->refs);
+  plan_free_arrays(self);
+  self->n_adopted = self->n_aliases = self->n_moved = self->n_fresh = 0;
+  return 0;
+}
+
+static void plan_dealloc(Plan *self) {
+  PyObject_GC_UnTrack(self);
+  plan_clear(self);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef plan_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))plan_run, METH_FASTCALL,
+     "run(instance, args, kwargs): the call's result where the plan serves it, else MISS (nothing changed)."},
+    {"take", (PyCFunction)plan_take, METH_NOARGS,
+     "take(): (served calls, input copies) not yet counted in graphjit's stats; both zero afterwards."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef plan_members[] = {
+    {"hits", T_ULONGLONG, offsetof(Plan, hits), READONLY, "served calls not yet taken"},
+    {"key", T_OBJECT, offsetof(Plan, key), READONLY, "the key the plan serves"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "graphjit._lane.Plan",
+    .tp_basicsize = sizeof(Plan),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "One key's replay lane: Plan(dict); see graphjit/lane.py.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)plan_init,
+    .tp_dealloc = (destructor)plan_dealloc,
+    .tp_traverse = (traverseproc)plan_traverse,
+    .tp_clear = (inquiry)plan_clear,
+    .tp_methods = plan_methods,
+    .tp_members = plan_members,
+};
+
+/* ---- the front: a graphed function's wrapper (wrapt calls it with (wrapped, instance, args, kwargs)) ---------- */
+
+/* The wrapper of a function decorated while the lane was loaded: the plan its state holds now (state.lane) serves
+ * the call where it can, else the state's Python path (state.decide) decides it, with no Python frame in between. */
+typedef struct {
+  PyObject_HEAD
+  PyObject *state, *decide, *unbound; /* unbound: the instance wrapt hands an unbound call (the decide's None) */
+  vectorcallfunc vectorcall;
+} Front;
+
+static PyObject *s_lane;
+
+static PyObject *front_vectorcall(Front *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  if (PyVectorcall_NARGS(nargsf) != 4 || kwnames != NULL) {
+    PyErr_SetString(PyExc_TypeError, "a graphed function's wrapper takes (wrapped, instance, args, kwargs)");
+    return NULL;
+  }
+  PyObject *call[4] = {args[0], args[1] == self->unbound ? Py_None : args[1], args[2], args[3]};
+  PyObject *plan = PyObject_GetAttr(self->state, s_lane);
+  if (plan == NULL) return NULL;
+  if (Py_IS_TYPE(plan, &PlanType)) {
+    PyObject *r = plan_run((Plan *)plan, call + 1, 3);
+    PyObject *miss = ((Plan *)plan)->miss;
+    Py_DECREF(plan);
+    if (r != miss) return r; /* served (or the served call's error) */
+    Py_DECREF(r);
+  } else {
+    Py_DECREF(plan);
+  }
+  return PyObject_Vectorcall(self->decide, call, 4, NULL);
+}
+
+static int front_init(Front *self, PyObject *args, PyObject *kw) {
+  PyObject *state, *decide, *unbound;
+  if (!PyArg_ParseTuple(args, "OOO", &state, &decide, &unbound)) return -1;
+  Py_INCREF(state);
+  Py_INCREF(decide);
+  Py_INCREF(unbound);
+  Py_XSETREF(self->state, state);
+  Py_XSETREF(self->decide, decide);
+  Py_XSETREF(self->unbound, unbound);
+  self->vectorcall = (vectorcallfunc)front_vectorcall;
+  return 0;
+}
+
+static PyObject *front_call(Front *self, PyObject *args, PyObject *kw) {
+  return PyVectorcall_Call((PyObject *)self, args, kw);
+}
+
+static int front_traverse(Front *self, visitproc visit, void *arg) {
+  Py_VISIT(self->state);
+  Py_VISIT(self->decide);
+  Py_VISIT(self->unbound);
+  return 0;
+}
+
+static int front_clear(Front *self) {
+  Py_CLEAR(self->state);
+  Py_CLEAR(self->decide);
+  Py_CLEAR(self->unbound);
+  return 0;
+}
+
+static void front_dealloc(Front *self) {
+  PyObject_GC_UnTrack(self);
+  front_clear(self);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject FrontType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "graphjit._lane.Front",
+    .tp_basicsize = sizeof(Front),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A graphed function's wrapper: Front(state, decide, unbound); see graphjit/lane.py.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)front_init,
+    .tp_call = (ternaryfunc)front_call,
+    .tp_vectorcall_offset = offsetof(Front, vectorcall),
+    .tp_dealloc = (destructor)front_dealloc,
+    .tp_traverse = (traverseproc)front_traverse,
+    .tp_clear = (inquiry)front_clear,
+};
+
+static struct PyModuleDef lane_module = {
+    PyModuleDef_HEAD_INIT, "_lane", "graphjit's replay lane (see graphjit/lane.py).", -1, NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__lane(void) {
+  if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&FrontType) < 0) return NULL;
+  PyObject *m = PyModule_Create(&lane_module);
+  if (m == NULL) return NULL;
+#define INTERN(var, text) \
+  if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+  INTERN(s_settings, "_settings");
+  INTERN(s_phase, "phase");
+  INTERN(s_training, "training");
+  INTERN(s_check, "check");
+  INTERN(s_recheck, "recheck");
+  INTERN(s_feeds, "feeds");
+  INTERN(s_advances, "advances");
+  INTERN(s_handoff, "handoff");
+  INTERN(s_broken, "broken");
+  INTERN(s_last_key, "last_key");
+  INTERN(s_targets, "targets");
+  INTERN(s_apply, "apply");
+  INTERN(s_lane, "lane");
+#undef INTERN
+  Py_INCREF(&PlanType);
+  if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) return NULL;
+  Py_INCREF(&FrontType);
+  if (PyModule_AddObject(m, "Front", (PyObject *)&FrontType) < 0) return NULL;
+  if (PyModule_AddIntConstant(m, "ABI", LANE_ABI) < 0) return NULL;
+  if (PyModule_AddIntConstant(m, "MAX_TENSORS", LANE_MAX) < 0) return NULL;
+  return m;
+}

@@ -1,0 +1,358 @@
+"""The replay lane: a plain call of a key that replays through its graph's feed nodes, served in C.
+
+On the replay path a call is signed (``keys.Signer.sign_plain``), its key's entry looked up, its guards checked and
+its tensors handed to the graph (``handoff.Handoff.replay``): Python, about 3.3 us a call on a development CPU with
+nothing to copy, three times that on an H200's host.  Once a key has replayed that way twice in a row, its plan for
+the next calls is made here, once per key (:func:`plan`): the call's layout (the positions of its tensors, its plain
+scalars, its owner's training flag), the framework's modes as C probes with the values they must give
+(:meth:`Backend.lane_parts`), a metadata check of its tensors that includes their strides, the key's handoff (which
+inputs are adopted, which copied in, where each buffer is, which outputs come out fresh) and the graph's launch.  The
+compiled plan (``csrc/lane.c``, ``Plan.run``) serves a later call in one C function: checked as the Python path
+would check it, launched as :meth:`Handoff.replay` would launch it, its result built as that gives it.
+
+Guarantees: a call the lane serves acts as the Python path's replay of it: the same checks (each of them at least as
+strict: strides are fixed, a torch function mode or an autocast block sends the call back), the same table written,
+the same launch, the same result and the same counts (kept in the plan until :func:`flush` moves them into the stats,
+which every read of them does first).  Anything else is a miss: ``Plan.run`` returns :data:`MISS` having changed
+nothing, and the Python path decides the call.  The lane never serves a call with keyword arguments, ``dynamic=``
+arguments, buckets, a step context (training), a recheck to make, inputs the graph writes back, settings read again
+since the plan (``env.refresh``), ``GRAPHJIT_DEBUG`` or ``GRAPHJIT_CHECK_OUTPUTS``, nor a call inside another graphed
+call.
+
+Refuses nothing: where the C compiler or Python's headers are missing, the build fails, or ``GRAPHJIT_LANE=off``,
+every call takes the Python path (:func:`status` says why).  ``auto`` builds the lane once, in a background thread,
+where a key first replays twice in a row and it is not built yet; ``python -m graphjit build`` builds it ahead of
+time.  A function decorated while the lane is loaded enters it from C (its wrapper is the lane's ``Front``); one
+decorated before enters it from ``api._State.call``, one Python frame more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from . import env, scope
+from .errors import GraphjitError
+from .keys import TENSOR_MARK
+
+if TYPE_CHECKING:
+    from .buffers import KeyEntry
+    from .keys import CallSignature, Signer
+
+__all__ = ["MISS", "LaneHolder", "build", "flush", "front", "module", "plan", "prepare", "status"]
+
+log = logging.getLogger("graphjit")
+
+SOURCE = "lane.c"
+ABI = 1
+FLAGS = ("-O2", "-shared", "-fPIC", "-fvisibility=hidden")
+
+MISS: Any = object()
+"""What ``Plan.run`` returns where the Python path must serve the call (nothing was changed)."""
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_building = False
+_failed: str | None = None  # why there is no lane in this process (said once in the log)
+
+
+class LaneBuildError(GraphjitError, RuntimeError):
+    """The replay lane could not be built or loaded (no C compiler, no Python headers, a compile error)."""
+
+
+# -- building and loading ----------------------------------------------------------------------
+def source() -> Path:
+    """``csrc/lane.c`` of this checkout or installation."""
+    from .collectives import csrc_build  # on first use: graphjit.collectives is imported lazily
+
+    folder = csrc_build.csrc_dir()
+    path = folder / SOURCE if folder is not None else None
+    if path is None or not path.is_file():
+        raise LaneBuildError(f"the replay lane's source ({SOURCE}) is missing from this graphjit installation")
+    return path
+
+
+def compiler() -> list[str]:
+    """The C compiler Python was built with (``sysconfig``'s ``CC``), else ``cc``."""
+    cc = sysconfig.get_config_var("CC") or "cc"
+    return shlex.split(str(cc))
+
+
+_paths: dict[Path, Path] = {}
+
+
+def library_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """Where the lane built from the current source for this Python is (or will be) cached: keyed by the source's
+    bytes, the lane's ABI, the flags and the interpreter (``EXT_SUFFIX`` and its version)."""
+    from .collectives import csrc_build
+
+    folder = csrc_build.cache_dir(cache)
+    known = _paths.get(folder)
+    if known is not None:  # the source does not change under a running process
+        return known
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    h = hashlib.sha256()
+    h.update(f"graphjit-lane abi={ABI} python={sys.version} flags={' '.join(FLAGS)} suffix={suffix}\n".encode())
+    h.update(source().read_bytes())
+    path = _paths[folder] = folder / f"graphjit_lane-{h.hexdigest()[:16]}{suffix}"
+    return path
+
+
+def build(force: bool = False, cache: str | os.PathLike[str] | None = None) -> Path:
+    """Compile ``csrc/lane.c`` into the cache (under a file lock; the result renamed into place) and return its
+    path; an up-to-date library is kept unless ``force``.  Raises :class:`LaneBuildError` saying why it cannot."""
+    from .collectives import csrc_build
+
+    path = library_path(cache)
+    include = sysconfig.get_paths().get("include") or ""
+    if not (Path(include) / "Python.h").is_file():
+        raise LaneBuildError(f"Python's C headers are not installed (no Python.h in {include or '?'}): install the "
+                             "Python development package to build the replay lane")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with csrc_build.FileLock(str(path) + ".lock"):
+        if path.is_file() and not force:
+            return path
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        cmd = [*compiler(), *FLAGS, f"-I{include}", str(source()), "-o", str(tmp)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise LaneBuildError(f"the C compiler could not run ({shlex.join(cmd)}): {exc}") from exc
+        if done.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise LaneBuildError(f"building the replay lane failed ({shlex.join(cmd)}):\n{done.stderr[-4000:]}")
+        os.replace(tmp, path)
+    return path
+
+
+def _load(path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader("graphjit._lane", str(path))
+    spec = importlib.util.spec_from_file_location("graphjit._lane", str(path), loader=loader)
+    if spec is None:
+        raise LaneBuildError(f"{path}: not loadable")
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    if getattr(mod, "ABI", None) != ABI:
+        raise LaneBuildError(f"{path}: lane ABI {getattr(mod, 'ABI', None)}, graphjit expects {ABI}")
+    return mod
+
+
+def module() -> ModuleType | None:
+    """The loaded lane, or None (not built yet, being built, switched off or failed): a replay's read, loads
+    nothing."""
+    return _module
+
+
+def loaded_if_built() -> ModuleType | None:
+    """The lane, loaded here where it is built already (never building it); None where it is not, or is off."""
+    global _module
+    if env.settings().lane == "off":
+        return None
+    if _module is not None or _failed is not None or _building:
+        return _module
+    try:
+        if not library_path().is_file():
+            return None
+    except Exception:
+        return None
+    return prepare()
+
+
+def front(state: Any, unbound: Any) -> Any:
+    """The wrapper a graphed function's calls enter by (``state``: its ``api._State``; ``unbound``: the instance
+    wrapt hands an unbound call, which the state takes as None): where the lane is loaded, its C ``Front``, which
+    runs the plan ``state.lane`` and, where that misses, ``state.decide`` with no Python frame in between; else
+    ``state.call``, which does the same in Python (a lane loaded later serves it too)."""
+    mod = loaded_if_built()
+    return mod.Front(state, state.decide, unbound) if mod is not None else state.call
+
+
+def prepare() -> ModuleType | None:
+    """Where a key has replayed twice in a row: the lane loaded where it is built; else, with ``GRAPHJIT_LANE=auto``,
+    its build started in a background thread (a later call loads it), with ``on`` built here.  None where there is
+    none yet."""
+    global _module, _building
+    mode = env.settings().lane
+    if mode == "off":
+        return None
+    if _module is not None:
+        return _module
+    with _lock:
+        if _failed is not None or _building:
+            return None
+        try:
+            built = library_path().is_file()
+        except Exception as exc:  # the source is missing
+            _fail(str(exc))
+            return None
+        if not built:
+            _building = True
+            if mode == "auto":
+                threading.Thread(target=_build, name="graphjit-lane-build", daemon=True).start()
+                return None
+    if not built:
+        _build()
+    with _lock:
+        if _failed is not None or _module is not None:
+            return _module
+        try:
+            _module = _load(library_path())
+        except Exception as exc:
+            _fail(str(exc))
+            return None
+    log.debug("graphjit: the replay lane is %s", getattr(_module, "__file__", "?"))
+    return _module
+
+
+def _build() -> None:
+    global _building
+    log.info("graphjit: building the replay lane (the C compiler, about a second; calls take the Python path until it "
+             "is ready; `python -m graphjit build` builds it ahead of time)")
+    try:
+        build()
+    except Exception as exc:
+        with _lock:
+            _fail(str(exc))
+    finally:
+        with _lock:
+            _building = False
+
+
+def _fail(why: str) -> None:
+    global _failed
+    if _failed is None:
+        _failed = why
+        log.info("graphjit: no replay lane (every call takes the Python path): %s", why.splitlines()[0])
+
+
+def status() -> dict[str, Any]:
+    """What the lane is in this process: ``loaded`` (its path), ``building``, ``failed`` (why), the setting."""
+    return {"setting": env.settings().lane, "loaded": getattr(_module, "__file__", None), "building": _building,
+            "failed": _failed}
+
+
+# -- plans -------------------------------------------------------------------------------------
+def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
+    """The compiled plan of ``entry``'s key for calls like the one just signed as ``sig`` (``state``: the function's
+    ``api._State``); None where there is none now (the lane not loaded, the call not signed by the plain path),
+    False where the key never has one (see the module docstring)."""
+    mod = module()
+    if mod is None:
+        return None
+    handoff = entry.handoff
+    settings = env.settings()
+    if (handoff is None or handoff.store_back is not None or handoff.broken or entry.recheck is not None
+            or entry.feeds is not None or state.dynamic is not None or settings.debug or settings.check_outputs
+            or len(sig.tensors) > mod.MAX_TENSORS):
+        return False
+    if not entry.stats.fed_replays:
+        return None  # the first replay through the feed nodes decides who launches (Handoff.launcher)
+    signer: Signer = state.signer
+    last = signer._plain
+    if last is None or last[2] is not sig.key or last[6] is None:
+        return None  # this call was not signed by the plain path: a later one may be
+    backend, types, _key, _labels, method, _probe, layout, _check = last
+    n = layout[0]
+    kinds = tuple(None if p is TENSOR_MARK else p for p in layout[1:1 + n])
+    rest = layout[1 + n:]
+    owner_part = rest[0] if rest and rest[0][0] == "self" else None
+    modes = rest[-1][1]
+    parts = backend.lane_parts(modes, sig.tensors)
+    feed = handoff.feed
+    launch = getattr(feed, "lane_launch", None)
+    launch = launch() if launch is not None else None
+    if parts is None:
+        return False
+    owner = None if method else signer.owner  # a bound call's owner is its instance, checked by id
+    if method:
+        if owner_part is None:
+            return None
+    elif (owner is None) != (owner_part is None) or (owner_part is not None and id(owner) != owner_part[1]):
+        return None
+    outputs = handoff.outputs
+    lock = state.lock
+    return mod.Plan({
+        "miss": MISS,
+        "env_dict": vars(env), "settings": settings, "tls": scope.thread_state(),
+        "prebound": int(state.prebound), "method": int(method),
+        "kinds": kinds, "types": tuple(types),
+        "owner": owner, "owner_id": owner_part[1] if method and owner_part else 0,
+        "training": owner_part[2] if owner_part else None,
+        "probes": parts.probes, "expected": parts.expected, "check": parts.check,
+        "state": state, "key": sig.key, "entries": state.entries, "entry": entry,
+        "entry_check": entry.check, "recheck": entry.recheck, "feeds": entry.feeds, "advances": entry.advances,
+        "handoff": handoff, "acquire": lock.acquire, "release": lock.release,
+        "ptr": parts.data_ptr, "negated": handoff.negated, "adopted_ptrs": set(handoff.adopted_ptrs),
+        "inside_owned": handoff.inside_owned, "empty": handoff.empty,
+        "adopted": tuple((i, p) for i, p, _s in handoff.adopted),
+        "aliases": tuple((i, o) for i, o in handoff.aliases),
+        "moved": tuple((i, static, sp, nbytes) for i, static, sp, _ss, nbytes, _wide in handoff.moved),
+        "fresh": tuple(handoff.fresh),
+        "table": handoff.table.buffer_info()[0],
+        "in_dst": handoff.in_dst, "in_src": handoff.in_src, "in_bytes": handoff.in_bytes, "out_dst": handoff.out_dst,
+        "copy": int(state.copy_outputs),
+        "single_source": -1 if handoff.single_source is None else handoff.single_source,
+        "rebuild": handoff.rebuild, "result": outputs.result,
+        "fn": launch[0] if launch else 0, "stream_fn": launch[1] if launch else None,
+        "stream_arg": launch[2] if launch else None, "launch_py": None if launch else feed.launch,
+    })
+
+
+def flush(plan: Any, entry: KeyEntry, fstats: Any) -> None:
+    """Move the calls ``plan`` served since the last flush into the stats (``fstats``: the function's, and
+    ``entry``'s key's) as the Python path counts them."""
+    hits, copies = plan.take()
+    if not hits:
+        return
+    fstats.calls += hits
+    st = entry.stats
+    st.replays += hits
+    st.fed_replays += hits
+    st.input_copies += copies
+    entry.inputs.copies += copies
+
+
+class LaneHolder:
+    """The lane of one graphed function (a mixin of ``api._State``): the plan serving its calls now, which is the
+    plan of the key last replayed twice in a row by the Python path, and that key's entry."""
+
+    lane: Any = None
+    lane_entry: KeyEntry | None = None
+
+    def arm_lane(self, entry: KeyEntry, sig: CallSignature) -> None:
+        """Make ``entry``'s plan (made here once per entry) the one serving calls, where it has one."""
+        if prepare() is None:
+            return
+        plan_ = entry.lane
+        if plan_ is None:
+            plan_ = plan(self, entry, sig)
+            if plan_ is None:
+                return  # not now: a later call may make it
+            entry.lane = plan_
+        if plan_ is False:
+            return
+        with self.lock:  # type: ignore[attr-defined]
+            self.flush_lane()
+            self.lane, self.lane_entry = plan_, entry
+
+    def flush_lane(self) -> None:
+        """The calls the current plan served, counted in the stats (before anything reads them)."""
+        current, entry = self.lane, self.lane_entry
+        if current is not None and entry is not None and current.hits:
+            flush(current, entry, self.stats)  # type: ignore[attr-defined]
+
+    def drop_lane(self) -> None:
+        """No plan serves calls any more (its counts flushed first)."""
+        self.flush_lane()
+        self.lane = self.lane_entry = None

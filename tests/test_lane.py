@@ -1,0 +1,350 @@
+"""The replay lane (graphjit/lane.py, csrc/lane.c) on the CPU emulator.
+
+The lane is the compiled form of the Python path's replay of one key; the Python path is the reference.  So most
+tests here run one sequence of calls twice, with ``GRAPHJIT_LANE=off`` and with the lane on, and require the same
+outputs, the same stats and the same state afterwards, and that the lane served the calls it should (counted by the
+Python path's ``Handoff.replay`` calls it did not make).  The emulator's feed nodes copy the table's entries with
+``memmove`` (tests/graph_emulator.py), so a wrong pointer, size or count written by the lane gives wrong outputs."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import shutil
+import sysconfig
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import graph_emulator  # noqa: E402
+from only_key import only_entry  # noqa: E402
+
+import graphjit  # noqa: E402
+from graphjit import env, lane  # noqa: E402
+from graphjit.handoff import Handoff  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+TIMINGS = {"capture_ms", "pool_bytes", "replay_us", "island_us"}
+
+
+def _can_build() -> bool:
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    return shutil.which(lane.compiler()[0]) is not None and headers.is_file()
+
+
+@pytest.fixture
+def lane_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The lane built (at once) and loaded; a machine without a C compiler or Python's headers skips."""
+    if not _can_build():
+        pytest.skip("no C compiler or no Python.h here: the lane cannot be built (the Python path serves)")
+    monkeypatch.setenv("GRAPHJIT_LANE", "on")
+    env.refresh()
+    assert lane.prepare() is not None, lane.status()
+    yield
+    monkeypatch.delenv("GRAPHJIT_LANE")
+    env.refresh()
+
+
+@pytest.fixture
+def python_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many calls the Python path handed to feed nodes (``Handoff.replay``), in a one-item list."""
+    count = [0]
+    original = Handoff.replay
+
+    def counted(self: Handoff, *a: Any, **k: Any) -> Any:
+        count[0] += 1
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(Handoff, "replay", counted)
+    return count
+
+
+def _stats(g: Any) -> dict[str, Any]:
+    d = g.stats()
+    d["keys"] = [{k: v for k, v in key.items() if k not in TIMINGS} for key in d["keys"]]
+    d.pop("pool_bytes")
+    return d
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, make: Callable[[], Any],
+          calls: Callable[[Any], list[Any]]) -> tuple[list[Any], dict[str, Any], dict[str, Any], Any]:
+    """``calls(make())`` with the lane off, then on: the outputs (equal), both stats, and the graphed function of
+    the run with the lane."""
+    monkeypatch.setenv("GRAPHJIT_LANE", "off")
+    env.refresh()
+    g_off = make()
+    torch.manual_seed(0)
+    out_off = calls(g_off)
+    stats_off = _stats(g_off)
+    assert g_off._self_state.lane is None
+    monkeypatch.setenv("GRAPHJIT_LANE", "on")
+    env.refresh()
+    g_on = make()
+    torch.manual_seed(0)
+    out_on = calls(g_on)
+    stats_on = _stats(g_on)
+    assert _same(out_on, out_off)
+    return out_on, stats_off, stats_on, g_on
+
+
+def _step(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    h = a @ b + c
+    return h * scale, (h.sum(0) - a[0]).to(torch.float64)
+
+
+def _inputs(seed: int, rows: int = 5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 7, generator=g), torch.randn(7, 7, generator=g), torch.randn(rows, 7, generator=g)
+
+
+def test_fresh_inputs_are_served_by_the_lane_as_by_the_python_path(emu, lane_on, monkeypatch, python_replays):
+    def calls(g: Any) -> list[Any]:
+        outs = [g(*_inputs(seed), 0.5) for seed in range(12)]
+        return [o for out in outs for o in out]  # every output kept: none overwritten by a later call
+
+    outs, off, on, g = _both(monkeypatch, lambda: graphjit.graphed(_step), calls)
+    assert on == off
+    assert all(_same(o, w) for o, w in zip(outs, [o for s in range(12) for o in _step(*_inputs(s), 0.5)]))
+    served = on["keys"][0]["fed_replays"] - (python_replays[0] - off["keys"][0]["fed_replays"])
+    assert served >= 6  # capture at call 3, two Python replays, then the lane
+    assert g._self_state.lane is not None and g._self_state.lane_entry is only_entry(g)
+
+
+def test_static_inputs_and_alias_outputs_are_served_with_nothing_copied(emu, lane_on, monkeypatch, python_replays):
+    def calls(g: Any) -> list[Any]:
+        args = _inputs(0)
+        for _ in range(4):
+            g(*args, 2.0)
+        static, _ = g.static_inputs(*args, 2.0)
+        outs = []
+        for seed in range(6):
+            for buf, new in zip(static[:3], _inputs(seed)):
+                buf.copy_(new)
+            out = g(*static)
+            assert out[0] is only_entry(g).outputs.tensors[0]  # alias: the graph's own output
+            outs.append([t.clone() for t in out])
+        return outs
+
+    _, off, on, _g = _both(monkeypatch, lambda: graphjit.graphed(_step, outputs="alias"), calls)
+    assert on == off
+    assert on["keys"][0]["input_copies"] == off["keys"][0]["input_copies"]
+    before = python_replays[0]
+    g = graphjit.graphed(_step, outputs="alias")
+    calls(g)
+    assert python_replays[0] - before <= 4  # the rest served in C
+
+
+def test_a_call_the_plan_does_not_cover_takes_the_python_path(emu, lane_on, monkeypatch):
+    """Each way a call can differ from the planned one: another scalar, shape, dtype, layout (strides), grad mode,
+    autocast block, owner training flag, keyword call; outputs and stats as with the lane off."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(7, 7)
+
+        def forward(self, x: torch.Tensor, k: int) -> torch.Tensor:
+            y = self.lin(x) * k
+            return torch.nn.functional.dropout(y, 0.0, self.training) + 1
+
+    torch.manual_seed(0)
+    net = Net().eval()
+
+    def calls(g: Any) -> list[Any]:
+        x = torch.randn(4, 7)
+        outs = []
+        with torch.no_grad():  # inference: a key whose outputs require grad is not captured
+            for _ in range(5):
+                outs.append(g(x, 2))
+            outs.append(g(x, 3))  # another scalar: another key
+            outs.append(g(x, 2))
+            outs.append(g(torch.randn(7, 4).t(), 2))  # strides
+            with torch.enable_grad():
+                outs.append(g(x, 2))  # grad mode
+            with torch.inference_mode():
+                outs.append(g(x, 2))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                outs.append(g(x, 2))
+            outs.append(g(x=x, k=2))  # keywords
+            net.train()
+            outs.append(g(x, 2))  # training flag
+            net.eval()
+            for _ in range(3):
+                outs.append(g(x, 2))
+            outs.append(g(torch.randn(5, 7), 2))  # shape
+            for _ in range(3):
+                outs.append(g(x, 2))
+        return [o.detach().clone() for o in outs]
+
+    def make() -> Any:
+        return graphjit.graphed(net.forward)
+
+    _, off, on, _g = _both(monkeypatch, make, calls)
+    assert on == off
+
+
+def test_settings_read_again_a_nested_call_and_a_changed_guard_take_the_python_path(emu, lane_on, monkeypatch):
+    box = {"scale": 2.0}
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * box["scale"] + 1
+
+    def calls(g: Any) -> list[Any]:
+        x = torch.randn(3, 4)
+        outs = [g(x) for _ in range(5)]
+        box["scale"] = 3.0  # a value the graph froze: the guards see it
+        outs += [g(x) for _ in range(5)]
+        monkeypatch.setenv("GRAPHJIT_DISABLE", "1")
+        env.refresh()
+        outs.append(g(x))
+        monkeypatch.delenv("GRAPHJIT_DISABLE")
+        env.refresh()
+        outs += [g(x) for _ in range(3)]
+        box["scale"] = 2.0
+        return outs
+
+    _, off, on, g = _both(monkeypatch, lambda: graphjit.graphed(f), calls)
+    assert on == off and on["disabled_calls"] == 1
+    x = torch.randn(3, 4)
+    assert torch.equal(g(x), x * 2.0 + 1)
+
+
+def test_reset_drops_the_plan_and_counts_survive_every_read(emu, lane_on, python_replays):
+    g = graphjit.graphed(_step)
+    args = _inputs(0)
+    for _ in range(8):
+        g(*args, 0.5)
+    state = g._self_state
+    assert state.lane is not None and state.lane.hits > 0
+    d = g.stats()  # moves the lane's counts in first
+    assert state.lane.hits == 0 and d["calls"] == 8 and d["replays"] == 8 - d["keys"][0]["warmups"]
+    assert "8 calls" in g.report()
+    g.reset()
+    assert state.lane is None
+    out = g(*args, 0.5)
+    assert _same(out, _step(*args, 0.5)) and g.stats()["keys"][0]["state"] == "warmup"
+
+
+def test_an_adopted_input_that_moved_is_captured_again(emu, lane_on, monkeypatch):
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * 2 + y
+
+    def calls(g: Any) -> list[Any]:
+        x, y = torch.randn(3, 4), torch.randn(3, 4)
+        for _ in range(3):
+            g(x, y)
+        sx, sy = g.static_inputs(x, y)[0]
+        outs = [g(sx, sy) for _ in range(4)]
+        outs += [g(torch.randn(3, 4), sy) for _ in range(3)]
+        return outs
+
+    _, off, on, _g = _both(monkeypatch, lambda: graphjit.graphed(f), calls)
+    assert on == off
+
+
+def test_threads_calling_one_function_get_their_own_results(emu, lane_on):
+    g = graphjit.graphed(_step)
+    warm = _inputs(0)
+    for _ in range(6):
+        g(*warm, 0.5)
+    assert g._self_state.lane is not None
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        for i in range(40):
+            args = _inputs(seed * 100 + i)
+            if not _same(g(*args, 0.5), _step(*args, 0.5)):
+                errors.append(f"thread {seed} call {i}")
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert g.stats()["calls"] == 6 + 160
+
+
+def test_a_launch_through_a_c_function_pointer(emu, lane_on, monkeypatch, python_replays):
+    """The lane's own launch (how it calls the csrc library's gj_feed_launch on a GPU): the emulator's launch
+    behind a C function pointer, the table's counts and launch flag read from the table as the library reads them."""
+    seen: list[tuple[int, int, int]] = []
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+    def lane_launch(self: Any) -> tuple[int, Callable[[int], int], int]:
+        def launch(table: int, stream: int) -> int:
+            words = (ctypes.c_uint64 * 8).from_address(table)
+            seen.append((words[4], words[5], words[6]))
+            return self.launch(words[4], words[5]) if words[6] else 1
+        self.c_launch = proto(launch)  # kept alive with the feed
+        return ctypes.cast(self.c_launch, ctypes.c_void_p).value, lambda index: 0, 0
+
+    monkeypatch.setattr(graph_emulator.EmulatedFeed, "lane_launch", lane_launch, raising=False)
+    g = graphjit.graphed(_step)
+    for seed in range(10):
+        args = _inputs(seed)
+        assert _same(g(*args, 0.5), _step(*args, 0.5))
+    assert len(seen) >= 4 and all(s == (3, 2, 1) for s in seen)
+    key = g.stats()["keys"][0]
+    assert key["fed_replays"] == key["replays"] - 1 == 7  # every replay but the capturing call's
+
+
+def test_a_failed_launch_is_left_to_the_python_path(emu, lane_on, monkeypatch):
+    g = graphjit.graphed(_step)
+    args = _inputs(0)
+    for _ in range(6):
+        g(*args, 0.5)
+    feed = only_entry(g).graph.feed
+    monkeypatch.setattr(feed, "launch", lambda n_in, n_out: 3, raising=False)  # the library refuses every launch
+    g._self_state.drop_lane()
+    only_entry(g).lane = None
+    for _ in range(4):
+        assert _same(g(*args, 0.5), _step(*args, 0.5))  # the copy path serves: the Python path marked it broken
+    assert only_entry(g).handoff is None  # and the key's replays copy by the framework from now on
+
+
+def test_a_plan_does_not_keep_its_function_alive(emu, lane_on):
+    g = graphjit.graphed(_step)
+    args = _inputs(0)
+    for _ in range(6):
+        g(*args, 0.5)
+    assert g._self_state.lane is not None
+    state = weakref.ref(g._self_state)
+    del g
+    gc.collect()
+    assert state() is None
+
+
+def test_no_compiler_means_the_python_path(emu, monkeypatch, tmp_path):
+    monkeypatch.setattr(lane, "_module", None)
+    monkeypatch.setattr(lane, "_failed", None)
+    monkeypatch.setattr(lane, "compiler", lambda: ["/nonexistent/cc"])
+    monkeypatch.setenv("GRAPHJIT_LANE", "on")
+    monkeypatch.setenv("GRAPHJIT_CACHE_DIR", str(tmp_path))
+    env.refresh()
+    try:
+        g = graphjit.graphed(_step)
+        for seed in range(6):
+            args = _inputs(seed)
+            assert _same(g(*args, 0.5), _step(*args, 0.5))
+        assert g._self_state.lane is None
+        assert "could not run" in (lane.status()["failed"] or "")
+    finally:
+        monkeypatch.delenv("GRAPHJIT_LANE")
+        monkeypatch.delenv("GRAPHJIT_CACHE_DIR")
+        env.refresh()

@@ -1,0 +1,83 @@
+"""The host cost of a replayed ``@graphed`` call on the CPU, graphjit's own part only: the graph emulator
+(tests/graph_emulator.py) with its launch stubbed (a replay does no tensor work), so what is timed is the wrapper,
+the signing, the checks, the hand-off's table and the result, with the replay lane (graphjit/lane.py) on and off.
+
+Diagnostic only (a GPU host runs this Python about three times slower; ``bench decode``'s host-cost part is the
+claim).  Usage (repo root, torch installed): ``python tools/probes/host_cost_emulated.py [--out FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import graph_emulator  # noqa: E402
+import torch  # noqa: E402
+
+import graphjit  # noqa: E402
+from graphjit import env, lane  # noqa: E402
+
+
+def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
+    return a + b + c + d
+
+
+def per_call_us(fn: Callable[[], Any], iters: int = 20000, repeats: int = 9) -> float:
+    samples = []
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter_ns()
+            for _ in range(iters):
+                fn()
+            samples.append((time.perf_counter_ns() - t0) / iters / 1000)
+    finally:
+        gc.enable()
+    return round(statistics.median(samples), 3)
+
+
+def measure(inputs: list[Any]) -> dict[str, float]:
+    default = graphjit.graphed(tiny)
+    alias = graphjit.graphed(tiny, outputs="alias")
+    for _ in range(default.graphjit_options.warmup + 3):
+        default(*inputs)
+        alias(*inputs)
+    static, _ = alias.static_inputs(*inputs)
+    for _ in range(3):
+        alias(*static)
+    return {"default": per_call_us(lambda: default(*inputs)), "static_alias": per_call_us(lambda: alias(*static))}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    graph_emulator.EmulatedGraph.replay = lambda self: None  # the launch stubbed: graphjit's part only
+    graph_emulator.EmulatedFeed.launch = lambda self, n_in, n_out: 0
+    inputs = [torch.randn(8, 256) for _ in range(4)]
+    result: dict[str, Any] = {"eager_us": per_call_us(lambda: tiny(*inputs)), "inputs": "4 x float32[8, 256]"}
+    with graph_emulator.emulated_torch():
+        for mode in ("off", "on"):
+            os.environ["GRAPHJIT_LANE"] = mode
+            env.refresh()
+            lane.prepare()
+            result[f"lane_{mode}_us"] = measure(inputs)
+    result["lane"] = lane.status()
+    print(json.dumps(result, indent=2))
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
