@@ -329,10 +329,11 @@ class LaneHolder:
 
     lane: Any = None
     lane_entry: KeyEntry | None = None
+    lane_allowed = True  # False: every call takes the Python path (benchmarks compare the two)
 
     def arm_lane(self, entry: KeyEntry, sig: CallSignature) -> None:
         """Make ``entry``'s plan (made here once per entry) the one serving calls, where it has one."""
-        if prepare() is None:
+        if not self.lane_allowed or prepare() is None:
             return
         plan_ = entry.lane
         if plan_ is None:

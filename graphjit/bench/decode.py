@@ -166,6 +166,9 @@ def host_ratios(host: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
             out[name] = {"value": us[label]}
             if on_gpu and name in TARGETS:
                 out[name].update(target=TARGETS[name], met=bool(us[label] <= TARGETS[name]))
+    for fast in ("graphed", "graphed_alias", "graphed_static", "graphed_static_alias"):
+        if fast in us and f"{fast}_python" in us:  # the replay lane against graphjit's Python path, same run
+            out[f"{fast}_lane_vs_python"] = _ratio(us[fast], us[f"{fast}_python"])
     if "graphed" in us:
         if "raw_replay" in us:
             out["graphed_minus_raw_replay_us"] = {"value": us["graphed"] - us["raw_replay"]}
