@@ -308,6 +308,7 @@ GJ_EXPORT int gj_copy_batch(int n, void* const* dsts, const void* const* srcs, c
 //
 // The table (uint64 words, written by the caller before each call):
 //   [0] cudaGraphExec_t  [1] in node  [2] out node  [3] device  [4] n_in  [5] n_out  [6] launch (0: set only)
+//   [7] the caller's own (graphjit: a launch was tried since the nodes were last cleared; never read here)
 //   then six arrays of kMaxEntries: in dsts, in srcs, in bytes, out dsts, out srcs, out bytes.
 //   then, kept by this library: the entries each node was last set to (a count, then dsts, srcs, bytes), so a
 //   call whose pointers are those of the call before sets nothing (setting a node costs about as much as half

@@ -33,7 +33,7 @@
 
 typedef int (*feed_launch_t)(unsigned long long *table, void *stream);
 
-static PyObject *s_settings, *s_phase, *s_training, *s_check, *s_recheck, *s_feeds, *s_advances, *s_handoff,
+static PyObject *s_lane, *s_settings, *s_phase, *s_training, *s_check, *s_recheck, *s_feeds, *s_advances, *s_handoff,
     *s_broken, *s_last_key, *s_targets, *s_apply;
 
 #if PY_VERSION_HEX >= 0x030D0000
@@ -58,8 +58,8 @@ typedef struct {
 
 typedef struct {
   PyObject_HEAD
-  PyObject *refs; /* the dict the plan was made from: keeps every borrowed object below alive */
-  PyObject *miss; /* what run() returns where the Python path must serve the call (lane.MISS) */
+  PyObject *refs; /* the dict the plan was made from: keeps every borrowed object below alive; NULL once retired */
+  PyObject *miss; /* what run() returns where the Python path must serve the call (lane.MISS): a reference of its own */
   /* the environment a served call needs */
   PyObject *env_dict, *settings, *tls;
   int prebound, method;
@@ -86,6 +86,7 @@ typedef struct {
   Py_ssize_t n_fresh;
   unsigned long long *table;
   Py_ssize_t in_dst, in_src, in_bytes, out_dst;
+  Py_ssize_t dirty; /* the table's word that says the nodes may hold a call's pointers (set before each launch); -1 */
   int copy;
   Py_ssize_t single_source; /* the one output is the call's tensor at this index; -1: a fresh one */
   PyObject *rebuild;        /* None, or the outputs' rebuild (fresh outputs, the call's tensors, the call) */
@@ -95,6 +96,7 @@ typedef struct {
   PyObject *stream_fn, *stream_arg, *launch_py;
   /* served calls not yet counted in graphjit's stats */
   unsigned long long hits, copies;
+  int ready; /* made whole (a failed __init__ leaves it 0: never run) */
 } Plan;
 
 /* ---- helpers ------------------------------------------------------------------------------------------------- */
@@ -146,6 +148,10 @@ static void plan_free_arrays(Plan *p) {
 
 static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
   PyObject *d;
+  if (kw != NULL && PyDict_GET_SIZE(kw) != 0) {
+    PyErr_SetString(PyExc_TypeError, "Plan(dict) takes no keyword arguments");
+    return -1;
+  }
   if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
   if (self->refs != NULL) {
     PyErr_SetString(PyExc_RuntimeError, "a graphjit lane plan is made once");
@@ -159,6 +165,7 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
     if (self->field == NULL) return -1;     \
   } while (0)
   GET(miss, "miss");
+  Py_INCREF(self->miss);
   GET(env_dict, "env_dict");
   GET(settings, "settings");
   GET(tls, "tls");
@@ -232,6 +239,7 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
   INT(self->in_src, "in_src");
   INT(self->in_bytes, "in_bytes");
   INT(self->out_dst, "out_dst");
+  INT(self->dirty, "dirty");
 #undef INT
   if ((o = item(d, "owner_id")) == NULL) return -1;
   self->owner_id = PyLong_AsUnsignedLongLong(o);
@@ -292,6 +300,8 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTuple(e, "OK", &self->fresh[j].t, &self->fresh[j].p)) return -1;
   }
   if (self->n_moved > LANE_MAX || self->n_fresh > LANE_MAX || self->single_source >= n_tensors) goto bad_index;
+  if (self->copy && self->rebuild == Py_None && self->single_source < 0 && self->n_fresh < 1) goto bad_index;
+  self->ready = 1;
   return 0;
 bad_index:
   PyErr_SetString(PyExc_ValueError, "graphjit lane plan: an index outside the call's tensors");
@@ -432,11 +442,12 @@ static int hand_off(Plan *self, PyObject **tensors, PyObject **outs, unsigned lo
     n_out = self->n_fresh;
   }
   int rc;
+  if (self->dirty >= 0) table[self->dirty] = 1; /* the nodes may hold this call's pointers from here on */
   if (self->fn != NULL) {
     PyObject *s = PyObject_Vectorcall(self->stream_fn, &self->stream_arg, 1, NULL);
     void *stream = s ? PyLong_AsVoidPtr(s) : NULL;
     Py_XDECREF(s);
-    if (PyErr_Occurred()) goto failed;
+    if (PyErr_Occurred()) goto failed; /* nothing launched: a miss */
     table[4] = k;
     table[5] = (unsigned long long)n_out;
     table[6] = 1;
@@ -445,15 +456,20 @@ static int hand_off(Plan *self, PyObject **tensors, PyObject **outs, unsigned lo
     Py_END_ALLOW_THREADS
   } else {
     PyObject *a[2] = {PyLong_FromUnsignedLongLong(k), PyLong_FromSsize_t(n_out)};
-    PyObject *r = (a[0] && a[1]) ? PyObject_Vectorcall(self->launch_py, a, 2, NULL) : NULL;
-    Py_XDECREF(a[0]);
-    Py_XDECREF(a[1]);
-    if (r == NULL) goto failed;
+    if (a[0] == NULL || a[1] == NULL) {
+      Py_XDECREF(a[0]);
+      Py_XDECREF(a[1]);
+      goto failed;
+    }
+    PyObject *r = PyObject_Vectorcall(self->launch_py, a, 2, NULL);
+    Py_DECREF(a[0]);
+    Py_DECREF(a[1]);
+    if (r == NULL) goto launch_failed; /* the launch may have run (a replay by torch): the call's error */
     rc = (int)PyLong_AsLong(r);
     Py_DECREF(r);
-    if (rc == -1 && PyErr_Occurred()) goto failed;
+    if (rc == -1 && PyErr_Occurred()) goto launch_failed;
   }
-  if (rc != 0) { /* the Python path launches again and says why (a broken feed, a pending error) */
+  if (rc != 0) { /* refused before launching: the Python path launches again and says why */
     Py_CLEAR(*outs);
     return 0;
   }
@@ -462,6 +478,9 @@ static int hand_off(Plan *self, PyObject **tensors, PyObject **outs, unsigned lo
 failed:
   Py_CLEAR(*outs);
   return -1;
+launch_failed:
+  Py_CLEAR(*outs);
+  return -2;
 }
 
 static PyObject *tensor_tuple(PyObject **tensors, Py_ssize_t n) {
@@ -477,10 +496,15 @@ static PyObject *tensor_tuple(PyObject **tensors, Py_ssize_t n) {
 /* The call's result, as Handoff.replay gives it (new reference), or NULL with an error. */
 static PyObject *outputs(Plan *self, PyObject **tensors, Py_ssize_t n, PyObject *outs, PyObject *args,
                          PyObject *kwargs) {
-  if (self->copy && self->rebuild == Py_None) {
+  if (self->copy && self->rebuild == Py_None) { /* one output: the call's own tensor, or fresh (plan_init) */
     PyObject *r = self->single_source >= 0 ? tensors[self->single_source] : PyList_GET_ITEM(outs, 0);
     Py_INCREF(r);
     return r;
+  }
+  PyObject *none_fresh = NULL;
+  if (outs == NULL) { /* copied outputs, none of them fresh (each one of the call's tensors or arguments) */
+    outs = none_fresh = PyList_New(0);
+    if (outs == NULL) return NULL;
   }
   PyObject *tt = tensor_tuple(tensors, n);
   PyObject *kw = kwargs == Py_None ? PyDict_New() : (Py_INCREF(kwargs), kwargs);
@@ -502,7 +526,19 @@ static PyObject *outputs(Plan *self, PyObject **tensors, Py_ssize_t n, PyObject 
   }
   Py_XDECREF(call);
   Py_XDECREF(tt);
+  Py_XDECREF(none_fresh);
   return r;
+}
+
+/* A miss: the error of a check cleared where it is an Exception (the Python path meets it again and handles it);
+ * anything else (KeyboardInterrupt, SystemExit) is the call's. */
+static PyObject *missed(Plan *self) {
+  if (PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+    PyErr_Clear();
+  }
+  Py_INCREF(self->miss);
+  return self->miss;
 }
 
 static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
@@ -510,10 +546,9 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
     PyErr_SetString(PyExc_TypeError, "run(instance, args, kwargs)");
     return NULL;
   }
-  if (self->refs == NULL) { /* cleared by the collector: unreachable, so never called */
-    PyErr_SetString(PyExc_RuntimeError, "a graphjit lane plan used after it was cleared");
-    return NULL;
-  }
+  PyObject *refs = self->refs;
+  if (!self->ready || refs == NULL) return missed(self); /* retired (its key's entry released) */
+  Py_INCREF(refs); /* retire() while this call runs Python code leaves every object it reads alive */
   PyObject *instance = argv[0], *args = argv[1], *kwargs = argv[2];
   PyObject *tensors[LANE_MAX];
   Py_ssize_t n = 0;
@@ -532,8 +567,12 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
   PyObject *got = PyObject_CallNoArgs(self->acquire);
   if (got == NULL) goto miss;
   Py_DECREF(got);
+  /* under the lock: still the plan serving the function's calls (not replaced, not retired meanwhile) */
+  PyObject *current = self->refs == NULL ? NULL : PyObject_GetAttr(self->state, s_lane);
+  ok = current == (PyObject *)self ? 1 : (current == NULL && PyErr_Occurred() ? -1 : 0);
+  Py_XDECREF(current);
   unsigned long long k = 0;
-  ok = hand_off(self, tensors, &outs, &k);
+  if (ok > 0) ok = hand_off(self, tensors, &outs, &k);
   if (ok > 0) { /* launched: the call is served from here on; an error now is the call's, as on the Python path */
     self->hits += 1;
     self->copies += k;
@@ -550,10 +589,16 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
       Py_XDECREF(tb);
       Py_XDECREF(result);
       Py_XDECREF(targets);
+      Py_DECREF(refs);
       return NULL; /* the lock could not be released: nothing sensible is left to do */
     }
     Py_DECREF(r);
     PyErr_Restore(et, ev, tb);
+  }
+  if (ok == -2) { /* the launch raised: the call's error, as the Python path would raise it */
+    Py_XDECREF(targets);
+    Py_DECREF(refs);
+    return NULL;
   }
   if (ok <= 0) goto miss;
   if (result != NULL && PyObject_SetAttr(self->state, s_last_key, self->key) < 0) Py_CLEAR(result);
@@ -564,12 +609,19 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
     Py_XDECREF(r);
   }
   Py_XDECREF(targets);
+  Py_DECREF(refs);
   return result;
 miss:
-  PyErr_Clear(); /* before the launch: the Python path meets the same error and handles it */
   Py_XDECREF(targets);
-  Py_INCREF(self->miss);
-  return self->miss;
+  Py_DECREF(refs);
+  return missed(self);
+}
+
+static PyObject *plan_retire(Plan *self, PyObject *Py_UNUSED(ignored)) {
+  /* the key's entry is released: the objects the plan holds (its buffers, the graph's handoff) go with it; a call
+   * running on the plan now holds them until it ends (plan_run's reference), later ones miss */
+  Py_CLEAR(self->refs);
+  Py_RETURN_NONE;
 }
 
 static PyObject *plan_take(Plan *self, PyObject *Py_UNUSED(ignored)) {
@@ -582,20 +634,21 @@ static PyObject *plan_take(Plan *self, PyObject *Py_UNUSED(ignored)) {
 
 static int plan_traverse(Plan *self, visitproc visit, void *arg) {
   Py_VISIT(self->refs);
+  Py_VISIT(self->miss);
   return 0;
 }
 
 static int plan_clear(Plan *self) {
-  /* every borrowed pointer points into refs: nothing may be used after this */
+  /* every borrowed pointer points into refs: run() misses from now on (refs NULL); the arrays go at dealloc */
   Py_CLEAR(self->refs);
-  plan_free_arrays(self);
-  self->n_adopted = self->n_aliases = self->n_moved = self->n_fresh = 0;
   return 0;
 }
 
 static void plan_dealloc(Plan *self) {
   PyObject_GC_UnTrack(self);
   plan_clear(self);
+  Py_CLEAR(self->miss);
+  plan_free_arrays(self);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -604,12 +657,13 @@ static PyMethodDef plan_methods[] = {
      "run(instance, args, kwargs): the call's result where the plan serves it, else MISS (nothing changed)."},
     {"take", (PyCFunction)plan_take, METH_NOARGS,
      "take(): (served calls, input copies) not yet counted in graphjit's stats; both zero afterwards."},
+    {"retire", (PyCFunction)plan_retire, METH_NOARGS,
+     "retire(): the key's entry is released: drop every object the plan holds; it serves no call after."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyMemberDef plan_members[] = {
     {"hits", T_ULONGLONG, offsetof(Plan, hits), READONLY, "served calls not yet taken"},
-    {"key", T_OBJECT, offsetof(Plan, key), READONLY, "the key the plan serves"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -637,11 +691,13 @@ typedef struct {
   vectorcallfunc vectorcall;
 } Front;
 
-static PyObject *s_lane;
-
 static PyObject *front_vectorcall(Front *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
   if (PyVectorcall_NARGS(nargsf) != 4 || kwnames != NULL) {
     PyErr_SetString(PyExc_TypeError, "a graphed function's wrapper takes (wrapped, instance, args, kwargs)");
+    return NULL;
+  }
+  if (self->state == NULL || self->decide == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "a graphed function's wrapper used after it was cleared");
     return NULL;
   }
   PyObject *call[4] = {args[0], args[1] == self->unbound ? Py_None : args[1], args[2], args[3]};
@@ -652,7 +708,7 @@ static PyObject *front_vectorcall(Front *self, PyObject *const *args, size_t nar
     PyObject *miss = ((Plan *)plan)->miss;
     Py_DECREF(plan);
     if (r != miss) return r; /* served (or the served call's error) */
-    Py_DECREF(r);
+    Py_DECREF(r); /* the plan's own reference to miss keeps it alive */
   } else {
     Py_DECREF(plan);
   }

@@ -205,7 +205,7 @@ class _State(OutputChecks, LaneHolder, Policy, KeyLifecycle, ValueVariants):
         previous, self.last_key = self.last_key, sig.key
         entry = self.entries.get(sig.key)
         if entry is not None:
-            if previous == sig.key and entry is not self.lane_entry and entry.lane is not False:
+            if previous == sig.key and self.wants_lane(entry, settings):
                 self.arm_lane(entry, sig)  # replayed twice in a row: the next calls of the key may take the lane
             if entry.feeds is None:
                 if entry.check is None and entry.recheck is None:  # nothing to check first: the replay path

@@ -310,8 +310,8 @@ class KeyEntry:
     What a replay does is decided here once: whether guards are checked first (:attr:`check`), whether the graph
     is piecewise (it then takes the call's dynamic values)."""
 
-    __slots__ = ("advances", "check", "device", "feeds", "graph", "guards", "handoff", "inputs", "lane", "no_adopt",
-                 "outputs", "piecewise", "recheck", "stats", "warm")
+    __slots__ = ("advances", "check", "device", "feeds", "graph", "guards", "handoff", "inputs", "lane",
+                 "lane_settings", "no_adopt", "outputs", "piecewise", "recheck", "stats", "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
                  no_adopt: frozenset[int], warm: Warmup, device: str, guard: GuardSet | None = None,
@@ -335,6 +335,7 @@ class KeyEntry:
         # (a key with buckets has none: Handoff.plan refuses it, so a served call has no pads)
         self.handoff = None if piecewise else Handoff.plan(inputs.backend, graph.feed, inputs, outputs, stats)
         self.lane: Any = None  # the replay lane's plan of this key (lane.py): None not made yet, False never
+        self.lane_settings: Any = None  # the settings it was made under
 
     def replay(self, sig: CallSignature, copy: bool, call: Call | None) -> Any:
         """Load inputs, replay, copy mutations back, return outputs (``call``: the call's ``(args, kwargs)``, whose
@@ -371,6 +372,9 @@ class KeyEntry:
         return self.outputs.result(sig.pads, copy, sig.tensors, call)
 
     def release(self) -> None:
+        if self.lane:  # the plan holds the buffers and the handoff: they go now, not at the next collection
+            self.lane.retire()
+        self.lane = None
         self.handoff = None  # its feed launches the executable graph reset() frees
         with contextlib.suppress(Exception):
             self.graph.reset()

@@ -90,8 +90,10 @@ class Handoff:
                  movable: Sequence[int], stats: KeyStats) -> None:
         self.feed = feed
         self.stats = stats  # the key's counters: a served call is counted here, its caller does not come back
-        # inputs the graph writes in place: copied back into the caller's tensors after the launch
-        self.store_back: Callable[[Sequence[Any]], None] | None = inputs.store_back if inputs.mutated_idx else None
+        # inputs the graph writes in place into graphjit's buffers (not adopted): copied back into the caller's
+        # tensors after the launch (an adopted input is written where the caller has it: nothing to copy)
+        copied_back = any(not inputs.adopted[i] for i in inputs.mutated_idx)
+        self.store_back: Callable[[Sequence[Any]], None] | None = inputs.store_back if copied_back else None
         self.table = feed.table
         self.ptr: Callable[[Any], int] = backend.data_ptr
         self.stride: Callable[[Any], Any] = backend.strides

@@ -49,6 +49,7 @@ from .keys import TENSOR_MARK
 if TYPE_CHECKING:
     from .buffers import KeyEntry
     from .keys import CallSignature, Signer
+    from .stats import FunctionStats, KeyStats
 
 __all__ = ["MISS", "LaneHolder", "build", "flush", "front", "module", "plan", "prepare", "status"]
 
@@ -268,7 +269,8 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
     rest = layout[1 + n:]
     owner_part = rest[0] if rest and rest[0][0] == "self" else None
     modes = rest[-1][1]
-    parts = backend.lane_parts(modes, sig.tensors)
+    # the tensors' strides as the handoff requires them (its buffers', an adopted input's own), not the call's
+    parts = backend.lane_parts(modes, sig.tensors, entry.inputs.strides)
     feed = handoff.feed
     launch = getattr(feed, "lane_launch", None)
     launch = launch() if launch is not None else None
@@ -301,6 +303,7 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
         "fresh": tuple(handoff.fresh),
         "table": handoff.table.buffer_info()[0],
         "in_dst": handoff.in_dst, "in_src": handoff.in_src, "in_bytes": handoff.in_bytes, "out_dst": handoff.out_dst,
+        "dirty": getattr(feed, "dirty_word", -1),
         "copy": int(state.copy_outputs),
         "single_source": -1 if handoff.single_source is None else handoff.single_source,
         "rebuild": handoff.rebuild, "result": outputs.result,
@@ -309,51 +312,62 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
     })
 
 
-def flush(plan: Any, entry: KeyEntry, fstats: Any) -> None:
-    """Move the calls ``plan`` served since the last flush into the stats (``fstats``: the function's, and
-    ``entry``'s key's) as the Python path counts them."""
+def flush(plan: Any, kstats: KeyStats, fstats: FunctionStats) -> None:
+    """Move the calls ``plan`` served since the last flush into the stats (``kstats``: its key's, ``fstats``: the
+    function's) as the Python path counts them."""
     hits, copies = plan.take()
     if not hits:
         return
     fstats.calls += hits
-    st = entry.stats
-    st.replays += hits
-    st.fed_replays += hits
-    st.input_copies += copies
-    entry.inputs.copies += copies
+    kstats.replays += hits
+    kstats.fed_replays += hits
+    kstats.input_copies += copies
 
 
 class LaneHolder:
     """The lane of one graphed function (a mixin of ``api._State``): the plan serving its calls now, which is the
-    plan of the key last replayed twice in a row by the Python path, and that key's entry."""
+    plan of the key last replayed twice in a row by the Python path, and that key's counters (the plan holds the
+    key's entry; the function holds only the plan, which a released entry retires)."""
 
     lane: Any = None
-    lane_entry: KeyEntry | None = None
+    lane_stats: KeyStats | None = None
+    lane_settings: Any = None  # the settings the current plan was made under (env.refresh makes another)
     lane_allowed = True  # False: every call takes the Python path (benchmarks compare the two)
 
+    def wants_lane(self, entry: KeyEntry, settings: Any) -> bool:
+        """Whether a call of ``entry`` that the lane did not serve should make its plan current: not where it is
+        already, unless the settings were read again since (then it misses every call)."""
+        plan_ = entry.lane
+        return plan_ is not False and (plan_ is None or plan_ is not self.lane or settings is not self.lane_settings)
+
     def arm_lane(self, entry: KeyEntry, sig: CallSignature) -> None:
-        """Make ``entry``'s plan (made here once per entry) the one serving calls, where it has one."""
+        """Make ``entry``'s plan (made here once per entry and settings) the one serving calls, where it has one."""
         if not self.lane_allowed or prepare() is None:
             return
+        settings = env.settings()
         plan_ = entry.lane
-        if plan_ is None:
+        if plan_ is None or (plan_ is not False and entry.lane_settings is not settings):
             plan_ = plan(self, entry, sig)
             if plan_ is None:
                 return  # not now: a later call may make it
-            entry.lane = plan_
+            if entry.lane:
+                entry.lane.retire()
+            entry.lane, entry.lane_settings = plan_, settings
         if plan_ is False:
             return
         with self.lock:  # type: ignore[attr-defined]
             self.flush_lane()
-            self.lane, self.lane_entry = plan_, entry
+            self.lane, self.lane_stats, self.lane_settings = plan_, entry.stats, settings
 
     def flush_lane(self) -> None:
         """The calls the current plan served, counted in the stats (before anything reads them)."""
-        current, entry = self.lane, self.lane_entry
-        if current is not None and entry is not None and current.hits:
-            flush(current, entry, self.stats)  # type: ignore[attr-defined]
+        with self.lock:  # type: ignore[attr-defined]
+            current, kstats = self.lane, self.lane_stats
+            if current is not None and kstats is not None and current.hits:
+                flush(current, kstats, self.stats)  # type: ignore[attr-defined]
 
     def drop_lane(self) -> None:
         """No plan serves calls any more (its counts flushed first)."""
-        self.flush_lane()
-        self.lane = self.lane_entry = None
+        with self.lock:  # type: ignore[attr-defined]
+            self.flush_lane()
+            self.lane = self.lane_stats = self.lane_settings = None

@@ -362,12 +362,24 @@ def _fed_handle(lib: Any) -> tuple[Any, Any]:
 def test_a_reset_graph_no_longer_hands_its_table_to_the_library():
     handle, graph = _fed_handle(_Lib())
     feed = handle.feed
-    feed.table[4] = 1  # the nodes hold a call's pointers
+    feed.table[feed.dirty_word] = 1  # the nodes may hold a call's pointers
     assert feed.dirty
     handle.reset()
     assert handle.feed is None and feed.table[0] == 0 and not feed.dirty and graph.was_reset
     handle.replay()  # torch's own replay now (a real one raises its own error on a reset graph)
     assert graph.replays == 1
+
+
+def test_a_refused_launch_leaves_the_nodes_counted_as_holding_a_calls_pointers():
+    lib = _Lib()
+    handle, graph = _fed_handle(lib)
+    feed = handle.feed
+    assert feed.launch(2, 1) == 0 and feed.dirty
+    lib.status = 6  # a CUDA error of earlier work pending: the library refuses before setting anything
+    assert feed.launch(0, 0) == 6 and feed.dirty  # the nodes still hold the first call's pointers
+    lib.status = 0
+    handle.replay()  # so torch's replay clears them first
+    assert not feed.dirty and lib.calls == 3 and graph.replays == 1
 
 
 def test_nodes_that_cannot_be_cleared_are_instantiated_again():

@@ -122,7 +122,7 @@ def test_fresh_inputs_are_served_by_the_lane_as_by_the_python_path(emu, lane_on,
     assert all(_same(o, w) for o, w in zip(outs, [o for s in range(12) for o in _step(*_inputs(s), 0.5)]))
     served = on["keys"][0]["fed_replays"] - (python_replays[0] - off["keys"][0]["fed_replays"])
     assert served >= 6  # capture at call 3, two Python replays, then the lane
-    assert g._self_state.lane is not None and g._self_state.lane_entry is only_entry(g)
+    assert g._self_state.lane is not None and g._self_state.lane is only_entry(g).lane
 
 
 def test_static_inputs_and_alias_outputs_are_served_with_nothing_copied(emu, lane_on, monkeypatch, python_replays):
@@ -348,3 +348,124 @@ def test_no_compiler_means_the_python_path(emu, monkeypatch, tmp_path):
         monkeypatch.delenv("GRAPHJIT_LANE")
         monkeypatch.delenv("GRAPHJIT_CACHE_DIR")
         env.refresh()
+
+
+def test_a_plan_made_while_calls_pass_other_strides_keeps_the_graphs_layout(emu, lane_on):
+    """The plan fixes the strides the handoff requires (its buffers'), not those of the call that made it: a
+    transposed input is copied by the Python path (the framework's copy), never its storage's bytes by the lane."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    g = graphjit.graphed(f)
+    for _ in range(4):
+        a = torch.randn(4, 4)
+        assert torch.equal(g(a), f(a))
+    for i in range(6):  # the plan is made on the first two of these
+        b = torch.randn(4, 4).t()
+        assert torch.equal(g(b), f(b)), i
+    for i in range(4):  # and serves the graph's own layout after them
+        a = torch.randn(4, 4)
+        assert torch.equal(g(a), f(a)), i
+    assert g._self_state.lane is not None and g._self_state.lane.hits >= 2
+
+
+_written = torch.zeros(3, 4)
+
+
+def _writes_and_returns_its_input(x: torch.Tensor) -> tuple[torch.Tensor]:
+    _written.copy_(x * 2)
+    return (x,)
+
+
+def test_copied_outputs_none_of_them_fresh(emu, lane_on, monkeypatch):
+    def calls(g: Any) -> list[Any]:
+        outs = []
+        for _ in range(8):
+            x = torch.randn(3, 4)
+            out = g(x)
+            assert type(out) is tuple and out[0] is x and torch.equal(_written, x * 2)
+            outs.append(_written.clone())
+        return outs
+
+    _, off, on, g = _both(monkeypatch, lambda: graphjit.graphed(_writes_and_returns_its_input), calls)
+    assert on == off
+    assert g._self_state.lane is not None
+
+
+def test_reset_frees_the_buffers_at_once(emu, lane_on):
+    g = graphjit.graphed(_step)
+    args = _inputs(0)
+    for _ in range(6):
+        g(*args, 0.5)
+    assert g._self_state.lane is not None
+    entry = only_entry(g)
+    held = [weakref.ref(t) for t in (*entry.inputs.statics, *entry.outputs.tensors)]
+    del entry
+    gc.disable()
+    try:
+        g.reset()
+        assert all(r() is None for r in held)  # without a collection: nothing left in a reference cycle
+    finally:
+        gc.enable()
+
+
+def test_an_interrupt_in_a_check_is_the_calls_own(emu, lane_on):
+    class Owner:
+        stop = False
+
+        @property
+        def training(self) -> bool:
+            if Owner.stop:
+                raise KeyboardInterrupt
+            return False
+
+        def step(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    owner = Owner()
+    g = graphjit.graphed(owner.step)
+    x = torch.randn(3)
+    for _ in range(6):
+        g(x)
+    assert g._self_state.lane is not None
+    Owner.stop = True
+    with pytest.raises(KeyboardInterrupt):
+        g(x)
+    Owner.stop = False
+    assert torch.equal(g(x), x + 1)
+
+
+def test_settings_read_again_make_a_new_plan(emu, lane_on):
+    g = graphjit.graphed(_step)
+    args = _inputs(0)
+    for _ in range(6):
+        g(*args, 0.5)
+    first = g._self_state.lane
+    env.refresh()
+    for _ in range(4):
+        g(*args, 0.5)
+    state = g._self_state
+    assert state.lane is not None and state.lane is not first and state.lane.hits >= 1
+
+
+def test_a_recaptured_key_frees_the_old_graphs_buffers_at_once(emu, lane_on):
+    def f(x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        state.add_(1)  # written in place: the caller's tensor is adopted
+        return x * state
+
+    g = graphjit.graphed(f)
+    x, state = torch.randn(3, 4), torch.zeros(3, 4)
+    for _ in range(6):
+        g(x, state)
+    assert g._self_state.lane is not None
+    entry = only_entry(g)
+    held = [weakref.ref(t) for t in entry.outputs.tensors]
+    del entry
+    gc.disable()
+    try:
+        other = torch.zeros(3, 4)
+        assert torch.equal(g(x, other), x * 1)  # moved: recaptured, the old entry released
+        assert all(r() is None for r in held)
+    finally:
+        gc.enable()

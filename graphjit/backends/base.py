@@ -133,7 +133,7 @@ class LaneParts(NamedTuple):
     ``probes``: functions of no argument (C functions, called on every call) that give ``expected`` exactly where the
     framework's modes are the key's (a probe that gives another value sends the call to the Python path, so the
     probes may refuse more than :meth:`Backend.modes` does, never less).  ``check``: called with the call's tensors,
-    True only where each has the key's metadata and the given tensors' strides.  ``data_ptr``: a tensor's address
+    True only where each has the key's metadata and the given strides.  ``data_ptr``: a tensor's address
     (a C function where the framework has one)."""
 
     probes: tuple[Callable[[], Any], ...]
@@ -184,10 +184,11 @@ class Backend(abc.ABC):
         subclasses for one).  None where the framework has none (the caller reads each ``meta_key``)."""
         return None
 
-    def lane_parts(self, modes: tuple[Any, ...], tensors: Sequence[Any]) -> LaneParts | None:
+    def lane_parts(self, modes: tuple[Any, ...], tensors: Sequence[Any],
+                   strides: Sequence[Sequence[int]]) -> LaneParts | None:
         """What the replay lane (``graphjit/lane.py``) needs of the framework for a key whose modes are ``modes`` and
-        whose tensors are like ``tensors``, or None where it has none (the Python path serves every call): see
-        :class:`LaneParts`."""
+        whose tensors are like ``tensors`` with ``strides`` (each tensor's, in elements), or None where it has none
+        (the Python path serves every call): see :class:`LaneParts`."""
         return None
 
     @abc.abstractmethod

@@ -202,6 +202,8 @@ def guard_cost(fn: Any, iters: int = 20000) -> dict[str, Any] | None:
     import time
 
     state = getattr(fn, "_self_state", None)
+    if state is not None:
+        state.flush_lane()  # the replay lane's counts (its replays) moved into the stats first
     entries = list(getattr(state, "entries", {}).values())
     if not entries:
         return None

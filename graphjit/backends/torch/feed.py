@@ -77,6 +77,10 @@ class TorchFeed:
 
     __slots__ = ("at", "entries", "fn", "graph", "header", "index", "lib", "negated", "random", "stream", "table")
 
+    dirty_word = 7
+    """The header's word (unused by the library) that says the nodes may hold a call's pointers: set before every
+    launch that may set them (:meth:`launch`, the replay lane's), cleared only by a successful clear."""
+
     def __init__(self, lib: Any, graph: Any, exec_handle: int, in_node: int, out_node: int, index: int) -> None:
         words, entries, header = lib.feed_layout()
         self.table = array.array("Q", [0] * words)
@@ -105,15 +109,14 @@ class TorchFeed:
     # -- launches --------------------------------------------------------------------------------
     @property
     def dirty(self) -> bool:
-        """The nodes hold a call's pointers: the last launch's counts (table words 4 and 5, which every launch sets,
-        :meth:`launch` and the replay lane's alike) are not both zero."""
-        return bool(self.table[4] or self.table[5])
+        """The nodes may hold a call's pointers (:attr:`dirty_word`): a launch tried since the last clear."""
+        return bool(self.table[self.dirty_word])
 
     def launch(self, n_in: int, n_out: int) -> int:
         """Set the nodes to the table's first ``n_in`` input and ``n_out`` output entries and replay the graph
         on the current stream; the library's status (0: launched)."""
         table = self.table
-        table[4], table[5] = n_in, n_out
+        table[4], table[5], table[self.dirty_word] = n_in, n_out, 1
         if self.random is False:
             table[6] = 1
             return int(self.fn(self.at, self.stream()))
@@ -159,11 +162,12 @@ class TorchFeed:
                                     f"instantiating it again failed too: {exc}") from exc
             self._forget()
             log.info("graphjit: a graph's feed nodes could not be cleared (%s): instantiated again", why)
+        table[self.dirty_word] = 0
 
     def retire(self) -> None:
         """The executable graph is being freed: the library refuses this table from now on."""
         table = self.table
-        table[0] = table[4] = table[5] = 0
+        table[0] = table[self.dirty_word] = 0
 
     def _forget(self) -> None:
         """What the library remembers of the nodes' last settings no longer holds (a fresh executable)."""

@@ -194,16 +194,17 @@ class TorchBackend(Backend):
         except Exception:  # a signature this torch does not take: each meta_key is read instead
             return None
 
-    def lane_parts(self, modes: tuple[Any, ...], tensors: Sequence[Any]) -> LaneParts | None:
+    def lane_parts(self, modes: tuple[Any, ...], tensors: Sequence[Any],
+                   strides: Sequence[Sequence[int]]) -> LaneParts | None:
         """The modes' C probes (:func:`.modes.probes`: none inside an autocast block or a torch function mode),
-        ``TensorGuards`` with the tensors' strides fixed too, and ``Tensor.data_ptr``; None on a torch without
+        ``TensorGuards`` with ``strides`` fixed too, and ``Tensor.data_ptr``; None on a torch without
         ``TensorGuards``."""
         probes = torch_modes.probes(modes)
-        if probes is None or _TensorGuards is None:
+        if probes is None or _TensorGuards is None or len(strides) != len(tensors):
             return None
         try:
             guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                                   dynamic_dims_strides=[list(t.stride()) for t in tensors])
+                                   dynamic_dims_strides=[list(s) for s in strides])
         except Exception:
             return None
         return LaneParts(probes[0], probes[1], guards.check, torch.Tensor.data_ptr)
