@@ -469,3 +469,30 @@ def test_a_recaptured_key_frees_the_old_graphs_buffers_at_once(emu, lane_on):
         assert all(r() is None for r in held)
     finally:
         gc.enable()
+
+
+def test_the_doctors_row_says_where_the_lane_is_or_why_not(monkeypatch, tmp_path):
+    from graphjit.doctor.context import Context
+    from graphjit.doctor.report import Report
+    from graphjit.doctor.system import check_lane
+
+    def row(setting: str) -> Any:
+        report = Report(options={})
+        check_lane(Context(report, ("torch",), False, False, 60.0), setting)
+        (only,) = report.rows
+        return only
+
+    assert row("off").status == "skip" and "GRAPHJIT_LANE=off" in row("off").result
+    monkeypatch.setenv("GRAPHJIT_CACHE_DIR", str(tmp_path))
+    env.refresh()
+    monkeypatch.setattr(lane, "_paths", {})
+    try:
+        fresh = row("auto")  # nothing built in an empty cache: whether it can be, and nothing written
+        assert ("not built yet" in fresh.result) == _can_build() and not list(tmp_path.iterdir())
+        if _can_build():
+            monkeypatch.setattr(lane, "compiler", lambda: ["/nonexistent/cc"])
+            broken = row("auto")
+            assert broken.status == "skip" and "cannot be built here: no C compiler" in broken.result
+    finally:
+        monkeypatch.delenv("GRAPHJIT_CACHE_DIR")
+        env.refresh()

@@ -8,12 +8,14 @@ import os
 import platform
 import shutil
 import sys
+import sysconfig
+from pathlib import Path
 from typing import Any
 
 from .children import ROOT, run_command
 from .context import Context
 from .report import FAIL, PASS, SKIP
-from .text import count_names
+from .text import count_names, first_line
 
 
 def _dist_version(name: str) -> str | None:
@@ -64,6 +66,7 @@ def check_system(ctx: Context) -> None:
                   variables=set_vars)
         else:
             r.add("system", "GRAPHJIT_* variables", PASS, shown, variables=set_vars)
+        check_lane(ctx, settings.lane)
 
     ctx.smi = nvidia_smi()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -115,3 +118,38 @@ def nvidia_smi() -> dict[str, Any] | None:
         last = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
         info["error"] = last[0][:200]
     return info
+
+
+def check_lane(ctx: Context, setting: str) -> None:
+    """The ``replay lane`` row: the lane loaded here where it is built, else whether it can be built (a C compiler,
+    Python's headers); writes nothing.  Never a failure: without it every call takes graphjit's Python path."""
+    from .. import lane
+
+    r = ctx.report
+    if setting == "off":
+        r.add("system", "replay lane", SKIP, "GRAPHJIT_LANE=off: every replayed call takes graphjit's Python path",
+              "unset GRAPHJIT_LANE to serve plain replayed calls in C")
+        return
+    try:
+        built = lane.library_path().is_file()
+    except lane.LaneBuildError as exc:
+        r.add("system", "replay lane", SKIP, first_line(exc), "reinstall graphjit", lane=lane.status())
+        return
+    if built:
+        loaded = lane.prepare()
+        if loaded is None:
+            r.add("system", "replay lane", SKIP, f"built but not loaded: {lane.status().get('failed')}",
+                  f"delete {lane.library_path()} to build it again", lane=lane.status())
+        else:
+            r.add("system", "replay lane", PASS, f"{lane.library_path()} (plain replayed calls are served in C)",
+                  lane=lane.status())
+        return
+    cc = shutil.which(lane.compiler()[0])
+    headers = Path(sysconfig.get_paths().get("include") or "") / "Python.h"
+    if cc is None or not headers.is_file():
+        missing = "C compiler" if cc is None else f"Python C headers ({headers})"
+        r.add("system", "replay lane", SKIP, f"cannot be built here: no {missing}; every replayed call takes "
+              "graphjit's Python path", "install a C compiler and Python's development headers (python3-dev)")
+        return
+    r.add("system", "replay lane", PASS, f"not built yet ({cc}): builds itself in the background where a key first "
+          "replays twice in a row", "python -m graphjit build builds it ahead of time")
