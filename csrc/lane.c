@@ -94,9 +94,12 @@ typedef struct {
   /* the launch */
   feed_launch_t fn; /* the library's gj_feed_launch, or NULL: launch_py */
   PyObject *stream_fn, *stream_arg, *launch_py;
+  PyObject *launch_failed; /* called with a launch's exception: raises the call's error as the Python path does */
   /* served calls not yet counted in graphjit's stats */
   unsigned long long hits, copies;
-  int ready; /* made whole (a failed __init__ leaves it 0: never run) */
+  unsigned long long raised; /* calls whose launch raised: counted as calls, not replays */
+  int made;                  /* __init__ ran (once only) */
+  int ready;                 /* made whole (a failed __init__ leaves it 0: never run) */
 } Plan;
 
 /* ---- helpers ------------------------------------------------------------------------------------------------- */
@@ -153,10 +156,11 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
     return -1;
   }
   if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
-  if (self->refs != NULL) {
+  if (self->made) {
     PyErr_SetString(PyExc_RuntimeError, "a graphjit lane plan is made once");
     return -1;
   }
+  self->made = 1; /* a failure below leaves it made and not ready: it never runs and is never made again */
   Py_INCREF(d);
   self->refs = d;
 #define GET(field, name)                    \
@@ -197,6 +201,7 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
   GET(stream_fn, "stream_fn");
   GET(stream_arg, "stream_arg");
   GET(launch_py, "launch_py");
+  GET(launch_failed, "launch_failed");
 #undef GET
   PyObject *o;
   if (!PyTuple_Check(self->kinds) || !PyTuple_Check(self->types) || !PyTuple_Check(self->probes) ||
@@ -502,7 +507,7 @@ static PyObject *outputs(Plan *self, PyObject **tensors, Py_ssize_t n, PyObject 
     return r;
   }
   PyObject *none_fresh = NULL;
-  if (outs == NULL) { /* copied outputs, none of them fresh (each one of the call's tensors or arguments) */
+  if (outs == NULL && self->copy) { /* copied outputs, none of them fresh (each one of the call's tensors or arguments) */
     outs = none_fresh = PyList_New(0);
     if (outs == NULL) return NULL;
   }
@@ -537,8 +542,33 @@ static PyObject *missed(Plan *self) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
     PyErr_Clear();
   }
+  if (self->miss == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "a graphjit lane plan that was never made");
+    return NULL;
+  }
   Py_INCREF(self->miss);
   return self->miss;
+}
+
+/* A launch that raised: the call's error, as the Python path gives it (launch_failed turns an Exception into what
+ * _State.replay raises: UnrecoverableCaptureError where the backend is poisoned); counted as a call. */
+static PyObject *launch_raised(Plan *self) {
+  self->raised += 1;
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+  PyObject *et, *ev, *tb;
+  PyErr_Fetch(&et, &ev, &tb);
+  PyErr_NormalizeException(&et, &ev, &tb);
+  if (tb != NULL && ev != NULL) PyException_SetTraceback(ev, tb);
+  PyObject *r = ev != NULL ? PyObject_CallOneArg(self->launch_failed, ev) : NULL;
+  if (r != NULL) { /* it returned instead of raising: the original error stands */
+    Py_DECREF(r);
+    PyErr_Restore(et, ev, tb);
+    return NULL;
+  }
+  Py_XDECREF(et);
+  Py_XDECREF(ev);
+  Py_XDECREF(tb);
+  return NULL;
 }
 
 static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
@@ -597,8 +627,9 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
   }
   if (ok == -2) { /* the launch raised: the call's error, as the Python path would raise it */
     Py_XDECREF(targets);
+    PyObject *r = launch_raised(self);
     Py_DECREF(refs);
-    return NULL;
+    return r;
   }
   if (ok <= 0) goto miss;
   if (result != NULL && PyObject_SetAttr(self->state, s_last_key, self->key) < 0) Py_CLEAR(result);
@@ -625,8 +656,8 @@ static PyObject *plan_retire(Plan *self, PyObject *Py_UNUSED(ignored)) {
 }
 
 static PyObject *plan_take(Plan *self, PyObject *Py_UNUSED(ignored)) {
-  PyObject *r = Py_BuildValue("(KK)", self->hits, self->copies);
-  if (r != NULL) self->hits = self->copies = 0;
+  PyObject *r = Py_BuildValue("(KKK)", self->hits, self->copies, self->raised);
+  if (r != NULL) self->hits = self->copies = self->raised = 0;
   return r;
 }
 
@@ -656,7 +687,8 @@ static PyMethodDef plan_methods[] = {
     {"run", (PyCFunction)(void (*)(void))plan_run, METH_FASTCALL,
      "run(instance, args, kwargs): the call's result where the plan serves it, else MISS (nothing changed)."},
     {"take", (PyCFunction)plan_take, METH_NOARGS,
-     "take(): (served calls, input copies) not yet counted in graphjit's stats; both zero afterwards."},
+     "take(): (served calls, input copies, calls whose launch raised) not yet counted in graphjit's stats; zero "
+     "afterwards."},
     {"retire", (PyCFunction)plan_retire, METH_NOARGS,
      "retire(): the key's entry is released: drop every object the plan holds; it serves no call after."},
     {NULL, NULL, 0, NULL},
@@ -664,6 +696,7 @@ static PyMethodDef plan_methods[] = {
 
 static PyMemberDef plan_members[] = {
     {"hits", T_ULONGLONG, offsetof(Plan, hits), READONLY, "served calls not yet taken"},
+    {"raised", T_ULONGLONG, offsetof(Plan, raised), READONLY, "calls whose launch raised, not yet taken"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -717,6 +750,10 @@ static PyObject *front_vectorcall(Front *self, PyObject *const *args, size_t nar
 
 static int front_init(Front *self, PyObject *args, PyObject *kw) {
   PyObject *state, *decide, *unbound;
+  if (kw != NULL && PyDict_GET_SIZE(kw) != 0) {
+    PyErr_SetString(PyExc_TypeError, "Front(state, decide, unbound) takes no keyword arguments");
+    return -1;
+  }
   if (!PyArg_ParseTuple(args, "OOO", &state, &decide, &unbound)) return -1;
   Py_INCREF(state);
   Py_INCREF(decide);

@@ -178,7 +178,8 @@ class _State(OutputChecks, LaneHolder, Policy, KeyLifecycle, ValueVariants):
     def decide(self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
         """A call the replay lane did not serve (``lane.front`` calls it directly)."""
-        if self.lane is not None and self.lane.hits:
+        lane = self.lane
+        if lane is not None and (lane.hits or lane.raised):
             self.flush_lane()
         settings = env.settings()
         if settings.disable:

@@ -43,7 +43,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import env, scope
-from .errors import GraphjitError
+from .errors import GraphjitError, UnrecoverableCaptureError
 from .keys import TENSOR_MARK
 
 if TYPE_CHECKING:
@@ -253,9 +253,10 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
         return None
     handoff = entry.handoff
     settings = env.settings()
+    if settings.debug or settings.check_outputs:
+        return None  # not under these settings (a call's plan is made again once they are read again)
     if (handoff is None or handoff.store_back is not None or handoff.broken or entry.recheck is not None
-            or entry.feeds is not None or state.dynamic is not None or settings.debug or settings.check_outputs
-            or len(sig.tensors) > mod.MAX_TENSORS):
+            or entry.feeds is not None or state.dynamic is not None or len(sig.tensors) > mod.MAX_TENSORS):
         return False
     if not entry.stats.fed_replays:
         return None  # the first replay through the feed nodes decides who launches (Handoff.launcher)
@@ -309,16 +310,27 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
         "rebuild": handoff.rebuild, "result": outputs.result,
         "fn": launch[0] if launch else 0, "stream_fn": launch[1] if launch else None,
         "stream_arg": launch[2] if launch else None, "launch_py": None if launch else feed.launch,
+        "launch_failed": _launch_failed(state.name, entry.inputs.backend),
     })
+
+
+def _launch_failed(name: str, backend: Any) -> Any:
+    """What a plan calls with the exception of a launch that raised: ``_State.replay``'s error for it."""
+
+    def raise_as_the_python_path(exc: BaseException) -> None:
+        poisoned = backend.poisoned
+        if poisoned is not None:
+            raise UnrecoverableCaptureError(f"{name}: {poisoned}") from exc
+        raise exc
+
+    return raise_as_the_python_path
 
 
 def flush(plan: Any, kstats: KeyStats, fstats: FunctionStats) -> None:
     """Move the calls ``plan`` served since the last flush into the stats (``kstats``: its key's, ``fstats``: the
     function's) as the Python path counts them."""
-    hits, copies = plan.take()
-    if not hits:
-        return
-    fstats.calls += hits
+    hits, copies, raised = plan.take()
+    fstats.calls += hits + raised
     kstats.replays += hits
     kstats.fed_replays += hits
     kstats.input_copies += copies
@@ -341,21 +353,30 @@ class LaneHolder:
         return plan_ is not False and (plan_ is None or plan_ is not self.lane or settings is not self.lane_settings)
 
     def arm_lane(self, entry: KeyEntry, sig: CallSignature) -> None:
-        """Make ``entry``'s plan (made here once per entry and settings) the one serving calls, where it has one."""
+        """Make ``entry``'s plan (made here once per entry and settings) the one serving calls, where it has one;
+        a plan made under other settings is retired first.  Installed under the function's lock, only while
+        ``entry`` is still the key's (not released meanwhile by another thread)."""
         if not self.lane_allowed or prepare() is None:
             return
         settings = env.settings()
         plan_ = entry.lane
-        if plan_ is None or (plan_ is not False and entry.lane_settings is not settings):
+        fresh = plan_ is None or (plan_ is not False and entry.lane_settings is not settings)
+        if fresh:
             plan_ = plan(self, entry, sig)
-            if plan_ is None:
-                return  # not now: a later call may make it
-            if entry.lane:
-                entry.lane.retire()
-            entry.lane, entry.lane_settings = plan_, settings
-        if plan_ is False:
-            return
         with self.lock:  # type: ignore[attr-defined]
+            if self.entries.get(sig.key) is not entry or entry.handoff is None:  # type: ignore[attr-defined]
+                if fresh and plan_:
+                    plan_.retire()  # released meanwhile: nothing may keep its buffers
+                return
+            if fresh:
+                old = entry.lane
+                if old:
+                    if old is self.lane:
+                        self.drop_lane()
+                    old.retire()
+                entry.lane, entry.lane_settings = plan_, settings
+            if not plan_:
+                return  # None: not now; False: never
             self.flush_lane()
             self.lane, self.lane_stats, self.lane_settings = plan_, entry.stats, settings
 
@@ -363,7 +384,7 @@ class LaneHolder:
         """The calls the current plan served, counted in the stats (before anything reads them)."""
         with self.lock:  # type: ignore[attr-defined]
             current, kstats = self.lane, self.lane_stats
-            if current is not None and kstats is not None and current.hits:
+            if current is not None and kstats is not None and (current.hits or current.raised):
                 flush(current, kstats, self.stats)  # type: ignore[attr-defined]
 
     def drop_lane(self) -> None:

@@ -411,12 +411,16 @@ def test_reset_frees_the_buffers_at_once(emu, lane_on):
 
 
 def test_an_interrupt_in_a_check_is_the_calls_own(emu, lane_on):
+    """A KeyboardInterrupt raised once, inside a check the lane makes (the owner's ``training``): the call raises it
+    (the lane does not swallow it and hand the call to the Python path, whose second read would not raise)."""
+
     class Owner:
-        stop = False
+        interrupts = 0
 
         @property
         def training(self) -> bool:
-            if Owner.stop:
+            if Owner.interrupts:
+                Owner.interrupts -= 1
                 raise KeyboardInterrupt
             return False
 
@@ -429,11 +433,57 @@ def test_an_interrupt_in_a_check_is_the_calls_own(emu, lane_on):
     for _ in range(6):
         g(x)
     assert g._self_state.lane is not None
-    Owner.stop = True
+    Owner.interrupts = 1
     with pytest.raises(KeyboardInterrupt):
         g(x)
-    Owner.stop = False
     assert torch.equal(g(x), x + 1)
+
+
+def test_a_launch_that_raises_is_the_calls_error_and_counted_as_a_call(emu, lane_on, monkeypatch):
+    def calls(g: Any) -> list[Any]:
+        args = _inputs(0)
+        outs = [g(*args, 0.5) for _ in range(6)]
+        feed = only_entry(g).graph.feed
+        state = {"n": 0}
+
+        def launch(n_in: int, n_out: int) -> int:
+            state["n"] += 1
+            raise RuntimeError("the launch failed")
+
+        monkeypatch.setattr(feed, "launch", launch, raising=False)
+        entry = only_entry(g)
+        if entry.lane:  # made again with the failing launch
+            g._self_state.drop_lane()
+            entry.lane.retire()
+            entry.lane = None
+        for _ in range(2):  # two Python replays, then the lane
+            with pytest.raises(RuntimeError, match="the launch failed"):
+                g(*args, 0.5)
+        for _ in range(3):
+            with pytest.raises(RuntimeError, match="the launch failed"):
+                g(*args, 0.5)
+        outs.append(torch.tensor(float(state["n"])))  # one launch a call, never a second one
+        return outs
+
+    _, off, on, _g = _both(monkeypatch, lambda: graphjit.graphed(_step), calls)
+    assert on == off and on["calls"] == 11
+
+
+def test_a_passing_settings_change_does_not_switch_the_lane_off(emu, lane_on, monkeypatch):
+    g = graphjit.graphed(_step)
+    args = _inputs(0)
+    for _ in range(6):
+        g(*args, 0.5)
+    monkeypatch.setenv("GRAPHJIT_CHECK_OUTPUTS", "1")  # no plan under these settings
+    env.refresh()
+    for _ in range(3):
+        g(*args, 0.5)
+    monkeypatch.delenv("GRAPHJIT_CHECK_OUTPUTS")
+    env.refresh()
+    for _ in range(4):
+        g(*args, 0.5)
+    state = g._self_state
+    assert state.lane is not None and state.lane is only_entry(g).lane and state.lane.hits >= 1
 
 
 def test_settings_read_again_make_a_new_plan(emu, lane_on):

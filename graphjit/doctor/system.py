@@ -151,5 +151,5 @@ def check_lane(ctx: Context, setting: str) -> None:
         r.add("system", "replay lane", SKIP, f"cannot be built here: no {missing}; every replayed call takes "
               "graphjit's Python path", "install a C compiler and Python's development headers (python3-dev)")
         return
-    r.add("system", "replay lane", PASS, f"not built yet ({cc}): builds itself in the background where a key first "
-          "replays twice in a row", "python -m graphjit build builds it ahead of time")
+    r.add("system", "replay lane", PASS, f"not built yet ({cc}): builds itself where a key first replays twice in a "
+          "row (GRAPHJIT_LANE=auto: in the background)", "python -m graphjit build builds it ahead of time")
