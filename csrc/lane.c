@@ -91,6 +91,7 @@ typedef struct {
   Py_ssize_t single_source; /* the one output is the call's tensor at this index; -1: a fresh one */
   PyObject *rebuild;        /* None, or the outputs' rebuild (fresh outputs, the call's tensors, the call) */
   PyObject *result;         /* outputs.result (alias) */
+  PyObject *single_output;  /* the graph's one output tensor where it returns one tensor (alias: the result), else None */
   /* the launch */
   feed_launch_t fn; /* the library's gj_feed_launch, or NULL: launch_py */
   PyObject *stream_fn, *stream_arg, *launch_py;
@@ -198,6 +199,7 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
   GET(empty, "empty");
   GET(rebuild, "rebuild");
   GET(result, "result");
+  GET(single_output, "single_output");
   GET(stream_fn, "stream_fn");
   GET(stream_arg, "stream_arg");
   GET(launch_py, "launch_py");
@@ -503,6 +505,11 @@ static PyObject *outputs(Plan *self, PyObject **tensors, Py_ssize_t n, PyObject 
                          PyObject *kwargs) {
   if (self->copy && self->rebuild == Py_None) { /* one output: the call's own tensor, or fresh (plan_init) */
     PyObject *r = self->single_source >= 0 ? tensors[self->single_source] : PyList_GET_ITEM(outs, 0);
+    Py_INCREF(r);
+    return r;
+  }
+  if (!self->copy && self->single_output != Py_None) { /* one output, aliased: StaticOutputs.result's single case */
+    PyObject *r = self->single_source >= 0 ? tensors[self->single_source] : self->single_output;
     Py_INCREF(r);
     return r;
   }

@@ -308,6 +308,7 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
         "copy": int(state.copy_outputs),
         "single_source": -1 if handoff.single_source is None else handoff.single_source,
         "rebuild": handoff.rebuild, "result": outputs.result,
+        "single_output": outputs.tensors[0] if outputs.single else None,
         "fn": launch[0] if launch else 0, "stream_fn": launch[1] if launch else None,
         "stream_arg": launch[2] if launch else None, "launch_py": None if launch else feed.launch,
         "launch_failed": _launch_failed(state.name, entry.inputs.backend),

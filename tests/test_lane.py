@@ -546,3 +546,24 @@ def test_the_doctors_row_says_where_the_lane_is_or_why_not(monkeypatch, tmp_path
     finally:
         monkeypatch.delenv("GRAPHJIT_CACHE_DIR")
         env.refresh()
+
+
+def test_one_aliased_output_fresh_or_the_callers_own(emu, lane_on, monkeypatch):
+    def fresh(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    def own(x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(2)
+
+    for fn in (fresh, own):
+        def calls(g: Any, fn: Any = fn) -> list[Any]:
+            x = torch.ones(2, 3)
+            outs = []
+            for _ in range(7):
+                out = g(x)
+                assert (out is x) == (fn is own)
+                outs.append(out.clone())
+            return outs
+
+        _, off, on, g = _both(monkeypatch, lambda fn=fn: graphjit.graphed(fn, outputs="alias"), calls)
+        assert on == off and g._self_state.lane is not None
