@@ -33,7 +33,7 @@
 
 typedef int (*feed_launch_t)(unsigned long long *table, void *stream);
 
-static PyObject *s_lane, *s_settings, *s_phase, *s_training, *s_check, *s_recheck, *s_feeds, *s_advances, *s_handoff,
+static PyObject *s_entries, *s_lane, *s_settings, *s_phase, *s_training, *s_check, *s_recheck, *s_feeds, *s_advances, *s_handoff,
     *s_broken, *s_last_key, *s_targets, *s_apply;
 
 #if PY_VERSION_HEX >= 0x030D0000
@@ -41,6 +41,26 @@ static PyObject *s_lane, *s_settings, *s_phase, *s_training, *s_check, *s_rechec
 #else
 #define LOOKUP_ATTR(o, n, r) _PyObject_LookupAttr((o), (n), (r))
 #endif
+
+/* The object of a weak reference (a new reference), or NULL where it is gone (no error set). */
+static PyObject *deref(PyObject *ref) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject *o = NULL;
+  if (PyWeakref_GetRef(ref, &o) <= 0) {
+    PyErr_Clear();
+    return NULL;
+  }
+  return o;
+#else
+  PyObject *o = PyWeakref_GetObject(ref);
+  if (o == NULL || o == Py_None) {
+    PyErr_Clear();
+    return NULL;
+  }
+  Py_INCREF(o);
+  return o;
+#endif
+}
 
 typedef struct {
   Py_ssize_t i;
@@ -72,7 +92,8 @@ typedef struct {
   PyObject *probes, *expected; /* the framework's modes */
   PyObject *check;             /* the tensors' metadata (strides included) */
   /* the key */
-  PyObject *state, *key, *entries, *entry, *entry_check, *recheck, *feeds, *advances, *handoff;
+  PyObject *state_ref, *entry_ref; /* weak references: a plan never keeps its function or its entry alive */
+  PyObject *key, *entry_check, *recheck, *feeds, *advances, *handoff;
   PyObject *acquire, *release;
   /* the handoff */
   PyObject *ptr, *negated, *adopted_ptrs, *inside_owned, *empty;
@@ -181,10 +202,9 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
   GET(probes, "probes");
   GET(expected, "expected");
   GET(check, "check");
-  GET(state, "state");
+  GET(state_ref, "state");
   GET(key, "key");
-  GET(entries, "entries");
-  GET(entry, "entry");
+  GET(entry_ref, "entry");
   GET(entry_check, "entry_check");
   GET(recheck, "recheck");
   GET(feeds, "feeds");
@@ -208,9 +228,10 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
   PyObject *o;
   if (!PyTuple_Check(self->kinds) || !PyTuple_Check(self->types) || !PyTuple_Check(self->probes) ||
       !PyTuple_Check(self->expected) || PyTuple_GET_SIZE(self->probes) != PyTuple_GET_SIZE(self->expected) ||
-      !PyDict_Check(self->entries) || !PyDict_Check(self->env_dict) || !PyAnySet_Check(self->adopted_ptrs)) {
-    PyErr_SetString(PyExc_TypeError, "graphjit lane plan: kinds, types, probes, expected: tuples; entries, "
-                                     "env_dict: dicts; adopted_ptrs: a set");
+      !PyWeakref_CheckRef(self->state_ref) || !PyWeakref_CheckRef(self->entry_ref) ||
+      !PyDict_Check(self->env_dict) || !PyAnySet_Check(self->adopted_ptrs)) {
+    PyErr_SetString(PyExc_TypeError, "graphjit lane plan: kinds, types, probes, expected: tuples; state, entry: weak "
+                                     "references; env_dict: a dict; adopted_ptrs: a set");
     return -1;
   }
   self->nargs = PyTuple_GET_SIZE(self->kinds);
@@ -319,8 +340,8 @@ bad_index:
 
 /* The part before the lock: the call is the key's, its environment the planned one.  1 served so far, 0 a miss
  * (no error set), -1 an error (the caller clears it: a miss). */
-static int signed_as_planned(Plan *self, PyObject *instance, PyObject *args, PyObject *kwargs, PyObject **tensors,
-                             Py_ssize_t *n_tensors) {
+static int signed_as_planned(Plan *self, PyObject *state, PyObject *entry, PyObject *instance, PyObject *args,
+                             PyObject *kwargs, PyObject **tensors, Py_ssize_t *n_tensors) {
   if (kwargs != Py_None && (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != 0)) return 0;
   if (!PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != self->nargs) return 0;
   /* GRAPHJIT_* read again since the plan (env.refresh), or another thread's settings: the Python path */
@@ -372,11 +393,15 @@ static int signed_as_planned(Plan *self, PyObject *instance, PyObject *args, PyO
   int ok = truthy_call(self->check, tensors, (size_t)n);
   if (ok <= 0) return ok;
   /* the key's entry: still the planned one, with the same guards, recheck, step context, advances and handoff */
-  if (PyDict_GetItemWithError(self->entries, self->key) != self->entry) return PyErr_Occurred() ? -1 : 0;
+  PyObject *entries = PyObject_GetAttr(state, s_entries);
+  if (entries == NULL) return -1;
+  PyObject *current = PyDict_Check(entries) ? PyDict_GetItemWithError(entries, self->key) : NULL;
+  Py_DECREF(entries); /* the state holds it: current stays alive while the state does (the caller holds it) */
+  if (current != entry) return PyErr_Occurred() ? -1 : 0;
   PyObject *const names[5] = {s_check, s_recheck, s_feeds, s_advances, s_handoff};
   PyObject *const want[5] = {self->entry_check, self->recheck, self->feeds, self->advances, self->handoff};
   for (int k = 0; k < 5; ++k) {
-    PyObject *v = PyObject_GetAttr(self->entry, names[k]);
+    PyObject *v = PyObject_GetAttr(entry, names[k]);
     if (v == NULL) return -1;
     Py_DECREF(v);
     if (v != want[k]) return 0;
@@ -585,12 +610,18 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
   }
   PyObject *refs = self->refs;
   if (!self->ready || refs == NULL) return missed(self); /* retired (its key's entry released) */
+  PyObject *state = deref(self->state_ref), *entry = deref(self->entry_ref);
+  if (state == NULL || entry == NULL) { /* the function or the key's entry is gone */
+    Py_XDECREF(state);
+    Py_XDECREF(entry);
+    return missed(self);
+  }
   Py_INCREF(refs); /* retire() while this call runs Python code leaves every object it reads alive */
   PyObject *instance = argv[0], *args = argv[1], *kwargs = argv[2];
   PyObject *tensors[LANE_MAX];
   Py_ssize_t n = 0;
   PyObject *targets = NULL, *outs = NULL, *result = NULL;
-  int ok = signed_as_planned(self, instance, args, kwargs, tensors, &n);
+  int ok = signed_as_planned(self, state, entry, instance, args, kwargs, tensors, &n);
   if (ok > 0 && self->advances != Py_None) { /* where this call holds the scalars its replay sets (advances.py) */
     if (!PyDict_Check(kwargs)) {
       ok = 0;
@@ -605,7 +636,7 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
   if (got == NULL) goto miss;
   Py_DECREF(got);
   /* under the lock: still the plan serving the function's calls (not replaced, not retired meanwhile) */
-  PyObject *current = self->refs == NULL ? NULL : PyObject_GetAttr(self->state, s_lane);
+  PyObject *current = self->refs == NULL ? NULL : PyObject_GetAttr(state, s_lane);
   ok = current == (PyObject *)self ? 1 : (current == NULL && PyErr_Occurred() ? -1 : 0);
   Py_XDECREF(current);
   unsigned long long k = 0;
@@ -627,6 +658,8 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
       Py_XDECREF(result);
       Py_XDECREF(targets);
       Py_DECREF(refs);
+      Py_DECREF(state);
+      Py_DECREF(entry);
       return NULL; /* the lock could not be released: nothing sensible is left to do */
     }
     Py_DECREF(r);
@@ -636,10 +669,12 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
     Py_XDECREF(targets);
     PyObject *r = launch_raised(self);
     Py_DECREF(refs);
+    Py_DECREF(state);
+    Py_DECREF(entry);
     return r;
   }
   if (ok <= 0) goto miss;
-  if (result != NULL && PyObject_SetAttr(self->state, s_last_key, self->key) < 0) Py_CLEAR(result);
+  if (result != NULL && PyObject_SetAttr(state, s_last_key, self->key) < 0) Py_CLEAR(result);
   if (result != NULL && targets != NULL) { /* the Python scalars the call would have advanced */
     PyObject *a[2] = {self->advances, targets};
     PyObject *r = PyObject_VectorcallMethod(s_apply, a, 2, NULL);
@@ -648,10 +683,14 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
   }
   Py_XDECREF(targets);
   Py_DECREF(refs);
+  Py_DECREF(state);
+  Py_DECREF(entry);
   return result;
 miss:
   Py_XDECREF(targets);
   Py_DECREF(refs);
+  Py_DECREF(state);
+  Py_DECREF(entry);
   return missed(self);
 }
 
@@ -833,6 +872,7 @@ PyMODINIT_FUNC PyInit__lane(void) {
   INTERN(s_targets, "targets");
   INTERN(s_apply, "apply");
   INTERN(s_lane, "lane");
+  INTERN(s_entries, "entries");
 #undef INTERN
   Py_INCREF(&PlanType);
   if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) return NULL;

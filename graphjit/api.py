@@ -30,6 +30,7 @@ import functools
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
@@ -96,7 +97,7 @@ class _State(OutputChecks, LaneHolder, Policy, KeyLifecycle, ValueVariants):
         self.dynamic = (DynamicArgs(options.dynamic, self.signer.signature, self.name, self.signer.bucket_targets())
                         if options.dynamic else None)
         self.stats = FunctionStats(self.name)
-        self.stats.pending = self.flush_lane  # the counts of calls the replay lane served (lane.py)
+        self.stats.pending = weakref.WeakMethod(self.flush_lane)  # the counts of calls the lane served (lane.py)
         self.entries: dict[tuple[Any, ...], KeyEntry] = {}
         self.warming: dict[tuple[Any, ...], Warmup] = {}
         self.failed: dict[tuple[Any, ...], str] = {}

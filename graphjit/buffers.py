@@ -310,7 +310,7 @@ class KeyEntry:
     What a replay does is decided here once: whether guards are checked first (:attr:`check`), whether the graph
     is piecewise (it then takes the call's dynamic values)."""
 
-    __slots__ = ("advances", "check", "device", "feeds", "graph", "guards", "handoff", "inputs", "lane",
+    __slots__ = ("__weakref__", "advances", "check", "device", "feeds", "graph", "guards", "handoff", "inputs", "lane",
                  "lane_settings", "no_adopt", "outputs", "piecewise", "recheck", "stats", "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import weakref
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -293,7 +294,8 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
         "owner": owner, "owner_id": owner_part[1] if method and owner_part else 0,
         "training": owner_part[2] if owner_part else None,
         "probes": parts.probes, "expected": parts.expected, "check": parts.check,
-        "state": state, "key": sig.key, "entries": state.entries, "entry": entry,
+        # weakly: a plan is held by its entry and by the function; it never keeps either alive (their graphs' memory)
+        "state": weakref.ref(state), "key": sig.key, "entry": weakref.ref(entry),
         "entry_check": entry.check, "recheck": entry.recheck, "feeds": entry.feeds, "advances": entry.advances,
         "handoff": handoff, "acquire": lock.acquire, "release": lock.release,
         "ptr": parts.data_ptr, "negated": handoff.negated, "adopted_ptrs": set(handoff.adopted_ptrs),

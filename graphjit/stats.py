@@ -95,16 +95,18 @@ class FunctionStats:
     verify_skipped: Counter[str] = field(default_factory=Counter)
     keys: dict[Any, KeyStats] = field(default_factory=dict)
     tracer: str | None = None  # set when the tracer was replaced: which by which, and why
-    # counts kept elsewhere until read (the replay lane's served calls, lane.py): moved in before each read
-    pending: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    # counts kept elsewhere until read (the replay lane's served calls, lane.py): moved in before each read, by a
+    # weak method of the function's state (the stats never keep the function, nor its graphs' memory, alive)
+    pending: Callable[[], Callable[[], None] | None] | None = field(default=None, repr=False, compare=False)
 
     def fallback(self, reason: str, calls: int = 1) -> None:
         """Count ``calls`` calls that ran without a graph, under ``reason``."""
         self.fallbacks[reason] += calls
 
     def as_dict(self) -> dict[str, Any]:
-        if self.pending is not None:
-            self.pending()
+        flush = self.pending() if self.pending is not None else None
+        if flush is not None:
+            flush()
         keys = [k.as_dict() for k in self.keys.values()]
         return {
             "function": self.name,
