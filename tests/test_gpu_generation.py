@@ -173,6 +173,8 @@ def test_a_hand_written_decode_loop_gets_its_own_cache_back_by_either_keyword(fa
 
     with torch.no_grad():
         want = decode(model.forward)
+        if keyword == "cache" and not all(same for _t, same, _l, _n in want):  # before transformers named it cache=
+            pytest.skip(f"transformers {transformers.__version__}: forward(cache=...) does not take the caller's cache")
         model.forward = graphjit.graphed(model.forward)
         for _ in range(4):
             assert decode(model.forward) == want, model.forward.report()

@@ -400,12 +400,12 @@ def test_garbage_collection_cannot_break_a_capture(dev):
     del b
     victims = collections.deque([victim])  # (a deque: what the capture's Python run does to it is not undone)
     del victim
-    calls = itertools.count(1)  # (a Python counter the function advanced would keep it from capturing)
-    seen: list[int] = []
+    # which call this is, from an object graphjit does not read into a key or a guard (a list the function appended
+    # to and read back is a value it changes on every call: the function would run uncaptured, rightly)
+    calls = itertools.count(1)
 
     def body(x):
-        seen.append(next(calls))
-        if seen[-1] == 3 and victims:  # the capturing call (2 warmups first): drop the graph in a cycle
+        if next(calls) == 3 and victims:  # the capturing call (2 warmups first): drop the graph in a cycle
             cycle: list = [victims.pop()]
             cycle.append(cycle)
             del cycle
@@ -438,7 +438,7 @@ def test_garbage_collection_cannot_break_a_capture(dev):
         assert rel(got, torch.sin(x) * 2 + x) < 1e-6
     ls = layer.stats()
     assert not ls["fallbacks"] and ls["captures"] == 1 and ls["replays"] >= 1, ls
-    assert seen[-1] >= 3 and not victims  # the cycle was made during the capture
+    assert not victims  # the cycle was made (during the capture: the third call)
     assert seen_capturing and not any(seen_capturing), "the collector ran during a capture"
 
 
