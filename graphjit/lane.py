@@ -34,6 +34,7 @@ import importlib.util
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -91,6 +92,16 @@ def compiler() -> list[str]:
     return shlex.split(str(cc))
 
 
+def missing_tools() -> str | None:
+    """What this machine lacks to build the lane (the C compiler, Python's C headers), or None where it has both."""
+    if shutil.which(compiler()[0]) is None:
+        return f"no C compiler ({compiler()[0]})"
+    headers = Path(sysconfig.get_paths().get("include") or "") / "Python.h"
+    if not headers.is_file():
+        return f"Python's C headers are not installed (no {headers})"
+    return None
+
+
 _paths: dict[Path, Path] = {}
 
 
@@ -119,8 +130,7 @@ def build(force: bool = False, cache: str | os.PathLike[str] | None = None) -> P
     path = library_path(cache)
     include = sysconfig.get_paths().get("include") or ""
     if not (Path(include) / "Python.h").is_file():
-        raise LaneBuildError(f"Python's C headers are not installed (no Python.h in {include or '?'}): install the "
-                             "Python development package to build the replay lane")
+        raise LaneBuildError(f"{missing_tools()}: install the Python development package to build the replay lane")
     path.parent.mkdir(parents=True, exist_ok=True)
     with csrc_build.FileLock(str(path) + ".lock"):
         if path.is_file() and not force:

@@ -67,6 +67,39 @@ def emu():
 
 
 @pytest.fixture
+def lane_on(monkeypatch: pytest.MonkeyPatch):
+    """The replay lane (graphjit/lane.py) built at once and loaded; a machine without the tools to build it skips."""
+    from graphjit import env, lane
+
+    missing = lane.missing_tools()
+    if missing is not None:
+        pytest.skip(f"the replay lane cannot be built here ({missing}): the Python path serves")
+    monkeypatch.setenv("GRAPHJIT_LANE", "on")
+    env.refresh()
+    assert lane.prepare() is not None, lane.status()
+    yield
+    monkeypatch.delenv("GRAPHJIT_LANE")
+    env.refresh()
+
+
+@pytest.fixture
+def python_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many calls graphjit's Python path handed to feed nodes (``Handoff.replay``), in a one-item list: those
+    the replay lane did not serve."""
+    from graphjit.handoff import Handoff
+
+    count = [0]
+    original = Handoff.replay
+
+    def counted(self, *a, **k):
+        count[0] += 1
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(Handoff, "replay", counted)
+    return count
+
+
+@pytest.fixture
 def gj_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.DEBUG, logger="graphjit")
     return caplog

@@ -4,18 +4,13 @@
 
 from __future__ import annotations
 
-import shutil
-import sysconfig
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 from only_key import only_entry, only_key
 
 import graphjit
-from graphjit import env, lane
-from graphjit.handoff import Handoff
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch]
 
@@ -25,31 +20,6 @@ torch = pytest.importorskip("torch")
 @pytest.fixture
 def dev() -> Any:
     return torch.device("cuda", 0)
-
-
-@pytest.fixture
-def lane_on(monkeypatch: pytest.MonkeyPatch) -> Any:
-    if shutil.which(lane.compiler()[0]) is None or not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
-        pytest.skip("no C compiler or no Python.h on this machine: the replay lane cannot be built")
-    monkeypatch.setenv("GRAPHJIT_LANE", "on")
-    env.refresh()
-    assert lane.prepare() is not None, lane.status()
-    yield
-    monkeypatch.delenv("GRAPHJIT_LANE")
-    env.refresh()
-
-
-@pytest.fixture
-def python_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    count = [0]
-    original = Handoff.replay
-
-    def counted(self: Handoff, *a: Any, **k: Any) -> Any:
-        count[0] += 1
-        return original(self, *a, **k)
-
-    monkeypatch.setattr(Handoff, "replay", counted)
-    return count
 
 
 def test_queued_calls_served_in_c_read_and_write_their_own_tensors(dev, lane_on, python_replays):

@@ -8,8 +8,6 @@ import os
 import platform
 import shutil
 import sys
-import sysconfig
-from pathlib import Path
 from typing import Any
 
 from .children import ROOT, run_command
@@ -144,12 +142,11 @@ def check_lane(ctx: Context, setting: str) -> None:
             r.add("system", "replay lane", PASS, f"{lane.library_path()} (plain replayed calls are served in C)",
                   lane=lane.status())
         return
-    cc = shutil.which(lane.compiler()[0])
-    headers = Path(sysconfig.get_paths().get("include") or "") / "Python.h"
-    if cc is None or not headers.is_file():
-        missing = "C compiler" if cc is None else f"Python C headers ({headers})"
-        r.add("system", "replay lane", SKIP, f"cannot be built here: no {missing}; every replayed call takes "
+    missing = lane.missing_tools()
+    if missing is not None:
+        r.add("system", "replay lane", SKIP, f"cannot be built here: {missing}; every replayed call takes "
               "graphjit's Python path", "install a C compiler and Python's development headers (python3-dev)")
         return
+    cc = shutil.which(lane.compiler()[0])
     r.add("system", "replay lane", PASS, f"not built yet ({cc}): builds itself where a key first replays twice in a "
           "row (GRAPHJIT_LANE=auto: in the background)", "python -m graphjit build builds it ahead of time")
