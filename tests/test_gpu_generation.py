@@ -151,8 +151,8 @@ def test_a_hand_written_decode_loop_gets_its_own_cache_back_by_either_keyword(fa
     """A decode loop written by hand around a graphed forward, the static cache passed by its name or by its deprecated
     one (``past_key_values=``, which transformers' wrapper renames: graphjit passes such a call as written): greedy
     tokens equal the eager loop's, and every step returns the caller's own cache object with its own layers (their
-    Python counts where eager leaves them), replays included, where the graph reads a copy of a layer's tensor too
-    (Gemma's window length, only read once the window is full)."""
+    Python counts where eager leaves them), replays included.  Llama replays every decode step from then on; Gemma 2
+    one graph per position before its window fills, and uncaptured past it (below)."""
     model = hf_families.build(torch, transformers, family, layers=4, hidden=256, device="cuda")
     prompt = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(3)).cuda()
     cache = transformers.StaticCache(config=model.config, max_cache_len=64)
@@ -179,4 +179,15 @@ def test_a_hand_written_decode_loop_gets_its_own_cache_back_by_either_keyword(fa
         for _ in range(4):
             assert decode(model.forward) == want, model.forward.report()
     assert all(same and layers for _t, same, layers, _n in want)
-    assert model.forward.stats()["replays"] >= 20, model.forward.report()
+    stats = model.forward.stats()
+    if family not in hf_families.SLIDING:
+        assert stats["replays"] >= 20, model.forward.report()
+        return
+    # Gemma without an attention mask: forward builds its mask inside, from its layers' counts, so the family's proof
+    # on a second position differs from eager (graphjit/families.py) and each position is a key of its own (2 warmup
+    # runs, captured in the third); once the window is full the rolling branch's torch.tensor([-1], device=...) is a
+    # CPU-GPU sync: those positions run uncaptured, saying so.
+    assert stats["replays"] >= WINDOW - 8, model.forward.report()
+    for k in stats["keys"]:
+        if k["state"] == "fallback":
+            assert k["reason"].startswith(("CPU-GPU sync", "changes its own signature")), k

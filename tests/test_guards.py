@@ -706,3 +706,36 @@ def test_a_key_of_a_deleted_entry_says_so_in_its_label(emu):
         assert torch.equal(g(x), f(x)), i
     labels = [k["key"] for k in g.stats()["keys"]]
     assert len(labels) == 2 and any("'scales'[1]=(deleted)" in label for label in labels), labels
+
+
+
+def test_the_compile_tracer_keeps_each_float_a_constant_of_its_compiled_code(monkeypatch):
+    """``tracer="compile"``: a float the function reads that changes makes Dynamo recompile with that float as a
+    constant, never as a 0-d CPU tensor input (its automatic dynamic), which a CUDA graph would replay stale (the
+    host memory it is read from is that one call's) or fail to capture beside CUDA tensors.  The compiled programs are
+    counted with an eager backend, so a float input shows as a 0-d placeholder.  (Run without the emulator: its sync
+    watch is a dispatch mode, under which Dynamo does not recompile.)"""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from graphjit import backends
+
+    counter = CompileCounterWithBackend("eager")
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **_kw: real(fn, backend=counter))
+    torch.manual_seed(0)
+    w = torch.randn(16, 16)
+
+    class Knob:
+        scale = 1.0
+
+    def step(x):
+        return (x @ w) * Knob.scale
+
+    traced = backends.get("torch").trace(step, "compile")
+    x = torch.randn(4, 16)
+    for scale in (1.0, 2.0, 1.0, 3.0):
+        Knob.scale = scale
+        torch.testing.assert_close(traced(x), (x @ w) * scale)
+    scalars = [n for fx in counter.graphs for n in fx.graph.nodes
+               if n.op == "placeholder" and getattr(n.meta.get("example_value"), "dim", lambda: 1)() == 0]
+    assert counter.frame_count == 3 and not scalars, (counter.frame_count, scalars)

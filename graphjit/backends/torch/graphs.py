@@ -9,6 +9,7 @@ Inductor's own CUDA graphs switched off, so that graphjit owns the one graph.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import operator
@@ -380,7 +381,7 @@ class TorchBackend(Backend):
             return fn
         if tracer == "compile":
             # Inductor's own CUDA graphs off: graphjit captures the compiled kernels itself.
-            return torch.compile(fn, options={"triton.cudagraphs": False})
+            return _floats_specialized(torch.compile(fn, options={"triton.cudagraphs": False}))
         raise BackendError(f"tracer={tracer!r} is not a torch tracer; expected one of {self.tracers}")
 
     def tracer_guard(self, target: Any, tracer: str, f_locals: dict[str, Any]) -> Any:
@@ -540,6 +541,30 @@ def _dynamo_guard(target: Any, f_locals: dict[str, Any]) -> Callable[[], str | N
 
         return failed
     return None
+
+
+def _floats_specialized(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled`` run with Dynamo's ``specialize_float`` on, so that each Python float the function reads is a
+    constant of its compiled code, guarded by Dynamo, as graphjit keys its graphs on it.
+
+    Refused otherwise: when such a float changes, Dynamo recompiles with the float as a 0-d CPU tensor input (its
+    automatic dynamic).  On a GPU the compiled code then reads the float from host memory made for that one call, or
+    puts kernels on the CPU beside CUDA tensors (an ``addmm`` with a CPU bias): a graph captured from it replays a
+    stale value or the capture fails.  inductor's own CUDA graphs skip such code for its CPU input; specializing
+    keeps it graphable.  Only uncaptured calls run through here (a replay never does): the patch costs them about
+    10 us.  A torch whose Dynamo has no such setting gets ``compiled`` itself."""
+    try:
+        from torch._dynamo import config as dynamo_config
+    except ImportError:  # a torch without Dynamo
+        return compiled
+    if not hasattr(dynamo_config, "specialize_float"):
+        return compiled
+    @functools.wraps(compiled)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with dynamo_config.patch(specialize_float=True):  # a patch per call: re-entered by recursion or threads
+            return compiled(*args, **kwargs)
+
+    return run
 
 
 def _float64(t: Any) -> Any:
