@@ -117,10 +117,12 @@ class ValueVariants(abc.ABC):
     def values_uncaptured(self, backend: Backend, sig: CallSignature, change: tuple[str, str, str], instance: Any,
                           args: tuple[Any, ...], kwargs: dict[str, Any], frozen: bool = False) -> Any:
         """A call whose read values changed on every recent call (or, ``frozen``, under a tracer whose program froze
-        them): uncaptured, under the path's reason; a frozen program is not run, the Python function is."""
+        them): uncaptured, under the path's reason; a frozen program is not run, the Python function is, as where
+        the tracer's guards may miss a read value (:meth:`Backend.tracer_misses_values`)."""
         path, old, new = change
         reason = f"{guards.REASON}: {path}"
         tracer = self.invoker.tracer_name(backend)
+        untraced = frozen or backend.tracer_misses_values(tracer) is not None
         why = (f"{backend.name}'s {tracer} tracer froze it into its program, so calls with another value run the "
                'Python function uncaptured; tracer="sot" or "eager" capture a graph per value' if frozen else
                f"it changed on each of the last {Drift.VOLATILE} calls (or took more than {Drift.MAX_VALUES} "
@@ -132,7 +134,7 @@ class ValueVariants(abc.ABC):
         st = self.stats.keys.get(sig.key)
         if st is not None:
             st.reason, st.detail = reason, detail
-        if frozen:
+        if untraced:
             self.stats.fallback(reason)
             if st is not None:
                 st.uncaptured += 1

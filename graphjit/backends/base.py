@@ -382,6 +382,13 @@ class Backend(abc.ABC):
         (a changed value then needs a new translation)."""
         return True
 
+    def tracer_misses_values(self, tracer: str) -> str | None:
+        """Why ``tracer``'s guards may miss a Python value the function reads (so its program keeps running with the
+        old value after it changed), or None where they do not.  Where they may, the first call of a key captured
+        for other read values runs the traced program against the Python function (:mod:`graphjit.tracer_check`),
+        and calls whose read values change on every call run the Python function itself."""
+        return None
+
     def prepare_step(self, roots: list[tuple[str, Any]]) -> StepContext | None:
         """Once per key, at its first call: the :class:`~graphjit.feeds.StepContext` put around each of the key's
         calls when it is a training step (what it does with the training state the call reaches, ``roots``:

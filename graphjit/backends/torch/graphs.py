@@ -384,6 +384,16 @@ class TorchBackend(Backend):
             return _floats_specialized(torch.compile(fn, options={"triton.cudagraphs": False}))
         raise BackendError(f"tracer={tracer!r} is not a torch tracer; expected one of {self.tracers}")
 
+    def tracer_misses_values(self, tracer: str) -> str | None:
+        """``tracer="compile"`` on a torch whose Dynamo installs no guard on a number read off a class (pytorch#176851,
+        a regression of torch 2.10-2.11: the compiled code keeps the old value after the class attribute changed),
+        found once per process by compiling a probe with Dynamo's eager backend."""
+        if tracer != "compile":
+            return None
+        if _DYNAMO_CLASS_GUARDS[0] is None:
+            _DYNAMO_CLASS_GUARDS[0] = _probe_class_attribute_guards()
+        return _DYNAMO_CLASS_GUARDS[0] or None
+
     def tracer_guard(self, target: Any, tracer: str, f_locals: dict[str, Any]) -> Any:
         """``tracer="compile"``: the guards of the Dynamo cache entry of ``target``'s code that ``f_locals`` (the
         captured call, static buffers and all) selects, checked with those same locals before each replay:
@@ -541,6 +551,38 @@ def _dynamo_guard(target: Any, f_locals: dict[str, Any]) -> Callable[[], str | N
 
         return failed
     return None
+
+
+_DYNAMO_CLASS_GUARDS: list[str | None] = [None]
+"""What :func:`_probe_class_attribute_guards` found ("" where Dynamo guards class attributes); None before it ran."""
+
+
+class _ProbeKnob:
+    """The class whose attribute the probe reads and changes (nothing else reads it)."""
+
+    value = 1.0
+
+
+def _probe_class_attribute_guards() -> str:
+    """"" where Dynamo recompiles a function after a number it read off a class changed, else why not."""
+    def read(x: Any) -> Any:
+        return x * _ProbeKnob.value
+
+    try:
+        compiled = torch.compile(read, backend="eager")
+        x = torch.ones(1)
+        _ProbeKnob.value = 1.0
+        compiled(x)
+        _ProbeKnob.value = 2.0
+        stale = float(compiled(x)[0]) != 2.0
+    except Exception as exc:  # Dynamo cannot even compile the probe: it is not trusted with read values either
+        return f"torch {torch.__version__}'s Dynamo failed a probe ({type(exc).__name__}: {exc})"[:300]
+    finally:
+        _ProbeKnob.value = 1.0
+    if stale:
+        return (f"torch {torch.__version__}'s Dynamo installs no guard on a number read off a class (pytorch#176851): "
+                "its compiled code keeps the old value")
+    return ""
 
 
 def _floats_specialized(compiled: Callable[..., Any]) -> Callable[..., Any]:
