@@ -21,7 +21,7 @@ def _tool():
 
 def test_one_commit_gives_one_row_per_family_and_batch_with_the_files_ratios():
     tool = _tool()
-    files = [RESULTS / "generate_llama_torch_h200.json", RESULTS / "generate_gemma2_torch_h200.json"]
+    files = [RESULTS / "generate_llama_torch_h200.json", RESULTS / "generate_qwen2_torch_h200.json"]
     lines, commits = tool.table(files)
     assert list(commits) == ["f8ef020"] and len(lines) == 2 + 4, lines
     llama = next(line for line in lines if line.startswith("| Llama 1 |"))
@@ -31,8 +31,8 @@ def test_one_commit_gives_one_row_per_family_and_batch_with_the_files_ratios():
 
 def test_rows_of_several_commits_are_refused_unless_asked_for(capsys: pytest.CaptureFixture[str]):
     tool = _tool()
-    files = [str(RESULTS / "generate_gemma2_torch_h200.json"), str(RESULTS / "generate_t5_torch_h200.json")]
+    files = [str(RESULTS / "generate_gemma2_gemma3_text_torch_h200.json"), str(RESULTS / "generate_t5_torch_h200.json")]
     assert tool.main(files) == 1 and "several commits" in capsys.readouterr().err
     assert tool.main([*files, "--mixed"]) == 0
     out = capsys.readouterr().out
-    assert "| Gemma 2 8 |" in out and "f8ef020: 2" in out and "4494f63: 2" in out
+    assert "| Gemma 2 8 |" in out and "c53bffa: 3" in out and "4494f63: 2" in out

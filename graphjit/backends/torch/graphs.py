@@ -9,7 +9,6 @@ Inductor's own CUDA graphs switched off, so that graphjit owns the one graph.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import logging
 import operator
@@ -25,8 +24,8 @@ from ...errors import BackendError, CaptureError
 from ...feeds import StepContext
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, LaneParts, Segments, collector_paused, segments_open
 from . import device as cuda_device
+from . import dynamo, hooks, rebinds, workspaces
 from . import feed as feed_mod
-from . import hooks, rebinds, workspaces
 from . import modes as torch_modes
 from .breaks import dynamo_off, shield
 from .modes import autocast_cache_off
@@ -381,7 +380,7 @@ class TorchBackend(Backend):
             return fn
         if tracer == "compile":
             # Inductor's own CUDA graphs off: graphjit captures the compiled kernels itself.
-            return _floats_specialized(torch.compile(fn, options={"triton.cudagraphs": False}))
+            return dynamo.floats_specialized(torch.compile(fn, options={"triton.cudagraphs": False}))
         raise BackendError(f"tracer={tracer!r} is not a torch tracer; expected one of {self.tracers}")
 
     def tracer_misses_values(self, tracer: str) -> str | None:
@@ -390,9 +389,7 @@ class TorchBackend(Backend):
         found once per process by compiling a probe with Dynamo's eager backend."""
         if tracer != "compile":
             return None
-        if _DYNAMO_CLASS_GUARDS[0] is None:
-            _DYNAMO_CLASS_GUARDS[0] = _probe_class_attribute_guards()
-        return _DYNAMO_CLASS_GUARDS[0] or None
+        return dynamo.class_attribute_guards_missing()
 
     def tracer_guard(self, target: Any, tracer: str, f_locals: dict[str, Any]) -> Any:
         """``tracer="compile"``: the guards of the Dynamo cache entry of ``target``'s code that ``f_locals`` (the
@@ -400,7 +397,7 @@ class TorchBackend(Backend):
         they hold while every value Dynamo read (globals, attributes, closure cells, config) is unchanged."""
         if tracer != "compile":
             return None
-        return _dynamo_guard(target, f_locals)
+        return dynamo.cache_entry_guard(target, f_locals)
 
     # -- devices and graphs ----------------------------------------------------------------
     def graphs_unavailable(self, device: str) -> str | None:
@@ -518,97 +515,6 @@ _SYNC_WATCHER = SyncWatcher(torch.cuda.get_sync_debug_mode, torch.cuda.set_sync_
 
 # Dynamo's C++ check of tensors' metadata (None on a torch without it): Backend.meta_check
 _TensorGuards: Any = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None)
-def _dynamo_guard(target: Any, f_locals: dict[str, Any]) -> Callable[[], str | None] | None:
-    code = getattr(getattr(target, "__func__", target), "__code__", None)
-    if code is None:
-        return None
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-        entries = _debug_get_cache_entry_list(code)
-    except Exception:  # a torch without this API: graphjit's own guards still hold
-        return None
-    for entry in entries:
-        manager = getattr(entry, "guard_manager", None)
-        check = getattr(manager, "check", None)
-        if check is None:
-            continue
-        try:
-            if not check(f_locals):
-                continue
-        except Exception:
-            continue
-
-        def failed(manager: Any = manager, check: Any = check) -> str | None:
-            try:
-                if check(f_locals):
-                    return None
-                verbose = manager.check_verbose(f_locals)
-                parts = getattr(verbose, "verbose_code_parts", None) or ["a guard"]
-                return str(parts[0])[:200]
-            except Exception as exc:  # a guard that cannot be evaluated does not hold
-                return f"{type(exc).__name__}: {exc}"[:200]
-
-        return failed
-    return None
-
-
-_DYNAMO_CLASS_GUARDS: list[str | None] = [None]
-"""What :func:`_probe_class_attribute_guards` found ("" where Dynamo guards class attributes); None before it ran."""
-
-
-class _ProbeKnob:
-    """The class whose attribute the probe reads and changes (nothing else reads it)."""
-
-    value = 1.0
-
-
-def _probe_class_attribute_guards() -> str:
-    """"" where Dynamo recompiles a function after a number it read off a class changed, else why not."""
-    def read(x: Any) -> Any:
-        return x * _ProbeKnob.value
-
-    try:
-        compiled = torch.compile(read, backend="eager")
-        x = torch.ones(1)
-        _ProbeKnob.value = 1.0
-        compiled(x)
-        _ProbeKnob.value = 2.0
-        stale = float(compiled(x)[0]) != 2.0
-    except Exception as exc:  # Dynamo cannot even compile the probe: it is not trusted with read values either
-        return f"torch {torch.__version__}'s Dynamo failed a probe ({type(exc).__name__}: {exc})"[:300]
-    finally:
-        _ProbeKnob.value = 1.0
-    if stale:
-        return (f"torch {torch.__version__}'s Dynamo installs no guard on a number read off a class (pytorch#176851): "
-                "its compiled code keeps the old value")
-    return ""
-
-
-def _floats_specialized(compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """``compiled`` run with Dynamo's ``specialize_float`` on, so that each Python float the function reads is a
-    constant of its compiled code, guarded by Dynamo, as graphjit keys its graphs on it.
-
-    Refused otherwise: when such a float changes, Dynamo recompiles with the float as a 0-d CPU tensor input (its
-    automatic dynamic).  On a GPU the compiled code then reads the float from host memory made for that one call, or
-    puts kernels on the CPU beside CUDA tensors (an ``addmm`` with a CPU bias): a graph captured from it replays a
-    stale value or the capture fails.  inductor's own CUDA graphs skip such code for its CPU input; specializing
-    keeps it graphable.  Only uncaptured calls run through here (a replay never does): the patch costs them about
-    10 us.  A torch whose Dynamo has no such setting gets ``compiled`` itself."""
-    try:
-        from torch._dynamo import config as dynamo_config
-    except ImportError:  # a torch without Dynamo
-        return compiled
-    if not hasattr(dynamo_config, "specialize_float"):
-        return compiled
-    @functools.wraps(compiled)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with dynamo_config.patch(specialize_float=True):  # a patch per call: re-entered by recursion or threads
-            return compiled(*args, **kwargs)
-
-    return run
-
-
 def _float64(t: Any) -> Any:
     """``t`` in float64; a complex tensor as its real and imaginary parts (``.double()`` drops the imaginary part)."""
     t = t.detach()

@@ -1,0 +1,114 @@
+"""torch: what graphjit asks of Dynamo for ``tracer="compile"``: the guards of the cache entry a capture ran
+(:func:`cache_entry_guard`), floats kept constants of the compiled code (:func:`floats_specialized`), and whether
+this Dynamo guards numbers read off a class (:func:`class_attribute_guards_missing`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["cache_entry_guard", "class_attribute_guards_missing", "floats_specialized"]
+
+
+def cache_entry_guard(target: Any, f_locals: dict[str, Any]) -> Callable[[], str | None] | None:
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    if code is None:
+        return None
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        entries = _debug_get_cache_entry_list(code)
+    except Exception:  # a torch without this API: graphjit's own guards still hold
+        return None
+    for entry in entries:
+        manager = getattr(entry, "guard_manager", None)
+        check = getattr(manager, "check", None)
+        if check is None:
+            continue
+        try:
+            if not check(f_locals):
+                continue
+        except Exception:
+            continue
+
+        def failed(manager: Any = manager, check: Any = check) -> str | None:
+            try:
+                if check(f_locals):
+                    return None
+                verbose = manager.check_verbose(f_locals)
+                parts = getattr(verbose, "verbose_code_parts", None) or ["a guard"]
+                return str(parts[0])[:200]
+            except Exception as exc:  # a guard that cannot be evaluated does not hold
+                return f"{type(exc).__name__}: {exc}"[:200]
+
+        return failed
+    return None
+
+
+_DYNAMO_CLASS_GUARDS: list[str | None] = [None]
+"""What :func:`_probe_class_attribute_guards` found ("" where Dynamo guards class attributes); None before it ran."""
+
+
+_PROBE = """
+class Knob:
+    value = 1.0
+
+def read(x):
+    return x * Knob.value
+"""
+"""The probe's source, compiled under a file name of its own: Dynamo skips graphjit's files (backends/torch/breaks.py),
+so a probe defined here would never be compiled."""
+
+
+def _probe_class_attribute_guards() -> str:
+    """"" where Dynamo recompiles a function after a number it read off a class changed, else why not."""
+    space: dict[str, Any] = {}
+    exec(compile(_PROBE, "<graphjit: Dynamo class-attribute probe>", "exec"), space)
+    knob = space["Knob"]
+    try:
+        compiled = torch.compile(space["read"], backend="eager")
+        x = torch.ones(1)
+        compiled(x)
+        knob.value = 2.0
+        stale = float(compiled(x)[0]) != 2.0
+    except Exception as exc:  # Dynamo cannot even compile the probe: it is not trusted with read values either
+        return f"torch {torch.__version__}'s Dynamo failed a probe ({type(exc).__name__}: {exc})"[:300]
+    if stale:
+        return (f"torch {torch.__version__}'s Dynamo installs no guard on a number read off a class (pytorch#176851): "
+                "its compiled code keeps the old value")
+    return ""
+
+
+def floats_specialized(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled`` run with Dynamo's ``specialize_float`` on, so that each Python float the function reads is a
+    constant of its compiled code, guarded by Dynamo, as graphjit keys its graphs on it.
+
+    Refused otherwise: when such a float changes, Dynamo recompiles with the float as a 0-d CPU tensor input (its
+    automatic dynamic).  On a GPU the compiled code then reads the float from host memory made for that one call, or
+    puts kernels on the CPU beside CUDA tensors (an ``addmm`` with a CPU bias): a graph captured from it replays a
+    stale value or the capture fails.  inductor's own CUDA graphs skip such code for its CPU input; specializing
+    keeps it graphable.  Only uncaptured calls run through here (a replay never does): the patch costs them about
+    10 us.  A torch whose Dynamo has no such setting gets ``compiled`` itself."""
+    try:
+        from torch._dynamo import config as dynamo_config
+    except ImportError:  # a torch without Dynamo
+        return compiled
+    if not hasattr(dynamo_config, "specialize_float"):
+        return compiled
+    @functools.wraps(compiled)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with dynamo_config.patch(specialize_float=True):  # a patch per call: re-entered by recursion or threads
+            return compiled(*args, **kwargs)
+
+    return run
+
+
+def class_attribute_guards_missing() -> str | None:
+    """Why this Dynamo's compiled code may keep a number read off a class after it changed (pytorch#176851, torch
+    2.10-2.11), or None; probed once per process."""
+    if _DYNAMO_CLASS_GUARDS[0] is None:
+        _DYNAMO_CLASS_GUARDS[0] = _probe_class_attribute_guards()
+    return _DYNAMO_CLASS_GUARDS[0] or None
