@@ -180,7 +180,7 @@ class KeyLifecycle(abc.ABC):
         guard_src = self.guard_sources(instance, args, kwargs) if sync_watch else None
         holders = warm.advances.holders(args, kwargs) if warm.advances is not None else None
         with scope_mod.graphed_call("warmup"):
-            run, traced = self.runner(backend, device, sig.key, instance, args, kwargs, roots, sig.base is not None)
+            run, traced = self.runner(backend, device, sig.key, instance, args, kwargs, roots)
             out, obs = watched_call(backend, run, roots, device, budget, sync_watch=sync_watch, guard_src=guard_src,
                                     runs_python=traced is not None or self.invoker.tracer_name(backend) == "eager")
         if traced is not None:
@@ -262,17 +262,14 @@ class KeyLifecycle(abc.ABC):
         return None
 
     def runner(self, backend: Backend, device: str, key: tuple[Any, ...], instance: Any, args: tuple[Any, ...],
-               kwargs: dict[str, Any], roots: list[tuple[str, Any]] | None = None, variant: bool = False
+               kwargs: dict[str, Any], roots: list[tuple[str, Any]] | None = None
                ) -> tuple[Callable[[], Any], tracer_check.TracedRun | None]:
         """What runs a call: the traced function, or, on the first call of a key whose tracer is checked
         (:mod:`graphjit.tracer_check`), the Python function after a run of the traced one that is put back
         (then hand the returned run to :meth:`check_tracer` with the call's result).  ``roots``: the call's
-        (:meth:`roots`), if the caller has them.  ``variant``: the key is one for other read values, checked too
-        where the tracer's guards may miss one (:meth:`Backend.tracer_misses_values`)."""
+        (:meth:`roots`), if the caller has them."""
         inv = self.invoker
-        tracer = inv.tracer_name(backend)
-        if key in self.tracer_checked or (tracer not in backend.checked_tracers and not (
-                variant and backend.tracer_misses_values(tracer))):
+        if key in self.tracer_checked or inv.tracer_name(backend) not in backend.checked_tracers:
             return (lambda: inv.run(backend, instance, args, kwargs)), None
         self.tracer_checked.add(key)
         traced = tracer_check.traced_run(backend, device, roots if roots is not None else

@@ -90,6 +90,8 @@ class ValueVariants(abc.ABC):
         change = guard.change() or ("a value", "?", "?")
         values = guard.values()
         backend = entry.inputs.backend
+        if change[0].startswith("class "):
+            self.class_value_changed(backend, change[0])
         if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
             return self.values_uncaptured(backend, sig, change, instance, args, kwargs, frozen=True)
         if values is None:
@@ -113,6 +115,21 @@ class ValueVariants(abc.ABC):
         self.history.note_values(base, {path: old for path, (old, _new) in shown.items()})
         return self.slow(sig.for_values(vkey, {path: new for path, (_old, new) in shown.items()}), settings, instance,
                          args, kwargs, previous)
+
+    def class_value_changed(self, backend: Backend, path: str) -> None:
+        """A value read off a class changed: where the tracer's guards may miss such a value
+        (:meth:`Backend.tracer_misses_values`: this Dynamo keeps running code compiled for the old one), the function
+        is traced with ``eager`` from now on (logged once, shown in ``report()``), so the new value's key runs and
+        captures the Python function's kernels."""
+        tracer = self.invoker.tracer_name(backend)
+        missing = backend.tracer_misses_values(tracer)
+        if missing is None:
+            return
+        why = (f'{backend.name} tracer="{tracer}" replaced by "eager": {path} changed, and {missing}; the function is '
+               'traced with "eager" (and still captured) from now on')
+        self.invoker.replace_tracer(backend, why)
+        self.stats.tracer = why
+        self.say_once(logging.WARNING, "tracer-misses", "graphjit %s: %s", self.name, why)
 
     def values_uncaptured(self, backend: Backend, sig: CallSignature, change: tuple[str, str, str], instance: Any,
                           args: tuple[Any, ...], kwargs: dict[str, Any], frozen: bool = False) -> Any:

@@ -383,10 +383,10 @@ class Backend(abc.ABC):
         return True
 
     def tracer_misses_values(self, tracer: str) -> str | None:
-        """Why ``tracer``'s guards may miss a Python value the function reads (so its program keeps running with the
-        old value after it changed), or None where they do not.  Where they may, the first call of a key captured
-        for other read values runs the traced program against the Python function (:mod:`graphjit.tracer_check`),
-        and calls whose read values change on every call run the Python function itself."""
+        """Why ``tracer``'s guards may miss a Python value read off a class (so its program keeps running with the
+        old value after it changed), or None where they do not.  Where they may, such a change makes graphjit trace
+        the function with ``eager`` from then on (:meth:`graphjit.variants.ValueVariants.class_value_changed`), and
+        calls whose read values change on every call run the Python function itself."""
         return None
 
     def prepare_step(self, roots: list[tuple[str, Any]]) -> StepContext | None:
