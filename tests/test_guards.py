@@ -6,6 +6,8 @@ GPU, both torch tracers and Paddle: tests/test_gpu_guards.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -741,7 +743,7 @@ def test_the_compile_tracer_keeps_each_float_a_constant_of_its_compiled_code(mon
     assert counter.frame_count == 3 and not scalars, (counter.frame_count, scalars)
 
 
-def test_a_compiled_program_that_keeps_an_old_read_value_is_caught_on_its_new_key(emu, monkeypatch):
+def test_a_compiled_program_that_keeps_an_old_class_value_is_not_captured(emu, monkeypatch):
     """A torch whose Dynamo installs no guard on a number read off a class (pytorch#176851, torch 2.10-2.11) keeps
     running code compiled for the old value.  Where the backend says its tracer may miss such a value, a change of a
     value read off a class makes the function traced with "eager" from then on: every call equals eager.  The stale
@@ -778,7 +780,7 @@ def test_a_compiled_program_that_keeps_an_old_read_value_is_caught_on_its_new_ke
         with torch.no_grad():
             torch.testing.assert_close(g(x), (x @ w) * Knob.scale, rtol=0, atol=1e-6)
     st = g.stats()
-    assert st["tracer"] and 'replaced by "eager": class Knob.scale changed' in st["tracer"], g.report()
+    assert st["tracer"] and re.search(r'replaced by "eager": class \S*Knob.scale changed', st["tracer"]), g.report()
     assert st["graphs"] >= 2 and st["replays"] >= 3, g.report()
     # a value that changes on every call: those calls run the Python function, not the stale program
     Knob.scale = 1.0
