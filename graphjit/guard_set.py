@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .guards import Scan
     from .module_hooks import HookWatch
 
-__all__ = ["DELETED", "GuardSet", "note_rebind", "same", "show"]
+__all__ = ["DELETED", "GuardSet", "HasKey", "note_rebind", "same", "show"]
 
 _REBINDS = [0]
 """How many times a framework said one of its modules rebound a parameter or buffer (:func:`note_rebind`)."""
@@ -25,6 +25,18 @@ def note_rebind(*_args: Any) -> None:
     """A module of a framework rebound a parameter or buffer (a registration hook: returns None, changing nothing):
     every graph's held tensors are compared again before its next replay."""
     _REBINDS[0] += 1
+
+
+class HasKey:
+    """``HasKey(name)(d)``: ``name in d`` (a whole-container getter of :class:`Scan`, shown as ``has:NAME``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, d: dict[str, Any]) -> bool:
+        return self.name in d
 
 
 def same(a: Any, b: Any) -> bool:
@@ -160,7 +172,7 @@ class GuardSet:
 
     def _one(self, i: int, key: Any) -> Any:
         c = self.containers[i]
-        if key is len or key is tuple:  # a whole container's (Scan.wholes)
+        if key is len or key is tuple or isinstance(key, HasKey):  # a whole container's (Scan.wholes)
             return key(c)
         return getattr(c, key) if isinstance(self.getters[i], operator.attrgetter) else c[key]
 

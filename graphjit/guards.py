@@ -28,6 +28,9 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   order, of every dict of settings reached (string keys, plain values) where the function's code iterates a dict
   (names ``items``, ``keys`` or ``values``: ``for k, v in options.items()`` would read a key added later).  Not of
   other dicts: a cache a function fills by key (one entry per shape) would end its other graphs.
+* **Shadowing**: a class attribute an object reads (``self.temp`` where only the class sets ``temp``) is guarded on
+  the class, and the object's ``__dict__`` is guarded to stay without that name (shown as ``own(self.temp)``): an
+  instance attribute set after the capture would shadow the value the graph froze.
 * **Module hooks**: the forward and backward hook dicts of the modules reached, and the framework's global ones
   (:mod:`graphjit.module_hooks`): a hook registered or removed after the capture is a changed read value.
 * **Which names**: every attribute step of a value's path must be named by code the call may run
@@ -54,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import backends
-from .guard_set import DELETED, GuardSet, note_rebind, same, show
+from .guard_set import DELETED, GuardSet, HasKey, note_rebind, same, show
 from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, guardable, opaque, snapshot
 from .module_hooks import collect_hooks
 from .names import class_names, code_names
@@ -105,8 +108,10 @@ class Scan:
     held: dict[int, _Box] = field(default_factory=dict)  # a Module's parameter and buffer dicts: tensors by identity
     hooks: dict[int, tuple[dict[Any, Any], Path]] = field(default_factory=dict)  # the modules' hook dicts reached
     # whole containers: ``(id, what) -> (container, getter, value, path)``; what: "len" (lists, container modules'
-    # dicts) or "keys" (dicts of settings, their keys in order)
+    # dicts), "keys" (dicts of settings, their keys in order) or "has:NAME" (an instance dict without a class
+    # attribute's name: :meth:`unshadowed`)
     wholes: dict[tuple[int, str], tuple[Any, Callable[[Any], Any], Any, Path]] = field(default_factory=dict)
+    class_containers: dict[int, set[str]] = field(default_factory=dict)  # id(class) -> its containers walked
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
         if owner is not None and self.renewed and any(key == n and isinstance(owner, t) for t, n in self.renewed):
@@ -126,10 +131,17 @@ class Scan:
         (``for k, v in options.items()``) would read a key added after the capture."""
         self.wholes.setdefault((id(container), "keys"), (container, tuple, tuple(container), path))
 
+    def unshadowed(self, d: dict[str, Any], name: str, path: Path) -> None:
+        """An instance dict ``d`` without ``name``, a class attribute the instance reads: the guard that it stays
+        without (an instance attribute set after the capture would shadow the class's value the graph froze)."""
+        self.wholes.setdefault((id(d), "has:" + name), (d, HasKey(name), False, path))
+
     def named_wholes(self) -> list[tuple[str, Any, Callable[[Any], Any], Any, Path]]:
-        """``(what, container, getter, value, path)`` of the :meth:`length` and :meth:`key_set` entries whose path's
-        attribute steps are all named by code the function may run."""
-        return [(what, *e) for (_i, what), e in self.wholes.items() if _attributes_named(e[3], self.names)]
+        """``(what, container, getter, value, path)`` of the :meth:`length`, :meth:`key_set` and :meth:`unshadowed`
+        entries (what: ``len``, ``keys``, ``own``) whose path's attribute steps are all named by code the function may
+        run."""
+        return [("own" if what.startswith("has:") else what, *e) for (_i, what), e in self.wholes.items()
+                if _attributes_named(e[3], self.names)]
 
     def hold(self, container: Any, key: Any, value: Any, path: Path) -> None:
         """A tensor (or None) a Module holds in its parameter or buffer dict ``container``: compared by identity."""
@@ -284,6 +296,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     # keys guarded; not where it only looks keys up (a cache it fills by key)
     iterates = not _ITERATING.isdisjoint(src.names)
     classes: set[type] = set()  # the classes of the objects reached
+    instances: list[tuple[type, dict[str, Any], Path, Any]] = []  # (class, __dict__, path, names) of those objects
     by_name: set[type] = set()  # classes reached as values (a global class, one held in an attribute)
     for container, kind, key, path in src.slots:
         try:
@@ -347,6 +360,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             named = names_for(obj)
             d = instance_dict(obj)
             if d is not None:
+                instances.append((tp, d, path, named))
                 if hook_holders:
                     collect_hooks(d, path, hook_holders, children, out.hooks)
                 for k, child in list(d.items()):
@@ -389,8 +403,27 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             # class as its argument: a classmethod), not every name its methods use (a counter only the loop ticks)
             read = None if tp in classes else src.names | (by_object or {}).get(id(tp), frozenset())
             _class_attributes(tp, out, stack, ran, read)
+    _unshadowed(out, instances)
     out.truncated = visits.truncated
     return out
+
+
+def _unshadowed(out: Scan, instances: list[tuple[type, dict[str, Any], Path, Any]]) -> None:
+    """For each reached object, each class attribute guarded on its class (or a base) that the code may read off
+    it and its ``__dict__`` does not hold: guard that it stays so (:meth:`Scan.unshadowed`)."""
+    read_off: dict[int, set[str]] = {}
+    for cid, box in out.boxes.items():
+        if box.kind == "attr" and isinstance(box.container, type):
+            read_off[cid] = set(box.entries)
+    for cid, names in out.class_containers.items():
+        read_off.setdefault(cid, set()).update(names)
+    if not read_off:
+        return
+    for tp, d, path, named in instances:
+        for cls in tp.__mro__:
+            for k in read_off.get(id(cls), ()):
+                if k not in d and (named is None or k in named):
+                    out.unshadowed(d, k, (*path, (".", k)))
 
 
 _ITERATING = frozenset(("items", "keys", "values"))
@@ -440,6 +473,7 @@ def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any
                 out.add(cls, "attr", k, child, cpath)
             elif isinstance(child, (list, tuple, dict)) and 0 < len(child) <= MAX_ITEMS:
                 stack.append((child, cpath, 1, None))
+                out.class_containers.setdefault(id(cls), set()).add(k)
             elif isinstance(child, list):
                 out.length(child, cpath)
 

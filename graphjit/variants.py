@@ -90,8 +90,10 @@ class ValueVariants(abc.ABC):
         change = guard.change() or ("a value", "?", "?")
         values = guard.values()
         backend = entry.inputs.backend
-        if change[0].startswith("class "):
-            self.class_value_changed(backend, change[0])
+        for path in guard.shown():
+            if path.startswith("class "):
+                self.class_value_read(backend, path)
+                break
         if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
             return self.values_uncaptured(backend, sig, change, instance, args, kwargs, frozen=True)
         if values is None:
@@ -116,11 +118,12 @@ class ValueVariants(abc.ABC):
         return self.slow(sig.for_values(vkey, {path: new for path, (_old, new) in shown.items()}), settings, instance,
                          args, kwargs, previous)
 
-    def class_value_changed(self, backend: Backend, path: str) -> None:
-        """A value read off a class changed: where the tracer's guards may miss such a value
-        (:meth:`Backend.tracer_misses_values`: this Dynamo keeps running code compiled for the old one), the function
-        is traced with ``eager`` from now on (logged once, shown in ``report()``), so the new value's key runs and
-        captures the Python function's kernels."""
+    def class_value_read(self, backend: Backend, path: str) -> None:
+        """A value the function reads off a class (``path``) changed since a graph was captured: where the tracer's
+        guards may miss such a value (:meth:`Backend.tracer_misses_values`: this Dynamo keeps running code compiled
+        for the old one), the function is traced with ``eager`` from now on (logged once, shown in ``report()``), so
+        the key of the new value runs and captures the Python function's kernels.  Not seen: a change before the
+        key's first capture (between Dynamo's compilation and the capture), which Dynamo itself misses too."""
         tracer = self.invoker.tracer_name(backend)
         missing = backend.tracer_misses_values(tracer)
         if missing is None:
@@ -134,12 +137,10 @@ class ValueVariants(abc.ABC):
     def values_uncaptured(self, backend: Backend, sig: CallSignature, change: tuple[str, str, str], instance: Any,
                           args: tuple[Any, ...], kwargs: dict[str, Any], frozen: bool = False) -> Any:
         """A call whose read values changed on every recent call (or, ``frozen``, under a tracer whose program froze
-        them): uncaptured, under the path's reason; a frozen program is not run, the Python function is, as where
-        the tracer's guards may miss a read value (:meth:`Backend.tracer_misses_values`)."""
+        them): uncaptured, under the path's reason; a frozen program is not run, the Python function is."""
         path, old, new = change
         reason = f"{guards.REASON}: {path}"
         tracer = self.invoker.tracer_name(backend)
-        untraced = frozen or backend.tracer_misses_values(tracer) is not None
         why = (f"{backend.name}'s {tracer} tracer froze it into its program, so calls with another value run the "
                'Python function uncaptured; tracer="sot" or "eager" capture a graph per value' if frozen else
                f"it changed on each of the last {Drift.VOLATILE} calls (or took more than {Drift.MAX_VALUES} "
@@ -151,7 +152,7 @@ class ValueVariants(abc.ABC):
         st = self.stats.keys.get(sig.key)
         if st is not None:
             st.reason, st.detail = reason, detail
-        if untraced:
+        if frozen:
             self.stats.fallback(reason)
             if st is not None:
                 st.uncaptured += 1

@@ -191,3 +191,6 @@ def test_a_hand_written_decode_loop_gets_its_own_cache_back_by_either_keyword(fa
     for k in stats["keys"]:
         if k["state"] == "fallback":
             assert k["reason"].startswith(("CPU-GPU sync", "changes its own signature")), k
+        position = re.search(r"cumulative_length_int=(\d+)", k["key"])
+        if position is not None and int(position.group(1)) >= WINDOW:
+            assert k["state"] == "fallback" and k["reason"].startswith("CPU-GPU sync"), k

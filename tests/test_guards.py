@@ -727,16 +727,15 @@ def test_the_compile_tracer_keeps_each_float_a_constant_of_its_compiled_code(mon
     torch.manual_seed(0)
     w = torch.randn(16, 16)
 
-    class Knob:
-        scale = 1.0
+    knob = {"scale": 1.0}  # a dict, not a class attribute: Dynamo 2.10-2.11 does not guard those at all
 
     def step(x):
-        return (x @ w) * Knob.scale
+        return (x @ w) * knob["scale"]
 
     traced = backends.get("torch").trace(step, "compile")
     x = torch.randn(4, 16)
     for scale in (1.0, 2.0, 1.0, 3.0):
-        Knob.scale = scale
+        knob["scale"] = scale
         torch.testing.assert_close(traced(x), (x @ w) * scale)
     scalars = [n for fx in counter.graphs for n in fx.graph.nodes
                if n.op == "placeholder" and getattr(n.meta.get("example_value"), "dim", lambda: 1)() == 0]
@@ -790,3 +789,43 @@ def test_a_compiled_program_that_keeps_an_old_class_value_is_not_captured(emu, m
         with torch.no_grad():
             torch.testing.assert_close(g(x), (x @ w) * Knob.scale, rtol=0, atol=1e-6)
     assert any(r.startswith(guards.REASON) for r in g.stats()["fallbacks"]), g.report()
+
+
+class _Scaled:
+    """A plain object whose method reads a class default (``temp``) through ``self``."""
+
+    temp = 1.0
+
+    def __init__(self) -> None:
+        self.w = torch.randn(4, 4)
+
+    def step(self, x):
+        return (x @ self.w) * self.temp
+
+
+class _ScaledModule(torch.nn.Module):
+    temp = 1.0
+
+    def forward(self, x):
+        return x * self.temp
+
+
+@pytest.mark.parametrize("kind", ["module", "method"])
+def test_an_instance_attribute_that_shadows_a_class_default_after_the_capture_is_seen(emu, kind):
+    """``obj.temp = 5.0`` after the capture, where only the class had ``temp``: the graph froze the class's value, so
+    the object's ``__dict__`` is guarded to stay without the name (``own(self.temp)``).  Before, the graph replayed
+    the class's 1.0 (the class attribute itself had not changed)."""
+    torch.manual_seed(0)
+    obj = _ScaledModule() if kind == "module" else _Scaled()
+    eager = obj if kind == "module" else obj.step
+    g = graphjit.graphed(eager)
+    x = torch.randn(4, 4)
+    with torch.no_grad():
+        for i in range(12):
+            if i == 5:
+                obj.temp = 5.0  # an instance attribute now shadows the class's
+            if i == 9:
+                obj.temp = 6.0  # and changes: the new graph guards it as the object's own
+            torch.testing.assert_close(g(x), eager(x), rtol=0, atol=0)
+    labels = [k["key"] for k in g.stats()["keys"] if k["state"] == "replay"]
+    assert any("own(self.temp)=True" in label for label in labels), g.report()

@@ -384,9 +384,9 @@ class Backend(abc.ABC):
 
     def tracer_misses_values(self, tracer: str) -> str | None:
         """Why ``tracer``'s guards may miss a Python value read off a class (so its program keeps running with the
-        old value after it changed), or None where they do not.  Where they may, such a change makes graphjit trace
-        the function with ``eager`` from then on (:meth:`graphjit.variants.ValueVariants.class_value_changed`), and
-        calls whose read values change on every call run the Python function itself."""
+        old value after it changed), or None where they do not.  Where they may, such a change after a capture makes
+        graphjit trace the function with ``eager`` from then on
+        (:meth:`graphjit.variants.ValueVariants.class_value_read`)."""
         return None
 
     def prepare_step(self, roots: list[tuple[str, Any]]) -> StepContext | None:

@@ -5,6 +5,7 @@ this Dynamo guards numbers read off a class (:func:`class_attribute_guards_missi
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -70,7 +71,7 @@ def _probe_class_attribute_guards() -> str:
     knob = space["Knob"]
     try:
         compiled = torch.compile(space["read"], backend="eager")
-        x = torch.ones(1)
+        x = torch.ones(1, device="cpu")  # not the default device: no GPU work, no sync
         compiled(x)
         knob.value = 2.0
         stale = float(compiled(x)[0]) != 2.0
@@ -84,26 +85,62 @@ def _probe_class_attribute_guards() -> str:
 
 def floats_specialized(compiled: Callable[..., Any]) -> Callable[..., Any]:
     """``compiled`` run with Dynamo's ``specialize_float`` on, so that each Python float the function reads is a
-    constant of its compiled code, guarded by Dynamo, as graphjit keys its graphs on it.
+    constant of its compiled code, as graphjit keys its graphs on it (Dynamo guards it where it guards the place it
+    was read from: not a class attribute on torch 2.10-2.11, :func:`class_attribute_guards_missing`).
 
     Refused otherwise: when such a float changes, Dynamo recompiles with the float as a 0-d CPU tensor input (its
     automatic dynamic).  On a GPU the compiled code then reads the float from host memory made for that one call, or
     puts kernels on the CPU beside CUDA tensors (an ``addmm`` with a CPU bias): a graph captured from it replays a
     stale value or the capture fails.  inductor's own CUDA graphs skip such code for its CPU input; specializing
-    keeps it graphable.  Only uncaptured calls run through here (a replay never does): the patch costs them about
-    10 us.  A torch whose Dynamo has no such setting gets ``compiled`` itself."""
+    keeps it graphable.  The price: each new value of such a float is a new compilation, up to Dynamo's recompile
+    limit (after which Dynamo runs that code uncompiled).  Only uncaptured calls run through here (a replay never
+    does).  The setting is process-wide on the torch versions that need it (their Dynamo config has no per-thread
+    value): it is set while any such call runs, counted under a lock, and put back when the last one returns, so
+    another thread's own ``torch.compile`` compiling meanwhile specializes its floats too.  A torch whose Dynamo has
+    no such setting gets ``compiled`` itself."""
     try:
         from torch._dynamo import config as dynamo_config
     except ImportError:  # a torch without Dynamo
         return compiled
     if not hasattr(dynamo_config, "specialize_float"):
         return compiled
+
     @functools.wraps(compiled)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with dynamo_config.patch(specialize_float=True):  # a patch per call: re-entered by recursion or threads
+        with _SPECIALIZED:
             return compiled(*args, **kwargs)
 
     return run
+
+
+class _Specialized:
+    """The count of calls running :func:`floats_specialized` code: the first sets ``specialize_float``, the last puts
+    back what was there (re-entered by recursion and by threads alike)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+        self.saved: Any = None
+
+    def __enter__(self) -> None:
+        from torch._dynamo import config as dynamo_config
+
+        with self.lock:
+            if self.count == 0:
+                self.saved = dynamo_config.specialize_float
+                dynamo_config.specialize_float = True
+            self.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        from torch._dynamo import config as dynamo_config
+
+        with self.lock:
+            self.count -= 1
+            if self.count == 0:
+                dynamo_config.specialize_float = self.saved
+
+
+_SPECIALIZED = _Specialized()
 
 
 def class_attribute_guards_missing() -> str | None:
