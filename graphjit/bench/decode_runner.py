@@ -75,9 +75,10 @@ class DecodeRunner:
         return None
 
     def time_host(self, calls: Mapping[str, Callable[..., Any]], out: dict[str, Any]) -> None:
-        """Host time per call of each of ``calls`` (median of repeats of back-to-back calls, the
-        device synchronised only between repeats), into ``out["us"]``, ``min_us``, ``samples_us``;
-        a call that raises is recorded under ``out["errors"]``."""
+        """Host time per call of each of ``calls`` (median of repeats of ``host_iters`` back-to-back calls, the
+        device synchronised, untimed, between repeats: batches short enough that the launch queue never fills, so
+        the time is the host's, not the GPU's), into ``out["us"]``, ``min_us``, ``samples_us``; a call that raises
+        is recorded under ``out["errors"]``."""
         args = self.args
         perf = time.perf_counter_ns
         for label, call in calls.items():
