@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The torch half of the GPU proof, in one device call: tests, doctor, benchmarks.
 # Usage on the GPU machine (repo root): bash tools/gpu_proof_torch.sh "$OUT"
-# Writes into OUT: proof-torch.log (everything printed), and the benchmarks' JSON and PNG files.
+# Writes into OUT: proof-torch.log (everything printed), test-logs.tgz (each test file's whole log), and the
+# benchmarks' JSON and PNG files.
 set -u
 out=${1:?usage: gpu_proof_torch.sh OUTDIR}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
@@ -11,7 +12,8 @@ log="$out/proof-torch.log"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   echo "== make test-gpu (torch)"
-  timeout 420 python3 tools/gpu_tests.py -m "gpu and not paddle" -j 4 2>&1 | tail -80
+  timeout 420 python3 tools/gpu_tests.py -m "gpu and not paddle" -j 4 --logs /tmp/graphjit-gpu-logs 2>&1 | tail -80
+  tar czf "$out/test-logs.tgz" -C /tmp/graphjit-gpu-logs .  # every file's whole log, in one file (few files come back)
   echo "== doctor"
   timeout 120 python3 -m graphjit doctor --framework torch 2>&1 | tail -40
 } > "$log" 2>&1
