@@ -23,9 +23,10 @@ from __future__ import annotations
 import bisect
 import collections
 import inspect
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from . import backends, bucket_spec
 from .backends.base import Backend
@@ -135,7 +136,7 @@ class Signer:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
             sig = None
-        self.binder = Binder(sig if not wraps_another(fn) else None)
+        self.binder = Binder(sig if not wraps_another(fn) else None, fn)
         self.signature = sig
         self._positional: list[str] = []
         self._has_var_pos = self._has_var_kw = False
@@ -511,9 +512,26 @@ class Binder:
     (``*args``, keyword-only or positional-only parameters) goes through ``inspect``.
     """
 
-    def __init__(self, sig: inspect.Signature | None) -> None:
+    def __init__(self, sig: inspect.Signature | None, fn: Callable[..., Any] | None = None) -> None:
+        """``fn``: the function ``sig`` is of, whose defaults are read again where they were replaced since (a
+        new ``__defaults__``, a changed ``__kwdefaults__``), so that a call that omits one gets the current value."""
+        self._fn = fn
+        top = getattr(fn, "__func__", fn)
+        self._top = top if isinstance(top, types.FunctionType) and sig is not None else None
+        self._plan_for(sig)
+
+    def _plan_for(self, sig: inspect.Signature | None) -> None:
         params = list(sig.parameters.values()) if sig is not None else None
         self._plans = {False: _plan(params), True: _plan(params[1:] if params else params)}
+        top = self._top
+        self._defaults = top.__defaults__ if top is not None else None
+        self._kwdefaults = dict(top.__kwdefaults__ or {}) if top is not None else None
+
+    def _stale(self) -> bool:
+        """The function's defaults are not those the plans were made with."""
+        top = self._top
+        return top is not None and (top.__defaults__ is not self._defaults or (
+            (top.__kwdefaults__ or {}) != self._kwdefaults))
 
     def bind(self, method: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
                                                                                          dict[str, Any]]:
@@ -523,6 +541,15 @@ class Binder:
         names, defaults, general, varkw = plan
         if not kwargs and len(args) == len(names) and general is None:
             return args, kwargs
+        if self._stale():  # defaults replaced since the plan: plan again from the function's signature now
+            try:
+                self._plan_for(inspect.signature(cast(Callable[..., Any], self._fn)))
+            except (TypeError, ValueError):
+                return args, kwargs
+            plan = self._plans[method]
+            if plan is None:
+                return args, kwargs
+            names, defaults, general, varkw = plan
         if general is not None:  # *args, keyword-only or positional-only parameters
             try:
                 bound = general.bind(*args, **kwargs)

@@ -107,3 +107,42 @@ def test_a_wrapper_that_renames_a_keyword_gets_its_call_as_written():
         assert m.forward(*args, **kwargs) == want
     assert Signer(Model.forward.__wrapped__, None, "auto", "forward").binder.bind(False, ("m", 1), {}) == (
         ("m", 1, None), {})  # the function itself binds as before
+
+
+def test_defaults_replaced_after_the_first_call_are_the_ones_applied():
+    """``f.__defaults__`` replaced, ``f.__kwdefaults__`` changed in place: a call that omits them gets the current
+    values, as Python gives them.  Before, the binder applied the defaults it read when the function was wrapped,
+    so every call that omitted them (eager runs included) got the old ones."""
+
+    def f(x, scale=2.0, *, shift=0.0):
+        return x * scale + shift
+
+    binder = Binder(inspect.signature(f), f)
+    assert binder.bind(False, (1.0,), {}) == ((1.0, 2.0), {"shift": 0.0})
+    f.__defaults__ = (3.0,)
+    assert binder.bind(False, (1.0,), {}) == ((1.0, 3.0), {"shift": 0.0})
+    f.__kwdefaults__["shift"] = 1.0
+    assert binder.bind(False, (1.0,), {}) == ((1.0, 3.0), {"shift": 1.0})
+
+
+def test_a_graphed_function_whose_default_changed_runs_and_replays_the_new_value(emu):
+    """Through ``@graphed`` (graph emulator): the default is part of the key as the binder applies it, so a replaced
+    default is a new key whose graph replays the new value, lane or not."""
+    torch = pytest.importorskip("torch")
+    import graphjit
+
+    w = torch.randn(4, 4)
+
+    def step(x, scale=2.0, *, shift=0.0):
+        return (x @ w) * scale + shift
+
+    g = graphjit.graphed(step)
+    x = torch.randn(4, 4)
+    with torch.no_grad():
+        for i in range(12):
+            if i == 5:
+                step.__defaults__ = (3.0,)
+            if i == 8:
+                step.__kwdefaults__["shift"] = 1.0
+            torch.testing.assert_close(g(x), step(x), rtol=0, atol=0)
+    assert g.stats()["graphs"] == 3, g.report()
