@@ -68,10 +68,7 @@ class Binder:
                 self._plan_for(inspect.signature(cast(Callable[..., Any], self._fn)))
             except (TypeError, ValueError):
                 return args, kwargs
-            plan = self._plans[method]
-            if plan is None:
-                return args, kwargs
-            names, defaults, general, varkw = plan
+            return self.bind(method, args, kwargs)  # (not stale now: the plan has the defaults it was made from)
         if general is not None:  # *args, keyword-only or positional-only parameters
             try:
                 bound = general.bind(*args, **kwargs)

@@ -90,10 +90,11 @@ class ValueVariants(abc.ABC):
         change = guard.change() or ("a value", "?", "?")
         values = guard.values()
         backend = entry.inputs.backend
-        for path in guard.shown():
-            if path.startswith("class "):
-                self.class_value_read(backend, path)
-                break
+        missing = backend.tracer_misses_values(self.invoker.tracer_name(backend))
+        if missing is not None:  # (never for most tracers: the differences are not listed for them here)
+            path = next((p for p in guard.shown() if p.startswith("class ")), None)
+            if path is not None:
+                self.class_value_read(backend, path, missing)
         if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
             return self.values_uncaptured(backend, sig, change, instance, args, kwargs, frozen=True)
         if values is None:
@@ -118,16 +119,14 @@ class ValueVariants(abc.ABC):
         return self.slow(sig.for_values(vkey, {path: new for path, (_old, new) in shown.items()}), settings, instance,
                          args, kwargs, previous)
 
-    def class_value_read(self, backend: Backend, path: str) -> None:
-        """A value the function reads off a class (``path``) changed since a graph was captured: where the tracer's
-        guards may miss such a value (:meth:`Backend.tracer_misses_values`: this Dynamo keeps running code compiled
-        for the old one), the function is traced with ``eager`` from now on (logged once, shown in ``report()``), so
-        the key of the new value runs and captures the Python function's kernels.  Not seen: a change before the
-        key's first capture (between Dynamo's compilation and the capture), which Dynamo itself misses too."""
+    def class_value_read(self, backend: Backend, path: str, missing: str) -> None:
+        """A value the function reads off a class (``path``) changed since a graph was captured, under a tracer whose
+        guards may miss such a value (``missing``, :meth:`Backend.tracer_misses_values`: this Dynamo keeps running
+        code compiled for the old one): the function is traced with ``eager`` from now on (logged once, shown in
+        ``report()``), so the key of the new value runs and captures the Python function's kernels.  Not seen: a
+        change before the key's first capture (between Dynamo's compilation and the capture), which Dynamo itself
+        misses too."""
         tracer = self.invoker.tracer_name(backend)
-        missing = backend.tracer_misses_values(tracer)
-        if missing is None:
-            return
         why = (f'{backend.name} tracer="{tracer}" replaced by "eager": {path} changed, and {missing}; the function is '
                'traced with "eager" (and still captured) from now on')
         self.invoker.replace_tracer(backend, why)
