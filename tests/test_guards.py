@@ -394,9 +394,11 @@ def test_held_tensors_are_compared_on_every_call_where_rebinding_is_not_counted(
 def test_a_buffer_rebound_on_every_call_runs_uncaptured_naming_it(emu):
     m = cases._Buffered()
     g = graphjit.graphed(m)
+    kept = []  # each gain stays alive: a freed one's id, reused by the next, would read as a value seen before
     with torch.no_grad():
         for i in range(12):
             m.gain = torch.full((16,), float(i))
+            kept.append(m.gain)
             x = torch.randn(4, 16)
             assert torch.equal(g(x), m(x)), i
     st = g.stats()
