@@ -119,8 +119,9 @@ class IslandStep:
 
     def run(self, values: dict[str, Any]) -> None:
         """Call the island eagerly and leave its outputs in the buffers; raises :class:`IslandError`."""
-        args, kwargs = self.template.fill(values)
-        out = self.fn(*args, **kwargs)
+        template = self.template
+        args, kwargs = template.fill(values) if template.slots else (template.args, template.kwargs)
+        out = self.fn(*args, **kwargs) if kwargs else self.fn(*args)
         b = self.backend
         if self.single and isinstance(out, self.types):
             if out is self.buffers[0]:
@@ -152,28 +153,34 @@ class PiecewiseGraph(GraphHandle):
         self.segments = [s for s in steps if isinstance(s, GraphHandle)]
         self.islands = [s for s in steps if isinstance(s, IslandStep)]
         self.pool_bytes = sum(g.pool_bytes for g in self.segments)
+        # decided once: each step as (segment, None) or (None, the island's run), read in one loop by replay (a
+        # segment's replay is looked up on every call: a handle may replace it, as a feed does)
+        self.order: list[tuple[Any, Callable[[dict[str, Any]], None] | None]] = [
+            (None, s.run) if isinstance(s, IslandStep) else (s, None) for s in steps]
         self.dynamic: dict[str, Any] = {}
         self.stats = stats
 
     def replay(self) -> None:
-        t0 = time.perf_counter()
+        """Replay every step in order.  The thread is in the "island" phase for the whole loop (an island's code
+        reads it; a segment's launch runs no Python that does), and each island's host time is counted apart."""
+        clock = time.perf_counter
+        t0 = clock()
         in_islands = 0.0
         values = self.dynamic
-        clock = time.perf_counter
-        for step in self.steps:
-            if isinstance(step, IslandStep):
-                t = clock()
-                previous = scope.enter_phase("island")
-                try:
-                    step.run(values)
-                finally:
-                    scope.leave_phase(previous)
-                in_islands += clock() - t
-            else:
-                step.replay()
+        previous = scope.enter_phase("island")
+        try:
+            for segment, island in self.order:
+                if island is None:
+                    segment.replay()
+                else:
+                    t = clock()
+                    island(values)
+                    in_islands += clock() - t
+        finally:
+            scope.leave_phase(previous)
         st = self.stats
         if st is not None:
-            st.replay_us += (time.perf_counter() - t0) * 1e6
+            st.replay_us += (clock() - t0) * 1e6
             st.island_us += in_islands * 1e6
 
     def reset(self) -> None:

@@ -111,6 +111,13 @@ def run(args: argparse.Namespace) -> int:
             f"{b['gpu_whole_us']:.1f})")
         say(f"piecewise: one island boundary costs {b['us_per_boundary']:.2f} us on the host ({b['islands']} islands: "
             f"{b['piecewise_us']:.1f} us a call against {b['whole_us']:.1f} us without{gpu})")
+        hand = b.get("by_hand") or {}
+        if hand.get("status") == "ok":
+            say(f"piecewise: by hand (torch.cuda.graph, one graph per segment) a boundary costs "
+                f"{hand['us_per_boundary']:.2f} us on the host: graphjit's own part is "
+                f"{b['graphjit_us_per_boundary']:.2f} us")
+        elif hand:
+            say(f"piecewise: the boundary by hand: {hand.get('status')}: {hand.get('error')}")
     return common.finish("piecewise", data, json_path, png_path)
 
 

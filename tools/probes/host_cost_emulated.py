@@ -1,6 +1,7 @@
 """The host cost of a replayed ``@graphed`` call on the CPU, graphjit's own part only: the graph emulator
 (tests/graph_emulator.py) with its launch stubbed (a replay does no tensor work), so what is timed is the wrapper,
-the signing, the checks, the hand-off's table and the result, with the replay lane (graphjit/lane.py) on and off.
+the signing, the checks, the hand-off's table and the result, with the replay lane (graphjit/lane.py) on and off; and
+graphjit's own part of one island boundary of a piecewise graph (``island_boundary_us``).
 
 Diagnostic only (a GPU host runs this Python about three times slower; ``bench decode``'s host-cost part is the
 claim).  Usage (repo root, torch installed): ``python tools/probes/host_cost_emulated.py [--out FILE]``
@@ -59,6 +60,41 @@ def measure(inputs: list[Any]) -> dict[str, float]:
     return {"default": per_call_us(lambda: default(*inputs)), "static_alias": per_call_us(lambda: alias(*static))}
 
 
+BOUNDARIES = 8
+
+
+def boundary_us() -> dict[str, float]:
+    """graphjit's own host cost of one island boundary: a chain of ``BOUNDARIES + 1`` small layers graphed whole
+    against the same chain with an identity island between each two (``BOUNDARIES + 1`` segments)."""
+    w = torch.randn(16, 16)
+
+    @graphjit.eager
+    def nothing(h: Any) -> Any:
+        return h
+
+    def chain(x: Any, cut: bool) -> Any:
+        h = torch.tanh(x @ w)
+        for _ in range(BOUNDARIES):
+            if cut:
+                h = nothing(h)
+            h = torch.tanh(h @ w)
+        return h
+
+    x = torch.randn(4, 16)
+    us = {}
+    with torch.no_grad():
+        for cut in (False, True):
+            g = graphjit.graphed(lambda x, cut=cut: chain(x, cut))  # a plain call: x alone
+            for _ in range(g.graphjit_options.warmup + 3):
+                g(x)
+            segments = g.stats()["keys"][0].get("segments")
+            if segments != (BOUNDARIES + 1 if cut else 1):
+                raise RuntimeError(f"expected {BOUNDARIES + 1 if cut else 1} segments, got {segments}")
+            us["piecewise" if cut else "whole"] = per_call_us(lambda g=g: g(x), iters=5000)
+    us["per_boundary"] = round((us["piecewise"] - us["whole"]) / BOUNDARIES, 3)
+    return us
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=None)
@@ -73,6 +109,7 @@ def main() -> None:
             env.refresh()
             lane.prepare()
             result[f"lane_{mode}_us"] = measure(inputs)
+        result["island_boundary_us"] = boundary_us()
     result["lane"] = lane.status()
     print(json.dumps(result, indent=2))
     if args.out is not None:

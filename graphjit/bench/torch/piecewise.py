@@ -284,7 +284,67 @@ class PiecewiseBench:
                     else (gpu_piecewise - gpu_whole) / islands,
                     "timer": "host clock around each call alone, synchronised before it (median); gpu: CUDA events "
                              "around it"})
+        if self.on_gpu:
+            out["by_hand"] = common.guarded(lambda: self._boundary_by_hand(chain, w, x, islands, want))
+            hand = out["by_hand"].get("us_per_boundary")
+            if hand is not None:
+                out["graphjit_us_per_boundary"] = out["us_per_boundary"] - hand
         return out
+
+    def _boundary_by_hand(self, chain: Callable[[Any, bool], Any], w: Any, x: Any, islands: int,
+                          want: Any) -> dict[str, Any]:
+        """The same chain graphed by hand (``torch.cuda.graph`` into one pool, no graphjit): one graph of the whole
+        chain against ``islands + 1`` graphs of one layer each, replayed in order with a Python call of the identity
+        function between two (what a boundary is without graphjit's bookkeeping: one more graph launch).  Timed as
+        :meth:`boundary_cost` times graphjit's; ``us_per_boundary``: the floor graphjit's boundary is measured
+        against."""
+        torch = self.torch
+
+        def nothing(h: Any) -> Any:
+            return h
+
+        static_x = x.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():  # warm up off the default stream, as torch's docs ask
+            for _ in range(3):
+                chain(static_x, False)
+        torch.cuda.current_stream().wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()
+        whole = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(whole, pool=pool):
+            whole_out = chain(static_x, False)
+        pieces = []
+        h = static_x
+        with torch.no_grad():
+            for _ in range(islands + 1):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    h = torch.tanh(h @ w)
+                pieces.append(g)
+        piece_out = h
+
+        def replay_whole() -> None:
+            whole.replay()
+
+        def replay_pieces() -> None:
+            last = len(pieces) - 1
+            for k, g in enumerate(pieces):
+                g.replay()
+                if k < last:
+                    nothing(piece_out)
+
+        host_whole, gpu_whole = self._each_call(replay_whole, self.args.repeats * self.args.steps)
+        host_pieces, gpu_pieces = self._each_call(replay_pieces, self.args.repeats * self.args.steps)
+        self.sync()
+        diff = max(self.rel_diff(whole_out, want), self.rel_diff(piece_out, want))
+        if diff != 0.0:
+            return {"status": "error", "error": f"the chains graphed by hand differ from eager ({diff:.3g})"}
+        assert host_whole is not None and host_pieces is not None
+        return {"status": "ok", "whole_us": host_whole, "pieces_us": host_pieces,
+                "us_per_boundary": (host_pieces - host_whole) / islands,
+                "gpu_us_per_boundary": None if gpu_whole is None or gpu_pieces is None
+                else (gpu_pieces - gpu_whole) / islands}
 
     def _each_call(self, call: Callable[[], Any], count: int) -> tuple[float | None, float | None]:
         """Median host microseconds of ``call`` alone, each after a synchronisation, and on a GPU the median
