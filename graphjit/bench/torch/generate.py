@@ -141,8 +141,10 @@ class GenerateBench:
             graphjit.graph_generation(model, **({"tracer": "compile"} if variant == "graphed_compile" else {}))
         else:
             raise ValueError(f"unknown variant {variant!r}")
+        clock = _CompileClock(torch)
         try:
-            out, first = self._generate(model, prompt, **extra)
+            with clock:
+                out, first = self._generate(model, prompt, **extra)
             # new tokens per call (an encoder-decoder's output starts with its decoder start token)
             start = 1 if model.config.is_encoder_decoder else prompt.shape[-1]
             made = [out.shape[-1] - start]
@@ -159,15 +161,54 @@ class GenerateBench:
                                    "tokens_equal_eager": all(equal), "calls_equal_eager": equal}
             if variant in COMPILED:  # graphs Dynamo compiled (a recompile adds one)
                 res["dynamo_graphs"] = int(counters["stats"]["unique_graphs"])
+                res["first_compile_s"] = clock.seconds  # of first_s: inside Dynamo's compilations (None: unknown)
             if variant.startswith("graphed"):
                 st = model.forward.stats()
                 res["stats"] = {k: st.get(k) for k in ("calls", "graphs", "captures", "replays", "fallbacks")}
+                res["capture_s"] = sum(k.get("capture_ms") or 0.0 for k in st.get("keys") or []) / 1e3
             return res
         finally:
             del model  # a graphed model refers to itself (its wrappers): freed by the collector, its graphs with it
             gc.collect()
             if self.on_gpu:
                 torch.cuda.empty_cache()
+
+
+class _CompileClock:
+    """The wall time spent inside Dynamo's compilations (its compile start and end callbacks, which bracket a frame's
+    tracing and its backend's compilation: Inductor's) while the block runs; ``seconds`` is None where this torch has
+    no such callbacks.  Kernels Triton compiles or tunes on their first run, after Dynamo returned, are not in it."""
+
+    def __init__(self, torch: Any) -> None:
+        self.seconds: float | None = None
+        self._started: float | None = None
+        try:
+            from torch._dynamo.callback import callback_handler
+
+            self._handler: Any = callback_handler
+        except Exception:
+            self._handler = None
+
+    def _start(self, *_args: Any) -> None:
+        self._started = time.perf_counter()
+
+    def _end(self, *_args: Any) -> None:
+        if self._started is not None:
+            self.seconds = (self.seconds or 0.0) + time.perf_counter() - self._started
+            self._started = None
+
+    def __enter__(self) -> _CompileClock:
+        if self._handler is not None:
+            self.seconds = 0.0
+            self._handler.register_start_callback(self._start)
+            self._handler.register_end_callback(self._end)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._handler is not None:
+            with contextlib.suppress(Exception):
+                self._handler.remove_start_callback(self._start)
+                self._handler.remove_end_callback(self._end)
 
 
 def steady_state(samples: list[float]) -> float:
