@@ -282,6 +282,19 @@ class KeyLifecycle(abc.ABC):
         """Replace the tracer by ``eager`` (logged once, shown in ``report()``) if its program's first run of a
         key differed from the Python function's (:mod:`graphjit.tracer_check`)."""
         tracer = self.invoker.tracer_name(backend)
+        written = traced.parameters_written(backend)
+        if written is not None:  # the Python function writes a parameter the check could not put back
+            self.say_once(logging.WARNING, "tracer-check-parameters", "graphjit %s: %s", self.name,
+                          f'checking {backend.name}\'s tracer="{tracer}" on the first call of a key ran its program '
+                          f"before the call, and the parameters could not be put back after it (larger than half of "
+                          f"GRAPHJIT_VERIFY_MAX_BYTES={env.settings().verify_max_bytes}); the function writes "
+                          f"{written}, so that call may have written it twice. Raise GRAPHJIT_VERIFY_MAX_BYTES above "
+                          'twice the parameters, or graph the function with tracer="eager"')
+        if traced.skipped is not None:
+            self.say_once(logging.INFO, "tracer-check-skipped", 'graphjit %s: %s tracer="%s" not checked against the '
+                          "Python function on the first call of a key: %s", self.name, backend.name, tracer,
+                          traced.skipped)
+            return
         problem = traced.differs(backend, result)
         if problem is None:
             return

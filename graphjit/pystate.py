@@ -17,6 +17,7 @@ Runs at capture only (a walk and a shallow copy of each container), never on the
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -59,8 +60,9 @@ class PyState:
                 continue
             children: Iterable[Any]
             if isinstance(obj, dict):
-                self.dicts.append((obj, dict(obj)))
-                children = list(obj.values())
+                saved = _copy(obj)
+                self.dicts.append((obj, saved))
+                children = list(saved.values())
             elif isinstance(obj, list):
                 self.lists.append((obj, list(obj)))
                 children = list(obj)
@@ -89,8 +91,7 @@ class PyState:
         for d, saved in self.dicts:
             if not _same_dict(d, saved):
                 try:
-                    dict.clear(d)  # dict's own methods: a subclass may forbid its update() (transformers' outputs)
-                    dict.update(d, saved)
+                    _put_back(d, saved)
                 except Exception:
                     continue
                 n += 1
@@ -130,6 +131,32 @@ class PyState:
 
 
 _UNSET = object()
+
+
+def _copy(d: dict[Any, Any]) -> dict[Any, Any]:
+    """``d``'s items in its own order (an OrderedDict's: the order it iterates in), read by the base classes' methods:
+    a subclass's ``keys``/``__getitem__`` are not called (transformers' outputs override them).  An OrderedDict
+    whose order no longer matches its items (something wrote it through ``dict``'s methods) gives its items as dict
+    stores them."""
+    if isinstance(d, OrderedDict):
+        try:
+            return dict(OrderedDict.items(d))
+        except (KeyError, RuntimeError):
+            pass
+    return dict(dict.items(d))
+
+
+def _put_back(d: dict[Any, Any], saved: dict[Any, Any]) -> None:
+    """Make ``d`` hold ``saved``'s items, in its order, by the base classes' methods (a subclass may forbid its own
+    ``update``: transformers' outputs do).  An OrderedDict is written by OrderedDict's methods: ``dict.clear`` and
+    ``dict.update`` would leave its order naming keys it no longer has (every later iteration raises KeyError)."""
+    if isinstance(d, OrderedDict):
+        OrderedDict.clear(d)
+        for k, v in saved.items():
+            OrderedDict.__setitem__(d, k, v)
+    else:
+        dict.clear(d)
+        dict.update(d, saved)
 
 
 def _same_dict(d: dict[Any, Any], saved: dict[Any, Any]) -> bool:

@@ -11,17 +11,22 @@ So the first call of a key, when the backend asks for it (:attr:`Backend.checked
 function once on a copy of the state it can reach, puts that state back, and then runs the Python function
 itself as the call (:func:`traced_run`, then :meth:`TracedRun.differs` on the call's result).  Where they
 differ, the function is traced with ``eager`` from then on (still captured), and the reason is logged and
-shown by ``report()``.  The call's result and effects are always the Python function's: one eager call.
+shown by ``report()``.  The call's result and effects are the Python function's: one eager call (but see the
+limits on large models' parameters).
 
 Limits: the traced run's Python side effects are put back where :class:`~graphjit.pystate.PyState` reaches them
-(containers and attributes reachable from the call, not globals or C state); state larger than
-``GRAPHJIT_VERIFY_MAX_BYTES`` or not fully reachable is not checked (:attr:`TracedRun.skipped` says why).
+(containers and attributes reachable from the call, not globals or C state).  Every tensor it can reach is put back,
+parameters included where all of it fits in half of ``GRAPHJIT_VERIFY_MAX_BYTES``.  Where the parameters do not fit
+(a large model's), they are not put back: a parameter the traced program wrote is then written again by the call's
+own run, and where that run writes a parameter (its version counter moves) a warning names it once per function.
+State without parameters larger than that, or not fully reachable, is not checked (:attr:`TracedRun.skipped` says
+why; logged once per function).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .backends.base import Backend
@@ -39,6 +44,8 @@ class TracedRun:
     shape: Any
     state: list[tuple[Any, Any, str]]  # (tensor, its value after the traced run, its path)
     skipped: str | None = None
+    # the parameters not put back (too large), each with its version counter once the state was put back
+    not_put_back: list[tuple[Any, str, int | None]] = field(default_factory=list)
 
     def differs(self, backend: Backend, result: Any) -> str | None:
         """Why the Python function's run (its ``result``, the state it left) is not the traced run's, or None."""
@@ -58,12 +65,19 @@ class TracedRun:
                 return f"the write to {path} differs by {err:.3g} (relative)"
         return None
 
+    def parameters_written(self, backend: Backend) -> str | None:
+        """After the Python function's run: the path of a parameter it wrote (its version counter moved) that was not
+        put back after the traced run, or None (a write the counter does not see is not found)."""
+        return next((p for t, p, v in self.not_put_back if v is not None and backend.version(t) != v), None)
+
 
 def traced_run(backend: Backend, device: str, roots: list[tuple[str, Any]], run: Callable[[], Any],
                budget: int) -> TracedRun:
-    """Run ``run`` (the traced function) once and put back every non-parameter tensor it can reach, the Python
-    state it can reach (:class:`~graphjit.pystate.PyState`) and the random generator; exceptions of ``run``
-    propagate after the state is put back."""
+    """Run ``run`` (the traced function) once and put back every tensor it can reach, the Python state it can reach
+    (:class:`~graphjit.pystate.PyState`) and the random generator; exceptions of ``run`` propagate after the state is
+    put back.  Parameters are put back with the rest where all of it fits in half of ``budget``; else they are not
+    (a large model's), and the run lists them in ``not_put_back`` for :meth:`TracedRun.parameters_written`.  Skipped
+    without running anything where the state without the parameters does not fit either."""
     b = backend
     types = b.tensor_types()
 
@@ -74,10 +88,16 @@ def traced_run(backend: Backend, device: str, roots: list[tuple[str, Any]], run:
     if reach.truncated:
         return TracedRun([], None, [], skipped="the walk of reachable objects stopped at its size limit")
     tensors = [(t, describe(p)) for t, p in reach.tensors.values() if not b.is_parameter(t)]
+    params = [(t, describe(p)) for t, p in reach.tensors.values() if b.is_parameter(t)]
     nbytes = sum(b.nbytes(t) for t, _p in tensors)
     if 2 * nbytes > budget:
         return TracedRun([], None, [], skipped=f"its reachable state ({nbytes} bytes) is larger than half of "
                                                f"GRAPHJIT_VERIFY_MAX_BYTES={budget}")
+    # parameters too where they fit: a function may write them (an in-place decay, an average), and a write of the
+    # traced run left in place would be made again by the Python function's run
+    fits = 2 * (nbytes + sum(b.nbytes(t) for t, _p in params)) <= budget
+    if fits:
+        tensors += params
     snap = Snapshot(b, [t for t, _p in tensors], device)
     py = PyState(b, roots)  # the Python state too: a counter the call advances moves once, in the call
     try:
@@ -90,4 +110,4 @@ def traced_run(backend: Backend, device: str, roots: list[tuple[str, Any]], run:
     finally:
         snap.restore()
         py.restore()
-    return TracedRun(outputs, shape, state)
+    return TracedRun(outputs, shape, state, not_put_back=[] if fits else [(t, p, b.version(t)) for t, p in params])

@@ -3,6 +3,7 @@ and the framework modes that are part of every key."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import pytest
@@ -317,3 +318,43 @@ def test_type_decided_checks_answer_as_isinstance_does():
     assert got["1"] and got["(1, 2)"] and not got["(1, [2])"] and got["{1, 2}"] and got[repr(Color.RED)], got
     assert not any(got[repr(v)] for v in ([1], {"a": 1}, values[12], values[13], fn, types, int)), got
     assert guards.guardable(wrapt.ObjectProxy((1, 2))) and not guards.guardable(wrapt.ObjectProxy([1]))
+
+
+class _Output(collections.OrderedDict):
+    """Like transformers' ModelOutput: an OrderedDict subclass that forbids its own update and pop."""
+
+    def update(self, *a, **k):
+        raise RuntimeError("no update on an output")
+
+    def pop(self, *a, **k):
+        raise RuntimeError("no pop on an output")
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_python_state_put_back_leaves_ordered_dicts_whole_and_in_their_order(name):
+    """PyState puts an OrderedDict (and a subclass that forbids update, as transformers' outputs do) back through
+    OrderedDict's own methods: the same items in the same order, and it still iterates.  Before, dict.clear and
+    dict.update left an OrderedDict whose order named keys it no longer had: every later iteration raised KeyError
+    (seen as a KeyError 'forward' in the next capture of a Paddle function, from an OrderedDict a traced run had
+    added to)."""
+    from graphjit.pystate import PyState
+
+    _fw, zeros, _add, _copy = _tensor_fns(name)
+    b = backends.get(name)
+    t = zeros(2)
+    hooks = collections.OrderedDict(first=1, second=2)
+    out = _Output(logits=t, extra=3)
+    empty: collections.OrderedDict = collections.OrderedDict()
+    state = PyState(b, [("hooks", hooks), ("out", out), ("empty", empty)])
+    hooks["forward"] = 3
+    hooks.move_to_end("first")
+    del hooks["second"]
+    collections.OrderedDict.__setitem__(out, "added", 4)
+    collections.OrderedDict.__delitem__(out, "extra")
+    empty["forward"] = 5
+    assert state.restore() == 3
+    assert list(hooks.items()) == [("first", 1), ("second", 2)]
+    assert list(out.items()) == [("logits", t), ("extra", 3)] and list(out) == ["logits", "extra"]
+    assert list(empty) == [] and dict(empty) == {}
+    empty["again"] = 1  # still an OrderedDict that works
+    assert list(empty) == ["again"]
