@@ -340,3 +340,42 @@ def test_batch_copies_move_inputs_and_outputs_exactly(rng, tracer, monkeypatch):
     assert s["replays"] >= 4 and not s["fallbacks"], s
     # on every replay: four in (the three new inputs, and w: the graph reads its own buffer of it), three out
     assert served.count(4) >= s["replays"] and served.count(3) >= s["replays"], served
+
+
+def test_a_layer_whose_parameter_the_step_writes_matches_numpy_under_the_default_tracer(rng):
+    """The default tracer (SOT; on Paddle 2.6 checked against the Python function on each key's first call) around a
+    Layer whose parameter the step decays in place (matmul by 0.9 I, then paddle.assign: kernels that compute right
+    on Hopper): every output and the parameter afterwards equal numpy's.  Before, the check did not put parameters
+    back (the first call decayed the weight twice), and its put-back of the Layer's ``_original_funcs`` (an
+    OrderedDict SOT fills) broke that dict: the next capture failed with KeyError 'forward'."""
+    h = 64
+    w_np = rng.standard_normal((h, h)).astype(np.float32) / np.sqrt(h)
+
+    class M(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.w = self.create_parameter([h, h])
+            self.w.set_value(T(w_np))
+
+        def forward(self, x):
+            return paddle.matmul(x, self.w)
+
+    m = M()
+    decay = T(np.eye(h, dtype=np.float32) * 0.9)
+
+    def step(x):
+        y = m(x)
+        paddle.assign(paddle.matmul(m.w, decay), m.w)
+        return y
+
+    g = graphjit.graphed(step)
+    w = w_np.astype(np.float64)
+    with paddle.no_grad():
+        for i in range(6):
+            x_np = rng.standard_normal((8, h)).astype(np.float32)
+            got = g(T(x_np)).numpy()
+            assert rel(got, x_np @ w) < TF32, i
+            w = w @ (np.eye(h) * 0.9)
+    assert rel(m.w.numpy(), w) < TF32
+    s = g.stats()
+    assert s["graphs"] == 1 and s["replays"] >= 3, s
