@@ -42,7 +42,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("GRAPHJIT_VERIFY_MAX_BYTES", "int", str(1 << 30),
              "Memory verify may use for its copies of the state a function writes (twice the bytes of the "
              "tensors it writes: before and after the eager reference; with Paddle also the contents compared "
-             "during warmup). A key that needs more is captured without verify, counted under 'verify skipped'."),
+             "during warmup). A key that needs more is captured without verify, counted under 'verify skipped'. "
+             "Paddle 2.6's SOT check on a key's first call copies the state the call can reach, parameters too "
+             "where all of it fits in half of this."),
     Variable("GRAPHJIT_CHECK_OUTPUTS", "bool", "0",
              "With outputs=\"alias\": poison (NaN / minimum integer) the outputs of the previous call "
              "before the next one, so that a stale read shows up."),

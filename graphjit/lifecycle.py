@@ -283,13 +283,16 @@ class KeyLifecycle(abc.ABC):
         key differed from the Python function's (:mod:`graphjit.tracer_check`)."""
         tracer = self.invoker.tracer_name(backend)
         written = traced.parameters_written(backend)
-        if written is not None:  # the Python function writes a parameter the check could not put back
-            self.say_once(logging.WARNING, "tracer-check-parameters", "graphjit %s: %s", self.name,
-                          f'checking {backend.name}\'s tracer="{tracer}" on the first call of a key ran its program '
-                          f"before the call, and the parameters could not be put back after it (larger than half of "
-                          f"GRAPHJIT_VERIFY_MAX_BYTES={env.settings().verify_max_bytes}); the function writes "
-                          f"{written}, so that call may have written it twice. Raise GRAPHJIT_VERIFY_MAX_BYTES above "
-                          'twice the parameters, or graph the function with tracer="eager"')
+        if written is not None:  # a parameter it writes was not put back: the runs cannot be compared, nor trusted
+            why = (f'{backend.name} tracer="{tracer}" replaced by "eager": the function writes {written}, a parameter '
+                   "the check could not put back after running the program on a key's first call (the parameters are "
+                   "larger than half of GRAPHJIT_VERIFY_MAX_BYTES), so the program was not checked, and that call may "
+                   "have written the parameter twice; raise GRAPHJIT_VERIFY_MAX_BYTES above twice the state the call "
+                   'reaches, parameters included, or graph the function with tracer="eager"')
+            self.invoker.replace_tracer(backend, why)
+            self.stats.tracer = why
+            log.warning("graphjit %s: %s", self.name, why)
+            return
         if traced.skipped is not None:
             self.say_once(logging.INFO, "tracer-check-skipped", 'graphjit %s: %s tracer="%s" not checked against the '
                           "Python function on the first call of a key: %s", self.name, backend.name, tracer,

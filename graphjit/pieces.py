@@ -154,7 +154,7 @@ class PiecewiseGraph(GraphHandle):
         self.islands = [s for s in steps if isinstance(s, IslandStep)]
         self.pool_bytes = sum(g.pool_bytes for g in self.segments)
         # decided once: each step as (segment, None) or (None, the island's run), read in one loop by replay (a
-        # segment's replay is looked up on every call: a handle may replace it, as a feed does)
+        # segment's replay is looked up on every call: a handle may replace its own, as TorchGraph.reset does)
         self.order: list[tuple[Any, Callable[[dict[str, Any]], None] | None]] = [
             (None, s.run) if isinstance(s, IslandStep) else (s, None) for s in steps]
         self.dynamic: dict[str, Any] = {}

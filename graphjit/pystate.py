@@ -136,11 +136,13 @@ _UNSET = object()
 def _copy(d: dict[Any, Any]) -> dict[Any, Any]:
     """``d``'s items in its own order (an OrderedDict's: the order it iterates in), read by the base classes' methods:
     a subclass's ``keys``/``__getitem__`` are not called (transformers' outputs override them).  An OrderedDict
-    whose order no longer matches its items (something wrote it through ``dict``'s methods) gives its items as dict
-    stores them."""
+    whose order no longer matches its items (something wrote it through ``dict``'s methods: a key its order names and
+    it lacks, or one it holds and its order does not name) gives its items as dict stores them."""
     if isinstance(d, OrderedDict):
         try:
-            return dict(OrderedDict.items(d))
+            items = dict(OrderedDict.items(d))
+            if len(items) == dict.__len__(d):  # a key put in by dict's methods is missing from its order
+                return items
         except (KeyError, RuntimeError):
             pass
     return dict(dict.items(d))
@@ -160,9 +162,17 @@ def _put_back(d: dict[Any, Any], saved: dict[Any, Any]) -> None:
 
 
 def _same_dict(d: dict[Any, Any], saved: dict[Any, Any]) -> bool:
-    if len(d) != len(saved):
+    """Whether ``d`` holds ``saved``'s items (the same objects), in ``saved``'s order where ``d`` is an OrderedDict."""
+    if dict.__len__(d) != len(saved):
         return False
     for k, v in saved.items():
-        if d.get(k, _UNSET) is not v:
+        if dict.get(d, k, _UNSET) is not v:
             return False
+    if isinstance(d, OrderedDict):
+        try:
+            order = list(OrderedDict.keys(d))
+        except (KeyError, RuntimeError):
+            return False  # its order names a key it lacks: the copy (and what a put-back writes) has none such
+        # an order that lacks keys dict's own methods put in is not compared (the copy was taken as dict stores them)
+        return len(order) != len(saved) or order == list(saved)
     return True

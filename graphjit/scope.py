@@ -197,7 +197,8 @@ def thread_state() -> threading.local:
 
 
 def phase() -> str | None:
-    """The graphed-call phase of this thread ("warmup", "capture", "replay"), or None."""
+    """The graphed-call phase of this thread ("warmup", "capture", "replay", "island": a piecewise graph's replay
+    loop, its islands' code), or None."""
     return getattr(_tls, "phase", None)
 
 

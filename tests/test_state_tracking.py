@@ -358,3 +358,12 @@ def test_python_state_put_back_leaves_ordered_dicts_whole_and_in_their_order(nam
     assert list(empty) == [] and dict(empty) == {}
     empty["again"] = 1  # still an OrderedDict that works
     assert list(empty) == ["again"]
+    # a run that only reorders is put back in order; a key something put in by dict's own methods before the copy
+    # (missing from the OrderedDict's order) is kept, not taken for one the run added
+    order = collections.OrderedDict(a=1, b=2)
+    odd = collections.OrderedDict(a=1)
+    dict.__setitem__(odd, "c", 3)
+    state = PyState(b, [("order", order), ("odd", odd)])
+    order.move_to_end("a")
+    assert state.restore() == 1 and list(order) == ["a", "b"]
+    assert dict.__len__(odd) == 2 and dict.get(odd, "c") == 3

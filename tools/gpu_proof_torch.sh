@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The torch half of the GPU proof: tests, doctor, benchmarks, as named stages.
 # Usage on the GPU machine (repo root): bash tools/gpu_proof_torch.sh OUTDIR [STAGE ...]
-# Stages, in this order when none is named (all of them take longer than one 600 s device call: name a few per call):
-#   build tests doctor host decode train step hf piecewise profile capture generate dispatch
-#   (host: bench decode --host-only; decode: the whole bench decode, host cost included; profile: the piecewise probe)
+# Stages: build tests doctor host decode train step hf piecewise profile capture generate dispatch
+#   (host: bench decode --host-only; decode: the whole bench decode, host cost included; profile: the piecewise probe).
+# None named: every stage but host (decode includes it), in that order; together they take longer than one 600 s
+# device call: name a few per call.  Each stage's exit status is logged ("== STAGE rc=N").
 # GENERATE_FAMILIES (default llama,gpt2,t5) chooses the families of the generate stage.
 # Writes into OUTDIR: proof-torch.log (everything printed), test-logs.tgz (each test file's whole log, in one file: a
 # call returns only a few files), and the benchmarks' JSON and PNG files.
-set -u
+set -uf  # -f: the stage names are never globbed
 out=${1:?usage: gpu_proof_torch.sh OUTDIR [STAGE ...]}
 shift
 stages=${*:-build tests doctor decode train step hf piecewise profile capture generate dispatch}
@@ -17,11 +18,14 @@ mkdir -p "$out"
 log="$out/proof-torch.log"
 
 stage() {
+  set -o pipefail  # a stage's status is its command's, not tail's
   case "$1" in
     build) timeout 180 python3 -m graphjit build 2>&1 | tail -5 ;;
     tests)
       timeout 420 python3 tools/gpu_tests.py -m "gpu and not paddle" -j 4 --logs /tmp/graphjit-gpu-logs 2>&1 | tail -80
-      tar czf "$out/test-logs.tgz" -C /tmp/graphjit-gpu-logs . ;;
+      local rc=$?
+      tar czf "$out/test-logs.tgz" -C /tmp/graphjit-gpu-logs .
+      return $rc ;;
     doctor) timeout 120 python3 -m graphjit doctor --framework torch 2>&1 | tail -40 ;;
     host) timeout 120 python3 -m graphjit bench decode --host-only --backend torch --out "$out" --tag h200 2>&1 | tail -30 ;;
     decode) timeout 420 python3 -m graphjit bench decode --backend torch --out "$out" --tag h200 2>&1 | tail -40 ;;
@@ -45,6 +49,7 @@ stage() {
   for s in $stages; do
     echo "== $s ($(date -u +%T))"
     stage "$s"
+    echo "== $s rc=$? ($(date -u +%T))"
   done
   echo "== done ($(date -u +%T))"
 } > "$log" 2>&1

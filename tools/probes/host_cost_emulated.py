@@ -87,10 +87,13 @@ def boundary_us() -> dict[str, float]:
             g = graphjit.graphed(lambda x, cut=cut: chain(x, cut))  # a plain call: x alone
             for _ in range(g.graphjit_options.warmup + 3):
                 g(x)
-            segments = g.stats()["keys"][0].get("segments")
-            if segments != (BOUNDARIES + 1 if cut else 1):
-                raise RuntimeError(f"expected {BOUNDARIES + 1 if cut else 1} segments, got {segments}")
             us["piecewise" if cut else "whole"] = per_call_us(lambda g=g: g(x), iters=5000)
+            st = g.stats()
+            segments = st["keys"][0].get("segments")
+            if segments != (BOUNDARIES + 1 if cut else 1) or st["fallbacks"] or st["replays"] < st["calls"] - 5:
+                raise RuntimeError(f"expected every timed call replayed through {BOUNDARIES + 1 if cut else 1} "
+                                   f"segments, got {segments} segments, {st['replays']} replays of {st['calls']} "
+                                   f"calls, fallbacks {st['fallbacks']}")
     us["per_boundary"] = round((us["piecewise"] - us["whole"]) / BOUNDARIES, 3)
     return us
 

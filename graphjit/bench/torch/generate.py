@@ -141,10 +141,11 @@ class GenerateBench:
             graphjit.graph_generation(model, **({"tracer": "compile"} if variant == "graphed_compile" else {}))
         else:
             raise ValueError(f"unknown variant {variant!r}")
-        clock = _CompileClock(torch)
+        clock = _CompileClock()
         try:
             with clock:
                 out, first = self._generate(model, prompt, **extra)
+            first_capture_s = _capture_seconds(model) if variant.startswith("graphed") else None
             # new tokens per call (an encoder-decoder's output starts with its decoder start token)
             start = 1 if model.config.is_encoder_decoder else prompt.shape[-1]
             made = [out.shape[-1] - start]
@@ -162,10 +163,11 @@ class GenerateBench:
             if variant in COMPILED:  # graphs Dynamo compiled (a recompile adds one)
                 res["dynamo_graphs"] = int(counters["stats"]["unique_graphs"])
                 res["first_compile_s"] = clock.seconds  # of first_s: inside Dynamo's compilations (None: unknown)
+                res["first_compile_by_trigger_s"] = clock.by_trigger  # cudagraph trees' recording apart
             if variant.startswith("graphed"):
                 st = model.forward.stats()
                 res["stats"] = {k: st.get(k) for k in ("calls", "graphs", "captures", "replays", "fallbacks")}
-                res["capture_s"] = sum(k.get("capture_ms") or 0.0 for k in st.get("keys") or []) / 1e3
+                res["first_capture_s"] = first_capture_s  # of first_s: graphjit's captures
             return res
         finally:
             del model  # a graphed model refers to itself (its wrappers): freed by the collector, its graphs with it
@@ -175,13 +177,16 @@ class GenerateBench:
 
 
 class _CompileClock:
-    """The wall time spent inside Dynamo's compilations (its compile start and end callbacks, which bracket a frame's
-    tracing and its backend's compilation: Inductor's) while the block runs; ``seconds`` is None where this torch has
-    no such callbacks.  Kernels Triton compiles or tunes on their first run, after Dynamo returned, are not in it."""
+    """The wall time spent inside Dynamo's compilation callbacks while the block runs, by what started each
+    (``by_trigger``: ``DYNAMO``, a frame's tracing and its backend's compilation, Inductor's; ``CUDAGRAPH_RECORDING``,
+    cudagraph trees recording a graph; ``TRITON_AUTOTUNING``, ``LAZY_BACKWARD``), and ``seconds``, the ``DYNAMO``
+    part; both None where this torch has no such callbacks.  Kernels Triton compiles or tunes on their first run outside
+    a callback are in neither."""
 
-    def __init__(self, torch: Any) -> None:
+    def __init__(self) -> None:
         self.seconds: float | None = None
-        self._started: float | None = None
+        self.by_trigger: dict[str, float] | None = None
+        self._started: tuple[float, str] | None = None
         try:
             from torch._dynamo.callback import callback_handler
 
@@ -189,17 +194,20 @@ class _CompileClock:
         except Exception:
             self._handler = None
 
-    def _start(self, *_args: Any) -> None:
-        self._started = time.perf_counter()
+    def _start(self, *args: Any) -> None:
+        trigger = getattr(getattr(args[0], "callback_trigger", None), "name", "DYNAMO") if args else "DYNAMO"
+        self._started = (time.perf_counter(), trigger)
 
     def _end(self, *_args: Any) -> None:
-        if self._started is not None:
-            self.seconds = (self.seconds or 0.0) + time.perf_counter() - self._started
+        if self._started is not None and self.by_trigger is not None:
+            t0, trigger = self._started
+            self.by_trigger[trigger] = self.by_trigger.get(trigger, 0.0) + time.perf_counter() - t0
+            self.seconds = self.by_trigger.get("DYNAMO", 0.0)
             self._started = None
 
     def __enter__(self) -> _CompileClock:
         if self._handler is not None:
-            self.seconds = 0.0
+            self.seconds, self.by_trigger = 0.0, {}
             self._handler.register_start_callback(self._start)
             self._handler.register_end_callback(self._end)
         return self
@@ -208,7 +216,14 @@ class _CompileClock:
         if self._handler is not None:
             with contextlib.suppress(Exception):
                 self._handler.remove_start_callback(self._start)
+            with contextlib.suppress(Exception):
                 self._handler.remove_end_callback(self._end)
+
+
+def _capture_seconds(model: Any) -> float:
+    """The seconds graphjit's captures of ``model.forward`` took so far (its keys' ``capture_ms``)."""
+    st = model.forward.stats()
+    return sum(k.get("capture_ms") or 0.0 for k in st.get("keys") or []) / 1e3
 
 
 def steady_state(samples: list[float]) -> float:
