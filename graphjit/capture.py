@@ -363,10 +363,12 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
     if py is not None:
         py.restore()
     ref: Any = None
+    ref_ran = False  # the eager reference ran here (else a scope's recorded run stands for it)
     if recorded is not None and recorded.written_ids == [id(t) for t in written]:
         # a scope's last undone warmup ran from this very state (the capture ran nothing): it is the reference
         expected, expected_shape, post = recorded.expected, recorded.shape, recorded.post
     else:
+        ref_ran = True
         with scope.graphed_call("warmup"), b.traced_call_guard():
             ref = req.traced(*req.args, **req.kwargs)
         b.synchronize(req.device)
@@ -375,12 +377,17 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
         expected_shape = structure(ref, is_tensor)
         post = Snapshot(b, written, req.device)
         pre.restore()
+    # the reference ran the islands, the call's once; the replay runs them again: their Python effects are undone
+    islands_py = PyState(b, req.roots()) if ref_ran and isinstance(graph, PiecewiseGraph) and graph.islands else None
     try:
         graph.replay()
         b.synchronize(req.device)
         problem = _compare(b, outputs.result(sig.pads, False, None, None), expected, expected_shape, is_tensor)
     except IslandError as exc:  # an island broke its contract in verify's replay: restored below like a mismatch
         problem = f"the replay failed: {exc}"
+    finally:
+        if islands_py is not None:
+            islands_py.restore()
     problem = problem or post.differs(current, paths)
     if problem is None and post.rng is not None and post.rng_differs():
         problem = "the random generator is not where the eager call left it (a generator the graph does not replay)"

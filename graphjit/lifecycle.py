@@ -279,34 +279,15 @@ class KeyLifecycle(abc.ABC):
         return (lambda: inv.run_untraced(backend, instance, args, kwargs)), traced
 
     def check_tracer(self, backend: Backend, traced: tracer_check.TracedRun, result: Any) -> None:
-        """Replace the tracer by ``eager`` (logged once, shown in ``report()``) if its program's first run of a
-        key differed from the Python function's (:mod:`graphjit.tracer_check`)."""
-        tracer = self.invoker.tracer_name(backend)
-        written = traced.parameters_written(backend)
-        if written is not None:  # a parameter it writes was not put back: the runs cannot be compared, nor trusted
-            why = (f'{backend.name} tracer="{tracer}" replaced by "eager": the function writes {written}, a parameter '
-                   "the check could not put back after running the program on a key's first call (the parameters are "
-                   "larger than half of GRAPHJIT_VERIFY_MAX_BYTES), so the program was not checked, and that call may "
-                   "have written the parameter twice; raise GRAPHJIT_VERIFY_MAX_BYTES above twice the state the call "
-                   'reaches, parameters included, or graph the function with tracer="eager"')
+        """Replace the tracer by ``eager`` (logged once, shown in ``report()``) where :func:`tracer_check.verdict`
+        says so for its program's first run of a key against the Python function's ``result``."""
+        why, skipped = tracer_check.verdict(traced, backend, self.invoker.tracer_name(backend), result)
+        if skipped is not None:
+            self.say_once(logging.INFO, "tracer-check-skipped", "graphjit %s: %s", self.name, skipped)
+        if why is not None:
             self.invoker.replace_tracer(backend, why)
             self.stats.tracer = why
             log.warning("graphjit %s: %s", self.name, why)
-            return
-        if traced.skipped is not None:
-            self.say_once(logging.INFO, "tracer-check-skipped", 'graphjit %s: %s tracer="%s" not checked against the '
-                          "Python function on the first call of a key: %s", self.name, backend.name, tracer,
-                          traced.skipped)
-            return
-        problem = traced.differs(backend, result)
-        if problem is None:
-            return
-        why = (f'{backend.name} tracer="{tracer}" replaced by "eager": on the first call of a key its program '
-               f"computed other results than the Python function ({problem}), a bug of {backend.name}'s {tracer}; "
-               f'the function is traced with "eager" (and still captured) from now on')
-        self.invoker.replace_tracer(backend, why)
-        self.stats.tracer = why
-        log.warning("graphjit %s: %s", self.name, why)
 
     def warm_call(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -114,3 +114,25 @@ def traced_run(backend: Backend, device: str, roots: list[tuple[str, Any]], run:
         snap.restore()
         py.restore()
     return TracedRun(outputs, shape, state, not_put_back=[] if fits else [(t, p, b.version(t)) for t, p in params])
+
+
+def verdict(traced: TracedRun, backend: Backend, tracer: str, result: Any) -> tuple[str | None, str | None]:
+    """After the Python function's run (its ``result``) on a key's first call: why the tracer named ``tracer`` is to be
+    replaced by ``eager`` (its program differed, or it could not be checked: a parameter the function writes was not
+    put back), or None; and what to log once where the check was skipped, or None."""
+    written = traced.parameters_written(backend)
+    if written is not None:  # a parameter it writes was not put back: the runs cannot be compared, nor trusted
+        return (f'{backend.name} tracer="{tracer}" replaced by "eager": the function writes {written}, a parameter '
+                "the check could not put back after running the program on a key's first call (the parameters are "
+                "larger than half of GRAPHJIT_VERIFY_MAX_BYTES), so the program was not checked, and that call may "
+                "have written the parameter twice; raise GRAPHJIT_VERIFY_MAX_BYTES above twice the state the call "
+                'reaches, parameters included, or graph the function with tracer="eager"'), None
+    if traced.skipped is not None:
+        return None, (f'{backend.name} tracer="{tracer}" not checked against the Python function on the first call '
+                      f"of a key: {traced.skipped}")
+    problem = traced.differs(backend, result)
+    if problem is None:
+        return None, None
+    return (f'{backend.name} tracer="{tracer}" replaced by "eager": on the first call of a key its program computed '
+            f"other results than the Python function ({problem}), a bug of {backend.name}'s {tracer}; the function "
+            'is traced with "eager" (and still captured) from now on'), None

@@ -116,9 +116,12 @@ def test_exactly_once_state_in_segments_and_islands(dev):
     seg = torch.zeros(1, device=dev)
     isl = torch.zeros(1, device=dev)
 
+    runs: list[int] = []
+
     @graphjit.eager
     def bump(h):
         isl.add_(1)
+        runs.append(1)  # a Python effect: once a call too (the capturing call's verify replay undoes its own)
         return h + isl
 
     def step(x):
@@ -128,7 +131,7 @@ def test_exactly_once_state_in_segments_and_islands(dev):
     g = graphjit.graphed(step)
     with torch.no_grad():
         out = [g(torch.ones(4, device=dev)) for _ in range(12)]
-    assert float(seg) == 12 and float(isl) == 12
+    assert float(seg) == 12 and float(isl) == 12 and len(runs) == 12
     assert [float(o[0]) for o in out] == [2.0 * n for n in range(1, 13)]
 
 
