@@ -220,6 +220,32 @@ def test_paddle_modes_are_part_of_the_key_and_shown_in_labels():
     assert b.describe_modes(amp) == "amp(O1, bfloat16)"
 
 
+def test_paddle_default_place_is_part_of_the_key_and_shown_in_labels(monkeypatch):
+    """Paddle's default place (paddle.set_device) decides where the tensors a function makes without a place go: a
+    graph froze it, so it is part of the key (as torch's default device is).  Read once per new place object."""
+    paddle = _fw("paddle")
+    from graphjit.backends.paddle import modes
+
+    if modes._expected_place_of is None:
+        pytest.skip("this Paddle has no _current_expected_place_")
+    real = modes._expected_place_of
+
+    class Elsewhere:
+        def __str__(self):
+            return "Place(gpu:7)"
+
+    g = graphjit.graphed(lambda x: x * 2, tracer="eager")
+    x = paddle.ones([2])
+    g(x)
+    other = Elsewhere()
+    monkeypatch.setattr(modes, "_expected_place_of", lambda: other)
+    g(x)
+    monkeypatch.setattr(modes, "_expected_place_of", real)
+    g(x)
+    labels = [k["key"] for k in g.stats()["keys"]]
+    assert len(labels) == 2 and sum("default place Place(gpu:7)" in label for label in labels) == 1, labels
+
+
 def test_an_object_argument_is_keyed_by_its_tensors_and_attributes():
     torch = _fw("torch")
     from graphjit.keys import Signer

@@ -28,23 +28,11 @@ from ...errors import BackendError, CaptureError, UnrecoverableCaptureError
 from ...feeds import StepContext
 from ..base import Backend, GraphHandle, Segments, segments_open
 from . import hooks, syncs
+from . import modes as paddle_modes
 from .sot import PACKAGE_DIR, SotFunction
 
 log = logging.getLogger("graphjit")
 
-def _default_dtype_reader() -> Callable[[], Any]:
-    """A reader of Paddle's default dtype: the class attribute ``paddle.get_default_dtype()`` returns, without its two
-    Python calls, where this Paddle keeps it there."""
-    try:
-        from paddle.base.layer_helper_base import LayerHelperBase
-    except ImportError:
-        return paddle.get_default_dtype
-    if not hasattr(LayerHelperBase, "_LayerHelperBase__dtype"):
-        return paddle.get_default_dtype
-    return functools.partial(getattr, LayerHelperBase, "_LayerHelperBase__dtype")
-
-
-_default_dtype = _default_dtype_reader()
 _TRACE_LOCK = threading.RLock()  # SOT and AST translation are not thread-safe: one traced call at a time
 
 # run_program (the op that executes to_static programs) refuses to run inside a capture unless these
@@ -340,21 +328,10 @@ class PaddleBackend(Backend):
         return _PARAM_TYPE is not None and isinstance(t, _PARAM_TYPE)
 
     def modes(self) -> tuple[Any, ...]:
-        tracer = _GLOBALS._dygraph_tracer_ if _GLOBALS is not None else None  # thread-local, as Paddle keeps it
-        # paddle.is_grad_enabled() without its Python call: 3.x's C function, or what 2.6's reads
-        grad = _has_grad() if _has_grad is not None else (tracer._has_grad if tracer is not None else False)
-        dtype = _default_dtype()  # what paddle.ones([3]) makes: the graph froze it
-        if tracer is None:
-            return (grad, dtype)
-        return (grad, dtype, tracer._amp_level, tracer._amp_dtype)
+        return paddle_modes.read()
 
     def describe_modes(self, modes: tuple[Any, ...]) -> str:
-        parts = [] if modes[0] else ["no_grad"]
-        if len(modes) == 4 and not str(modes[2]).endswith("O0"):
-            parts.append(f"amp({str(modes[2]).rsplit('.', 1)[-1]}, {modes[3]})")
-        if str(modes[1]) not in ("float32", "paddle.float32"):
-            parts.append(f"default dtype {str(modes[1]).replace('paddle.', '')}")
-        return " ".join(parts)
+        return paddle_modes.describe(modes)
 
     def _generator(self, device: str) -> Any:
         if device.startswith("cuda"):
@@ -531,14 +508,6 @@ _PARAM_TYPE: type | None = getattr(getattr(getattr(paddle, "base", None), "frame
 
 def _state_text(state: Any) -> str:
     return " ".join(tok for tok in str(state).split() if not tok.startswith("0x"))
-
-
-_GLOBALS: Any = getattr(getattr(getattr(paddle, "base", None), "framework", None), "global_var", None)
-"""Paddle's thread-local framework state; its ``_dygraph_tracer_`` holds the AMP level and dtype (None
-outside dygraph mode)."""
-_has_grad: Callable[[], bool] | None = getattr(getattr(getattr(paddle, "base", None), "core", None), "_has_grad", None)
-"""What ``paddle.is_grad_enabled()`` returns, as the C function it calls in 3.x (2.6 has none: it reads the tracer's
-``_has_grad``, as :meth:`PaddleBackend.modes` then does)."""
 
 
 def _end_quietly(graph: Any) -> bool:
