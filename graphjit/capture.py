@@ -44,7 +44,7 @@ from .guard_set import GuardSet
 from .islands import recording
 from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
-from .pystate import PyState
+from .pystate import PyState, copy_or_none
 from .reach import addresses, describe, moved, rebinds, walk
 from .sites import in_traceback
 from .stats import KeyStats, State
@@ -378,7 +378,8 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
         post = Snapshot(b, written, req.device)
         pre.restore()
     # the reference ran the islands, the call's once; the replay runs them again: their Python effects are undone
-    islands_py = _python_state(b, req) if ref_ran and isinstance(graph, PiecewiseGraph) and graph.islands else None
+    islands_py = copy_or_none(b, req.roots()) if ref_ran and isinstance(graph, PiecewiseGraph) and graph.islands \
+        else None
     try:
         graph.replay()
         b.synchronize(req.device)
@@ -413,16 +414,6 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
     st.replays += 1
     inputs.store_back(sig.tensors)
     return outputs.result(sig.pads, req.copy_outputs, sig.tensors, (req.args, req.kwargs))
-
-
-def _python_state(b: Backend, req: BuildRequest) -> PyState | None:
-    """The Python state the call reaches (:class:`PyState`), or None where copying it failed (logged): verify's
-    replay then leaves its islands' Python effects, as before this copy was made."""
-    try:
-        return PyState(b, req.roots())
-    except Exception as exc:
-        log.debug("graphjit %s: the Python state before verify's replay could not be copied: %s", req.fn_name, exc)
-        return None
 
 
 @dataclass

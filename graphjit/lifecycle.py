@@ -28,7 +28,7 @@ from .guards import Sources
 from .keys import CallSignature, Signer
 from .labels import changed_argument
 from .leaves import changes, name, shown
-from .pystate import PyState
+from .pystate import PyState, copy_or_none
 from .stats import KeyStats, State
 from .warmup import Blocked, Warmup, watched_call
 from .writes import Snapshot
@@ -500,8 +500,10 @@ class KeyLifecycle(abc.ABC):
 
         with self.lock:
             try:
-                outcome, post = recheck_mod.against_eager(backend, entry.device, written, paths, eager,
-                                                          lambda: entry.replay(sig, True, (args, kwargs)))
+                outcome, post = recheck_mod.against_eager(
+                    backend, entry.device, written, paths, eager, lambda: entry.replay(sig, True, (args, kwargs)),
+                    (lambda: copy_or_none(backend, self.roots(instance, args, kwargs)))
+                    if getattr(entry.graph, "islands", None) else None)
             except InputMoved as moved:  # nothing replayed; the eager run was undone
                 return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)
         if outcome.problem is None:

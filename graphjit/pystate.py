@@ -17,12 +17,15 @@ Runs at capture only (a walk and a shallow copy of each container), never on the
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
 from .backends.base import Backend
 from .reach import FOREIGN_MODULES, Visits, instance_dict, skipped, slots_of
+
+log = logging.getLogger("graphjit")
 
 
 class PyState:
@@ -131,6 +134,17 @@ class PyState:
 
 
 _UNSET = object()
+
+
+def copy_or_none(backend: Backend, roots: Iterable[tuple[str, Any]]) -> PyState | None:
+    """:class:`PyState` of ``roots``, or None where the copy failed (logged at debug level): for a copy whose only job
+    is to undo a run graphjit adds (a replay's islands, run a second time to verify them), which must never fail the
+    call."""
+    try:
+        return PyState(backend, roots)
+    except Exception as exc:
+        log.debug("graphjit: the Python state could not be copied (%s: %s)", type(exc).__name__, exc)
+        return None
 
 
 def _copy(d: dict[Any, Any]) -> dict[Any, Any]:

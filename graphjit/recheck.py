@@ -51,9 +51,13 @@ class Outcome:
 
 
 def against_eager(b: Backend, device: str, written: list[Any], paths: list[str], eager: Callable[[], Any],
-                  replay: Callable[[], Any]) -> tuple[Outcome, Snapshot]:
+                  replay: Callable[[], Any], python_state: Callable[[], Any] | None = None
+                  ) -> tuple[Outcome, Snapshot]:
     """Copy ``written``, run ``eager()``, put the copies back, run ``replay()`` and compare.  Returns the
-    outcome and the snapshot of the state ``eager()`` left (restore it when the graph is rejected)."""
+    outcome and the snapshot of the state ``eager()`` left (restore it when the graph is rejected).
+    ``python_state``: where the replay runs Python (a piecewise graph's islands), a copy of the Python state
+    (:class:`~graphjit.pystate.PyState`, or None) taken after ``eager()`` and put back after the replay: the call's
+    Python effects are the eager run's alone."""
     is_tensor = _is_tensor_of(b)
     pre = Snapshot(b, written, device)
     ref = eager()
@@ -62,11 +66,15 @@ def against_eager(b: Backend, device: str, written: list[Any], paths: list[str],
     want_shape = structure(ref, is_tensor)
     post = Snapshot(b, written, device)
     pre.restore()
+    py = python_state() if python_state is not None else None
     try:
         result = replay()
         b.synchronize(device)
     except GraphjitError as exc:  # an island broke its contract on these dynamic values (IslandError)
         return Outcome(f"the replay failed: {exc}", ref, None), post
+    finally:
+        if py is not None:
+            py.restore()
     problem = compare_outputs(b, result, want, want_shape, is_tensor) or post.differs(written, paths)
     if problem is None and post.rng_differs():
         problem = "the random generator is not where the eager call left it"

@@ -495,3 +495,27 @@ def test_an_island_stays_a_graph_break_where_dynamo_traces_every_frame():
     dynamo.reset()
     out = torch.compile(caller, backend="eager")(torch.ones(2))
     assert torch.equal(out, torch.full((2,), 12.0)) and seen == [None]
+
+
+def test_an_islands_python_effects_happen_once_a_call_through_verify_and_the_dynamic_recheck(emu):
+    """An island's Python effects happen once per call: the capturing call runs it in verify's eager reference and
+    in verify's replay, the first call with other dynamic values in the recheck's eager run and its replay; each
+    second run's Python effects are undone (its tensor writes were already).  Before, this list got an entry more
+    for each of those two calls."""
+    runs: list[float] = []
+
+    @graphjit.eager
+    def scale(h, meta):
+        runs.append(meta["n"])
+        return h * meta["n"]
+
+    def step(x, meta):
+        return scale(x + 1, meta) * 2
+
+    g = graphjit.graphed(step, dynamic=("meta",))
+    ns = [float(i % 3 + 1) for i in range(8)]
+    outs = [g(torch.ones(2), {"n": n}) for n in ns]
+    assert runs == ns, runs
+    assert [float(o[0]) for o in outs] == [4.0 * n for n in ns]
+    st = g.stats()
+    assert st["graphs"] == 1 and st["replays"] >= 5 and not st["fallbacks"], st
