@@ -44,7 +44,7 @@ from .guard_set import GuardSet
 from .islands import recording
 from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
-from .pystate import PyState, copy_or_none
+from .pystate import PyState, copy_or_none, dynamic_roots
 from .reach import addresses, describe, moved, rebinds, walk
 from .sites import in_traceback
 from .stats import KeyStats, State
@@ -377,9 +377,12 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
         expected_shape = structure(ref, is_tensor)
         post = Snapshot(b, written, req.device)
         pre.restore()
-    # the reference ran the islands, the call's once; the replay runs them again: their Python effects are undone
-    islands_py = copy_or_none(b, req.roots()) if ref_ran and isinstance(graph, PiecewiseGraph) and graph.islands \
-        else None
+    # The reference ran the islands, the call's once; the replay runs them again, from the Python state the reference
+    # started from (as its tensors do), and its Python effects are undone afterwards.
+    islands_py = copy_or_none(b, lambda: [*req.roots(), *dynamic_roots(sig.dynamic)]) \
+        if ref_ran and py is not None and isinstance(graph, PiecewiseGraph) and graph.islands else None
+    if islands_py is not None and py is not None:
+        py.restore()
     try:
         graph.replay()
         b.synchronize(req.device)

@@ -13,11 +13,13 @@ What an island guarantees and what it asks:
   call's current dynamic arguments (:mod:`graphjit.dynamic`).  At capture it does not run (nothing does:
   a capture records); its outputs are then buffers the next segment reads, and each replay copies the
   island's outputs into them, except an output that *is* one of the island's input tensors (an island
-  that writes in place, such as attention into a preallocated output): no copy there.  The capturing call
-  runs it twice, in verify's eager reference (the call's run) and in verify's replay: the replay's effects
-  are undone, its tensors' writes and the generator by verify's copies, its Python effects where
-  :class:`~graphjit.pystate.PyState` reaches them (containers and attributes reachable from the call, not
-  globals, files or C state).
+  that writes in place, such as attention into a preallocated output): no copy there.  Two calls run it
+  twice: the capturing call (verify's eager reference, the call's run, then verify's replay) and the first
+  call with other dynamic values (the recheck's eager run, then its replay).  Each replay starts from the
+  state the eager run started from, and its effects are undone afterwards: its tensors' writes and the
+  generator by verify's copies, its Python effects where :class:`~graphjit.pystate.PyState` reaches them
+  (containers and attributes reachable from the call or its dynamic arguments, not globals, files or C
+  state).
 * CPU-GPU syncs inside an island are allowed (the warmup's sync watch ignores them), and so are random
   draws (Paddle too: an island draws eagerly).
 * For one key an island must return the same structure, shapes, dtypes and non-tensor values on every

@@ -28,7 +28,7 @@ from .guards import Sources
 from .keys import CallSignature, Signer
 from .labels import changed_argument
 from .leaves import changes, name, shown
-from .pystate import PyState, copy_or_none
+from .pystate import PyState, copy_or_none, dynamic_roots
 from .stats import KeyStats, State
 from .warmup import Blocked, Warmup, watched_call
 from .writes import Snapshot
@@ -498,13 +498,18 @@ class KeyLifecycle(abc.ABC):
             with scope_mod.graphed_call("warmup"):
                 return self.invoker.run(backend, instance, args, kwargs)
 
+        def roots() -> list[tuple[str, Any]]:
+            return [*self.roots(instance, args, kwargs), *dynamic_roots(sig.dynamic)]
+
+        before = copy_or_none(backend, roots)  # the Python state the eager run starts from
         with self.lock:
             try:
                 outcome, post = recheck_mod.against_eager(
                     backend, entry.device, written, paths, eager, lambda: entry.replay(sig, True, (args, kwargs)),
-                    (lambda: copy_or_none(backend, self.roots(instance, args, kwargs)))
-                    if getattr(entry.graph, "islands", None) else None)
-            except InputMoved as moved:  # nothing replayed; the eager run was undone
+                    before if entry.piecewise else None, lambda: copy_or_none(backend, roots))
+            except InputMoved as moved:  # nothing replayed; the eager run's tensor writes were undone
+                if before is not None:
+                    before.restore()  # and its Python effects: the recapture runs the call
                 return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)
         if outcome.problem is None:
             st.verify = "passed (and on a call with other dynamic values)"

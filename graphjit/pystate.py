@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .backends.base import Backend
@@ -136,12 +136,18 @@ class PyState:
 _UNSET = object()
 
 
-def copy_or_none(backend: Backend, roots: Iterable[tuple[str, Any]]) -> PyState | None:
-    """:class:`PyState` of ``roots``, or None where the copy failed (logged at debug level): for a copy whose only job
-    is to undo a run graphjit adds (a replay's islands, run a second time to verify them), which must never fail the
-    call."""
+def dynamic_roots(dynamic: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A call's ``dynamic=`` arguments as roots: left out of what a call reaches for its writes (per-call data), but
+    an island may change them, and undoing a second run of it must reach them too."""
+    return [(f"dynamic argument {name!r}", value) for name, value in dynamic.items()]
+
+
+def copy_or_none(backend: Backend, roots: Callable[[], Iterable[tuple[str, Any]]]) -> PyState | None:
+    """:class:`PyState` of what ``roots()`` gives, or None where listing the roots or the copy failed (logged at debug
+    level): for a copy whose only job is to undo a run graphjit adds (a replay's islands, run a second time to verify
+    them), which must never fail the call."""
     try:
-        return PyState(backend, roots)
+        return PyState(backend, roots())
     except Exception as exc:
         log.debug("graphjit: the Python state could not be copied (%s: %s)", type(exc).__name__, exc)
         return None

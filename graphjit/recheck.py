@@ -51,13 +51,14 @@ class Outcome:
 
 
 def against_eager(b: Backend, device: str, written: list[Any], paths: list[str], eager: Callable[[], Any],
-                  replay: Callable[[], Any], python_state: Callable[[], Any] | None = None
-                  ) -> tuple[Outcome, Snapshot]:
+                  replay: Callable[[], Any], python_before: Any = None,
+                  python_state: Callable[[], Any] | None = None) -> tuple[Outcome, Snapshot]:
     """Copy ``written``, run ``eager()``, put the copies back, run ``replay()`` and compare.  Returns the
     outcome and the snapshot of the state ``eager()`` left (restore it when the graph is rejected).
-    ``python_state``: where the replay runs Python (a piecewise graph's islands), a copy of the Python state
-    (:class:`~graphjit.pystate.PyState`, or None) taken after ``eager()`` and put back after the replay: the call's
-    Python effects are the eager run's alone."""
+    Where the replay runs Python (a piecewise graph's islands): ``python_before``, the Python state
+    (:class:`~graphjit.pystate.PyState`) before ``eager()``, and ``python_state``, which copies it after: the replay
+    starts from the first, as its tensors do, and the second is put back after it, so the call's Python effects are
+    the eager run's alone."""
     is_tensor = _is_tensor_of(b)
     pre = Snapshot(b, written, device)
     ref = eager()
@@ -66,7 +67,9 @@ def against_eager(b: Backend, device: str, written: list[Any], paths: list[str],
     want_shape = structure(ref, is_tensor)
     post = Snapshot(b, written, device)
     pre.restore()
-    py = python_state() if python_state is not None else None
+    py = python_state() if python_state is not None and python_before is not None else None
+    if py is not None:
+        python_before.restore()
     try:
         result = replay()
         b.synchronize(device)

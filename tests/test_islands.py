@@ -6,6 +6,7 @@ tests/test_gpu_islands.py."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 
 import pytest
@@ -454,12 +455,13 @@ def test_static_inputs_hand_dynamic_arguments_back(emu):
 
 def test_an_island_that_breaks_its_contract_in_verify_leaves_one_execution(emu):
     counter = torch.zeros(())
-    calls = {"n": 0}
+    # C state graphjit cannot put back (a Python dict's count would be: verify's replay would see the reference's
+    # start, and the island break its contract on the next call's replay instead, with an IslandError)
+    calls = itertools.count(1)
 
     @graphjit.eager
     def unstable(h):
-        calls["n"] += 1
-        return h.repeat(2 if calls["n"] >= 4 else 1)  # another shape from verify's replay on
+        return h.repeat(2 if next(calls) >= 4 else 1)  # another shape from verify's replay on
 
     def step(x):
         counter.add_(1)
@@ -519,3 +521,46 @@ def test_an_islands_python_effects_happen_once_a_call_through_verify_and_the_dyn
     assert [float(o[0]) for o in outs] == [4.0 * n for n in ns]
     st = g.stats()
     assert st["graphs"] == 1 and st["replays"] >= 5 and not st["fallbacks"], st
+
+
+def test_an_island_that_writes_its_dynamic_argument_or_reads_python_state_it_advances(emu):
+    """Verify's and the recheck's replays start from the Python state their eager run started from (as their tensors
+    do) and leave the one it left: an island that appends to its dynamic argument does so once per call, and one whose
+    output reads a Python counter it advances is captured and gives eager's outputs.  Before, the dynamic argument
+    got a second entry in two calls, and the counter island failed verify (its replay saw the counter one step
+    ahead) and ran uncaptured for good."""
+
+    @graphjit.eager
+    def note(h, meta):
+        meta["log"].append(meta["n"])
+        return h * meta["n"]
+
+    g = graphjit.graphed(lambda x, meta: note(x + 1, meta) * 2, dynamic=("meta",))
+    metas = [{"n": float(i % 3 + 1), "log": []} for i in range(8)]
+    outs = [g(torch.ones(2), m) for m in metas]
+    assert [m["log"] for m in metas] == [[m["n"]] for m in metas]
+    assert [float(o[0]) for o in outs] == [4.0 * m["n"] for m in metas]
+    assert g.stats()["graphs"] == 1 and not g.stats()["fallbacks"], g.stats()
+
+    state = {"k": 0}
+
+    @graphjit.eager
+    def count(h):
+        state["k"] += 1
+        return h * state["k"]
+
+    def step(x):
+        return count(x + 1) * 2
+
+    want_state = {"k": 0}
+
+    def eager_step(x):
+        want_state["k"] += 1
+        return (x + 1) * want_state["k"] * 2
+
+    c = graphjit.graphed(step)
+    for _ in range(6):
+        assert torch.equal(c(torch.ones(2)), eager_step(torch.ones(2)))
+    assert state == want_state
+    st = c.stats()
+    assert st["graphs"] == 1 and st["replays"] >= 3 and not st["fallbacks"], st

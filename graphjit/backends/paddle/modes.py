@@ -34,24 +34,31 @@ the tracer's ``_has_grad``, as 2.6 does)."""
 _expected_place_of: Callable[[], Any] | None = getattr(_framework, "_current_expected_place_", None)
 """Paddle's default place (what ``paddle.set_device`` sets), read without ``paddle.get_device``'s string building."""
 _place_seen: tuple[Any, str | None] = (None, None)
-_first_place: str | None = None
-"""The default place graphjit first read (at the first call it signed): labels name another one."""
 
 
 def expected_place() -> str | None:
     """The default place as a key part: its text (Paddle 2.6's Places hash by identity, and ``==`` on them costs 0.5
     us), made again only where the place object changed since the last read (``paddle.set_device`` makes a new one; a
     GPU build returns the same one until then).  None where this Paddle has no such reader."""
-    global _place_seen, _first_place
+    global _place_seen
     if _expected_place_of is None:
         return None
     place = _expected_place_of()
     seen = _place_seen
     if seen[0] is not place:
         seen = _place_seen = (place, str(place))
-        if _first_place is None:
-            _first_place = seen[1]
     return seen[1]
+
+
+def _place_at_import() -> str | None:
+    try:
+        return expected_place()  # Paddle's import set it already: a read (3.x turns a plain Place into its device's)
+    except Exception:
+        return None
+
+
+_first_place = _place_at_import()
+"""The default place when graphjit's Paddle backend was imported: labels name another one."""
 
 
 def read() -> tuple[Any, ...]:
