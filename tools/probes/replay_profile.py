@@ -1,12 +1,14 @@
 """Where the host time of a replayed ``@graphed`` call goes (torch, one GPU).
 
-Times the parts of the replay path one by one (key, dict lookup, input copies, graph replay,
-output copy) against the whole call, for the default path (copies in and out), alias outputs and
-the zero-copy path (static_inputs + alias), then runs cProfile over the default path and lists
-the functions with the most own time per call.  Diagnostic only: the speed claims are made by
+Times the whole call for the default path (copies in and out), alias outputs and the zero-copy path
+(static_inputs + alias), each by the replay lane where it is loaded, and the default path by graphjit's
+Python path alone; then the parts of that Python path one by one (key, dict lookup, input copies, graph
+replay, output copy) against its whole call, and cProfile over it, listing the functions with the most own
+time per call (the lane runs the same parts in one C function).  Diagnostic only: the speed claims are made by
 ``python -m graphjit bench decode`` (host-cost section).
 
-Usage (GPU machine, repo root): ``PYTHONPATH=. python3 tools/probes/replay_profile.py --out DIR``
+Usage (GPU machine, repo root): ``PYTHONPATH=. python3 tools/probes/replay_profile.py --out DIR``; ``--emulate`` runs
+it on a CPU through tests/graph_emulator.py (a smoke run of the probe itself: its numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import io
 import json
 import pstats
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 
 import graphjit
+from graphjit import lane
 
 
 def per_call_us(fn: Callable[[], Any], iters: int = 2000, repeats: int = 7) -> float:
@@ -47,26 +51,44 @@ def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--emulate", action="store_true", help="CPU smoke run through tests/graph_emulator.py")
     args = p.parse_args()
-    inputs = [torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    if args.emulate:  # the probe's own smoke run: its numbers mean nothing
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+        from graph_emulator import emulated_torch
+
+        with emulated_torch():
+            torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+            measure(args, "cpu", torch.float32, "cpu (emulated graphs)")
+        return
+    measure(args, "cuda", torch.bfloat16, torch.cuda.get_device_name())
+
+
+def measure(args: argparse.Namespace, device: str, dtype: Any, name: str) -> None:
+    inputs = [torch.randn(8, 1024, device=device, dtype=dtype) for _ in range(4)]
     from graphjit.bench.common import environment
 
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    result: dict[str, Any] = {"device": name, "torch": torch.__version__,
                               "git_commit": environment().get("git_commit"), "us": {}}
     us = result["us"]
     us["eager"] = per_call_us(lambda: tiny(*inputs))
 
     default = graphjit.graphed(tiny)
     alias = graphjit.graphed(tiny, outputs="alias")
+    python_path = graphjit.graphed(tiny)  # the same call by graphjit's Python path alone (no replay lane)
+    python_path._self_state.lane_allowed = False
     for _ in range(default.graphjit_options.warmup + 1):  # warmups, then the capture (static_inputs needs it)
         default(*inputs)
         alias(*inputs)
+        python_path(*inputs)
     static_args, _ = alias.static_inputs(*inputs)
-    us["graphed_default"] = per_call_us(lambda: default(*inputs))
+    us["graphed_default"] = per_call_us(lambda: default(*inputs))  # by the replay lane where it is loaded
     us["graphed_alias"] = per_call_us(lambda: alias(*inputs))
     us["graphed_static_alias"] = per_call_us(lambda: alias(*static_args))
+    us["graphed_default_python"] = per_call_us(lambda: python_path(*inputs))
+    result["lane"] = lane.status()
 
-    state = default._self_state
+    state = python_path._self_state  # its parts: the lane runs them in one C function
     sig = state.signer.sign(None, tuple(inputs), {})
     entry = state.entries[sig.key]
     us["part_sign"] = per_call_us(lambda: state.signer.sign(None, tuple(inputs), {}))
@@ -104,12 +126,12 @@ def main() -> None:
     parts = ("part_sign", "part_entries_get", "part_env_settings", "part_inputs_load", "part_graph_replay",
              "part_outputs_copy")
     us["sum_of_parts_default"] = round(sum(us[k] for k in parts), 3)
-    us["unexplained_default"] = round(us["graphed_default"] - us["sum_of_parts_default"], 3)
+    us["unexplained_default_python"] = round(us["graphed_default_python"] - us["sum_of_parts_default"], 3)
 
-    prof = cProfile.Profile()
+    prof = cProfile.Profile()  # the Python path (the lane's C function would show as one line)
     prof.enable()
     for _ in range(20000):
-        default(*inputs)
+        python_path(*inputs)
     prof.disable()
     torch.cuda.synchronize()
     buf = io.StringIO()

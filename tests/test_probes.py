@@ -1,0 +1,49 @@
+"""The probes a maintainer reruns on the GPU machine (tools/probes/) still run: a CPU smoke run of each that has one
+(its numbers mean nothing; the point is that a probe does not fail before measuring, as replay_profile.py once did
+after static_inputs() began to need the key's warmup calls)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.torch
+
+
+def _run(args: list[str]) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_replay_profile_runs_on_emulated_graphs(tmp_path: Path):
+    _run(["tools/probes/replay_profile.py", "--emulate", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "replay_profile.json").read_text())
+    us = data["us"]
+    for part in ("graphed_default", "graphed_default_python", "part_sign", "part_graph_replay", "sum_of_parts_default"):
+        assert isinstance(us[part], float) and us[part] > 0, (part, us)
+    assert "lane" in data and "profile_top" in data
+
+
+def test_host_cost_emulated_measures_the_lane_and_an_island_boundary(tmp_path: Path):
+    out = tmp_path / "host.json"
+    _run(["tools/probes/host_cost_emulated.py", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["lane_on_us"]["default"] > 0 and data["lane_off_us"]["default"] > 0
+    assert data["island_boundary_us"]["piecewise"] > data["island_boundary_us"]["whole"] > 0
+
+
+def test_piecewise_profile_runs_on_the_cpu(tmp_path: Path):
+    _run(["tools/probes/piecewise_profile.py", "--layers", "2", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "piecewise_profile.json").read_text())
+    assert data["us"]["piecewise_step"] > 0 and data["us"]["sdpa_bool_mask_sliced"] > 0
+    assert "Self CPU" in data["profile"]
