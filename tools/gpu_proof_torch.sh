@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The torch half of the GPU proof: tests, doctor, benchmarks, as named stages.
 # Usage on the GPU machine (repo root): bash tools/gpu_proof_torch.sh OUTDIR [STAGE ...]
-# Stages: build tests doctor host decode train step hf piecewise profile capture generate dispatch
-#   (host: bench decode --host-only; decode: the whole bench decode, host cost included; profile: the piecewise probe).
+# Stages: build tests doctor host replay decode train step hf piecewise profile capture generate dispatch
+#   (host: bench decode --host-only; replay: tools/probes/replay_profile.py; decode: the whole bench decode, host cost
+#   included; profile: the piecewise probe).
 # None named: every stage but host (decode includes it), in that order; together they take longer than one 600 s
 # device call: name a few per call.  Each stage's exit status is logged ("== STAGE rc=N").
 # GENERATE_FAMILIES (default llama,gpt2,t5) chooses the families of the generate stage.
@@ -11,7 +12,7 @@
 set -uf  # -f: the stage names are never globbed
 out=${1:?usage: gpu_proof_torch.sh OUTDIR [STAGE ...]}
 shift
-stages=${*:-build tests doctor decode train step hf piecewise profile capture generate dispatch}
+stages=${*:-build tests doctor decode replay train step hf piecewise profile capture generate dispatch}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 export GRAPHJIT_COMMIT=${GRAPHJIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 mkdir -p "$out"
@@ -34,6 +35,7 @@ stage() {
     hf) timeout 420 python3 -m graphjit bench hf --out "$out" --tag h200 2>&1 | tail -20 ;;
     piecewise) timeout 300 python3 -m graphjit bench piecewise --out "$out" --tag h200 2>&1 | tail -22 ;;
     profile) timeout 120 python3 tools/probes/piecewise_profile.py --out "$out" 2>&1 | tail -45 ;;
+    replay) timeout 120 python3 tools/probes/replay_profile.py --out "$out" 2>&1 | tail -45 ;;
     capture) timeout 240 python3 -m graphjit bench capture --profile --out "$out" --tag h200 2>&1 | tail -12 ;;
     generate) timeout 420 python3 -m graphjit bench generate --families "${GENERATE_FAMILIES:-llama,gpt2,t5}" \
                 --out "$out" --tag h200 2>&1 | tail -14 ;;
