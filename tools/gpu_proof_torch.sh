@@ -4,8 +4,8 @@
 # Stages: build tests doctor host replay decode train step hf piecewise profile capture generate dispatch
 #   (host: bench decode --host-only; replay: tools/probes/replay_profile.py; decode: the whole bench decode, host cost
 #   included; profile: the piecewise probe).
-# None named: every stage but host (decode includes it), in that order; together they take longer than one 600 s
-# device call: name a few per call.  Each stage's exit status is logged ("== STAGE rc=N").
+# None named: build tests doctor decode replay train step hf piecewise profile capture generate dispatch (host is in
+# decode); together they take longer than one 600 s device call: name a few per call.  Each stage's exit status is logged ("== STAGE rc=N").
 # GENERATE_FAMILIES (default llama,gpt2,t5) chooses the families of the generate stage.
 # Writes into OUTDIR: proof-torch.log (everything printed), test-logs.tgz (each test file's whole log, in one file: a
 # call returns only a few files), and the benchmarks' JSON and PNG files.
