@@ -344,7 +344,7 @@ def test_batch_copies_move_inputs_and_outputs_exactly(rng, tracer, monkeypatch):
 
 def test_a_layer_whose_parameter_the_step_writes_matches_numpy_under_the_default_tracer(rng):
     """The default tracer (SOT; on Paddle 2.6 checked against the Python function on each key's first call) around a
-    Layer whose parameter the step decays in place (matmul by 0.9 I, then paddle.assign: kernels that compute right
+    Layer whose parameter the step decays in place (matmul by 0.5 I, then paddle.assign: kernels that compute right
     on Hopper): every output and the parameter afterwards equal numpy's.  Before, the check did not put parameters
     back (the first call decayed the weight twice), and its put-back of the Layer's ``_original_funcs`` (an
     OrderedDict SOT fills) broke that dict: the next capture failed with KeyError 'forward'."""
@@ -361,7 +361,7 @@ def test_a_layer_whose_parameter_the_step_writes_matches_numpy_under_the_default
             return paddle.matmul(x, self.w)
 
     m = M()
-    decay = T(np.eye(h, dtype=np.float32) * 0.9)
+    decay = T(np.eye(h, dtype=np.float32) * 0.5)  # halving is exact in TF32 too: only the first rounding of w counts
 
     def step(x):
         y = m(x)
@@ -375,7 +375,7 @@ def test_a_layer_whose_parameter_the_step_writes_matches_numpy_under_the_default
             x_np = rng.standard_normal((8, h)).astype(np.float32)
             got = g(T(x_np)).numpy()
             assert rel(got, x_np @ w) < TF32, i
-            w = w @ (np.eye(h) * 0.9)
+            w = w @ (np.eye(h) * 0.5)
     assert rel(m.w.numpy(), w) < TF32
     s = g.stats()
     assert s["graphs"] == 1 and s["replays"] >= 3, s
