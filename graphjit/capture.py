@@ -44,7 +44,7 @@ from .guard_set import GuardSet
 from .islands import recording
 from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
-from .pystate import PyState, copy_or_none, dynamic_roots
+from .pystate import PyState, copy_or_none, dynamic_roots, second_run
 from .reach import addresses, describe, moved, rebinds, walk
 from .sites import in_traceback
 from .stats import KeyStats, State
@@ -377,21 +377,16 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
         expected_shape = structure(ref, is_tensor)
         post = Snapshot(b, written, req.device)
         pre.restore()
-    # The reference ran the islands, the call's once; the replay runs them again, from the Python state the reference
-    # started from (as its tensors do), and its Python effects are undone afterwards.
-    islands_py = copy_or_none(b, lambda: [*req.roots(), *dynamic_roots(sig.dynamic)]) \
-        if ref_ran and py is not None and isinstance(graph, PiecewiseGraph) and graph.islands else None
-    if islands_py is not None and py is not None:
-        py.restore()
+    # the reference ran the islands, the call's once; the replay runs them again (py: the state the reference began in)
+    islands = ref_ran and isinstance(graph, PiecewiseGraph) and bool(graph.islands)
     try:
-        graph.replay()
-        b.synchronize(req.device)
+        with second_run(py if islands else None, lambda: copy_or_none(b, lambda: [*req.roots(),
+                                                                                 *dynamic_roots(sig.dynamic)])):
+            graph.replay()
+            b.synchronize(req.device)
         problem = _compare(b, outputs.result(sig.pads, False, None, None), expected, expected_shape, is_tensor)
     except IslandError as exc:  # an island broke its contract in verify's replay: restored below like a mismatch
         problem = f"the replay failed: {exc}"
-    finally:
-        if islands_py is not None:
-            islands_py.restore()
     problem = problem or post.differs(current, paths)
     if problem is None and post.rng is not None and post.rng_differs():
         problem = "the random generator is not where the eager call left it (a generator the graph does not replay)"

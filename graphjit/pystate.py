@@ -17,9 +17,10 @@ Runs at capture only (a walk and a shallow copy of each container), never on the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .backends.base import Backend
@@ -151,6 +152,23 @@ def copy_or_none(backend: Backend, roots: Callable[[], Iterable[tuple[str, Any]]
     except Exception as exc:
         log.debug("graphjit: the Python state could not be copied (%s: %s)", type(exc).__name__, exc)
         return None
+
+
+@contextlib.contextmanager
+def second_run(before: PyState | None, after: Callable[[], PyState | None]) -> Iterator[None]:
+    """Around a second run graphjit adds after the call's own (a replay running a piecewise graph's islands again, to
+    verify it): the block starts from the Python state ``before`` holds (the one the call's run started from, as the
+    replay's tensors do), and the state the call's run left, copied by ``after()`` on entry, is put back on exit, so the
+    call's Python effects are its own run's alone.  Nothing is done where ``before`` is None or the copy fails."""
+    now = after() if before is not None else None
+    if before is None or now is None:
+        yield
+        return
+    before.restore()
+    try:
+        yield
+    finally:
+        now.restore()
 
 
 def _copy(d: dict[Any, Any]) -> dict[Any, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from .backends.base import Backend
 from .errors import GraphjitError
+from .pystate import PyState, second_run
 from .tree import collect_tensors, structure
 from .writes import Snapshot, compare_outputs
 
@@ -51,13 +52,12 @@ class Outcome:
 
 
 def against_eager(b: Backend, device: str, written: list[Any], paths: list[str], eager: Callable[[], Any],
-                  replay: Callable[[], Any], python_before: Any = None,
-                  python_state: Callable[[], Any] | None = None) -> tuple[Outcome, Snapshot]:
+                  replay: Callable[[], Any], python_before: PyState | None = None,
+                  python_state: Callable[[], PyState | None] = lambda: None) -> tuple[Outcome, Snapshot]:
     """Copy ``written``, run ``eager()``, put the copies back, run ``replay()`` and compare.  Returns the
     outcome and the snapshot of the state ``eager()`` left (restore it when the graph is rejected).
-    Where the replay runs Python (a piecewise graph's islands): ``python_before``, the Python state
-    (:class:`~graphjit.pystate.PyState`) before ``eager()``, and ``python_state``, which copies it after: the replay
-    starts from the first, as its tensors do, and the second is put back after it, so the call's Python effects are
+    Where the replay runs Python (a piecewise graph's islands): ``python_before``, the Python state before ``eager()``,
+    and ``python_state``, which copies it after (:func:`~graphjit.pystate.second_run`): the call's Python effects are
     the eager run's alone."""
     is_tensor = _is_tensor_of(b)
     pre = Snapshot(b, written, device)
@@ -67,17 +67,12 @@ def against_eager(b: Backend, device: str, written: list[Any], paths: list[str],
     want_shape = structure(ref, is_tensor)
     post = Snapshot(b, written, device)
     pre.restore()
-    py = python_state() if python_state is not None and python_before is not None else None
-    if py is not None:
-        python_before.restore()
     try:
-        result = replay()
-        b.synchronize(device)
+        with second_run(python_before, python_state):
+            result = replay()
+            b.synchronize(device)
     except GraphjitError as exc:  # an island broke its contract on these dynamic values (IslandError)
         return Outcome(f"the replay failed: {exc}", ref, None), post
-    finally:
-        if py is not None:
-            py.restore()
     problem = compare_outputs(b, result, want, want_shape, is_tensor) or post.differs(written, paths)
     if problem is None and post.rng_differs():
         problem = "the random generator is not where the eager call left it"

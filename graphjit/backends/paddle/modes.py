@@ -79,6 +79,6 @@ def describe(modes: tuple[Any, ...]) -> str:
         parts.append(f"amp({str(modes[3]).rsplit('.', 1)[-1]}, {modes[4]})")
     if str(modes[1]) not in ("float32", "paddle.float32"):
         parts.append(f"default dtype {str(modes[1]).replace('paddle.', '')}")
-    if len(modes) >= 3 and modes[2] is not None and modes[2] != _first_place:
+    if modes[2] is not None and modes[2] != _first_place:
         parts.append(f"default place {modes[2]}")
     return " ".join(parts)

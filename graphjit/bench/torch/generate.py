@@ -184,7 +184,6 @@ class _CompileClock:
     a callback are in neither."""
 
     def __init__(self) -> None:
-        self.seconds: float | None = None
         self.by_trigger: dict[str, float] | None = None
         self._started: tuple[float, str] | None = None
         try:
@@ -194,6 +193,10 @@ class _CompileClock:
         except Exception:
             self._handler = None
 
+    @property
+    def seconds(self) -> float | None:
+        return None if self.by_trigger is None else self.by_trigger.get("DYNAMO", 0.0)
+
     def _start(self, *args: Any) -> None:
         trigger = getattr(getattr(args[0], "callback_trigger", None), "name", "DYNAMO") if args else "DYNAMO"
         self._started = (time.perf_counter(), trigger)
@@ -202,12 +205,11 @@ class _CompileClock:
         if self._started is not None and self.by_trigger is not None:
             t0, trigger = self._started
             self.by_trigger[trigger] = self.by_trigger.get(trigger, 0.0) + time.perf_counter() - t0
-            self.seconds = self.by_trigger.get("DYNAMO", 0.0)
             self._started = None
 
     def __enter__(self) -> _CompileClock:
         if self._handler is not None:
-            self.seconds, self.by_trigger = 0.0, {}
+            self.by_trigger = {}
             self._handler.register_start_callback(self._start)
             self._handler.register_end_callback(self._end)
         return self

@@ -240,12 +240,15 @@ class PiecewiseBench:
         def nothing(h: Any) -> Any:
             return h  # returns its input: no copy, so the time is the boundary itself
 
+        def layer(h: Any) -> Any:
+            return torch.tanh(h @ w)
+
         def chain(x: Any, cut: bool) -> Any:
-            h = torch.tanh(x @ w)
+            h = layer(x)
             for _ in range(islands):
                 if cut:
                     h = nothing(h)
-                h = torch.tanh(h @ w)  # every segment, the last included, holds a layer
+                h = layer(h)  # every segment, the last included, holds a layer
             return h
 
         x = torch.randn(8, 64, generator=torch.Generator().manual_seed(a.seed + 1)).to(self.device, self.dtype)
@@ -285,13 +288,13 @@ class PiecewiseBench:
                     "timer": "host clock around each call alone, synchronised before it (median); gpu: CUDA events "
                              "around it"})
         if self.on_gpu:
-            out["by_hand"] = common.guarded(lambda: self._boundary_by_hand(chain, w, x, islands, want))
+            out["by_hand"] = common.guarded(lambda: self._boundary_by_hand(chain, layer, x, islands, want))
             hand = out["by_hand"].get("us_per_boundary")
             if hand is not None:
                 out["graphjit_us_per_boundary"] = out["us_per_boundary"] - hand
         return out
 
-    def _boundary_by_hand(self, chain: Callable[[Any, bool], Any], w: Any, x: Any, islands: int,
+    def _boundary_by_hand(self, chain: Callable[[Any, bool], Any], layer: Callable[[Any], Any], x: Any, islands: int,
                           want: Any) -> dict[str, Any]:
         """The same chain graphed by hand (``torch.cuda.graph`` into one pool, no graphjit): one graph of the whole
         chain against ``islands + 1`` graphs of one layer each, replayed in order with a Python call of the identity
@@ -320,7 +323,7 @@ class PiecewiseBench:
             for _ in range(islands + 1):
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
-                    h = torch.tanh(h @ w)
+                    h = layer(h)
                 pieces.append(g)
         piece_out = h
 
