@@ -28,7 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define LANE_ABI 1
+#define LANE_ABI 2
 #define LANE_MAX 64 /* tensors in one call the lane serves; a call with more takes the Python path */
 
 typedef int (*feed_launch_t)(unsigned long long *table, void *stream);
@@ -76,21 +76,29 @@ typedef struct {
   unsigned long long p;
 } Fresh;
 
+/* What a plain call of one key looks like (keys.py: the layout of Signer.sign_plain): its arguments, its owner, the
+ * framework's modes and its tensors' metadata.  Every object is borrowed from the dict it was made from (the
+ * holder's refs). */
+typedef struct {
+  int method;
+  Py_ssize_t nargs;
+  PyObject *kinds;  /* per argument: None for a tensor, else (type, value) of a plain scalar */
+  PyObject *types;  /* the tensor types of the key's framework (a tuple) */
+  PyObject *owner;  /* None, or the function's own owner (an unbound call) */
+  unsigned long long owner_id; /* a bound call: its instance's id; 0 otherwise */
+  PyObject *training;          /* the owner's training flag, as keyed */
+  PyObject *probes, *expected; /* the framework's modes: functions of no argument and what each must give */
+  PyObject *check;             /* the tensors' metadata, called with the tensors */
+} Layout;
+
 typedef struct {
   PyObject_HEAD
   PyObject *refs; /* the dict the plan was made from: keeps every borrowed object below alive; NULL once retired */
   PyObject *miss; /* what run() returns where the Python path must serve the call (lane.MISS): a reference of its own */
   /* the environment a served call needs */
   PyObject *env_dict, *settings, *tls;
-  int prebound, method;
-  Py_ssize_t nargs;
-  PyObject *kinds;  /* per argument: None for a tensor, else (type, value) of a plain scalar */
-  PyObject *types;  /* the tensor types of the key's framework */
-  PyObject *owner;  /* None, or the function's own owner (an unbound call) */
-  unsigned long long owner_id; /* a bound call: its instance's id; 0 otherwise */
-  PyObject *training;          /* the owner's training flag, as keyed */
-  PyObject *probes, *expected; /* the framework's modes */
-  PyObject *check;             /* the tensors' metadata (strides included) */
+  int prebound;
+  Layout layout; /* the call's arguments, owner, modes and tensors' metadata (strides included) */
   /* the key */
   PyObject *state_ref, *entry_ref; /* weak references: a plan never keeps its function or its entry alive */
   PyObject *key, *entry_check, *recheck, *feeds, *advances, *handoff;
@@ -158,6 +166,105 @@ static PyObject *item(PyObject *d, const char *name) { /* borrowed; NULL with Ke
   return v;
 }
 
+/* ---- a call's layout (shared by Plan and Signed) ----------------------------------------------------------- */
+
+/* Fills l from the dict d (kinds, types, owner, owner_id, training, probes, expected, check, method; the objects stay
+ * d's); the number of tensors of the layout, or -1 with an error set. */
+static Py_ssize_t layout_init(Layout *l, PyObject *d) {
+#define GET(field, name)                    \
+  do {                                      \
+    l->field = item(d, name);               \
+    if (l->field == NULL) return -1;        \
+  } while (0)
+  GET(kinds, "kinds");
+  GET(types, "types");
+  GET(owner, "owner");
+  GET(training, "training");
+  GET(probes, "probes");
+  GET(expected, "expected");
+  GET(check, "check");
+#undef GET
+  if (!PyTuple_Check(l->kinds) || !PyTuple_Check(l->types) || !PyTuple_Check(l->probes) ||
+      !PyTuple_Check(l->expected) || PyTuple_GET_SIZE(l->probes) != PyTuple_GET_SIZE(l->expected)) {
+    PyErr_SetString(PyExc_TypeError, "graphjit lane layout: kinds, types, probes, expected: tuples, as many "
+                                     "expected values as probes");
+    return -1;
+  }
+  l->nargs = PyTuple_GET_SIZE(l->kinds);
+  Py_ssize_t n_tensors = 0;
+  for (Py_ssize_t i = 0; i < l->nargs; ++i) {
+    PyObject *k = PyTuple_GET_ITEM(l->kinds, i);
+    if (k == Py_None) {
+      ++n_tensors;
+    } else if (!PyTuple_Check(k) || PyTuple_GET_SIZE(k) != 2) {
+      PyErr_SetString(PyExc_TypeError, "graphjit lane layout: a scalar's kind is (type, value)");
+      return -1;
+    }
+  }
+  if (n_tensors == 0 || n_tensors > LANE_MAX) {
+    PyErr_SetString(PyExc_ValueError, "graphjit lane layout: 1 to 64 tensors");
+    return -1;
+  }
+  PyObject *o = item(d, "method");
+  if (o == NULL) return -1;
+  long method = PyLong_AsLong(o);
+  if (method == -1 && PyErr_Occurred()) return -1;
+  l->method = method != 0;
+  if ((o = item(d, "owner_id")) == NULL) return -1;
+  l->owner_id = PyLong_AsUnsignedLongLong(o);
+  if (PyErr_Occurred()) return -1;
+  return n_tensors;
+}
+
+/* Whether a call (instance: its bound instance or None; args: its positional arguments) has the layout l: each
+ * tensor of the framework's types (gathered into tensors, *n of them), each scalar of its type and value, the owner
+ * the same object with its training flag as keyed, the modes probes giving what they gave, the tensors passing the
+ * check.  prebound: the graphed function is a bound method itself (a call never hands it an instance).  1 yes, 0 no
+ * (no error set), -1 an error (the caller clears it: a miss, and the Python path meets it again). */
+static int layout_matches(const Layout *l, int prebound, PyObject *instance, PyObject *args, PyObject **tensors,
+                          Py_ssize_t *n_tensors) {
+  if (!PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != l->nargs) return 0;
+  Py_ssize_t n = 0, n_types = PyTuple_GET_SIZE(l->types);
+  for (Py_ssize_t i = 0; i < l->nargs; ++i) {
+    PyObject *a = PyTuple_GET_ITEM(args, i), *kind = PyTuple_GET_ITEM(l->kinds, i);
+    if (kind == Py_None) {
+      PyTypeObject *tp = Py_TYPE(a);
+      Py_ssize_t t = 0;
+      while (t < n_types && (PyTypeObject *)PyTuple_GET_ITEM(l->types, t) != tp) ++t;
+      if (t == n_types || n == LANE_MAX) return 0;
+      tensors[n++] = a;
+    } else if ((PyObject *)Py_TYPE(a) != PyTuple_GET_ITEM(kind, 0) || !same(a, PyTuple_GET_ITEM(kind, 1))) {
+      return 0;
+    }
+  }
+  *n_tensors = n;
+  /* the owner: the same object (a bound call), its training flag as keyed */
+  PyObject *owner = l->owner;
+  if (l->method) {
+    if (prebound || instance == Py_None || (unsigned long long)(uintptr_t)instance != l->owner_id) return 0;
+    owner = instance;
+  } else if (!prebound && instance != Py_None) {
+    return 0;
+  }
+  if (owner != Py_None) {
+    PyObject *training = NULL;
+    if (LOOKUP_ATTR(owner, s_training, &training) < 0) return -1;
+    int ok = same(training ? training : Py_None, l->training);
+    Py_XDECREF(training);
+    if (!ok) return 0;
+  }
+  /* the framework's modes */
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(l->probes); ++k) {
+    PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(l->probes, k));
+    if (r == NULL) return -1;
+    int ok = same(r, PyTuple_GET_ITEM(l->expected, k));
+    Py_DECREF(r);
+    if (!ok) return 0;
+  }
+  /* the tensors' metadata */
+  return truthy_call(l->check, tensors, (size_t)n);
+}
+
 /* ---- making a plan ----------------------------------------------------------------------------------------- */
 
 static void plan_free_arrays(Plan *p) {
@@ -195,13 +302,6 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
   GET(env_dict, "env_dict");
   GET(settings, "settings");
   GET(tls, "tls");
-  GET(kinds, "kinds");
-  GET(types, "types");
-  GET(owner, "owner");
-  GET(training, "training");
-  GET(probes, "probes");
-  GET(expected, "expected");
-  GET(check, "check");
   GET(state_ref, "state");
   GET(key, "key");
   GET(entry_ref, "entry");
@@ -226,29 +326,14 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
   GET(launch_failed, "launch_failed");
 #undef GET
   PyObject *o;
-  if (!PyTuple_Check(self->kinds) || !PyTuple_Check(self->types) || !PyTuple_Check(self->probes) ||
-      !PyTuple_Check(self->expected) || PyTuple_GET_SIZE(self->probes) != PyTuple_GET_SIZE(self->expected) ||
-      !PyWeakref_CheckRef(self->state_ref) || !PyWeakref_CheckRef(self->entry_ref) ||
-      !PyDict_Check(self->env_dict) || !PyAnySet_Check(self->adopted_ptrs)) {
-    PyErr_SetString(PyExc_TypeError, "graphjit lane plan: kinds, types, probes, expected: tuples; state, entry: weak "
-                                     "references; env_dict: a dict; adopted_ptrs: a set");
+  if (!PyWeakref_CheckRef(self->state_ref) || !PyWeakref_CheckRef(self->entry_ref) || !PyDict_Check(self->env_dict) ||
+      !PyAnySet_Check(self->adopted_ptrs)) {
+    PyErr_SetString(PyExc_TypeError, "graphjit lane plan: state, entry: weak references; env_dict: a dict; "
+                                     "adopted_ptrs: a set");
     return -1;
   }
-  self->nargs = PyTuple_GET_SIZE(self->kinds);
-  Py_ssize_t n_tensors = 0;
-  for (Py_ssize_t i = 0; i < self->nargs; ++i) {
-    PyObject *k = PyTuple_GET_ITEM(self->kinds, i);
-    if (k == Py_None) {
-      ++n_tensors;
-    } else if (!PyTuple_Check(k) || PyTuple_GET_SIZE(k) != 2) {
-      PyErr_SetString(PyExc_TypeError, "graphjit lane plan: a scalar's kind is (type, value)");
-      return -1;
-    }
-  }
-  if (n_tensors == 0 || n_tensors > LANE_MAX) {
-    PyErr_SetString(PyExc_ValueError, "graphjit lane plan: 1 to 64 tensors");
-    return -1;
-  }
+  Py_ssize_t n_tensors = layout_init(&self->layout, d);
+  if (n_tensors < 0) return -1;
 #define INT(var, name)                     \
   do {                                     \
     if ((o = item(d, name)) == NULL) return -1; \
@@ -258,8 +343,6 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
   Py_ssize_t v;
   INT(v, "prebound");
   self->prebound = (int)v;
-  INT(v, "method");
-  self->method = (int)v;
   INT(v, "copy");
   self->copy = (int)v;
   INT(self->single_source, "single_source");
@@ -269,8 +352,6 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
   INT(self->out_dst, "out_dst");
   INT(self->dirty, "dirty");
 #undef INT
-  if ((o = item(d, "owner_id")) == NULL) return -1;
-  self->owner_id = PyLong_AsUnsignedLongLong(o);
   if ((o = item(d, "table")) == NULL) return -1;
   self->table = (unsigned long long *)PyLong_AsVoidPtr(o);
   if ((o = item(d, "fn")) == NULL) return -1;
@@ -343,7 +424,6 @@ bad_index:
 static int signed_as_planned(Plan *self, PyObject *state, PyObject *entry, PyObject *instance, PyObject *args,
                              PyObject *kwargs, PyObject **tensors, Py_ssize_t *n_tensors) {
   if (kwargs != Py_None && (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != 0)) return 0;
-  if (!PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != self->nargs) return 0;
   /* GRAPHJIT_* read again since the plan (env.refresh), or another thread's settings: the Python path */
   if (PyDict_GetItemWithError(self->env_dict, s_settings) != self->settings) return PyErr_Occurred() ? -1 : 0;
   /* inside another graphed call's warmup, capture or verify: part of it (the Python path says so) */
@@ -351,46 +431,8 @@ static int signed_as_planned(Plan *self, PyObject *state, PyObject *entry, PyObj
   if (phase == NULL) return -1;
   Py_DECREF(phase);
   if (phase != Py_None) return 0;
-  /* the arguments: each tensor of the framework's types, each scalar of its type and value */
-  Py_ssize_t n = 0, n_types = PyTuple_GET_SIZE(self->types);
-  for (Py_ssize_t i = 0; i < self->nargs; ++i) {
-    PyObject *a = PyTuple_GET_ITEM(args, i), *kind = PyTuple_GET_ITEM(self->kinds, i);
-    if (kind == Py_None) {
-      PyTypeObject *tp = Py_TYPE(a);
-      Py_ssize_t t = 0;
-      while (t < n_types && (PyTypeObject *)PyTuple_GET_ITEM(self->types, t) != tp) ++t;
-      if (t == n_types) return 0;
-      tensors[n++] = a;
-    } else if ((PyObject *)Py_TYPE(a) != PyTuple_GET_ITEM(kind, 0) || !same(a, PyTuple_GET_ITEM(kind, 1))) {
-      return 0;
-    }
-  }
-  *n_tensors = n;
-  /* the owner: the same object (a bound call), its training flag as keyed */
-  PyObject *owner = self->owner;
-  if (self->method) {
-    if (self->prebound || instance == Py_None || (unsigned long long)(uintptr_t)instance != self->owner_id) return 0;
-    owner = instance;
-  } else if (!self->prebound && instance != Py_None) {
-    return 0;
-  }
-  if (owner != Py_None) {
-    PyObject *training = NULL;
-    if (LOOKUP_ATTR(owner, s_training, &training) < 0) return -1;
-    int ok = same(training ? training : Py_None, self->training);
-    Py_XDECREF(training);
-    if (!ok) return 0;
-  }
-  /* the framework's modes */
-  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(self->probes); ++k) {
-    PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(self->probes, k));
-    if (r == NULL) return -1;
-    int ok = same(r, PyTuple_GET_ITEM(self->expected, k));
-    Py_DECREF(r);
-    if (!ok) return 0;
-  }
-  /* the tensors' metadata, strides included */
-  int ok = truthy_call(self->check, tensors, (size_t)n);
+  /* the arguments, the owner, the modes, the tensors' metadata (strides included) */
+  int ok = layout_matches(&self->layout, self->prebound, instance, args, tensors, n_tensors);
   if (ok <= 0) return ok;
   /* the key's entry: still the planned one, with the same guards, recheck, step context, advances and handoff */
   PyObject *entries = PyObject_GetAttr(state, s_entries);
@@ -760,6 +802,110 @@ static PyTypeObject PlanType = {
     .tp_members = plan_members,
 };
 
+/* ---- a signer's layout: Signer.sign_plain's check of a call in one C call ------------------------------------- */
+
+/* LayoutCheck(dict) (dict: what layout_init reads, and env_dict, settings) is called with (instance, args) and gives
+ * the list of the call's tensors where graphjit's settings are the ones it was made under and the call has the layout (keys.py then reuses the last key: the call signs as the last one did), else
+ * None, having changed nothing (an error of a probe or of the check is cleared where it is an Exception: the Python
+ * path meets it again and says so).  It only reads: no lock, no state. */
+typedef struct {
+  PyObject_HEAD
+  PyObject *refs; /* the dict it was made from: keeps every borrowed object below alive */
+  PyObject *env_dict, *settings; /* graphjit.env's globals and the settings it was made under */
+  Layout layout;
+  vectorcallfunc vectorcall;
+} LayoutCheck;
+
+static PyObject *layout_check_vectorcall(LayoutCheck *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) {
+    PyErr_SetString(PyExc_TypeError, "a graphjit layout check takes (instance, args)");
+    return NULL;
+  }
+  if (self->refs == NULL) Py_RETURN_NONE; /* never made */
+  PyObject *tensors[LANE_MAX];
+  Py_ssize_t n = 0;
+  /* GRAPHJIT_* read again since (env.refresh): GRAPHJIT_LANE=off among them, so the Python path signs */
+  int ok = PyDict_GetItemWithError(self->env_dict, s_settings) != self->settings ? (PyErr_Occurred() ? -1 : 0)
+           : layout_matches(&self->layout, 0, args[0], args[1], tensors, &n);
+  if (ok > 0) {
+    PyObject *list = PyList_New(n);
+    if (list == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      Py_INCREF(tensors[i]);
+      PyList_SET_ITEM(list, i, tensors[i]);
+    }
+    return list;
+  }
+  if (ok < 0) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* KeyboardInterrupt and the like: the call's */
+    PyErr_Clear();
+  }
+  Py_RETURN_NONE;
+}
+
+static int layout_check_init(LayoutCheck *self, PyObject *args, PyObject *kw) {
+  PyObject *d;
+  if (kw != NULL && PyDict_GET_SIZE(kw) != 0) {
+    PyErr_SetString(PyExc_TypeError, "LayoutCheck(dict) takes no keyword arguments");
+    return -1;
+  }
+  if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
+  if (self->refs != NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "a graphjit layout check is made once");
+    return -1;
+  }
+  Layout l;
+  if (layout_init(&l, d) < 0) return -1;
+  PyObject *env_dict = item(d, "env_dict"), *settings = item(d, "settings");
+  if (env_dict == NULL || settings == NULL) return -1;
+  if (!PyDict_Check(env_dict)) {
+    PyErr_SetString(PyExc_TypeError, "graphjit layout check: env_dict: a dict");
+    return -1;
+  }
+  Py_INCREF(d);
+  self->refs = d;
+  self->env_dict = env_dict;
+  self->settings = settings;
+  self->layout = l;
+  self->vectorcall = (vectorcallfunc)layout_check_vectorcall;
+  return 0;
+}
+
+static PyObject *layout_check_call(LayoutCheck *self, PyObject *args, PyObject *kw) {
+  return PyVectorcall_Call((PyObject *)self, args, kw);
+}
+
+static int layout_check_traverse(LayoutCheck *self, visitproc visit, void *arg) {
+  Py_VISIT(self->refs);
+  return 0;
+}
+
+static int layout_check_clear(LayoutCheck *self) {
+  Py_CLEAR(self->refs); /* every borrowed pointer points into refs: a call gives None from now on */
+  return 0;
+}
+
+static void layout_check_dealloc(LayoutCheck *self) {
+  PyObject_GC_UnTrack(self);
+  layout_check_clear(self);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject LayoutCheckType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "graphjit._lane.LayoutCheck",
+    .tp_basicsize = sizeof(LayoutCheck),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A plain call's layout, checked in one call: LayoutCheck(dict)(instance, args) -> its tensors or None; "
+              "see graphjit/keys.py.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)layout_check_init,
+    .tp_call = (ternaryfunc)layout_check_call,
+    .tp_vectorcall_offset = offsetof(LayoutCheck, vectorcall),
+    .tp_dealloc = (destructor)layout_check_dealloc,
+    .tp_traverse = (traverseproc)layout_check_traverse,
+    .tp_clear = (inquiry)layout_check_clear,
+};
+
 /* ---- the front: a graphed function's wrapper (wrapt calls it with (wrapped, instance, args, kwargs)) ---------- */
 
 /* The wrapper of a function decorated while the lane was loaded: the plan its state holds now (state.lane) serves
@@ -854,7 +1000,7 @@ static struct PyModuleDef lane_module = {
 };
 
 PyMODINIT_FUNC PyInit__lane(void) {
-  if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&FrontType) < 0) return NULL;
+  if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&FrontType) < 0 || PyType_Ready(&LayoutCheckType) < 0) return NULL;
   PyObject *m = PyModule_Create(&lane_module);
   if (m == NULL) return NULL;
 #define INTERN(var, text) \
@@ -878,6 +1024,8 @@ PyMODINIT_FUNC PyInit__lane(void) {
   if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) return NULL;
   Py_INCREF(&FrontType);
   if (PyModule_AddObject(m, "Front", (PyObject *)&FrontType) < 0) return NULL;
+  Py_INCREF(&LayoutCheckType);
+  if (PyModule_AddObject(m, "LayoutCheck", (PyObject *)&LayoutCheckType) < 0) return NULL;
   if (PyModule_AddIntConstant(m, "ABI", LANE_ABI) < 0) return NULL;
   if (PyModule_AddIntConstant(m, "MAX_TENSORS", LANE_MAX) < 0) return NULL;
   return m;

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import backends, bucket_spec
+from . import backends, bucket_spec, env, lane
 from .backends.base import Backend
 from .binder import Binder, wraps_another
 from .errors import SignatureError
@@ -132,6 +132,9 @@ class Signer:
         self.forced_backend = backend
         self.owner = owner
         self._plain: tuple[Any, ...] | None = None  # the last plain call (sign_plain)
+        # its layout checked in one C call (lane.layout_check): (check, probe type, backend, key, labels, the
+        # settings it was made under); None: not made yet, False: none for this layout
+        self._fast: Any = None  # a tuple, False or None
         try:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -224,7 +227,14 @@ class Signer:
         Where the backend has a check of several tensors' metadata in one call (:meth:`Backend.meta_check`), a call
         whose arguments have the last plain call's layout (the positions of its tensors, its scalars, owner and
         modes) and whose tensors pass the last key's check reuses that key without reading any tensor's metadata
-        in Python; anything else reads each tensor's :meth:`Backend.meta_key`, as the check is never looser."""
+        in Python; anything else reads each tensor's :meth:`Backend.meta_key`, as the check is never looser.  Where
+        the replay lane is loaded, that layout is checked in one C call (:func:`lane.layout_check`, made once per
+        layout), which refuses exactly what the Python comparison refuses, or more (then the Python one decides)."""
+        fast = self._fast
+        if fast:
+            served = fast[0](instance, args)
+            if served is not None and backends.cached_type_lookup(fast[1], None) is fast[2]:
+                return CallSignature(fast[3], served, fast[2], (), None, fast[4], (), self)
         plain = self._plain
         if plain is None:
             return None
@@ -252,6 +262,8 @@ class Signer:
             parts.append(("self", id(owner), getattr(owner, "training", None)))
         parts.append(("modes", backend.modes()))
         if check is not None and parts == layout and check(*tensors):
+            if fast is None or (fast and fast[5] is not env.settings()):  # none yet, or settings read again since
+                self._fast = self._layout_check(plain)
             return CallSignature(last_key, tensors, backend, (), None, last_labels, (), self)
         meta = backend.meta_key
         it = iter(tensors)
@@ -259,11 +271,45 @@ class Signer:
         if key != last_key:  # another key: checked in one call once it repeats (keys in turn never build a check)
             sig = CallSignature(Key(key), tensors, backend, (), None,
                                 [(method, i) for i, a in enumerate(args) if type(a) in types], (), self)
-            self._plain = (backend, types, sig.key, sig.labels, method, probe, None, None)
+            self._set_plain((backend, types, sig.key, sig.labels, method, probe, None, None))
             return sig
         # the same key again, without a check or with tensors the last one refused (a Parameter, then a tensor)
-        self._plain = (backend, types, last_key, last_labels, method, probe, parts, backend.meta_check(tensors))
+        self._set_plain((backend, types, last_key, last_labels, method, probe, parts, backend.meta_check(tensors)))
         return CallSignature(last_key, tensors, backend, (), None, last_labels, (), self)
+
+    def _set_plain(self, plain: tuple[Any, ...] | None) -> None:
+        """The last plain call is ``plain`` now; its C check is made at its next call, where the lane is loaded."""
+        self._plain = plain
+        self._fast = None
+
+    def plain_layout(self) -> tuple[Any, ...] | None:
+        """The layout of the last plain call, where it has one (it repeated with one key): ``(backend, tensor types,
+        key, method, kinds, owner part, modes)``, ``kinds`` per argument None for a tensor, else ``(type, value)``
+        of a scalar; ``owner part`` ``("self", id, training)`` or None.  None where there is none."""
+        plain = self._plain
+        if plain is None or plain[6] is None:
+            return None
+        backend, types, key, _labels, method, _probe, layout, _check = plain
+        n = layout[0]
+        kinds = tuple(None if p is _TENSOR else p for p in layout[1:1 + n])
+        rest = layout[1 + n:]
+        owner_part = rest[0] if rest and rest[0][0] == "self" else None
+        return backend, types, key, method, kinds, owner_part, rest[-1][1]
+
+    def _layout_check(self, plain: tuple[Any, ...]) -> tuple[Any, ...] | bool | None:
+        """The C check of ``plain``'s layout for :meth:`sign_plain` (see :func:`lane.layout_check`): None where the
+        lane is not loaded yet (made at a later call), False where this layout has none (nor will have: the lane
+        switched off or failed)."""
+        mod = lane.module()
+        if mod is None:
+            return False if lane.unavailable() else None
+        made = self.plain_layout()
+        if made is None:
+            return False
+        backend, types, key, method, kinds, owner_part, modes = made
+        check = lane.layout_check(mod, backend, types, method, kinds, owner_part, modes, None if method else self.owner,
+                                  plain[7])
+        return (check, plain[5], backend, key, plain[3], env.settings()) if check is not None else False
 
     def _remember_plain(self, instance: Any, args: tuple[Any, ...], sig: CallSignature) -> None:
         """After a walk: where the call was plain (see :meth:`sign`), the next such call may skip the walk."""
@@ -277,8 +323,8 @@ class Signer:
             types.add(tp)
         if types:
             # no layout yet: the next plain call reads its tensors' metadata once and makes the check
-            self._plain = (sig.backend, frozenset(types), sig.key, sig.labels, instance is not None, next(iter(types)),
-                           None, None)
+            self._set_plain((sig.backend, frozenset(types), sig.key, sig.labels, instance is not None,
+                             next(iter(types)), None, None))
 
     def _sign(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
         tensors: list[Any] = []

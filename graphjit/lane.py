@@ -46,19 +46,19 @@ from typing import TYPE_CHECKING, Any
 
 from . import env, scope
 from .errors import GraphjitError, UnrecoverableCaptureError
-from .keys import TENSOR_MARK
 
 if TYPE_CHECKING:
     from .buffers import KeyEntry
     from .keys import CallSignature, Signer
     from .stats import FunctionStats, KeyStats
 
-__all__ = ["MISS", "LaneHolder", "build", "flush", "front", "module", "plan", "prepare", "status"]
+__all__ = ["MISS", "LaneHolder", "build", "flush", "front", "layout_check", "module", "plan", "prepare", "status",
+           "unavailable"]
 
 log = logging.getLogger("graphjit")
 
 SOURCE = "lane.c"
-ABI = 1
+ABI = 2
 FLAGS = ("-O2", "-shared", "-fPIC", "-fvisibility=hidden")
 
 MISS: Any = object()
@@ -181,6 +181,12 @@ def loaded_if_built() -> ModuleType | None:
     return prepare()
 
 
+def unavailable() -> bool:
+    """Whether no lane will be loaded in this process under the current settings: switched off, or its build or
+    load failed."""
+    return _failed is not None or env.settings().lane == "off"
+
+
 def front(state: Any, unbound: Any) -> Any:
     """The wrapper a graphed function's calls enter by (``state``: its ``api._State``; ``unbound``: the instance
     wrapt hands an unbound call, which the state takes as None): where the lane is loaded, its C ``Front``, which
@@ -272,15 +278,10 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
     if not entry.stats.fed_replays:
         return None  # the first replay through the feed nodes decides who launches (Handoff.launcher)
     signer: Signer = state.signer
-    last = signer._plain
-    if last is None or last[2] is not sig.key or last[6] is None:
+    last = signer.plain_layout()
+    if last is None or last[2] is not sig.key:
         return None  # this call was not signed by the plain path: a later one may be
-    backend, types, _key, _labels, method, _probe, layout, _check = last
-    n = layout[0]
-    kinds = tuple(None if p is TENSOR_MARK else p for p in layout[1:1 + n])
-    rest = layout[1 + n:]
-    owner_part = rest[0] if rest and rest[0][0] == "self" else None
-    modes = rest[-1][1]
+    backend, types, _key, method, kinds, owner_part, modes = last
     # the tensors' strides as the handoff requires them (its buffers', an adopted input's own), not the call's
     parts = backend.lane_parts(modes, sig.tensors, entry.inputs.strides)
     feed = handoff.feed
@@ -325,6 +326,31 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
         "stream_arg": launch[2] if launch else None, "launch_py": None if launch else feed.launch,
         "launch_failed": _launch_failed(state.name, entry.inputs.backend),
     })
+
+
+def layout_check(mod: ModuleType, backend: Any, types: Any, method: bool, kinds: tuple[Any, ...],
+                 owner_part: tuple[Any, ...] | None, modes: tuple[Any, ...], owner: Any,
+                 check: Any) -> Any:
+    """The C check of a plain call's layout (``csrc/lane.c``'s ``LayoutCheck``) for :meth:`keys.Signer.sign_plain`:
+    called with ``(instance, args)``, it gives the call's tensors where graphjit's settings are still the current
+    ones (not read again since, ``GRAPHJIT_LANE=off`` included), the call has ``kinds`` (None: a tensor of one
+    of ``types``; else the scalar's ``(type, value)``), a bound call's instance is the one of ``owner_part`` (else
+    ``owner``) with its training flag, the backend's :meth:`~Backend.mode_probes` give what they gave for ``modes``
+    and the tensors pass ``check`` (the key's :meth:`~Backend.meta_check`); else None, having read only.  None where
+    there is no such check (no ``check``, more tensors than the lane takes, a layout it cannot hold)."""
+    if check is None or not 0 < kinds.count(None) <= mod.MAX_TENSORS or env.settings().lane == "off":
+        return None
+    probes, expected = backend.mode_probes(modes)
+    try:
+        return mod.LayoutCheck({
+            "env_dict": vars(env), "settings": env.settings(),
+            "kinds": kinds, "types": tuple(types), "method": int(method), "owner": owner,
+            "owner_id": owner_part[1] if method and owner_part else 0,
+            "training": owner_part[2] if owner_part else None,
+            "probes": tuple(probes), "expected": tuple(expected), "check": check})
+    except (TypeError, ValueError) as exc:
+        log.debug("graphjit: no C layout check: %s", exc)
+        return None
 
 
 def _launch_failed(name: str, backend: Any) -> Any:

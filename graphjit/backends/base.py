@@ -322,6 +322,12 @@ class Backend(abc.ABC):
         it is part of every key."""
         return ()
 
+    def mode_probes(self, modes: tuple[Any, ...]) -> tuple[tuple[Callable[[], Any], ...], tuple[Any, ...]]:
+        """Functions of no argument, and what each must give, that all give it on a call only where :meth:`modes`
+        would give ``modes`` (never looser; they may refuse more): C functions where the framework has them.  By
+        default :meth:`modes` itself."""
+        return (self.modes,), (modes,)
+
     def describe_modes(self, modes: tuple[Any, ...]) -> str:
         """A short label of ``modes`` for reports; empty for the framework's defaults."""
         return ""

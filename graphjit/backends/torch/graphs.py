@@ -194,6 +194,12 @@ class TorchBackend(Backend):
         except Exception:  # a signature this torch does not take: each meta_key is read instead
             return None
 
+    def mode_probes(self, modes: tuple[Any, ...]) -> tuple[tuple[Callable[[], Any], ...], tuple[Any, ...]]:
+        """torch's C functions (:func:`.modes.probes`) where ``modes`` were read outside autocast and torch function
+        modes; else :meth:`modes` itself."""
+        probes = torch_modes.probes(modes)
+        return probes if probes is not None else super().mode_probes(modes)
+
     def lane_parts(self, modes: tuple[Any, ...], tensors: Sequence[Any],
                    strides: Sequence[Sequence[int]]) -> LaneParts | None:
         """The modes' C probes (:func:`.modes.probes`: none inside an autocast block or a torch function mode),
