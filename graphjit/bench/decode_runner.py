@@ -228,7 +228,7 @@ class DecodeRunner:
                                 keep: list[Any], out: dict[str, Any], **options: Any) -> None:
         """The calls both frameworks time in :meth:`host_graphed_calls`: ``@graphed`` (``options`` added), with alias
         outputs, each also with its own static inputs (on a GPU: the zero-copy path), and signing the call alone
-        (``part_sign``)."""
+        (``part_sign``; ``part_sign_python``: by the Python comparison, without the lane's C check)."""
         import graphjit
         from graphjit.keys import Signer
 
@@ -248,8 +248,11 @@ class DecodeRunner:
                     calls[label.replace("graphed", "graphed_static")] = (lambda fn=fn, a=static_args: fn(*a))
                 except Exception as exc:
                     out["errors"][label.replace("graphed", "graphed_static")] = common.error_text(exc)
-        signer = Signer(tiny, None, options.get("backend", "auto"), "tiny")
+        signer = Signer(tiny, None, options.get("backend", "auto"), "tiny")  # by the lane's C check (loaded first)
         calls["part_sign"] = lambda: signer.sign(None, tuple(inputs), {})
+        python_signer = Signer(tiny, None, options.get("backend", "auto"), "tiny")
+        python_signer.layout_checks = False  # the Python comparison alone, for the record
+        calls["part_sign_python"] = lambda: python_signer.sign(None, tuple(inputs), {})
         if self.on_gpu:  # the four input copies as one launch of graphjit's batch copy (graphed's default path)
             from graphjit.batch_copy import Batch
 

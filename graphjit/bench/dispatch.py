@@ -5,7 +5,9 @@ times, with ``time.perf_counter_ns`` over ``--iters`` calls, ``--repeats`` times
 microseconds per call):
 
 * ``direct``:  a trivial function of 4 tensors and an int (it returns its first argument);
-* ``sign``:    :meth:`graphjit.keys.Signer.sign` alone on the same arguments;
+* ``sign``:    :meth:`graphjit.keys.Signer.sign` alone on the same arguments (the replay lane built and loaded
+  first, so that its C check of the call's layout signs it, as on a replayed call's Python path);
+* ``sign_python``: the same with the Python comparison alone (``Signer.layout_checks`` off);
 * ``graphed``: the ``@graphjit.graphed`` call (default options); on CPU tensors it takes the no-CUDA
   fallback path, so it is sign + the cache lookups + the bookkeeping + the traced call.  For paddle
   the default tracer is SOT, so this includes a call of the SOT-translated function;
@@ -76,7 +78,10 @@ def measure(framework: str, iters: int, repeats: int) -> dict[str, Any]:
     from .. import backends
 
     args = backends.load(framework, "dispatch", "bench").make_inputs(N_TENSORS, SHAPE)
+    lane_status = _prepare_lane()
     signer = Signer(trivial, None, "auto", "trivial")
+    python_signer = Signer(trivial, None, "auto", "trivial")
+    python_signer.layout_checks = False  # the Python comparison alone, for the record
     step = cast(graphjit.GraphedFunction, graphjit.graphed(trivial))
     steps: dict[str, Callable[..., Any]] = {"graphed": step}
     if framework == "paddle":  # its default tracer is SOT; this one isolates graphjit's own path
@@ -85,9 +90,13 @@ def measure(framework: str, iters: int, repeats: int) -> dict[str, Any]:
     def sign(*a: Any) -> Any:
         return signer.sign(None, a, {})
 
+    def sign_python(*a: Any) -> Any:
+        return python_signer.sign(None, a, {})
+
     samples = {
         "direct": _time(trivial, args, iters, repeats),
         "sign": _time(sign, args, iters, repeats),
+        "sign_python": _time(sign_python, args, iters, repeats),
     }
     for name, fn in steps.items():
         fn(*args)  # first call: picks the backend, traces, logs why there is no graph
@@ -110,8 +119,22 @@ def measure(framework: str, iters: int, repeats: int) -> dict[str, Any]:
         "key_path_overhead_us": key_path_us - direct,
         "sign_share_of_key_path": sign_us / (key_path_us - direct) if key_path_us > direct else None,
         "graphed_path": path,
+        "lane": lane_status,  # sign: by the lane's C check where it is loaded; sign_python: the Python comparison
         "stats": {k: stats.get(k) for k in ("calls", "graphs", "replays", "fallbacks")},
     }
+
+
+def _prepare_lane() -> dict[str, Any]:
+    """graphjit's replay lane built and loaded before anything is timed (signing asks its C check where it is
+    loaded), and what :func:`graphjit.lane.status` says; a machine that cannot build it signs in Python."""
+    from graphjit import lane
+
+    try:
+        lane.build()
+        lane.prepare()
+    except Exception as exc:
+        return {"error": common.error_text(exc), **lane.status()}
+    return lane.status()
 
 
 def _version(framework: str) -> str:
@@ -160,12 +183,13 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for fw, r in results.items():
         if r.get("status") == "ok":
-            rows.append([fw, r["us"]["direct"], r["us"]["sign"], r["us"]["graphed"], r["us"].get("graphed_eager"),
-                         r["ratio"]["graphed_vs_direct"], f"{r['graphed_path']} (tracer {r['graphed_tracer']})"])
+            rows.append([fw, r["us"]["direct"], r["us"]["sign"], r["us"]["sign_python"], r["us"]["graphed"],
+                         r["us"].get("graphed_eager"), r["ratio"]["graphed_vs_direct"],
+                         f"{r['graphed_path']} (tracer {r['graphed_tracer']})"])
         else:
-            rows.append([fw, None, None, None, None, None, r.get("error") or r.get("reason")])
-    say(common.format_table(["framework", "direct us", "sign us", "graphed us", "graphed eager-tracer us",
-                             "graphed/direct", "path"], rows))
+            rows.append([fw, None, None, None, None, None, None, r.get("error") or r.get("reason")])
+    say(common.format_table(["framework", "direct us", "sign us", "sign (Python) us", "graphed us",
+                             "graphed eager-tracer us", "graphed/direct", "path"], rows))
     say(f"wrote {json_path}" + (f" and {png_path}" if data["plot"] else ""))
     if plot_note:
         say(f"no plot: {plot_note}")

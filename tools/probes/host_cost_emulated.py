@@ -49,15 +49,21 @@ def per_call_us(fn: Callable[[], Any], iters: int = 20000, repeats: int = 9) -> 
 
 
 def measure(inputs: list[Any]) -> dict[str, float]:
+    """The default call and static inputs with alias outputs, and the default call by graphjit's Python path alone
+    (``python_path_default``: no plan serves it; with the lane loaded, its signing is the lane's C check)."""
     default = graphjit.graphed(tiny)
     alias = graphjit.graphed(tiny, outputs="alias")
+    python_path = graphjit.graphed(tiny)
+    python_path._self_state.lane_allowed = False
     for _ in range(default.graphjit_options.warmup + 3):
         default(*inputs)
         alias(*inputs)
+        python_path(*inputs)
     static, _ = alias.static_inputs(*inputs)
     for _ in range(3):
         alias(*static)
-    return {"default": per_call_us(lambda: default(*inputs)), "static_alias": per_call_us(lambda: alias(*static))}
+    return {"default": per_call_us(lambda: default(*inputs)), "static_alias": per_call_us(lambda: alias(*static)),
+            "python_path_default": per_call_us(lambda: python_path(*inputs))}
 
 
 BOUNDARIES = 8
