@@ -69,8 +69,9 @@ class Feed(Protocol):
     """True for a caller's tensor whose bytes are not its values (a lazy negation); asked per call, so a C function
     where the framework has one."""
 
-    def empty_like(self, t: Any) -> Any:
-        """A new dense tensor like ``t`` for an output."""
+    def empty_for(self, outputs: Sequence[Any]) -> Callable[[Any], Any]:
+        """The function that makes, for each of ``outputs`` (the fixed buffers copied out fresh), a new dense tensor
+        laid out as a clone of it would be; chosen once per key (a C function where the framework has one)."""
 
     def launch(self, n_in: int, n_out: int) -> int:
         """Set the nodes to the table's first entries and replay the graph; 0, or the library's status."""
@@ -98,7 +99,7 @@ class Handoff:
         self.ptr: Callable[[Any], int] = backend.data_ptr
         self.stride: Callable[[Any], Any] = backend.strides
         self.negated: Callable[[Any], bool] = feed.negated
-        self.empty = feed.empty_like
+        self.empty = feed.empty_for(outputs.fresh)
         h, m = feed.header, feed.entries
         self.in_dst, self.in_src, self.in_bytes = h, h + m, h + 2 * m
         self.out_dst = h + 3 * m

@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_flatten
 
 import graphjit.backends as registry
 from graphjit.backends.base import GraphHandle, Segments, in_island, segments_open
+from graphjit.backends.torch import feed as feed_mod
 from graphjit.backends.torch.copies import _plain_bytes
 from graphjit.backends.torch.graphs import TorchBackend, autocast_cache_off
 from graphjit.errors import CaptureError
@@ -143,8 +144,8 @@ class EmulatedFeed:
         return bool(type(t) is torch.Tensor and t.device.type == "cpu" and _plain_bytes(t))
 
 
-    def empty_like(self, t: Any) -> Any:
-        return torch.empty_like(t, memory_format=torch.contiguous_format)
+    def empty_for(self, outputs: Any) -> Any:
+        return feed_mod.empty_for(outputs)  # the GPU feed's own choice
 
     def launch(self, n_in: int, n_out: int) -> int:
         t, h, m = self.table, self.header, self.entries

@@ -536,3 +536,33 @@ def test_one_aliased_output_fresh_or_the_callers_own(emu, lane_on, monkeypatch):
 
         _, off, on, g = _both(monkeypatch, lambda fn=fn: graphjit.graphed(fn, outputs="alias"), calls)
         assert on == off and g._self_state.lane is not None
+
+
+def test_fresh_outputs_are_laid_out_as_a_contiguous_clone_by_both_paths(emu, lane_on, monkeypatch, python_replays):
+    """A fresh output is made by ``torch.empty_like`` alone where its buffer has a contiguous tensor's own strides,
+    else with ``memory_format=torch.contiguous_format`` (a contiguous buffer with an odd stride in a size-1 dim):
+    either way laid out as the clone the copy path returns, by the lane and by the Python path."""
+    from graphjit.backends.torch.feed import empty_for, standard_strides
+
+    def odd(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x * 2).t(), x + 1  # [1, 8] with strides (1, 1): contiguous, not a contiguous tensor's own strides
+
+    column = torch.randn(8, 1)
+    assert not standard_strides((column * 2).t()) and standard_strides(column + 1)
+    assert empty_for([column + 1]) is torch.empty_like and empty_for([(column * 2).t(), column]) is not torch.empty_like
+
+    def calls(g: Any) -> list[Any]:
+        outs = []
+        for i in range(7):
+            x = torch.randn(8, 1)
+            out = g(x)
+            want = odd(x)
+            for o, w in zip(out, want):
+                assert torch.equal(o, w)
+                if i > g.graphjit_options.warmup:  # a replay (a warmup call returns the eager run's own outputs)
+                    assert o.stride() == w.clone(memory_format=torch.contiguous_format).stride()
+            outs.append(out)
+        return outs
+
+    _, off, on, g = _both(monkeypatch, lambda: graphjit.graphed(odd), calls)
+    assert on == off and g._self_state.lane is not None
