@@ -11,13 +11,13 @@ compiled plan (``csrc/lane.c``, ``Plan.run``) serves a later call in one C funct
 would check it, launched as :meth:`Handoff.replay` would launch it, its result built as that gives it.
 
 Guarantees: a call the lane serves acts as the Python path's replay of it: the same checks (each of them at least as
-strict: strides are fixed, a torch function mode or an autocast block sends the call back), the same table written,
-the same launch, the same result and the same counts (kept in the plan until :func:`flush` moves them into the stats,
-which every read of them does first).  Anything else is a miss: ``Plan.run`` returns :data:`MISS` having changed
-nothing, and the Python path decides the call.  The lane never serves a call with keyword arguments, ``dynamic=``
-arguments, buckets, a step context (training), a recheck to make, inputs the graph writes back, settings read again
-since the plan (``env.refresh``), ``GRAPHJIT_DEBUG`` or ``GRAPHJIT_CHECK_OUTPUTS``, nor a call inside another graphed
-call.
+strict: strides are fixed, and a torch function mode sends back a call of a key signed outside one), the same table
+written, the same launch, the same result and the same counts (kept in the plan until :func:`flush` moves them into
+the stats, which every read of them does first).  Anything else is a miss: ``Plan.run`` returns :data:`MISS` having
+changed nothing, and the Python path decides the call.  The lane never serves a call with keyword arguments,
+``dynamic=`` arguments, buckets, a step context (training), a recheck to make, inputs the graph writes back, settings
+read again since the plan (``env.refresh``), ``GRAPHJIT_DEBUG`` or ``GRAPHJIT_CHECK_OUTPUTS``, nor a call inside
+another graphed call.
 
 Refuses nothing: where the C compiler or Python's headers are missing, the build fails, or ``GRAPHJIT_LANE=off``,
 every call takes the Python path (:func:`status` says why).  ``auto`` builds the lane once, in a background thread,

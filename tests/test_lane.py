@@ -566,3 +566,29 @@ def test_fresh_outputs_are_laid_out_as_a_contiguous_clone_by_both_paths(emu, lan
 
     _, off, on, g = _both(monkeypatch, lambda: graphjit.graphed(odd), calls)
     assert on == off and g._self_state.lane is not None
+
+
+def test_a_key_signed_inside_an_autocast_block_is_served_by_the_lane(emu, lane_on, monkeypatch, python_replays):
+    """Modes read inside an autocast block have no C probe: the plan calls ``Backend.modes`` itself, so the lane
+    serves that key's calls as the Python path would, and a call outside the block (another key) takes the Python
+    path."""
+    w = torch.randn(7, 7)
+
+    def mm(x: torch.Tensor) -> torch.Tensor:
+        return (x @ w).float() + 1
+
+    def calls(g: Any) -> list[Any]:
+        outs = []
+        x = torch.randn(4, 7)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            for _ in range(8):
+                outs.append(g(x))
+        with torch.no_grad():
+            outs.append(g(x))  # out of the block: another key
+        return [o.clone() for o in outs]
+
+    _, off, on, _g = _both(monkeypatch, lambda: graphjit.graphed(mm), calls)
+    assert on == off
+    fed = [sum(k["fed_replays"] for k in stats["keys"]) for stats in (off, on)]
+    served = fed[1] - (python_replays[0] - fed[0])
+    assert served >= 3  # capture at call 3, two Python replays, then the lane

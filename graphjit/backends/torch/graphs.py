@@ -202,11 +202,11 @@ class TorchBackend(Backend):
 
     def lane_parts(self, modes: tuple[Any, ...], tensors: Sequence[Any],
                    strides: Sequence[Sequence[int]]) -> LaneParts | None:
-        """The modes' C probes (:func:`.modes.probes`: none inside an autocast block or a torch function mode),
-        ``TensorGuards`` with ``strides`` fixed too, and ``Tensor.data_ptr``; None on a torch without
-        ``TensorGuards``."""
-        probes = torch_modes.probes(modes)
-        if probes is None or _TensorGuards is None or len(strides) != len(tensors):
+        """The modes' probes (:meth:`mode_probes`: torch's C functions, or :meth:`modes` itself for modes read inside
+        an autocast block or a ``torch.device`` context), ``TensorGuards`` with ``strides`` fixed too, and
+        ``Tensor.data_ptr``; None on a torch without ``TensorGuards``."""
+        probes = self.mode_probes(modes)
+        if _TensorGuards is None or len(strides) != len(tensors):
             return None
         try:
             guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
