@@ -134,10 +134,13 @@ typedef struct {
 
 /* ---- helpers ------------------------------------------------------------------------------------------------- */
 
-static int same(PyObject *a, PyObject *b) { /* 1 equal, 0 not (an error cleared: not equal) */
+/* 1 equal, 0 not (an Exception raised by __eq__ cleared: not equal), -1 with anything else set (KeyboardInterrupt,
+ * SystemExit: the call's own, never swallowed) */
+static int same(PyObject *a, PyObject *b) {
   if (a == b) return 1;
   int r = PyObject_RichCompareBool(a, b, Py_EQ);
   if (r < 0) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
     PyErr_Clear();
     return 0;
   }
@@ -166,7 +169,7 @@ static PyObject *item(PyObject *d, const char *name) { /* borrowed; NULL with Ke
   return v;
 }
 
-/* ---- a call's layout (shared by Plan and Signed) ----------------------------------------------------------- */
+/* ---- a call's layout (shared by Plan and LayoutCheck) ----------------------------------------------------------- */
 
 /* Fills l from the dict d (kinds, types, owner, owner_id, training, probes, expected, check, method; the objects stay
  * d's); the number of tensors of the layout, or -1 with an error set. */
@@ -233,8 +236,11 @@ static int layout_matches(const Layout *l, int prebound, PyObject *instance, PyO
       while (t < n_types && (PyTypeObject *)PyTuple_GET_ITEM(l->types, t) != tp) ++t;
       if (t == n_types || n == LANE_MAX) return 0;
       tensors[n++] = a;
-    } else if ((PyObject *)Py_TYPE(a) != PyTuple_GET_ITEM(kind, 0) || !same(a, PyTuple_GET_ITEM(kind, 1))) {
+    } else if ((PyObject *)Py_TYPE(a) != PyTuple_GET_ITEM(kind, 0)) {
       return 0;
+    } else {
+      int eq = same(a, PyTuple_GET_ITEM(kind, 1));
+      if (eq <= 0) return eq;
     }
   }
   *n_tensors = n;
@@ -251,7 +257,7 @@ static int layout_matches(const Layout *l, int prebound, PyObject *instance, PyO
     if (LOOKUP_ATTR(owner, s_training, &training) < 0) return -1;
     int ok = same(training ? training : Py_None, l->training);
     Py_XDECREF(training);
-    if (!ok) return 0;
+    if (ok <= 0) return ok;
   }
   /* the framework's modes */
   for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(l->probes); ++k) {
@@ -259,7 +265,7 @@ static int layout_matches(const Layout *l, int prebound, PyObject *instance, PyO
     if (r == NULL) return -1;
     int ok = same(r, PyTuple_GET_ITEM(l->expected, k));
     Py_DECREF(r);
-    if (!ok) return 0;
+    if (ok <= 0) return ok;
   }
   /* the tensors' metadata */
   return truthy_call(l->check, tensors, (size_t)n);
@@ -805,9 +811,11 @@ static PyTypeObject PlanType = {
 /* ---- a signer's layout: Signer.sign_plain's check of a call in one C call ------------------------------------- */
 
 /* LayoutCheck(dict) (dict: what layout_init reads, and env_dict, settings) is called with (instance, args) and gives
- * the list of the call's tensors where graphjit's settings are the ones it was made under and the call has the layout (keys.py then reuses the last key: the call signs as the last one did), else
- * None, having changed nothing (an error of a probe or of the check is cleared where it is an Exception: the Python
- * path meets it again and says so).  It only reads: no lock, no state. */
+ * the list of the call's tensors where graphjit's settings are the ones it was made under and the call has the
+ * layout (keys.py then reuses the last key: the call signs as the last one did), else None, having changed nothing
+ * (an Exception of a probe, a comparison or the check is cleared: the Python path meets it again and says so; any
+ * other error, KeyboardInterrupt say, is the call's).  It only reads: no lock, no state of its own, so threads may
+ * call one check at once. */
 typedef struct {
   PyObject_HEAD
   PyObject *refs; /* the dict it was made from: keeps every borrowed object below alive */
@@ -822,20 +830,23 @@ static PyObject *layout_check_vectorcall(LayoutCheck *self, PyObject *const *arg
     return NULL;
   }
   if (self->refs == NULL) Py_RETURN_NONE; /* never made */
-  PyObject *tensors[LANE_MAX];
+  PyObject *tensors[LANE_MAX], *refs = self->refs;
   Py_ssize_t n = 0;
+  Py_INCREF(refs); /* the borrowed objects outlive any Python code the probes and the check run */
   /* GRAPHJIT_* read again since (env.refresh): GRAPHJIT_LANE=off among them, so the Python path signs */
   int ok = PyDict_GetItemWithError(self->env_dict, s_settings) != self->settings ? (PyErr_Occurred() ? -1 : 0)
            : layout_matches(&self->layout, 0, args[0], args[1], tensors, &n);
+  PyObject *list = ok > 0 ? PyList_New(n) : NULL;
+  if (list == NULL && ok > 0) ok = -1; /* no memory for the list: a refusal, as any Exception is */
   if (ok > 0) {
-    PyObject *list = PyList_New(n);
-    if (list == NULL) return NULL;
     for (Py_ssize_t i = 0; i < n; ++i) {
       Py_INCREF(tensors[i]);
       PyList_SET_ITEM(list, i, tensors[i]);
     }
+    Py_DECREF(refs);
     return list;
   }
+  Py_DECREF(refs);
   if (ok < 0) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* KeyboardInterrupt and the like: the call's */
     PyErr_Clear();

@@ -126,7 +126,7 @@ class Signer:
     flag is part of the key, as it is for the instance of a method call.
     """
 
-    layout_checks = True  # False: sign_plain never asks the lane's C check (benchmarks time the Python comparison)
+    layout_checks = True  # False (set before the first call): the lane's C check is never made (benchmarks)
 
     def __init__(self, fn: Callable[..., Any], buckets: BucketsArg, backend: str, fn_name: str,
                  owner: Any = None) -> None:
@@ -231,7 +231,8 @@ class Signer:
         modes) and whose tensors pass the last key's check reuses that key without reading any tensor's metadata
         in Python; anything else reads each tensor's :meth:`Backend.meta_key`, as the check is never looser.  Where
         the replay lane is loaded, that layout is checked in one C call (:func:`lane.layout_check`, made once per
-        layout), which refuses exactly what the Python comparison refuses, or more (then the Python one decides)."""
+        layout), which refuses exactly what the Python comparison refuses, or more (then the Python one decides: a
+        ``training`` property or a mode read twice on such a call)."""
         fast = self._fast
         if fast:
             served = fast[0](instance, args)
@@ -264,8 +265,11 @@ class Signer:
             parts.append(("self", id(owner), getattr(owner, "training", None)))
         parts.append(("modes", backend.modes()))
         if check is not None and parts == layout and check(*tensors):
-            if fast is None or (fast and fast[5] is not env.settings()):  # none yet, or settings read again since
-                self._fast = self._layout_check(plain)
+            # the layout's C check: made once the lane is loaded, made again where the settings were read again since
+            if (lane.module() is not None if fast is None else fast and fast[5] is not env.settings()):
+                made = self._layout_check(plain)
+                if self._plain is plain:  # not replaced by another thread meanwhile
+                    self._fast = made
             return CallSignature(last_key, tensors, backend, (), None, last_labels, (), self)
         meta = backend.meta_key
         it = iter(tensors)
@@ -284,11 +288,13 @@ class Signer:
         self._plain = plain
         self._fast = None
 
-    def plain_layout(self) -> tuple[Any, ...] | None:
-        """The layout of the last plain call, where it has one (it repeated with one key): ``(backend, tensor types,
-        key, method, kinds, owner part, modes)``, ``kinds`` per argument None for a tensor, else ``(type, value)``
-        of a scalar; ``owner part`` ``("self", id, training)`` or None.  None where there is none."""
-        plain = self._plain
+    def plain_layout(self, plain: tuple[Any, ...] | None = None) -> tuple[Any, ...] | None:
+        """The layout of the last plain call (or of ``plain``, one of them read before), where it has one (it repeated
+        with one key): ``(backend, tensor types, key, method, kinds, owner part, modes)``, ``kinds`` per argument None
+        for a tensor, else ``(type, value)`` of a scalar; ``owner part`` ``("self", id, training)`` or None.  None
+        where there is none."""
+        if plain is None:
+            plain = self._plain
         if plain is None or plain[6] is None:
             return None
         backend, types, key, _labels, method, _probe, layout, _check = plain
@@ -299,15 +305,16 @@ class Signer:
         return backend, types, key, method, kinds, owner_part, rest[-1][1]
 
     def _layout_check(self, plain: tuple[Any, ...]) -> tuple[Any, ...] | bool | None:
-        """The C check of ``plain``'s layout for :meth:`sign_plain` (see :func:`lane.layout_check`): None where the
-        lane is not loaded yet (made at a later call), False where this layout has none (nor will have: the lane
-        switched off or failed)."""
+        """The C check of ``plain``'s layout (everything in it read from ``plain``, which another thread may have
+        replaced as the last plain call since) for :meth:`sign_plain` (see :func:`lane.layout_check`): None where the
+        lane is not loaded (made at a later call), False where this layout has none (``layout_checks`` off, the lane
+        switched off: made again only for another layout)."""
         if not self.layout_checks:
             return False
         mod = lane.module()
         if mod is None:
-            return False if lane.unavailable() else None
-        made = self.plain_layout()
+            return None
+        made = self.plain_layout(plain)
         if made is None:
             return False
         backend, types, key, method, kinds, owner_part, modes = made

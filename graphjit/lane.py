@@ -52,8 +52,7 @@ if TYPE_CHECKING:
     from .keys import CallSignature, Signer
     from .stats import FunctionStats, KeyStats
 
-__all__ = ["MISS", "LaneHolder", "build", "flush", "front", "layout_check", "module", "plan", "prepare", "status",
-           "unavailable"]
+__all__ = ["MISS", "LaneHolder", "build", "flush", "front", "layout_check", "module", "plan", "prepare", "status"]
 
 log = logging.getLogger("graphjit")
 
@@ -179,12 +178,6 @@ def loaded_if_built() -> ModuleType | None:
     except Exception:
         return None
     return prepare()
-
-
-def unavailable() -> bool:
-    """Whether no lane will be loaded in this process under the current settings: switched off, or its build or
-    load failed."""
-    return _failed is not None or env.settings().lane == "off"
 
 
 def front(state: Any, unbound: Any) -> Any:
@@ -340,15 +333,15 @@ def layout_check(mod: ModuleType, backend: Any, types: Any, method: bool, kinds:
     there is no such check (no ``check``, more tensors than the lane takes, a layout it cannot hold)."""
     if check is None or not 0 < kinds.count(None) <= mod.MAX_TENSORS or env.settings().lane == "off":
         return None
-    probes, expected = backend.mode_probes(modes)
     try:
+        probes, expected = backend.mode_probes(modes)
         return mod.LayoutCheck({
             "env_dict": vars(env), "settings": env.settings(),
             "kinds": kinds, "types": tuple(types), "method": int(method), "owner": owner,
             "owner_id": owner_part[1] if method and owner_part else 0,
             "training": owner_part[2] if owner_part else None,
             "probes": tuple(probes), "expected": tuple(expected), "check": check})
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # a backend's probes that fail, a layout the lane cannot hold: the Python comparison
         log.debug("graphjit: no C layout check: %s", exc)
         return None
 

@@ -566,6 +566,8 @@ def test_fresh_outputs_are_laid_out_as_a_contiguous_clone_by_both_paths(emu, lan
 
     _, off, on, g = _both(monkeypatch, lambda: graphjit.graphed(odd), calls)
     assert on == off and g._self_state.lane is not None
+    served = on["keys"][0]["fed_replays"] - (python_replays[0] - off["keys"][0]["fed_replays"])
+    assert served >= 1  # the lane's fresh outputs are laid out as the Python path's
 
 
 def test_a_key_signed_inside_an_autocast_block_is_served_by_the_lane(emu, lane_on, monkeypatch, python_replays):

@@ -219,3 +219,57 @@ def test_paddle_calls_get_the_key_the_python_comparison_gives(lane_on):
     for _ in range(3):
         _sign_both(fast, reference, None, (a, b, 2.0))
     assert _sign_both(fast, reference, None, (a, b, 2.0))
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_the_check_is_made_from_the_layout_the_call_was_compared_with(lane_on):
+    """Another thread may replace the signer's last plain call between a call's comparison and the making of its C
+    check: the check is made from the layout that call compared with (its key, kinds, modes and tensor check), never
+    from a mix of that one and the new one."""
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    wide = (torch.randn(5, 4), torch.randn(5, 4), 3.0)
+    signer, _ = _pair()
+    for _ in range(2):
+        signer.sign(None, (a, b, 2.0), {})
+    compared = signer._plain  # the layout of (a, b, 2.0), its check made: the next such call makes its C check
+    for _ in range(2):
+        signer.sign(None, wide, {})  # "another thread": the last plain call is now the wide one's
+    assert signer._plain is not compared
+    made = signer._layout_check(compared)
+    assert made and made[3] is compared[2]  # the compared layout's key
+    assert made[0](None, (a, b, 2.0)) is not None and made[0](None, wide) is None
+    assert made[0](None, (torch.randn(5, 4), torch.randn(5, 4), 2.0)) is None
+
+
+class _Flag:
+    """A training flag whose comparison is interrupted once ``interrupt`` is set."""
+
+    interrupt = False
+
+    def __eq__(self, other: object) -> bool:
+        if _Flag.interrupt:
+            raise KeyboardInterrupt
+        return isinstance(other, _Flag)
+
+    __hash__ = object.__hash__
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_an_interrupt_in_a_comparison_is_the_calls_and_an_exception_a_refusal(lane_on):
+    mod = lane.module()
+    t = torch.zeros(2)
+    owner = _Owner()
+    owner.training = _Flag()
+    check = lane.layout_check(mod, _Modes(lambda: "m"), (torch.Tensor,), False, (None,), ("self", id(owner), _Flag()),
+                              "m", owner, lambda *ts: True)
+    assert check(None, (t,)) == [t]  # another flag object, equal to the keyed one
+    _Flag.interrupt = True
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            check(None, (t,))
+    finally:
+        _Flag.interrupt = False
+    owner.training = 1.5  # float.__eq__ with a _Flag: NotImplemented both ways, then identity: not equal
+    assert check(None, (t,)) is None
