@@ -173,24 +173,43 @@ static PyObject *item(PyObject *d, const char *name) { /* borrowed; NULL with Ke
 
 /* Fills l from the dict d (kinds, types, owner, owner_id, training, probes, expected, check, method; the objects stay
  * d's); the number of tensors of the layout, or -1 with an error set. */
-static Py_ssize_t layout_init(Layout *l, PyObject *d) {
+/* Fills the owner and modes part of l from the dict d (owner, owner_id, training, probes, expected, check, method;
+ * the objects stay d's): 0, or -1 with an error set. */
+static int owner_modes_init(Layout *l, PyObject *d) {
 #define GET(field, name)                    \
   do {                                      \
     l->field = item(d, name);               \
     if (l->field == NULL) return -1;        \
   } while (0)
-  GET(kinds, "kinds");
-  GET(types, "types");
   GET(owner, "owner");
   GET(training, "training");
   GET(probes, "probes");
   GET(expected, "expected");
   GET(check, "check");
 #undef GET
-  if (!PyTuple_Check(l->kinds) || !PyTuple_Check(l->types) || !PyTuple_Check(l->probes) ||
-      !PyTuple_Check(l->expected) || PyTuple_GET_SIZE(l->probes) != PyTuple_GET_SIZE(l->expected)) {
-    PyErr_SetString(PyExc_TypeError, "graphjit lane layout: kinds, types, probes, expected: tuples, as many "
-                                     "expected values as probes");
+  if (!PyTuple_Check(l->probes) || !PyTuple_Check(l->expected) ||
+      PyTuple_GET_SIZE(l->probes) != PyTuple_GET_SIZE(l->expected)) {
+    PyErr_SetString(PyExc_TypeError, "graphjit lane layout: probes, expected: tuples, as many expected values as "
+                                     "probes");
+    return -1;
+  }
+  PyObject *o = item(d, "method");
+  if (o == NULL) return -1;
+  long method = PyLong_AsLong(o);
+  if (method == -1 && PyErr_Occurred()) return -1;
+  l->method = method != 0;
+  if ((o = item(d, "owner_id")) == NULL) return -1;
+  l->owner_id = PyLong_AsUnsignedLongLong(o);
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Fills l from the dict d (kinds, types and what owner_modes_init reads; the objects stay d's); the number of tensors
+ * of the layout, or -1 with an error set. */
+static Py_ssize_t layout_init(Layout *l, PyObject *d) {
+  if (owner_modes_init(l, d) < 0) return -1;
+  if ((l->kinds = item(d, "kinds")) == NULL || (l->types = item(d, "types")) == NULL) return -1;
+  if (!PyTuple_Check(l->kinds) || !PyTuple_Check(l->types)) {
+    PyErr_SetString(PyExc_TypeError, "graphjit lane layout: kinds, types: tuples");
     return -1;
   }
   l->nargs = PyTuple_GET_SIZE(l->kinds);
@@ -208,15 +227,35 @@ static Py_ssize_t layout_init(Layout *l, PyObject *d) {
     PyErr_SetString(PyExc_ValueError, "graphjit lane layout: 1 to 64 tensors");
     return -1;
   }
-  PyObject *o = item(d, "method");
-  if (o == NULL) return -1;
-  long method = PyLong_AsLong(o);
-  if (method == -1 && PyErr_Occurred()) return -1;
-  l->method = method != 0;
-  if ((o = item(d, "owner_id")) == NULL) return -1;
-  l->owner_id = PyLong_AsUnsignedLongLong(o);
-  if (PyErr_Occurred()) return -1;
   return n_tensors;
+}
+
+/* Whether a call's owner and the framework's modes are l's: the owner the same object (a bound call: instance), its
+ * training flag as keyed, each modes probe giving what it gave.  prebound: the graphed function is a bound method
+ * itself (a call never hands it an instance).  1 yes, 0 no (no error set), -1 an error. */
+static int owner_modes_match(const Layout *l, int prebound, PyObject *instance) {
+  PyObject *owner = l->owner;
+  if (l->method) {
+    if (prebound || instance == Py_None || (unsigned long long)(uintptr_t)instance != l->owner_id) return 0;
+    owner = instance;
+  } else if (!prebound && instance != Py_None) {
+    return 0;
+  }
+  if (owner != Py_None) {
+    PyObject *training = NULL;
+    if (LOOKUP_ATTR(owner, s_training, &training) < 0) return -1;
+    int ok = same(training ? training : Py_None, l->training);
+    Py_XDECREF(training);
+    if (ok <= 0) return ok;
+  }
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(l->probes); ++k) {
+    PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(l->probes, k));
+    if (r == NULL) return -1;
+    int ok = same(r, PyTuple_GET_ITEM(l->expected, k));
+    Py_DECREF(r);
+    if (ok <= 0) return ok;
+  }
+  return 1;
 }
 
 /* Whether a call (instance: its bound instance or None; args: its positional arguments) has the layout l: each
@@ -244,29 +283,8 @@ static int layout_matches(const Layout *l, int prebound, PyObject *instance, PyO
     }
   }
   *n_tensors = n;
-  /* the owner: the same object (a bound call), its training flag as keyed */
-  PyObject *owner = l->owner;
-  if (l->method) {
-    if (prebound || instance == Py_None || (unsigned long long)(uintptr_t)instance != l->owner_id) return 0;
-    owner = instance;
-  } else if (!prebound && instance != Py_None) {
-    return 0;
-  }
-  if (owner != Py_None) {
-    PyObject *training = NULL;
-    if (LOOKUP_ATTR(owner, s_training, &training) < 0) return -1;
-    int ok = same(training ? training : Py_None, l->training);
-    Py_XDECREF(training);
-    if (ok <= 0) return ok;
-  }
-  /* the framework's modes */
-  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(l->probes); ++k) {
-    PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(l->probes, k));
-    if (r == NULL) return -1;
-    int ok = same(r, PyTuple_GET_ITEM(l->expected, k));
-    Py_DECREF(r);
-    if (ok <= 0) return ok;
-  }
+  int ok = owner_modes_match(l, prebound, instance);
+  if (ok <= 0) return ok;
   /* the tensors' metadata */
   return truthy_call(l->check, tensors, (size_t)n);
 }
@@ -917,6 +935,322 @@ static PyTypeObject LayoutCheckType = {
     .tp_clear = (inquiry)layout_check_clear,
 };
 
+/* ---- a walked call's structure: Signer.sign_walk's check of a call in one C call ------------------------------ */
+
+/* A spec (graphjit/walk_spec.py) says what one argument held when it was last walked (keys.py's walk), as nested
+ * tuples: (0, type) a tensor of that exact type; (1, type, value, hash) a value of that exact type equal to value (and
+ * hashable where hash is true); (2, type, specs) a list or tuple of that exact type with one item per spec; (3, keys,
+ * specs) a dict (exactly) with those keys in that order, of their types, and one value per spec; (4, type, keys or
+ * None, specs, slot names, slot specs) an object of that exact type whose __dict__ (None: not read) has those keys in
+ * that order and values, and whose slots hold the slot specs (None: unset).  A call matches where every argument
+ * matches its spec; its tensors are gathered in the walk's order. */
+enum { SPEC_TENSOR = 0, SPEC_VALUE = 1, SPEC_SEQ = 2, SPEC_DICT = 3, SPEC_OBJECT = 4 };
+#define SPEC_DEPTH 32 /* nesting a spec may have (walk_spec.py makes none deeper) */
+
+static PyObject *s_dict; /* "__dict__" */
+
+/* 0 where spec is well formed (checked once, so that matching reads it without checks), -1 with an error set. */
+static int spec_valid(PyObject *spec, int depth) {
+  if (depth > SPEC_DEPTH || !PyTuple_CheckExact(spec) || PyTuple_GET_SIZE(spec) < 2) goto bad;
+  long tag = PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+  Py_ssize_t n = PyTuple_GET_SIZE(spec);
+  PyObject *children;
+  switch (tag) {
+  case SPEC_TENSOR:
+    if (n != 2 || !PyType_Check(PyTuple_GET_ITEM(spec, 1))) goto bad;
+    return 0;
+  case SPEC_VALUE:
+    if (n != 4 || !PyType_Check(PyTuple_GET_ITEM(spec, 1))) goto bad;
+    return 0;
+  case SPEC_SEQ:
+    if (n != 3 || !PyType_Check(PyTuple_GET_ITEM(spec, 1)) || !PyTuple_CheckExact(PyTuple_GET_ITEM(spec, 2))) goto bad;
+    if (!PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(spec, 1), &PyTuple_Type) &&
+        !PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(spec, 1), &PyList_Type))
+      goto bad;
+    children = PyTuple_GET_ITEM(spec, 2);
+    break;
+  case SPEC_DICT:
+    if (n != 3 || !PyTuple_CheckExact(PyTuple_GET_ITEM(spec, 1)) || !PyTuple_CheckExact(PyTuple_GET_ITEM(spec, 2)) ||
+        PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)) != PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2)))
+      goto bad;
+    children = PyTuple_GET_ITEM(spec, 2);
+    break;
+  case SPEC_OBJECT: {
+    if (n != 6 || !PyType_Check(PyTuple_GET_ITEM(spec, 1))) goto bad;
+    PyObject *keys = PyTuple_GET_ITEM(spec, 2), *values = PyTuple_GET_ITEM(spec, 3);
+    PyObject *names = PyTuple_GET_ITEM(spec, 4), *slots = PyTuple_GET_ITEM(spec, 5);
+    if (!(keys == Py_None || PyTuple_CheckExact(keys)) || !PyTuple_CheckExact(values) || !PyTuple_CheckExact(names) ||
+        !PyTuple_CheckExact(slots) || PyTuple_GET_SIZE(names) != PyTuple_GET_SIZE(slots) ||
+        PyTuple_GET_SIZE(values) != (keys == Py_None ? 0 : PyTuple_GET_SIZE(keys)))
+      goto bad;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); ++i) {
+      PyObject *slot = PyTuple_GET_ITEM(slots, i);
+      if (!PyUnicode_Check(PyTuple_GET_ITEM(names, i))) goto bad;
+      if (slot != Py_None && spec_valid(slot, depth + 1) < 0) return -1;
+    }
+    children = values;
+    break;
+  }
+  default:
+    goto bad;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(children); ++i)
+    if (spec_valid(PyTuple_GET_ITEM(children, i), depth + 1) < 0) return -1;
+  return 0;
+bad:
+  if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "graphjit walk check: a malformed spec");
+  return -1;
+}
+
+typedef struct {
+  PyObject *tensors;            /* the list the call's tensors are appended to */
+  PyObject *path[SPEC_DEPTH + 1]; /* the objects being matched, outermost first: one met again is a cycle */
+  int depth;
+} Walk;
+
+static int spec_matches(PyObject *spec, PyObject *v, Walk *w);
+
+/* Matches the items of a dict (exactly a dict) against keys and specs, in order. */
+static int dict_matches(PyObject *d, PyObject *keys, PyObject *specs, Walk *w) {
+  Py_ssize_t n = PyTuple_GET_SIZE(keys), pos = 0, i = 0;
+  if (PyDict_GET_SIZE(d) != n) return 0;
+  PyObject *k, *val;
+  int ok = 1;
+  Py_INCREF(d); /* its values' comparisons may run Python code */
+  while (ok > 0 && i < n && PyDict_Next(d, &pos, &k, &val)) {
+    PyObject *want = PyTuple_GET_ITEM(keys, i);
+    Py_INCREF(k);
+    Py_INCREF(val);
+    ok = k == want ? 1 : (Py_TYPE(k) != Py_TYPE(want) ? 0 : same(k, want));
+    if (ok > 0) ok = spec_matches(PyTuple_GET_ITEM(specs, i), val, w);
+    Py_DECREF(k);
+    Py_DECREF(val);
+    ++i;
+  }
+  if (ok > 0 && (i != n || PyDict_GET_SIZE(d) != n)) ok = 0; /* changed while it was read */
+  Py_DECREF(d);
+  return ok;
+}
+
+/* 1 where v matches spec (its tensors appended to w->tensors), 0 where not, -1 with an error set (an Exception of a
+ * comparison or of reading an attribute is cleared by the caller: a refusal). */
+static int spec_matches(PyObject *spec, PyObject *v, Walk *w) {
+  long tag = PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+  if (tag != SPEC_DICT && (PyObject *)Py_TYPE(v) != PyTuple_GET_ITEM(spec, 1)) return 0;
+  switch (tag) {
+  case SPEC_TENSOR:
+    return PyList_Append(w->tensors, v) < 0 ? -1 : 1;
+  case SPEC_VALUE: {
+    int ok = same(v, PyTuple_GET_ITEM(spec, 2));
+    if (ok <= 0) return ok;
+    if (PyTuple_GET_ITEM(spec, 3) == Py_True && PyObject_Hash(v) == -1) return -1; /* keyed by its hash */
+    return 1;
+  }
+  case SPEC_SEQ: {
+    PyObject *specs = PyTuple_GET_ITEM(spec, 2);
+    Py_ssize_t n = PyTuple_GET_SIZE(specs);
+    int is_list = PyList_Check(v);
+    if ((is_list ? PyList_GET_SIZE(v) : PyTuple_GET_SIZE(v)) != n) return 0;
+    int ok = 1;
+    Py_INCREF(v);
+    for (Py_ssize_t i = 0; ok > 0 && i < n; ++i) {
+      if (is_list && PyList_GET_SIZE(v) != n) { /* changed while it was read */
+        ok = 0;
+        break;
+      }
+      PyObject *e = is_list ? PyList_GET_ITEM(v, i) : PyTuple_GET_ITEM(v, i);
+      Py_INCREF(e);
+      ok = spec_matches(PyTuple_GET_ITEM(specs, i), e, w);
+      Py_DECREF(e);
+    }
+    Py_DECREF(v);
+    return ok;
+  }
+  case SPEC_DICT:
+    if (!PyDict_CheckExact(v)) return 0;
+    return dict_matches(v, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2), w);
+  case SPEC_OBJECT: {
+    for (int i = 0; i < w->depth; ++i)
+      if (w->path[i] == v) return 0; /* a cycle: the walk keys it apart */
+    if (w->depth >= SPEC_DEPTH) return 0;
+    w->path[w->depth++] = v;
+    Py_INCREF(v);
+    int ok = 1;
+    PyObject *keys = PyTuple_GET_ITEM(spec, 2);
+    if (keys != Py_None) {
+      PyObject *d = PyObject_GetAttr(v, s_dict);
+      if (d == NULL) {
+        ok = -1;
+      } else {
+        ok = PyDict_CheckExact(d) ? dict_matches(d, keys, PyTuple_GET_ITEM(spec, 3), w) : 0;
+        Py_DECREF(d);
+      }
+    }
+    PyObject *names = PyTuple_GET_ITEM(spec, 4), *slots = PyTuple_GET_ITEM(spec, 5);
+    for (Py_ssize_t i = 0; ok > 0 && i < PyTuple_GET_SIZE(names); ++i) {
+      PyObject *want = PyTuple_GET_ITEM(slots, i), *a = PyObject_GetAttr(v, PyTuple_GET_ITEM(names, i));
+      if (a == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+          ok = -1;
+          break;
+        }
+        PyErr_Clear();
+        ok = want == Py_None; /* unset, as it was */
+        continue;
+      }
+      ok = want == Py_None ? 0 : spec_matches(want, a, w);
+      Py_DECREF(a);
+    }
+    Py_DECREF(v);
+    w->depth--;
+    return ok;
+  }
+  default:
+    return 0;
+  }
+}
+
+/* WalkCheck(dict) (dict: args, a tuple of specs, one per positional argument; kwargs, ((name, spec), ...) sorted by
+ * name; env_dict, settings; and what owner_modes_init reads) is called with (instance, args, kwargs) and gives the
+ * list of the call's tensors, in the walk's order, where graphjit's settings are the ones it was made under, every
+ * argument matches its spec, the owner and the modes are as keyed and the tensors pass the check (keys.py then reuses
+ * the last walked key: the walk would give it again), else None, having changed nothing (an Exception of a
+ * comparison, an attribute, a probe or the check is cleared: the walk meets it again and says so; any other error is
+ * the call's).  It only reads: threads may call one check at once. */
+typedef struct {
+  PyObject_HEAD
+  PyObject *refs;
+  PyObject *env_dict, *settings, *args, *kwargs;
+  Layout layout; /* its owner and modes part */
+  vectorcallfunc vectorcall;
+} WalkCheck;
+
+static int walk_check_matches(WalkCheck *self, PyObject *instance, PyObject *args, PyObject *kwargs, Walk *w) {
+  if (PyDict_GetItemWithError(self->env_dict, s_settings) != self->settings) return PyErr_Occurred() ? -1 : 0;
+  Py_ssize_t n = PyTuple_GET_SIZE(self->args), n_kw = PyTuple_GET_SIZE(self->kwargs);
+  if (!PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != n) return 0;
+  if (kwargs == Py_None ? n_kw != 0 : (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != n_kw)) return 0;
+  int ok = 1;
+  for (Py_ssize_t i = 0; ok > 0 && i < n; ++i)
+    ok = spec_matches(PyTuple_GET_ITEM(self->args, i), PyTuple_GET_ITEM(args, i), w);
+  for (Py_ssize_t i = 0; ok > 0 && i < n_kw; ++i) {
+    PyObject *pair = PyTuple_GET_ITEM(self->kwargs, i);
+    PyObject *v = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(pair, 0));
+    if (v == NULL) return PyErr_Occurred() ? -1 : 0;
+    Py_INCREF(v);
+    ok = spec_matches(PyTuple_GET_ITEM(pair, 1), v, w);
+    Py_DECREF(v);
+  }
+  if (ok <= 0) return ok;
+  ok = owner_modes_match(&self->layout, 0, instance);
+  if (ok <= 0) return ok;
+  PyObject *t = w->tensors;
+  return truthy_call(self->layout.check, PySequence_Fast_ITEMS(t), (size_t)PyList_GET_SIZE(t));
+}
+
+static PyObject *walk_check_vectorcall(WalkCheck *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  if (PyVectorcall_NARGS(nargsf) != 3 || kwnames != NULL) {
+    PyErr_SetString(PyExc_TypeError, "a graphjit walk check takes (instance, args, kwargs)");
+    return NULL;
+  }
+  PyObject *refs = self->refs;
+  if (refs == NULL) Py_RETURN_NONE; /* never made */
+  Walk w;
+  w.depth = 0;
+  w.tensors = PyList_New(0);
+  if (w.tensors == NULL) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  Py_INCREF(refs);
+  int ok = walk_check_matches(self, args[0], args[1], args[2], &w);
+  Py_DECREF(refs);
+  if (ok > 0) return w.tensors;
+  Py_DECREF(w.tensors);
+  if (ok < 0) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* KeyboardInterrupt and the like: the call's */
+    PyErr_Clear();
+  }
+  Py_RETURN_NONE;
+}
+
+static int walk_check_init(WalkCheck *self, PyObject *args, PyObject *kw) {
+  PyObject *d;
+  if (kw != NULL && PyDict_GET_SIZE(kw) != 0) {
+    PyErr_SetString(PyExc_TypeError, "WalkCheck(dict) takes no keyword arguments");
+    return -1;
+  }
+  if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
+  if (self->refs != NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "a graphjit walk check is made once");
+    return -1;
+  }
+  Layout l;
+  memset(&l, 0, sizeof l);
+  if (owner_modes_init(&l, d) < 0) return -1;
+  PyObject *env_dict = item(d, "env_dict"), *settings = item(d, "settings"), *specs = item(d, "args"),
+           *named = item(d, "kwargs");
+  if (env_dict == NULL || settings == NULL || specs == NULL || named == NULL) return -1;
+  if (!PyDict_Check(env_dict) || !PyTuple_CheckExact(specs) || !PyTuple_CheckExact(named)) {
+    PyErr_SetString(PyExc_TypeError, "graphjit walk check: env_dict: a dict; args, kwargs: tuples");
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(specs); ++i)
+    if (spec_valid(PyTuple_GET_ITEM(specs, i), 0) < 0) return -1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(named); ++i) {
+    PyObject *pair = PyTuple_GET_ITEM(named, i);
+    if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))) {
+      PyErr_SetString(PyExc_TypeError, "graphjit walk check: kwargs: ((name, spec), ...)");
+      return -1;
+    }
+    if (spec_valid(PyTuple_GET_ITEM(pair, 1), 0) < 0) return -1;
+  }
+  Py_INCREF(d);
+  self->refs = d;
+  self->env_dict = env_dict;
+  self->settings = settings;
+  self->args = specs;
+  self->kwargs = named;
+  self->layout = l;
+  self->vectorcall = (vectorcallfunc)walk_check_vectorcall;
+  return 0;
+}
+
+static PyObject *walk_check_call(WalkCheck *self, PyObject *args, PyObject *kw) {
+  return PyVectorcall_Call((PyObject *)self, args, kw);
+}
+
+static int walk_check_traverse(WalkCheck *self, visitproc visit, void *arg) {
+  Py_VISIT(self->refs);
+  return 0;
+}
+
+static int walk_check_clear(WalkCheck *self) {
+  Py_CLEAR(self->refs); /* every borrowed pointer points into refs: a call gives None from now on */
+  return 0;
+}
+
+static void walk_check_dealloc(WalkCheck *self) {
+  PyObject_GC_UnTrack(self);
+  walk_check_clear(self);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject WalkCheckType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "graphjit._lane.WalkCheck",
+    .tp_basicsize = sizeof(WalkCheck),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A walked call's structure, checked in one call: WalkCheck(dict)(instance, args, kwargs) -> its tensors "
+              "or None; see graphjit/walk_spec.py.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)walk_check_init,
+    .tp_call = (ternaryfunc)walk_check_call,
+    .tp_vectorcall_offset = offsetof(WalkCheck, vectorcall),
+    .tp_dealloc = (destructor)walk_check_dealloc,
+    .tp_traverse = (traverseproc)walk_check_traverse,
+    .tp_clear = (inquiry)walk_check_clear,
+};
+
 /* ---- the front: a graphed function's wrapper (wrapt calls it with (wrapped, instance, args, kwargs)) ---------- */
 
 /* The wrapper of a function decorated while the lane was loaded: the plan its state holds now (state.lane) serves
@@ -1011,7 +1345,9 @@ static struct PyModuleDef lane_module = {
 };
 
 PyMODINIT_FUNC PyInit__lane(void) {
-  if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&FrontType) < 0 || PyType_Ready(&LayoutCheckType) < 0) return NULL;
+  if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&FrontType) < 0 || PyType_Ready(&LayoutCheckType) < 0 ||
+      PyType_Ready(&WalkCheckType) < 0)
+    return NULL;
   PyObject *m = PyModule_Create(&lane_module);
   if (m == NULL) return NULL;
 #define INTERN(var, text) \
@@ -1030,6 +1366,7 @@ PyMODINIT_FUNC PyInit__lane(void) {
   INTERN(s_apply, "apply");
   INTERN(s_lane, "lane");
   INTERN(s_entries, "entries");
+  INTERN(s_dict, "__dict__");
 #undef INTERN
   Py_INCREF(&PlanType);
   if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) return NULL;
@@ -1037,6 +1374,8 @@ PyMODINIT_FUNC PyInit__lane(void) {
   if (PyModule_AddObject(m, "Front", (PyObject *)&FrontType) < 0) return NULL;
   Py_INCREF(&LayoutCheckType);
   if (PyModule_AddObject(m, "LayoutCheck", (PyObject *)&LayoutCheckType) < 0) return NULL;
+  Py_INCREF(&WalkCheckType);
+  if (PyModule_AddObject(m, "WalkCheck", (PyObject *)&WalkCheckType) < 0) return NULL;
   if (PyModule_AddIntConstant(m, "ABI", LANE_ABI) < 0) return NULL;
   if (PyModule_AddIntConstant(m, "MAX_TENSORS", LANE_MAX) < 0) return NULL;
   return m;

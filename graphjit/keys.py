@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import backends, bucket_spec, env, lane
+from . import backends, bucket_spec, env, lane, sign_checks
 from .backends.base import Backend
 from .binder import Binder, wraps_another
 from .errors import SignatureError
@@ -137,6 +137,10 @@ class Signer:
         # its layout checked in one C call (lane.layout_check): (check, probe type, backend, key, labels, the
         # settings it was made under); None: not made yet, False: none for this layout
         self._fast: Any = None  # a tuple, False or None
+        # the last walked call's structure checked in one C call (lane.walk_check, walk_spec.py): (check, key, labels,
+        # backend, probe type, settings); None: none; the key of the last walk, which makes one where it repeats
+        self._walked: Any = None
+        self._walk_key: Any = None
         try:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -216,10 +220,24 @@ class Signer:
         return sig if sig is not None else self.sign_walk(instance, args, kwargs)
 
     def sign_walk(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
-        """:meth:`sign` by walking the arguments (a call :meth:`sign_plain` found not plain); remembers a plain one."""
+        """:meth:`sign` by walking the arguments (a call :meth:`sign_plain` found not plain); remembers a plain one.
+
+        Where the replay lane is loaded and a call repeats the last walked key, the structure of its arguments
+        (:mod:`graphjit.walk_spec`) becomes a C check (:func:`lane.walk_check`): a later call that matches it in every
+        container, object attribute, value and tensor type, with the key's owner, modes and tensor metadata, gets
+        that key without a walk; anything it refuses is walked (a ``training`` property or a mode then read twice)."""
+        walked = self._walked
+        if walked:
+            served = walked[0](instance, args, kwargs)
+            if served is not None and backends.cached_type_lookup(walked[4], None) is walked[3]:
+                return CallSignature(walked[1], served, walked[3], (), None, walked[2], (), self)
         sig = self._sign(instance, args, kwargs)
         if not kwargs and not self.buckets and sig.backend is not None:
             self._remember_plain(instance, args, sig)
+        if sig.key != self._walk_key:  # another key: its check is made once it repeats
+            self._walk_key, self._walked = sig.key, None
+        elif (walked is None or (walked and walked[5] is not env.settings())) and lane.module() is not None:
+            self._walked = sign_checks.walk_check(self, instance, args, kwargs, sig)
         return sig
 
     def sign_plain(self, instance: Any, args: tuple[Any, ...]) -> CallSignature | None:
@@ -267,7 +285,7 @@ class Signer:
         if check is not None and parts == layout and check(*tensors):
             # the layout's C check: made once the lane is loaded, made again where the settings were read again since
             if (lane.module() is not None if fast is None else fast and fast[5] is not env.settings()):
-                made = self._layout_check(plain)
+                made = sign_checks.layout_check(self, plain)
                 if self._plain is plain:  # not replaced by another thread meanwhile
                     self._fast = made
             return CallSignature(last_key, tensors, backend, (), None, last_labels, (), self)
@@ -303,24 +321,6 @@ class Signer:
         rest = layout[1 + n:]
         owner_part = rest[0] if rest and rest[0][0] == "self" else None
         return backend, types, key, method, kinds, owner_part, rest[-1][1]
-
-    def _layout_check(self, plain: tuple[Any, ...]) -> tuple[Any, ...] | bool | None:
-        """The C check of ``plain``'s layout (everything in it read from ``plain``, which another thread may have
-        replaced as the last plain call since) for :meth:`sign_plain` (see :func:`lane.layout_check`): None where the
-        lane is not loaded (made at a later call), False where this layout has none (``layout_checks`` off, the lane
-        switched off: made again only for another layout)."""
-        if not self.layout_checks:
-            return False
-        mod = lane.module()
-        if mod is None:
-            return None
-        made = self.plain_layout(plain)
-        if made is None:
-            return False
-        backend, types, key, method, kinds, owner_part, modes = made
-        check = lane.layout_check(mod, backend, types, method, kinds, owner_part, modes, None if method else self.owner,
-                                  plain[7])
-        return (check, plain[5], backend, key, plain[3], env.settings()) if check is not None else False
 
     def _remember_plain(self, instance: Any, args: tuple[Any, ...], sig: CallSignature) -> None:
         """After a walk: where the call was plain (see :meth:`sign`), the next such call may skip the walk."""

@@ -52,7 +52,8 @@ if TYPE_CHECKING:
     from .keys import CallSignature, Signer
     from .stats import FunctionStats, KeyStats
 
-__all__ = ["MISS", "LaneHolder", "build", "flush", "front", "layout_check", "module", "plan", "prepare", "status"]
+__all__ = ["MISS", "LaneHolder", "build", "flush", "front", "layout_check", "module", "plan", "prepare", "status",
+           "walk_check"]
 
 log = logging.getLogger("graphjit")
 
@@ -343,6 +344,29 @@ def layout_check(mod: ModuleType, backend: Any, types: Any, method: bool, kinds:
             "probes": tuple(probes), "expected": tuple(expected), "check": check})
     except Exception as exc:  # a backend's probes that fail, a layout the lane cannot hold: the Python comparison
         log.debug("graphjit: no C layout check: %s", exc)
+        return None
+
+
+def walk_check(mod: ModuleType, backend: Any, spec: tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]],
+               method: bool, owner_part: tuple[Any, ...] | None, modes: tuple[Any, ...], owner: Any,
+               check: Any) -> Any:
+    """The C check of a walked call's structure (``csrc/lane.c``'s ``WalkCheck``) for :meth:`keys.Signer.sign_walk`:
+    called with ``(instance, args, kwargs)``, it gives the call's tensors in the walk's order where graphjit's settings
+    are still the current ones, every argument matches ``spec`` (:func:`walk_spec.spec_of_call`: its positional
+    arguments' specs and its keyword arguments' by name), the owner and modes are as in :func:`layout_check`, and the
+    tensors pass ``check``; else None, having read only.  None where there is no such check (no ``check``, the lane
+    switched off, a spec the lane refuses)."""
+    if check is None or env.settings().lane == "off":
+        return None
+    try:
+        probes, expected = backend.mode_probes(modes)
+        return mod.WalkCheck({
+            "env_dict": vars(env), "settings": env.settings(), "args": spec[0], "kwargs": spec[1],
+            "method": int(method), "owner": owner, "owner_id": owner_part[1] if method and owner_part else 0,
+            "training": owner_part[2] if owner_part else None,
+            "probes": tuple(probes), "expected": tuple(expected), "check": check})
+    except Exception as exc:
+        log.debug("graphjit: no C walk check: %s", exc)
         return None
 
 

@@ -66,7 +66,7 @@ def _classify(tp: type) -> bool:
 _LAYOUT: dict[type, tuple[bool, tuple[str, ...]]] = {}
 
 
-def _layout(tp: type) -> tuple[bool, tuple[str, ...]]:
+def object_layout(tp: type) -> tuple[bool, tuple[str, ...]]:
     """``(read __dict__, fixed attribute names)`` of an object type: a dataclass's fields, else the
     instance dict followed by the ``__slots__`` of the class and its bases."""
     layout = _LAYOUT.get(tp)
@@ -86,7 +86,7 @@ def _layout(tp: type) -> tuple[bool, tuple[str, ...]]:
 
 def object_fields(x: Any) -> list[tuple[str, Any]]:
     """The attributes of an object that :func:`is_object` accepts, in a fixed order."""
-    use_dict, names = _layout(type(x))
+    use_dict, names = object_layout(type(x))
     out: list[tuple[str, Any]] = []
     if use_dict:
         d = getattr(x, "__dict__", None)

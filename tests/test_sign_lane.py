@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from graphjit import env, lane
+from graphjit import env, lane, sign_checks
 from graphjit.keys import Signer
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -236,7 +236,7 @@ def test_the_check_is_made_from_the_layout_the_call_was_compared_with(lane_on):
     for _ in range(2):
         signer.sign(None, wide, {})  # "another thread": the last plain call is now the wide one's
     assert signer._plain is not compared
-    made = signer._layout_check(compared)
+    made = sign_checks.layout_check(signer, compared)
     assert made and made[3] is compared[2]  # the compared layout's key
     assert made[0](None, (a, b, 2.0)) is not None and made[0](None, wide) is None
     assert made[0](None, (torch.randn(5, 4), torch.randn(5, 4), 2.0)) is None
@@ -273,3 +273,240 @@ def test_an_interrupt_in_a_comparison_is_the_calls_and_an_exception_a_refusal(la
         _Flag.interrupt = False
     owner.training = 1.5  # float.__eq__ with a _Flag: NotImplemented both ways, then identity: not equal
     assert check(None, (t,)) is None
+
+
+# -- walked calls (keyword arguments, containers, objects holding tensors): lane.walk_check ------------------------
+
+
+class _Layer:
+    """A cache layer as transformers keeps one: tensors and sizes in its __dict__."""
+
+    def __init__(self, n: int) -> None:
+        self.keys, self.values = torch.zeros(2, n), torch.zeros(2, n)
+        self.max_len, self.ready, self.device = n, True, torch.device("cpu")
+
+
+class _Cache:
+    def __init__(self, layers: int) -> None:
+        self.layers = [_Layer(4) for _ in range(layers)]
+        self.offloading = False
+
+
+class _Slotted:
+    __slots__ = ("maybe", "scale", "t")
+
+    def __init__(self) -> None:
+        self.t, self.scale = torch.zeros(3), 1.0
+
+
+def _g(x: Any, cache: Any = None, extra: Any = None, **kw: Any) -> Any:
+    return x
+
+
+def _walk_pair() -> tuple[Signer, Signer]:
+    fast = Signer(_g, None, "auto", "g")
+    reference = Signer(_g, None, "auto", "g")
+    reference.layout_checks = False
+    return fast, reference
+
+
+def _walk_both(fast: Signer, reference: Signer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Sign one walked call with both: the same key and the call's own tensors in the same order.  True where the C
+    check served it."""
+    counted = fast._walked[0] if fast._walked else None
+    served = counted.served if isinstance(counted, _Counted) else 0
+    got, want = fast.sign(None, args, kwargs), reference.sign(None, args, kwargs)
+    assert got.key == want.key, (got.key, want.key)
+    assert [id(t) for t in got.tensors] == [id(t) for t in want.tensors]
+    assert got.paths == want.paths
+    if fast._walked and not isinstance(fast._walked[0], _Walked):
+        fast._walked = (_Walked(fast._walked[0]), *fast._walked[1:])
+    return isinstance(counted, _Walked) and counted.served > served
+
+
+class _Walked(_Counted):
+    def __call__(self, instance: Any, args: tuple[Any, ...], kwargs: Any = None) -> Any:  # type: ignore[override]
+        self.asked += 1
+        tensors = self.check(instance, args, kwargs)
+        self.served += tensors is not None
+        return tensors
+
+
+def _mutations() -> list[tuple[str, Callable[[Any, dict[str, Any]], None]]]:
+    def deep_dtype(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers[1].keys = kw["cache"].layers[1].keys.double()
+
+    def deep_shape(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers[0].values = torch.zeros(2, 5)
+
+    def size(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers[0].max_len = 5
+
+    def int_to_float(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers[0].max_len = 4.0
+
+    def new_attribute(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers[0].added = 1
+
+    def deleted_attribute(x: Any, kw: dict[str, Any]) -> None:
+        del kw["cache"].layers[0].ready
+
+    def reordered(x: Any, kw: dict[str, Any]) -> None:
+        layer = kw["cache"].layers[0]
+        ready = layer.ready
+        del layer.ready
+        layer.ready = ready  # the same attributes, another order: another key
+
+    def fewer_layers(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers.pop()
+
+    def tuple_for_list(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers = tuple(kw["cache"].layers)
+
+    def device_value(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers[1].device = torch.device("meta")
+
+    def dict_key_type(x: Any, kw: dict[str, Any]) -> None:
+        kw["extra"] = {True: kw["extra"][1]}
+
+    def slot_unset(x: Any, kw: dict[str, Any]) -> None:
+        del kw["slotted"].scale
+
+    def slot_set(x: Any, kw: dict[str, Any]) -> None:
+        kw["slotted"].maybe = 3
+
+    def another_kwarg(x: Any, kw: dict[str, Any]) -> None:
+        kw["more"] = 1
+
+    def cycle(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers[0].parent = kw["cache"]
+
+    def unhashable(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers[0].notes = ["a list", {}]
+
+    def a_set(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers[0].tags = {1, 2}
+
+    def requires_grad(x: Any, kw: dict[str, Any]) -> None:
+        kw["cache"].layers[0].keys.requires_grad_()
+
+    return [(f.__name__, f) for f in (deep_dtype, deep_shape, size, int_to_float, new_attribute, deleted_attribute,
+                                       reordered, fewer_layers, tuple_for_list, device_value, dict_key_type, slot_unset,
+                                       slot_set, another_kwarg, cycle, unhashable, a_set, requires_grad)]
+
+
+def _call() -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return (torch.randn(2, 4),), {"cache": _Cache(3), "extra": {1: (torch.zeros(1), 2.0)}, "slotted": _Slotted(),
+                                  "flag": None}
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+@pytest.mark.parametrize("name", [n for n, _ in _mutations()])
+def test_a_walked_call_gets_the_key_the_walk_gives_after_any_change(lane_on, name):
+    mutate = dict(_mutations())[name]
+    fast, reference = _walk_pair()
+    args, kwargs = _call()
+    for _ in range(2):  # the key, then the same key again: its C check made and checked on this call
+        _walk_both(fast, reference, args, kwargs)
+    assert fast._walked, "the lane is loaded: the walked call's structure has its C check"
+    assert _walk_both(fast, reference, args, kwargs)
+    assert _walk_both(fast, reference, (torch.randn(2, 4),), kwargs)  # other tensors, the same structure
+    mutate(args, kwargs)
+    assert not _walk_both(fast, reference, args, kwargs), name  # refused: the walk signs it
+    for _ in range(3):  # and again, as the walk does
+        _walk_both(fast, reference, args, kwargs)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_structures_the_spec_does_not_describe_are_always_walked(lane_on):
+    import collections
+
+    for extra in (collections.OrderedDict(a=torch.zeros(1)), collections.deque([torch.zeros(1)]), {1, 2},
+                  slice(0, 2), [torch.zeros(1), [1, [2, [3]]]] * 1):
+        fast, reference = _walk_pair()
+        for _ in range(4):
+            _walk_both(fast, reference, (torch.zeros(2),), {"extra": extra})
+        described = not isinstance(extra, (collections.OrderedDict, collections.deque, set, slice))
+        assert bool(fast._walked) == described, type(extra)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_a_walked_call_under_other_modes_or_owner_flag_is_walked(lane_on):
+    fast, reference = _walk_pair()
+    args, kwargs = _call()
+    for _ in range(3):
+        _walk_both(fast, reference, args, kwargs)
+    with torch.no_grad():
+        assert not _walk_both(fast, reference, args, kwargs)
+    for _ in range(3):
+        _walk_both(fast, reference, args, kwargs)
+    assert _walk_both(fast, reference, args, kwargs)
+    kwargs["cache"].layers[2].keys = torch.zeros(2, 4)  # another tensor object, the same metadata: the same key
+    assert _walk_both(fast, reference, args, kwargs)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_hf_decode_steps_are_signed_by_the_walk_check(lane_on):
+    """transformers' generate() with a static cache (tiny Llama, emulated graphs): after the first decode steps,
+    every decode step's call (keyword arguments, the cache object and its layers) is signed by the C check, and the
+    tokens are eager generate()'s."""
+    transformers = pytest.importorskip("transformers")
+    from graph_emulator import emulated_torch
+
+    import graphjit
+
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                      max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(1))
+    generate = {"max_new_tokens": 12, "do_sample": False, "cache_implementation": "static", "disable_compile": True,
+                "pad_token_id": 0}
+    with torch.no_grad():
+        want = model.generate(prompt, **generate)
+    with emulated_torch():
+        model.forward = graphjit.graphed(model.forward)
+        signer = model.forward._self_state.signer
+        walks = []
+        walk = signer._sign
+
+        def counted(*a: Any) -> Any:
+            walks.append(1)
+            return walk(*a)
+
+        signer._sign = counted  # type: ignore[method-assign]
+        with torch.no_grad():
+            got = model.generate(prompt, **generate)
+    assert torch.equal(got, want)
+    calls = model.forward.stats()["calls"]
+    # the prefill, the first decode step and its repeat (the check made there) are walked; the others are not
+    assert calls >= 12 and len(walks) <= 4, (calls, len(walks))
+
+
+class _PaddleLayer:
+    def __init__(self, paddle: Any) -> None:
+        self.keys, self.size = paddle.zeros([2, 4]), 4
+
+
+@pytest.mark.paddle
+def test_paddle_walked_calls_get_the_key_the_walk_gives(lane_on):
+    paddle = pytest.importorskip("paddle")
+    fast, reference = _walk_pair()
+    layers = [_PaddleLayer(paddle), _PaddleLayer(paddle)]
+    args, kwargs = (paddle.randn([2, 4]),), {"cache": layers, "extra": {"n": 3}}
+    for _ in range(2):
+        _walk_both(fast, reference, args, kwargs)
+    assert fast._walked, "the lane is loaded: the walked call's structure has its C check"
+    assert _walk_both(fast, reference, (paddle.randn([2, 4]),), kwargs)
+    layers[1].size = 5
+    assert not _walk_both(fast, reference, args, kwargs)
+    layers[1].size = 4
+    layers[0].keys = paddle.zeros([2, 4], dtype="float64")
+    assert not _walk_both(fast, reference, args, kwargs)
+    with paddle.no_grad():
+        assert not _walk_both(fast, reference, args, kwargs)

@@ -1,0 +1,62 @@
+"""The replay lane's C checks that sign a call like the last one (``csrc/lane.c``), made here for a
+:class:`keys.Signer`: :func:`layout_check` for a plain positional call (:meth:`Signer.sign_plain`), :func:`walk_check`
+for a walked one (:meth:`Signer.sign_walk`: keyword arguments, containers, objects holding tensors).
+
+Each is made once per layout or key, only where the lane is loaded, and only from what the Python path decided for
+the call it is made from; each refuses exactly what that path would sign differently, or more (the Python path then
+signs the call).  A check is only ever a shortcut to the key the Python path gives."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import env, lane, walk_spec
+
+if TYPE_CHECKING:
+    from .keys import CallSignature, Signer
+
+
+def layout_check(signer: Signer, plain: tuple[Any, ...]) -> tuple[Any, ...] | bool | None:
+    """The C check of ``plain``'s layout (everything in it read from ``plain``, which another thread may have replaced
+    as the signer's last plain call since) for :meth:`Signer.sign_plain` (see :func:`lane.layout_check`):
+    ``(check, tensor type, backend, key, labels, settings)``; None where the lane is not loaded (made at a later
+    call), False where this layout has none (``layout_checks`` off, the lane switched off: made again only for another
+    layout)."""
+    if not signer.layout_checks:
+        return False
+    mod = lane.module()
+    if mod is None:
+        return None
+    made = signer.plain_layout(plain)
+    if made is None:
+        return False
+    backend, types, key, method, kinds, owner_part, modes = made
+    check = lane.layout_check(mod, backend, types, method, kinds, owner_part, modes,
+                              None if method else signer.owner, plain[7])
+    return (check, plain[5], backend, key, plain[3], env.settings()) if check is not None else False
+
+
+def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               sig: CallSignature) -> tuple[Any, ...] | bool:
+    """The C check of the structure of the call just walked as ``sig`` (see :meth:`Signer.sign_walk` and
+    :func:`lane.walk_check`): ``(check, key, labels, backend, tensor type, settings)``, or False where there is none:
+    ``layout_checks`` off, the lane not loaded, buckets, a part :mod:`graphjit.walk_spec` does not describe, no
+    metadata check, or a check that does not give this very call its own tensors back in the walk's order."""
+    backend = sig.backend
+    mod = lane.module()
+    if not signer.layout_checks or mod is None or signer.buckets or backend is None or not sig.tensors:
+        return False
+    spec = walk_spec.spec_of_call(args, kwargs, backend)
+    if spec is None:
+        return False
+    method = instance is not None
+    owner = instance if method else signer.owner
+    owner_part = ("self", id(owner), getattr(owner, "training", None)) if owner is not None else None
+    check = lane.walk_check(mod, backend, spec, method, owner_part, sig.key[-1][1], None if method else signer.owner,
+                            backend.meta_check(sig.tensors))
+    if check is None:
+        return False
+    served = check(instance, args, kwargs)
+    if served is None or len(served) != len(sig.tensors) or any(a is not b for a, b in zip(served, sig.tensors)):
+        return False
+    return (check, sig.key, sig.labels, backend, type(sig.tensors[0]), env.settings())
