@@ -322,6 +322,11 @@ class Signer:
         owner_part = rest[0] if rest and rest[0][0] == "self" else None
         return backend, types, key, method, kinds, owner_part, rest[-1][1]
 
+    def sign_again(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
+        """The walk's signature of a call, with no shortcut and nothing remembered (:mod:`graphjit.sign_checks`
+        checks a C check against it)."""
+        return self._sign(instance, args, kwargs)
+
     def _remember_plain(self, instance: Any, args: tuple[Any, ...], sig: CallSignature) -> None:
         """After a walk: where the call was plain (see :meth:`sign`), the next such call may skip the walk."""
         types = set()

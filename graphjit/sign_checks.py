@@ -41,7 +41,8 @@ def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dic
     """The C check of the structure of the call just walked as ``sig`` (see :meth:`Signer.sign_walk` and
     :func:`lane.walk_check`): ``(check, key, labels, backend, tensor type, settings)``, or False where there is none:
     ``layout_checks`` off, the lane not loaded, buckets, a part :mod:`graphjit.walk_spec` does not describe, no
-    metadata check, or a check that does not give this very call its own tensors back in the walk's order."""
+    metadata check, a check that does not give this very call its own tensors back in the walk's order, or a walk
+    made again after the spec that gives another key."""
     backend = sig.backend
     mod = lane.module()
     if not signer.layout_checks or mod is None or signer.buckets or backend is None or not sig.tensors:
@@ -57,6 +58,15 @@ def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dic
     if check is None:
         return False
     served = check(instance, args, kwargs)
-    if served is None or len(served) != len(sig.tensors) or any(a is not b for a, b in zip(served, sig.tensors)):
+    if not _same_tensors(served, sig.tensors):
+        return False
+    # walked again after the spec was read: the spec and the key describe one state of the arguments (another thread
+    # may change an object the call holds meanwhile; the check is then not made)
+    again = signer.sign_again(instance, args, kwargs)
+    if again.key != sig.key or not _same_tensors(again.tensors, sig.tensors):
         return False
     return (check, sig.key, sig.labels, backend, type(sig.tensors[0]), env.settings())
+
+
+def _same_tensors(got: list[Any] | None, want: list[Any]) -> bool:
+    return got is not None and len(got) == len(want) and all(a is b for a, b in zip(got, want))

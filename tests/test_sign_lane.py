@@ -484,8 +484,9 @@ def test_hf_decode_steps_are_signed_by_the_walk_check(lane_on):
             got = model.generate(prompt, **generate)
     assert torch.equal(got, want)
     calls = model.forward.stats()["calls"]
-    # the prefill, the first decode step and its repeat (the check made there) are walked; the others are not
-    assert calls >= 12 and len(walks) <= 4, (calls, len(walks))
+    # the prefill, the first decode step and its repeat (the check made there, and checked by one more walk) are
+    # walked; the others are not
+    assert calls >= 12 and len(walks) <= 5, (calls, len(walks))
 
 
 class _PaddleLayer:
