@@ -207,8 +207,9 @@ class _State(OutputChecks, LaneHolder, Policy, KeyLifecycle, ValueVariants):
         previous, self.last_key = self.last_key, sig.key
         entry = self.entries.get(sig.key)
         if entry is not None:
-            if previous == sig.key and self.wants_lane(entry, settings):
-                self.arm_lane(entry, sig)  # replayed twice in a row: the next calls of the key may take the lane
+            # replayed twice in a row: the next calls of the key may take the lane (never one with keyword arguments)
+            if previous == sig.key and not kwargs and self.wants_lane(entry, settings):
+                self.arm_lane(entry, sig)
             if entry.feeds is None:
                 if entry.check is None and entry.recheck is None:  # nothing to check first: the replay path
                     return self.replay(entry, sig, settings, instance, args, kwargs)
