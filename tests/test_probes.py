@@ -47,3 +47,12 @@ def test_piecewise_profile_runs_on_the_cpu(tmp_path: Path):
     data = json.loads((tmp_path / "piecewise_profile.json").read_text())
     assert data["us"]["piecewise_step"] > 0 and data["us"]["sdpa_bool_mask_sliced"] > 0
     assert "Self CPU" in data["profile"]
+
+
+def test_hf_decode_host_emulated_times_a_decode_step_both_ways(tmp_path: Path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "hf.json"
+    _run(["tools/probes/hf_decode_host_emulated.py", "--layers", "2", "--out", str(out)])
+    data = json.loads(out.read_text())["L2"]
+    assert data["checks"]["call_us"] > 0 and data["walk_only"]["sign_us"] > 0
+    assert data["checks"]["tensors"] == data["walk_only"]["tensors"] > 2
