@@ -938,16 +938,36 @@ static PyTypeObject LayoutCheckType = {
 /* ---- a walked call's structure: Signer.sign_walk's check of a call in one C call ------------------------------ */
 
 /* A spec (graphjit/walk_spec.py) says what one argument held when it was last walked (keys.py's walk), as nested
- * tuples: (0, type) a tensor of that exact type; (1, type, value, hash) a value of that exact type equal to value (and
- * hashable where hash is true); (2, type, specs) a list or tuple of that exact type with one item per spec; (3, keys,
- * specs) a dict (exactly) with those keys in that order, of their types, and one value per spec; (4, type, keys or
- * None, specs, slot names, slot specs) an object of that exact type whose __dict__ (None: not read) has those keys in
- * that order and values, and whose slots hold the slot specs (None: unset).  A call matches where every argument
- * matches its spec; its tensors are gathered in the walk's order. */
+ * tuples: (0, type) a tensor of that exact type; (1, type, value, hash) a value of that exact type equal to value
+ * (and, where hash is an int, hashing to it: a key is found by its hash too); (2, type, specs) a list or tuple of that
+ * exact type with one item per spec; (3, keys, hashes, specs) a dict (exactly) with those keys in that order, each of
+ * its key's type, equal to it and hashing to its hash, and one value per spec; (4, type, keys or None, hashes, specs,
+ * slot names, slot specs) an object of that exact type whose __dict__ (None: not read) holds such keys and values, and
+ * whose slots hold the slot specs (None: unset).  A call matches where every argument matches its spec; its tensors
+ * are gathered in the walk's order. */
 enum { SPEC_TENSOR = 0, SPEC_VALUE = 1, SPEC_SEQ = 2, SPEC_DICT = 3, SPEC_OBJECT = 4 };
 #define SPEC_DEPTH 32 /* nesting a spec may have (walk_spec.py makes none deeper) */
 
 static PyObject *s_dict; /* "__dict__" */
+
+/* Whether keys, hashes (ints) and specs are tuples of one length. */
+static int keys_valid(PyObject *keys, PyObject *hashes, PyObject *specs) {
+  if (!PyTuple_CheckExact(keys) || !PyTuple_CheckExact(hashes) || !PyTuple_CheckExact(specs) ||
+      PyTuple_GET_SIZE(keys) != PyTuple_GET_SIZE(hashes) || PyTuple_GET_SIZE(keys) != PyTuple_GET_SIZE(specs))
+    return 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(hashes); ++i)
+    if (!PyLong_CheckExact(PyTuple_GET_ITEM(hashes, i))) return 0;
+  return 1;
+}
+
+/* 1 where v hashes to want (an int), 0 where not, -1 with an error set (v unhashable: the walk says so). */
+static int same_hash(PyObject *v, PyObject *want) {
+  Py_hash_t h = PyObject_Hash(v);
+  if (h == -1 && PyErr_Occurred()) return -1;
+  Py_hash_t w = (Py_hash_t)PyLong_AsSsize_t(want);
+  if (w == -1 && PyErr_Occurred()) return -1;
+  return h == w;
+}
 
 /* 0 where spec is well formed (checked once, so that matching reads it without checks), -1 with an error set. */
 static int spec_valid(PyObject *spec, int depth) {
@@ -960,7 +980,9 @@ static int spec_valid(PyObject *spec, int depth) {
     if (n != 2 || !PyType_Check(PyTuple_GET_ITEM(spec, 1))) goto bad;
     return 0;
   case SPEC_VALUE:
-    if (n != 4 || !PyType_Check(PyTuple_GET_ITEM(spec, 1))) goto bad;
+    if (n != 4 || !PyType_Check(PyTuple_GET_ITEM(spec, 1)) ||
+        !(PyTuple_GET_ITEM(spec, 3) == Py_None || PyLong_CheckExact(PyTuple_GET_ITEM(spec, 3))))
+      goto bad;
     return 0;
   case SPEC_SEQ:
     if (n != 3 || !PyType_Check(PyTuple_GET_ITEM(spec, 1)) || !PyTuple_CheckExact(PyTuple_GET_ITEM(spec, 2))) goto bad;
@@ -970,18 +992,17 @@ static int spec_valid(PyObject *spec, int depth) {
     children = PyTuple_GET_ITEM(spec, 2);
     break;
   case SPEC_DICT:
-    if (n != 3 || !PyTuple_CheckExact(PyTuple_GET_ITEM(spec, 1)) || !PyTuple_CheckExact(PyTuple_GET_ITEM(spec, 2)) ||
-        PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)) != PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2)))
+    if (n != 4 || !keys_valid(PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3)))
       goto bad;
-    children = PyTuple_GET_ITEM(spec, 2);
+    children = PyTuple_GET_ITEM(spec, 3);
     break;
   case SPEC_OBJECT: {
-    if (n != 6 || !PyType_Check(PyTuple_GET_ITEM(spec, 1))) goto bad;
-    PyObject *keys = PyTuple_GET_ITEM(spec, 2), *values = PyTuple_GET_ITEM(spec, 3);
-    PyObject *names = PyTuple_GET_ITEM(spec, 4), *slots = PyTuple_GET_ITEM(spec, 5);
-    if (!(keys == Py_None || PyTuple_CheckExact(keys)) || !PyTuple_CheckExact(values) || !PyTuple_CheckExact(names) ||
-        !PyTuple_CheckExact(slots) || PyTuple_GET_SIZE(names) != PyTuple_GET_SIZE(slots) ||
-        PyTuple_GET_SIZE(values) != (keys == Py_None ? 0 : PyTuple_GET_SIZE(keys)))
+    if (n != 7 || !PyType_Check(PyTuple_GET_ITEM(spec, 1))) goto bad;
+    PyObject *keys = PyTuple_GET_ITEM(spec, 2), *values = PyTuple_GET_ITEM(spec, 4);
+    PyObject *names = PyTuple_GET_ITEM(spec, 5), *slots = PyTuple_GET_ITEM(spec, 6);
+    if (!(keys == Py_None ? PyTuple_CheckExact(values) && PyTuple_GET_SIZE(values) == 0
+                          : keys_valid(keys, PyTuple_GET_ITEM(spec, 3), values)) ||
+        !PyTuple_CheckExact(names) || !PyTuple_CheckExact(slots) || PyTuple_GET_SIZE(names) != PyTuple_GET_SIZE(slots))
       goto bad;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); ++i) {
       PyObject *slot = PyTuple_GET_ITEM(slots, i);
@@ -1010,24 +1031,48 @@ typedef struct {
 
 static int spec_matches(PyObject *spec, PyObject *v, Walk *w);
 
-/* Matches the items of a dict (exactly a dict) against keys and specs, in order. */
-static int dict_matches(PyObject *d, PyObject *keys, PyObject *specs, Walk *w) {
+/* Whether one dict item matches: the key of the expected key's type, equal to it and hashing to its hash, the value
+ * matching its spec. */
+static int item_matches(PyObject *k, PyObject *val, PyObject *want, PyObject *hash, PyObject *spec, Walk *w) {
+  int ok = k == want ? 1 : (Py_TYPE(k) != Py_TYPE(want) ? 0 : same(k, want));
+  if (ok > 0) ok = same_hash(k, hash);
+  if (ok > 0) ok = spec_matches(spec, val, w);
+  return ok;
+}
+
+/* Matches the items of a dict (exactly a dict) against keys, hashes and specs, in order.  snapshot: its items are
+ * taken first and then matched, as tree.object_fields takes an object's __dict__ items; else it is read as it is
+ * matched, as the walk iterates a dict argument's items. */
+static int dict_matches(PyObject *d, PyObject *keys, PyObject *hashes, PyObject *specs, int snapshot, Walk *w) {
   Py_ssize_t n = PyTuple_GET_SIZE(keys), pos = 0, i = 0;
   if (PyDict_GET_SIZE(d) != n) return 0;
   PyObject *k, *val;
   int ok = 1;
   Py_INCREF(d); /* its values' comparisons may run Python code */
-  while (ok > 0 && i < n && PyDict_Next(d, &pos, &k, &val)) {
-    PyObject *want = PyTuple_GET_ITEM(keys, i);
-    Py_INCREF(k);
-    Py_INCREF(val);
-    ok = k == want ? 1 : (Py_TYPE(k) != Py_TYPE(want) ? 0 : same(k, want));
-    if (ok > 0) ok = spec_matches(PyTuple_GET_ITEM(specs, i), val, w);
-    Py_DECREF(k);
-    Py_DECREF(val);
-    ++i;
+  if (snapshot) {
+    PyObject *items = PyDict_Items(d);
+    if (items == NULL) {
+      ok = -1;
+    } else {
+      for (i = 0; ok > 0 && i < n && i < PyList_GET_SIZE(items); ++i) {
+        PyObject *pair = PyList_GET_ITEM(items, i);
+        ok = item_matches(PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), PyTuple_GET_ITEM(keys, i),
+                          PyTuple_GET_ITEM(hashes, i), PyTuple_GET_ITEM(specs, i), w);
+      }
+      if (ok > 0 && PyList_GET_SIZE(items) != n) ok = 0;
+      Py_DECREF(items);
+    }
+  } else {
+    while (ok > 0 && i < n && PyDict_Next(d, &pos, &k, &val)) {
+      Py_INCREF(k);
+      Py_INCREF(val);
+      ok = item_matches(k, val, PyTuple_GET_ITEM(keys, i), PyTuple_GET_ITEM(hashes, i), PyTuple_GET_ITEM(specs, i), w);
+      Py_DECREF(k);
+      Py_DECREF(val);
+      ++i;
+    }
+    if (ok > 0 && (i != n || PyDict_GET_SIZE(d) != n)) ok = 0; /* changed while it was read */
   }
-  if (ok > 0 && (i != n || PyDict_GET_SIZE(d) != n)) ok = 0; /* changed while it was read */
   Py_DECREF(d);
   return ok;
 }
@@ -1043,8 +1088,8 @@ static int spec_matches(PyObject *spec, PyObject *v, Walk *w) {
   case SPEC_VALUE: {
     int ok = same(v, PyTuple_GET_ITEM(spec, 2));
     if (ok <= 0) return ok;
-    if (PyTuple_GET_ITEM(spec, 3) == Py_True && PyObject_Hash(v) == -1) return -1; /* keyed by its hash */
-    return 1;
+    PyObject *hash = PyTuple_GET_ITEM(spec, 3); /* a key is found by its hash and by ==: both as they were */
+    return hash == Py_None ? 1 : same_hash(v, hash);
   }
   case SPEC_SEQ: {
     PyObject *specs = PyTuple_GET_ITEM(spec, 2);
@@ -1068,7 +1113,7 @@ static int spec_matches(PyObject *spec, PyObject *v, Walk *w) {
   }
   case SPEC_DICT:
     if (!PyDict_CheckExact(v)) return 0;
-    return dict_matches(v, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2), w);
+    return dict_matches(v, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3), 0, w);
   case SPEC_OBJECT: {
     for (int i = 0; i < w->depth; ++i)
       if (w->path[i] == v) return 0; /* a cycle: the walk keys it apart */
@@ -1082,11 +1127,12 @@ static int spec_matches(PyObject *spec, PyObject *v, Walk *w) {
       if (d == NULL) {
         ok = -1;
       } else {
-        ok = PyDict_CheckExact(d) ? dict_matches(d, keys, PyTuple_GET_ITEM(spec, 3), w) : 0;
+        ok = PyDict_CheckExact(d) ? dict_matches(d, keys, PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 4), 1, w)
+                                  : 0;
         Py_DECREF(d);
       }
     }
-    PyObject *names = PyTuple_GET_ITEM(spec, 4), *slots = PyTuple_GET_ITEM(spec, 5);
+    PyObject *names = PyTuple_GET_ITEM(spec, 5), *slots = PyTuple_GET_ITEM(spec, 6);
     for (Py_ssize_t i = 0; ok > 0 && i < PyTuple_GET_SIZE(names); ++i) {
       PyObject *want = PyTuple_GET_ITEM(slots, i), *a = PyObject_GetAttr(v, PyTuple_GET_ITEM(names, i));
       if (a == NULL) {

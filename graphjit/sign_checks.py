@@ -8,12 +8,15 @@ signs the call).  A check is only ever a shortcut to the key the Python path giv
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from . import env, lane, walk_spec
 
 if TYPE_CHECKING:
     from .keys import CallSignature, Signer
+
+log = logging.getLogger("graphjit")
 
 
 def layout_check(signer: Signer, plain: tuple[Any, ...]) -> tuple[Any, ...] | bool | None:
@@ -37,33 +40,37 @@ def layout_check(signer: Signer, plain: tuple[Any, ...]) -> tuple[Any, ...] | bo
 
 
 def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               sig: CallSignature) -> tuple[Any, ...] | bool:
+               sig: CallSignature) -> tuple[Any, ...] | bool | None:
     """The C check of the structure of the call just walked as ``sig`` (see :meth:`Signer.sign_walk` and
-    :func:`lane.walk_check`): ``(check, key, labels, backend, tensor type, settings)``, or False where there is none:
-    ``layout_checks`` off, the lane not loaded, buckets, a part :mod:`graphjit.walk_spec` does not describe, no
-    metadata check, a check that does not give this very call its own tensors back in the walk's order, or a walk
-    made again after the spec that gives another key."""
+    :func:`lane.walk_check`): ``(check, key, labels, backend, tensor type, settings)``; None where the lane is not
+    loaded or switched off (made at a later call); False where this key has none: ``layout_checks`` off, buckets, a
+    part :mod:`graphjit.walk_spec` does not describe, no metadata check (a tensor passed twice, say), a check that does
+    not give this very call its own tensors back in the walk's order, a walk made again after the spec that gives
+    another key, or an error while making it (the call itself was signed by its walk: it goes on)."""
     backend = sig.backend
     mod = lane.module()
-    if not signer.layout_checks or mod is None or signer.buckets or backend is None or not sig.tensors:
+    if mod is None or env.settings().lane == "off":
+        return None
+    if not signer.layout_checks or signer.buckets or backend is None or not sig.tensors:
         return False
-    spec = walk_spec.spec_of_call(args, kwargs, backend)
-    if spec is None:
-        return False
-    method = instance is not None
-    owner = instance if method else signer.owner
-    owner_part = ("self", id(owner), getattr(owner, "training", None)) if owner is not None else None
-    check = lane.walk_check(mod, backend, spec, method, owner_part, sig.key[-1][1], None if method else signer.owner,
-                            backend.meta_check(sig.tensors))
-    if check is None:
-        return False
-    served = check(instance, args, kwargs)
-    if not _same_tensors(served, sig.tensors):
-        return False
-    # walked again after the spec was read: the spec and the key describe one state of the arguments (another thread
-    # may change an object the call holds meanwhile; the check is then not made)
-    again = signer.sign_again(instance, args, kwargs)
-    if again.key != sig.key or not _same_tensors(again.tensors, sig.tensors):
+    try:
+        spec = walk_spec.spec_of_call(args, kwargs, backend)
+        if spec is None:
+            return False
+        method = instance is not None
+        owner = instance if method else signer.owner
+        owner_part = ("self", id(owner), getattr(owner, "training", None)) if owner is not None else None
+        check = lane.walk_check(mod, backend, spec, method, owner_part, sig.key[-1][1],
+                                None if method else signer.owner, backend.meta_check(sig.tensors))
+        if check is None or not _same_tensors(check(instance, args, kwargs), sig.tensors):
+            return False
+        # walked again after the spec was read: the spec and the key describe one state of the arguments (another
+        # thread may change an object the call holds meanwhile; the check is then not made)
+        again = signer.sign_again(instance, args, kwargs)
+        if again.key != sig.key or not _same_tensors(again.tensors, sig.tensors):
+            return False
+    except Exception as exc:
+        log.debug("graphjit: no C walk check for %s: %s", signer.fn_name, exc)
         return False
     return (check, sig.key, sig.labels, backend, type(sig.tensors[0]), env.settings())
 

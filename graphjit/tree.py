@@ -78,10 +78,19 @@ def object_layout(tp: type) -> tuple[bool, tuple[str, ...]]:
             for cls in tp.__mro__:
                 own = cls.__dict__.get("__slots__", ())
                 names = (own,) if isinstance(own, str) else own
-                slots.extend(n for n in names if n not in ("__dict__", "__weakref__"))
+                slots.extend(_mangled(cls, n) for n in names if n not in ("__dict__", "__weakref__"))
             layout = ("__dict__" in dir(tp), tuple(slots))
         _LAYOUT[tp] = layout
     return layout
+
+
+def _mangled(cls: type, name: str) -> str:
+    """The attribute a slot is stored as: a private name (``__buf``) as Python mangles it in ``cls`` (``_Cls__buf``)."""
+    if name.startswith("__") and not name.endswith("__"):
+        owner = cls.__name__.lstrip("_")
+        if owner:
+            return f"_{owner}{name}"
+    return name
 
 
 def object_fields(x: Any) -> list[tuple[str, Any]]:

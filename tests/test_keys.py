@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import pytest
 
@@ -383,3 +384,27 @@ def test_a_set_is_keyed_by_its_contents_passed_or_inside_an_argument_object():
     h.pending.discard(3)
     assert key(x, opts=h) == before
 
+
+
+class _Private:
+    __slots__ = ("__buf", "n")
+
+    def __init__(self, buf: Any, n: int) -> None:
+        self.__buf, self.n = buf, n
+
+
+@pytest.mark.torch
+def test_a_private_slot_is_walked_under_its_mangled_name():
+    """``__slots__ = ("__buf",)`` stores the attribute as ``_Private__buf``: the walk finds its tensor (before, it
+    looked up ``__buf``, missed it and left the tensor out of the key and the inputs)."""
+    import torch
+
+    def f(holder: Any) -> Any:
+        return holder
+
+    s = Signer(f, None, "auto", "f")
+    t = torch.zeros(3)
+    sig = s.sign(None, (_Private(t, 1),), {})
+    assert len(sig.tensors) == 1 and sig.tensors[0] is t
+    assert sig.key != s.sign(None, (_Private(torch.zeros(4), 1),), {}).key
+    assert "_Private__buf" in sig.paths[0]

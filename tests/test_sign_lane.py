@@ -316,7 +316,7 @@ def _walk_both(fast: Signer, reference: Signer, args: tuple[Any, ...], kwargs: d
     counted = fast._walked[0] if fast._walked else None
     served = counted.served if isinstance(counted, _Counted) else 0
     got, want = fast.sign(None, args, kwargs), reference.sign(None, args, kwargs)
-    assert got.key == want.key, (got.key, want.key)
+    assert got.key == want.key and hash(got.key) == hash(want.key), (got.key, want.key)  # found by both
     assert [id(t) for t in got.tensors] == [id(t) for t in want.tensors]
     assert got.paths == want.paths
     if fast._walked and not isinstance(fast._walked[0], _Walked):
@@ -511,3 +511,65 @@ def test_paddle_walked_calls_get_the_key_the_walk_gives(lane_on):
     assert not _walk_both(fast, reference, args, kwargs)
     with paddle.no_grad():
         assert not _walk_both(fast, reference, args, kwargs)
+
+
+class _Config:
+    """A value type changed in place (its own __eq__ and __hash__, as an attrs class with hash=True has): an equal
+    value is found by its hash too, so a call whose value hashes otherwise is another key."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Config) and other.scale == self.scale
+
+    def __hash__(self) -> int:
+        return hash(self.scale)
+
+
+class _Loose:
+    """Equal to any other, hashed by identity."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Loose)
+
+    __hash__ = object.__hash__
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_a_value_or_dict_key_that_hashes_otherwise_is_walked(lane_on):
+    config, loose = _Config(2.0), _Loose()
+    for mutate in ("config", "loose", "dict key"):
+        fast, reference = _walk_pair()
+        kwargs: dict[str, Any] = {"cache": _Cache(1), "extra": {"c": config, "l": loose, loose: 1}}
+        args = (torch.zeros(2, 4),)
+        for _ in range(3):
+            _walk_both(fast, reference, args, kwargs)
+        assert _walk_both(fast, reference, args, kwargs)
+        if mutate == "config":
+            kwargs["extra"] = {"c": _Config(2.0), "l": loose, loose: 1}  # equal and hashing alike: served
+            assert _walk_both(fast, reference, args, kwargs)
+            config.scale = 3.0  # in place: equal to itself, another hash
+        elif mutate == "loose":
+            kwargs["extra"]["l"] = _Loose()  # equal, another hash: another key for a dict
+        else:
+            kwargs["extra"] = {"c": config, "l": loose, _Loose(): 1}  # an equal key that hashes otherwise
+        assert not _walk_both(fast, reference, args, kwargs), mutate
+        config.scale = 2.0
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_an_error_while_making_the_walk_check_leaves_the_call_signed(lane_on, monkeypatch):
+    from graphjit import walk_spec
+
+    def broken(*a: Any) -> Any:
+        raise RuntimeError("a read that fails once")
+
+    monkeypatch.setattr(walk_spec, "spec_of_call", broken)
+    fast, reference = _walk_pair()
+    args, kwargs = _call()
+    for _ in range(3):
+        _walk_both(fast, reference, args, kwargs)  # no error escapes: the walk signed each call
+    assert fast._walked is False
