@@ -940,8 +940,9 @@ static PyTypeObject LayoutCheckType = {
 /* A spec (graphjit/walk_spec.py) says what one argument held when it was last walked (keys.py's walk), as nested
  * tuples: (0, type) a tensor of that exact type; (1, type, value, hash) a value of that exact type equal to value
  * (and, where hash is an int, hashing to it: a key is found by its hash too); (2, type, specs) a list or tuple of that
- * exact type with one item per spec; (3, keys, hashes, specs) a dict (exactly) with those keys in that order, each of
- * its key's type, equal to it and hashing to its hash, and one value per spec; (4, type, keys or None, hashes, specs,
+ * exact type with one item per spec; (3, type, keys, hashes, specs) a dict of that exact type whose items (as its
+ * items() gives them) have those keys in that order, each of its key's type, equal to it and hashing to its hash, and
+ * one value per spec; (4, type, keys or None, hashes, specs,
  * slot names, slot specs) an object of that exact type whose __dict__ (None: not read) holds such keys and values, and
  * whose slots hold the slot specs (None: unset).  A call matches where every argument matches its spec; its tensors
  * are gathered in the walk's order. */
@@ -992,9 +993,11 @@ static int spec_valid(PyObject *spec, int depth) {
     children = PyTuple_GET_ITEM(spec, 2);
     break;
   case SPEC_DICT:
-    if (n != 4 || !keys_valid(PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3)))
+    if (n != 5 || !PyType_Check(PyTuple_GET_ITEM(spec, 1)) ||
+        !PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(spec, 1), &PyDict_Type) ||
+        !keys_valid(PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 4)))
       goto bad;
-    children = PyTuple_GET_ITEM(spec, 3);
+    children = PyTuple_GET_ITEM(spec, 4);
     break;
   case SPEC_OBJECT: {
     if (n != 7 || !PyType_Check(PyTuple_GET_ITEM(spec, 1))) goto bad;
@@ -1050,12 +1053,19 @@ static int dict_matches(PyObject *d, PyObject *keys, PyObject *hashes, PyObject 
   int ok = 1;
   Py_INCREF(d); /* its values' comparisons may run Python code */
   if (snapshot) {
-    PyObject *items = PyDict_Items(d);
+    /* an exact dict's items as PyDict_Items lists them; a subclass's as its own items() gives them (an OrderedDict
+     * in its order), as the walk takes them */
+    PyObject *items = PyDict_CheckExact(d) ? PyDict_Items(d) : PyMapping_Items(d);
+    if (items != NULL && !PyList_CheckExact(items)) Py_SETREF(items, PySequence_List(items));
     if (items == NULL) {
       ok = -1;
     } else {
       for (i = 0; ok > 0 && i < n && i < PyList_GET_SIZE(items); ++i) {
         PyObject *pair = PyList_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+          ok = 0;
+          break;
+        }
         ok = item_matches(PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), PyTuple_GET_ITEM(keys, i),
                           PyTuple_GET_ITEM(hashes, i), PyTuple_GET_ITEM(specs, i), w);
       }
@@ -1081,7 +1091,7 @@ static int dict_matches(PyObject *d, PyObject *keys, PyObject *hashes, PyObject 
  * comparison or of reading an attribute is cleared by the caller: a refusal). */
 static int spec_matches(PyObject *spec, PyObject *v, Walk *w) {
   long tag = PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
-  if (tag != SPEC_DICT && (PyObject *)Py_TYPE(v) != PyTuple_GET_ITEM(spec, 1)) return 0;
+  if ((PyObject *)Py_TYPE(v) != PyTuple_GET_ITEM(spec, 1)) return 0;
   switch (tag) {
   case SPEC_TENSOR:
     return PyList_Append(w->tensors, v) < 0 ? -1 : 1;
@@ -1111,9 +1121,9 @@ static int spec_matches(PyObject *spec, PyObject *v, Walk *w) {
     Py_DECREF(v);
     return ok;
   }
-  case SPEC_DICT:
-    if (!PyDict_CheckExact(v)) return 0;
-    return dict_matches(v, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3), 0, w);
+  case SPEC_DICT: /* an exact dict read as the walk iterates it; a subclass through its items(), taken first */
+    return dict_matches(v, PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 4),
+                        !PyDict_CheckExact(v), w);
   case SPEC_OBJECT: {
     for (int i = 0; i < w->depth; ++i)
       if (w->path[i] == v) return 0; /* a cycle: the walk keys it apart */

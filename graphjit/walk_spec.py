@@ -8,9 +8,10 @@ by ``==``); a list or tuple, a dict (its keys with their hashes), an object walk
 attribute by attribute (its ``__dict__`` keys in order, its slots), each with its items.  A call whose arguments match
 the spec in every one of those, whose owner and modes are the key's and whose tensors pass the key's metadata check
 would get the same key from the walk: the walk reads nothing else.  It refuses (None) what it does not describe, and
-the walk keeps signing those calls: buckets, sets, deques, slices, a dict or list subclass, a ``__dict__`` that is not
-a dict, an unhashable value inside an object (keyed by identity), a cycle, nesting deeper than :data:`MAX_DEPTH`
-(containers and objects alike).
+the walk keeps signing those calls: buckets, sets, deques, slices, a list or tuple subclass iterated its own way, a
+``__dict__`` that is not a dict, an unhashable value inside an object (keyed by identity), a cycle, nesting deeper
+than :data:`MAX_DEPTH` (containers and objects alike).  A dict subclass (transformers' ``ModelOutput``, an
+``OrderedDict``) is described by what its own ``items()`` gives, as the walk reads it.
 """
 
 from __future__ import annotations
@@ -62,11 +63,9 @@ def _spec(x: Any, backend: Any, path: list[int], depth: int) -> Any:
         return (SEQUENCE, tp, tuple(_spec(e, backend, path, depth + 1) for e in x))
     if isinstance(x, (collections.deque, set)):
         raise _Unsupported("a deque or a set")
-    if isinstance(x, dict):
-        if tp is not dict:
-            raise _Unsupported("a dict subclass")
+    if isinstance(x, dict):  # a subclass (transformers' ModelOutput, an OrderedDict) by its own items(), as walked
         keys, hashes, values = _items(x, backend, path, depth)
-        return (DICT, keys, hashes, values)
+        return (DICT, tp, keys, hashes, values)
     if is_object(tp):
         return _object(x, tp, backend, path, depth)
     try:
