@@ -207,9 +207,12 @@ class _State(OutputChecks, LaneHolder, Policy, KeyLifecycle, ValueVariants):
         previous, self.last_key = self.last_key, sig.key
         entry = self.entries.get(sig.key)
         if entry is not None:
-            # replayed twice in a row: the next calls of the key may take the lane (never one with keyword arguments)
-            if previous == sig.key and not kwargs and self.wants_lane(entry, settings):
-                self.arm_lane(entry, sig)
+            if previous == sig.key:  # replayed twice in a row: the next calls of the key may take the lane
+                if kwargs:  # never a keyword call: the lane (built and loaded now) signs it (Signer.sign_walk)
+                    if lane_mod.module() is None:
+                        lane_mod.prepare()
+                elif self.wants_lane(entry, settings):
+                    self.arm_lane(entry, sig)
             if entry.feeds is None:
                 if entry.check is None and entry.recheck is None:  # nothing to check first: the replay path
                     return self.replay(entry, sig, settings, instance, args, kwargs)

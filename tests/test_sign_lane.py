@@ -596,3 +596,39 @@ def test_an_ordered_dict_is_matched_in_its_own_order(lane_on):
     for _ in range(2):
         _walk_both(fast, reference, args, {"extra": extra})
     assert _walk_both(fast, reference, args, {"extra": extra})
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_a_keyword_call_replayed_twice_in_a_row_loads_the_lane_for_its_signing(monkeypatch):
+    """The lane is loaded where a key first replays twice in a row, keyword calls included (they never take a plan:
+    the lane's walk check signs them)."""
+    if lane.missing_tools() is not None:
+        pytest.skip("the replay lane cannot be built here")
+    from graph_emulator import emulated_torch
+
+    import graphjit
+
+    monkeypatch.setattr(lane, "_module", None)  # a process where no key replayed yet,
+    monkeypatch.setattr(lane, "loaded_if_built", lambda: None)  # on a machine where it was not built ahead of time
+    monkeypatch.setenv("GRAPHJIT_LANE", "on")
+    env.refresh()
+
+    def step(x: Any, **kw: Any) -> Any:  # as transformers' forward takes its cache: a keyword argument stays one
+        return x * 2 + kw["cache"].layers[0].keys.sum()
+
+    try:
+        with emulated_torch():
+            g = graphjit.graphed(step)
+            x, cache = torch.randn(2, 4), _Cache(2)
+            for _ in range(4):
+                g(x=x, cache=cache)
+            assert lane.module() is None or g.stats()["replays"] >= 2
+            for _ in range(4):
+                g(x=x, cache=cache)
+            assert lane.module() is not None
+            assert g._self_state.signer._walked
+            assert torch.equal(g(x=x, cache=cache), step(x, cache=cache))
+    finally:
+        monkeypatch.delenv("GRAPHJIT_LANE")
+        env.refresh()
