@@ -57,7 +57,8 @@ __all__ = ["MISS", "LaneHolder", "build", "flush", "front", "layout_check", "mod
 
 log = logging.getLogger("graphjit")
 
-SOURCE = "lane.c"
+SOURCES = ("lane.c", "lane_checks.c")  # compiled together into one library
+HEADERS = ("lane.h",)
 ABI = 2
 FLAGS = ("-O2", "-shared", "-fPIC", "-fvisibility=hidden")
 
@@ -75,15 +76,16 @@ class LaneBuildError(GraphjitError, RuntimeError):
 
 
 # -- building and loading ----------------------------------------------------------------------
-def source() -> Path:
-    """``csrc/lane.c`` of this checkout or installation."""
+def sources() -> list[Path]:
+    """``csrc/``'s lane sources of this checkout or installation: the C files, then the headers they include."""
     from .collectives import csrc_build  # on first use: graphjit.collectives is imported lazily
 
     folder = csrc_build.csrc_dir()
-    path = folder / SOURCE if folder is not None else None
-    if path is None or not path.is_file():
-        raise LaneBuildError(f"the replay lane's source ({SOURCE}) is missing from this graphjit installation")
-    return path
+    paths = [folder / name for name in (*SOURCES, *HEADERS)] if folder is not None else []
+    if not paths or not all(p.is_file() for p in paths):
+        raise LaneBuildError(f"the replay lane's sources ({', '.join((*SOURCES, *HEADERS))}) are missing from this "
+                             "graphjit installation")
+    return paths
 
 
 def compiler() -> list[str]:
@@ -117,13 +119,15 @@ def library_path(cache: str | os.PathLike[str] | None = None) -> Path:
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     h = hashlib.sha256()
     h.update(f"graphjit-lane abi={ABI} python={sys.version} flags={' '.join(FLAGS)} suffix={suffix}\n".encode())
-    h.update(source().read_bytes())
+    for path in sources():
+        h.update(path.name.encode() + b"\n" + path.read_bytes())
     path = _paths[folder] = folder / f"graphjit_lane-{h.hexdigest()[:16]}{suffix}"
     return path
 
 
 def build(force: bool = False, cache: str | os.PathLike[str] | None = None) -> Path:
-    """Compile ``csrc/lane.c`` into the cache (under a file lock; the result renamed into place) and return its
+    """Compile ``csrc/lane.c`` and ``csrc/lane_checks.c`` into one library in the cache (under a file lock; the
+    result renamed into place) and return its
     path; an up-to-date library is kept unless ``force``.  Raises :class:`LaneBuildError` saying why it cannot."""
     from .collectives import csrc_build
 
@@ -136,7 +140,8 @@ def build(force: bool = False, cache: str | os.PathLike[str] | None = None) -> P
         if path.is_file() and not force:
             return path
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        cmd = [*compiler(), *FLAGS, f"-I{include}", str(source()), "-o", str(tmp)]
+        c_files = [str(p) for p in sources() if p.suffix == ".c"]
+        cmd = [*compiler(), *FLAGS, f"-I{include}", *c_files, "-o", str(tmp)]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -325,13 +330,14 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
 def layout_check(mod: ModuleType, backend: Any, types: Any, method: bool, kinds: tuple[Any, ...],
                  owner_part: tuple[Any, ...] | None, modes: tuple[Any, ...], owner: Any,
                  check: Any) -> Any:
-    """The C check of a plain call's layout (``csrc/lane.c``'s ``LayoutCheck``) for :meth:`keys.Signer.sign_plain`:
-    called with ``(instance, args)``, it gives the call's tensors where graphjit's settings are still the current
-    ones (not read again since, ``GRAPHJIT_LANE=off`` included), the call has ``kinds`` (None: a tensor of one
-    of ``types``; else the scalar's ``(type, value)``), a bound call's instance is the one of ``owner_part`` (else
-    ``owner``) with its training flag, the backend's :meth:`~Backend.mode_probes` give what they gave for ``modes``
-    and the tensors pass ``check`` (the key's :meth:`~Backend.meta_check`); else None, having read only.  None where
-    there is no such check (no ``check``, more tensors than the lane takes, a layout it cannot hold)."""
+    """The C check of a plain call's layout (``csrc/lane_checks.c``'s ``LayoutCheck``) for
+    :meth:`keys.Signer.sign_plain`: called with ``(instance, args)``, it gives the call's tensors where graphjit's
+    settings are still the current ones (not read again since, ``GRAPHJIT_LANE=off`` included), the call has
+    ``kinds`` (None: a tensor of one of ``types``; else the scalar's ``(type, value)``), a bound call's instance is
+    the one of ``owner_part`` (else ``owner``) with its training flag, the backend's :meth:`~Backend.mode_probes`
+    give what they gave for ``modes`` and the tensors pass ``check`` (the key's :meth:`~Backend.meta_check`); else
+    None, having read only. None where there is no such check (no ``check``, more tensors than the lane takes, a
+    layout it cannot hold)."""
     if check is None or not 0 < kinds.count(None) <= mod.MAX_TENSORS or env.settings().lane == "off":
         return None
     try:
@@ -350,12 +356,12 @@ def layout_check(mod: ModuleType, backend: Any, types: Any, method: bool, kinds:
 def walk_check(mod: ModuleType, backend: Any, spec: tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]],
                method: bool, owner_part: tuple[Any, ...] | None, modes: tuple[Any, ...], owner: Any,
                check: Any) -> Any:
-    """The C check of a walked call's structure (``csrc/lane.c``'s ``WalkCheck``) for :meth:`keys.Signer.sign_walk`:
-    called with ``(instance, args, kwargs)``, it gives the call's tensors in the walk's order where graphjit's settings
-    are still the current ones, every argument matches ``spec`` (:func:`walk_spec.spec_of_call`: its positional
-    arguments' specs and its keyword arguments' by name), the owner and modes are as in :func:`layout_check`, and the
-    tensors pass ``check``; else None, having read only.  None where there is no such check (no ``check``, the lane
-    switched off, a spec the lane refuses)."""
+    """The C check of a walked call's structure (``csrc/lane_checks.c``'s ``WalkCheck``) for
+    :meth:`keys.Signer.sign_walk`: called with ``(instance, args, kwargs)``, it gives the call's tensors in the
+    walk's order where graphjit's settings are still the current ones, every argument matches ``spec``
+    (:func:`walk_spec.spec_of_call`: its positional arguments' specs and its keyword arguments' by name), the owner
+    and modes are as in :func:`layout_check`, and the tensors pass ``check``; else None, having read only. None
+    where there is no such check (no ``check``, the lane switched off, a spec the lane refuses)."""
     if check is None or env.settings().lane == "off":
         return None
     try:

@@ -1,4 +1,4 @@
-"""The replay lane's C checks that sign a call like the last one (``csrc/lane.c``), made here for a
+"""The replay lane's C checks that sign a call like the last one (``csrc/lane_checks.c``), made here for a
 :class:`keys.Signer`: :func:`layout_check` for a plain positional call (:meth:`Signer.sign_plain`), :func:`walk_check`
 for a walked one (:meth:`Signer.sign_walk`: keyword arguments, containers, objects holding tensors).
 

@@ -1,5 +1,5 @@
-"""The structure of a walked call, as the replay lane's C check takes it (``csrc/lane.c``'s ``WalkCheck``), so that
-:meth:`keys.Signer.sign_walk` can sign a call like the last walked one (a decode step of a Hugging Face model: its
+"""The structure of a walked call, as the replay lane's C check takes it (``csrc/lane_checks.c``'s ``WalkCheck``), so
+that :meth:`keys.Signer.sign_walk` can sign a call like the last walked one (a decode step of a Hugging Face model: its
 cache object, its layers, their tensors and sizes) in one C call instead of walking its arguments in Python.
 
 :func:`spec_of_call` describes each argument as the walk (``keys._WalkState.leaf``) saw it: a tensor of its exact

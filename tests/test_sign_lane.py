@@ -1,4 +1,4 @@
-"""The replay lane's check of a plain call's layout (csrc/lane.c ``LayoutCheck``, graphjit/lane.py ``layout_check``),
+"""The replay lane's signing checks (csrc/lane_checks.c ``LayoutCheck`` and ``WalkCheck``, graphjit/sign_checks.py),
 which ``keys.Signer.sign_plain`` asks first where the lane is loaded.  The Python comparison is the reference: every
 call must get the key a signer without the C check gives it, and the C check must have served the calls that repeat
 the last key (counted through a wrapper)."""
