@@ -106,8 +106,9 @@ def main() -> None:
         us["feed_set_only_0_0"] = per_call_us(lambda: feed.fn(feed.at, feed.stream()))
         us["feed_fn_0_0_launch"] = per_call_us(lambda: (t.__setitem__(6, 1), feed.fn(feed.at, feed.stream())))
         x0 = inputs[0]
-        us["empty_like_contig"] = per_call_us(lambda: feed.empty_like(x0))
-        us["plain_1"] = per_call_us(lambda: feed.plain(x0))
+        empty = feed.empty_for([x0])  # what the feed makes a fresh output with (chosen once per key)
+        us["empty_like_contig"] = per_call_us(lambda: empty(x0))
+        us["usable_1"] = per_call_us(lambda: feed.usable(x0))
 
     # primitives
     x = inputs[0]
