@@ -38,6 +38,8 @@ TENSOR_MARK = ("<tensor>",)
 """A tensor's place in a plain call's layout (:meth:`Signer.sign_plain`); its metadata is the check's."""
 _TENSOR = TENSOR_MARK
 _MISSING = object()
+WALK_CHECKS = 2
+"""Walked keys a signer keeps a C check for (a generate() loop's prefill and decode step take turns)."""
 
 BucketsArg = bucket_spec.BucketsArg
 
@@ -137,10 +139,12 @@ class Signer:
         # its layout checked in one C call (lane.layout_check): (check, probe type, backend, key, labels, the
         # settings it was made under); None: not made yet, False: none for this layout
         self._fast: Any = None  # a tuple, False or None
-        # the last walked call's structure checked in one C call (lane.walk_check, walk_spec.py): (check, key, labels,
-        # backend, probe type, settings); None: none; the key of the last walk, which makes one where it repeats
-        self._walked: Any = None
+        # walked calls' structures checked in one C call each (lane.walk_check, walk_spec.py), the one that served
+        # last first: (check, key, labels, backend, probe type, settings) for up to WALK_CHECKS keys; the key of the
+        # last walk, which makes one where it repeats; the last such key a check was tried for (by identity)
+        self._walked: tuple[Any, ...] = ()
         self._walk_key: Any = None
+        self._walk_tried: Any = None
         try:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -226,18 +230,27 @@ class Signer:
         (:mod:`graphjit.walk_spec`) becomes a C check (:func:`lane.walk_check`): a later call that matches it in every
         container, object attribute, value and tensor type, with the key's owner, modes and tensor metadata, gets
         that key without a walk; anything it refuses is walked (a ``training`` property or a mode then read twice)."""
-        walked = self._walked
-        if walked:
+        checks = self._walked
+        for walked in checks:
             served = walked[0](instance, args, kwargs)
             if served is not None and backends.cached_type_lookup(walked[4], None) is walked[3]:
+                if walked is not checks[0]:  # the other key's turn (a prefill between decode steps): asked first now
+                    self._walked = (walked, *(w for w in checks if w is not walked))
                 return CallSignature(walked[1], served, walked[3], (), None, walked[2], (), self)
+        if checks and checks[0][5] is not env.settings():  # settings read again since: each made again under them
+            self._walked, self._walk_tried = (), None
         sig = self._sign(instance, args, kwargs)
         if not kwargs and not self.buckets and sig.backend is not None:
             self._remember_plain(instance, args, sig)
-        if sig.key != self._walk_key:  # another key: its check is made once it repeats
-            self._walk_key, self._walked = sig.key, None
-        elif (walked is None or (walked and walked[5] is not env.settings())) and lane.module() is not None:
-            self._walked = sign_checks.walk_check(self, instance, args, kwargs, sig)
+        if sig.key != self._walk_key:  # another key: its check made once it repeats (the others' kept meanwhile)
+            self._walk_key = sig.key
+        elif (self._walk_tried is not self._walk_key and lane.module() is not None
+              and not any(w[1] == sig.key for w in self._walked)):
+            made = sign_checks.walk_check(self, instance, args, kwargs, sig)
+            if made is not None:  # None: the lane switched off, tried again at a later call
+                self._walk_tried = self._walk_key
+                if made:
+                    self._walked = (made, *self._walked)[:WALK_CHECKS]
         return sig
 
     def sign_plain(self, instance: Any, args: tuple[Any, ...]) -> CallSignature | None:

@@ -194,3 +194,46 @@ def test_a_hand_written_decode_loop_gets_its_own_cache_back_by_either_keyword(fa
         position = re.search(r"cumulative_length_int=(\d+)", k["key"])
         if position is not None and int(position.group(1)) >= WINDOW:
             assert k["state"] == "fallback" and k["reason"].startswith("CPU-GPU sync"), k
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_decode_steps_signed_by_the_lanes_walk_check_give_eagers_tokens(family, lane_on):
+    """With the replay lane loaded, the decode step's keyword call (the cache object, its layers; T5's
+    ``encoder_outputs``, a ``ModelOutput``) is signed by the lane's C walk check once its key repeats
+    (graphjit/walk_spec.py): the second ``generate()`` walks at most its prefill and none of its decode steps, and both
+    calls give eager's tokens from real CUDA graphs (run on the CPU emulator before the GPU: 3 walks, tokens equal)."""
+    model = hf_families.build(torch, transformers, family, layers=4, hidden=256, device="cuda")
+    prompt = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(1)).cuda()
+    with torch.no_grad():
+        want = model.generate(prompt, cache_implementation="static", disable_compile=True, **GREEDY)
+    graphjit.graph_generation(model)
+    with torch.no_grad():
+        assert torch.equal(model.generate(prompt, **GREEDY), want)
+    signers = {id(s): s for s in _signers(model.forward)}
+    walks: list[int] = []
+    for signer in signers.values():
+        walk = signer._sign
+
+        def counted(*a, walk=walk):
+            walks.append(1)
+            return walk(*a)
+
+        signer._sign = counted
+    with torch.no_grad():
+        assert torch.equal(model.generate(prompt, **GREEDY), want)
+    assert any(s._walked for s in signers.values()), "the decode key's walk check was made"
+    # at most the prefill (its cache reused, so another key than the first call's prefill: walked, signed again after
+    # its warmup run, and once more where its check is made); no decode step
+    assert len(walks) <= 3, len(walks)
+    assert model.forward.stats()["replays"] >= 2 * (GREEDY["max_new_tokens"] - 1) - 2, model.forward.report()
+
+
+def _signers(fn):
+    """The signers of a graphed function, or of each phase of graph_generation's forward."""
+    found = []
+    for obj in (fn, *(getattr(fn, name, None) for name in ("decode", "prefill", "graphed", "eager"))):
+        state = getattr(obj, "_self_state", None)
+        if state is not None and getattr(state, "signer", None) is not None:
+            found.append(state.signer)
+    assert found, f"no graphed function found in {fn!r}"
+    return found
