@@ -280,9 +280,10 @@ static PyTypeObject LayoutCheckType = {
  * items() gives them) have those keys in that order, each of its key's type, equal to it and hashing to its hash, and
  * one value per spec; (4, type, keys or None, hashes, specs,
  * slot names, slot specs) an object of that exact type whose __dict__ (None: not read) holds such keys and values, and
- * whose slots hold the slot specs (None: unset).  A call matches where every argument matches its spec; its tensors
- * are gathered in the walk's order. */
-enum { SPEC_TENSOR = 0, SPEC_VALUE = 1, SPEC_SEQ = 2, SPEC_DICT = 3, SPEC_OBJECT = 4 };
+ * whose slots hold the slot specs (None: unset); (5, type) a value of that exact type, any value (a counter the key
+ * holds: its value is gathered, and keys.py puts it into the key).  A call matches where every argument matches its
+ * spec; its tensors and free values are gathered in the walk's order. */
+enum { SPEC_TENSOR = 0, SPEC_VALUE = 1, SPEC_SEQ = 2, SPEC_DICT = 3, SPEC_OBJECT = 4, SPEC_FREE = 5 };
 #define SPEC_DEPTH 32 /* nesting a spec may have (walk_spec.py makes none deeper) */
 
 static PyObject *s_dict; /* "__dict__", interned by lane_checks_add */
@@ -314,6 +315,7 @@ static int spec_valid(PyObject *spec, int depth) {
   PyObject *children;
   switch (tag) {
   case SPEC_TENSOR:
+  case SPEC_FREE:
     if (n != 2 || !PyType_Check(PyTuple_GET_ITEM(spec, 1))) goto bad;
     return 0;
   case SPEC_VALUE:
@@ -364,6 +366,7 @@ bad:
 
 typedef struct {
   PyObject *tensors;            /* the list the call's tensors are appended to */
+  PyObject *free;               /* the list its free values are appended to (SPEC_FREE) */
   PyObject *path[SPEC_DEPTH + 1]; /* the objects being matched, outermost first: one met again is a cycle */
   int depth;
 } Walk;
@@ -431,6 +434,8 @@ static int spec_matches(PyObject *spec, PyObject *v, Walk *w) {
   switch (tag) {
   case SPEC_TENSOR:
     return PyList_Append(w->tensors, v) < 0 ? -1 : 1;
+  case SPEC_FREE:
+    return PyList_Append(w->free, v) < 0 ? -1 : 1;
   case SPEC_VALUE: {
     int ok = same(v, PyTuple_GET_ITEM(spec, 2));
     if (ok <= 0) return ok;
@@ -503,8 +508,9 @@ static int spec_matches(PyObject *spec, PyObject *v, Walk *w) {
 }
 
 /* WalkCheck(dict) (dict: args, a tuple of specs, one per positional argument; kwargs, ((name, spec), ...) sorted by
- * name; env_dict, settings; and what owner_modes_init reads) is called with (instance, args, kwargs) and gives the
- * list of the call's tensors, in the walk's order, where graphjit's settings are the ones it was made under, every
+ * name; env_dict, settings; free, true where the specs hold free values; and what owner_modes_init reads) is called
+ * with (instance, args, kwargs) and gives the list of the call's tensors, in the walk's order (with free values: the
+ * pair (tensors, free values)), where graphjit's settings are the ones it was made under, every
  * argument matches its spec, the owner and the modes are as keyed and the tensors pass the check (keys.py then reuses
  * the last walked key: the walk would give it again), else None, having changed nothing (an Exception of a
  * comparison, an attribute, a probe or the check is cleared: the walk meets it again and says so; any other error is
@@ -513,6 +519,7 @@ typedef struct {
   PyObject_HEAD
   PyObject *refs;
   PyObject *env_dict, *settings, *args, *kwargs;
+  int has_free; /* its specs hold free values: a call gives (tensors, free values) */
   Layout layout; /* its owner and modes part */
   vectorcallfunc vectorcall;
 } WalkCheck;
@@ -550,15 +557,30 @@ static PyObject *walk_check_vectorcall(WalkCheck *self, PyObject *const *args, s
   Walk w;
   w.depth = 0;
   w.tensors = PyList_New(0);
-  if (w.tensors == NULL) {
+  w.free = PyList_New(0);
+  if (w.tensors == NULL || w.free == NULL) {
+    Py_XDECREF(w.tensors);
+    Py_XDECREF(w.free);
     PyErr_Clear();
     Py_RETURN_NONE;
   }
   Py_INCREF(refs);
   int ok = walk_check_matches(self, args[0], args[1], args[2], &w);
   Py_DECREF(refs);
-  if (ok > 0) return w.tensors;
-  Py_DECREF(w.tensors);
+  if (ok > 0) {
+    if (!self->has_free) { /* the plain case: the tensors alone */
+      Py_DECREF(w.free);
+      return w.tensors;
+    }
+    PyObject *r = PyTuple_Pack(2, w.tensors, w.free); /* (tensors, free values) */
+    Py_DECREF(w.tensors);
+    Py_DECREF(w.free);
+    if (r != NULL) return r;
+    ok = -1;
+  } else {
+    Py_DECREF(w.tensors);
+    Py_DECREF(w.free);
+  }
   if (ok < 0) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* KeyboardInterrupt and the like: the call's */
     PyErr_Clear();
@@ -604,6 +626,8 @@ static int walk_check_init(WalkCheck *self, PyObject *args, PyObject *kw) {
   self->args = specs;
   self->kwargs = named;
   self->layout = l;
+  PyObject *has_free = PyDict_GetItemString(d, "free"); /* optional: False where absent */
+  self->has_free = has_free != NULL && PyObject_IsTrue(has_free) == 1;
   self->vectorcall = (vectorcallfunc)walk_check_vectorcall;
   return 0;
 }

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import backends, bucket_spec, env, lane, sign_checks
+from . import backends, bucket_spec, env, lane, sign_checks, walk_spec
 from .backends.base import Backend
 from .binder import Binder, wraps_another
 from .errors import SignatureError
@@ -145,6 +145,7 @@ class Signer:
         self._walked: tuple[Any, ...] = ()
         self._walk_key: Any = None
         self._walk_tried: Any = None
+        self._free_tried: Any = None  # the counters' key paths a check was last tried for
         try:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -236,22 +237,39 @@ class Signer:
             if served is not None and backends.cached_type_lookup(walked[4], None) is walked[3]:
                 if walked is not checks[0]:  # the other key's turn (a prefill between decode steps): asked first now
                     self._walked = (walked, *(w for w in checks if w is not walked))
-                return CallSignature(walked[1], served, walked[3], (), None, walked[2], (), self)
+                if walked[6] is None:
+                    return CallSignature(walked[1], served, walked[3], (), None, walked[2], (), self)
+                served, values = served  # a counter's values: the key made with them, as the walk would make it
+                return CallSignature(Key(walked[6](values)), served, walked[3], (), None, walked[2], (), self)
         if checks and checks[0][5] is not env.settings():  # settings read again since: each made again under them
             self._walked, self._walk_tried = (), None
         sig = self._sign(instance, args, kwargs)
         if not kwargs and not self.buckets and sig.backend is not None:
             self._remember_plain(instance, args, sig)
-        if sig.key != self._walk_key:  # another key: its check made once it repeats (the others' kept meanwhile)
-            self._walk_key = sig.key
+        before = self._walk_key
+        if sig.key != before:  # another key: its check made once it repeats (the others' kept meanwhile), or at
+            self._walk_key = sig.key  # once where it differs from the last only in ints (counters: walk_spec.py)
+            if before is not None and lane.module() is not None:
+                free = walk_spec.counters(before, sig.key)
+                if free is not None and free != self._free_tried:
+                    self._learn(sign_checks.walk_check(self, instance, args, kwargs, sig, free, before), free)
         elif (self._walk_tried is not self._walk_key and lane.module() is not None
               and not any(w[1] == sig.key for w in self._walked)):
             made = sign_checks.walk_check(self, instance, args, kwargs, sig)
             if made is not None:  # None: the lane switched off, tried again at a later call
                 self._walk_tried = self._walk_key
-                if made:
-                    self._walked = (made, *self._walked)[:WALK_CHECKS]
+                self._learn(made, None)
         return sig
+
+    def _learn(self, made: tuple[Any, ...] | bool | None, free: frozenset[tuple[int, ...]] | None) -> None:
+        """Keep a walk check just made (the most recent first); with ``free``, remember that those counters were
+        tried (made or not: not tried again for the same paths)."""
+        if made is None:
+            return
+        if free is not None:
+            self._free_tried = free
+        if made:
+            self._walked = (made, *self._walked)[:WALK_CHECKS]
 
     def sign_plain(self, instance: Any, args: tuple[Any, ...]) -> CallSignature | None:
         """:meth:`sign` of a plain call without keyword arguments (see there), the same key as the walk gives; None

@@ -353,21 +353,22 @@ def layout_check(mod: ModuleType, backend: Any, types: Any, method: bool, kinds:
         return None
 
 
-def walk_check(mod: ModuleType, backend: Any, spec: tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]],
-               method: bool, owner_part: tuple[Any, ...] | None, modes: tuple[Any, ...], owner: Any,
-               check: Any) -> Any:
+def walk_check(mod: ModuleType, backend: Any, spec: tuple[Any, ...], method: bool,
+               owner_part: tuple[Any, ...] | None, modes: tuple[Any, ...], owner: Any, check: Any) -> Any:
     """The C check of a walked call's structure (``csrc/lane_checks.c``'s ``WalkCheck``) for
     :meth:`keys.Signer.sign_walk`: called with ``(instance, args, kwargs)``, it gives the call's tensors in the
     walk's order where graphjit's settings are still the current ones, every argument matches ``spec``
-    (:func:`walk_spec.spec_of_call`: its positional arguments' specs and its keyword arguments' by name), the owner
-    and modes are as in :func:`layout_check`, and the tensors pass ``check``; else None, having read only. None
-    where there is no such check (no ``check``, the lane switched off, a spec the lane refuses)."""
+    (:func:`walk_spec.spec_of_call`: its positional arguments' specs, its keyword arguments' by name, the key paths
+    of its free values), the owner and modes are as in :func:`layout_check`, and the tensors pass ``check``; with
+    free values, ``(tensors, free values)``; else None, having read only. None where there is no such check (no
+    ``check``, the lane switched off, a spec the lane refuses)."""
     if check is None or env.settings().lane == "off":
         return None
     try:
         probes, expected = backend.mode_probes(modes)
         return mod.WalkCheck({
             "env_dict": vars(env), "settings": env.settings(), "args": spec[0], "kwargs": spec[1],
+            "free": bool(spec[2]),
             "method": int(method), "owner": owner, "owner_id": owner_part[1] if method and owner_part else 0,
             "training": owner_part[2] if owner_part else None,
             "probes": tuple(probes), "expected": tuple(expected), "check": check})

@@ -39,14 +39,19 @@ def layout_check(signer: Signer, plain: tuple[Any, ...]) -> tuple[Any, ...] | bo
     return (check, plain[5], backend, key, plain[3], env.settings()) if check is not None else False
 
 
-def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               sig: CallSignature) -> tuple[Any, ...] | bool | None:
+def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], sig: CallSignature,
+               free: frozenset[tuple[int, ...]] = frozenset(),
+               before: tuple[Any, ...] | None = None) -> tuple[Any, ...] | bool | None:
     """The C check of the structure of the call just walked as ``sig`` (see :meth:`Signer.sign_walk` and
-    :func:`lane.walk_check`): ``(check, key, labels, backend, tensor type, settings)``; None where the lane is not
-    loaded or switched off (made at a later call); False where this key has none: ``layout_checks`` off, buckets, a
-    part :mod:`graphjit.walk_spec` does not describe, no metadata check (a tensor passed twice, say), a check that does
-    not give this very call its own tensors back in the walk's order, a walk made again after the spec that gives
-    another key, or an error while making it (the call itself was signed by its walk: it goes on)."""
+    :func:`lane.walk_check`): ``(check, key, labels, backend, tensor type, settings, key maker)``; None where the lane
+    is not loaded or switched off (made at a later call); False where this key has none: ``layout_checks`` off,
+    buckets, a part :mod:`graphjit.walk_spec` does not describe, no metadata check (a tensor passed twice, say), a
+    check that does not give this very call its own tensors back in the walk's order, a walk made again after the
+    spec that gives another key, or an error while making it (the call itself was signed by its walk: it goes on).
+
+    ``free``: the key paths of ints in which ``sig.key`` differs from the key walked ``before`` it and in nothing else
+    (:func:`walk_spec.counters`): the check takes any int there, and the key maker (None without ``free``) makes the
+    key with the call's values.  It must give both walked keys back from their values, or there is no check."""
     backend = sig.backend
     mod = lane.module()
     if mod is None or env.settings().lane == "off":
@@ -54,15 +59,27 @@ def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dic
     if not signer.layout_checks or signer.buckets or backend is None or not sig.tensors:
         return False
     try:
-        spec = walk_spec.spec_of_call(args, kwargs, backend)
-        if spec is None:
+        spec = walk_spec.spec_of_call(args, kwargs, backend, free)
+        if spec is None or set(spec[2]) != free:
             return False
         method = instance is not None
         owner = instance if method else signer.owner
         owner_part = ("self", id(owner), getattr(owner, "training", None)) if owner is not None else None
         check = lane.walk_check(mod, backend, spec, method, owner_part, sig.key[-1][1],
                                 None if method else signer.owner, backend.meta_check(sig.tensors))
-        if check is None or not _same_tensors(check(instance, args, kwargs), sig.tensors):
+        if check is None:
+            return False
+        served = check(instance, args, kwargs)
+        maker = None
+        if free:
+            if served is None or before is None:
+                return False
+            served, values = served
+            maker = walk_spec.key_maker(tuple(sig.key), spec[2])
+            earlier = [_at(before, path) for path in spec[2]]
+            if not (_same_key(maker(values), sig.key) and _same_key(maker(earlier), before)):
+                return False
+        if not _same_tensors(served, sig.tensors):
             return False
         # walked again after the spec was read: the spec and the key describe one state of the arguments (another
         # thread may change an object the call holds meanwhile; the check is then not made)
@@ -72,7 +89,17 @@ def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dic
     except Exception as exc:
         log.debug("graphjit: no C walk check for %s: %s", signer.fn_name, exc)
         return False
-    return (check, sig.key, sig.labels, backend, type(sig.tensors[0]), env.settings())
+    return (check, sig.key, sig.labels, backend, type(sig.tensors[0]), env.settings(), maker)
+
+
+def _at(key: tuple[Any, ...], path: tuple[int, ...]) -> Any:
+    for i in path:
+        key = key[i]
+    return key
+
+
+def _same_key(parts: tuple[Any, ...], key: tuple[Any, ...]) -> bool:
+    return parts == tuple(key) and hash(parts) == hash(tuple(key))
 
 
 def _same_tensors(got: list[Any] | None, want: list[Any]) -> bool:

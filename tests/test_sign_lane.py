@@ -633,3 +633,118 @@ def test_a_keyword_call_replayed_twice_in_a_row_loads_the_lane_for_its_signing(m
     finally:
         monkeypatch.delenv("GRAPHJIT_LANE")
         env.refresh()
+
+
+# -- counters: keys that differ only in ints every call advances (Gemma's sliding-window length) ------------------
+
+
+class _Counting:
+    """A cache layer whose Python int counter the caller advances every call, beside a tensor."""
+
+    def __init__(self) -> None:
+        self.keys, self.count, self.limit = torch.zeros(2, 4), 8, 16
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_keys_that_differ_only_in_a_counter_are_made_by_the_check(lane_on):
+    """The ints in which two walked keys differ, and nothing else, are free in the check: it takes any int there and
+    the key is made with the call's values, equal (and hashing alike) to the walk's for every value; any other change
+    (the counter's type, another value, a shape) is walked."""
+    fast, reference = _walk_pair()
+    layers = [_Counting(), _Counting()]
+    extra = {"n": 3, "steps": [1, 2]}
+    args = (torch.zeros(2),)
+
+    def call() -> bool:
+        return _walk_both(fast, reference, args, {"cache": layers, "extra": extra})
+
+    call()
+    for layer in layers:
+        layer.count += 1
+    call()  # differs from the last key in the two counters only: the check made with them free
+    assert fast._walked and fast._walked[0][6] is not None
+    served = 0
+    for step in range(12):
+        for layer in layers:
+            layer.count += step % 3  # by any amount, together or not at all
+        served += call()
+    assert served == 12, served
+    extra["steps"][0] = 7  # another int, which the free paths do not hold: walked
+    assert not call()
+    for layer in layers:
+        layer.count += 1  # now two keys back: its ints and the list's differ from the last walked key
+    for _ in range(3):
+        call()  # whichever check serves, each key equals the walk's (checked in call)
+    layers[0].count = True  # a bool where the int was: refused, walked
+    assert not call()
+    layers[0].count = 5
+    layers[1].limit = 17  # another int, which the free paths do not hold: walked (and a check made for it later)
+    assert not call()
+    layers[1].keys = torch.zeros(3, 4)  # a shape: walked
+    assert not call()
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_counters_are_only_plain_ints_that_differ_alone():
+    from graphjit.walk_spec import counters, key_maker
+
+    base = (2, ("cache", (list, ((object, ("count", int, 8), ("t", (torch.Size([2, 4]), torch.float32))),))))
+    moved = (2, ("cache", (list, ((object, ("count", int, 9), ("t", (torch.Size([2, 4]), torch.float32))),))))
+    paths = counters(base, moved)
+    assert paths == frozenset({(1, 1, 1, 0, 1, 2)})
+    assert key_maker(base, sorted(paths))([9]) == moved
+    shaped = (2, ("cache", (list, ((object, ("count", int, 8), ("t", (torch.Size([3, 4]), torch.float32))),))))
+    assert counters(base, shaped) is None  # an int inside a shape
+    flag = (2, ("cache", (list, ((object, ("count", bool, True), ("t", (torch.Size([2, 4]), torch.float32))),))))
+    assert counters(base, flag) is None  # another type
+    assert counters(base, base) is None  # nothing differs
+    assert counters((1, (int, 1)), (1, (int, 2))) == frozenset({(1, 1)})  # a positional int
+    assert counters((1, (float, 1.0)), (1, (float, 2.0))) is None  # only ints
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_gemma_decode_steps_are_signed_by_the_check_with_their_counters(lane_on):
+    """Gemma 2's sliding-window layers count their length in a Python int every decode step advances, so each step
+    is another key: the check takes the counter's value and makes the key with it.  Tokens equal eager generate()'s
+    and the graphs, replays and fallbacks are those of every call walked."""
+    transformers = pytest.importorskip("transformers")
+    from graph_emulator import emulated_torch
+
+    import graphjit
+    from graphjit.bench.torch import hf_families
+
+    prompt = torch.randint(3, 64, (1, 8), generator=torch.Generator().manual_seed(1))
+    greedy = {"max_new_tokens": 24, "do_sample": False, "pad_token_id": 0}
+    results = []
+    for checks in (False, True):
+        model = hf_families.build(torch, transformers, "gemma2", layers=2, hidden=64, device="cpu")
+        with torch.no_grad():
+            want = model.generate(prompt, cache_implementation="static", disable_compile=True, **greedy)
+        Signer.layout_checks = checks
+        try:
+            with emulated_torch():
+                graphjit.graph_generation(model)
+                signer = model.forward._self_state.signer
+                walks: list[int] = []
+                walk = signer._sign
+
+                def counted(*a: Any, walk: Any = walk, walks: list[int] = walks) -> Any:
+                    walks.append(1)
+                    return walk(*a)
+
+                signer._sign = counted  # type: ignore[method-assign]
+                with torch.no_grad():
+                    for _ in range(3):
+                        assert torch.equal(model.generate(prompt, **greedy), want)
+                    del walks[:]
+                    assert torch.equal(model.generate(prompt, **greedy), want)
+                stats = model.forward.stats()
+        finally:
+            Signer.layout_checks = True
+        results.append((len(walks), {k: stats[k] for k in ("calls", "replays", "graphs", "fallbacks")}))
+    (walked_all, stats_walked), (walked_checked, stats_checked) = results
+    assert stats_checked == stats_walked
+    assert walked_all >= 20 and walked_checked <= 2, results
