@@ -242,16 +242,18 @@ class Signer:
                 served, values = served  # a counter's values: the key made with them, as the walk would make it
                 return CallSignature(Key(walked[6](values)), served, walked[3], (), None, walked[2], (), self)
         if checks and checks[0][5] is not env.settings():  # settings read again since: each made again under them
-            self._walked, self._walk_tried = (), None
+            self._walked, self._walk_tried, self._free_tried = (), None, None
         sig = self._sign(instance, args, kwargs)
         if not kwargs and not self.buckets and sig.backend is not None:
             self._remember_plain(instance, args, sig)
         before = self._walk_key
         if sig.key != before:  # another key: its check made once it repeats (the others' kept meanwhile), or at
             self._walk_key = sig.key  # once where it differs from the last only in ints (counters: walk_spec.py)
-            if before is not None and lane.module() is not None:
+            if before is not None and self.layout_checks and not self.buckets and lane.module() is not None:
                 free = walk_spec.counters(before, sig.key)
-                if free is not None and free != self._free_tried:
+                if free is None:  # another structure: its counters may be tried again
+                    self._free_tried = None
+                elif free != self._free_tried:
                     self._learn(sign_checks.walk_check(self, instance, args, kwargs, sig, free, before), free)
         elif (self._walk_tried is not self._walk_key and lane.module() is not None
               and not any(w[1] == sig.key for w in self._walked)):

@@ -748,3 +748,28 @@ def test_gemma_decode_steps_are_signed_by_the_check_with_their_counters(lane_on)
     (walked_all, stats_walked), (walked_checked, stats_checked) = results
     assert stats_checked == stats_walked
     assert walked_all >= 20 and walked_checked <= 2, results
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_the_counters_check_is_made_again_for_another_structure_and_after_settings_are_read(lane_on):
+    """The counters' paths are places in the key, the same for another cache of the same layout: a new cache of
+    another shape, or settings read again, get a check of their own again once their counters move."""
+    fast, reference = _walk_pair()
+    args = (torch.zeros(2),)
+
+    def run(layers: list[_Counting], steps: int) -> int:
+        served = 0
+        for _ in range(steps):
+            for layer in layers:
+                layer.count += 1
+            served += _walk_both(fast, reference, args, {"cache": layers})
+        return served
+
+    assert run([_Counting(), _Counting()], 8) >= 6
+    wider = [_Counting(), _Counting()]
+    for layer in wider:
+        layer.keys = torch.zeros(2, 8)  # another shape, the same counters' paths
+    assert run(wider, 8) >= 6
+    env.refresh()
+    assert run(wider, 8) >= 6
