@@ -164,21 +164,93 @@ int layout_matches(const Layout *l, int prebound, PyObject *instance, PyObject *
 
 /* ---- a signer's layout: Signer.sign_plain's check of a call in one C call ------------------------------------- */
 
+/* What both checks start with (LayoutCheck is this head alone; WalkCheck adds its specs): the dict a check was made
+ * from, which keeps every object it borrows alive (NULL: never made, or cleared: a call then gives None), graphjit.env's
+ * globals and the settings it was made under, the call's owner and modes (for LayoutCheck its arguments too), and its
+ * vectorcall. */
+typedef struct {
+  PyObject_HEAD
+  PyObject *refs;
+  PyObject *env_dict, *settings;
+  Layout layout;
+  vectorcallfunc vectorcall;
+} Check;
+
+/* Whether graphjit's settings are still those the check was made under (GRAPHJIT_* read again since, GRAPHJIT_LANE=off
+ * among them: the Python path signs): 1, 0, or -1 with an error set. */
+static int settings_current(const Check *c) {
+  if (PyDict_GetItemWithError(c->env_dict, s_settings) == c->settings) return 1;
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+/* What a call the check did not serve gives: None (ok 0, or an Exception, cleared: the Python path meets it again and
+ * says so), or NULL with anything else (KeyboardInterrupt and the like: the call's). */
+static PyObject *refused(int ok) {
+  if (ok < 0) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+    PyErr_Clear();
+  }
+  Py_RETURN_NONE;
+}
+
+/* The start of a check's __init__: its one argument, a dict (*d, borrowed), and the check not made yet; 0, or -1
+ * with an error set. */
+static int check_open(Check *self, PyObject *args, PyObject *kw, PyObject **d) {
+  if (kw != NULL && PyDict_GET_SIZE(kw) != 0) {
+    PyErr_Format(PyExc_TypeError, "%s(dict) takes no keyword arguments", Py_TYPE(self)->tp_name);
+    return -1;
+  }
+  if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, d)) return -1;
+  if (self->refs != NULL) {
+    PyErr_Format(PyExc_RuntimeError, "a %s is made once", Py_TYPE(self)->tp_name);
+    return -1;
+  }
+  return 0;
+}
+
+/* The end of a check's __init__, once everything else in d was found valid: its env_dict and settings read, d held,
+ * the layout and the vectorcall set; 0, or -1 with an error set (the check then stays unmade). */
+static int check_made(Check *self, PyObject *d, const Layout *l, vectorcallfunc vectorcall) {
+  PyObject *env_dict = item(d, "env_dict"), *settings = item(d, "settings");
+  if (env_dict == NULL || settings == NULL) return -1;
+  if (!PyDict_Check(env_dict)) {
+    PyErr_Format(PyExc_TypeError, "%s: env_dict: a dict", Py_TYPE(self)->tp_name);
+    return -1;
+  }
+  Py_INCREF(d);
+  self->refs = d;
+  self->env_dict = env_dict;
+  self->settings = settings;
+  self->layout = *l;
+  self->vectorcall = vectorcall;
+  return 0;
+}
+
+static PyObject *check_call(PyObject *self, PyObject *args, PyObject *kw) { return PyVectorcall_Call(self, args, kw); }
+
+static int check_traverse(Check *self, visitproc visit, void *arg) {
+  Py_VISIT(self->refs);
+  return 0;
+}
+
+static int check_clear(Check *self) {
+  Py_CLEAR(self->refs); /* every borrowed pointer points into refs: a call gives None from now on */
+  return 0;
+}
+
+static void check_dealloc(Check *self) {
+  PyObject_GC_UnTrack(self);
+  check_clear(self);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
 /* LayoutCheck(dict) (dict: what layout_init reads, and env_dict, settings) is called with (instance, args) and gives
  * the list of the call's tensors where graphjit's settings are the ones it was made under and the call has the
  * layout (keys.py then reuses the last key: the call signs as the last one did), else None, having changed nothing
  * (an Exception of a probe, a comparison or the check is cleared: the Python path meets it again and says so; any
  * other error, KeyboardInterrupt say, is the call's).  It only reads: no lock, no state of its own, so threads may
  * call one check at once. */
-typedef struct {
-  PyObject_HEAD
-  PyObject *refs; /* the dict it was made from: keeps every borrowed object below alive */
-  PyObject *env_dict, *settings; /* graphjit.env's globals and the settings it was made under */
-  Layout layout;
-  vectorcallfunc vectorcall;
-} LayoutCheck;
-
-static PyObject *layout_check_vectorcall(LayoutCheck *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+static PyObject *layout_check_vectorcall(Check *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
   if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) {
     PyErr_SetString(PyExc_TypeError, "a graphjit layout check takes (instance, args)");
     return NULL;
@@ -187,9 +259,8 @@ static PyObject *layout_check_vectorcall(LayoutCheck *self, PyObject *const *arg
   PyObject *tensors[LANE_MAX], *refs = self->refs;
   Py_ssize_t n = 0;
   Py_INCREF(refs); /* the borrowed objects outlive any Python code the probes and the check run */
-  /* GRAPHJIT_* read again since (env.refresh): GRAPHJIT_LANE=off among them, so the Python path signs */
-  int ok = PyDict_GetItemWithError(self->env_dict, s_settings) != self->settings ? (PyErr_Occurred() ? -1 : 0)
-           : layout_matches(&self->layout, 0, args[0], args[1], tensors, &n);
+  int ok = settings_current(self);
+  if (ok > 0) ok = layout_matches(&self->layout, 0, args[0], args[1], tensors, &n);
   PyObject *list = ok > 0 ? PyList_New(n) : NULL;
   if (list == NULL && ok > 0) ok = -1; /* no memory for the list: a refusal, as any Exception is */
   if (ok > 0) {
@@ -201,74 +272,29 @@ static PyObject *layout_check_vectorcall(LayoutCheck *self, PyObject *const *arg
     return list;
   }
   Py_DECREF(refs);
-  if (ok < 0) {
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* KeyboardInterrupt and the like: the call's */
-    PyErr_Clear();
-  }
-  Py_RETURN_NONE;
+  return refused(ok);
 }
 
-static int layout_check_init(LayoutCheck *self, PyObject *args, PyObject *kw) {
+static int layout_check_init(Check *self, PyObject *args, PyObject *kw) {
   PyObject *d;
-  if (kw != NULL && PyDict_GET_SIZE(kw) != 0) {
-    PyErr_SetString(PyExc_TypeError, "LayoutCheck(dict) takes no keyword arguments");
-    return -1;
-  }
-  if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
-  if (self->refs != NULL) {
-    PyErr_SetString(PyExc_RuntimeError, "a graphjit layout check is made once");
-    return -1;
-  }
   Layout l;
-  if (layout_init(&l, d) < 0) return -1;
-  PyObject *env_dict = item(d, "env_dict"), *settings = item(d, "settings");
-  if (env_dict == NULL || settings == NULL) return -1;
-  if (!PyDict_Check(env_dict)) {
-    PyErr_SetString(PyExc_TypeError, "graphjit layout check: env_dict: a dict");
-    return -1;
-  }
-  Py_INCREF(d);
-  self->refs = d;
-  self->env_dict = env_dict;
-  self->settings = settings;
-  self->layout = l;
-  self->vectorcall = (vectorcallfunc)layout_check_vectorcall;
-  return 0;
-}
-
-static PyObject *layout_check_call(LayoutCheck *self, PyObject *args, PyObject *kw) {
-  return PyVectorcall_Call((PyObject *)self, args, kw);
-}
-
-static int layout_check_traverse(LayoutCheck *self, visitproc visit, void *arg) {
-  Py_VISIT(self->refs);
-  return 0;
-}
-
-static int layout_check_clear(LayoutCheck *self) {
-  Py_CLEAR(self->refs); /* every borrowed pointer points into refs: a call gives None from now on */
-  return 0;
-}
-
-static void layout_check_dealloc(LayoutCheck *self) {
-  PyObject_GC_UnTrack(self);
-  layout_check_clear(self);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  if (check_open(self, args, kw, &d) < 0 || layout_init(&l, d) < 0) return -1;
+  return check_made(self, d, &l, (vectorcallfunc)layout_check_vectorcall);
 }
 
 static PyTypeObject LayoutCheckType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "graphjit._lane.LayoutCheck",
-    .tp_basicsize = sizeof(LayoutCheck),
+    .tp_basicsize = sizeof(Check),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "A plain call's layout, checked in one call: LayoutCheck(dict)(instance, args) -> its tensors or None; "
               "see graphjit/keys.py.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)layout_check_init,
-    .tp_call = (ternaryfunc)layout_check_call,
-    .tp_vectorcall_offset = offsetof(LayoutCheck, vectorcall),
-    .tp_dealloc = (destructor)layout_check_dealloc,
-    .tp_traverse = (traverseproc)layout_check_traverse,
-    .tp_clear = (inquiry)layout_check_clear,
+    .tp_call = check_call,
+    .tp_vectorcall_offset = offsetof(Check, vectorcall),
+    .tp_dealloc = (destructor)check_dealloc,
+    .tp_traverse = (traverseproc)check_traverse,
+    .tp_clear = (inquiry)check_clear,
 };
 
 /* ---- a walked call's structure: Signer.sign_walk's check of a call in one C call ------------------------------ */
@@ -516,16 +542,14 @@ static int spec_matches(PyObject *spec, PyObject *v, Walk *w) {
  * comparison, an attribute, a probe or the check is cleared: the walk meets it again and says so; any other error is
  * the call's).  It only reads: threads may call one check at once. */
 typedef struct {
-  PyObject_HEAD
-  PyObject *refs;
-  PyObject *env_dict, *settings, *args, *kwargs;
+  Check head; /* its layout: the owner and modes part only */
+  PyObject *args, *kwargs;
   int has_free; /* its specs hold free values: a call gives (tensors, free values) */
-  Layout layout; /* its owner and modes part */
-  vectorcallfunc vectorcall;
 } WalkCheck;
 
 static int walk_check_matches(WalkCheck *self, PyObject *instance, PyObject *args, PyObject *kwargs, Walk *w) {
-  if (PyDict_GetItemWithError(self->env_dict, s_settings) != self->settings) return PyErr_Occurred() ? -1 : 0;
+  int current = settings_current(&self->head);
+  if (current <= 0) return current;
   Py_ssize_t n = PyTuple_GET_SIZE(self->args), n_kw = PyTuple_GET_SIZE(self->kwargs);
   if (!PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != n) return 0;
   if (kwargs == Py_None ? n_kw != 0 : (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != n_kw)) return 0;
@@ -541,10 +565,10 @@ static int walk_check_matches(WalkCheck *self, PyObject *instance, PyObject *arg
     Py_DECREF(v);
   }
   if (ok <= 0) return ok;
-  ok = owner_modes_match(&self->layout, 0, instance);
+  ok = owner_modes_match(&self->head.layout, 0, instance);
   if (ok <= 0) return ok;
   PyObject *t = w->tensors;
-  return truthy_call(self->layout.check, PySequence_Fast_ITEMS(t), (size_t)PyList_GET_SIZE(t));
+  return truthy_call(self->head.layout.check, PySequence_Fast_ITEMS(t), (size_t)PyList_GET_SIZE(t));
 }
 
 static PyObject *walk_check_vectorcall(WalkCheck *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -552,7 +576,7 @@ static PyObject *walk_check_vectorcall(WalkCheck *self, PyObject *const *args, s
     PyErr_SetString(PyExc_TypeError, "a graphjit walk check takes (instance, args, kwargs)");
     return NULL;
   }
-  PyObject *refs = self->refs;
+  PyObject *refs = self->head.refs;
   if (refs == NULL) Py_RETURN_NONE; /* never made */
   Walk w;
   w.depth = 0;
@@ -581,32 +605,18 @@ static PyObject *walk_check_vectorcall(WalkCheck *self, PyObject *const *args, s
     Py_DECREF(w.tensors);
     Py_DECREF(w.free);
   }
-  if (ok < 0) {
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* KeyboardInterrupt and the like: the call's */
-    PyErr_Clear();
-  }
-  Py_RETURN_NONE;
+  return refused(ok);
 }
 
 static int walk_check_init(WalkCheck *self, PyObject *args, PyObject *kw) {
   PyObject *d;
-  if (kw != NULL && PyDict_GET_SIZE(kw) != 0) {
-    PyErr_SetString(PyExc_TypeError, "WalkCheck(dict) takes no keyword arguments");
-    return -1;
-  }
-  if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
-  if (self->refs != NULL) {
-    PyErr_SetString(PyExc_RuntimeError, "a graphjit walk check is made once");
-    return -1;
-  }
   Layout l;
   memset(&l, 0, sizeof l);
-  if (owner_modes_init(&l, d) < 0) return -1;
-  PyObject *env_dict = item(d, "env_dict"), *settings = item(d, "settings"), *specs = item(d, "args"),
-           *named = item(d, "kwargs");
-  if (env_dict == NULL || settings == NULL || specs == NULL || named == NULL) return -1;
-  if (!PyDict_Check(env_dict) || !PyTuple_CheckExact(specs) || !PyTuple_CheckExact(named)) {
-    PyErr_SetString(PyExc_TypeError, "graphjit walk check: env_dict: a dict; args, kwargs: tuples");
+  if (check_open(&self->head, args, kw, &d) < 0 || owner_modes_init(&l, d) < 0) return -1;
+  PyObject *specs = item(d, "args"), *named = item(d, "kwargs");
+  if (specs == NULL || named == NULL) return -1;
+  if (!PyTuple_CheckExact(specs) || !PyTuple_CheckExact(named)) {
+    PyErr_SetString(PyExc_TypeError, "graphjit walk check: args, kwargs: tuples");
     return -1;
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(specs); ++i)
@@ -619,37 +629,12 @@ static int walk_check_init(WalkCheck *self, PyObject *args, PyObject *kw) {
     }
     if (spec_valid(PyTuple_GET_ITEM(pair, 1), 0) < 0) return -1;
   }
-  Py_INCREF(d);
-  self->refs = d;
-  self->env_dict = env_dict;
-  self->settings = settings;
+  PyObject *has_free = PyDict_GetItemString(d, "free"); /* optional: False where absent */
+  if (check_made(&self->head, d, &l, (vectorcallfunc)walk_check_vectorcall) < 0) return -1;
   self->args = specs;
   self->kwargs = named;
-  self->layout = l;
-  PyObject *has_free = PyDict_GetItemString(d, "free"); /* optional: False where absent */
   self->has_free = has_free != NULL && PyObject_IsTrue(has_free) == 1;
-  self->vectorcall = (vectorcallfunc)walk_check_vectorcall;
   return 0;
-}
-
-static PyObject *walk_check_call(WalkCheck *self, PyObject *args, PyObject *kw) {
-  return PyVectorcall_Call((PyObject *)self, args, kw);
-}
-
-static int walk_check_traverse(WalkCheck *self, visitproc visit, void *arg) {
-  Py_VISIT(self->refs);
-  return 0;
-}
-
-static int walk_check_clear(WalkCheck *self) {
-  Py_CLEAR(self->refs); /* every borrowed pointer points into refs: a call gives None from now on */
-  return 0;
-}
-
-static void walk_check_dealloc(WalkCheck *self) {
-  PyObject_GC_UnTrack(self);
-  walk_check_clear(self);
-  Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyTypeObject WalkCheckType = {
@@ -660,11 +645,11 @@ static PyTypeObject WalkCheckType = {
               "or None; see graphjit/walk_spec.py.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)walk_check_init,
-    .tp_call = (ternaryfunc)walk_check_call,
-    .tp_vectorcall_offset = offsetof(WalkCheck, vectorcall),
-    .tp_dealloc = (destructor)walk_check_dealloc,
-    .tp_traverse = (traverseproc)walk_check_traverse,
-    .tp_clear = (inquiry)walk_check_clear,
+    .tp_call = check_call,
+    .tp_vectorcall_offset = offsetof(WalkCheck, head.vectorcall),
+    .tp_dealloc = (destructor)check_dealloc,
+    .tp_traverse = (traverseproc)check_traverse,
+    .tp_clear = (inquiry)check_clear,
 };
 
 int lane_checks_add(PyObject *m) {
