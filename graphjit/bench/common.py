@@ -160,6 +160,20 @@ def header(benchmark: str, args: argparse.Namespace, tag: str) -> dict[str, Any]
     }
 
 
+def prepare_lane() -> dict[str, Any]:
+    """graphjit's replay lane built and loaded before anything is timed (a graphed function made afterwards enters it
+    from its wrapper, and signing asks its C checks), and what :func:`graphjit.lane.status` says; a machine that
+    cannot build it takes the Python path, as the status says."""
+    from graphjit import lane
+
+    try:
+        lane.build()
+        lane.prepare()
+    except Exception as exc:
+        return {"error": error_text(exc), **lane.status()}
+    return lane.status()
+
+
 # -- results --------------------------------------------------------------------------------------
 def error_text(exc: BaseException) -> str:
     """``Type: first line of the message`` (at most 500 characters)."""

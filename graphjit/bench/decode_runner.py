@@ -169,7 +169,7 @@ class DecodeRunner:
         keep: list[Any] = []
         out: dict[str, Any] = {"shape": list(HOST_SHAPE), "n_inputs": 4, "function": text,
                                "iters": args.host_iters, "repeats": args.host_repeats, "us": {}, "errors": {}}
-        out["lane"] = self.prepare_lane()
+        out["lane"] = common.prepare_lane()
         if self.on_gpu:
             out["batch_copy"] = self.prepare_batch_copy(inputs)
             try:
@@ -266,18 +266,6 @@ class DecodeRunner:
                 if out4 is not None:
                     calls["part_clone_4_outputs"] = lambda: [self.clone(t) for t in batch.fixed]
                     calls["part_batch_copy_4_outputs"] = out4.out_of
-
-    def prepare_lane(self) -> dict[str, Any]:
-        """graphjit's replay lane built and loaded before any graphed function is made (so that each enters it from
-        its wrapper), and what :func:`graphjit.lane.status` says."""
-        from graphjit import lane
-
-        try:
-            lane.build()
-            lane.prepare()
-        except Exception as exc:
-            return {"error": common.error_text(exc), **lane.status()}
-        return lane.status()
 
     def prepare_batch_copy(self, inputs: list[Any]) -> dict[str, Any]:
         """graphjit's batch copy library built and loaded for the inputs' GPU before anything is timed (``auto``

@@ -78,7 +78,7 @@ def measure(framework: str, iters: int, repeats: int) -> dict[str, Any]:
     from .. import backends
 
     args = backends.load(framework, "dispatch", "bench").make_inputs(N_TENSORS, SHAPE)
-    lane_status = _prepare_lane()
+    lane_status = common.prepare_lane()  # signing asks the lane's C check where it is loaded
     signer = Signer(trivial, None, "auto", "trivial")
     python_signer = Signer(trivial, None, "auto", "trivial")
     python_signer.layout_checks = False  # the Python comparison alone, for the record
@@ -122,19 +122,6 @@ def measure(framework: str, iters: int, repeats: int) -> dict[str, Any]:
         "lane": lane_status,  # sign: by the lane's C check where it is loaded; sign_python: the Python comparison
         "stats": {k: stats.get(k) for k in ("calls", "graphs", "replays", "fallbacks")},
     }
-
-
-def _prepare_lane() -> dict[str, Any]:
-    """graphjit's replay lane built and loaded before anything is timed (signing asks its C check where it is
-    loaded), and what :func:`graphjit.lane.status` says; a machine that cannot build it signs in Python."""
-    from graphjit import lane
-
-    try:
-        lane.build()
-        lane.prepare()
-    except Exception as exc:
-        return {"error": common.error_text(exc), **lane.status()}
-    return lane.status()
 
 
 def _version(framework: str) -> str:
