@@ -12,12 +12,8 @@ installed): ``python tools/probes/hf_decode_host_emulated.py [--layers 8 32] [--
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import graph_emulator  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from host_cost_emulated import per_call_us  # noqa: E402  # the same timer (this folder is on the path)
 
 import graphjit  # noqa: E402
 from graphjit import lane  # noqa: E402
@@ -34,20 +31,6 @@ from graphjit.keys import Signer  # noqa: E402
 
 GENERATE = {"max_new_tokens": 12, "do_sample": False, "cache_implementation": "static", "disable_compile": True,
             "pad_token_id": 0}
-
-
-def per_call_us(fn: Callable[[], Any], iters: int = 1000, repeats: int = 7) -> float:
-    samples = []
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            t0 = time.perf_counter_ns()
-            for _ in range(iters):
-                fn()
-            samples.append((time.perf_counter_ns() - t0) / iters / 1000)
-    finally:
-        gc.enable()
-    return round(statistics.median(samples), 2)
 
 
 def measure(layers: int, checks: bool) -> dict[str, Any]:
@@ -77,11 +60,11 @@ def measure(layers: int, checks: bool) -> dict[str, Any]:
             graph_emulator.EmulatedFeed.launch = lambda self, n_in, n_out: 0
             try:
                 before = graphed.stats()["replays"]
-                call_us = per_call_us(lambda: graphed(*args, **kwargs))
+                call_us = per_call_us(lambda: graphed(*args, **kwargs), iters=1000, repeats=7)
                 replayed = graphed.stats()["replays"] - before
                 signer = graphed._self_state.signer
                 bound, named = signer.binder.bind(False, args, kwargs)
-                sign_us = per_call_us(lambda: signer.sign_walk(None, bound, named))
+                sign_us = per_call_us(lambda: signer.sign_walk(None, bound, named), iters=1000, repeats=7)
             finally:
                 graph_emulator.EmulatedGraph.replay, graph_emulator.EmulatedFeed.launch = replay, launch
     finally:
