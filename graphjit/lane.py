@@ -338,19 +338,10 @@ def layout_check(mod: ModuleType, backend: Any, types: Any, method: bool, kinds:
     give what they gave for ``modes`` and the tensors pass ``check`` (the key's :meth:`~Backend.meta_check`); else
     None, having read only. None where there is no such check (no ``check``, more tensors than the lane takes, a
     layout it cannot hold)."""
-    if check is None or not 0 < kinds.count(None) <= mod.MAX_TENSORS or env.settings().lane == "off":
+    if not 0 < kinds.count(None) <= mod.MAX_TENSORS:
         return None
-    try:
-        probes, expected = backend.mode_probes(modes)
-        return mod.LayoutCheck({
-            "env_dict": vars(env), "settings": env.settings(),
-            "kinds": kinds, "types": tuple(types), "method": int(method), "owner": owner,
-            "owner_id": owner_part[1] if method and owner_part else 0,
-            "training": owner_part[2] if owner_part else None,
-            "probes": tuple(probes), "expected": tuple(expected), "check": check})
-    except Exception as exc:  # a backend's probes that fail, a layout the lane cannot hold: the Python comparison
-        log.debug("graphjit: no C layout check: %s", exc)
-        return None
+    return _check(mod.LayoutCheck, backend, method, owner_part, modes, owner, check,
+                  {"kinds": kinds, "types": tuple(types)})
 
 
 def walk_check(mod: ModuleType, backend: Any, spec: tuple[Any, ...], method: bool,
@@ -362,18 +353,26 @@ def walk_check(mod: ModuleType, backend: Any, spec: tuple[Any, ...], method: boo
     of its free values), the owner and modes are as in :func:`layout_check`, and the tensors pass ``check``; with
     free values, ``(tensors, free values)``; else None, having read only. None where there is no such check (no
     ``check``, the lane switched off, a spec the lane refuses)."""
+    return _check(mod.WalkCheck, backend, method, owner_part, modes, owner, check,
+                  {"args": spec[0], "kwargs": spec[1], "free": bool(spec[2])})
+
+
+def _check(kind: Any, backend: Any, method: bool, owner_part: tuple[Any, ...] | None, modes: tuple[Any, ...],
+           owner: Any, check: Any, parts: dict[str, Any]) -> Any:
+    """A check of ``kind`` (``LayoutCheck``, ``WalkCheck``) made of ``parts`` and what both hold (the settings, the
+    owner, the modes' probes, the tensors' ``check``); None where there is none: no ``check``, the lane switched off,
+    or an error while making it (a backend's probes that fail, parts the lane refuses: the Python path signs)."""
     if check is None or env.settings().lane == "off":
         return None
     try:
         probes, expected = backend.mode_probes(modes)
-        return mod.WalkCheck({
-            "env_dict": vars(env), "settings": env.settings(), "args": spec[0], "kwargs": spec[1],
-            "free": bool(spec[2]),
-            "method": int(method), "owner": owner, "owner_id": owner_part[1] if method and owner_part else 0,
+        return kind({
+            "env_dict": vars(env), "settings": env.settings(), "method": int(method), "owner": owner,
+            "owner_id": owner_part[1] if method and owner_part else 0,
             "training": owner_part[2] if owner_part else None,
-            "probes": tuple(probes), "expected": tuple(expected), "check": check})
+            "probes": tuple(probes), "expected": tuple(expected), "check": check, **parts})
     except Exception as exc:
-        log.debug("graphjit: no C walk check: %s", exc)
+        log.debug("graphjit: no C %s: %s", getattr(kind, "__name__", kind), exc)
         return None
 
 
