@@ -390,6 +390,8 @@ class _State(OutputChecks, LaneHolder, Policy, KeyLifecycle, ValueVariants):
             return self.uncaptured("larger than every bucket", sig.overflow, backend, sig, instance, args, kwargs)
         failed = self.failed.get(sig.key)
         if failed is not None:
+            if st.state is State.NEW:  # a key of a counter's class whose shared warmup failed (families.py)
+                st.state, st.reason = State.FALLBACK, failed
             return self.fallback(failed, backend, instance, args, kwargs, sig.key)
         device = self.device_of(backend, sig, instance, args, kwargs)
         if not isinstance(device, str):
@@ -410,7 +412,14 @@ class _State(OutputChecks, LaneHolder, Policy, KeyLifecycle, ValueVariants):
                     why = (f"{graphs} graphs are already captured (max_graphs={self.max_graphs()}): use "
                            "buckets= to pad dims to fewer sizes, pass changing values as tensors, or raise max_graphs")
                     return self.uncaptured("max_graphs reached", why, backend, sig, instance, args, kwargs)
-                warm = self.new_warmup(sig.key)
+                shares = previous is not None and sig.base is None and not sig.dynamic and self.dynamic is None \
+                    and scope_mod.current() is None and self.step_feeds.get(previous) is None
+                taken = shares and self.families.take_over(self.warming, self.history.records, self.stats.keys,
+                                                           previous, sig.key, args, kwargs)
+                if isinstance(taken, str):  # the previous value of its counter's class failed (families.py)
+                    self.failed[sig.key], st.state, st.reason = taken, State.FALLBACK, taken
+                    return self.fallback(taken, backend, instance, args, kwargs, sig.key)
+                warm = taken or self.new_warmup(sig.key)
             if scope_mod.current() is not None or warm.calls >= self.options.warmup:
                 return self.capture_key(backend, device, sig, warm, instance, args, kwargs, frozenset())
             return self.warm_call(backend, device, sig, warm, instance, args, kwargs)

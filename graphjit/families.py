@@ -28,17 +28,24 @@ What is checked, so that a member's replay acts as one eager call:
 
 Only a graph proven on two counter values replays for others.  Refused (the keys stay one per value): a key with
 dynamic arguments, a variant key of read values, a counter that is not an ``int``.
+
+Before the capture, the keys of one class share their warmup runs (:func:`rebased_warmup`): a key whose call differs
+from the previous call's warming key only in such counters, each in the class it had there, takes that key's warmup
+record over, its advances moved to the new values.  A decode loop then warms up on its first two positions and
+captures on the third, as a key without counters does, where each position otherwise warmed up on its own (no graph
+before the third ``generate()``: every position is seen once per call).  The capture and the family's proof on the
+next value check the graph as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from . import scope as scope_mod
-from .advances import Target, put, value_at
-from .leaves import Label, changes
+from .advances import Advances, Target, put, value_at
+from .leaves import Label, Leaves, changes
 from .recheck import against_eager
 from .stats import State
 
@@ -46,8 +53,10 @@ if TYPE_CHECKING:
     from .backends.base import Backend
     from .buffers import KeyEntry
     from .keys import CallSignature
+    from .stats import KeyStats
+    from .warmup import Warmup
 
-__all__ = ["COUNTERS", "NOT_MEMBER", "Families", "Family", "classify"]
+__all__ = ["COUNTERS", "NOT_MEMBER", "Families", "Family", "classify", "rebased_warmup"]
 
 Classifier = Callable[[Any, int, int], Any]
 """``(holder, value, step)`` -> the value's class (hashable; None: a class of its own)."""
@@ -97,6 +106,36 @@ def classify(target: Target, value: Any, step: int) -> Any:
     return fn(holder, value, step)
 
 
+def rebased_warmup(adv: Advances, old: Leaves, new: Leaves, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Advances | None:
+    """The advances ``adv`` a warming key's runs found (its named leaves ``old``), moved to a call whose leaves
+    ``new`` differ from them only in ``int`` counters with a class (:data:`COUNTERS`), each in the class it had
+    there for the same step: the same scalars, each counted one starting from this call's value.  None where the
+    leaves differ in anything else, a counter leaves its class, or this call holds the scalars in places shared
+    otherwise (:meth:`~graphjit.advances.Advances.targets`): the call's key then warms up on its own."""
+    diff = changes(old, new)
+    targets = adv.targets(args, kwargs) if diff else None
+    if targets is None:
+        return None
+    index = {item.label: i for i, item in enumerate(adv.items)}
+    items = list(adv.items)
+    for change in diff:
+        i = index.get(change.label)
+        if i is None:
+            return None
+        item, target = items[i], targets[i]
+        value = value_at(target)
+        if type(item.before) is not int or type(item.after) is not int or type(value) is not int or \
+                repr(value) != change.new:
+            return None
+        step = item.after - item.before
+        cls = classify(target, value, step)
+        if cls is None or cls != classify(target, item.before, step):
+            return None
+        items[i] = replace(item, before=value, after=value + step)
+    return Advances(items, adv.paths, adv.layout)
+
+
 NOT_MEMBER: Any = object()
 """What :meth:`Families.call` returns for a call no family serves."""
 
@@ -120,6 +159,9 @@ class Families:
     def __init__(self) -> None:
         self.items: list[Family] = []
         self.dropped: set[tuple[Any, ...]] = set()  # captured keys whose family failed its proof
+        # the last key that failed with counters found (its advances, the reason): the next value of their class
+        # fails alike (take_over)
+        self.failed_class: tuple[tuple[Any, ...], Advances, str] | None = None
 
     def found(self, key: tuple[Any, ...], entry: KeyEntry, leaves: dict[Label, str] | None, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> None:
@@ -168,6 +210,52 @@ class Families:
                 continue
             return fam
         return None
+
+    def take_over(self, warming: dict[tuple[Any, ...], Warmup], records: Mapping[Any, Any],
+                  rows: dict[tuple[Any, ...], KeyStats], previous: tuple[Any, ...] | None, key: tuple[Any, ...],
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Warmup | str | None:
+        """What the new ``key`` inherits from the previous call's key (``previous``) where the two differ only in
+        counters of one class (:func:`rebased_warmup`; ``records``: the keys' named leaves,
+        :class:`graphjit.history.KeyHistory`):
+
+        * ``previous`` is warming up: its record, whose runs count as this key's; the old key's row in ``rows``
+          (stats) goes, its warmups counted in this key's, and the old key shares the record's verdict
+          (:attr:`Warmup.shared`);
+        * ``previous`` failed its warmups or its capture (:attr:`failed_class`): the reason, under which this key
+          runs uncaptured without warming up (the class takes the same branches).
+
+        None, and nothing changes, where they differ otherwise, or once a family of this function failed its proof
+        (its counter is read into the data: each value warms up on its own)."""
+        if previous is None or self.dropped:
+            return None
+        old, new = records.get(previous), records.get(key)
+        if old is None or new is None:
+            return None
+        failed = self.failed_class
+        if failed is not None and failed[0] == previous:
+            adv = rebased_warmup(failed[1], old.leaves, new.leaves, args, kwargs)
+            if adv is not None:
+                self.failed_class = (key, adv, failed[2])
+                return failed[2]
+            return None
+        warm = warming.get(previous)
+        if warm is None or warm.advances is None or warm.blocked is not None:
+            return None
+        adv = rebased_warmup(warm.advances, old.leaves, new.leaves, args, kwargs)
+        if adv is None:
+            return None
+        warm.advances, warm.shared = adv, [*warm.shared, previous]
+        warming[key] = warming.pop(previous)
+        was, st = rows.pop(previous, None), rows.get(key)
+        if was is not None and st is not None:
+            st.warmups += was.warmups
+        return warm
+
+    def failed(self, key: tuple[Any, ...], warm: Warmup | None, reason: str) -> None:
+        """``key`` failed its warmups or its capture under ``reason``: where its record found counters, the next
+        value of their class fails alike (:meth:`take_over`)."""
+        if warm is not None and warm.advances is not None:
+            self.failed_class = (key, warm.advances, reason)
 
     def drop(self, fam: Family, entries: dict[tuple[Any, ...], KeyEntry]) -> None:
         """The family no longer serves other keys: its members' keys are forgotten (their next calls are keys of their

@@ -187,8 +187,9 @@ class KeyLifecycle(abc.ABC):
             self.check_tracer(backend, traced, out)
         warm.sync_watched = warm.sync_watched or sync_watch
         warm.note(obs, backend, out, sig.tensors)
+        changed = self.own_key_change(sig, warm, instance, args, kwargs)  # (a failed run's advances: families.py)
         if warm.blocked is None:
-            warm.blocked = self.own_key_change(sig, warm, instance, args, kwargs)
+            warm.blocked = changed
         if warm.blocked is None and holders is not None and warm.advances is not None:
             warm.blocked = _holders_kept(warm.advances, holders, args, kwargs)
         st.warmups += 1
@@ -301,8 +302,7 @@ class KeyLifecycle(abc.ABC):
     def block(self, backend: Backend, sig: CallSignature, blocked: Blocked, result: Any) -> None:
         """The key runs uncaptured from now on (``result``: of the call that found out)."""
         st = self.key_stats(backend, sig)
-        self.failed[sig.key] = blocked.reason
-        self.warming.pop(sig.key, None)
+        self.fail_key(sig.key, blocked.reason)
         st.state, st.reason, st.detail = State.FALLBACK, blocked.reason, blocked.message
         self.stats.fallback(blocked.reason)  # this call ran eagerly too, and no graph will follow
         st.uncaptured += 1
@@ -316,6 +316,16 @@ class KeyLifecycle(abc.ABC):
                                reason=blocked.reason).after_run(result)
         self.say_once(logging.WARNING, "fail:" + blocked.reason, "graphjit %s [%s]: %s; running uncaptured",
                       self.name, st.label, blocked.message)
+
+    def fail_key(self, key: tuple[Any, ...], reason: str) -> None:
+        """``key`` runs uncaptured under ``reason`` from now on, and so do the keys whose warmups its record held
+        (:attr:`Warmup.shared`: a counter's values of one class take the same branches) and the next values of
+        their class (:meth:`graphjit.families.Families.take_over`)."""
+        warm = self.warming.pop(key, None)
+        self.failed[key] = reason
+        for k in warm.shared if warm is not None else ():
+            self.failed.setdefault(k, reason)
+        self.families.failed(key, warm, reason)
 
     def no_graph_yet(self, key: tuple[Any, ...]) -> str:
         """Why a key has no graph (and so no static buffers) yet, and what to do."""
@@ -454,8 +464,7 @@ class KeyLifecycle(abc.ABC):
                        scope_run: bool, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The key's capture or verify failed: it runs uncaptured from now on; this call's result is its
         one eager execution (already run, or run now)."""
-        self.failed[sig.key] = exc.reason
-        self.warming.pop(sig.key, None)
+        self.fail_key(sig.key, exc.reason)
         st.state, st.reason, st.detail = State.FALLBACK, exc.reason, str(exc)
         active = scope_mod.current()
         if active is not None:

@@ -98,6 +98,9 @@ class Warmup:
     advances: Advances | None = None
     """The scalars of its own key each watched call left at the same values (:mod:`graphjit.advances`): what a
     replay of the key sets."""
+    shared: list[tuple[Any, ...]] = field(default_factory=list)
+    """Keys whose warmup runs this record holds besides its own: earlier values of a counter of one class
+    (:meth:`graphjit.families.Families.take_over`); a capture or warmup that fails the key fails them too."""
     reference: Any = None
     """A capture scope's last undone warmup run, recorded for verify as its eager reference
     (:class:`graphjit.capture.Reference`); taken, or dropped, by the key's build."""

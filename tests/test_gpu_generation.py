@@ -3,8 +3,8 @@
 1 and 8: greedy tokens equal eager ``generate()``'s in each of two calls, transformers compiles nothing, and the
 decode step is captured once per batch size and replayed by both calls (the static cache kept across them).
 Gemma 2 and 3 count their sliding window's length in a Python int that every step advances: one key per position,
-captured once it repeats (the third call), the positions of one class sharing one graph (graphjit/families.py), each
-replay advancing the int as the call would (graphjit/advances.py)."""
+the positions of one class sharing their warmups and one graph (graphjit/families.py), captured in the first call,
+each replay advancing the int as the call would (graphjit/advances.py)."""
 
 from __future__ import annotations
 
@@ -29,17 +29,18 @@ WINDOW = 16  # hf_families' sliding window for the tests: 8 prompt tokens and 16
 
 def _check_positions(keys, fn):
     """Gemma's decode keys, one per position (its cache's ``cumulative_length_int``): the positions before the window
-    is full share one graph (graphjit/families.py), captured at the first (8, the prompt's length) in the third call,
-    verified on the second, replayed by the others, each replay advancing the count; their rows are the first one's
-    ``members``.  Once the window is full, the layer's rolling branch copies an index made from a Python list to the
-    GPU (``torch.tensor([-1], device=...)``), a CPU-GPU sync under the eager tracer: such a key runs uncaptured,
-    saying so, unless it was captured (then its class shares its graph too)."""
+    is full share their warmups and one graph (graphjit/families.py), warmed up on the first two (8, the prompt's
+    length, and 9) and captured on the third in the first call, verified on the fourth, replayed by the others, each
+    replay advancing the count; their rows are the captured one's ``members``.  Once the window is full, the layer's
+    rolling branch copies an index made from a Python list to the GPU (``torch.tensor([-1], device=...)``), a CPU-GPU
+    sync under the eager tracer: such a key runs uncaptured, saying so, unless it was captured (then its class shares
+    its graph too)."""
     rows = {int(re.search(r"cumulative_length_int=(\d+)", k["key"]).group(1)): k for k in keys}
     first = rows[min(rows)]
-    assert min(rows) == 8 and first["state"] == "replay" and first["captures"] == 1, fn.report()
-    assert first["members"] == WINDOW - 8 - 1 and first["advances"], first
+    assert min(rows) == 10 and first["state"] == "replay" and first["captures"] == 1, fn.report()
+    assert first["members"] == WINDOW - 8 - 1 and first["advances"] and first["warmups"] == 2, first
     assert first["verify"] == "passed (and on another value of its counters)", first
-    assert not any(8 < n < WINDOW for n in rows), fn.report()  # served by the first one's graph
+    assert not any(8 <= n < WINDOW and n != 10 for n in rows), fn.report()  # served by the captured one's graph
     for n, k in rows.items():
         if n >= WINDOW:
             assert (k["state"] == "replay" and k["captures"] == 1) or \
@@ -68,7 +69,7 @@ def test_one_line_generate_equals_eager_and_decodes_from_one_graph(family, batch
     s = fn.stats()
     decode = [k for k in s["keys"] if k["state"] == "replay" and f"input_ids[{batch}, 1]" in k["key"]]
     assert model._prepare_static_cache.__self__.reused == calls - 1
-    if sliding:  # one key per position: two calls warm them up, the third captures and proves the family's graph
+    if sliding:  # one key per position: the first call warms up, captures and proves the family's graph
         _check_positions([k for k in s["keys"] if f"input_ids[{batch}, 1]" in k["key"]], fn)
         return
     assert len(decode) == 1 and decode[0]["captures"] == 1, fn.report()
@@ -103,8 +104,9 @@ def test_the_compile_tracer_compiles_once_and_decodes_right_where_steps_change_t
     """``tracer="compile"`` on the two families whose steps advance Python state: T5's first decoder step (it sets
     the cross-attention cache's ``is_updated``) goes to the prefill phase and nothing is compiled after the first
     ``generate()`` (its second took 9-10 s on an H200); Gemma 3's sliding layers advance a Python int on every step,
-    so each position is a key, captured in the third call, whose replays advance the int (before graphjit set it, a
-    replay froze it: a device-side assert on an H200), and four calls give eager's tokens."""
+    so each position is a key, the positions of one class sharing their warmups and a graph captured in the first
+    call, whose replays advance the int (before graphjit set it, a replay froze it: a device-side assert on an H200),
+    and four calls give eager's tokens."""
     model = hf_families.build(torch, transformers, family, layers=4, hidden=256, device="cuda")
     prompt = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(1)).cuda()
     with torch.no_grad():
