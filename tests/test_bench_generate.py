@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from graphjit.__main__ import main
+from graphjit.bench.generate import VARIANTS, _turn
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -39,6 +40,13 @@ def test_cpu_smoke_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFix
         assert graphed["status"] == "ok" and graphed["tokens_equal_eager"] is True, graphed
         assert graphed["first_s"] > 0 and graphed["steady_s"] > 0 and all(graphed["calls_equal_eager"])
     assert (tmp_path / "generate_torch_ci.png").exists()
+    assert all(entry["order"] == ["eager", "graphed"] for entry in data["results"].values())  # (no compiler on a CPU)
+
+
+def test_the_compiled_variants_take_turns_going_first():
+    assert _turn(list(VARIANTS), 0) == list(VARIANTS)
+    assert _turn(list(VARIANTS), 3) == ["eager", "graphed", "hf_compiled", "graphed_compile"]
+    assert _turn(["hf_compiled", "eager"], 1) == ["hf_compiled", "eager"]  # one compiled variant: nothing to swap
 
 
 def test_the_graphed_variant_decodes_from_one_graph(emu):
