@@ -35,4 +35,4 @@ def test_rows_of_several_commits_are_refused_unless_asked_for(capsys: pytest.Cap
     assert tool.main(files) == 1 and "several commits" in capsys.readouterr().err
     assert tool.main([*files, "--mixed"]) == 0
     out = capsys.readouterr().out
-    assert "| Gemma 2 8 |" in out and "c53bffa: 3" in out and "4494f63: 2" in out
+    assert "| Gemma 2 8 |" in out and "34a2aeb: 4" in out and "4494f63: 2" in out
