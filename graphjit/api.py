@@ -45,6 +45,7 @@ from .buffers import InputMoved, KeyEntry
 from .dynamic import DynamicArgs
 from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
 from .families import NOT_MEMBER, Families
+from .family_calls import FamilyCalls
 from .feeds import StepContext
 from .guards import Sources
 from .handoff import NOT_SERVED
@@ -55,7 +56,6 @@ from .labels import changed_argument, key_order, label_parts
 from .lane import MISS as LANE_MISS
 from .lane import LaneHolder
 from .leaves import leaves
-from .lifecycle import KeyLifecycle
 from .options import Options, check_callable, make_options
 from .output_checks import OutputChecks
 from .policy import Policy
@@ -80,7 +80,7 @@ class _Ran:
     result: Any
 
 
-class _State(OutputChecks, LaneHolder, Policy, KeyLifecycle, ValueVariants):
+class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
     """Per-function state: options, keys, graphs, stats.  Shared by every binding of the wrapper."""
 
     def __init__(self, fn: Callable[..., Any], options: Options) -> None:
@@ -417,8 +417,7 @@ class _State(OutputChecks, LaneHolder, Policy, KeyLifecycle, ValueVariants):
                 taken = shares and self.families.take_over(self.warming, self.history.records, self.stats.keys,
                                                            previous, sig.key, args, kwargs)
                 if isinstance(taken, str):  # the previous value of its counter's class failed (families.py)
-                    self.failed[sig.key], st.state, st.reason = taken, State.FALLBACK, taken
-                    return self.fallback(taken, backend, instance, args, kwargs, sig.key)
+                    return self.class_failed(taken, backend, sig, st, instance, args, kwargs)
                 warm = taken or self.new_warmup(sig.key)
             if scope_mod.current() is not None or warm.calls >= self.options.warmup:
                 return self.capture_key(backend, device, sig, warm, instance, args, kwargs, frozenset())

@@ -33,8 +33,11 @@ Before the capture, the keys of one class share their warmup runs (:func:`rebase
 from the previous call's warming key only in such counters, each in the class it had there, takes that key's warmup
 record over, its advances moved to the new values.  A decode loop then warms up on its first two positions and
 captures on the third, as a key without counters does, where each position otherwise warmed up on its own (no graph
-before the third ``generate()``: every position is seen once per call).  The capture and the family's proof on the
-next value check the graph as before.
+before the third ``generate()``: every position is seen once per call).  The value that captures first runs once on
+its own, watched and undone (:meth:`graphjit.family_calls.FamilyCalls.own_value_run`): one that writes what the
+others did not is refused.  The capture's verify and the family's proof on the next value check the graph as
+before.  A failure (a sync, a refused capture) fails the class: the values whose warmups the record held, and the
+next values of the class, run uncaptured with its reason (:attr:`Families.failed_class`).
 """
 
 from __future__ import annotations
@@ -272,10 +275,12 @@ class Families:
             fam.entry.advances = adv.counting(frozenset())
 
     def forget(self, entry: KeyEntry, entries: dict[tuple[Any, ...], KeyEntry]) -> None:
-        """``entry`` is being released: no key may keep replaying it."""
+        """``entry`` is being released: no key may keep replaying it (its family's key and members included)."""
         for fam in [f for f in self.items if f.entry is entry]:
             self.drop(fam, entries)
             self.dropped.discard(fam.key)
+        for key in [k for k, e in entries.items() if e is entry]:
+            del entries[key]
 
 
 def prove(fam: Family, sig: CallSignature, backend: Backend, run: Callable[[], Any], lock: Any,

@@ -101,6 +101,14 @@ class KeyLifecycle(abc.ABC):
     def key_stats(self, backend: Backend, sig: CallSignature) -> KeyStats: ...
 
     @abc.abstractmethod
+    def own_value_run(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
+                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]: ...
+
+    @abc.abstractmethod
+    def slow(self, sig: CallSignature, settings: env.Settings, instance: Any, args: tuple[Any, ...],
+             kwargs: dict[str, Any], previous: tuple[Any, ...] | None = None) -> Any: ...
+
+    @abc.abstractmethod
     def roots(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]: ...
 
     @abc.abstractmethod
@@ -398,6 +406,12 @@ class KeyLifecycle(abc.ABC):
             if warm.blocked is not None:
                 self.block(backend, sig, warm.blocked, own)
                 return own
+        if warm.shared and not scope_run:  # other values of its class warmed it up: a run of its own value first
+            ran, result = self.own_value_run(backend, device, sig, warm, instance, args, kwargs)
+            if warm.blocked is not None:
+                result = result if ran else self.invoker.run(backend, instance, args, kwargs)
+                self.block(backend, sig, warm.blocked, result)
+                return result
         st.state_bytes = sum(backend.nbytes(t) for t in warm.state(sig, backend)[0])
         inv = self.invoker
         traced = inv.traced(backend)
@@ -548,41 +562,6 @@ class KeyLifecycle(abc.ABC):
     def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
 
-    def family_call(self, backend: Backend, sig: CallSignature, settings: env.Settings, instance: Any,
-                    args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any:
-        """A key without a graph that a family's graph may serve (:mod:`graphjit.families`): replayed where the family
-        is proven, proven on it where not yet; :data:`~graphjit.families.NOT_MEMBER` where no family serves it."""
-        fam = self.families.member(sig, lambda: self.named_leaves(backend, sig, instance, args, kwargs), args, kwargs)
-        if fam is None:
-            return families_mod.NOT_MEMBER
-        entry = fam.entry
-        proving = not fam.verified
-        if proving:
-            try:
-                problem, result = families_mod.prove(fam, sig, backend,
-                                                     lambda: self.invoker.run(backend, instance, args, kwargs),
-                                                     self.lock, args, kwargs)
-            except InputMoved:  # nothing replayed, the eager run undone: the key goes its own way
-                self.families.drop(fam, self.entries)
-                return families_mod.NOT_MEMBER
-            if problem is not None:
-                self.families.drop(fam, self.entries)
-                self.say_once(logging.INFO, "family:" + entry.stats.label, "graphjit %s [%s]: its graph differs from "
-                              "eager on another value of %s (%s): one graph per value", self.name, entry.stats.label,
-                              ", ".join(entry.stats.advances), problem)
-                return result
-            fam.verified = True
-            entry.stats.verify = "passed (and on another value of its counters)"
-        with self.lock:
-            self.entries[sig.key] = entry
-            fam.members.append(sig.key)
-            entry.stats.members += 1
-            self.warming.pop(sig.key, None)  # a key warmed before the family was proven: its row goes
-            self.stats.keys.pop(sig.key, None)
-        if proving:
-            return result  # the proof's replay was this call's
-        return self.captured(entry, sig, settings, instance, args, kwargs, previous)
-
     def recapture(self, entry: KeyEntry, leaf: int, sig: CallSignature, instance: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Any:
         backend = entry.inputs.backend
@@ -591,10 +570,13 @@ class KeyLifecycle(abc.ABC):
                       "graphjit %s: %s is updated in place and arrived at a new address; recapturing with a "
                       "graphjit-owned buffer that is copied in and back each call (pass the same tensor every "
                       "call to avoid the copies)", self.name, path)
+        member = any(f.entry is entry and f.key != sig.key for f in self.families.items)
         del self.entries[sig.key]
         self.families.forget(entry, self.entries)
         entry.release()
         entry.stats.reason = f"recaptured: {path} moved"
+        if member:  # another value of a family's counter: the family's record is not its own; it starts over
+            return self.slow(sig, env.settings(), instance, args, kwargs)
         device = backend.device_str(sig.tensors[0])
         return self.capture_key(backend, device, sig, entry.warm, instance, args, kwargs, entry.no_adopt | {leaf})
 

@@ -1,0 +1,193 @@
+"""The values of a counter's class share their warmups and their verdict (graphjit/families.py ``take_over``,
+graphjit/family_calls.py), on the CPU emulator: cases a review of that change found or feared.  The counter's holder
+is test_families' stand-in for transformers' ``StaticSlidingWindowLayer``."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_families import StaticSlidingWindowLayer, _branch_only, _reads_count, _syncs_when_full  # noqa: E402
+
+import graphjit  # noqa: E402
+from graphjit import api, buffers  # noqa: E402
+from graphjit import scope as scope_mod  # noqa: E402
+from graphjit.errors import CaptureError  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _writes_input_at_3(x: torch.Tensor, layer: StaticSlidingWindowLayer) -> torch.Tensor:
+    """A branch on one value inside the not-full class, which the class does not describe: it writes its input."""
+    n = layer.cumulative_length_int
+    layer.cumulative_length_int += 1
+    if n == 3:
+        x.mul_(2)
+    layer.keys.add_(x * 0.5)
+    return layer.keys.sum(0)
+
+
+def _syncs_while_filling(x: torch.Tensor, layer: StaticSlidingWindowLayer) -> torch.Tensor:
+    n = layer.cumulative_length_int
+    layer.cumulative_length_int += 1
+    if 1 <= n < layer.max_cache_len:
+        s = float(layer.keys.sum().item() > -1)  # a sync in the filling class only
+        layer.keys.add_(x * 0.5 * s)
+    else:
+        layer.keys.add_(x)
+    return layer.keys.sum(0) + x
+
+
+def _play(fn, plan, warmup=None, caches=2, **options):
+    """``plan``: ``(cache, tokens)`` per "generate()", each restarting its cache's count at 0; graphed where
+    ``warmup`` is given.  Returns the outputs, the inputs as the calls left them, the caches and the function."""
+    layers = [StaticSlidingWindowLayer(window=6) for _ in range(caches)]
+    g = graphjit.graphed(fn, warmup=warmup, **options) if warmup is not None else fn
+    outs, xs = [], []
+    for c, steps in plan:
+        layers[c].cumulative_length_int = 0
+        for i in range(steps):
+            x = torch.full((4,), float(i + 1))
+            outs.append(g(x, layers[c]))
+            xs.append(x)
+    return outs, xs, layers, g
+
+
+def _same(got, want):
+    (go, gx, gl, g), (wo, wx, wl, _) = got, want
+    assert [i for i, (a, b) in enumerate(zip(go, wo)) if not torch.equal(a, b)] == [], g.report()
+    assert [i for i, (a, b) in enumerate(zip(gx, wx)) if not torch.equal(a, b)] == [], g.report()
+    for a, b in zip(gl, wl):
+        assert a.cumulative_length_int == b.cumulative_length_int and torch.equal(a.keys, b.keys), g.report()
+
+
+def test_the_captured_value_runs_once_itself_before_its_capture(emu):
+    """The value that captures (n = 3: n = 1 and 2 warmed its record up) ran no warmup of its own: one watched run of
+    it, undone, comes first, and a value that writes what the others did not is refused, its call right (before, the
+    graph missed the write: the caller's tensor was not doubled).  (A family member that does so, n = 3 with
+    ``warmup=1``, is proven by outputs and the record's state only: a class must fix every branch, as
+    graphjit/families.py says.)"""
+    plan = [(0, 5), (0, 5)]
+    got = _play(_writes_input_at_3, plan, 2)
+    _same(got, _play(_writes_input_at_3, plan))
+    keys = {k["key"].rsplit("=", 1)[1]: k for k in got[3].stats()["keys"]}
+    assert keys["3"]["reason"] == "writes different tensors on different calls", got[3].report()
+
+
+def test_strict_mode_raises_for_every_value_of_a_failed_class(emu):
+    """In strict mode each value of a class that failed raises once, as its own warmups' failure would (before, only
+    the first did and the others fell back silently)."""
+    layer = StaticSlidingWindowLayer(window=6)
+    g = graphjit.graphed(_syncs_when_full, warmup=1, strict=True)
+    raised = []
+    for r in range(2):
+        layer.cumulative_length_int = 0
+        for i in range(12):
+            n = layer.cumulative_length_int
+            try:
+                g(torch.full((4,), float(i + 1)), layer)
+            except CaptureError:
+                raised.append((r, n))
+                layer.cumulative_length_int = n + 1  # the call ran (after_run)
+    assert raised == [(0, n) for n in range(6, 12)], (raised, g.report())
+
+
+@pytest.mark.parametrize("warmup", [1, 2])
+@pytest.mark.parametrize("short", [1, 2, 3, 5, 8])
+def test_a_second_cache_never_replays_a_released_graph(emu, monkeypatch, warmup, short):
+    """A second cache (other tensors) reaches a family member first: its recapture releases the family's graph, and
+    no key may replay it afterwards (before, the family's own key still did), nor may the member be recaptured on the
+    family's record (it goes its own way)."""
+    released, hits = [], []  # (the entries themselves: an id() of a freed one may come back)
+    release, replay = buffers.KeyEntry.release, api._State.replay
+
+    def counted_release(self):
+        released.append(self)
+        release(self)
+
+    def checked_replay(self, entry, sig, *a, **k):
+        if any(entry is e for e in released):
+            hits.append(sig.key)
+        return replay(self, entry, sig, *a, **k)
+
+    monkeypatch.setattr(buffers.KeyEntry, "release", counted_release)
+    monkeypatch.setattr(api._State, "replay", checked_replay)
+    plan = [(0, 12), (1, short), (0, 12), (1, 12), (0, 12)]
+    got = _play(_branch_only, plan, warmup)
+    _same(got, _play(_branch_only, plan))
+    assert not hits, got[3].report()
+
+
+@pytest.mark.parametrize("warmup", [1, 2])
+def test_a_class_that_syncs_fails_and_the_next_class_still_captures(emu, warmup):
+    plan = [(0, 12)] * 3
+    got = _play(_syncs_while_filling, plan, warmup, caches=1)
+    _same(got, _play(_syncs_while_filling, plan, caches=1))
+    assert any(k["state"] == "replay" and k.get("members") for k in got[3].stats()["keys"]), got[3].report()
+
+
+def test_the_compile_tracer_never_compiles_inside_a_capture(emu, monkeypatch):
+    """The capturing value ran the compiled function once before (its own run): Dynamo's recompile for a new value
+    happens there, not inside the capture."""
+    warmup = 2
+    import torch._dynamo as dynamo
+    from graph_emulator import EmulatedTorchBackend
+
+    phases = []
+    dynamo.reset()
+
+    def compiler(gm, _example):
+        phases.append(scope_mod.phase())
+        return gm.forward
+
+    monkeypatch.setattr(EmulatedTorchBackend, "trace",
+                        lambda self, fn, tracer: torch.compile(fn, backend=compiler) if tracer == "compile" else fn)
+    monkeypatch.setattr(EmulatedTorchBackend, "tracer_guard", lambda self, target, tracer, f_locals: None)
+    got = _play(_branch_only, [(0, 10)] * 3, warmup, caches=1, tracer="compile")
+    _same(got, _play(_branch_only, [(0, 10)] * 3, caches=1))
+    assert phases and "capture" not in phases, phases
+
+
+def _script(seed: int) -> list[tuple]:
+    rnd = random.Random(seed)
+    ops: list[tuple] = []
+    for _ in range(120):
+        r = rnd.random()
+        if r < 0.08:
+            ops.append(("rewind", rnd.randrange(2), rnd.choice([0, 0, 3, 5, 6])))
+        elif r < 0.10:
+            ops.append(("reset",))
+        else:
+            ops.append(("call", rnd.randrange(2) if rnd.random() < 0.3 else 0))
+    return ops
+
+
+def _fuzz(fn, ops, warmup):
+    layers = [StaticSlidingWindowLayer(window=6), StaticSlidingWindowLayer(window=6)]
+    g = graphjit.graphed(fn, warmup=warmup) if warmup else fn
+    outs = []
+    for k, op in enumerate(ops):
+        if op[0] == "rewind":
+            layers[op[1]].cumulative_length_int = op[2]
+        elif op[0] == "reset":
+            if warmup:
+                g.reset()
+        else:
+            outs.append(g(torch.full((4,), float(k % 7 + 1)), layers[op[1]]))
+    return outs, layers, g
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("warmup", [1, 2, 3])
+@pytest.mark.parametrize("fn", [_branch_only, _reads_count, _syncs_when_full])
+def test_two_caches_rewinds_and_resets_in_random_order_act_as_eager(emu, seed, warmup, fn):
+    ops = _script(seed)
+    want, wl, _ = _fuzz(fn, ops, 0)
+    got, gl, g = _fuzz(fn, ops, warmup)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), (i, g.report())
+    for a, b in zip(gl, wl):
+        assert a.cumulative_length_int == b.cumulative_length_int and torch.equal(a.keys, b.keys), g.report()
