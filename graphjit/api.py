@@ -415,7 +415,8 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
                 shares = previous is not None and sig.base is None and not sig.dynamic and self.dynamic is None \
                     and scope_mod.current() is None and self.step_feeds.get(previous) is None
                 taken = shares and self.families.take_over(self.warming, self.history.records, self.stats.keys,
-                                                           previous, sig.key, args, kwargs)
+                                                           previous, sig.key, args, kwargs,
+                                                           lambda w: self.own_run_fits(backend, sig, w))
                 if isinstance(taken, str):  # the previous value of its counter's class failed (families.py)
                     return self.class_failed(taken, backend, sig, st, instance, args, kwargs)
                 warm = taken or self.new_warmup(sig.key)

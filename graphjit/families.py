@@ -216,14 +216,15 @@ class Families:
 
     def take_over(self, warming: dict[tuple[Any, ...], Warmup], records: Mapping[Any, Any],
                   rows: dict[tuple[Any, ...], KeyStats], previous: tuple[Any, ...] | None, key: tuple[Any, ...],
-                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Warmup | str | None:
+                  args: tuple[Any, ...], kwargs: dict[str, Any],
+                  fits: Callable[[Warmup], bool]) -> Warmup | str | None:
         """What the new ``key`` inherits from the previous call's key (``previous``) where the two differ only in
         counters of one class (:func:`rebased_warmup`; ``records``: the keys' named leaves,
         :class:`graphjit.history.KeyHistory`):
 
-        * ``previous`` is warming up: its record, whose runs count as this key's; the old key's row in ``rows``
-          (stats) goes, its warmups counted in this key's, and the old key shares the record's verdict
-          (:attr:`Warmup.shared`);
+        * ``previous`` is warming up: its record, whose runs count as this key's, where ``fits(record)`` (a run of
+          the capturing value's own can be undone before its capture); the old key's row in ``rows`` (stats) goes,
+          its warmups counted in this key's, and the old key shares the record's verdict (:attr:`Warmup.shared`);
         * ``previous`` failed its warmups or its capture (:attr:`failed_class`): the reason, under which this key
           runs uncaptured without warming up (the class takes the same branches).
 
@@ -242,7 +243,7 @@ class Families:
                 return failed[2]
             return None
         warm = warming.get(previous)
-        if warm is None or warm.advances is None or warm.blocked is not None:
+        if warm is None or warm.advances is None or warm.blocked is not None or not fits(warm):
             return None
         adv = rebased_warmup(warm.advances, old.leaves, new.leaves, args, kwargs)
         if adv is None:

@@ -79,23 +79,31 @@ class FamilyCalls(KeyLifecycle):
             raise CaptureError(f"{self.name} [{st.label}]: {st.detail} (strict mode)", reason=reason).after_run(result)
         return result
 
+    def own_run_fits(self, backend: Backend, sig: CallSignature, warm: Warmup) -> bool:
+        """Whether a run of this call's own value could be undone before its capture (:meth:`own_value_run`): the
+        record's state is tracked, and it and the call's tensors fit ``GRAPHJIT_VERIFY_MAX_BYTES``.  Where not, the
+        key takes no other value's record over (:meth:`graphjit.families.Families.take_over`): it warms up on its
+        own, as before values shared their warmups."""
+        return warm.untracked is None and \
+            sum(backend.nbytes(t) for t in _own_tensors(backend, sig, warm)) <= env.settings().verify_max_bytes
+
     def own_value_run(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """Before the capture of a key whose warmup record other values of its counter's class made
-        (:attr:`Warmup.shared`): one watched run of its own value, for syncs and for what it writes, undone where
-        everything it wrote can be put back (the record's state and every tensor the call passes, copied before; its
-        Python state), so that the capture starts from the call's state.  A run that writes what the other values'
-        runs did not blocks the key (:attr:`Warmup.blocked`).  Returns ``(ran, result)``: ``ran`` where the run
-        wrote a tensor outside those copies and so stays as the call's one execution, ``result`` its result.  No run
-        where the copies would exceed ``GRAPHJIT_VERIFY_MAX_BYTES`` or the record's state is not tracked: the key is
-        then captured on the class's word, as the family's other values replay on it."""
-        state, _names = warm.state(sig, backend)
-        seen = {id(t) for t in state}
-        tensors = state + [t for t in sig.tensors if id(t) not in seen]
-        if warm.untracked is not None or sum(backend.nbytes(t) for t in tensors) > env.settings().verify_max_bytes:
-            return False, None
+        (:attr:`Warmup.shared`): one watched run of its own value, for syncs and for what it writes, undone (the
+        record's state and every tensor the call passes copied before, with the generator; its Python state), so
+        that the capture starts from the call's state.  A run that writes what the other values' runs did not blocks
+        the key (:attr:`Warmup.blocked`), and so does a copy that fails (out of memory).  Returns ``(ran, result)``:
+        ``ran`` where the run wrote a tensor outside those copies and so stays as the call's one execution, ``result``
+        its result.  A key takes a record over only where this fits (:meth:`own_run_fits`)."""
         known, leaves = {id(t) for t, _p in warm.written_tensors()}, set(warm.mutated_leaves)
-        snap, py = Snapshot(backend, tensors, device), PyState(backend, self.roots(instance, args, kwargs))
+        try:
+            snap = Snapshot(backend, _own_tensors(backend, sig, warm), device)
+        except Exception as exc:  # (a failed copy changed nothing)
+            warm.blocked = Blocked("cannot undo a warmup run", f"copying what the run of its own value may write "
+                                   f"failed ({type(exc).__name__}: {exc})")
+            return False, None
+        py = PyState(backend, self.roots(instance, args, kwargs))
         out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=True)
         outside = [reach.describe(p) for t, p in warm.written_tensors() if id(t) not in known]
         new = outside + [sig.paths[i] for i in sorted(warm.mutated_leaves - leaves)]
@@ -108,3 +116,11 @@ class FamilyCalls(KeyLifecycle):
         snap.restore()
         py.restore()
         return False, None
+
+
+def _own_tensors(backend: Backend, sig: CallSignature, warm: Warmup) -> list[Any]:
+    """What a run of the call's own value may write, as far as it can be put back: the record's state and the call's
+    tensors."""
+    state, _names = warm.state(sig, backend)
+    seen = {id(t) for t in state}
+    return state + [t for t in sig.tensors if id(t) not in seen]

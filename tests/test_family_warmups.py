@@ -191,3 +191,35 @@ def test_two_caches_rewinds_and_resets_in_random_order_act_as_eager(emu, seed, w
         assert torch.equal(a, b), (i, g.report())
     for a, b in zip(gl, wl):
         assert a.cumulative_length_int == b.cumulative_length_int and torch.equal(a.keys, b.keys), g.report()
+
+
+@pytest.mark.parametrize("budget", ["50", "100"])  # the copies: 112 bytes
+def test_values_share_no_warmups_where_the_own_run_could_not_be_undone(emu, monkeypatch, budget):
+    """Where the capturing value's own run could not be undone (its copies over ``GRAPHJIT_VERIFY_MAX_BYTES``), no
+    value takes another's record over: each warms up on its own, as before (a review found the class's word taken
+    instead: the caller's tensor was not doubled)."""
+    from graphjit import family_calls
+
+    monkeypatch.setenv("GRAPHJIT_VERIFY_MAX_BYTES", budget)
+    graphjit.env.refresh()
+    own_runs = []
+    run = family_calls.FamilyCalls.own_value_run
+    monkeypatch.setattr(family_calls.FamilyCalls, "own_value_run", lambda *a: own_runs.append(1) or run(*a))
+    plan = [(0, 5), (0, 5)]
+    got = _play(_writes_input_at_3, plan, 2)
+    _same(got, _play(_writes_input_at_3, plan))
+    assert not own_runs and all(k["warmups"] <= 2 for k in got[3].stats()["keys"]), got[3].report()
+
+
+def test_a_failed_copy_before_the_own_run_fails_the_class_and_changes_nothing(emu, monkeypatch):
+    from graphjit import family_calls
+
+    def no_memory(*_a, **_k):
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(family_calls, "Snapshot", no_memory)
+    plan = [(0, 12), (0, 12)]
+    got = _play(_branch_only, plan, 2, caches=1)
+    _same(got, _play(_branch_only, plan, caches=1))
+    reasons = {k["reason"] for k in got[3].stats()["keys"]}
+    assert "cannot undo a warmup run" in reasons, got[3].report()
