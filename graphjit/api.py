@@ -415,13 +415,13 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
                 shares = previous is not None and sig.base is None and not sig.dynamic and self.dynamic is None \
                     and scope_mod.current() is None and self.step_feeds.get(previous) is None
                 taken = shares and self.families.take_over(self.warming, self.history.records, self.stats.keys,
-                                                           previous, sig.key, args, kwargs,
-                                                           lambda w: self.own_run_fits(backend, sig, w))
+                                                           previous, sig, args, kwargs, backend, self.own_run_fits)
                 if isinstance(taken, str):  # the previous value of its counter's class failed (families.py)
                     return self.class_failed(taken, backend, sig, st, instance, args, kwargs)
                 warm = taken or self.new_warmup(sig.key)
             if scope_mod.current() is not None or warm.calls >= self.options.warmup:
-                return self.capture_key(backend, device, sig, warm, instance, args, kwargs, frozenset())
+                return self.capture_key(backend, device, sig, warm, instance, args, kwargs,
+                                        self.families.moved if warm.advances is not None else frozenset())
             return self.warm_call(backend, device, sig, warm, instance, args, kwargs)
 
     def device_of(self, backend: Backend, sig: CallSignature, instance: Any, args: tuple[Any, ...],

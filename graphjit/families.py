@@ -165,6 +165,9 @@ class Families:
         # the last key that failed with counters found (its advances, the reason): the next value of their class
         # fails alike (take_over)
         self.failed_class: tuple[tuple[Any, ...], Advances, str] | None = None
+        # the inputs (indices of a key's tensors) that moved under a family member: a recaptured counter's keys copy
+        # them in and back instead of adopting them, so that two caches in turn settle (lifecycle.recapture)
+        self.moved: frozenset[int] = frozenset()
 
     def found(self, key: tuple[Any, ...], entry: KeyEntry, leaves: dict[Label, str] | None, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> None:
@@ -215,16 +218,17 @@ class Families:
         return None
 
     def take_over(self, warming: dict[tuple[Any, ...], Warmup], records: Mapping[Any, Any],
-                  rows: dict[tuple[Any, ...], KeyStats], previous: tuple[Any, ...] | None, key: tuple[Any, ...],
-                  args: tuple[Any, ...], kwargs: dict[str, Any],
-                  fits: Callable[[Warmup], bool]) -> Warmup | str | None:
-        """What the new ``key`` inherits from the previous call's key (``previous``) where the two differ only in
-        counters of one class (:func:`rebased_warmup`; ``records``: the keys' named leaves,
+                  rows: dict[tuple[Any, ...], KeyStats], previous: tuple[Any, ...] | None, sig: CallSignature,
+                  args: tuple[Any, ...], kwargs: dict[str, Any], backend: Backend,
+                  fits: Callable[[Backend, CallSignature, Warmup], bool]) -> Warmup | str | None:
+        """What the new key of ``sig`` inherits from the previous call's key (``previous``) where the two differ only
+        in counters of one class (:func:`rebased_warmup`; ``records``: the keys' named leaves,
         :class:`graphjit.history.KeyHistory`):
 
-        * ``previous`` is warming up: its record, whose runs count as this key's, where ``fits(record)`` (a run of
-          the capturing value's own can be undone before its capture); the old key's row in ``rows`` (stats) goes,
-          its warmups counted in this key's, and the old key shares the record's verdict (:attr:`Warmup.shared`);
+        * ``previous`` is warming up: its record, whose runs count as this key's, where ``fits(backend, sig,
+          record)`` (a run of the capturing value's own can be undone before its capture); the old key's row in
+          ``rows`` (stats) goes, its warmups counted in this key's, and the old key shares the record's verdict
+          (:attr:`Warmup.shared`);
         * ``previous`` failed its warmups or its capture (:attr:`failed_class`): the reason, under which this key
           runs uncaptured without warming up (the class takes the same branches).
 
@@ -232,6 +236,7 @@ class Families:
         (its counter is read into the data: each value warms up on its own)."""
         if previous is None or self.dropped:
             return None
+        key = sig.key
         old, new = records.get(previous), records.get(key)
         if old is None or new is None:
             return None
@@ -243,7 +248,7 @@ class Families:
                 return failed[2]
             return None
         warm = warming.get(previous)
-        if warm is None or warm.advances is None or warm.blocked is not None or not fits(warm):
+        if warm is None or warm.advances is None or warm.blocked is not None or not fits(backend, sig, warm):
             return None
         adv = rebased_warmup(warm.advances, old.leaves, new.leaves, args, kwargs)
         if adv is None:

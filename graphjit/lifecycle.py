@@ -575,7 +575,8 @@ class KeyLifecycle(abc.ABC):
         self.families.forget(entry, self.entries)
         entry.release()
         entry.stats.reason = f"recaptured: {path} moved"
-        if member:  # another value of a family's counter: the family's record is not its own; it starts over
+        if member:  # another value of a family's counter: the family's record is not its own; it starts over, and
+            self.families.moved |= entry.no_adopt  # the counter's next captures copy what moved (not adopted)
             return self.slow(sig, env.settings(), instance, args, kwargs)
         device = backend.device_str(sig.tensors[0])
         return self.capture_key(backend, device, sig, entry.warm, instance, args, kwargs, entry.no_adopt | {leaf})
