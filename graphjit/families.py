@@ -29,7 +29,7 @@ What is checked, so that a member's replay acts as one eager call:
 Only a graph proven on two counter values replays for others.  Refused (the keys stay one per value): a key with
 dynamic arguments, a variant key of read values, a counter that is not an ``int``.
 
-Before the capture, the keys of one class share their warmup runs (:func:`rebased_warmup`): a key whose call differs
+Before the capture, the keys of one class share their warmup runs (:func:`rebased`): a key whose call differs
 from the previous call's warming key only in such counters, each in the class it had there, takes that key's warmup
 record over, its advances moved to the new values.  A decode loop then warms up on its first two positions and
 captures on the third, as a key without counters does, where each position otherwise warmed up on its own (no graph
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from .stats import KeyStats
     from .warmup import Warmup
 
-__all__ = ["COUNTERS", "NOT_MEMBER", "Families", "Family", "classify", "rebased_warmup"]
+__all__ = ["COUNTERS", "NOT_MEMBER", "Families", "Family", "classify", "rebased"]
 
 Classifier = Callable[[Any, int, int], Any]
 """``(holder, value, step)`` -> the value's class (hashable; None: a class of its own)."""
@@ -109,13 +109,14 @@ def classify(target: Target, value: Any, step: int) -> Any:
     return fn(holder, value, step)
 
 
-def rebased_warmup(adv: Advances, old: Leaves, new: Leaves, args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> Advances | None:
-    """The advances ``adv`` a warming key's runs found (its named leaves ``old``), moved to a call whose leaves
-    ``new`` differ from them only in ``int`` counters with a class (:data:`COUNTERS`), each in the class it had
-    there for the same step: the same scalars, each counted one starting from this call's value.  None where the
-    leaves differ in anything else, a counter leaves its class, or this call holds the scalars in places shared
-    otherwise (:meth:`~graphjit.advances.Advances.targets`): the call's key then warms up on its own."""
+def rebased(adv: Advances, old: Leaves, new: Leaves, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> Advances | None:
+    """The advances ``adv`` of a key (its named leaves ``old``: a family's captured key, or a warming key whose runs
+    found them), moved to a call whose leaves ``new`` differ from them only in ``int`` counters with a class
+    (:data:`COUNTERS`), each in the class it had there for the same step: the same scalars, each counted one starting
+    from this call's value.  None where the leaves are the same or differ in anything else, a counter leaves its
+    class, or this call holds the scalars in places shared otherwise (:meth:`~graphjit.advances.Advances.targets`):
+    the call's key is then not the family's, or warms up on its own."""
     diff = changes(old, new)
     targets = adv.targets(args, kwargs) if diff else None
     if targets is None:
@@ -145,13 +146,11 @@ NOT_MEMBER: Any = object()
 
 @dataclass
 class Family:
-    """A captured key whose counters (``counted``: advance index -> class) pick branches only."""
+    """A captured key whose counters (its advances' ``counted`` items) pick branches only."""
 
     key: tuple[Any, ...]
     entry: KeyEntry
     leaves: dict[Label, str]  # the captured key's named leaves
-    counted: dict[int, Any]
-    labels: frozenset[Label]
     verified: bool = False
     members: list[tuple[Any, ...]] = field(default_factory=list)
 
@@ -188,8 +187,7 @@ class Families:
         if not counted:
             return
         entry.advances = adv.counting(frozenset(counted))
-        self.items.append(Family(key, entry, dict(leaves), counted,
-                                 frozenset(adv.items[i].label for i in counted)))
+        self.items.append(Family(key, entry, dict(leaves)))
 
     def member(self, sig: CallSignature, named: Callable[[], dict[Label, str]], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Family | None:
@@ -204,13 +202,7 @@ class Families:
                 continue
             if leaves is None:
                 leaves = named()
-            diff = changes(fam.leaves, leaves)
-            if not diff or any(c.label not in fam.labels for c in diff):
-                continue
-            targets = adv.targets(args, kwargs)
-            if targets is None or any(
-                    classify(targets[i], value_at(targets[i]), adv.items[i].after - adv.items[i].before) != cls
-                    for i, cls in fam.counted.items()):
+            if rebased(adv, fam.leaves, leaves, args, kwargs) is None:
                 continue
             if fam.entry.check is not None and not fam.entry.check():
                 continue
@@ -222,7 +214,7 @@ class Families:
                   args: tuple[Any, ...], kwargs: dict[str, Any], backend: Backend,
                   fits: Callable[[Backend, CallSignature, Warmup], bool]) -> Warmup | str | None:
         """What the new key of ``sig`` inherits from the previous call's key (``previous``) where the two differ only
-        in counters of one class (:func:`rebased_warmup`; ``records``: the keys' named leaves,
+        in counters of one class (:func:`rebased`; ``records``: the keys' named leaves,
         :class:`graphjit.history.KeyHistory`):
 
         * ``previous`` is warming up: its record, whose runs count as this key's, where ``fits(backend, sig,
@@ -242,7 +234,7 @@ class Families:
             return None
         failed = self.failed_class
         if failed is not None and failed[0] == previous:
-            adv = rebased_warmup(failed[1], old.leaves, new.leaves, args, kwargs)
+            adv = rebased(failed[1], old.leaves, new.leaves, args, kwargs)
             if adv is not None:
                 self.failed_class = (key, adv, failed[2])
                 return failed[2]
@@ -250,7 +242,7 @@ class Families:
         warm = warming.get(previous)
         if warm is None or warm.advances is None or warm.blocked is not None or not fits(backend, sig, warm):
             return None
-        adv = rebased_warmup(warm.advances, old.leaves, new.leaves, args, kwargs)
+        adv = rebased(warm.advances, old.leaves, new.leaves, args, kwargs)
         if adv is None:
             return None
         warm.advances, warm.shared = adv, [*warm.shared, previous]
