@@ -44,8 +44,6 @@ PyObject *item(PyObject *d, const char *name) { /* borrowed; NULL with KeyError 
 
 /* ---- a call's layout (shared by Plan and LayoutCheck) ----------------------------------------------------------- */
 
-/* Fills l from the dict d (kinds, types, owner, owner_id, training, probes, expected, check, method; the objects stay
- * d's); the number of tensors of the layout, or -1 with an error set. */
 /* Fills the owner and modes part of l from the dict d (owner, owner_id, training, probes, expected, check, method;
  * the objects stay d's): 0, or -1 with an error set. */
 int owner_modes_init(Layout *l, PyObject *d) {
