@@ -31,7 +31,7 @@ from .leaves import changes, name, shown
 from .pystate import PyState, copy_or_none, dynamic_roots
 from .stats import KeyStats, State
 from .warmup import Blocked, Warmup, watched_call
-from .writes import Snapshot
+from .writes import Snapshot, may_write
 
 if TYPE_CHECKING:
     from .history import KeyHistory
@@ -350,17 +350,28 @@ class KeyLifecycle(abc.ABC):
     def extra_warmups(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, count: int,
                       instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Inside a capture scope: ``count`` more warmup runs after the call's own, each undone (the state
-        it writes and the generator put back), so that the call still acts like one eager call."""
+        it writes and the generator put back), so that the call still acts like one eager call.
+
+        What is copied before them: the state the call's own run wrote, every tensor the call passes and every
+        tensor it can reach that is not a parameter (a run may write what the call's own run did not: the other
+        branch of a flag).  Where that exceeds ``GRAPHJIT_VERIFY_MAX_BYTES`` there are no extra runs (the key is
+        captured on its next call).  A run that writes a tensor outside the copies (a parameter the call's own run
+        left alone) blocks the key, and that write cannot be undone: it is said at WARNING level, naming it."""
         warm.reference = None
         written, _names = warm.state(sig, backend)
         nbytes = sum(backend.nbytes(t) for t in written)
         budget = env.settings().verify_max_bytes
         if nbytes > budget or warm.untracked is not None:
             return  # cannot undo them: capture after the call's own run
+        roots = self.roots(instance, args, kwargs)
+        extra = may_write(backend, written, sig.tensors, roots)
+        if nbytes + sum(backend.nbytes(t) for t in extra) > budget:
+            return
         record = self.verify() and verify_fits(nbytes, budget)  # a reference verify will use
-        snap = Snapshot(backend, written, device)
-        py = PyState(backend, self.roots(instance, args, kwargs))
-        known = {id(t) for t in written}
+        snap = Snapshot(backend, written + extra, device)
+        py = PyState(backend, roots)
+        own, mutated = {id(t) for t in written}, set(warm.mutated_leaves)
+        known = own | {id(t) for t in extra}
         for k in range(count):
             last = k == count - 1
             out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last)
@@ -369,11 +380,16 @@ class KeyLifecycle(abc.ABC):
             del out
             snap.restore()
             py.restore()
-            new = [p for t, p in warm.written_tensors() if id(t) not in known]
+            lost = [reach.describe(p) for t, p in warm.written_tensors() if id(t) not in known]
+            new = [reach.describe(p) for t, p in warm.written_tensors() if id(t) not in own]
+            new += [sig.paths[i] for i in sorted(warm.mutated_leaves - mutated)]
+            if lost:
+                log.warning("graphjit %s: an extra warmup run inside capture_scope wrote %s, which the call's own run "
+                            "did not write and graphjit had not copied: that write stays", self.name, ", ".join(lost))
             if new and warm.blocked is None:
                 warm.blocked = Blocked("writes different tensors on different calls",
-                                       f"a warmup run wrote {reach.describe(new[0])}, which the call's own run did not "
-                                       "write; graphjit cannot undo that run there")
+                                       f"a warmup run wrote {new[0]}, which the call's own run did not write"
+                                       + ("; graphjit could not undo that write" if lost else ""))
             if warm.blocked is not None:
                 return
 

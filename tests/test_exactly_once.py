@@ -5,6 +5,7 @@ Python).  The same promises on a real GPU: tests/test_gpu_exactly_once.py."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 
@@ -112,6 +113,65 @@ def test_a_scope_runs_the_function_as_often_as_a_capture_by_hand_and_still_verif
         g(torch.ones(3))
     k = g.stats()["keys"][0]
     assert k["verify"] == "failed" and k["state"] == "fallback" and int(counter) == 3, k
+
+
+@pytest.mark.parametrize("where", ["input", "closure"])
+def test_a_scopes_extra_run_that_takes_another_branch_is_undone(emu, where):
+    """A scope's extra warmup run may write what the call's own run did not (a flag flips the branch): an input or a
+    tensor the function closes over.  Both are put back: the state after the call is one eager call's, and the key
+    is not captured (its calls write different tensors)."""
+    import itertools
+
+    def make():
+        runs = itertools.count(1)  # Python state invisible to the guards: each run takes the other branch
+        other = torch.zeros(4)
+
+        def step(x, y):
+            if next(runs) % 2:
+                x.add_(1)
+            elif where == "input":
+                y.add_(1)
+            else:
+                other.add_(x)
+            return x * 2
+
+        return step, other
+
+    step, other = make()
+    x, y = torch.ones(4), torch.ones(4)
+    want = step(x, y)
+    step, got_other = make()
+    g = graphjit.graphed(step, warmup=2)
+    gx, gy = torch.ones(4), torch.ones(4)
+    with graphjit.capture_scope(progress=False):
+        got = g(gx, gy)
+    assert torch.equal(got, want) and torch.equal(gx, x) and torch.equal(gy, y) and torch.equal(got_other, other)
+    k = g.stats()["keys"][0]
+    assert k["reason"] == "writes different tensors on different calls" and g.stats()["graphs"] == 0, k
+
+
+def test_a_scopes_extra_run_that_writes_a_parameter_the_call_left_alone_is_said(emu, gj_log):
+    """What no copy covers (a parameter: copying a model's weights before every scope call would cost their size):
+    the write stays, and graphjit says so at WARNING level, naming it; the key is not captured."""
+    import itertools
+
+    runs = itertools.count(1)
+    w = torch.nn.Parameter(torch.ones(4))
+
+    def step(x):
+        if next(runs) % 2 == 0:
+            with torch.no_grad():
+                w.add_(1)
+        return x * 2
+
+    g = graphjit.graphed(step, warmup=2)
+    with graphjit.capture_scope(progress=False):
+        g(torch.ones(4))
+    said = [r.getMessage() for r in gj_log.records if r.levelno == logging.WARNING and "that write stays" in
+            r.getMessage()]
+    assert len(said) == 1 and "'w'" in said[0], said
+    assert int(w[0]) == 2  # (the write that stays)
+    assert g.stats()["keys"][0]["reason"] == "writes different tensors on different calls"
 
 
 def test_a_python_counter_the_function_advances_runs_uncaptured_once_per_call(emu):
