@@ -85,7 +85,7 @@ class FamilyCalls(KeyLifecycle):
         key takes no other value's record over (:meth:`graphjit.families.Families.take_over`): it warms up on its
         own, as before values shared their warmups."""
         return warm.untracked is None and \
-            sum(backend.nbytes(t) for t in _own_tensors(backend, sig, warm)) <= env.settings().verify_max_bytes
+            sum(backend.nbytes(t) for t in warm.undoable(sig, backend)) <= env.settings().verify_max_bytes
 
     def own_value_run(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
@@ -98,7 +98,7 @@ class FamilyCalls(KeyLifecycle):
         its result.  A key takes a record over only where this fits (:meth:`own_run_fits`)."""
         known, leaves = {id(t) for t, _p in warm.written_tensors()}, set(warm.mutated_leaves)
         try:
-            snap = Snapshot(backend, _own_tensors(backend, sig, warm), device)
+            snap = Snapshot(backend, warm.undoable(sig, backend), device)
         except Exception as exc:  # (a failed copy changed nothing)
             warm.blocked = Blocked("cannot undo a warmup run", f"copying what the run of its own value may write "
                                    f"failed ({type(exc).__name__}: {exc})")
@@ -117,10 +117,3 @@ class FamilyCalls(KeyLifecycle):
         py.restore()
         return False, None
 
-
-def _own_tensors(backend: Backend, sig: CallSignature, warm: Warmup) -> list[Any]:
-    """What a run of the call's own value may write, as far as it can be put back: the record's state and the call's
-    tensors."""
-    state, _names = warm.state(sig, backend)
-    seen = {id(t) for t in state}
-    return state + [t for t in sig.tensors if id(t) not in seen]

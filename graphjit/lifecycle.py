@@ -31,7 +31,7 @@ from .leaves import changes, name, shown
 from .pystate import PyState, copy_or_none, dynamic_roots
 from .stats import KeyStats, State
 from .warmup import Blocked, Warmup, watched_call
-from .writes import Snapshot, may_write
+from .writes import Snapshot
 
 if TYPE_CHECKING:
     from .history import KeyHistory
@@ -352,26 +352,21 @@ class KeyLifecycle(abc.ABC):
         """Inside a capture scope: ``count`` more warmup runs after the call's own, each undone (the state
         it writes and the generator put back), so that the call still acts like one eager call.
 
-        What is copied before them: the state the call's own run wrote, every tensor the call passes and every
-        tensor it can reach that is not a parameter (a run may write what the call's own run did not: the other
-        branch of a flag).  Where that exceeds ``GRAPHJIT_VERIFY_MAX_BYTES`` there are no extra runs (the key is
-        captured on its next call).  A run that writes a tensor outside the copies (a parameter the call's own run
-        left alone) blocks the key, and that write cannot be undone: it is said at WARNING level, naming it."""
+        What is copied before them: the state the call's own run wrote and every tensor the call passes (a run that
+        takes another branch may write an input the call's own run did not; :meth:`Warmup.undoable`); where that
+        exceeds ``GRAPHJIT_VERIFY_MAX_BYTES`` there are no extra runs (the key is captured on its next call).  A run
+        that writes a tensor outside the copies (one the function reaches, which the call's own run left alone)
+        blocks the key, and that write stays: it is said at WARNING level, naming it."""
         warm.reference = None
         written, _names = warm.state(sig, backend)
-        nbytes = sum(backend.nbytes(t) for t in written)
+        undoable = warm.undoable(sig, backend)
         budget = env.settings().verify_max_bytes
-        if nbytes > budget or warm.untracked is not None:
+        if sum(backend.nbytes(t) for t in undoable) > budget or warm.untracked is not None:
             return  # cannot undo them: capture after the call's own run
-        roots = self.roots(instance, args, kwargs)
-        extra = may_write(backend, written, sig.tensors, roots)
-        if nbytes + sum(backend.nbytes(t) for t in extra) > budget:
-            return
-        record = self.verify() and verify_fits(nbytes, budget)  # a reference verify will use
-        snap = Snapshot(backend, written + extra, device)
-        py = PyState(backend, roots)
-        own, mutated = {id(t) for t in written}, set(warm.mutated_leaves)
-        known = own | {id(t) for t in extra}
+        record = self.verify() and verify_fits(sum(backend.nbytes(t) for t in written), budget)  # verify's reference
+        snap = Snapshot(backend, undoable, device)
+        py = PyState(backend, self.roots(instance, args, kwargs))
+        own, known, mutated = {id(t) for t in written}, {id(t) for t in undoable}, set(warm.mutated_leaves)
         for k in range(count):
             last = k == count - 1
             out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last)

@@ -165,6 +165,15 @@ class Warmup:
                 names.append(f"dynamic argument {name!r}")
         return tensors, names
 
+    def undoable(self, sig: CallSignature, backend: Backend) -> list[Any]:
+        """What a run graphjit adds and undoes may write, as far as copies can put it back: :meth:`state` and every
+        tensor the call passes (a run that takes another branch may write an input the others did not), each once.
+        A tensor the call only reaches (a closure's, a module's) and the others' runs did not write is not among them:
+        copying every reachable tensor would copy a model's weights held as plain tensors."""
+        state, _names = self.state(sig, backend)
+        seen = {id(t) for t in state}
+        return state + [t for t in sig.tensors if id(t) not in seen]
+
 
 def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str, Any]], device: str, budget: int,
                  sync_watch: bool, guard_src: guards.Sources | None = None,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .backends.base import Backend
-from .reach import Path, Reach, describe, walk
+from .reach import Path, Reach, describe
 from .tree import collect_tensors, structure
 
 
@@ -128,18 +128,3 @@ class Snapshot:
         """True if the generator is not where it was when this snapshot was taken."""
         return self.rng is not None and not self.backend.rng_equal(self.backend.rng_state(self.device), self.rng)
 
-
-def may_write(backend: Backend, written: Sequence[Any], tensors: Sequence[Any],
-              roots: list[tuple[str, Any]]) -> list[Any]:
-    """What a run graphjit adds and undoes may write besides ``written`` (the state the call's own run wrote), so that
-    a :class:`Snapshot` of both puts back a run that took another branch: the call's ``tensors`` and every tensor
-    reachable from ``roots`` that is not a parameter, each once."""
-    types = backend.tensor_types()
-    found = walk(roots, lambda x: isinstance(x, types), backend.tensor_state)
-    seen = {id(t) for t in written}
-    out: list[Any] = []
-    for t in [*tensors, *(t for t, _p in found.tensors.values() if not backend.is_parameter(t))]:
-        if id(t) not in seen:
-            seen.add(id(t))
-            out.append(t)
-    return out
