@@ -295,8 +295,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
                 if result is NOT_SERVED:
                     result = entry.replay_copies(sig, copy or check, call)
             except InputMoved as moved:
-                entry.no_adopt |= moved.leaves  # every input that moved at once: one recapture, not one per input
-                return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)
+                return self.input_moved(entry, moved, sig, instance, args, kwargs)
             except Exception as exc:
                 poisoned = entry.inputs.backend.poisoned
                 if poisoned is not None:

@@ -43,7 +43,15 @@ if TYPE_CHECKING:
     from .stats import KeyStats
     from .warmup import Warmup
 
-__all__ = ["InputMoved", "KeyEntry", "StaticInputs", "StaticOutputs", "collect_tensors", "real_view"]
+__all__ = ["OVERLAP", "OVERLAP_WHY", "InputMoved", "InputsOverlap", "KeyEntry", "StaticInputs", "StaticOutputs",
+           "collect_tensors", "real_view"]
+
+OVERLAP = "a written input overlaps another input"
+"""The reason of a call that passes an input the graph writes in place and, as another input, a view overlapping it
+in part (:meth:`StaticInputs.overlap`): it runs uncaptured."""
+OVERLAP_WHY = ("%s is written in place and overlaps another input, which has a buffer of its own: a graph would read "
+               "that input from a copy made before the write; pass them as one tensor, or as copies")
+
 
 class InputMoved(Exception):
     """Adopted (in-place mutated) inputs arrived at new addresses: the key must be recaptured.
@@ -54,6 +62,12 @@ class InputMoved(Exception):
         super().__init__(leaf)
         self.leaf = leaf
         self.leaves = leaves if leaves is not None else frozenset((leaf,))
+
+
+class InputsOverlap(InputMoved):
+    """An input the graph writes in place overlaps another input of the call in part (:meth:`StaticInputs.overlap`):
+    no graph has one buffer for both, so the call runs uncaptured (the key keeps its graph).  Where a caller does not
+    tell it apart, it is an :class:`InputMoved`: the key is captured again, and that capture refuses such a call."""
 
 
 def real_view(backend: Backend, static: Any, real: Sequence[int], full: Sequence[int]) -> Any:
@@ -95,6 +109,11 @@ class StaticInputs:
             if owner != i:
                 self.alias_pairs.append((i, owner))
         self.aliases = frozenset(i for i, _owner in self.alias_pairs)  # copied in by their owner: one buffer
+        # inputs the graph writes in place in graphjit's buffers (copied back after): a call that also passes their
+        # memory as another input with a buffer of its own has the graph read a copy the write never reaches
+        self.written_copied = [i for i in self.mutated_idx if not adopted[i]]
+        self.buffer_of = [first[id(st)] for st in statics]
+        self.sizes = [backend.nbytes(st) for st in statics] if self.written_copied else []
         self.adopted_ptrs = frozenset(self.ptrs[i] for i in self.adopted_idx)
         # graphjit's own buffers (handed out by static_inputs()): a caller may pass one as another input
         # (a view into one, too: a source inside a buffer is read before anything is copied into that buffer)
@@ -118,6 +137,14 @@ class StaticInputs:
         b = self.backend
         ptr, stride = b.data_ptr, b.strides
         ptrs, strides = self.ptrs, self.strides
+        if self.written_copied:
+            shared = self.overlap(tensors)
+            if shared is not None:
+                i, j = shared
+                a, c = tensors[i], tensors[j]
+                if ptr(a) == ptr(c) and stride(a) == stride(c) and b.shape(a) == b.shape(c):
+                    raise InputMoved(i)  # one tensor twice: captured again with one buffer for both
+                raise InputsOverlap(i)
         for i in self.adopted_idx:
             t = tensors[i]
             if ptr(t) != ptrs[i] or (stride(t) != strides[i] and not self._same_layout(i, t)):
@@ -158,6 +185,20 @@ class StaticInputs:
             if batch is None or not batch.into(which, srcs):
                 b.copy_many([statics[i] for i in which], srcs, self.grad_free)
             self.copies += len(which)
+
+    def overlap(self, tensors: Sequence[Any]) -> tuple[int, int] | None:
+        """``(i, j)``: input ``i`` is one the graph writes in place in a buffer of graphjit's, and the call also passes
+        its memory as input ``j``, which has a buffer of its own (the same tensor twice, or overlapping views); None
+        where there is none.  Eager would read the write there; the graph reads a copy made before it.  Each input's
+        span is its buffer's size from its address (a strided view may reach further: not seen)."""
+        ptr, sizes, buffer_of = self.backend.data_ptr, self.sizes, self.buffer_of
+        starts = [ptr(t) for t in tensors]
+        for i in self.written_copied:
+            start, end, mine = starts[i], starts[i] + sizes[i], buffer_of[i]
+            for j, other in enumerate(starts):
+                if buffer_of[j] != mine and other < end and start < other + sizes[j]:
+                    return i, j
+        return None
 
     def inside_owned(self, p: int) -> bool:
         """The address ``p`` lies inside one of graphjit's own input buffers."""

@@ -37,7 +37,7 @@ from typing import Any
 
 from . import guards, module_hooks, py_writes, scope
 from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
-from .buffers import KeyEntry, StaticInputs, StaticOutputs, collect_tensors, real_view
+from .buffers import OVERLAP, OVERLAP_WHY, InputMoved, KeyEntry, StaticInputs, StaticOutputs, collect_tensors, real_view
 from .dynamic import DynamicArgs, Index
 from .errors import CaptureError, IslandError, SignatureError, UnrecoverableCaptureError, VerifyError
 from .guard_set import GuardSet
@@ -196,7 +196,11 @@ def static_buffers(req: BuildRequest) -> Statics:
         adopted.append(adopt)
     inputs = StaticInputs(b, statics, adopted, mutated, bucketed,
                           grad_free=not any(b.requires_grad(t) for t in tensors))
-    inputs.load(tensors)
+    try:
+        inputs.load(tensors)
+    except InputMoved as moved:  # (StaticInputs.overlap: views overlapping in part, one of them written)
+        raise CaptureError(f"{req.fn_name} {req.stats.label}: {OVERLAP_WHY % sig.paths[moved.leaf]}",
+                           reason=OVERLAP) from None
     is_tensor = _is_tensor_of(b)
     try:
         if req.dynamic is not None and sig.dynamic:

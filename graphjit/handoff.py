@@ -154,6 +154,8 @@ class Handoff:
         for i, o in self.aliases:
             if tensors[i] is not tensors[o]:
                 return NOT_SERVED
+        if self.store_back is not None and self.inputs.overlap(tensors) is not None:
+            return NOT_SERVED  # a written input's memory passed twice: the copy path says so (InputMoved)
         table, negated, seen = self.table, self.negated, self.seen
         dst_at, src_at, bytes_at = self.in_dst, self.in_src, self.in_bytes
         k = 0

@@ -19,7 +19,7 @@ from . import families as families_mod
 from . import recheck as recheck_mod
 from . import scope as scope_mod
 from .backends.base import Backend
-from .buffers import InputMoved, KeyEntry
+from .buffers import OVERLAP, OVERLAP_WHY, InputMoved, InputsOverlap, KeyEntry
 from .capture import BuildRequest, build, record_reference, verify_fits
 from .dynamic import DynamicArgs
 from .errors import CaptureError, GraphjitError, UnrecoverableCaptureError
@@ -352,11 +352,8 @@ class KeyLifecycle(abc.ABC):
         """Inside a capture scope: ``count`` more warmup runs after the call's own, each undone (the state
         it writes and the generator put back), so that the call still acts like one eager call.
 
-        What is copied before them: the state the call's own run wrote and every tensor the call passes (a run that
-        takes another branch may write an input the call's own run did not; :meth:`Warmup.undoable`); where that
-        exceeds ``GRAPHJIT_VERIFY_MAX_BYTES`` there are no extra runs (the key is captured on its next call).  A run
-        that writes a tensor outside the copies (one the function reaches, which the call's own run left alone)
-        blocks the key, and that write stays: it is said at WARNING level, naming it."""
+        Copied before them: :meth:`Warmup.undoable` (beyond ``GRAPHJIT_VERIFY_MAX_BYTES``: no extra runs).  A run that
+        writes outside the copies blocks the key; that write stays, said at WARNING level."""
         warm.reference = None
         written, _names = warm.state(sig, backend)
         undoable = warm.undoable(sig, backend)
@@ -382,9 +379,8 @@ class KeyLifecycle(abc.ABC):
                 log.warning("graphjit %s: an extra warmup run inside capture_scope wrote %s, which the call's own run "
                             "did not write and graphjit had not copied: that write stays", self.name, ", ".join(lost))
             if new and warm.blocked is None:
-                warm.blocked = Blocked("writes different tensors on different calls",
-                                       f"a warmup run wrote {new[0]}, which the call's own run did not write"
-                                       + ("; graphjit could not undo that write" if lost else ""))
+                warm.blocked = Blocked("writes different tensors on different calls", f"a warmup run wrote {new[0]}, "
+                                       "which the call's own run did not write")
             if warm.blocked is not None:
                 return
 
@@ -572,6 +568,16 @@ class KeyLifecycle(abc.ABC):
     @abc.abstractmethod
     def replay(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+    def input_moved(self, entry: KeyEntry, moved: InputMoved, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        """A replay refused before it launched: overlapping inputs run uncaptured, else moved ones are recaptured."""
+        if isinstance(moved, InputsOverlap):
+            self.say_once(logging.WARNING, OVERLAP, "graphjit %s: %s; running such calls uncaptured", self.name,
+                          OVERLAP_WHY % sig.paths[moved.leaf])
+            return self.fallback(OVERLAP, entry.inputs.backend, instance, args, kwargs, sig.key)
+        entry.no_adopt |= moved.leaves
+        return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)
 
     def recapture(self, entry: KeyEntry, leaf: int, sig: CallSignature, instance: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Any:

@@ -211,3 +211,27 @@ def test_dynamic_cache_style_rebinding_runs_uncaptured_and_right(dev):
     s = g.stats()
     assert s["graphs"] == 0 and s["fallbacks"] == {"rebinds a tensor held by an object": 10}, s
     assert "argument 'cache'.keys" in g.report()
+
+
+def test_a_written_input_passed_twice_or_overlapping_another_acts_as_eager(dev):
+    """Captured with two tensors (the written one copied in and back), then called with one tensor twice and with
+    overlapping views: the other input must see the write, as in eager (the feed nodes and the copy path alike)."""
+
+    def step(a, b):
+        a.mul_(2)
+        return b @ b.T
+
+    g = graphjit.graphed(step)
+    with torch.no_grad():
+        for i in range(4):
+            g(torch.full((8, 8), float(i), device=dev), torch.ones(8, 8, device=dev))
+        for i in range(3):
+            x, x_eager = torch.full((8, 8), i + 1.0, device=dev), torch.full((8, 8), i + 1.0, device=dev)
+            want = step(x_eager, x_eager)
+            assert torch.equal(g(x, x), want) and torch.equal(x, x_eager)
+        x, x_eager = torch.arange(128.0, device=dev).view(16, 8), torch.arange(128.0, device=dev).view(16, 8)
+        want = step(x_eager[:8], x_eager[4:12])
+        assert torch.equal(g(x[:8], x[4:12]), want) and torch.equal(x, x_eager)
+        x, y = torch.ones(8, 8, device=dev), torch.full((8, 8), 3.0, device=dev)
+        assert torch.equal(g(x, y), y @ y.T) and torch.equal(x, torch.full((8, 8), 2.0, device=dev))
+    assert "a written input overlaps another input" in g.stats()["fallbacks"], g.report()

@@ -144,3 +144,41 @@ def test_one_bucketed_tensor_passed_twice_is_padded_and_copied_in_once(emu):
     assert st["captures"] == 1 and st["replays"] == 3, st
     (key,) = st["keys"]
     assert key["input_copies"] == 2, key  # one per later replay (the capturing call copies in its own way): before, 4
+
+
+def _write_then_read_other(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    a.add_(1)  # in place, into a buffer of graphjit's once a has moved (copied in and back)
+    return b * 2
+
+
+@pytest.mark.parametrize("lane", [False, True])
+def test_a_written_input_passed_again_as_another_argument_after_two_tensors(emu, request, lane):
+    """Captured with two tensors, then called with one tensor twice: ``b`` must see ``a``'s write, as in eager.
+    Before, ``b`` was copied into its own buffer before the write (a silently wrong result: 0, not 2)."""
+    if lane:
+        request.getfixturevalue("lane_on")
+    g = graphjit.graphed(_write_then_read_other)
+    for i in range(4):  # a new tensor each call: a moves, so it gets a buffer copied in and back
+        g(torch.full((4,), float(i)), torch.full((4,), 5.0))
+    for i in range(3):
+        x, x_eager = torch.full((4,), float(i)), torch.full((4,), float(i))
+        want = _write_then_read_other(x_eager, x_eager)
+        assert torch.equal(g(x, x), want) and torch.equal(x, x_eager), (x, x_eager)
+    x, y = torch.zeros(4), torch.full((4,), 5.0)  # two tensors again
+    assert torch.equal(g(x, y), torch.full((4,), 10.0)) and torch.equal(x, torch.ones(4))
+    assert g.stats()["fallbacks"] == {}
+
+
+def test_a_written_input_and_an_overlapping_view_run_uncaptured_with_the_reason(emu):
+    """Views that overlap in part, one of them written: no graph can have one buffer for both, so the call runs
+    eagerly, counted under its reason, with eager's result and state."""
+    g = graphjit.graphed(_write_then_read_other)
+    for i in range(4):
+        g(torch.full((4,), float(i)), torch.full((4,), 5.0))
+    for _ in range(2):
+        x, x_eager = torch.arange(8.0), torch.arange(8.0)
+        want = _write_then_read_other(x_eager[:4], x_eager[2:6])
+        assert torch.equal(g(x[:4], x[2:6]), want) and torch.equal(x, x_eager), (x, x_eager)
+    from graphjit.buffers import OVERLAP
+
+    assert OVERLAP in g.stats()["fallbacks"], g.report()
