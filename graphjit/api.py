@@ -10,8 +10,8 @@ be graphed runs the traced function instead, and the reason is counted in
 
 Restrictions (as for any CUDA graph):
 
-* Tensors the function closes over (weights) are captured by address.  After replacing them (loading
-  new weights, say) call :meth:`GraphedFunction.reset`.
+* Tensors the function closes over (weights) are captured by address and held by identity (a rebound one is
+  another graph's).  After replacing a storage under the same tensor, call :meth:`GraphedFunction.reset`.
 * Python side effects and Python values computed inside the function run in warmup calls, the
   capture and verify's eager reference, never in a replay.  ``verify`` catches outputs and written
   state that depend on them.

@@ -59,7 +59,8 @@ class GuardSet:
     they hold, else what failed.
     """
 
-    __slots__ = ("containers", "expected", "extra", "gated", "getters", "held", "hooks", "keys", "paths", "seen")
+    __slots__ = ("containers", "expected", "extra", "gated", "getters", "held", "hooks", "keys", "paths", "pinned",
+                 "seen")
 
     def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False,
                  hooks: HookWatch | None = None) -> None:
@@ -100,9 +101,32 @@ class GuardSet:
         self.held = [(scan_.held[cid].container, key, path, value) for (cid, key), (value, path) in held.items()]
         self.gated = gated
         self.seen = _REBINDS[0]
+        # pinned tensors (closure cells, globals, attributes, list and dict entries): per container, one getter and
+        # the tensors at capture (kept, so their addresses stay theirs), compared by identity before every replay
+        pinned: dict[int, list[tuple[Any, Any, Path]]] = {}
+        for (cid, key), (value, path) in scan_.values(pinned=True).items():
+            pinned.setdefault(cid, []).append((key, value, path))
+        self.pinned: list[tuple[Callable[[Any], Any], Any, tuple[Any, ...], list[Any], list[Path]]] = []
+        for cid, entries in pinned.items():
+            box = scan_.pinned[cid]
+            keys = [k for k, _v, _p in entries]
+            getter = operator.attrgetter(*keys) if box.kind in ("attr", "cell") else operator.itemgetter(*keys)
+            self.pinned.append((getter, box.container, tuple(v for _k, v, _p in entries), keys,
+                                [p for _k, _v, p in entries]))
 
     def __len__(self) -> int:
-        return sum(len(k) for k in self.keys) + len(self.held)
+        return sum(len(k) for k in self.keys) + len(self.held) + sum(len(p[2]) for p in self.pinned)
+
+    def _pinned_same(self) -> bool:
+        """Every pinned tensor is the one the graph was captured with."""
+        try:
+            for get, container, want, _k, _p in self.pinned:
+                got = get(container)
+                if not (got is want[0] if len(want) == 1 else all(map(operator.is_, got, want))):
+                    return False
+        except Exception:  # an entry deleted
+            return False
+        return True
 
     def _held_same(self) -> bool:
         """Every held tensor is the one the graph was captured with."""
@@ -126,6 +150,8 @@ class GuardSet:
             if list(map(operator.call, self.getters, self.containers)) != self.expected:
                 return False
         except Exception:  # a guarded entry was deleted (KeyError, IndexError, AttributeError)
+            return False
+        if self.pinned and not self._pinned_same():
             return False
         if self.held and (not self.gated or _REBINDS[0] != self.seen):
             count = _REBINDS[0]
@@ -156,6 +182,15 @@ class GuardSet:
                 continue
             if now is not was:
                 yield describe(path), _tensor(was), _tensor(now)
+        for get, container, want, keys, paths in self.pinned:
+            for key, was, path in zip(keys, want, paths):
+                try:
+                    now = _one_of(get, container, key)
+                except Exception:
+                    yield describe(path), _tensor(was), "(deleted)"
+                    continue
+                if now is not was:
+                    yield describe(path), _tensor(was), _tensor(now)
         if self.hooks is not None:
             yield from self.hooks.differences()
 
@@ -184,6 +219,9 @@ class GuardSet:
             now = tuple(_each(hashable, self._get_or_deleted(i), len(keys)) for i, keys in enumerate(self.keys))
             if self.held:  # by identity: the graph of the new tensors holds them, so no other object takes their ids
                 now = (*now, tuple((type(v), id(v)) for v in (c.get(k, DELETED) for c, k, _p, _v in self.held)))
+            for get, container, want, _k, _p in self.pinned:  # the same
+                got = get(container)
+                now = (*now, tuple((type(v), id(v)) for v in ((got,) if len(want) == 1 else got)))
             if self.hooks is not None:
                 now = (*now, self.hooks.state())
             hash(now)
@@ -224,6 +262,11 @@ DELETED = _Deleted()
 def _each(f: Callable[[Any], Any], got: Any, n: int) -> Any:
     """``f`` of each value a getter returned: its one value, or each of the tuple of ``n`` > 1 it returns."""
     return f(got) if n == 1 else tuple(map(f, got))
+
+
+def _one_of(get: Any, container: Any, key: Any) -> Any:
+    """The entry ``key`` of ``container``, read as ``get`` (an ``attrgetter`` or ``itemgetter``) reads its entries."""
+    return getattr(container, key) if isinstance(get, operator.attrgetter) else container[key]
 
 
 def _tensor(v: Any) -> str:

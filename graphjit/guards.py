@@ -12,7 +12,9 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   it is bound to (``self``, a graphed Layer/Module object), a callable object's attributes, and the
   Layer/Module objects passed as arguments (keyed by identity); from there, containers (lists, tuples,
   dicts) and object attributes (``__dict__``, ``__slots__``): submodules, configs, optimizers and their
-  ``param_groups``, schedulers.  Tensors are captured by address; those a Module holds are held (below).
+  ``param_groups``, schedulers.  Tensors are captured by address; those a Module holds are held (below), the others
+  (a closure's, a global, an object's attribute, a list or dict entry) are pinned: compared by identity before every
+  replay (:meth:`Scan.pin`).
 * **Which values**: numbers, bools, strings, bytes, ``None``, enum members, other hashable atoms without
   attributes (``torch.dtype``, ``torch.device``), and tuples of these, compared by ``==``, sets by a frozen copy of
   their contents, tuples of these and of objects item by item (:mod:`graphjit.guardable`); and, by identity,
@@ -106,6 +108,7 @@ class Scan:
     truncated: bool = False
     renewed: tuple[tuple[type, str], ...] = ()  # (type, attribute) the framework renews every call: not values
     held: dict[int, _Box] = field(default_factory=dict)  # a Module's parameter and buffer dicts: tensors by identity
+    pinned: dict[int, _Box] = field(default_factory=dict)  # other tensors the code reads: by identity, every replay
     hooks: dict[int, tuple[dict[Any, Any], Path]] = field(default_factory=dict)  # the modules' hook dicts reached
     # whole containers: ``(id, what) -> (container, getter, value, path)``; what: "len" (lists, container modules'
     # dicts), "keys" (dicts of settings, their keys in order) or "has:NAME" (an instance dict without a class
@@ -150,13 +153,23 @@ class Scan:
             box = self.held[id(container)] = _Box(container, "item")
         box.entries.setdefault(key, (value, path))
 
-    def values(self, held: bool = False) -> dict[tuple[int, Any], tuple[Any, Path]]:
+    def pin(self, container: Any, kind: str, key: Any, value: Any, path: Path) -> None:
+        """A tensor held elsewhere than in a Module's parameter or buffer dict (a closure cell, a global, an object's
+        attribute, a list or dict entry): compared by identity before every replay (no framework says when it is
+        rebound)."""
+        box = self.pinned.get(id(container))
+        if box is None:
+            box = self.pinned[id(container)] = _Box(container, kind)
+        box.entries.setdefault(key, (value, path))
+
+    def values(self, held: bool = False, pinned: bool = False) -> dict[tuple[int, Any], tuple[Any, Path]]:
         """``(id(container), key) -> (value, path)`` of every candidate whose path's attribute steps are all named
         by code the function may run (a closure variable's or global's own name always counts, and so does
-        a dict key: it may come from a variable); ``held``: of the held tensors instead."""
+        a dict key: it may come from a variable); ``held``: of the held tensors instead; ``pinned``: of the pinned
+        ones."""
         names = self.names
         out: dict[tuple[int, Any], tuple[Any, Path]] = {}
-        for cid, box in (self.held if held else self.boxes).items():
+        for cid, box in (self.held if held else self.pinned if pinned else self.boxes).items():
             prefix: Path | None = None  # the entries of a box share their container's path: checked once
             named = False
             for key, vp in box.entries.items():
@@ -211,8 +224,8 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
             except ValueError:  # an empty cell
                 continue
             path: Path = (f"closure variable {var!r}",)
-            if guardable(value) or by_identity(value, _never):
-                slots.append((cell, "cell", "cell_contents", path))
+            if guardable(value) or by_identity(value, _never) or backends.for_type(type(value)) is not None:
+                slots.append((cell, "cell", "cell_contents", path))  # (a tensor: pinned by scan)
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
             elif not guardable(value) and not opaque(value):
@@ -223,7 +236,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 continue
             value = g[var]
             path = (f"global {var!r}",)
-            if guardable(value) or by_identity(value, _never):
+            if guardable(value) or by_identity(value, _never) or backends.for_type(type(value)) is not None:
                 slots.append((g, "globals", var, path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
@@ -303,6 +316,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             value = container[key] if kind == "globals" else container.cell_contents
         except (KeyError, ValueError):
             continue
+        if is_tensor(value):
+            out.pin(container, kind, key, value, path)
+            continue
         out.add(container, kind, key, value, path)
         if _own_class(value):  # a class the function names: its attributes are read values too (``Config.scale``)
             by_name.add(value)
@@ -335,6 +351,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 for i, child in enumerate(obj):
                     if (guardable(child) or by_identity(child, is_tensor)) and not big:
                         out.add(obj, "item", i, child, (*path, ("[]", i)))
+                    elif is_tensor(child) and not big:
+                        out.pin(obj, "item", i, child, (*path, ("[]", i)))
                     if not guardable(child):
                         stack.append((child, (*path, ("[]", i)), depth + 1, None))
                 continue
@@ -351,6 +369,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         continue
                     if (guardable(child) or by_identity(child, is_tensor)) and not big:
                         out.add(obj, "item", k, child, (*path, ("[]", k)))
+                    elif is_tensor(child) and not big:
+                        out.pin(obj, "item", k, child, (*path, ("[]", k)))
                     if not guardable(child):
                         stack.append((child, (*path, ("[]", k)), depth + 1, None))
                 continue
@@ -382,6 +402,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         continue
                     if by_identity(child, is_tensor):
                         out.add(d, "item", k, child, (*path, (".", k)), obj)
+                    elif is_tensor(child):
+                        out.pin(d, "item", k, child, (*path, (".", k)))
                     stack.append((child, (*path, (".", k)), depth + 1, None))
             for name in slots_of(tp):
                 if named is not None and name not in named:
@@ -392,6 +414,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     continue
                 if guardable(child) or by_identity(child, is_tensor):
                     out.add(obj, "attr", name, child, (*path, (".", name)))
+                elif is_tensor(child):
+                    out.pin(obj, "attr", name, child, (*path, (".", name)))
                 if not guardable(child):
                     stack.append((child, (*path, (".", name)), depth + 1, None))
         new = [tp for tp in classes | by_name if tp not in done]

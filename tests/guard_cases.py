@@ -417,6 +417,75 @@ def rebound_parameter(device: str) -> Case:
     return Case(m, lambda i: (xs[i],), before, lambda: [m.child.lin.weight], calls=14)
 
 
+WEIGHT: torch.Tensor | None = None  # a module global tensor the "rebound_global_tensor" case's function reads
+
+
+def _rebound(device: str, where: str) -> Case:
+    """A tensor the function reads without receiving it, held elsewhere than in a Module (``where``: a closure cell, a
+    global, a plain object's attribute, a closed-over list's item), rebound to another tensor for a few calls (new
+    weights loaded by assignment), then back: the graph reads the tensor at its address, so a rebound one is another
+    graph's.  Before, the graph went on reading the old tensor."""
+    global WEIGHT
+    torch.manual_seed(0)
+    old = torch.randn(16, 16, device=device) / 4
+    new = torch.randn(16, 16, generator=_gen(device, 7), device=device) / 4
+    xs = _xs(device, 14, (4, 16))
+    box = type("Weights", (), {})()
+    box.w = old
+    held = [old]
+    WEIGHT = old
+
+    def make() -> tuple[Callable[..., Any], Callable[[torch.Tensor], None]]:
+        w = old
+
+        def by_closure(x):
+            return torch.tanh(x @ w)
+
+        def rebind(t):
+            nonlocal w
+            w = t
+
+        return by_closure, rebind
+
+    by_closure, rebind = make()
+
+    def by_global(x):
+        return torch.tanh(x @ WEIGHT)
+
+    def by_attribute(x):
+        return torch.tanh(x @ box.w)
+
+    def by_item(x):
+        return torch.tanh(x @ held[0])
+
+    def before(i):
+        global WEIGHT
+        t = new if 4 <= i < 9 else old
+        rebind(t)
+        WEIGHT = t
+        box.w = t
+        held[0] = t
+
+    fn = {"closure": by_closure, "global": by_global, "attribute": by_attribute, "item": by_item}[where]
+    return Case(fn, lambda i: (xs[i],), before, calls=14)
+
+
+def rebound_closure_tensor(device: str) -> Case:
+    return _rebound(device, "closure")
+
+
+def rebound_global_tensor(device: str) -> Case:
+    return _rebound(device, "global")
+
+
+def rebound_attribute_tensor(device: str) -> Case:
+    return _rebound(device, "attribute")
+
+
+def rebound_list_tensor(device: str) -> Case:
+    return _rebound(device, "item")
+
+
 class Tuning:
     """A class the "class_attribute" and "class_nested" cases' functions read by its global name: a plain class
     attribute and a container of containers on the class (settings users toggle on the class, not an instance)."""
@@ -489,7 +558,9 @@ VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item
           "swapped_submodule": swapped_submodule, "submodule_attribute": submodule_attribute,
           "dataclass_rebound": dataclass_rebound, "nested_tuple_rebound": nested_tuple_rebound,
           "rebound_buffer": rebound_buffer, "rebound_parameter": rebound_parameter,
-          "class_attribute": class_attribute, "class_nested": class_nested, "settings_key_added": settings_key_added}
+          "class_attribute": class_attribute, "class_nested": class_nested, "settings_key_added": settings_key_added,
+          "rebound_closure_tensor": rebound_closure_tensor, "rebound_global_tensor": rebound_global_tensor,
+          "rebound_attribute_tensor": rebound_attribute_tensor, "rebound_list_tensor": rebound_list_tensor}
 
 
 # -- training loops as users write them --------------------------------------------------------------------
