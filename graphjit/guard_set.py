@@ -59,8 +59,8 @@ class GuardSet:
     they hold, else what failed.
     """
 
-    __slots__ = ("containers", "expected", "extra", "gated", "getters", "held", "hooks", "keys", "paths", "pinned",
-                 "seen")
+    __slots__ = ("containers", "expected", "extra", "gated", "getters", "held", "hooks", "keys", "paths", "pin_attrs",
+                 "pin_items", "pinned", "seen")
 
     def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False,
                  hooks: HookWatch | None = None) -> None:
@@ -101,37 +101,36 @@ class GuardSet:
         self.held = [(scan_.held[cid].container, key, path, value) for (cid, key), (value, path) in held.items()]
         self.gated = gated
         self.seen = _REBINDS[0]
-        # pinned tensors (closure cells, globals, attributes, list and dict entries): per container, one getter and
-        # the tensors at capture (kept, so their addresses stay theirs), compared by identity before every replay
-        pinned: dict[int, list[tuple[Any, Any, Path]]] = {}
+        # pinned values (tensors, and the lists and dicts whose entries are guarded, in closure cells, globals,
+        # attributes, list and dict entries): flat, by how they are read, each compared by identity before every
+        # replay in one C-level pass per kind; kept, so a tensor's address stays its own
+        self.pinned: list[tuple[Any, Any, Any, Path]] = []  # (container, key, value at capture, path); read by kind
+        by_attr: list[tuple[Any, Any, Any, Path]] = []
         for (cid, key), (value, path) in scan_.values(pinned=True).items():
-            pinned.setdefault(cid, []).append((key, value, path))
-        self.pinned: list[tuple[Callable[[Any], Any], Any, tuple[Any, ...], list[Any], list[Path]]] = []
-        for cid, entries in pinned.items():
             box = scan_.pinned[cid]
-            keys = [k for k, _v, _p in entries]
-            getter = operator.attrgetter(*keys) if box.kind in ("attr", "cell") else operator.itemgetter(*keys)
-            self.pinned.append((getter, box.container, tuple(v for _k, v, _p in entries), keys,
-                                [p for _k, _v, p in entries]))
+            (by_attr if box.kind in ("attr", "cell") else self.pinned).append((box.container, key, value, path))
+        self.pin_items = _columns(self.pinned)
+        self.pin_attrs = _columns(by_attr)
+        self.pinned += by_attr
 
     def __len__(self) -> int:
-        return sum(len(k) for k in self.keys) + len(self.held) + sum(len(p[2]) for p in self.pinned)
-
-    def _pinned_same(self) -> bool:
-        """Every pinned tensor is the one the graph was captured with."""
-        try:
-            for get, container, want, _k, _p in self.pinned:
-                got = get(container)
-                if not (got is want[0] if len(want) == 1 else all(map(operator.is_, got, want))):
-                    return False
-        except Exception:  # an entry deleted
-            return False
-        return True
+        return sum(len(k) for k in self.keys) + len(self.held) + len(self.pinned)
 
     def _held_same(self) -> bool:
         """Every held tensor is the one the graph was captured with."""
         try:
             return all(c[k] is v for c, k, _p, v in self.held)
+        except Exception:  # an entry deleted
+            return False
+
+    def _pinned_same(self) -> bool:
+        """Every pinned value is the one the graph was captured with (``getitem`` / ``getattr`` and ``is`` mapped in C
+        over flat columns: no Python frame per value)."""
+        items, attrs = self.pin_items, self.pin_attrs
+        try:
+            if items and not all(map(operator.is_, map(operator.getitem, items[0], items[1]), items[2])):
+                return False
+            return not attrs or all(map(operator.is_, map(getattr, attrs[0], attrs[1]), attrs[2]))
         except Exception:  # an entry deleted
             return False
 
@@ -182,15 +181,15 @@ class GuardSet:
                 continue
             if now is not was:
                 yield describe(path), _tensor(was), _tensor(now)
-        for get, container, want, keys, paths in self.pinned:
-            for key, was, path in zip(keys, want, paths):
-                try:
-                    now = _one_of(get, container, key)
-                except Exception:
-                    yield describe(path), _tensor(was), "(deleted)"
-                    continue
-                if now is not was:
-                    yield describe(path), _tensor(was), _tensor(now)
+        n_items = len(self.pin_items[0]) if self.pin_items else 0
+        for i, (container, key, was, path) in enumerate(self.pinned):
+            try:
+                now = container[key] if i < n_items else getattr(container, key)
+            except Exception:
+                yield describe(path), _tensor(was), "(deleted)"
+                continue
+            if now is not was:
+                yield describe(path), _tensor(was), _tensor(now)
         if self.hooks is not None:
             yield from self.hooks.differences()
 
@@ -219,9 +218,10 @@ class GuardSet:
             now = tuple(_each(hashable, self._get_or_deleted(i), len(keys)) for i, keys in enumerate(self.keys))
             if self.held:  # by identity: the graph of the new tensors holds them, so no other object takes their ids
                 now = (*now, tuple((type(v), id(v)) for v in (c.get(k, DELETED) for c, k, _p, _v in self.held)))
-            for get, container, want, _k, _p in self.pinned:  # the same
-                got = get(container)
-                now = (*now, tuple((type(v), id(v)) for v in ((got,) if len(want) == 1 else got)))
+            if self.pinned:  # the same
+                n = len(self.pin_items[0]) if self.pin_items else 0
+                got = [c[k] if i < n else getattr(c, k) for i, (c, k, _v, _p) in enumerate(self.pinned)]
+                now = (*now, tuple((type(v), id(v)) for v in got))
             if self.hooks is not None:
                 now = (*now, self.hooks.state())
             hash(now)
@@ -264,15 +264,21 @@ def _each(f: Callable[[Any], Any], got: Any, n: int) -> Any:
     return f(got) if n == 1 else tuple(map(f, got))
 
 
-def _one_of(get: Any, container: Any, key: Any) -> Any:
-    """The entry ``key`` of ``container``, read as ``get`` (an ``attrgetter`` or ``itemgetter``) reads its entries."""
-    return getattr(container, key) if isinstance(get, operator.attrgetter) else container[key]
+def _columns(entries: list[tuple[Any, Any, Any, Path]]) -> tuple[tuple[Any, ...], ...]:
+    """``(containers, keys, values)`` of ``(container, key, value, path)`` entries, for one mapped pass; ``()`` for
+    none."""
+    if not entries:
+        return ()
+    return tuple(e[0] for e in entries), tuple(e[1] for e in entries), tuple(e[2] for e in entries)
 
 
 def _tensor(v: Any) -> str:
-    """A held tensor for a reason: its type, shape and identity (never its values: that could read the GPU)."""
+    """A held tensor (or a pinned list or dict) for a reason: its type, shape and identity (never its values: that
+    could read the GPU)."""
     if v is None:
         return "None"
+    if isinstance(v, (list, dict)):
+        return f"<{type(v).__name__} of {len(v)} at {id(v):#x}>"
     return f"<{type(v).__name__} {list(getattr(v, 'shape', ()))} at {id(v):#x}>"
 
 

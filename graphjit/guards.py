@@ -154,9 +154,9 @@ class Scan:
         box.entries.setdefault(key, (value, path))
 
     def pin(self, container: Any, kind: str, key: Any, value: Any, path: Path) -> None:
-        """A tensor held elsewhere than in a Module's parameter or buffer dict (a closure cell, a global, an object's
-        attribute, a list or dict entry): compared by identity before every replay (no framework says when it is
-        rebound)."""
+        """A tensor held elsewhere than in a Module's parameter or buffer dict, or a list or dict whose entries are
+        guarded (in a closure cell, a global, an object's attribute, a list or dict entry): compared by identity before
+        every replay (no framework says when it is rebound)."""
         box = self.pinned.get(id(container))
         if box is None:
             box = self.pinned[id(container)] = _Box(container, kind)
@@ -224,8 +224,8 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
             except ValueError:  # an empty cell
                 continue
             path: Path = (f"closure variable {var!r}",)
-            if guardable(value) or by_identity(value, _never) or backends.for_type(type(value)) is not None:
-                slots.append((cell, "cell", "cell_contents", path))  # (a tensor: pinned by scan)
+            if guardable(value) or by_identity(value, _never) or _pinnable(value):
+                slots.append((cell, "cell", "cell_contents", path))  # (a tensor, a list or a dict: pinned by scan)
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
             elif not guardable(value) and not opaque(value):
@@ -236,7 +236,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 continue
             value = g[var]
             path = (f"global {var!r}",)
-            if guardable(value) or by_identity(value, _never) or backends.for_type(type(value)) is not None:
+            if guardable(value) or by_identity(value, _never) or _pinnable(value):
                 slots.append((g, "globals", var, path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
@@ -246,6 +246,13 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
 
     functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=OPAQUE_VALUES)
     return Sources(objects, slots, frozenset(names))
+
+
+def _pinnable(v: Any) -> bool:
+    """A value held by identity, compared before every replay (:meth:`Scan.pin`): a tensor (the graph reads it at its
+    address) or a list or dict (its entries are guarded on that object: a rebound one, ``m.cfg = {...}``, would leave
+    the guards reading the old one)."""
+    return isinstance(v, (list, dict)) or backends.for_type(type(v)) is not None
 
 
 def _never(_v: Any) -> bool:
@@ -316,7 +323,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             value = container[key] if kind == "globals" else container.cell_contents
         except (KeyError, ValueError):
             continue
-        if is_tensor(value):
+        if _pinnable(value):
             out.pin(container, kind, key, value, path)
             continue
         out.add(container, kind, key, value, path)
@@ -351,7 +358,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 for i, child in enumerate(obj):
                     if (guardable(child) or by_identity(child, is_tensor)) and not big:
                         out.add(obj, "item", i, child, (*path, ("[]", i)))
-                    elif is_tensor(child) and not big:
+                    elif _pinnable(child) and not big:
                         out.pin(obj, "item", i, child, (*path, ("[]", i)))
                     if not guardable(child):
                         stack.append((child, (*path, ("[]", i)), depth + 1, None))
@@ -369,7 +376,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         continue
                     if (guardable(child) or by_identity(child, is_tensor)) and not big:
                         out.add(obj, "item", k, child, (*path, ("[]", k)))
-                    elif is_tensor(child) and not big:
+                    elif _pinnable(child) and not big:
                         out.pin(obj, "item", k, child, (*path, ("[]", k)))
                     if not guardable(child):
                         stack.append((child, (*path, ("[]", k)), depth + 1, None))
@@ -402,7 +409,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         continue
                     if by_identity(child, is_tensor):
                         out.add(d, "item", k, child, (*path, (".", k)), obj)
-                    elif is_tensor(child):
+                    elif _pinnable(child) and k not in through:
                         out.pin(d, "item", k, child, (*path, (".", k)))
                     stack.append((child, (*path, (".", k)), depth + 1, None))
             for name in slots_of(tp):
@@ -414,7 +421,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     continue
                 if guardable(child) or by_identity(child, is_tensor):
                     out.add(obj, "attr", name, child, (*path, (".", name)))
-                elif is_tensor(child):
+                elif _pinnable(child):
                     out.pin(obj, "attr", name, child, (*path, (".", name)))
                 if not guardable(child):
                     stack.append((child, (*path, (".", name)), depth + 1, None))
