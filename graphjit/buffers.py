@@ -47,8 +47,9 @@ __all__ = ["OVERLAP", "OVERLAP_WHY", "InputMoved", "InputsOverlap", "KeyEntry", 
            "collect_tensors", "real_view"]
 
 OVERLAP = "a written input overlaps another input"
-"""The reason of a call that passes an input the graph writes in place and, as another input, a view overlapping it
-in part (:meth:`StaticInputs.overlap`): it runs uncaptured."""
+"""The reason of a call that passes an input the graph writes in place and, as another input, its memory (the same
+tensor, a view overlapping it) where the graph has a buffer for each (:meth:`StaticInputs.overlap`): it runs
+uncaptured."""
 OVERLAP_WHY = ("%s is written in place and overlaps another input, which has a buffer of its own: a graph would read "
                "that input from a copy made before the write; pass them as one tensor, or as copies")
 
@@ -65,9 +66,10 @@ class InputMoved(Exception):
 
 
 class InputsOverlap(InputMoved):
-    """An input the graph writes in place overlaps another input of the call in part (:meth:`StaticInputs.overlap`):
-    no graph has one buffer for both, so the call runs uncaptured (the key keeps its graph).  Where a caller does not
-    tell it apart, it is an :class:`InputMoved`: the key is captured again, and that capture refuses such a call."""
+    """An input the graph writes in place shares memory with another input of the call (:meth:`StaticInputs.overlap`:
+    the same tensor twice, or views that overlap): the call runs uncaptured (the key keeps its graph).  Where a caller
+    does not tell it apart, it is an :class:`InputMoved`: the key is captured again, and that capture refuses views
+    that overlap in part."""
 
 
 def real_view(backend: Backend, static: Any, real: Sequence[int], full: Sequence[int]) -> Any:
@@ -114,6 +116,7 @@ class StaticInputs:
         self.written_copied = [i for i in self.mutated_idx if not adopted[i]]
         self.buffer_of = [first[id(st)] for st in statics]
         self.sizes = [backend.nbytes(st) for st in statics] if self.written_copied else []
+        self.apart: list[tuple[int, ...]] = []  # the last few address tuples found without such an overlap
         self.adopted_ptrs = frozenset(self.ptrs[i] for i in self.adopted_idx)
         # graphjit's own buffers (handed out by static_inputs()): a caller may pass one as another input
         # (a view into one, too: a source inside a buffer is read before anything is copied into that buffer)
@@ -139,12 +142,8 @@ class StaticInputs:
         ptrs, strides = self.ptrs, self.strides
         if self.written_copied:
             shared = self.overlap(tensors)
-            if shared is not None:
-                i, j = shared
-                a, c = tensors[i], tensors[j]
-                if ptr(a) == ptr(c) and stride(a) == stride(c) and b.shape(a) == b.shape(c):
-                    raise InputMoved(i)  # one tensor twice: captured again with one buffer for both
-                raise InputsOverlap(i)
+            if shared is not None:  # uncaptured: a graph of one buffer for both would be recaptured at every switch
+                raise InputsOverlap(shared[0])  # where calls alternate (views that overlap in part have none at all)
         for i in self.adopted_idx:
             t = tensors[i]
             if ptr(t) != ptrs[i] or (stride(t) != strides[i] and not self._same_layout(i, t)):
@@ -192,12 +191,15 @@ class StaticInputs:
         where there is none.  Eager would read the write there; the graph reads a copy made before it.  Each input's
         span is its buffer's size from its address (a strided view may reach further: not seen)."""
         ptr, sizes, buffer_of = self.backend.data_ptr, self.sizes, self.buffer_of
-        starts = [ptr(t) for t in tensors]
+        starts = tuple(map(ptr, tensors))
+        if starts in self.apart:  # the addresses of a recent call (a decode loop passes the same tensors): as then
+            return None
         for i in self.written_copied:
             start, end, mine = starts[i], starts[i] + sizes[i], buffer_of[i]
             for j, other in enumerate(starts):
                 if buffer_of[j] != mine and other < end and start < other + sizes[j]:
                     return i, j
+        self.apart = [starts, *self.apart[:3]]
         return None
 
     def inside_owned(self, p: int) -> bool:

@@ -113,7 +113,7 @@ class FamilyCalls(KeyLifecycle):
         if outside:  # state outside the copies: the run cannot be undone, so it is the call's
             return True, out
         del out
-        snap.restore()
+        snap.restore({id(t) for t in warm.state(sig, backend)[0]})  # what its runs wrote (an input read only: kept)
         py.restore()
         return False, None
 

@@ -220,7 +220,8 @@ class GuardSet:
                 now = (*now, tuple((type(v), id(v)) for v in (c.get(k, DELETED) for c, k, _p, _v in self.held)))
             if self.pinned:  # the same
                 n = len(self.pin_items[0]) if self.pin_items else 0
-                got = [c[k] if i < n else getattr(c, k) for i, (c, k, _v, _p) in enumerate(self.pinned)]
+                got = [_entry(c, k) if i < n else getattr(c, k, DELETED)
+                       for i, (c, k, _v, _p) in enumerate(self.pinned)]
                 now = (*now, tuple((type(v), id(v)) for v in got))
             if self.hooks is not None:
                 now = (*now, self.hooks.state())
@@ -262,6 +263,14 @@ DELETED = _Deleted()
 def _each(f: Callable[[Any], Any], got: Any, n: int) -> Any:
     """``f`` of each value a getter returned: its one value, or each of the tuple of ``n`` > 1 it returns."""
     return f(got) if n == 1 else tuple(map(f, got))
+
+
+def _entry(container: Any, key: Any) -> Any:
+    """``container[key]``, or :data:`DELETED` where it is gone (a list that shrank, a dict entry deleted)."""
+    try:
+        return container[key]
+    except (KeyError, IndexError):
+        return DELETED
 
 
 def _columns(entries: list[tuple[Any, Any, Any, Path]]) -> tuple[tuple[Any, ...], ...]:

@@ -250,9 +250,18 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
 
 def _pinnable(v: Any) -> bool:
     """A value held by identity, compared before every replay (:meth:`Scan.pin`): a tensor (the graph reads it at its
-    address) or a list or dict (its entries are guarded on that object: a rebound one, ``m.cfg = {...}``, would leave
-    the guards reading the old one)."""
-    return isinstance(v, (list, dict)) or backends.for_type(type(v)) is not None
+    address).  Not a list or dict whose entries are guarded: a rebuilt equal one (a scheduler's ``_last_lr``, a dict
+    of settings made anew each step) would make a new graph every call; a rebound one is not seen (README)."""
+    return backends.for_type(type(v)) is not None
+
+
+def _push(stack: list[tuple[Any, Path, int, Any]], unpinned: set[int], pins: bool, child: Any, path: Path, depth: int,
+          keys_of: Any) -> None:
+    """Walk ``child`` next; where its parent pins nothing (under an optimizer, a scheduler, a scaler), neither does
+    it."""
+    if not pins:
+        unpinned.add(id(child))
+    stack.append((child, path, depth, keys_of))
 
 
 def _never(_v: Any) -> bool:
@@ -332,10 +341,14 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     visits = Visits(MAX_NODES, MAX_DEPTH)
     stack: list[tuple[Any, Path, int, Any]] = [(value, (name,), 0, None) for name, value in reversed(src.objects)]
     done: set[type] = set()
+    # what an optimizer, a scheduler or a scaler holds (and everything below): its tensors are state, captured by
+    # address, never pinned (an optimizer's state holds several per parameter: a check of each per replay would cost)
+    unpinned: set[int] = set()
     while True:  # the objects reached, then the containers their classes hold, until no new class is reached
         while stack:
             obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
             tp = type(obj)
+            pins = id(obj) not in unpinned
             if isinstance(obj, list):
                 out.length(obj, path)
             if (tp in PLAIN_CONTAINERS and not obj) or tp in _SCALAR_TYPES or is_tensor(obj) or opaque(obj):
@@ -351,17 +364,17 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     if isinstance(child, set) and guardable(child):  # a set in a tuple changes in place: read again
                         out.add(obj, "item", i, child, (*path, ("[]", i)))
                     elif not guardable(child):
-                        stack.append((child, (*path, ("[]", i)), depth + 1, None))
+                        _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, None)
                 continue
             if isinstance(obj, list):
                 big = len(obj) > MAX_ITEMS
                 for i, child in enumerate(obj):
                     if (guardable(child) or by_identity(child, is_tensor)) and not big:
                         out.add(obj, "item", i, child, (*path, ("[]", i)))
-                    elif _pinnable(child) and not big:
+                    elif pins and _pinnable(child) and not big:
                         out.pin(obj, "item", i, child, (*path, ("[]", i)))
                     if not guardable(child):
-                        stack.append((child, (*path, ("[]", i)), depth + 1, None))
+                        _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, None)
                 continue
             if isinstance(obj, dict):
                 holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding
@@ -376,16 +389,17 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         continue
                     if (guardable(child) or by_identity(child, is_tensor)) and not big:
                         out.add(obj, "item", k, child, (*path, ("[]", k)))
-                    elif _pinnable(child) and not big:
+                    elif pins and _pinnable(child) and not big:
                         out.pin(obj, "item", k, child, (*path, ("[]", k)))
                     if not guardable(child):
-                        stack.append((child, (*path, ("[]", k)), depth + 1, None))
+                        _push(stack, unpinned, pins, child, (*path, ("[]", k)), depth + 1, None)
                 continue
             if tp.__module__.partition(".")[0] in FOREIGN_MODULES:
                 continue
             classes.add(tp)
             named = names_for(obj)
             d = instance_dict(obj)
+            pins = pins and not (backends.identity_keyed(tp) and (d is None or holding.isdisjoint(d)))
             if d is not None:
                 instances.append((tp, d, path, named))
                 if hook_holders:
@@ -409,9 +423,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         continue
                     if by_identity(child, is_tensor):
                         out.add(d, "item", k, child, (*path, (".", k)), obj)
-                    elif _pinnable(child) and k not in through:
+                    elif pins and _pinnable(child) and k not in through:
                         out.pin(d, "item", k, child, (*path, (".", k)))
-                    stack.append((child, (*path, (".", k)), depth + 1, None))
+                    _push(stack, unpinned, pins, child, (*path, (".", k)), depth + 1, None)
             for name in slots_of(tp):
                 if named is not None and name not in named:
                     continue
@@ -421,10 +435,10 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     continue
                 if guardable(child) or by_identity(child, is_tensor):
                     out.add(obj, "attr", name, child, (*path, (".", name)))
-                elif _pinnable(child):
+                elif pins and _pinnable(child):
                     out.pin(obj, "attr", name, child, (*path, (".", name)))
                 if not guardable(child):
-                    stack.append((child, (*path, (".", name)), depth + 1, None))
+                    _push(stack, unpinned, pins, child, (*path, (".", name)), depth + 1, None)
         new = [tp for tp in classes | by_name if tp not in done]
         if not new:
             break

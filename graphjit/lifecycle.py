@@ -370,7 +370,7 @@ class KeyLifecycle(abc.ABC):
             if last and record and warm.blocked is None:  # verify's eager reference: it need not run again
                 warm.reference = record_reference(backend, out, written, device)
             del out
-            snap.restore()
+            snap.restore({id(t) for t in warm.state(sig, backend)[0]})  # what its runs wrote (an input read only: kept)
             py.restore()
             lost = [reach.describe(p) for t, p in warm.written_tensors() if id(t) not in known]
             new = [reach.describe(p) for t, p in warm.written_tensors() if id(t) not in own]

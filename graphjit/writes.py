@@ -14,7 +14,7 @@ a probe that would copy more stops copying and reports itself :attr:`WriteProbe.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from .backends.base import Backend
@@ -108,10 +108,13 @@ class Snapshot:
     def nbytes(self) -> int:
         return sum(self.backend.nbytes(c) for _t, c in self.saved)
 
-    def restore(self) -> None:
+    def restore(self, only: Collection[int] | None = None) -> None:
+        """Put the copies back (``only``: those of the tensors whose ``id`` is in it: the ones a run wrote; a tensor
+        that was only read is never written, which an expanded or inference tensor would refuse), and the generator."""
         b = self.backend
         for t, c in self.saved:
-            b.copy_(t, c)
+            if only is None or id(t) in only:
+                b.copy_(t, c)
         if self.rng is not None:
             b.set_rng_state(self.device, self.rng)
 

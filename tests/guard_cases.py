@@ -486,26 +486,6 @@ def rebound_list_tensor(device: str) -> Case:
     return _rebound(device, "item")
 
 
-def rebound_config_dict(device: str) -> Case:
-    """A plain object's dict of settings replaced by a new dict (``h.cfg = {...}``, a reloaded config), then the old
-    one put back: the guards of its entries read the object the function reads now.  Before, they kept reading the
-    old dict, and the graph of the old values replayed."""
-    torch.manual_seed(0)
-    w = torch.randn(16, 16, device=device) / 4
-    xs = _xs(device, 14, (4, 16))
-    holder = type("Holder", (), {})()
-    first, other = {"scale": 1.0, "shift": 0.0}, {"scale": 3.0, "shift": 0.5}
-    holder.cfg = first
-
-    def step(x):
-        return (x @ w) * holder.cfg["scale"] + holder.cfg["shift"]
-
-    def before(i):
-        holder.cfg = other if 4 <= i < 9 else first
-
-    return Case(step, lambda i: (xs[i],), before, calls=14)
-
-
 class Tuning:
     """A class the "class_attribute" and "class_nested" cases' functions read by its global name: a plain class
     attribute and a container of containers on the class (settings users toggle on the class, not an instance)."""
@@ -580,8 +560,7 @@ VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item
           "rebound_buffer": rebound_buffer, "rebound_parameter": rebound_parameter,
           "class_attribute": class_attribute, "class_nested": class_nested, "settings_key_added": settings_key_added,
           "rebound_closure_tensor": rebound_closure_tensor, "rebound_global_tensor": rebound_global_tensor,
-          "rebound_attribute_tensor": rebound_attribute_tensor, "rebound_list_tensor": rebound_list_tensor,
-          "rebound_config_dict": rebound_config_dict}
+          "rebound_attribute_tensor": rebound_attribute_tensor, "rebound_list_tensor": rebound_list_tensor}
 
 
 # -- training loops as users write them --------------------------------------------------------------------
@@ -695,28 +674,8 @@ def batchnorm_step(device: str) -> Case:
     return _train_case(device, model, opt, lambda i: None, calls=10)
 
 
-def resumed_from_checkpoint(device: str) -> Case:
-    """``opt.load_state_dict(saved)`` between steps (a resumed run, another lr in the checkpoint): torch rebinds the
-    optimizer's ``param_groups`` and ``state`` to new lists, dicts and tensors.  Before, the guards kept reading the old
-    ones: the graph went on with the old lr and the old momentum buffers."""
-    model = _mlp(device)
-    opt = torch.optim.SGD(model.parameters(), lr=5e-2, momentum=0.9)
-    saved: list[Any] = []
-
-    def before(i):
-        if i == 3:
-            state = opt.state_dict()
-            state["param_groups"][0]["lr"] = 1e-2
-            saved.append(state)
-        if i == 7:
-            opt.load_state_dict(saved[0])  # back to the state after call 2, with the lower lr
-
-    return _train_case(device, model, opt, before, calls=14)
-
-
 TRAINING = {"lambda_lr": lambda_lr, "warmup_by_hand": warmup_by_hand, "step_lr_sgd": step_lr_sgd,
-            "weight_decay": weight_decay, "tensor_lr": tensor_lr, "batchnorm_step": batchnorm_step,
-            "resumed_from_checkpoint": resumed_from_checkpoint}
+            "weight_decay": weight_decay, "tensor_lr": tensor_lr, "batchnorm_step": batchnorm_step}
 
 
 def batchnorm_no_grad(device: str) -> Case:

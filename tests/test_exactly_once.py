@@ -144,6 +144,28 @@ def test_a_scopes_extra_run_that_writes_an_input_the_call_left_alone_is_undone(e
     assert k["reason"] == "writes different tensors on different calls" and g.stats()["graphs"] == 0, k
 
 
+@pytest.mark.parametrize("kind", ["expanded", "inference", "saved_for_backward"])
+def test_a_scopes_extra_runs_never_write_an_input_they_only_read(emu, kind):
+    """The inputs copied before a scope's extra runs are put back only where a run wrote them: an expanded or an
+    inference tensor refuses a write, and a tensor autograd saved must keep its version."""
+    g = graphjit.graphed(lambda x, y: x * 2 + y)
+    y = torch.randn(4, 8)
+    if kind == "expanded":
+        x = torch.ones(1).expand(4, 8)
+    elif kind == "inference":
+        with torch.inference_mode():
+            x = torch.randn(4, 8)
+    else:
+        leaf = torch.randn(4, 8, requires_grad=True)
+        x = torch.tanh(leaf)  # tanh saves its output for backward
+    with torch.no_grad(), graphjit.capture_scope(progress=False):
+        out = g(x, y)
+    assert torch.equal(out, x * 2 + y) and g.stats()["captures"] == 1
+    if kind == "saved_for_backward":
+        x.sum().backward()  # before: "modified by an inplace operation"
+        assert leaf.grad is not None
+
+
 @pytest.mark.parametrize("held", ["closure", "parameter"])
 def test_a_scopes_extra_run_that_writes_a_reached_tensor_the_call_left_alone_is_said(emu, gj_log, held):
     """What no copy covers (a tensor the function reaches, not one it is passed: copying every reachable tensor before

@@ -831,3 +831,26 @@ def test_an_instance_attribute_that_shadows_a_class_default_after_the_capture_is
             torch.testing.assert_close(g(x), eager(x), rtol=0, atol=0)
     labels = [k["key"] for k in g.stats()["keys"] if k["state"] == "replay"]
     assert any("own(self.temp)=True" in label for label in labels), g.report()
+
+
+def test_a_pinned_tensor_whose_entry_is_deleted_is_another_graphs(emu):
+    """A list the function reads a tensor from shrinks (``hist.pop()``), a dict entry it reads is deleted: the entry is
+    gone, not an error: the next calls warm up and capture for what is there now (a key of read values with the entry
+    deleted), as a deleted plain value is."""
+    hist = [torch.full((4,), 1.0), torch.full((4,), 2.0), torch.full((4,), 3.0)]
+    cfg = {"w": torch.ones(4), "b": torch.ones(4)}
+
+    def last(x):
+        return x + hist[-1]
+
+    def scaled(x):
+        return x * cfg["w"] + cfg.get("b", 0)
+
+    for fn, change in ((last, hist.pop), (scaled, lambda: cfg.pop("b"))):
+        g = graphjit.graphed(fn)
+        for i in range(20):
+            if i == 6:
+                change()
+            assert torch.equal(g(torch.ones(4)), fn(torch.ones(4))), (fn.__name__, i)
+        st = g.stats()
+        assert st["graphs"] == 2 and st["replays"] >= 14 and not st["fallbacks"], g.report()
