@@ -15,10 +15,20 @@ if TYPE_CHECKING:
     from .guards import Scan
     from .module_hooks import HookWatch
 
-__all__ = ["DELETED", "GuardSet", "HasKey", "note_rebind", "same", "show"]
+__all__ = ["DELETED", "GuardSet", "HasKey", "note_load", "note_rebind", "same", "show"]
 
 _REBINDS = [0]
 """How many times a framework said one of its modules rebound a parameter or buffer (:func:`note_rebind`)."""
+
+
+_LOADS = [0]
+"""How many times a framework said an object's state was loaded (:func:`note_load`)."""
+
+
+def note_load(*_args: Any) -> None:
+    """An optimizer's state was loaded (``load_state_dict``, which rebinds its ``param_groups`` and ``state``: the
+    guards read the old ones): every graph whose scan reached such an object is another graph's from now on."""
+    _LOADS[0] += 1
 
 
 def note_rebind(*_args: Any) -> None:
@@ -59,8 +69,22 @@ class GuardSet:
     they hold, else what failed.
     """
 
-    __slots__ = ("containers", "expected", "extra", "gated", "getters", "held", "hooks", "keys", "paths", "pin_attrs",
-                 "pin_items", "pinned", "seen")
+    __slots__ = (
+        "containers",
+        "expected",
+        "extra",
+        "gated",
+        "getters",
+        "held",
+        "hooks",
+        "keys",
+        "loads",
+        "paths",
+        "pin_attrs",
+        "pin_items",
+        "pinned",
+        "seen",
+    )
 
     def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False,
                  hooks: HookWatch | None = None) -> None:
@@ -110,6 +134,7 @@ class GuardSet:
             box = scan_.pinned[cid]
             (by_attr if box.kind in ("attr", "cell") else self.pinned).append((box.container, key, value, path))
         self.pin_items = _columns(self.pinned)
+        self.loads = _LOADS[0] if scan_.loads else None  # the count of state loads at capture, where it is watched
         self.pin_attrs = _columns(by_attr)
         self.pinned += by_attr
 
@@ -152,6 +177,8 @@ class GuardSet:
             return False
         if self.pinned and not self._pinned_same():
             return False
+        if self.loads is not None and _LOADS[0] != self.loads:
+            return False
         if self.held and (not self.gated or _REBINDS[0] != self.seen):
             count = _REBINDS[0]
             if not self._held_same():
@@ -190,6 +217,8 @@ class GuardSet:
                 continue
             if now is not was:
                 yield describe(path), _tensor(was), _tensor(now)
+        if self.loads is not None and _LOADS[0] != self.loads:
+            yield "an optimizer's state", f"as at capture ({self.loads} loads)", f"loaded since ({_LOADS[0]} loads)"
         if self.hooks is not None:
             yield from self.hooks.differences()
 
@@ -223,6 +252,8 @@ class GuardSet:
                 got = [_entry(c, k) if i < n else getattr(c, k, DELETED)
                        for i, (c, k, _v, _p) in enumerate(self.pinned)]
                 now = (*now, tuple((type(v), id(v)) for v in got))
+            if self.loads is not None:  # a loaded state is another graph's (its guards read the new containers)
+                now = (*now, ("loads", _LOADS[0]))
             if self.hooks is not None:
                 now = (*now, self.hooks.state())
             hash(now)

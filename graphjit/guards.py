@@ -107,6 +107,7 @@ class Scan:
     names: set[str] = field(default_factory=set)
     truncated: bool = False
     renewed: tuple[tuple[type, str], ...] = ()  # (type, attribute) the framework renews every call: not values
+    loads: bool = False  # an object reached says when its state is loaded (an optimizer's load_state_dict)
     held: dict[int, _Box] = field(default_factory=dict)  # a Module's parameter and buffer dicts: tensors by identity
     pinned: dict[int, _Box] = field(default_factory=dict)  # other tensors the code reads: by identity, every replay
     hooks: dict[int, tuple[dict[Any, Any], Path]] = field(default_factory=dict)  # the modules' hook dicts reached
@@ -285,7 +286,7 @@ def _identity_keyed(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str
 def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None,
          holders: Iterable[str] = (), by_object: dict[int, frozenset[str]] | None = None,
          transparent: Iterable[str] = (), renewed: tuple[tuple[type, str], ...] = (),
-         hook_holders: tuple[str, ...] = ()) -> Scan:
+         hook_holders: tuple[str, ...] = (), watch_loads: Callable[[Any], bool] | None = None) -> Scan:
     """Every guardable value the sources reach (see the module docstring).  ``ran``: the names the code of the
     last warmup call used (:class:`NameRecorder`, the function run as Python); None where that is not known
     (a tracer that runs a program instead, a profiler in the way): then every name the methods of the classes
@@ -300,7 +301,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     Module holds its submodules, parameters and buffers: their dict keys count as the owner's attributes.
     ``hook_holders``: attributes whose dicts hold a module's hooks, collected in ``Scan.hooks`` for
     :mod:`graphjit.module_hooks` (empty or not: a hook registered later lands there), of every module reached and
-    of all modules below it, named or not; their entries are not values."""
+    of all modules below it, named or not; their entries are not values.  ``watch_loads(obj)``: for each optimizer,
+    scheduler or scaler reached, True where the framework will say when its state is loaded (``Scan.loads``:
+    :func:`graphjit.guard_set.note_load`), which rebinds the lists and dicts whose entries are guarded."""
     holding = frozenset(holders)
     children = tuple(transparent)
     through = frozenset(children) | holding
@@ -399,7 +402,10 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             classes.add(tp)
             named = names_for(obj)
             d = instance_dict(obj)
-            pins = pins and not (backends.identity_keyed(tp) and (d is None or holding.isdisjoint(d)))
+            if backends.identity_keyed(tp) and (d is None or holding.isdisjoint(d)):  # not a Module: its state
+                pins = False
+                if watch_loads is not None and watch_loads(obj):
+                    out.loads = True
             if d is not None:
                 instances.append((tp, d, path, named))
                 if hook_holders:

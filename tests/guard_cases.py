@@ -674,8 +674,29 @@ def batchnorm_step(device: str) -> Case:
     return _train_case(device, model, opt, lambda i: None, calls=10)
 
 
+def resumed_from_checkpoint(device: str) -> Case:
+    """``opt.load_state_dict(saved)`` between steps (a resumed run, another lr in the checkpoint): torch rebinds the
+    optimizer's ``param_groups`` and ``state`` to new lists, dicts and tensors, and says so (a post hook graphjit
+    installs): the graphs captured before are not replayed again.  Before, the guards kept reading the old containers:
+    the graph went on with the old lr and the old momentum buffers."""
+    model = _mlp(device)
+    opt = torch.optim.SGD(model.parameters(), lr=5e-2, momentum=0.9)
+    saved: list[Any] = []
+
+    def before(i):
+        if i == 3:
+            state = opt.state_dict()
+            state["param_groups"][0]["lr"] = 1e-2
+            saved.append(state)
+        if i == 7:
+            opt.load_state_dict(saved[0])  # back to the state after call 2, with the lower lr
+
+    return _train_case(device, model, opt, before, calls=14)
+
+
 TRAINING = {"lambda_lr": lambda_lr, "warmup_by_hand": warmup_by_hand, "step_lr_sgd": step_lr_sgd,
-            "weight_decay": weight_decay, "tensor_lr": tensor_lr, "batchnorm_step": batchnorm_step}
+            "weight_decay": weight_decay, "tensor_lr": tensor_lr, "batchnorm_step": batchnorm_step,
+            "resumed_from_checkpoint": resumed_from_checkpoint}
 
 
 def batchnorm_no_grad(device: str) -> Case:

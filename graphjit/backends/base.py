@@ -289,6 +289,12 @@ class Backend(abc.ABC):
     """Attributes of the framework's Module/Layer objects whose dicts hold the hooks a call runs (forward and
     backward): watched with a graph's guards (:mod:`graphjit.module_hooks`)."""
 
+    def watch_loads(self, obj: Any) -> bool:
+        """Have the framework say when ``obj``'s state is loaded (an optimizer's ``load_state_dict``: it rebinds the
+        lists and dicts a graph's guards read; :func:`graphjit.guard_set.note_load`), once per object; True where it
+        will.  Called for each optimizer, scheduler or scaler a guard scan reaches."""
+        return False
+
     def hook_count(self) -> Callable[[], int] | None:
         """A function reading the framework's count of hook registrations (it moves whenever a hook is registered);
         None where the framework keeps none (module hooks are then not watched)."""

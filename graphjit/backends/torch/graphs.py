@@ -318,6 +318,9 @@ class TorchBackend(Backend):
     tensor_holders = ("_parameters", "_buffers")
     hook_holders = hooks.HOLDERS
 
+    def watch_loads(self, obj: Any) -> bool:
+        return rebinds.watch_loads(obj)
+
     def hook_count(self) -> Callable[[], int] | None:
         return hooks.count()
 
