@@ -37,7 +37,16 @@ from typing import Any
 
 from . import guards, module_hooks, py_writes, scope
 from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
-from .buffers import OVERLAP, OVERLAP_WHY, InputMoved, KeyEntry, StaticInputs, StaticOutputs, collect_tensors, real_view
+from .buffers import (
+    OVERLAP,
+    OVERLAP_WHY,
+    InputsOverlap,
+    KeyEntry,
+    StaticInputs,
+    StaticOutputs,
+    collect_tensors,
+    real_view,
+)
 from .dynamic import DynamicArgs, Index
 from .errors import CaptureError, IslandError, SignatureError, UnrecoverableCaptureError, VerifyError
 from .guard_set import GuardSet
@@ -198,7 +207,7 @@ def static_buffers(req: BuildRequest) -> Statics:
                           grad_free=not any(b.requires_grad(t) for t in tensors))
     try:
         inputs.load(tensors)
-    except InputMoved as moved:  # (StaticInputs.overlap: views overlapping in part, one of them written)
+    except InputsOverlap as moved:  # views overlapping in part, one of them written (one tensor twice shares a buffer)
         raise CaptureError(f"{req.fn_name} {req.stats.label}: {OVERLAP_WHY % sig.paths[moved.leaf]}",
                            reason=OVERLAP) from None
     is_tensor = _is_tensor_of(b)

@@ -125,18 +125,18 @@ class GuardSet:
         self.held = [(scan_.held[cid].container, key, path, value) for (cid, key), (value, path) in held.items()]
         self.gated = gated
         self.seen = _REBINDS[0]
-        # pinned values (tensors, and the lists and dicts whose entries are guarded, in closure cells, globals,
-        # attributes, list and dict entries): flat, by how they are read, each compared by identity before every
-        # replay in one C-level pass per kind; kept, so a tensor's address stays its own
-        self.pinned: list[tuple[Any, Any, Any, Path]] = []  # (container, key, value at capture, path); read by kind
+        # pinned tensors (in closure cells, globals, attributes, list and dict entries): flat, by how they are read,
+        # each compared by identity before every replay in one C-level pass per kind; kept, so their addresses stay
+        # theirs.  ``pinned``: (container, key, tensor at capture, path), the subscripted ones first
+        self.pinned: list[tuple[Any, Any, Any, Path]] = []
         by_attr: list[tuple[Any, Any, Any, Path]] = []
         for (cid, key), (value, path) in scan_.values(pinned=True).items():
             box = scan_.pinned[cid]
             (by_attr if box.kind in ("attr", "cell") else self.pinned).append((box.container, key, value, path))
         self.pin_items = _columns(self.pinned)
-        self.loads = _LOADS[0] if scan_.loads else None  # the count of state loads at capture, where it is watched
         self.pin_attrs = _columns(by_attr)
         self.pinned += by_attr
+        self.loads = _LOADS[0] if scan_.loads else None  # the count of state loads at capture, where it is watched
 
     def __len__(self) -> int:
         return sum(len(k) for k in self.keys) + len(self.held) + len(self.pinned)
@@ -158,6 +158,11 @@ class GuardSet:
             return not attrs or all(map(operator.is_, map(getattr, attrs[0], attrs[1]), attrs[2]))
         except Exception:  # an entry deleted
             return False
+
+    def _pinned_now(self) -> list[Any]:
+        """What each pinned entry holds now (in :attr:`pinned`'s order), :data:`DELETED` where it is gone."""
+        items = len(self.pin_items[0]) if self.pin_items else 0
+        return [_entry(c, k) if i < items else getattr(c, k, DELETED) for i, (c, k, _v, _p) in enumerate(self.pinned)]
 
     @property
     def size(self) -> tuple[int, int]:
@@ -208,14 +213,10 @@ class GuardSet:
                 continue
             if now is not was:
                 yield describe(path), _tensor(was), _tensor(now)
-        n_items = len(self.pin_items[0]) if self.pin_items else 0
-        for i, (container, key, was, path) in enumerate(self.pinned):
-            try:
-                now = container[key] if i < n_items else getattr(container, key)
-            except Exception:
+        for now, (_c, _k, was, path) in zip(self._pinned_now(), self.pinned):
+            if now is DELETED:
                 yield describe(path), _tensor(was), "(deleted)"
-                continue
-            if now is not was:
+            elif now is not was:
                 yield describe(path), _tensor(was), _tensor(now)
         if self.loads is not None and _LOADS[0] != self.loads:
             yield "an optimizer's state", f"as at capture ({self.loads} loads)", f"loaded since ({_LOADS[0]} loads)"
@@ -248,10 +249,7 @@ class GuardSet:
             if self.held:  # by identity: the graph of the new tensors holds them, so no other object takes their ids
                 now = (*now, tuple((type(v), id(v)) for v in (c.get(k, DELETED) for c, k, _p, _v in self.held)))
             if self.pinned:  # the same
-                n = len(self.pin_items[0]) if self.pin_items else 0
-                got = [_entry(c, k) if i < n else getattr(c, k, DELETED)
-                       for i, (c, k, _v, _p) in enumerate(self.pinned)]
-                now = (*now, tuple((type(v), id(v)) for v in got))
+                now = (*now, tuple((type(v), id(v)) for v in self._pinned_now()))
             if self.loads is not None:  # a loaded state is another graph's (its guards read the new containers)
                 now = (*now, ("loads", _LOADS[0]))
             if self.hooks is not None:
@@ -313,12 +311,10 @@ def _columns(entries: list[tuple[Any, Any, Any, Path]]) -> tuple[tuple[Any, ...]
 
 
 def _tensor(v: Any) -> str:
-    """A held tensor (or a pinned list or dict) for a reason: its type, shape and identity (never its values: that
-    could read the GPU)."""
+    """A held or pinned tensor for a reason: its type, shape and identity (never its values: that could read the
+    GPU)."""
     if v is None:
         return "None"
-    if isinstance(v, (list, dict)):
-        return f"<{type(v).__name__} of {len(v)} at {id(v):#x}>"
     return f"<{type(v).__name__} {list(getattr(v, 'shape', ()))} at {id(v):#x}>"
 
 

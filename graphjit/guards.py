@@ -226,7 +226,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 continue
             path: Path = (f"closure variable {var!r}",)
             if guardable(value) or by_identity(value, _never) or _pinnable(value):
-                slots.append((cell, "cell", "cell_contents", path))  # (a tensor, a list or a dict: pinned by scan)
+                slots.append((cell, "cell", "cell_contents", path))  # (a tensor: pinned by scan)
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
             elif not guardable(value) and not opaque(value):

@@ -130,4 +130,3 @@ class Snapshot:
     def rng_differs(self) -> bool:
         """True if the generator is not where it was when this snapshot was taken."""
         return self.rng is not None and not self.backend.rng_equal(self.backend.rng_state(self.device), self.rng)
-
