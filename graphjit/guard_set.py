@@ -78,6 +78,9 @@ class GuardSet:
         "held",
         "hooks",
         "keys",
+        "link_attrs",
+        "link_items",
+        "links",
         "loads",
         "paths",
         "pin_attrs",
@@ -137,6 +140,10 @@ class GuardSet:
         self.pin_attrs = _columns(by_attr)
         self.pinned += by_attr
         self.loads = _LOADS[0] if scan_.loads else None  # the count of state loads at capture, where it is watched
+        # where each list, dict or tuple read is found (its parent, up to an object, a cell, a module's globals or a
+        # class), parents first: compared by identity before every replay, and read there again where one was rebound
+        self.links = _chains(scan_.links, [*self.containers, *(p[0] for p in self.pinned)])
+        self._link_columns()
 
     def __len__(self) -> int:
         return sum(len(k) for k in self.keys) + len(self.held) + len(self.pinned)
@@ -159,6 +166,44 @@ class GuardSet:
         except Exception:  # an entry deleted
             return False
 
+    def _link_columns(self) -> None:
+        self.link_items = _columns([(p, k, c, ()) for p, kind, k, c in self.links if kind in ("item", "globals")])
+        self.link_attrs = _columns([(p, k, c, ()) for p, kind, k, c in self.links if kind in ("attr", "cell")])
+
+    def _links_same(self) -> bool:
+        """Every linked list, dict or tuple is still the one its parent holds (one C-level mapped pass per kind)."""
+        items, attrs = self.link_items, self.link_attrs
+        try:
+            if items and not all(map(operator.is_, map(operator.getitem, items[0], items[1]), items[2])):
+                return False
+            return not attrs or all(map(operator.is_, map(getattr, attrs[0], attrs[1]), attrs[2]))
+        except Exception:  # an entry deleted
+            return False
+
+    def follow(self) -> None:
+        """Read every guarded container where its parent holds it now (``m.cfg = {"scale": 2.0}``, a global list
+        rebound): the guards compare what the function would read, never a container it no longer reaches.  A
+        container gone (or no longer subscriptable) stays :data:`DELETED`, which fails the guards it holds."""
+        if not self.links or self._links_same():
+            return
+        moved: dict[int, Any] = {}
+        links = []
+        for parent, kind, key, child in self.links:
+            parent = moved.get(id(parent), parent)
+            try:
+                now = getattr(parent, key) if kind in ("attr", "cell") else parent[key]
+            except Exception:
+                now = DELETED
+            if now is not child:
+                moved[id(child)] = now
+            links.append((parent, kind, key, now))
+        self.links = links
+        self._link_columns()
+        self.containers = [moved.get(id(c), c) for c in self.containers]
+        items = len(self.pin_items[0]) if self.pin_items else 0
+        self.pinned = [(moved.get(id(c), c), k, v, p) for c, k, v, p in self.pinned]
+        self.pin_items = _columns(self.pinned[:items])
+
     def _pinned_now(self) -> list[Any]:
         """What each pinned entry holds now (in :attr:`pinned`'s order), :data:`DELETED` where it is gone."""
         items = len(self.pin_items[0]) if self.pin_items else 0
@@ -175,6 +220,8 @@ class GuardSet:
     def holds(self) -> bool:
         """True while every guarded value is what it was at capture (the replay path: one pass; the held tensors
         only where a module rebound one since they were last found the same, or where that is not counted)."""
+        if self.links and not self._links_same():
+            self.follow()
         try:
             if list(map(operator.call, self.getters, self.containers)) != self.expected:
                 return False
@@ -195,6 +242,7 @@ class GuardSet:
 
     def differences(self) -> Iterator[tuple[str, str, str]]:
         """``(path, value at capture, value now or "(deleted)")`` of each guarded value that differs, in order."""
+        self.follow()
         for i, keys in enumerate(self.keys):
             want = self.expected[i] if len(keys) > 1 else (self.expected[i],)
             for j, key in enumerate(keys):
@@ -244,6 +292,7 @@ class GuardSet:
         """The current guarded values, hashable (None where one is not): an unhashable object compared as an object
         (a dataclass config) stands for itself by its identity (:func:`~graphjit.guardable.hashable`), an entry gone
         (a list that shrank) by :data:`DELETED`."""
+        self.follow()
         try:
             now = tuple(_each(hashable, self._get_or_deleted(i), len(keys)) for i, keys in enumerate(self.keys))
             if self.held:  # by identity: the graph of the new tensors holds them, so no other object takes their ids
@@ -300,6 +349,17 @@ def _entry(container: Any, key: Any) -> Any:
         return container[key]
     except (KeyError, IndexError):
         return DELETED
+
+
+def _chains(links: dict[int, tuple[Any, str, Any, Any]], used: list[Any]) -> list[tuple[Any, str, Any, Any]]:
+    """The entries of ``links`` (:meth:`~graphjit.guards.Scan.link`, parents first) on the way to the containers
+    ``used``, in that order."""
+    needed: set[int] = set()
+    for c in used:
+        while id(c) in links and id(c) not in needed:
+            needed.add(id(c))
+            c = links[id(c)][0]
+    return [link for i, link in links.items() if i in needed]
 
 
 def _columns(entries: list[tuple[Any, Any, Any, Path]]) -> tuple[tuple[Any, ...], ...]:

@@ -43,9 +43,11 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   items below a named attribute always count.
 
 :class:`GuardSet` keeps one getter per container (``operator.itemgetter`` / ``attrgetter`` of the
-guarded names) and the values it returned at capture; :meth:`GuardSet.holds` calls every getter and
-compares the results with one list comparison (identity first, then ``==``): the per-replay cost is about
-35 ns per container plus a few ns per value, with no per-value Python code.
+guarded names) and the values it returned at capture, and where each list, dict and tuple was found (its parent and
+key, :meth:`Scan.link`): a rebound one (``m.cfg = {...}``) is read there again before its values are compared.
+:meth:`GuardSet.holds` checks those parents by identity in one mapped pass, calls every getter and compares the
+results with one list comparison (identity first, then ``==``): the per-replay cost is about 35 ns per container
+plus a few ns per value, with no per-value Python code.
 
 :func:`scan` runs at capture and in watched warmup calls (to find a function that writes a Python value on
 every call, which a replay would not do: :mod:`graphjit.py_writes`); never on the replay path.
@@ -116,6 +118,9 @@ class Scan:
     # attribute's name: :meth:`unshadowed`)
     wholes: dict[tuple[int, str], tuple[Any, Callable[[Any], Any], Any, Path]] = field(default_factory=dict)
     class_containers: dict[int, set[str]] = field(default_factory=dict)  # id(class) -> its containers walked
+    # id(list or dict) -> (parent, kind, key, it): where the walk read a list or dict, in the order met (a parent before
+    # its children); a guard reads it there again where the parent now holds another (``m.cfg = {...}``)
+    links: dict[int, tuple[Any, str, Any, Any]] = field(default_factory=dict)
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
         if owner is not None and self.renewed and any(key == n and isinstance(owner, t) for t, n in self.renewed):
@@ -124,6 +129,14 @@ class Scan:
         if box is None:
             box = self.boxes[id(container)] = _Box(container, kind, owner=owner)
         box.entries.setdefault(key, (snapshot(value), path))
+
+    def link(self, child: Any, parent: Any, kind: str, key: Any) -> None:
+        """``child`` was read as ``parent[key]`` (kind ``"item"``, ``"globals"``) or ``getattr(parent, key)``
+        (``"attr"``, ``"cell"``): where it is a list or a dict (held by no identity guard: a rebuilt equal one is the
+        same value) or a tuple (compared by ``==``: an equal one may hold other lists), remember where, so a rebound
+        one is read there again (:class:`~graphjit.guard_set.GuardSet`)."""
+        if isinstance(child, (list, dict, tuple)) and id(child) not in self.links:
+            self.links[id(child)] = (parent, kind, key, child)
 
     def length(self, container: Any, path: Path) -> None:
         """A list, or a container module's dict of submodules, whose length is guarded: code that iterates it runs an
@@ -199,6 +212,7 @@ class Sources:
     objects: list[tuple[str, Any]]
     slots: list[tuple[Any, str, Any, Path]]  # (container, kind, key, path) of closure cells and globals
     names: frozenset[str]
+    anchors: dict[int, tuple[Any, str, Any, Any]] = field(default_factory=dict)  # id(list/dict) -> Scan.link's entry
 
 
 def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] = ()) -> Sources:
@@ -210,6 +224,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
     objects: list[tuple[str, Any]] = []
     slots: list[tuple[Any, str, Any, Path]] = []
     names: set[str] = set()
+    anchors: dict[int, tuple[Any, str, Any, Any]] = {}
     if bound is not None:
         objects.append(("self", bound))
     for name, value in args:
@@ -231,6 +246,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 follow.append(value)
             elif not guardable(value) and not opaque(value):
                 objects.append((path[0], value))
+                anchors.setdefault(id(value), (cell, "cell", "cell_contents", value))
         g = f.__globals__
         for var in global_names(code):
             if var not in g:
@@ -243,26 +259,30 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 follow.append(value)
             elif not guardable(value) and not opaque(value):
                 objects.append((path[0], value))
+                anchors.setdefault(id(value), (g, "globals", var, value))
         return follow
 
     functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=OPAQUE_VALUES)
-    return Sources(objects, slots, frozenset(names))
+    anchors = {i: a for i, a in anchors.items() if isinstance(a[3], (list, dict, tuple))}
+    return Sources(objects, slots, frozenset(names), anchors)
 
 
 def _pinnable(v: Any) -> bool:
     """A value held by identity, compared before every replay (:meth:`Scan.pin`): a tensor (the graph reads it at its
     address).  Not a list or dict whose entries are guarded: a rebuilt equal one (a scheduler's ``_last_lr``, a dict
-    of settings made anew each step) would make a new graph every call; a rebound one is not seen (README)."""
+    of settings made anew each step) would make a new graph every call: a guard reads a rebound one where it was read
+    (:meth:`Scan.link`)."""
     return backends.for_type(type(v)) is not None
 
 
 def _push(stack: list[tuple[Any, Path, int, Any]], unpinned: set[int], pins: bool, child: Any, path: Path, depth: int,
-          keys_of: Any) -> None:
-    """Walk ``child`` next; where its parent pins nothing (under an optimizer, a scheduler, a scaler), neither does
-    it."""
+          out: Scan, at: tuple[Any, str, Any]) -> None:
+    """Walk ``child`` next, read as ``at`` (``(parent, kind, key)``: :meth:`Scan.link`); where its parent pins nothing
+    (under an optimizer, a scheduler, a scaler), neither does it."""
     if not pins:
         unpinned.add(id(child))
-    stack.append((child, path, depth, keys_of))
+    out.link(child, *at)
+    stack.append((child, path, depth, None))
 
 
 def _never(_v: Any) -> bool:
@@ -307,7 +327,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     holding = frozenset(holders)
     children = tuple(transparent)
     through = frozenset(children) | holding
-    out = Scan(renewed=renewed)
+    out = Scan(renewed=renewed, links=dict(src.anchors))
     out.names.update(src.names)
     # the attributes through which a Module holds its submodules count as named: which of their keys count was decided
     # by the walk (keys_of: the owner's names); a value under a submodule was dropped for want of "_modules"
@@ -367,7 +387,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     if isinstance(child, set) and guardable(child):  # a set in a tuple changes in place: read again
                         out.add(obj, "item", i, child, (*path, ("[]", i)))
                     elif not guardable(child):
-                        _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, None)
+                        _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, out, (obj, "item", i))
                 continue
             if isinstance(obj, list):
                 big = len(obj) > MAX_ITEMS
@@ -377,7 +397,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     elif pins and _pinnable(child) and not big:
                         out.pin(obj, "item", i, child, (*path, ("[]", i)))
                     if not guardable(child):
-                        _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, None)
+                        _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, out, (obj, "item", i))
                 continue
             if isinstance(obj, dict):
                 holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding
@@ -395,7 +415,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     elif pins and _pinnable(child) and not big:
                         out.pin(obj, "item", k, child, (*path, ("[]", k)))
                     if not guardable(child):
-                        _push(stack, unpinned, pins, child, (*path, ("[]", k)), depth + 1, None)
+                        _push(stack, unpinned, pins, child, (*path, ("[]", k)), depth + 1, out, (obj, "item", k))
                 continue
             if tp.__module__.partition(".")[0] in FOREIGN_MODULES:
                 continue
@@ -431,7 +451,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         out.add(d, "item", k, child, (*path, (".", k)), obj)
                     elif pins and _pinnable(child) and k not in through:
                         out.pin(d, "item", k, child, (*path, (".", k)))
-                    _push(stack, unpinned, pins, child, (*path, (".", k)), depth + 1, None)
+                    _push(stack, unpinned, pins, child, (*path, (".", k)), depth + 1, out, (d, "item", k))
             for name in slots_of(tp):
                 if named is not None and name not in named:
                     continue
@@ -444,7 +464,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 elif pins and _pinnable(child):
                     out.pin(obj, "attr", name, child, (*path, (".", name)))
                 if not guardable(child):
-                    _push(stack, unpinned, pins, child, (*path, (".", name)), depth + 1, None)
+                    _push(stack, unpinned, pins, child, (*path, (".", name)), depth + 1, out, (obj, "attr", name))
         new = [tp for tp in classes | by_name if tp not in done]
         if not new:
             break
@@ -523,6 +543,7 @@ def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any
             if guardable(child):
                 out.add(cls, "attr", k, child, cpath)
             elif isinstance(child, (list, tuple, dict)) and 0 < len(child) <= MAX_ITEMS:
+                out.link(child, cls, "attr", k)
                 stack.append((child, cpath, 1, None))
                 out.class_containers.setdefault(id(cls), set()).add(k)
             elif isinstance(child, list):

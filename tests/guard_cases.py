@@ -486,6 +486,85 @@ def rebound_list_tensor(device: str) -> Case:
     return _rebound(device, "item")
 
 
+SETTINGS: dict[str, float] = {"scale": 1.0}  # a module global dict the "rebuilt_global_dict" case rebinds
+
+
+def _rebuilt(device: str, where: str) -> Case:
+    """A list or dict the function reads an item of, made anew before every call (``m.cfg = {"scale": s}``, a config
+    reloaded, a global rebound), equal for a few calls, then other values, then back (``where``: an object's
+    attribute, a global, a closure cell, a dict in a dict, a dict of tensors, a list).  Before, the guards read the
+    first dict, which nobody changes any more: every later graph replayed the first values."""
+    global SETTINGS
+    torch.manual_seed(0)
+    w_a = torch.randn(16, 16, device=device) / 4
+    w_b = torch.randn(16, 16, generator=_gen(device, 7), device=device) / 4
+    xs = _xs(device, 14, (4, 16))
+    box = type("Holder", (), {})()
+    box.cfg = {"scale": 1.0}
+    box.weights = {"w": w_a}
+    box.order = [1.0, 2.0]
+    state = {"cfg": {"scale": 1.0}}
+
+    def make() -> tuple[Callable[..., Any], Callable[[dict[str, float]], None]]:
+        cfg = {"scale": 1.0}
+
+        def by_closure(x):
+            return torch.tanh(x @ w_a) * cfg["scale"]
+
+        def rebind(d):
+            nonlocal cfg
+            cfg = d
+
+        return by_closure, rebind
+
+    by_closure, rebind = make()
+    fns = {
+        "attribute": lambda x: torch.tanh(x @ w_a) * box.cfg["scale"],
+        "global": lambda x: torch.tanh(x @ w_a) * SETTINGS["scale"],
+        "closure": by_closure,
+        "nested": lambda x: torch.tanh(x @ w_a) * state["cfg"]["scale"],
+        "tensors": lambda x: torch.tanh(x @ box.weights["w"]),
+        "list": lambda x: torch.tanh(x @ w_a) * box.order[0] + box.order[1],
+    }
+
+    def before(i):
+        global SETTINGS
+        other = 4 <= i < 9
+        scale = 3.0 if other else 1.0
+        box.cfg = {"scale": scale}
+        SETTINGS = {"scale": scale}
+        rebind({"scale": scale})
+        state["cfg"] = {"scale": scale}
+        box.weights = {"w": w_b if other else w_a}
+        box.order = [scale, 2.0]
+
+    return Case(fns[where], lambda i: (xs[i],), before, calls=14)
+
+
+def rebuilt_attribute_dict(device: str) -> Case:
+    return _rebuilt(device, "attribute")
+
+
+def rebuilt_global_dict(device: str) -> Case:
+    return _rebuilt(device, "global")
+
+
+def rebuilt_closure_dict(device: str) -> Case:
+    return _rebuilt(device, "closure")
+
+
+def rebuilt_nested_dict(device: str) -> Case:
+    return _rebuilt(device, "nested")
+
+
+def rebuilt_dict_of_tensors(device: str) -> Case:
+    return _rebuilt(device, "tensors")
+
+
+def rebuilt_list(device: str) -> Case:
+    return _rebuilt(device, "list")
+
+
 class Tuning:
     """A class the "class_attribute" and "class_nested" cases' functions read by its global name: a plain class
     attribute and a container of containers on the class (settings users toggle on the class, not an instance)."""
@@ -560,7 +639,10 @@ VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item
           "rebound_buffer": rebound_buffer, "rebound_parameter": rebound_parameter,
           "class_attribute": class_attribute, "class_nested": class_nested, "settings_key_added": settings_key_added,
           "rebound_closure_tensor": rebound_closure_tensor, "rebound_global_tensor": rebound_global_tensor,
-          "rebound_attribute_tensor": rebound_attribute_tensor, "rebound_list_tensor": rebound_list_tensor}
+          "rebound_attribute_tensor": rebound_attribute_tensor, "rebound_list_tensor": rebound_list_tensor,
+          "rebuilt_attribute_dict": rebuilt_attribute_dict, "rebuilt_global_dict": rebuilt_global_dict,
+          "rebuilt_closure_dict": rebuilt_closure_dict, "rebuilt_nested_dict": rebuilt_nested_dict,
+          "rebuilt_dict_of_tensors": rebuilt_dict_of_tensors, "rebuilt_list": rebuilt_list}
 
 
 # -- training loops as users write them --------------------------------------------------------------------

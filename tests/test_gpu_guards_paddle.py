@@ -85,3 +85,30 @@ def test_a_layer_attribute_that_changes_on_every_call_runs_uncaptured(tracer):
     assert not st["replays"] or st["graphs"] == 1, g.report()
     if tracer == "eager":  # (Paddle 2.6's SOT translates a program per value, and refuses to capture its first run)
         assert any(r.startswith(guards.REASON) and "self.k" in r for r in st["fallbacks"]), g.report()
+
+
+@pytest.mark.parametrize("tracer", ["eager", "sot"])
+def test_a_rebound_dict_that_picks_the_weight_is_read_anew(tracer):
+    """``layer.cfg = {"which": k}`` before every call (a new dict each time, equal for three calls, then the other
+    weight): the graph of the current value replays; before, the guards read the first dict and replayed it."""
+    rng = np.random.default_rng(2)
+    ws_np = _weights(rng, 2)
+
+    class Pick(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.ws = [T(w) for w in ws_np]
+            self.cfg = {"which": 0}
+
+        def forward(self, x):
+            return paddle.matmul(x, self.ws[self.cfg["which"]])
+
+    layer = Pick()
+    g = graphjit.graphed(layer, tracer=tracer)
+    with paddle.no_grad():
+        for i in range(12):
+            layer.cfg = {"which": (i // 3) % 2}
+            x = rng.standard_normal((4, N)).astype(np.float32)
+            assert rel(g(T(x)).numpy(), x @ ws_np[layer.cfg["which"]]) < TF32, (tracer, i, g.report())
+    st = g.stats()
+    assert st["replays"] >= 4, g.report()

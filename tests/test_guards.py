@@ -854,3 +854,55 @@ def test_a_pinned_tensor_whose_entry_is_deleted_is_another_graphs(emu):
             assert torch.equal(g(torch.ones(4)), fn(torch.ones(4))), (fn.__name__, i)
         st = g.stats()
         assert st["graphs"] == 2 and st["replays"] >= 14 and not st["fallbacks"], g.report()
+
+
+@pytest.mark.parametrize("name", ["rebuilt_attribute_dict", "rebuilt_global_dict", "rebuilt_dict_of_tensors"])
+def test_a_container_rebuilt_equal_before_every_call_keeps_its_graph(emu, name):
+    """A dict made anew before every call with equal values replays the graph of those values (one graph per
+    distinct value set: two here), rather than a graph per call or an uncaptured call."""
+    st, g = _check(cases.VALUES[name])
+    assert st["graphs"] == 2 and st["replays"] == 10 and not st["fallbacks"], g.report()
+
+
+def test_a_function_that_rebinds_the_dict_it_reads_acts_as_eager(emu):
+    """``h.state = {"n": n + 1}`` inside the function: a replay would not run it; each call equals eager's output and
+    leaves the same state (before, the guards read the first dict and replayed a frozen count)."""
+    holder = type("Holder", (), {})()
+
+    def step(x):
+        n = holder.state["n"]
+        holder.state = {"n": n + 1}
+        return x * n
+
+    got = []
+    for graph in (False, True):
+        holder.state = {"n": 0}
+        f = graphjit.graphed(step) if graph else step
+        with torch.no_grad():
+            got.append([float(f(torch.ones(2))[0]) for _ in range(8)])
+        assert holder.state == {"n": 8}, f.report() if graph else holder.state
+    assert got[0] == got[1] == [float(i) for i in range(8)], f.report()
+
+
+def test_a_guard_reads_a_rebound_container_where_the_code_finds_it():
+    """The GuardSet follows a rebound list or dict through its parents (an attribute, a dict entry), names the
+    path of a changed value, and holds again once an equal one is bound."""
+    holder = type("Holder", (), {})()
+    holder.cfg = {"inner": {"scale": 1.0}, "order": [1, 2]}
+
+    def step(x):
+        return x * holder.cfg["inner"]["scale"] + holder.cfg["order"][1]
+
+    found = guards.scan(guards.sources(step, None), lambda v: isinstance(v, torch.Tensor))
+    guard = guards.GuardSet(found)
+    assert guard.holds() and len(guard.links) == 3
+    holder.cfg = {"inner": {"scale": 1.0}, "order": [1, 2]}
+    assert guard.holds()
+    holder.cfg["inner"] = {"scale": 2.0}
+    assert not guard.holds()
+    assert guard.change() == ("closure variable 'holder'.cfg['inner']['scale']", "1.0", "2.0")
+    holder.cfg["inner"] = {"scale": 1.0}
+    holder.cfg["order"] = (1, 3)  # another type there: compared as the code reads it
+    assert not guard.holds() and guard.change()[2] == "3"
+    del holder.cfg["order"]
+    assert not guard.holds() and guard.values() is not None and guard.change()[2] == "(deleted)"

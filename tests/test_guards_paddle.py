@@ -83,3 +83,26 @@ def test_the_ast_tracer_is_known_to_freeze_values():
     assert not backend.tracer_rereads_values("ast")
     assert backend.tracer_rereads_values("sot") and backend.tracer_rereads_values("eager")
     assert graphjit.graphed(lambda x: x, tracer="ast") is not None
+
+
+def test_a_rebound_dict_of_a_layer_is_read_anew():
+    """``layer.cfg = {...}`` after the capture: the guards read the new dict (an equal one holds, another value is a
+    change naming the path), as with torch."""
+
+    class Scaled(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.lin = paddle.nn.Linear(4, 4)
+            self.cfg = {"scale": 1.0}
+
+        def forward(self, x):
+            return self.lin(x) * self.cfg["scale"]
+
+    layer = Scaled()
+    found = guards.scan(guards.sources(type(layer).forward, layer), lambda x: isinstance(x, paddle.Tensor))
+    guard = guards.GuardSet(found)
+    assert guard.holds()
+    layer.cfg = {"scale": 1.0}
+    assert guard.holds()
+    layer.cfg = {"scale": 2.0}
+    assert not guard.holds() and guard.change() == ("self.cfg['scale']", "1.0", "2.0")
