@@ -272,7 +272,8 @@ class StaticOutputs:
         # The return value's tree, planned once per mode (tree.rebuilder): copied, the outputs that are not the
         # call's inputs are fresh clones; aliased, the static outputs themselves; padded, views or clones of them
         # (the copy plan: it takes them in the same order).
-        self.fresh = [t for t, src in zip(self.tensors, self.source) if src is None]
+        # (once each: an output returned twice, ``return h, h``, is one copy at both places, as eager's is one tensor)
+        self.fresh = list({id(t): t for t, src in zip(self.tensors, self.source) if src is None}.values())
         # the bucketed dims of each of those, sliced back to the call's real size where it is padded
         self.slice_dims = [[(d, n) for d, n in enumerate(backend.shape(t)) if (d, n) in bucket_dims]
                            for t in self.fresh]

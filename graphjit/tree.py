@@ -267,7 +267,8 @@ def rebuilder(obj: Any, sources: Sequence[int], is_tensor: Callable[[Any], bool]
               argument: Callable[[Any, list[Any]], Path | None] | None = None
               ) -> Callable[..., Any]:
     """:func:`rebuild` of ``obj`` planned once for many calls, each leaf (in :func:`collect_tensors` order) taken
-    from where ``sources`` says: :data:`FRESH`, the next of the call's fresh tensors; :data:`KEEP`, ``obj``'s own; an
+    from where ``sources`` says: :data:`FRESH`, the next of the call's fresh tensors (a tensor met again, the one it
+    took before); :data:`KEEP`, ``obj``'s own; an
     index ``i``, the call's own tensor ``i`` (an output that is one of the call's inputs, as an eager call returns it).
 
     The returned function is ``run(fresh, tensors=None, call=None)``.  Without ``tensors`` the input leaves stay
@@ -300,7 +301,7 @@ class _Planner:
         self.sources = sources
         self.is_tensor = is_tensor
         self.argument = argument
-        self.fresh = 0
+        self.fresh_of: dict[int, int] = {}  # id(template's tensor) -> its index among the fresh ones
         self.of_call = False  # a node takes the call's tensors or arguments (kind 7 or 8)
         self.visiting: set[int] = set()
 
@@ -311,9 +312,9 @@ class _Planner:
             src = next(self.sources)
             if src == KEEP:
                 return (0, x, None), True
-            if src == FRESH:
-                self.fresh += 1
-                return (1, self.fresh - 1, None), False
+            if src == FRESH:  # a tensor met before takes the same fresh one (``return h, h``: one tensor twice)
+                i = self.fresh_of.setdefault(id(x), len(self.fresh_of))
+                return (1, i, None), False
             self.of_call = True
             return (7, (src, x), None), False
         node, same = self._inner(x)

@@ -117,10 +117,12 @@ def test_the_plan_gives_what_the_walk_gives_for_every_mask(index: int) -> None:
     leaves = collect_tensors(template, is_tensor)
     originals = all_ids(template, set())
     before = form(template, set())
-    for mask in itertools.product((False, True), repeat=len(leaves)):
-        fresh = [torch.zeros(1) for changed in mask if changed]
-        it = iter(fresh)
-        full = [next(it) if changed else leaf for leaf, changed in zip(leaves, mask)]
+    distinct = list({id(t): t for t in leaves})  # a tensor at two places changes at both (one fresh tensor)
+    for changes in itertools.product((False, True), repeat=len(distinct)):
+        new = {i: torch.zeros(1) for i, changed in zip(distinct, changes) if changed}
+        mask = [id(t) in new for t in leaves]
+        fresh = list(new.values())
+        full = [new.get(id(leaf), leaf) for leaf in leaves]
         want = rebuild(template, full, is_tensor)
         got = rebuilder(template, [FRESH if changed else KEEP for changed in mask], is_tensor)(fresh)
         assert form(got, originals) == form(want, originals), mask

@@ -202,3 +202,23 @@ def test_a_returned_cache_comes_back_as_itself_beside_dynamic_arguments_holding_
         out = g(torch.ones(4), [torch.tensor([i, 1])], cache, torch.ones(4))
         assert out[1] is cache and torch.equal(cache.layers[0].keys, torch.full((2, 4), 2.0 * (i + 1))), i
     assert g.stats()["replays"] >= 3, g.report()
+
+
+@pytest.mark.parametrize("outputs", ["copy", "alias"])
+def test_a_tensor_returned_twice_comes_back_as_one_tensor_twice(emu, outputs):
+    """``return h, {"last": h}``: eager returns one tensor at both places (a model's last hidden state is also the last
+    of its hidden states), so writing one writes the other.  Before, copied outputs came back as two copies."""
+    w = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+
+    def step(x):
+        h = x @ w
+        return h, {"last": h, "sum": h.sum()}
+
+    g = graphjit.graphed(step, outputs=outputs)
+    for i in range(5):
+        x = torch.full((2, 4), float(i))
+        with torch.no_grad():
+            h, rest = g(x)
+        assert rest["last"] is h and torch.equal(h, x @ w), (i, g.report())
+        assert torch.equal(rest["sum"], (x @ w).sum())
+    assert g.stats()["replays"] >= 2, g.report()
