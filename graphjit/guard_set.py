@@ -5,6 +5,7 @@ is guarded and why)."""
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -203,6 +204,55 @@ class GuardSet:
         items = len(self.pin_items[0]) if self.pin_items else 0
         self.pinned = [(moved.get(id(c), c), k, v, p) for c, k, v, p in self.pinned]
         self.pin_items = _columns(self.pinned[:items])
+
+    def refill(self, refillable: Callable[[Any, Any], bool], copy: Callable[[Any, Any], None],
+               owners: Callable[[Any], int]) -> list[str]:
+        """Where the only guarded values that differ are pinned tensors rebound to others of the same layout
+        (``self.rope_deltas = torch.zeros(...)``, made anew by every ``generate()``), and no reference to either exists
+        but their place (the new one) and the guards of graphs (the old one; ``owners(old)``: how many guard sets of
+        the function pin it): copy each new tensor's values into the old one and put the old one back in its place.
+        Nothing can tell the difference (no other reference to either exists) and the graph reads what the function
+        would.  Returns the paths refilled; ``[]`` where any check refuses, nothing changed.  Never on the replay
+        path: a call whose guards failed.  Not checked here: the tracer's own guards (the caller checks them all
+        again after)."""
+        if not self.pinned or (self.keys and not self._values_same()):
+            return []
+        if (self.loads is not None and _LOADS[0] != self.loads) or (self.held and not self._held_same()):
+            return []
+        if self.hooks is not None and not self.hooks.holds():
+            return []
+        items = len(self.pin_items[0]) if self.pin_items else 0
+        moved = [i for i, (now, entry) in enumerate(zip(self._pinned_now(), self.pinned)) if now is not entry[2]]
+        for i in moved:
+            entry = self.pinned[i]
+            # the old tensor: two references per guard set pinning it (its entry, its column) and the argument's
+            if sys.getrefcount(entry[2]) != 1 + 2 * owners(entry[2]):
+                return []
+            now = self._read(i, items)
+            if now is DELETED or not refillable(entry[2], now):
+                return []
+            del now
+            if sys.getrefcount(self._read(i, items)) != 2:  # its place's and the argument's: nobody else holds it
+                return []
+        for i in moved:
+            c, k, old, _path = self.pinned[i]
+            copy(old, self._read(i, items))
+            if i < items:
+                c[k] = old
+            else:
+                setattr(c, k, old)
+        return [describe(self.pinned[i][3]) for i in moved]
+
+    def _values_same(self) -> bool:
+        try:
+            return list(map(operator.call, self.getters, self.containers)) == self.expected
+        except Exception:
+            return False
+
+    def _read(self, i: int, items: int) -> Any:
+        """What pinned entry ``i`` holds now (:data:`DELETED` where it is gone)."""
+        c, k = self.pinned[i][0], self.pinned[i][1]
+        return _entry(c, k) if i < items else getattr(c, k, DELETED)
 
     def _pinned_now(self) -> list[Any]:
         """What each pinned entry holds now (in :attr:`pinned`'s order), :data:`DELETED` where it is gone."""

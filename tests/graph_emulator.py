@@ -8,8 +8,10 @@ What it keeps of a real CUDA graph, since graphjit's exactly-once bookkeeping de
   is recorded and not run (BatchNorm's update of its running statistics, which its schema does not mark,
   runs on copies), and every other op runs with the generator put back afterwards, so a capture
   changes no existing tensor and does not advance the generator, as a CUDA capture does.
-* Replay runs every recorded op again, in order, on the same tensor objects (inputs, intermediates and
-  outputs keep their "addresses"); functional results are copied into the tensors the capture made.
+* Replay runs every recorded op again, in order, on the same memory (inputs, intermediates and outputs keep their
+  "addresses"); functional results are copied into the tensors the capture made.  The ops' tensor arguments are
+  kept as aliases (``detach()``: the same storage, strides and offset), never as the caller's objects: a CUDA
+  graph holds addresses, not Python references, so a tensor nobody else holds is referenced by graphjit alone.
   Python code does not run again: Python values and object attributes stay as the capture left them.
   Random ops draw new numbers from the generator and advance it.
 * A sync (``.item()``, ``nonzero``, ``torch.equal``) inside a capture raises, as CUDA does, and is
@@ -27,7 +29,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 import graphjit.backends as registry
 from graphjit.backends.base import GraphHandle, Segments, in_island, segments_open
@@ -74,6 +76,11 @@ def _written_returns(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return rets[0] if len(rets) == 1 else tuple(rets)
 
 
+def _address(a: Any) -> Any:
+    """What a recorded op keeps of an argument: a tensor's memory (an alias), not the tensor object."""
+    return a.detach() if isinstance(a, torch.Tensor) else a
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
@@ -83,8 +90,9 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in SYNC_OPS:
             raise RuntimeError(f"operation not permitted when stream is capturing (emulated CUDA graph: {func})")
+        kept, kept_kw = tree_map(_address, args), tree_map(_address, kwargs)
         if _writes(func):
-            self.ops.append(("write", func, args, kwargs, None))
+            self.ops.append(("write", func, kept, kept_kw, None))
             return _written_returns(func, args, kwargs)
         if func in UNMARKED_WRITES and args[5] and args[3] is not None:  # training: updates the running stats
             # native_batch_norm writes running_mean/var (args 3, 4) without saying so in its schema (a real
@@ -92,12 +100,12 @@ class _Recorder(TorchDispatchMode):
             state = list(args)
             state[3], state[4] = args[3].clone(), args[4].clone()
             out = func(*state, **kwargs)
-            self.ops.append(("compute", func, args, kwargs, out))
+            self.ops.append(("compute", func, kept, kept_kw, out))
             return out
         state = torch.default_generator.get_state()  # a random op (rand_like has no generator argument to tell)
         out = func(*args, **kwargs)
         torch.default_generator.set_state(state)
-        self.ops.append(("view" if _is_view(func) else "compute", func, args, kwargs, out))
+        self.ops.append(("view" if _is_view(func) else "compute", func, kept, kept_kw, out))
         return out
 
 

@@ -906,3 +906,47 @@ def test_a_guard_reads_a_rebound_container_where_the_code_finds_it():
     assert not guard.holds() and guard.change()[2] == "3"
     del holder.cfg["order"]
     assert not guard.holds() and guard.values() is not None and guard.change()[2] == "(deleted)"
+
+
+class _Shifted(torch.nn.Module):
+    """A model that keeps a tensor it makes anew on itself (Qwen2-VL's ``rope_deltas``, set by every ``generate()``)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+        self.delta = None
+
+    def forward(self, x):
+        return self.lin(x) + self.delta
+
+
+@pytest.mark.parametrize("held", ["nobody", "old", "new", "other shape"])
+def test_a_tensor_rebound_that_nobody_else_holds_is_refilled_in_place(emu, held):
+    """``m.delta = torch.full(...)`` before every few calls: where nothing but the model holds the new tensor and
+    nothing but the graphs' guards the old one, the new values are copied into the old tensor and it is bound back
+    (one graph, no recapture); where the caller keeps either (or the layout differs), the old tensor is left alone
+    and the new one is another graph's, as before.  Every call equals eager."""
+    m = _Shifted()
+    g = graphjit.graphed(m)
+    kept = []
+    for gen in range(4):
+        shape = (1, 4) if held != "other shape" or gen % 2 == 0 else (2, 4)
+        new = torch.full(shape, float(gen))
+        if held == "old" and m.delta is not None:
+            kept.append((m.delta, m.delta.clone()))
+        if held == "new":
+            kept.append((new, new.clone()))
+        m.delta = new
+        del new
+        for step in range(5):
+            x = torch.ones(2, 4) * step
+            with torch.no_grad():
+                assert torch.equal(g(x), m.lin(x) + m.delta), (held, gen, step, g.report())
+    for t, was in kept:
+        assert torch.equal(t, was), held  # a tensor the caller holds is never written
+    st = g.stats()
+    if held == "nobody":
+        assert st["graphs"] == 1 and st["replays"] == 18, g.report()
+    else:
+        assert st["graphs"] >= 2, g.report()
