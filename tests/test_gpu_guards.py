@@ -125,3 +125,40 @@ def test_the_dynamo_guards_of_a_compiled_function_are_checked_before_a_replay():
         for i in range(8):
             holder.scale = 1.0 if i < 4 else 3.0
             assert torch.allclose(g(x), (x @ w) * holder.scale, rtol=1e-4, atol=1e-4), (i, g.report())
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+@pytest.mark.parametrize("held", ["nobody", "old"])
+def test_a_tensor_made_anew_on_the_model_is_refilled_where_nobody_else_holds_it(tracer, held):
+    """``m.delta = torch.full(...)`` before every five calls (Qwen2-VL's ``rope_deltas``): nobody else holding either
+    tensor, one graph serves every call, its tensor refilled with the new values; the caller keeping the old one, it is
+    never written and the new one gets its own graph.  Every call equals eager; nothing is refilled under a view."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64).to(DEV)
+
+    class Shifted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = lin
+            self.delta = None
+
+        def forward(self, x):
+            return torch.tanh(self.lin(x) + self.delta)
+
+    m = Shifted()
+    g = graphjit.graphed(m, tracer=tracer)
+    kept = []
+    for gen in range(4):
+        if held == "old" and m.delta is not None:
+            kept.append((m.delta, m.delta.clone()))
+        m.delta = torch.full((1, 64), 0.1 * gen, device=DEV)
+        for step in range(5):
+            x = torch.randn(8, 64, device=DEV)
+            with torch.no_grad():
+                got = g(x)
+                want = torch.tanh(lin(x) + m.delta)
+            assert (got - want).abs().max().item() <= TOL, (held, gen, step, g.report())
+    for t, was in kept:
+        assert torch.equal(t, was)
+    st = g.stats()
+    assert st["graphs"] == (1 if held == "nobody" else 4), g.report()
