@@ -74,8 +74,22 @@ def test_one_line_generate_equals_eager_and_decodes_from_one_graph(family, batch
     if sliding:  # one key per position: the first call warms up, captures and proves the family's graph
         _check_positions([k for k in s["keys"] if f"input_ids[{batch}, 1]" in k["key"]], fn)
         return
+    if _returns_rope_deltas(model):
+        # transformers before 5.20 returns the model's rope_deltas tensor, which every generate() makes anew, in each
+        # step's output: graphjit holds it (it cannot refill a tensor its own output plan holds too), so each call's
+        # decode step is a key of its own, captured once and replayed for that call's later tokens
+        assert len(decode) == calls and all(k["captures"] == 1 for k in decode), fn.report()
+        assert all(k["replays"] >= GREEDY["max_new_tokens"] - 4 for k in decode), fn.report()
+        return
     assert len(decode) == 1 and decode[0]["captures"] == 1, fn.report()
     assert decode[0]["replays"] >= 2 * (GREEDY["max_new_tokens"] - 1) - 2, fn.report()
+
+
+def _returns_rope_deltas(model) -> bool:
+    """The model's step output holds its ``rope_deltas`` tensor (Qwen2-VL in transformers before 5.20)."""
+    module = __import__(type(model).__module__, fromlist=["*"])
+    output = getattr(module, type(model).__name__.replace("ForConditionalGeneration", "CausalLMOutputWithPast"), None)
+    return output is not None and "rope_deltas" in getattr(output, "__dataclass_fields__", {})
 
 
 def test_the_compile_tracer_compiles_the_decode_step_once_and_never_the_prefill():
