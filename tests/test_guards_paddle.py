@@ -106,3 +106,29 @@ def test_a_rebound_dict_of_a_layer_is_read_anew():
     assert guard.holds()
     layer.cfg = {"scale": 2.0}
     assert not guard.holds() and guard.change() == ("self.cfg['scale']", "1.0", "2.0")
+
+
+def test_set_state_dict_loads_an_optimizers_state_into_the_same_tensors():
+    """Why Paddle's ``optimizer.set_state_dict`` needs no watch (torch's ``load_state_dict`` rebinds ``state`` and gets
+    one: guard_set.note_load): it writes the loaded moments into the accumulator tensors a captured step reads, so the
+    graph reads the loaded values; a Paddle that rebinds them would fail here."""
+    import numpy as np
+
+    paddle.seed(0)
+    lin = paddle.nn.Linear(4, 4)
+    opt = paddle.optimizer.AdamW(learning_rate=0.01, parameters=lin.parameters())
+
+    def step():
+        lin(paddle.ones([2, 4])).sum().backward()
+        opt.step()
+        opt.clear_grad()
+
+    step()
+    saved = {k: (v.clone() if isinstance(v, paddle.Tensor) else v) for k, v in opt.state_dict().items()}
+    held = {(n, p): t for n, d in opt._accumulators.items() for p, t in d.items()}
+    step()
+    opt.set_state_dict(saved)
+    now = {(n, p): t for n, d in opt._accumulators.items() for p, t in d.items()}
+    assert now.keys() == held.keys() and all(now[k] is held[k] for k in held)
+    loaded = [t for t in held.values() if t.name in saved]
+    assert loaded and all(np.array_equal(t.numpy(), saved[t.name].numpy()) for t in loaded)
