@@ -37,7 +37,7 @@ stage() {
     profile) timeout 120 python3 tools/probes/piecewise_profile.py --out "$out" 2>&1 | tail -45 ;;
     replay) timeout 120 python3 tools/probes/replay_profile.py --out "$out" 2>&1 | tail -45 ;;
     capture) timeout 240 python3 -m graphjit bench capture --profile --out "$out" --tag h200 2>&1 | tail -12 ;;
-    generate) timeout 420 python3 -m graphjit bench generate --families "${GENERATE_FAMILIES:-llama,gpt2,t5}" \
+    generate) timeout 420 python3 -m graphjit bench generate --families "${GENERATE_FAMILIES:-llama,gpt2,t5}" --time-budget 380 \
                 --out "$out" --tag h200 2>&1 | tail -14 ;;
     dispatch) timeout 120 python3 -m graphjit bench dispatch --out "$out" --tag h200 2>&1 | tail -15 ;;
     *) echo "unknown stage $1 (see the usage at the top of $0)"; return 2 ;;

@@ -19,8 +19,9 @@ import platform
 import re
 import statistics
 import sys
+import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -364,6 +365,31 @@ def pick(bench: str, what: str, text: str, allowed: Sequence[str]) -> list[str] 
 def say(*parts: Any) -> None:
     """print + flush (benchmarks run for minutes; output must show up as it happens)."""
     print(*parts, flush=True)
+
+
+class TimeBudget:
+    """A run's seconds (None: no limit): :meth:`spent` once the next step would end past them, going by the longest
+    step :meth:`timed` so far."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.start = time.perf_counter()
+        self.longest = 0.0
+
+    def spent(self) -> bool:
+        return self.seconds is not None and time.perf_counter() - self.start + self.longest > self.seconds
+
+    def skipped(self) -> dict[str, Any]:
+        return {"status": "skipped", "reason": f"--time-budget of {self.seconds} s: the longest step so far "
+                                              f"({self.longest:.1f} s) would end past it"}
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.longest = max(self.longest, time.perf_counter() - t0)
 
 
 def guarded(fn: Callable[..., dict[str, Any]]) -> dict[str, Any]:

@@ -91,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "short never fills, as with the released models; the tests use 16)")
     g.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {', '.join(VARIANTS)}")
     g.add_argument("--allow-cpu", action="store_true", help="without a CUDA GPU, a tiny smoke run (for CI)")
+    g.add_argument("--time-budget", type=common.positive_int, default=None,
+                   help="seconds: a variant that would start past them, going by the longest one so far, is skipped "
+                        "(status 'skipped' in the JSON), so a run under a time limit still ends with its JSON and plot")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if bench is None:
         return 1
     rows = []
+    budget = common.TimeBudget(args.time_budget)
     for family in families:
         for batch in args.batch:
             name = f"{family} B{batch}"
@@ -135,9 +139,13 @@ def run(args: argparse.Namespace) -> int:
             entry: dict[str, Any] = {"variants": {}, "order": order}
             data["results"][name] = entry
             for variant in order:
+                if budget.spent():
+                    entry["variants"][variant] = budget.skipped()
+                    continue
                 say(f"generate: {name}: {variant} ...")
-                entry["variants"][variant] = common.guarded(
-                    lambda family=family, batch=batch, variant=variant: bench.measure(family, batch, variant))
+                with budget.timed():
+                    entry["variants"][variant] = common.guarded(
+                        lambda family=family, batch=batch, variant=variant: bench.measure(family, batch, variant))
                 common.write_json(json_path, data)
             entry["ratios"] = _ratios(entry)
             v = entry["variants"]
