@@ -15,12 +15,16 @@ from .reach import describe
 
 def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
     """``(path, old, new)`` of the guardable values one call changed (or deleted) in containers both scans
-    reached, names filter of ``after`` applied."""
+    reached, or at the same path of a container the call rebound (``self.state = {"n": n + 1}``), names filter of
+    ``after`` applied."""
     old = before.values()
     now = after.values()
     out = []
+    by_path = {path: value for value, path in old.values()}  # a container rebound (``self.state = {...}``): by path
     for (cid, key), (value, path) in now.items():
         was = old.get((cid, key))
+        if was is None and path in by_path and cid not in before.boxes:
+            was = (by_path[path], path)
         if was is not None and not same(was[0], value):
             out.append((describe(path), show(was[0]), show(value)))
     for (cid, key), (value, path) in old.items():
@@ -49,6 +53,13 @@ _PLAIN_ITEMS = (dict, list, tuple)
 
 
 def _reads_same(before: Scan) -> bool:
+    for parent, kind, key, child in before.links.values():  # a list or dict rebound: the walk decides
+        try:
+            now = getattr(parent, key) if kind in ("attr", "cell") else parent[key]
+        except Exception:
+            return False
+        if now is not child:
+            return False
     boxes = before.boxes
     sized: set[int] = set()
     for (cid, key), (value, _path) in before.values().items():
