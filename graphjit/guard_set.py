@@ -5,10 +5,10 @@ is guarded and why)."""
 from __future__ import annotations
 
 import operator
-import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .guard_links import Links
 from .guardable import hashable, snapshot
 from .reach import Path, describe
 
@@ -79,8 +79,6 @@ class GuardSet:
         "held",
         "hooks",
         "keys",
-        "link_attrs",
-        "link_items",
         "links",
         "loads",
         "paths",
@@ -88,6 +86,7 @@ class GuardSet:
         "pin_items",
         "pinned",
         "seen",
+        "where",
     )
 
     def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False,
@@ -143,8 +142,11 @@ class GuardSet:
         self.loads = _LOADS[0] if scan_.loads else None  # the count of state loads at capture, where it is watched
         # where each list, dict or tuple read is found (its parent, up to an object, a cell, a module's globals or a
         # class), parents first: compared by identity before every replay, and read there again where one was rebound
-        self.links = _chains(scan_.links, [*self.containers, *(p[0] for p in self.pinned)])
-        self._link_columns()
+        used = [*self.containers, *(p[0] for p in self.pinned)]
+        links = Links(scan_.links, scan_.second, used)
+        self.links = links if len(links) else None
+        # the link of each container, then of each pinned entry's container (-1: none): what follow() rebinds
+        self.where = [links.index(c) for c in used] if self.links is not None else []
 
     def __len__(self) -> int:
         return sum(len(k) for k in self.keys) + len(self.held) + len(self.pinned)
@@ -167,92 +169,23 @@ class GuardSet:
         except Exception:  # an entry deleted
             return False
 
-    def _link_columns(self) -> None:
-        self.link_items = _columns([(p, k, c, ()) for p, kind, k, c in self.links if kind in ("item", "globals")])
-        self.link_attrs = _columns([(p, k, c, ()) for p, kind, k, c in self.links if kind in ("attr", "cell")])
-
-    def _links_same(self) -> bool:
-        """Every linked list, dict or tuple is still the one its parent holds (one C-level mapped pass per kind)."""
-        items, attrs = self.link_items, self.link_attrs
-        try:
-            if items and not all(map(operator.is_, map(operator.getitem, items[0], items[1]), items[2])):
-                return False
-            return not attrs or all(map(operator.is_, map(getattr, attrs[0], attrs[1]), attrs[2]))
-        except Exception:  # an entry deleted
-            return False
-
     def follow(self) -> None:
         """Read every guarded container where its parent holds it now (``m.cfg = {"scale": 2.0}``, a global list
         rebound): the guards compare what the function would read, never a container it no longer reaches.  A
-        container gone (or no longer subscriptable) stays :data:`DELETED`, which fails the guards it holds."""
-        if not self.links or self._links_same():
+        container gone (or no longer subscriptable) is :data:`~graphjit.guard_links.GONE`, which fails the guards that
+        read it; two places of one container that now differ fail them all (``links.diverged``)."""
+        links = self.links
+        if links is None or links.same():
             return
-        moved: dict[int, Any] = {}
-        links = []
-        for parent, kind, key, child in self.links:
-            parent = moved.get(id(parent), parent)
-            try:
-                now = getattr(parent, key) if kind in ("attr", "cell") else parent[key]
-            except Exception:
-                now = DELETED
-            if now is not child:
-                moved[id(child)] = now
-            links.append((parent, kind, key, now))
-        self.links = links
-        self._link_columns()
-        self.containers = [moved.get(id(c), c) for c in self.containers]
+        now = links.read()
+        if now is None:
+            return
+        where, n = self.where, len(self.containers)
+        self.containers = [c if where[i] < 0 else now[where[i]] for i, c in enumerate(self.containers)]
         items = len(self.pin_items[0]) if self.pin_items else 0
-        self.pinned = [(moved.get(id(c), c), k, v, p) for c, k, v, p in self.pinned]
+        self.pinned = [(c, k, v, p) if where[n + i] < 0 else (now[where[n + i]], k, v, p)
+                       for i, (c, k, v, p) in enumerate(self.pinned)]
         self.pin_items = _columns(self.pinned[:items])
-
-    def refill(self, refillable: Callable[[Any, Any], bool], copy: Callable[[Any, Any], None],
-               owners: Callable[[Any], int]) -> list[str]:
-        """Where the only guarded values that differ are pinned tensors rebound to others of the same layout
-        (``self.rope_deltas = torch.zeros(...)``, made anew by every ``generate()``), and no reference to either exists
-        but their place (the new one) and the guards of graphs (the old one; ``owners(old)``: how many guard sets of
-        the function pin it): copy each new tensor's values into the old one and put the old one back in its place.
-        Nothing can tell the difference (no other reference to either exists) and the graph reads what the function
-        would.  Returns the paths refilled; ``[]`` where any check refuses, nothing changed.  Never on the replay
-        path: a call whose guards failed.  Not checked here: the tracer's own guards (the caller checks them all
-        again after)."""
-        if not self.pinned or (self.keys and not self._values_same()):
-            return []
-        if (self.loads is not None and _LOADS[0] != self.loads) or (self.held and not self._held_same()):
-            return []
-        if self.hooks is not None and not self.hooks.holds():
-            return []
-        items = len(self.pin_items[0]) if self.pin_items else 0
-        moved = [i for i, (now, entry) in enumerate(zip(self._pinned_now(), self.pinned)) if now is not entry[2]]
-        for i in moved:
-            entry = self.pinned[i]
-            # the old tensor: two references per guard set pinning it (its entry, its column) and the argument's
-            if sys.getrefcount(entry[2]) != 1 + 2 * owners(entry[2]):
-                return []
-            now = self._read(i, items)
-            if now is DELETED or not refillable(entry[2], now):
-                return []
-            del now
-            if sys.getrefcount(self._read(i, items)) != 2:  # its place's and the argument's: nobody else holds it
-                return []
-        for i in moved:
-            c, k, old, _path = self.pinned[i]
-            copy(old, self._read(i, items))
-            if i < items:
-                c[k] = old
-            else:
-                setattr(c, k, old)
-        return [describe(self.pinned[i][3]) for i in moved]
-
-    def _values_same(self) -> bool:
-        try:
-            return list(map(operator.call, self.getters, self.containers)) == self.expected
-        except Exception:
-            return False
-
-    def _read(self, i: int, items: int) -> Any:
-        """What pinned entry ``i`` holds now (:data:`DELETED` where it is gone)."""
-        c, k = self.pinned[i][0], self.pinned[i][1]
-        return _entry(c, k) if i < items else getattr(c, k, DELETED)
 
     def _pinned_now(self) -> list[Any]:
         """What each pinned entry holds now (in :attr:`pinned`'s order), :data:`DELETED` where it is gone."""
@@ -270,8 +203,11 @@ class GuardSet:
     def holds(self) -> bool:
         """True while every guarded value is what it was at capture (the replay path: one pass; the held tensors
         only where a module rebound one since they were last found the same, or where that is not counted)."""
-        if self.links and not self._links_same():
+        links = self.links
+        if links is not None and not links.same():
             self.follow()
+            if links.diverged is not None:
+                return False
         try:
             if list(map(operator.call, self.getters, self.containers)) != self.expected:
                 return False
@@ -293,6 +229,8 @@ class GuardSet:
     def differences(self) -> Iterator[tuple[str, str, str]]:
         """``(path, value at capture, value now or "(deleted)")`` of each guarded value that differs, in order."""
         self.follow()
+        if self.links is not None and self.links.diverged is not None:
+            yield self.links.diverged, "the container found at its first place", "another one"
         for i, keys in enumerate(self.keys):
             want = self.expected[i] if len(keys) > 1 else (self.expected[i],)
             for j, key in enumerate(keys):
@@ -341,8 +279,10 @@ class GuardSet:
     def values(self) -> tuple[Any, ...] | None:
         """The current guarded values, hashable (None where one is not): an unhashable object compared as an object
         (a dataclass config) stands for itself by its identity (:func:`~graphjit.guardable.hashable`), an entry gone
-        (a list that shrank) by :data:`DELETED`."""
+        (a list that shrank) by :data:`DELETED`; None too where two places of one container differ now."""
         self.follow()
+        if self.links is not None and self.links.diverged is not None:
+            return None
         try:
             now = tuple(_each(hashable, self._get_or_deleted(i), len(keys)) for i, keys in enumerate(self.keys))
             if self.held:  # by identity: the graph of the new tensors holds them, so no other object takes their ids
@@ -397,19 +337,8 @@ def _entry(container: Any, key: Any) -> Any:
     """``container[key]``, or :data:`DELETED` where it is gone (a list that shrank, a dict entry deleted)."""
     try:
         return container[key]
-    except (KeyError, IndexError):
+    except Exception:  # (LookupError; TypeError where the container is gone: a parent rebound to None)
         return DELETED
-
-
-def _chains(links: dict[int, tuple[Any, str, Any, Any]], used: list[Any]) -> list[tuple[Any, str, Any, Any]]:
-    """The entries of ``links`` (:meth:`~graphjit.guards.Scan.link`, parents first) on the way to the containers
-    ``used``, in that order."""
-    needed: set[int] = set()
-    for c in used:
-        while id(c) in links and id(c) not in needed:
-            needed.add(id(c))
-            c = links[id(c)][0]
-    return [link for i, link in links.items() if i in needed]
 
 
 def _columns(entries: list[tuple[Any, Any, Any, Path]]) -> tuple[tuple[Any, ...], ...]:

@@ -45,9 +45,9 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
 :class:`GuardSet` keeps one getter per container (``operator.itemgetter`` / ``attrgetter`` of the
 guarded names) and the values it returned at capture, and where each list, dict and tuple was found (its parent and
 key, :meth:`Scan.link`): a rebound one (``m.cfg = {...}``) is read there again before its values are compared.
-:meth:`GuardSet.holds` checks those parents by identity in one mapped pass, calls every getter and compares the
-results with one list comparison (identity first, then ``==``): the per-replay cost is about 35 ns per container
-plus a few ns per value, with no per-value Python code.
+:meth:`GuardSet.holds` checks those parents by identity in one mapped pass (:class:`~graphjit.guard_links.Links`),
+calls every getter and compares the results with one list comparison (identity first, then ``==``): the per-replay
+cost is about 35 ns per container, 50 ns per linked one, plus a few ns per value, with no per-value Python code.
 
 :func:`scan` runs at capture and in watched warmup calls (to find a function that writes a Python value on
 every call, which a replay would not do: :mod:`graphjit.py_writes`); never on the replay path.
@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import backends
+from .guard_links import Place
 from .guard_set import DELETED, GuardSet, HasKey, note_rebind, same, show
 from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, guardable, opaque, snapshot
 from .module_hooks import collect_hooks
@@ -118,9 +119,10 @@ class Scan:
     # attribute's name: :meth:`unshadowed`)
     wholes: dict[tuple[int, str], tuple[Any, Callable[[Any], Any], Any, Path]] = field(default_factory=dict)
     class_containers: dict[int, set[str]] = field(default_factory=dict)  # id(class) -> its containers walked
-    # id(list or dict) -> (parent, kind, key, it): where the walk read a list or dict, in the order met (a parent before
-    # its children); a guard reads it there again where the parent now holds another (``m.cfg = {...}``)
-    links: dict[int, tuple[Any, str, Any, Any]] = field(default_factory=dict)
+    # id(list, dict or tuple) -> where the walk first read it (:data:`~graphjit.guard_links.Place`), in the order met (a
+    # parent before its children); a guard reads it there again where the parent now holds another (``m.cfg = {...}``)
+    links: dict[int, Place] = field(default_factory=dict)
+    second: dict[int, list[Place]] = field(default_factory=dict)  # other places the walk found the same one at
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
         if owner is not None and self.renewed and any(key == n and isinstance(owner, t) for t, n in self.renewed):
@@ -130,13 +132,17 @@ class Scan:
             box = self.boxes[id(container)] = _Box(container, kind, owner=owner)
         box.entries.setdefault(key, (snapshot(value), path))
 
-    def link(self, child: Any, parent: Any, kind: str, key: Any) -> None:
+    def link(self, child: Any, parent: Any, kind: str, key: Any, path: Path) -> None:
         """``child`` was read as ``parent[key]`` (kind ``"item"``, ``"globals"``) or ``getattr(parent, key)``
-        (``"attr"``, ``"cell"``): where it is a list or a dict (held by no identity guard: a rebuilt equal one is the
-        same value) or a tuple (compared by ``==``: an equal one may hold other lists), remember where, so a rebound
-        one is read there again (:class:`~graphjit.guard_set.GuardSet`)."""
-        if isinstance(child, (list, dict, tuple)) and id(child) not in self.links:
-            self.links[id(child)] = (parent, kind, key, child)
+        (``"attr"``, ``"cell"``) at ``path``: where it is a list or a dict (held by no identity guard: a rebuilt equal
+        one is the same value) or a tuple (compared by ``==``: an equal one may hold other lists), remember where, so a
+        rebound one is read there again (:class:`~graphjit.guard_links.Links`); a second place too."""
+        if not isinstance(child, (list, dict, tuple)):
+            return
+        place = (parent, kind, key, child, path)
+        first = self.links.setdefault(id(child), place)
+        if first is not place and not (first[0] is parent and first[2] == key):
+            self.second.setdefault(id(child), []).append(place)
 
     def length(self, container: Any, path: Path) -> None:
         """A list, or a container module's dict of submodules, whose length is guarded: code that iterates it runs an
@@ -212,7 +218,7 @@ class Sources:
     objects: list[tuple[str, Any]]
     slots: list[tuple[Any, str, Any, Path]]  # (container, kind, key, path) of closure cells and globals
     names: frozenset[str]
-    anchors: dict[int, tuple[Any, str, Any, Any]] = field(default_factory=dict)  # id(list/dict) -> Scan.link's entry
+    anchors: dict[int, Place] = field(default_factory=dict)  # id(list, dict, tuple) -> where found (Scan.link)
 
 
 def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] = ()) -> Sources:
@@ -224,7 +230,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
     objects: list[tuple[str, Any]] = []
     slots: list[tuple[Any, str, Any, Path]] = []
     names: set[str] = set()
-    anchors: dict[int, tuple[Any, str, Any, Any]] = {}
+    anchors: dict[int, Place] = {}
     if bound is not None:
         objects.append(("self", bound))
     for name, value in args:
@@ -246,7 +252,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 follow.append(value)
             elif not guardable(value) and not opaque(value):
                 objects.append((path[0], value))
-                anchors.setdefault(id(value), (cell, "cell", "cell_contents", value))
+                anchors.setdefault(id(value), (cell, "cell", "cell_contents", value, path))
         g = f.__globals__
         for var in global_names(code):
             if var not in g:
@@ -259,7 +265,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 follow.append(value)
             elif not guardable(value) and not opaque(value):
                 objects.append((path[0], value))
-                anchors.setdefault(id(value), (g, "globals", var, value))
+                anchors.setdefault(id(value), (g, "globals", var, value, path))
         return follow
 
     functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=OPAQUE_VALUES)
@@ -281,7 +287,7 @@ def _push(stack: list[tuple[Any, Path, int, Any]], unpinned: set[int], pins: boo
     (under an optimizer, a scheduler, a scaler), neither does it."""
     if not pins:
         unpinned.add(id(child))
-    out.link(child, *at)
+    out.link(child, *at, path)
     stack.append((child, path, depth, None))
 
 
@@ -543,7 +549,7 @@ def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any
             if guardable(child):
                 out.add(cls, "attr", k, child, cpath)
             elif isinstance(child, (list, tuple, dict)) and 0 < len(child) <= MAX_ITEMS:
-                out.link(child, cls, "attr", k)
+                out.link(child, cls, "attr", k, cpath)
                 stack.append((child, cpath, 1, None))
                 out.class_containers.setdefault(id(cls), set()).add(k)
             elif isinstance(child, list):

@@ -53,7 +53,7 @@ _PLAIN_ITEMS = (dict, list, tuple)
 
 
 def _reads_same(before: Scan) -> bool:
-    for parent, kind, key, child in before.links.values():  # a list or dict rebound: the walk decides
+    for parent, kind, key, child, _path in before.links.values():  # a list or dict rebound: the walk decides
         try:
             now = getattr(parent, key) if kind in ("attr", "cell") else parent[key]
         except Exception:

@@ -87,12 +87,9 @@ class ValueVariants(abc.ABC):
                 return self.replay(other, vsig, settings, instance, args, kwargs)
         guard = entry.guards
         assert guard is not None
-        backend = entry.inputs.backend
-        if guard.pinned and self.refilled(entry, backend):
-            if entry.check is None or entry.check():
-                return self.replay(entry, sig, settings, instance, args, kwargs)
         change = guard.change() or ("a value", "?", "?")
         values = guard.values()
+        backend = entry.inputs.backend
         missing = backend.tracer_misses_values(self.invoker.tracer_name(backend))
         if missing is not None:  # (never for most tracers: the differences are not listed for them here)
             path = next((p for p in guard.shown() if p.startswith("class ")), None)
@@ -121,24 +118,6 @@ class ValueVariants(abc.ABC):
         self.history.note_values(base, {path: old for path, (old, _new) in shown.items()})
         return self.slow(sig.for_values(vkey, {path: new for path, (_old, new) in shown.items()}), settings, instance,
                          args, kwargs, previous)
-
-    def refilled(self, entry: KeyEntry, backend: Backend) -> bool:
-        """The entry's guards refilled the pinned tensors rebound since its capture (:meth:`GuardSet.refill`: each
-        new one held by its place alone, of the old one's layout), said once at INFO."""
-        guard = entry.guards
-        assert guard is not None
-
-        def owners(t: Any) -> int:
-            return sum(1 for e in list(self.entries.values())
-                       if e.guards is not None and any(p[2] is t for p in e.guards.pinned))
-
-        paths = guard.refill(backend.refillable, backend.copy_, owners)
-        if paths:
-            self.say_once(logging.INFO, "refill " + paths[0],
-                          "%s: %s was rebound to a new tensor of the same layout that nothing else holds: its values "
-                          "were copied into the tensor the graph reads, which is bound there again (no recapture)",
-                          self.name, ", ".join(paths))
-        return bool(paths)
 
     def class_value_read(self, backend: Backend, path: str, missing: str) -> None:
         """A value the function reads off a class (``path``) changed since a graph was captured, under a tracer whose

@@ -76,7 +76,7 @@ def test_one_line_generate_equals_eager_and_decodes_from_one_graph(family, batch
         return
     if _returns_rope_deltas(model):
         # transformers before 5.20 returns the model's rope_deltas tensor, which every generate() makes anew, in each
-        # step's output: graphjit holds it (it cannot refill a tensor its own output plan holds too), so each call's
+        # step's output, and the decode step reads it off the model: graphjit holds it by identity, so each call's
         # decode step is a key of its own, captured once and replayed for that call's later tokens
         assert len(decode) == calls and all(k["captures"] == 1 for k in decode), fn.report()
         assert all(k["replays"] >= GREEDY["max_new_tokens"] - 4 for k in decode), fn.report()

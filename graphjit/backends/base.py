@@ -295,12 +295,6 @@ class Backend(abc.ABC):
         will.  Called for each optimizer, scheduler or scaler a guard scan reaches."""
         return False
 
-    def refillable(self, old: Any, new: Any) -> bool:
-        """``new`` can take ``old``'s place by a copy of its values (:meth:`graphjit.guard_set.GuardSet.refill`): both
-        plain tensors of one type, shape, strides, dtype and device, neither a view nor needing grad.  False where
-        the framework is not known to keep that safe."""
-        return False
-
     def hook_count(self) -> Callable[[], int] | None:
         """A function reading the framework's count of hook registrations (it moves whenever a hook is registered);
         None where the framework keeps none (module hooks are then not watched)."""

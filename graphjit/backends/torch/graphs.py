@@ -253,11 +253,6 @@ class TorchBackend(Backend):
         with torch.no_grad():
             dst.copy_(src)
 
-    def refillable(self, old: Any, new: Any) -> bool:
-        return (type(old) is type(new) is torch.Tensor and old.device == new.device and old.dtype == new.dtype
-                and old.shape == new.shape and old.stride() == new.stride() and old._base is None and new._base is None
-                and not (old.requires_grad or new.requires_grad) and not (old.is_inference() or new.is_inference()))
-
     def batch_operands(self) -> Any:
         from .copies import OPERANDS  # imported where a capture plans its copies, not with the backend
         return OPERANDS

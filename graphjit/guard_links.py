@@ -1,0 +1,129 @@
+"""Where a graph's guards find the lists, dicts and tuples they read (:class:`Links`): each one's parent and key, up to
+an object, a closure cell, a module's globals or a class, so that a container rebound since the capture
+(``m.cfg = {"scale": 2.0}``, a global list reloaded) is read where the function finds it now, never the old one nobody
+changes any more (:class:`graphjit.guard_set.GuardSet`).
+
+A link's parent is either another link (by its index: a dict in a dict) or a root object that no link holds; every
+read goes from the roots down by index, so two chains never stand for each other (a parent that is ``None`` now, or
+the same object at two places).  A container found at a second place too (``self.a = self.b = {...}``) has that place
+checked as well: where the two places hold different objects now, which one the function reads cannot be told, and
+:attr:`Links.diverged` names the place (the call runs uncaptured)."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+from .reach import Path, describe
+
+__all__ = ["GONE", "Links", "Place"]
+
+Place = tuple[Any, str, Any, Any, Path]
+"""``(parent, kind, key, child, path)``: ``child`` read as ``parent[key]`` (kind ``"item"``, ``"globals"``) or
+``getattr(parent, key)`` (``"attr"``, ``"cell"``), at ``path`` (:meth:`graphjit.guards.Scan.link`)."""
+
+_ATTR = ("attr", "cell")
+
+
+class _Gone:
+    """A container no longer found at its place (a deleted entry, a parent that is not subscriptable any more)."""
+
+    def __repr__(self) -> str:
+        return "(deleted)"
+
+
+GONE = _Gone()
+
+
+def _read(parent: Any, kind: str, key: Any) -> Any:
+    try:
+        return getattr(parent, key) if kind in _ATTR else parent[key]
+    except Exception:
+        return GONE
+
+
+class Links:
+    """The links on the way to ``used`` (containers a guard set reads), parents first.
+
+    :meth:`same` is the replay's check: every linked container, and every second place of one, still holds what
+    was found last (identity, one C-level mapped pass per kind).  :meth:`read` reads them all again from the roots and
+    returns the containers now found, by index (:meth:`index`), or None where none moved."""
+
+    __slots__ = ("attrs", "diverged", "items", "links", "now", "others")
+
+    def __init__(self, places: dict[int, Place], second: dict[int, list[Place]], used: Sequence[Any]) -> None:
+        needed: set[int] = set()
+        todo = [id(c) for c in used]
+        while todo:
+            i = todo.pop()
+            if i in needed or i not in places:
+                continue
+            needed.add(i)
+            todo.append(id(places[i][0]))
+            todo.extend(id(p[0]) for p in second.get(i, ()))
+        order = [i for i in places if i in needed]  # the scan's order: a parent before its children
+        at = {i: n for n, i in enumerate(order)}
+        # (index of the parent link or -1, the root parent or None, kind, key, path)
+        self.links = [(at.get(id(places[i][0]), -1), places[i][0], places[i][1], places[i][2], places[i][4])
+                      for i in order]
+        self.now: list[Any] = [places[i][3] for i in order]
+        # second places of a linked container: (its link, the parent link or -1, the root parent, kind, key, path)
+        self.others = [(at[i], at.get(id(p[0]), -1), p[0], p[1], p[2], p[4]) for i in order for p in second.get(i, ())]
+        self.diverged: str | None = None
+        self.items: tuple[tuple[Any, ...], ...] = ()
+        self.attrs: tuple[tuple[Any, ...], ...] = ()
+        self._columns()
+
+    def __len__(self) -> int:
+        return len(self.links) + len(self.others)
+
+    def index(self, container: Any) -> int:
+        """The link of ``container`` (as found when the links were made), -1 for one no link holds."""
+        return next((n for n, c in enumerate(self.now) if c is container), -1)
+
+    def _parent(self, pi: int, root: Any) -> Any:
+        return root if pi < 0 else self.now[pi]
+
+    def _columns(self) -> None:
+        entries = [(self._parent(pi, root), kind, key, self.now[n]) for n, (pi, root, kind, key, _p) in
+                   enumerate(self.links)]
+        entries += [(self._parent(pi, root), kind, key, self.now[li]) for li, pi, root, kind, key, _p in self.others]
+        self.items = _column([e for e in entries if e[1] not in _ATTR])
+        self.attrs = _column([e for e in entries if e[1] in _ATTR])
+
+    def same(self) -> bool:
+        """Every link and second place holds what it held when last read (and no two places differ)."""
+        items, attrs = self.items, self.attrs
+        try:
+            if items and not all(map(operator.is_, map(operator.getitem, items[0], items[1]), items[2])):
+                return False
+            return not attrs or all(map(operator.is_, map(getattr, attrs[0], attrs[1]), attrs[2]))
+        except Exception:  # an entry deleted, a parent no longer subscriptable
+            return False
+
+    def read(self) -> list[Any] | None:
+        """Read every linked container again from the roots down: the containers now found (:data:`GONE` where one
+        is not), or None where none moved.  Sets :attr:`diverged` to the path of a second place that holds another
+        object than its container's first place (else None)."""
+        now: list[Any] = []
+        for pi, root, kind, key, _path in self.links:
+            parent = root if pi < 0 else now[pi]
+            now.append(GONE if parent is GONE else _read(parent, kind, key))
+        self.diverged = None
+        for li, pi, root, kind, key, path in self.others:
+            parent = root if pi < 0 else now[pi]
+            if (GONE if parent is GONE else _read(parent, kind, key)) is not now[li]:
+                self.diverged = describe(path)
+                break
+        moved = any(a is not b for a, b in zip(now, self.now))
+        self.now = now
+        self._columns()
+        return now if moved else None
+
+
+def _column(entries: list[tuple[Any, str, Any, Any]]) -> tuple[tuple[Any, ...], ...]:
+    """``(parents, keys, children)`` for one mapped pass; ``()`` for none."""
+    if not entries:
+        return ()
+    return tuple(e[0] for e in entries), tuple(e[2] for e in entries), tuple(e[3] for e in entries)
