@@ -37,8 +37,12 @@ GONE = _Gone()
 
 
 def _read(parent: Any, kind: str, key: Any) -> Any:
+    """``parent``'s entry as the walk read it: a dict's by ``dict.get`` (never a ``__missing__`` that would insert
+    the key into a ``defaultdict``), :data:`GONE` where it is not there."""
     try:
-        return getattr(parent, key) if kind in _ATTR else parent[key]
+        if kind in _ATTR:
+            return getattr(parent, key)
+        return dict.get(parent, key, GONE) if isinstance(parent, dict) else parent[key]
     except Exception:
         return GONE
 
@@ -50,7 +54,7 @@ class Links:
     was found last (identity, one C-level mapped pass per kind).  :meth:`read` reads them all again from the roots and
     returns the containers now found, by index (:meth:`index`), or None where none moved."""
 
-    __slots__ = ("attrs", "diverged", "items", "links", "now", "others")
+    __slots__ = ("attrs", "dicts", "diverged", "fixed", "items", "links", "now", "others", "paths")
 
     def __init__(self, places: dict[int, Place], second: dict[int, list[Place]], used: Sequence[Any]) -> None:
         needed: set[int] = set()
@@ -64,13 +68,21 @@ class Links:
             todo.extend(id(p[0]) for p in second.get(i, ()))
         order = [i for i in places if i in needed]  # the scan's order: a parent before its children
         at = {i: n for n, i in enumerate(order)}
-        # (index of the parent link or -1, the root parent or None, kind, key, path)
-        self.links = [(at.get(id(places[i][0]), -1), places[i][0], places[i][1], places[i][2], places[i][4])
-                      for i in order]
+
+        def parent(p: Place, n: int) -> int:  # a parent linked only after (a walk root linked later): a fixed root
+            pi = at.get(id(p[0]), -1)
+            return pi if pi < n else -1
+
+        # (index of the parent link or -1, the parent object, kind, key, path)
+        self.links = [(parent(places[i], n), places[i][0], places[i][1], places[i][2], places[i][4])
+                      for n, i in enumerate(order)]
         self.now: list[Any] = [places[i][3] for i in order]
-        # second places of a linked container: (its link, the parent link or -1, the root parent, kind, key, path)
-        self.others = [(at[i], at.get(id(p[0]), -1), p[0], p[1], p[2], p[4]) for i in order for p in second.get(i, ())]
+        self.paths = [{places[i][4], *(p[4] for p in second.get(i, ()))} for i in order]  # every place's path
+        # second places of a linked container: (its link, the parent link or -1, the parent, kind, key, path)
+        self.others = [(at[i], parent(p, at[i]), p[0], p[1], p[2], p[4]) for i in order for p in second.get(i, ())]
+        self.fixed: set[int] = set()  # links whose container the guards read in place (fix): a move diverges
         self.diverged: str | None = None
+        self.dicts: tuple[tuple[Any, ...], ...] = ()
         self.items: tuple[tuple[Any, ...], ...] = ()
         self.attrs: tuple[tuple[Any, ...], ...] = ()
         self._columns()
@@ -78,9 +90,16 @@ class Links:
     def __len__(self) -> int:
         return len(self.links) + len(self.others)
 
-    def index(self, container: Any) -> int:
-        """The link of ``container`` (as found when the links were made), -1 for one no link holds."""
-        return next((n for n, c in enumerate(self.now) if c is container), -1)
+    def index(self, container: Any, path: Path | None = None) -> int:
+        """The link of ``container`` (as found when the links were made) at ``path`` (any path: None), -1 for one no
+        link holds there."""
+        return next((n for n, c in enumerate(self.now) if c is container and (path is None or path in self.paths[n])),
+                    -1)
+
+    def fix(self, container: Any) -> None:
+        """``container`` is read in place (an object's ``__dict__`` also held as a dict value, ``self.opts =
+        vars(ns)``): its guards never follow a link; where one of its links moves, the places differ (diverged)."""
+        self.fixed.update(n for n, c in enumerate(self.now) if c is container)
 
     def _parent(self, pi: int, root: Any) -> Any:
         return root if pi < 0 else self.now[pi]
@@ -89,13 +108,16 @@ class Links:
         entries = [(self._parent(pi, root), kind, key, self.now[n]) for n, (pi, root, kind, key, _p) in
                    enumerate(self.links)]
         entries += [(self._parent(pi, root), kind, key, self.now[li]) for li, pi, root, kind, key, _p in self.others]
-        self.items = _column([e for e in entries if e[1] not in _ATTR])
+        self.dicts = _column([e for e in entries if e[1] not in _ATTR and isinstance(e[0], dict)])
+        self.items = _column([e for e in entries if e[1] not in _ATTR and not isinstance(e[0], dict)])
         self.attrs = _column([e for e in entries if e[1] in _ATTR])
 
     def same(self) -> bool:
         """Every link and second place holds what it held when last read (and no two places differ)."""
-        items, attrs = self.items, self.attrs
-        try:
+        dicts, items, attrs = self.dicts, self.items, self.attrs
+        try:  # (a dict's entry by dict.get, as _read: a missing one is None, another object)
+            if dicts and not all(map(operator.is_, map(dict.get, dicts[0], dicts[1]), dicts[2])):
+                return False
             if items and not all(map(operator.is_, map(operator.getitem, items[0], items[1]), items[2])):
                 return False
             return not attrs or all(map(operator.is_, map(getattr, attrs[0], attrs[1]), attrs[2]))
@@ -110,13 +132,17 @@ class Links:
         for pi, root, kind, key, _path in self.links:
             parent = root if pi < 0 else now[pi]
             now.append(GONE if parent is GONE else _read(parent, kind, key))
-        self.diverged = None
+        was = self.now
+        self.diverged = next((describe(self.links[n][4]) for n in self.fixed if now[n] is not was[n]), None)
         for li, pi, root, kind, key, path in self.others:
-            parent = root if pi < 0 else now[pi]
-            if (GONE if parent is GONE else _read(parent, kind, key)) is not now[li]:
-                self.diverged = describe(path)
+            if self.diverged is not None:
                 break
-        moved = any(a is not b for a, b in zip(now, self.now))
+            parent = root if pi < 0 else now[pi]
+            if (GONE if parent is GONE else _read(parent, kind, key)) is not now[li]:  # name the place that moved
+                self.diverged = describe(self.links[li][4] if now[li] is not was[li] else path)
+        for n in self.fixed:  # read in place: stays what the guards read
+            now[n] = was[n]
+        moved = any(a is not b for a, b in zip(now, was))
         self.now = now
         self._columns()
         return now if moved else None

@@ -104,6 +104,9 @@ class GuardSet:
         self.keys: list[list[Any]] = []
         self.paths: list[list[Path]] = []
         self.expected: list[Any] = []
+        # each container's path and whether the code reads it as a value (a list, dict or tuple read by subscript,
+        # which follows its link: Links) or in place (an object's __dict__, a module's globals, a cell, a class)
+        places: list[tuple[Path, bool]] = []
         for cid, keys in by_box.items():
             box = scan_.boxes[cid]
             getter = operator.attrgetter(*keys) if box.kind in ("attr", "cell") else operator.itemgetter(*keys)
@@ -116,12 +119,15 @@ class GuardSet:
             self.keys.append(keys)
             self.paths.append([chosen[(cid, k)][1] for k in keys])
             self.expected.append(expected)
+            first = self.paths[-1][0]
+            places.append((first[:-1], len(first) > 1 and first[-1][0] == "[]" and box.owner is None))
         for what, container, whole, value, path in scan_.named_wholes():  # len(list), the keys of a dict
             self.containers.append(container)
             self.getters.append(whole)
             self.keys.append([whole])
             self.paths.append([(f"{what}({describe(path)})",)])
             self.expected.append(value)
+            places.append((path, what != "own"))
         self.extra = extra
         # held tensors: (container, key, path, the tensor or None at capture: kept, so its address stays its own)
         held = scan_.values(held=True)
@@ -143,10 +149,16 @@ class GuardSet:
         # where each list, dict or tuple read is found (its parent, up to an object, a cell, a module's globals or a
         # class), parents first: compared by identity before every replay, and read there again where one was rebound
         used = [*self.containers, *(p[0] for p in self.pinned)]
+        places += [(path[:-1], len(path) > 1 and path[-1][0] == "[]") for _c, _k, _v, path in self.pinned]
         links = Links(scan_.links, scan_.second, used)
         self.links = links if len(links) else None
-        # the link of each container, then of each pinned entry's container (-1: none): what follow() rebinds
-        self.where = [links.index(c) for c in used] if self.links is not None else []
+        # the link of each container, then of each pinned entry's container (-1: none): what follow() rebinds; a
+        # container read in place never follows one, and a link that holds it diverges where it moves
+        places = [(path, free and id(c) not in scan_.in_place) for c, (path, free) in zip(used, places)]
+        self.where = [links.index(c, path) if free else -1 for c, (path, free) in zip(used, places)]
+        for c, (_path, free) in zip(used, places):
+            if not free:
+                links.fix(c)
 
     def __len__(self) -> int:
         return sum(len(k) for k in self.keys) + len(self.held) + len(self.pinned)
@@ -190,7 +202,7 @@ class GuardSet:
     def _pinned_now(self) -> list[Any]:
         """What each pinned entry holds now (in :attr:`pinned`'s order), :data:`DELETED` where it is gone."""
         items = len(self.pin_items[0]) if self.pin_items else 0
-        return [_entry(c, k) if i < items else getattr(c, k, DELETED) for i, (c, k, _v, _p) in enumerate(self.pinned)]
+        return [_entry(c, k) if i < items else _attr(c, k) for i, (c, k, _v, _p) in enumerate(self.pinned)]
 
     @property
     def size(self) -> tuple[int, int]:
@@ -230,7 +242,7 @@ class GuardSet:
         """``(path, value at capture, value now or "(deleted)")`` of each guarded value that differs, in order."""
         self.follow()
         if self.links is not None and self.links.diverged is not None:
-            yield self.links.diverged, "the container found at its first place", "another one"
+            yield self.links.diverged, "the container found at its other place too", "another one"
         for i, keys in enumerate(self.keys):
             want = self.expected[i] if len(keys) > 1 else (self.expected[i],)
             for j, key in enumerate(keys):
@@ -279,10 +291,9 @@ class GuardSet:
     def values(self) -> tuple[Any, ...] | None:
         """The current guarded values, hashable (None where one is not): an unhashable object compared as an object
         (a dataclass config) stands for itself by its identity (:func:`~graphjit.guardable.hashable`), an entry gone
-        (a list that shrank) by :data:`DELETED`; None too where two places of one container differ now."""
+        (a list that shrank) by :data:`DELETED`; where two places of one container differ now, the place that moved
+        too (a graph captured now finds them apart)."""
         self.follow()
-        if self.links is not None and self.links.diverged is not None:
-            return None
         try:
             now = tuple(_each(hashable, self._get_or_deleted(i), len(keys)) for i, keys in enumerate(self.keys))
             if self.held:  # by identity: the graph of the new tensors holds them, so no other object takes their ids
@@ -293,6 +304,8 @@ class GuardSet:
                 now = (*now, ("loads", _LOADS[0]))
             if self.hooks is not None:
                 now = (*now, self.hooks.state())
+            if self.links is not None and self.links.diverged is not None:
+                now = (*now, ("apart", self.links.diverged))
             hash(now)
         except Exception:
             return None
@@ -331,6 +344,14 @@ DELETED = _Deleted()
 def _each(f: Callable[[Any], Any], got: Any, n: int) -> Any:
     """``f`` of each value a getter returned: its one value, or each of the tuple of ``n`` > 1 it returns."""
     return f(got) if n == 1 else tuple(map(f, got))
+
+
+def _attr(obj: Any, name: str) -> Any:
+    """``getattr(obj, name)``, or :data:`DELETED` where it is gone (an attribute deleted, a closure cell emptied)."""
+    try:
+        return getattr(obj, name)
+    except Exception:
+        return DELETED
 
 
 def _entry(container: Any, key: Any) -> Any:

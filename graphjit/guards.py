@@ -123,6 +123,7 @@ class Scan:
     # parent before its children); a guard reads it there again where the parent now holds another (``m.cfg = {...}``)
     links: dict[int, Place] = field(default_factory=dict)
     second: dict[int, list[Place]] = field(default_factory=dict)  # other places the walk found the same one at
+    in_place: set[int] = field(default_factory=set)  # ids of the objects' __dict__s walked (read in place, never moved)
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
         if owner is not None and self.renewed and any(key == n and isinstance(owner, t) for t, n in self.renewed):
@@ -392,6 +393,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 for i, child in enumerate(obj if isinstance(obj, tuple) else ()):
                     if isinstance(child, set) and guardable(child):  # a set in a tuple changes in place: read again
                         out.add(obj, "item", i, child, (*path, ("[]", i)))
+                    elif pins and _pinnable(child):  # a tensor in a tuple: by identity (``==`` would compare values)
+                        out.pin(obj, "item", i, child, (*path, ("[]", i)))
                     elif not guardable(child):
                         _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, out, (obj, "item", i))
                 continue
@@ -433,6 +436,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 if watch_loads is not None and watch_loads(obj):
                     out.loads = True
             if d is not None:
+                out.in_place.add(id(d))
                 instances.append((tp, d, path, named))
                 if hook_holders:
                     collect_hooks(d, path, hook_holders, children, out.hooks)

@@ -20,11 +20,10 @@ def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
     old = before.values()
     now = after.values()
     out = []
-    by_path = {path: value for value, path in old.values()}  # a container rebound (``self.state = {...}``): by path
+    # by path first: a container the call rebound (``self.state = {...}``, two swapped) holds what the path reads now
+    by_path = {path: value for value, path in old.values()}
     for (cid, key), (value, path) in now.items():
-        was = old.get((cid, key))
-        if was is None and path in by_path and cid not in before.boxes:
-            was = (by_path[path], path)
+        was = (by_path[path], path) if path in by_path else old.get((cid, key))
         if was is not None and not same(was[0], value):
             out.append((describe(path), show(was[0]), show(value)))
     for (cid, key), (value, path) in old.items():
