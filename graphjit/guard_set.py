@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .guard_links import Links
-from .guardable import hashable, snapshot
+from .guardable import hashable, is_tensor, snapshot
 from .reach import Path, describe
 
 if TYPE_CHECKING:
@@ -379,6 +379,10 @@ def _tensor(v: Any) -> str:
 
 
 def show(v: Any) -> str:
-    """A value as a reason shows it: its repr, cut to 60 characters."""
-    text = repr(v)
+    """A value as a reason shows it: its repr, cut to 60 characters (a tensor in a tuple by its type, shape and
+    identity: its repr would read its values, the GPU's)."""
+    if isinstance(v, tuple) and any(map(is_tensor, v)):
+        text = "(" + ", ".join(_tensor(e) if is_tensor(e) else repr(e) for e in v) + ")"
+    else:
+        text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -6,11 +6,12 @@ refuses it with :data:`graphjit.guards.WRITES`.  Never on the replay path."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from .guard_set import same, show
 from .guardable import MAX_ITEMS, snapshot
 from .guards import Scan
-from .reach import describe
+from .reach import Path, describe
 
 
 def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
@@ -20,8 +21,11 @@ def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
     old = before.values()
     now = after.values()
     out = []
-    # by path first: a container the call rebound (``self.state = {...}``, two swapped) holds what the path reads now
-    by_path = {path: value for value, path in old.values()}
+    # by path first: a container the call rebound (``self.state = {...}``, two swapped) holds what the path reads now;
+    # only a path that names one place in both scans (``global 'logger'`` of two modules names two)
+    by_path = _unique(old)
+    unique_now = _unique(now)
+    by_path = {p: v for p, v in by_path.items() if p in unique_now}
     for (cid, key), (value, path) in now.items():
         was = (by_path[path], path) if path in by_path else old.get((cid, key))
         if was is not None and not same(was[0], value):
@@ -31,6 +35,17 @@ def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
         if box is not None and key not in box.entries:  # deleted, or now a value no guard compares
             out.append((describe(path), show(value), "(deleted)"))
     return out
+
+
+def _unique(values: dict[tuple[int, Any], tuple[Any, Path]]) -> dict[Path, Any]:
+    """``path -> value`` of the paths that name one entry in ``values``."""
+    seen: dict[Path, Any] = {}
+    twice: set[Path] = set()
+    for value, path in values.values():
+        if path in seen:
+            twice.add(path)
+        seen[path] = value
+    return {p: v for p, v in seen.items() if p not in twice}
 
 
 def writes(before: Scan, rescan: Callable[[], Scan]) -> list[tuple[str, str, str]]:

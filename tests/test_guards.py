@@ -1133,3 +1133,38 @@ def test_a_function_that_swaps_two_dicts_on_every_call_runs_uncaptured(emu):
     with torch.no_grad():
         got = [float(g(torch.ones(1))[0]) for _ in range(6)]
     assert got == [1.0, 2.0] * 3 and guards.WRITES in g.stats()["fallbacks"], g.report()
+
+
+def test_two_globals_of_one_name_in_two_modules_are_not_a_write(emu):
+    """``SCALE`` in two modules (and an OrderedDict that makes the warmup compare its scans in full): the two paths read
+    ``global 'SCALE'`` both, so values are matched by path only where a path names one place; before, the two were
+    compared with each other and the function ran uncaptured as one that writes a Python value on every call."""
+    import collections
+
+    first: dict = {"SCALE": 2.0}
+    exec("def helper(x):\n    return x * SCALE\n", first)
+    second: dict = {"SCALE": 3.0, "OPTS": collections.OrderedDict(bias=1.0), "helper": first["helper"]}
+    exec("def step(x):\n    return helper(x) * SCALE + OPTS['bias']\n", second)
+    g = graphjit.graphed(second["step"])
+    with torch.no_grad():
+        for _ in range(6):
+            assert torch.equal(g(torch.ones(3)), torch.full((3,), 7.0)), g.report()
+    assert g.stats()["graphs"] == 1 and not g.stats()["fallbacks"], g.report()
+
+
+def test_a_tuple_of_new_tensors_set_before_every_call_runs_as_eager(emu):
+    """``h.kv = (new, new)`` before every call: the key of its values holds the tensors by identity (their ``==``
+    compares values: the keys' comparison raised); the calls run right, uncaptured once the values change on every
+    call."""
+    h = type("Holder", (), {})()
+
+    def step(x):
+        k, v = h.kv
+        return x * k + v
+
+    g = graphjit.graphed(step)
+    with torch.no_grad():
+        for i in range(8):
+            h.kv = (torch.full((4,), float(i)), torch.ones(4))
+            assert torch.equal(g(torch.ones(4)), torch.full((4,), float(i) + 1)), (i, g.report())
+    assert "Tensor [4] at" in g.report() and "tensor(" not in g.report()  # shown without reading their values
