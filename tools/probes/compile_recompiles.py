@@ -8,6 +8,8 @@ reason).  A call that costs seconds after the first is a compile: this says whic
 Diagnostic only (the speed claims are ``python -m graphjit bench generate``'s).  Writes one JSON to ``--out``.
 Usage (GPU machine, repo root): ``PYTHONPATH=. python3 tools/probes/compile_recompiles.py --families t5,gemma3_text
 --out DIR``.  ``--allow-cpu`` runs a tiny model on the CPU (a smoke run of the probe: no graphs, so compiles only).
+``--spy`` records, per call, the cache layers' Python counters each time graphjit enters the compiled function
+(``compiled_entries``): which calls hand Dynamo a new value of a counter it guards.
 """
 
 from __future__ import annotations
@@ -62,7 +64,38 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def probe(family: str, args: argparse.Namespace, device: str, handler: _Recompiles) -> dict[str, Any]:
+class _Entries:
+    """``--spy``: the Python ints of the call's cache layers (``cumulative_length_int``, the sliding window's counter)
+    each time graphjit enters the compiled function, to tell which calls give Dynamo a new value to guard."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[int | None]] = []
+
+    def install(self) -> None:
+        from graphjit.backends.torch import graphs
+
+        trace = graphs.TorchBackend.trace
+        seen = self.seen
+
+        def spied(backend: Any, fn: Any, tracer: str) -> Any:
+            out = trace(backend, fn, tracer)
+            if tracer != "compile":
+                return out
+
+            def entered(*a: Any, **k: Any) -> Any:
+                cache = k.get("past_key_values") or k.get("cache")
+                layers = getattr(cache, "layers", None) or getattr(getattr(cache, "self_attention_cache", None),
+                                                                    "layers", None) or []
+                seen.append([getattr(layer, "cumulative_length_int", None) for layer in layers][:2])
+                return out(*a, **k)
+
+            return entered
+
+        graphs.TorchBackend.trace = spied  # type: ignore[method-assign]
+
+
+def probe(family: str, args: argparse.Namespace, device: str, handler: _Recompiles,
+          entries: _Entries | None = None) -> dict[str, Any]:
     torch._dynamo.reset()
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     model = hf_families.build(torch, transformers, family, layers=args.layers, hidden=args.hidden, device=device,
@@ -75,6 +108,7 @@ def probe(family: str, args: argparse.Namespace, device: str, handler: _Recompil
     with torch.no_grad():
         for i in range(args.calls):
             d0, g0, m0 = _dynamo_counts(), _graphjit_counts(model.forward), len(handler.messages)
+            e0 = len(entries.seen) if entries is not None else 0
             t0 = time.perf_counter()
             model.generate(prompt, **kwargs)
             if device != "cpu":
@@ -84,7 +118,8 @@ def probe(family: str, args: argparse.Namespace, device: str, handler: _Recompil
                           "dynamo": _delta(_dynamo_counts(), d0),
                           "graphjit": _delta(_graphjit_counts(model.forward), g0),
                           "recompile_reasons": handler.messages[m0:m0 + 12],
-                          "recompiles": len(handler.messages) - m0})
+                          "recompiles": len(handler.messages) - m0,
+                          "compiled_entries": entries.seen[e0:] if entries is not None else None})
             print(f"{family} call {i + 1}: {seconds:.3f} s, {calls[-1]['recompiles']} recompiles, "
                   f"dynamo {calls[-1]['dynamo']}, graphjit {calls[-1]['graphjit']}", flush=True)
             for m in calls[-1]["recompile_reasons"][:3]:
@@ -103,6 +138,8 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--allow-cpu", action="store_true", help="tiny model on the CPU (a smoke run)")
+    p.add_argument("--spy", action="store_true",
+                   help="record the cache layers' Python counters each time the compiled function is entered")
     p.add_argument("--out", default=".")
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -121,9 +158,12 @@ def main() -> int:
     result: dict[str, Any] = {"probe": "compile_recompiles", "torch": torch.__version__,
                               "transformers": transformers.__version__, "device": device, "args": vars(args),
                               "families": {}}
+    entries = _Entries() if args.spy else None
+    if entries is not None:
+        entries.install()
     for family in args.families.split(","):
         try:
-            result["families"][family] = probe(family, args, device, handler)
+            result["families"][family] = probe(family, args, device, handler, entries)
         except Exception as exc:  # one family's failure is its result
             result["families"][family] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             print(f"{family}: {type(exc).__name__}: {exc}"[:500], flush=True)
