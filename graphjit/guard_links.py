@@ -7,7 +7,7 @@ A link's parent is either another link (by its index: a dict in a dict) or a roo
 read goes from the roots down by index, so two chains never stand for each other (a parent that is ``None`` now, or
 the same object at two places).  A container found at a second place too (``self.a = self.b = {...}``) has that place
 checked as well: where the two places hold different objects now, which one the function reads cannot be told, and
-:attr:`Links.diverged` names the place (the call runs uncaptured)."""
+:attr:`Links.diverged` names the place that moved (the guards fail; the call is the key of values that say so)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from .reach import Path, describe
 
-__all__ = ["GONE", "Links", "Place"]
+__all__ = ["DELETED", "Links", "Place", "columns", "held_at", "read_at"]
 
 Place = tuple[Any, str, Any, Any, Path]
 """``(parent, kind, key, child, path)``: ``child`` read as ``parent[key]`` (kind ``"item"``, ``"globals"``) or
@@ -26,25 +26,39 @@ Place = tuple[Any, str, Any, Any, Path]
 _ATTR = ("attr", "cell")
 
 
-class _Gone:
-    """A container no longer found at its place (a deleted entry, a parent that is not subscriptable any more)."""
+class _Deleted:
+    """A guarded entry or container that is gone (a deleted entry, a list that shrank, a parent that is not
+    subscriptable any more)."""
 
     def __repr__(self) -> str:
         return "(deleted)"
 
 
-GONE = _Gone()
+DELETED = _Deleted()
 
 
-def _read(parent: Any, kind: str, key: Any) -> Any:
+def read_at(parent: Any, kind: str, key: Any) -> Any:
     """``parent``'s entry as the walk read it: a dict's by ``dict.get`` (never a ``__missing__`` that would insert
-    the key into a ``defaultdict``), :data:`GONE` where it is not there."""
+    the key into a ``defaultdict``), :data:`DELETED` where it is not there."""
     try:
         if kind in _ATTR:
             return getattr(parent, key)
-        return dict.get(parent, key, GONE) if isinstance(parent, dict) else parent[key]
+        return dict.get(parent, key, DELETED) if isinstance(parent, dict) else parent[key]
     except Exception:
-        return GONE
+        return DELETED
+
+
+def columns(entries: Sequence[tuple[Any, Any, Any]]) -> tuple[tuple[Any, ...], ...]:
+    """``(parents, keys, children)`` of ``(parent, key, child)`` entries, for :func:`held_at`; ``()`` for none."""
+    if not entries:
+        return ()
+    return tuple(e[0] for e in entries), tuple(e[1] for e in entries), tuple(e[2] for e in entries)
+
+
+def held_at(get: Any, cols: tuple[tuple[Any, ...], ...]) -> bool:
+    """Every ``get(parent, key)`` of :func:`columns` ``cols`` is its child (``is``, mapped in C: no Python frame per
+    entry); True for none.  Raises where a read does (the callers take that as "not held")."""
+    return not cols or all(map(operator.is_, map(get, cols[0], cols[1]), cols[2]))
 
 
 class Links:
@@ -108,37 +122,33 @@ class Links:
         entries = [(self._parent(pi, root), kind, key, self.now[n]) for n, (pi, root, kind, key, _p) in
                    enumerate(self.links)]
         entries += [(self._parent(pi, root), kind, key, self.now[li]) for li, pi, root, kind, key, _p in self.others]
-        self.dicts = _column([e for e in entries if e[1] not in _ATTR and isinstance(e[0], dict)])
-        self.items = _column([e for e in entries if e[1] not in _ATTR and not isinstance(e[0], dict)])
-        self.attrs = _column([e for e in entries if e[1] in _ATTR])
+        self.dicts = columns([(p, k, c) for p, kind, k, c in entries if kind not in _ATTR and isinstance(p, dict)])
+        self.items = columns([(p, k, c) for p, kind, k, c in entries if kind not in _ATTR and not isinstance(p, dict)])
+        self.attrs = columns([(p, k, c) for p, kind, k, c in entries if kind in _ATTR])
 
     def same(self) -> bool:
         """Every link and second place holds what it held when last read (and no two places differ)."""
-        dicts, items, attrs = self.dicts, self.items, self.attrs
-        try:  # (a dict's entry by dict.get, as _read: a missing one is None, another object)
-            if dicts and not all(map(operator.is_, map(dict.get, dicts[0], dicts[1]), dicts[2])):
-                return False
-            if items and not all(map(operator.is_, map(operator.getitem, items[0], items[1]), items[2])):
-                return False
-            return not attrs or all(map(operator.is_, map(getattr, attrs[0], attrs[1]), attrs[2]))
+        try:  # (a dict's entry by dict.get, as read_at: a missing one is None, another object)
+            return (held_at(dict.get, self.dicts) and held_at(operator.getitem, self.items)
+                    and held_at(getattr, self.attrs))
         except Exception:  # an entry deleted, a parent no longer subscriptable
             return False
 
     def read(self) -> list[Any] | None:
-        """Read every linked container again from the roots down: the containers now found (:data:`GONE` where one
-        is not), or None where none moved.  Sets :attr:`diverged` to the path of a second place that holds another
+        """Read every linked container again from the roots down: the containers now found (:data:`DELETED` where
+        one is not), or None where none moved.  Sets :attr:`diverged` to the path of a second place that holds another
         object than its container's first place (else None)."""
         now: list[Any] = []
         for pi, root, kind, key, _path in self.links:
             parent = root if pi < 0 else now[pi]
-            now.append(GONE if parent is GONE else _read(parent, kind, key))
+            now.append(DELETED if parent is DELETED else read_at(parent, kind, key))
         was = self.now
         self.diverged = next((describe(self.links[n][4]) for n in self.fixed if now[n] is not was[n]), None)
         for li, pi, root, kind, key, path in self.others:
             if self.diverged is not None:
                 break
             parent = root if pi < 0 else now[pi]
-            if (GONE if parent is GONE else _read(parent, kind, key)) is not now[li]:  # name the place that moved
+            if (DELETED if parent is DELETED else read_at(parent, kind, key)) is not now[li]:  # name the one that moved
                 self.diverged = describe(self.links[li][4] if now[li] is not was[li] else path)
         for n in self.fixed:  # read in place: stays what the guards read
             now[n] = was[n]
@@ -147,9 +157,3 @@ class Links:
         self._columns()
         return now if moved else None
 
-
-def _column(entries: list[tuple[Any, str, Any, Any]]) -> tuple[tuple[Any, ...], ...]:
-    """``(parents, keys, children)`` for one mapped pass; ``()`` for none."""
-    if not entries:
-        return ()
-    return tuple(e[0] for e in entries), tuple(e[2] for e in entries), tuple(e[3] for e in entries)

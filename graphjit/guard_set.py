@@ -8,8 +8,9 @@ import operator
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .guard_links import Links
-from .guardable import hashable, is_tensor, snapshot
+from . import backends
+from .guard_links import DELETED, Links, columns, held_at
+from .guardable import hashable, snapshot
 from .reach import Path, describe
 
 if TYPE_CHECKING:
@@ -142,8 +143,8 @@ class GuardSet:
         for (cid, key), (value, path) in scan_.values(pinned=True).items():
             box = scan_.pinned[cid]
             (by_attr if box.kind in ("attr", "cell") else self.pinned).append((box.container, key, value, path))
-        self.pin_items = _columns(self.pinned)
-        self.pin_attrs = _columns(by_attr)
+        self.pin_items = columns([e[:3] for e in self.pinned])
+        self.pin_attrs = columns([e[:3] for e in by_attr])
         self.pinned += by_attr
         self.loads = _LOADS[0] if scan_.loads else None  # the count of state loads at capture, where it is watched
         # where each list, dict or tuple read is found (its parent, up to an object, a cell, a module's globals or a
@@ -173,19 +174,16 @@ class GuardSet:
     def _pinned_same(self) -> bool:
         """Every pinned value is the one the graph was captured with (``getitem`` / ``getattr`` and ``is`` mapped in C
         over flat columns: no Python frame per value)."""
-        items, attrs = self.pin_items, self.pin_attrs
         try:
-            if items and not all(map(operator.is_, map(operator.getitem, items[0], items[1]), items[2])):
-                return False
-            return not attrs or all(map(operator.is_, map(getattr, attrs[0], attrs[1]), attrs[2]))
+            return held_at(operator.getitem, self.pin_items) and held_at(getattr, self.pin_attrs)
         except Exception:  # an entry deleted
             return False
 
     def follow(self) -> None:
         """Read every guarded container where its parent holds it now (``m.cfg = {"scale": 2.0}``, a global list
         rebound): the guards compare what the function would read, never a container it no longer reaches.  A
-        container gone (or no longer subscriptable) is :data:`~graphjit.guard_links.GONE`, which fails the guards that
-        read it; two places of one container that now differ fail them all (``links.diverged``)."""
+        container gone (or no longer subscriptable) is :data:`DELETED`, which fails the guards that read it; two
+        places of one container that now differ fail them all (``links.diverged``)."""
         links = self.links
         if links is None or links.same():
             return
@@ -197,7 +195,7 @@ class GuardSet:
         items = len(self.pin_items[0]) if self.pin_items else 0
         self.pinned = [(c, k, v, p) if where[n + i] < 0 else (now[where[n + i]], k, v, p)
                        for i, (c, k, v, p) in enumerate(self.pinned)]
-        self.pin_items = _columns(self.pinned[:items])
+        self.pin_items = columns([e[:3] for e in self.pinned[:items]])
 
     def _pinned_now(self) -> list[Any]:
         """What each pinned entry holds now (in :attr:`pinned`'s order), :data:`DELETED` where it is gone."""
@@ -331,16 +329,6 @@ class GuardSet:
         return {path: (old, new) for path, old, new in self.differences()}
 
 
-class _Deleted:
-    """A guarded entry that is gone (:meth:`GuardSet.values`)."""
-
-    def __repr__(self) -> str:
-        return "(deleted)"
-
-
-DELETED = _Deleted()
-
-
 def _each(f: Callable[[Any], Any], got: Any, n: int) -> Any:
     """``f`` of each value a getter returned: its one value, or each of the tuple of ``n`` > 1 it returns."""
     return f(got) if n == 1 else tuple(map(f, got))
@@ -362,14 +350,6 @@ def _entry(container: Any, key: Any) -> Any:
         return DELETED
 
 
-def _columns(entries: list[tuple[Any, Any, Any, Path]]) -> tuple[tuple[Any, ...], ...]:
-    """``(containers, keys, values)`` of ``(container, key, value, path)`` entries, for one mapped pass; ``()`` for
-    none."""
-    if not entries:
-        return ()
-    return tuple(e[0] for e in entries), tuple(e[1] for e in entries), tuple(e[2] for e in entries)
-
-
 def _tensor(v: Any) -> str:
     """A held or pinned tensor for a reason: its type, shape and identity (never its values: that could read the
     GPU)."""
@@ -381,8 +361,8 @@ def _tensor(v: Any) -> str:
 def show(v: Any) -> str:
     """A value as a reason shows it: its repr, cut to 60 characters (a tensor in a tuple by its type, shape and
     identity: its repr would read its values, the GPU's)."""
-    if isinstance(v, tuple) and any(map(is_tensor, v)):
-        text = "(" + ", ".join(_tensor(e) if is_tensor(e) else repr(e) for e in v) + ")"
+    if isinstance(v, tuple) and any(map(backends.is_tensor, v)):
+        text = "(" + ", ".join(_tensor(e) if backends.is_tensor(e) else repr(e) for e in v) + ")"
     else:
         text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -139,21 +139,16 @@ _module_or_cell = ByType((types.ModuleType, types.CellType))
 _walked = ByType((list, dict, set, bytearray, collections.deque))
 
 
-def is_tensor(v: Any) -> bool:
-    """``v`` is a framework's tensor (any backend's)."""
-    return backends.for_type(type(v)) is not None
-
-
 def hashable(v: Any) -> Any:
     """``v`` as part of a key of read values: itself where it hashes, a set as a frozen copy of its contents, a
     tuple item by item (with its type), any other object by its type and identity (the guard holds it, so the
     identity is not reused while the key can be looked up; an equal object of another identity passes the guard's
     ``==`` without a key of its own)."""
-    if isinstance(v, tuple) and any(map(is_tensor, v)):
+    if isinstance(v, tuple) and any(map(backends.is_tensor, v)):
         return (type(v), tuple(map(hashable, v)))  # a tensor's hash is its identity, but its == compares values
     try:
         hash(v)
-        if not is_tensor(v):
+        if not backends.is_tensor(v):
             return v
     except TypeError:
         pass

@@ -91,6 +91,10 @@ WRITES = "writes a Python value on every call"
 """The reason of a key whose function changes a guarded value itself (a replay would not)."""
 
 
+_LINKED = (list, dict, tuple)
+"""The containers whose place the walk remembers (:meth:`Scan.link`): held by no identity guard, or by ``==``."""
+
+
 @dataclass
 class _Box:
     """One container's guarded entries, read by ``kind``: ``"item"`` or ``"globals"`` by subscript (a dict, a list,
@@ -138,7 +142,7 @@ class Scan:
         (``"attr"``, ``"cell"``) at ``path``: where it is a list or a dict (held by no identity guard: a rebuilt equal
         one is the same value) or a tuple (compared by ``==``: an equal one may hold other lists), remember where, so a
         rebound one is read there again (:class:`~graphjit.guard_links.Links`); a second place too."""
-        if not isinstance(child, (list, dict, tuple)):
+        if not isinstance(child, _LINKED):
             return
         place = (parent, kind, key, child, path)
         first = self.links.setdefault(id(child), place)
@@ -253,7 +257,8 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 follow.append(value)
             elif not guardable(value) and not opaque(value):
                 objects.append((path[0], value))
-                anchors.setdefault(id(value), (cell, "cell", "cell_contents", value, path))
+                if isinstance(value, _LINKED):
+                    anchors.setdefault(id(value), (cell, "cell", "cell_contents", value, path))
         g = f.__globals__
         for var in global_names(code):
             if var not in g:
@@ -266,11 +271,11 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 follow.append(value)
             elif not guardable(value) and not opaque(value):
                 objects.append((path[0], value))
-                anchors.setdefault(id(value), (g, "globals", var, value, path))
+                if isinstance(value, _LINKED):
+                    anchors.setdefault(id(value), (g, "globals", var, value, path))
         return follow
 
     functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=OPAQUE_VALUES)
-    anchors = {i: a for i, a in anchors.items() if isinstance(a[3], (list, dict, tuple))}
     return Sources(objects, slots, frozenset(names), anchors)
 
 
@@ -279,7 +284,7 @@ def _pinnable(v: Any) -> bool:
     address).  Not a list or dict whose entries are guarded: a rebuilt equal one (a scheduler's ``_last_lr``, a dict
     of settings made anew each step) would make a new graph every call: a guard reads a rebound one where it was read
     (:meth:`Scan.link`)."""
-    return backends.for_type(type(v)) is not None
+    return backends.is_tensor(v)
 
 
 def _push(stack: list[tuple[Any, Path, int, Any]], unpinned: set[int], pins: bool, child: Any, path: Path, depth: int,

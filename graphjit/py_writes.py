@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .guard_links import read_at
 from .guard_set import same, show
 from .guardable import MAX_ITEMS, snapshot
 from .guards import Scan
@@ -68,11 +69,7 @@ _PLAIN_ITEMS = (dict, list, tuple)
 
 def _reads_same(before: Scan) -> bool:
     for parent, kind, key, child, _path in before.links.values():  # a list or dict rebound: the walk decides
-        try:
-            now = getattr(parent, key) if kind in ("attr", "cell") else parent[key]
-        except Exception:
-            return False
-        if now is not child:
+        if read_at(parent, kind, key) is not child:
             return False
     boxes = before.boxes
     sized: set[int] = set()

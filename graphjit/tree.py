@@ -268,8 +268,8 @@ def rebuilder(obj: Any, sources: Sequence[int], is_tensor: Callable[[Any], bool]
               ) -> Callable[..., Any]:
     """:func:`rebuild` of ``obj`` planned once for many calls, each leaf (in :func:`collect_tensors` order) taken
     from where ``sources`` says: :data:`FRESH`, the next of the call's fresh tensors (a tensor met again, the one it
-    took before); :data:`KEEP`, ``obj``'s own; an
-    index ``i``, the call's own tensor ``i`` (an output that is one of the call's inputs, as an eager call returns it).
+    took before); :data:`KEEP`, ``obj``'s own; an index ``i``, the call's own tensor ``i`` (an output that is one of
+    the call's inputs, as an eager call returns it).
 
     The returned function is ``run(fresh, tensors=None, call=None)``.  Without ``tensors`` the input leaves stay
     ``obj``'s own.  ``argument(x, leaves)`` says whether a container or object ``x`` of ``obj`` (holding the tensors

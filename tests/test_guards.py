@@ -1092,22 +1092,18 @@ def test_an_objects_dict_held_as_a_dict_too_is_read_in_place(emu):
 def test_a_tuple_of_tensors_rebound_to_equal_clones_is_another_graphs(emu):
     """``h.kv = [(k, v)]`` rebound to clones of one element each: a tuple is compared by ``==``, which for such tensors
     compares their values; its tensors are held by identity now (the graph reads the old ones at their addresses)."""
-    h = type("Holder", (), {})()
-    h.kv = [(torch.ones(1), torch.full((1,), 2.0))]
+    def make():
+        h = type("Holder", (), {})()
+        h.kv = [(torch.ones(1), torch.full((1,), 2.0))]
 
-    def step(x):
-        k, v = h.kv[0]
-        v.add_(1)
-        return x * k + v
+        def step(x):
+            k, v = h.kv[0]
+            v.add_(1)
+            return x * k + v
 
-    want_h = type("Holder", (), {})()
-    want_h.kv = [(torch.ones(1), torch.full((1,), 2.0))]
+        return h, step
 
-    def eager(x):
-        k, v = want_h.kv[0]
-        v.add_(1)
-        return x * k + v
-
+    (h, step), (want_h, eager) = make(), make()
     g = graphjit.graphed(step)
     x = torch.ones(3)
     with torch.no_grad():
