@@ -17,7 +17,7 @@ from typing import Any
 
 from .reach import Path, describe
 
-__all__ = ["DELETED", "Links", "Place", "columns", "held_at", "read_at"]
+__all__ = ["DELETED", "Links", "Place", "columns", "read_at"]
 
 Place = tuple[Any, str, Any, Any, Path]
 """``(parent, kind, key, child, path)``: ``child`` read as ``parent[key]`` (kind ``"item"``, ``"globals"``) or
@@ -49,16 +49,11 @@ def read_at(parent: Any, kind: str, key: Any) -> Any:
 
 
 def columns(entries: Sequence[tuple[Any, Any, Any]]) -> tuple[tuple[Any, ...], ...]:
-    """``(parents, keys, children)`` of ``(parent, key, child)`` entries, for :func:`held_at`; ``()`` for none."""
+    """``(parents, keys, children)`` of ``(parent, key, child)`` entries, for one mapped identity pass (``map`` of a
+    getter, then of ``operator.is_``: no Python frame per entry); ``()`` for none."""
     if not entries:
         return ()
     return tuple(e[0] for e in entries), tuple(e[1] for e in entries), tuple(e[2] for e in entries)
-
-
-def held_at(get: Any, cols: tuple[tuple[Any, ...], ...]) -> bool:
-    """Every ``get(parent, key)`` of :func:`columns` ``cols`` is its child (``is``, mapped in C: no Python frame per
-    entry); True for none.  Raises where a read does (the callers take that as "not held")."""
-    return not cols or all(map(operator.is_, map(get, cols[0], cols[1]), cols[2]))
 
 
 class Links:
@@ -128,9 +123,13 @@ class Links:
 
     def same(self) -> bool:
         """Every link and second place holds what it held when last read (and no two places differ)."""
+        dicts, items, attrs = self.dicts, self.items, self.attrs  # (inline maps, not a helper: the replay's path)
         try:  # (a dict's entry by dict.get, as read_at: a missing one is None, another object)
-            return (held_at(dict.get, self.dicts) and held_at(operator.getitem, self.items)
-                    and held_at(getattr, self.attrs))
+            if dicts and not all(map(operator.is_, map(dict.get, dicts[0], dicts[1]), dicts[2])):
+                return False
+            if items and not all(map(operator.is_, map(operator.getitem, items[0], items[1]), items[2])):
+                return False
+            return not attrs or all(map(operator.is_, map(getattr, attrs[0], attrs[1]), attrs[2]))
         except Exception:  # an entry deleted, a parent no longer subscriptable
             return False
 

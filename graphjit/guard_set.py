@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import backends
-from .guard_links import DELETED, Links, columns, held_at
+from .guard_links import DELETED, Links, columns
 from .guardable import hashable, snapshot
 from .reach import Path, describe
 
@@ -174,8 +174,11 @@ class GuardSet:
     def _pinned_same(self) -> bool:
         """Every pinned value is the one the graph was captured with (``getitem`` / ``getattr`` and ``is`` mapped in C
         over flat columns: no Python frame per value)."""
+        items, attrs = self.pin_items, self.pin_attrs
         try:
-            return held_at(operator.getitem, self.pin_items) and held_at(getattr, self.pin_attrs)
+            if items and not all(map(operator.is_, map(operator.getitem, items[0], items[1]), items[2])):
+                return False
+            return not attrs or all(map(operator.is_, map(getattr, attrs[0], attrs[1]), attrs[2]))
         except Exception:  # an entry deleted
             return False
 
