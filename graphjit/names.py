@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import logging
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -118,12 +119,20 @@ def _functions_of(attr: Any) -> Iterator[types.FunctionType]:
 class NameRecorder:
     """Collects the names used by the Python code a call runs (a ``sys.setprofile`` hook on this thread,
     for the block), outside the frameworks', graphjit's and the standard library's own modules and outside
-    islands.  Does nothing where a profiler is already set (its hook is kept)."""
+    islands.  Does nothing where a profiler is already set (its hook is kept).
+
+    A compiler translating inside the block runs millions of Python calls of its own that add no names, and a
+    profile hook makes each of them several times slower (a Dynamo compile of a transformers model took 3-4x as
+    long under it): :meth:`pause` and :meth:`resume`, called by the backend where its compiler starts and ends
+    (:meth:`~graphjit.backends.base.Backend.compiles_unwatched`), take the hook off for the compile.  A block left
+    paused (its compile ended on another thread) is not complete: its names are then not known."""
 
     def __init__(self) -> None:
         self.names: set[str] = set()
         self.codes: set[types.CodeType] = set()
         self.active = False
+        self.paused = False
+        self.thread = threading.get_ident()
         self.complete = False  # the whole call ran under the hook (no profiler of the user's was in the way)
         self.arguments: dict[int, set[types.CodeType]] = {}  # id(object) -> code that ran with it as an argument
         self.by_object: dict[int, frozenset[str]] = {}
@@ -139,7 +148,8 @@ class NameRecorder:
         if self.active:
             sys.setprofile(None)
             self.active = False
-            self.complete = True
+            self.complete = not self.paused
+            self.paused = False
         for code in self.codes:
             self.names.update(code_names(code))
         self.codes.clear()
@@ -149,6 +159,20 @@ class NameRecorder:
                 names |= code_names(code)
             self.by_object[oid] = frozenset(names)
         self.arguments.clear()
+
+    def pause(self) -> None:
+        """Take the hook off while a compiler translates on this thread (see the class); only the recorder's own
+        thread, and only while its hook is the one set."""
+        if self.active and not self.paused and threading.get_ident() == self.thread and \
+                sys.getprofile() == self._hook:
+            sys.setprofile(None)
+            self.paused = True
+
+    def resume(self) -> None:
+        """Put the hook back after :meth:`pause`, on the recorder's own thread."""
+        if self.paused and threading.get_ident() == self.thread and sys.getprofile() is None:
+            sys.setprofile(self._hook)
+            self.paused = False
 
     def _hook(self, frame: types.FrameType, event: str, arg: Any) -> None:
         if event != "call":

@@ -196,8 +196,10 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     values = (guards.scan(guard_src, is_tensor, None, b.tensor_holders, renewed=b.renewed_attributes)
               if guard_src is not None else None)
     recorder = NameRecorder()
+    record = guard_src is not None and runs_python  # a run translated by a tracer uses no names of its own here
     with b.sync_watch(syncs) if sync_watch else contextlib.nullcontext(), collecting(b, device) as isl, \
-            recorder if guard_src is not None else contextlib.nullcontext():
+            b.compiles_unwatched(recorder.pause, recorder.resume) if record else contextlib.nullcontext(), \
+            recorder if record else contextlib.nullcontext():
         out = run()
     after = walk(roots, is_tensor, b.tensor_state)
     rebound, added = rebinds(before, after)
@@ -206,7 +208,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
                       isl.calls, added_tensors(before, after), moved(before, where, b.data_ptr))
     obs.elsewhere = [p for t, p in obs.written if b.device_str(t) != device]
     if guard_src is not None and values is not None:
-        if recorder.complete and runs_python:
+        if recorder.complete:
             obs.names, obs.by_object = recorder.names, recorder.by_object
             obs.emitted = recorder.emitted
         obs.py_written = py_writes.writes(values, lambda: guards.scan(guard_src, is_tensor, None, b.tensor_holders,

@@ -49,7 +49,7 @@ stage() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   for s in $stages; do
-    echo "== $s ($(date -u +%T))"
+    echo "== $s ($(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg))"
     stage "$s"
     echo "== $s rc=$? ($(date -u +%T))"
   done

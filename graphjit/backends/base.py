@@ -433,6 +433,14 @@ class Backend(abc.ABC):
         its end, so a watched call is a complete eager call."""
         return contextlib.nullcontext()
 
+    def compiles_unwatched(self, pause: Callable[[], None],
+                           resume: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
+        """In the block, ``pause()`` where the framework's compiler starts translating and ``resume()`` where it
+        ends (a warmup's Python-level watch is off for the compiler's own code, which runs no user code and adds
+        no names).  Either may run on another thread than the block's; a backend without such a compiler calls
+        neither."""
+        return contextlib.nullcontext()
+
     @contextlib.contextmanager
     def island_guard(self) -> Iterator[None]:
         """Around an island's run inside a watched warmup: CPU-GPU syncs inside the block are allowed

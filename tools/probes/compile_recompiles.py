@@ -94,21 +94,67 @@ class _Entries:
         graphs.TorchBackend.trace = spied  # type: ignore[method-assign]
 
 
+class _Compiles:
+    """``--spy``: each compilation Dynamo runs (its start and end callbacks): seconds, trigger, graphjit's phase at its
+    start (warmup, capture) and the cache counter of the compiled function's last entry; and Dynamo's own phase
+    timings (``compilation_time_metrics``), summed per phase over the call."""
+
+    def __init__(self, entries: _Entries) -> None:
+        self.entries = entries
+        self.events: list[dict[str, Any]] = []
+        self._t0 = 0.0
+
+    def install(self) -> None:
+        from torch._dynamo.callback import callback_handler
+
+        callback_handler.register_start_callback(self._start)
+        callback_handler.register_end_callback(self._end)
+
+    def _start(self, args: Any = None) -> None:
+        import sys
+
+        from graphjit import scope
+
+        self._t0 = time.perf_counter()
+        self.events.append({"trigger": str(getattr(args, "callback_trigger", "?")),
+                            "phase": getattr(scope._tls, "phase", None),
+                            "profiled": sys.getprofile() is not None,
+                            "entry": self.entries.seen[-1] if self.entries.seen else None})
+
+    def _end(self, args: Any = None) -> None:
+        if self.events:
+            self.events[-1]["seconds"] = round(time.perf_counter() - self._t0, 3)
+
+    @staticmethod
+    def metrics() -> dict[str, float]:
+        from torch._dynamo.utils import compilation_time_metrics
+
+        return {k: sum(v) for k, v in compilation_time_metrics.items()}
+
+
 def probe(family: str, args: argparse.Namespace, device: str, handler: _Recompiles,
-          entries: _Entries | None = None) -> dict[str, Any]:
-    torch._dynamo.reset()
+          entries: _Entries | None = None, compiles: _Compiles | None = None) -> dict[str, Any]:
+    torch._dynamo.reset()  # (clears Dynamo's compile callbacks too)
+    if compiles is not None:
+        compiles.install()
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     model = hf_families.build(torch, transformers, family, layers=args.layers, hidden=args.hidden, device=device,
                               dtype=dtype)
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, 256, (args.batch, args.prompt_len), generator=gen).to(device)
-    kwargs = {"max_new_tokens": args.new_tokens, "do_sample": False, "pad_token_id": 0}
-    graphjit.graph_generation(model, tracer="compile")
+    kwargs: dict[str, Any] = {"max_new_tokens": args.new_tokens, "do_sample": False, "pad_token_id": 0}
+    if args.hf:
+        kwargs["cache_implementation"] = "static"  # transformers compiles the decode step itself
+    else:
+        graphjit.graph_generation(model, tracer="compile")
     calls = []
     with torch.no_grad():
         for i in range(args.calls):
-            d0, g0, m0 = _dynamo_counts(), _graphjit_counts(model.forward), len(handler.messages)
+            d0, m0 = _dynamo_counts(), len(handler.messages)
+            g0 = _graphjit_counts(model.forward) if not args.hf else {}
             e0 = len(entries.seen) if entries is not None else 0
+            c0 = len(compiles.events) if compiles is not None else 0
+            p0 = compiles.metrics() if compiles is not None else {}
             t0 = time.perf_counter()
             model.generate(prompt, **kwargs)
             if device != "cpu":
@@ -116,15 +162,26 @@ def probe(family: str, args: argparse.Namespace, device: str, handler: _Recompil
             seconds = time.perf_counter() - t0
             calls.append({"call": i + 1, "seconds": round(seconds, 4),
                           "dynamo": _delta(_dynamo_counts(), d0),
-                          "graphjit": _delta(_graphjit_counts(model.forward), g0),
+                          "graphjit": _delta(_graphjit_counts(model.forward), g0) if not args.hf else None,
                           "recompile_reasons": handler.messages[m0:m0 + 12],
                           "recompiles": len(handler.messages) - m0,
-                          "compiled_entries": entries.seen[e0:] if entries is not None else None})
+                          "compiled_entries": entries.seen[e0:] if entries is not None else None,
+                          "compiles": compiles.events[c0:] if compiles is not None else None,
+                          "compile_phases_s": (_top(_delta(compiles.metrics(), p0)) if compiles is not None
+                                               else None)})
             print(f"{family} call {i + 1}: {seconds:.3f} s, {calls[-1]['recompiles']} recompiles, "
                   f"dynamo {calls[-1]['dynamo']}, graphjit {calls[-1]['graphjit']}", flush=True)
             for m in calls[-1]["recompile_reasons"][:3]:
                 print("   ", m.replace("\n", " | ")[:300], flush=True)
-    return {"calls": calls, "report": model.forward.report()[:4000]}
+            for c in calls[-1]["compiles"] or []:
+                print("    compile:", c, flush=True)
+            if calls[-1]["compile_phases_s"]:
+                print("    phases:", calls[-1]["compile_phases_s"], flush=True)
+    return {"calls": calls, "report": model.forward.report()[:4000] if not args.hf else None}
+
+
+def _top(phases: dict[str, float], n: int = 15) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in sorted(phases.items(), key=lambda kv: -kv[1])[:n] if v > 0.01}
 
 
 def main() -> int:
@@ -140,6 +197,10 @@ def main() -> int:
     p.add_argument("--allow-cpu", action="store_true", help="tiny model on the CPU (a smoke run)")
     p.add_argument("--spy", action="store_true",
                    help="record the cache layers' Python counters each time the compiled function is entered")
+    p.add_argument("--hf", action="store_true",
+                   help="transformers' own compiled generate() (static cache, its decode step compiled) instead")
+    p.add_argument("--plain-floats", action="store_true",
+                   help="the compile tracer without Dynamo's specialize_float (an experiment)")
     p.add_argument("--out", default=".")
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -159,17 +220,23 @@ def main() -> int:
                               "transformers": transformers.__version__, "device": device, "args": vars(args),
                               "families": {}}
     entries = _Entries() if args.spy else None
-    if entries is not None:
+    compiles = _Compiles(entries) if entries is not None else None
+    if entries is not None and compiles is not None:
         entries.install()
+    if args.plain_floats:
+        from graphjit.backends.torch import dynamo
+
+        dynamo.floats_specialized = lambda compiled: compiled  # type: ignore[assignment]
     for family in args.families.split(","):
         try:
-            result["families"][family] = probe(family, args, device, handler, entries)
+            result["families"][family] = probe(family, args, device, handler, entries, compiles)
         except Exception as exc:  # one family's failure is its result
             result["families"][family] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             print(f"{family}: {type(exc).__name__}: {exc}"[:500], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compile_recompiles.json").write_text(json.dumps(result, indent=1))
+    name = "compile_recompiles" + ("_hf" if args.hf else "") + ("_plain_floats" if args.plain_floats else "")
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     return 0
 
 

@@ -1,17 +1,47 @@
 """torch: what graphjit asks of Dynamo for ``tracer="compile"``: the guards of the cache entry a capture ran
-(:func:`cache_entry_guard`), floats kept constants of the compiled code (:func:`floats_specialized`), and whether
-this Dynamo guards numbers read off a class (:func:`class_attribute_guards_missing`)."""
+(:func:`cache_entry_guard`), floats kept constants of the compiled code (:func:`floats_specialized`), whether
+this Dynamo guards numbers read off a class (:func:`class_attribute_guards_missing`), and calls where its
+compilations start and end (:func:`compiles_unwatched`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["cache_entry_guard", "class_attribute_guards_missing", "floats_specialized"]
+__all__ = ["cache_entry_guard", "class_attribute_guards_missing", "compiles_unwatched", "floats_specialized"]
+
+
+@contextlib.contextmanager
+def compiles_unwatched(pause: Callable[[], None], resume: Callable[[], None]) -> Iterator[None]:
+    """In the block, ``pause()`` where Dynamo starts compiling a frame and ``resume()`` where it ends (its
+    ``callback_handler``: counted across threads, so the start runs on the thread of the first of overlapping
+    compilations and the end on that of the last).  A torch without the handler calls neither."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except Exception:  # a torch without Dynamo or without compile callbacks
+        yield
+        return
+
+    def start(*_args: Any) -> None:
+        pause()
+
+    def end(*_args: Any) -> None:
+        resume()
+
+    callback_handler.register_start_callback(start)
+    callback_handler.register_end_callback(end)
+    try:
+        yield
+    finally:
+        for registered, remove in ((start, callback_handler.remove_start_callback),
+                                   (end, callback_handler.remove_end_callback)):
+            with contextlib.suppress(ValueError):
+                remove(registered)
 
 
 def cache_entry_guard(target: Any, f_locals: dict[str, Any]) -> Callable[[], str | None] | None:

@@ -471,6 +471,10 @@ class TorchBackend(Backend):
             return contextlib.nullcontext()
         return _SYNC_WATCHER.watch(hits)
 
+    def compiles_unwatched(self, pause: Callable[[], None],
+                           resume: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
+        return dynamo.compiles_unwatched(pause, resume)
+
     @contextlib.contextmanager
     def island_guard(self) -> Iterator[None]:
         """Inside :meth:`sync_watch`: the block's syncs are allowed (an island may sync)."""
