@@ -128,7 +128,10 @@ class GuardSet:
             self.keys.append([whole])
             self.paths.append([(f"{what}({describe(path)})",)])
             self.expected.append(value)
-            places.append((path, what != "own"))
+            # a key kept absent from a dict (a probe's, graphjit/absences.py) is read where the dict is now, as its
+            # entries are; a name kept absent from an object's __dict__ stays with that object
+            keyed = what == "own" and len(path) > 1 and path[-1][0] == "[]"
+            places.append((path[:-1], True) if keyed else (path, what != "own"))
         self.extra = extra
         # held tensors: (container, key, path, the tensor or None at capture: kept, so its address stays its own)
         held = scan_.values(held=True)

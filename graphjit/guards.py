@@ -60,12 +60,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import backends
+from . import absences, backends
 from .guard_links import Place
 from .guard_set import DELETED, GuardSet, HasKey, note_rebind, same, show
 from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, guardable, opaque, snapshot
 from .module_hooks import collect_hooks
-from .names import class_names, code_names
+from .names import NO_PROBES, Probes, class_names, code_names, code_probes
 from .reach import (
     FOREIGN_MODULES,
     PLAIN_CONTAINERS,
@@ -160,8 +160,10 @@ class Scan:
         self.wholes.setdefault((id(container), "keys"), (container, tuple, tuple(container), path))
 
     def unshadowed(self, d: dict[str, Any], name: str, path: Path) -> None:
-        """An instance dict ``d`` without ``name``, a class attribute the instance reads: the guard that it stays
-        without (an instance attribute set after the capture would shadow the class's value the graph froze)."""
+        """A dict ``d`` without ``name`` the code may read: the guard that it stays without.  An instance's
+        ``__dict__`` without a class attribute the instance reads (an instance attribute set after the capture would
+        shadow the class's value the graph froze), or without a name the code probes (``getattr`` with a default,
+        ``hasattr``), a dict without a key it probes (``get``, ``in``), a module's globals without a name it loads."""
         self.wholes.setdefault((id(d), "has:" + name), (d, HasKey(name), False, path))
 
     def named_wholes(self) -> list[tuple[str, Any, Callable[[Any], Any], Any, Path]]:
@@ -224,6 +226,8 @@ class Sources:
     slots: list[tuple[Any, str, Any, Path]]  # (container, kind, key, path) of closure cells and globals
     names: frozenset[str]
     anchors: dict[int, Place] = field(default_factory=dict)  # id(list, dict, tuple) -> where found (Scan.link)
+    probes: Probes = NO_PROBES  # what the functions' code may find absent (names.code_probes)
+    absent: list[tuple[dict[str, Any], str, Path]] = field(default_factory=list)  # globals loaded but not defined
 
 
 def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] = ()) -> Sources:
@@ -236,6 +240,8 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
     slots: list[tuple[Any, str, Any, Path]] = []
     names: set[str] = set()
     anchors: dict[int, Place] = {}
+    probes = [NO_PROBES]
+    absent: dict[tuple[int, str], tuple[dict[str, Any], str, Path]] = {}
     if bound is not None:
         objects.append(("self", bound))
     for name, value in args:
@@ -245,6 +251,8 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
         follow: list[Any] = []
         code = f.__code__
         names.update(code_names(code))
+        probed = code_probes(code)
+        probes.append(probed)
         for var, cell in zip(code.co_freevars, f.__closure__ or ()):
             try:
                 value = cell.cell_contents
@@ -260,6 +268,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 if isinstance(value, _LINKED):
                     anchors.setdefault(id(value), (cell, "cell", "cell_contents", value, path))
         g = f.__globals__
+        absences.of_function(f, probed, slots, absent)
         for var in global_names(code):
             if var not in g:
                 continue
@@ -276,7 +285,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
         return follow
 
     functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=OPAQUE_VALUES)
-    return Sources(objects, slots, frozenset(names), anchors)
+    return Sources(objects, slots, frozenset(names), anchors, absences.union(probes), list(absent.values()))
 
 
 def _pinnable(v: Any) -> bool:
@@ -318,7 +327,8 @@ def _identity_keyed(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str
 def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None,
          holders: Iterable[str] = (), by_object: dict[int, frozenset[str]] | None = None,
          transparent: Iterable[str] = (), renewed: tuple[tuple[type, str], ...] = (),
-         hook_holders: tuple[str, ...] = (), watch_loads: Callable[[Any], bool] | None = None) -> Scan:
+         hook_holders: tuple[str, ...] = (), watch_loads: Callable[[Any], bool] | None = None,
+         probes: Probes = NO_PROBES, probed_by_object: dict[int, frozenset[str]] | None = None) -> Scan:
     """Every guardable value the sources reach (see the module docstring).  ``ran``: the names the code of the
     last warmup call used (:class:`NameRecorder`, the function run as Python); None where that is not known
     (a tracer that runs a program instead, a profiler in the way): then every name the methods of the classes
@@ -335,7 +345,12 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     :mod:`graphjit.module_hooks` (empty or not: a hook registered later lands there), of every module reached and
     of all modules below it, named or not; their entries are not values.  ``watch_loads(obj)``: for each optimizer,
     scheduler or scaler reached, True where the framework will say when its state is loaded (``Scan.loads``:
-    :func:`graphjit.guard_set.note_load`), which rebinds the lists and dicts whose entries are guarded."""
+    :func:`graphjit.guard_set.note_load`), which rebinds the lists and dicts whose entries are guarded.
+
+    ``probes``: what the code that ran may find absent (:func:`graphjit.names.code_probes`, with the sources' own),
+    kept absent (:meth:`Scan.unshadowed`): ``getattr(self.config, "scale", 1.0)`` took its default, so a
+    ``config.scale`` set later makes the next call another key's.  Where, :mod:`graphjit.absences` says
+    (``probed_by_object``: ``id(object) -> names`` its code looked up on it while it was an argument of that code)."""
     holding = frozenset(holders)
     children = tuple(transparent)
     through = frozenset(children) | holding
@@ -347,6 +362,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     if ran is not None:
         out.names.update(ran)
     own: dict[int, frozenset[str]] = {}
+    probes = probes | src.probes
+    for g, var, gpath in src.absent:
+        out.unshadowed(g, var, gpath)
 
     def names_for(o: Any) -> Any:
         if by_object is None:
@@ -386,6 +404,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             pins = id(obj) not in unpinned
             if isinstance(obj, list):
                 out.length(obj, path)
+            if tp is dict and not obj and keys_of is None and absences.probed_dict(obj, path, through, _settings):
+                for k in probes.keys:  # an empty dict: the keys its code probes stay absent
+                    out.unshadowed(obj, k, (*path, ("[]", k)))
             if (tp in PLAIN_CONTAINERS and not obj) or tp in _SCALAR_TYPES or is_tensor(obj) or opaque(obj):
                 if _own_class(obj):  # a class held by an object or a container: its attributes, as below
                     by_name.add(obj)
@@ -418,6 +439,10 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 big = len(obj) > MAX_ITEMS or holder
                 if iterates and not big and keys_of is None and _settings(obj):
                     out.key_set(obj, path)
+                if not big and keys_of is None and absences.probed_dict(obj, path, through, _settings):
+                    for k in probes.keys:
+                        if k not in obj:
+                            out.unshadowed(obj, k, (*path, ("[]", k)))
                 for k, child in list(obj.items()):
                     if keys_of is not None and k not in keys_of:
                         continue  # a submodule (parameter, buffer) no code of the call names
@@ -467,6 +492,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     elif pins and _pinnable(child) and k not in through:
                         out.pin(d, "item", k, child, (*path, (".", k)))
                     _push(stack, unpinned, pins, child, (*path, (".", k)), depth + 1, out, (d, "item", k))
+                for k in absences.attribute_probes(obj, depth, probes, src.probes, by_object, probed_by_object):
+                    if k not in d and not absences.on_class(tp, k):
+                        out.unshadowed(d, k, (*path, (".", k)))
             for name in slots_of(tp):
                 if named is not None and name not in named:
                     continue

@@ -10,12 +10,13 @@ reached objects (:func:`class_names`).  Nothing here runs on the replay path.
 from __future__ import annotations
 
 import builtins
+import dis
 import logging
 import sys
 import threading
 import types
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from .backends.base import in_island
 from .reach import unwrap
@@ -58,6 +59,73 @@ def _written(logger: Any, level: int) -> bool:
 
 _CLASS_NAMES: dict[type, frozenset[str]] = {}
 _CODE_NAMES: dict[types.CodeType, frozenset[str]] = {}
+_CODE_PROBES: dict[types.CodeType, Probes] = {}
+_PROBING_CALLS = frozenset(("getattr", "hasattr"))
+_PROBING_METHODS = frozenset(("get", "pop", "setdefault", "__contains__", "getenv"))
+_LOOKAHEAD = 8  # instructions from a probing call's start (or a constant) to the call (or the ``in``) that uses it
+
+
+class Probes(NamedTuple):
+    """What code may find absent without failing (:func:`code_probes`)."""
+
+    attributes: frozenset[str]  # getattr(o, "name", default), hasattr(o, "name")
+    keys: frozenset[str]  # d.get("key"), d.pop("key", None), d.setdefault("key", v), "key" in d, os.getenv("key")
+    globals: frozenset[str]  # the global names it loads
+    key_globals: frozenset[str] = frozenset()  # globals passed where a key is looked up (d.get(FLAG_NAME))
+
+    def __or__(self, other: tuple[Any, ...]) -> Probes:  # type: ignore[override]
+        return Probes(*(a | b for a, b in zip(self, other)))
+
+
+NO_PROBES = Probes(frozenset(), frozenset(), frozenset(), frozenset())
+
+
+def code_probes(code: types.CodeType) -> Probes:
+    """What ``code`` (and the code nested in it) may find absent without failing: the string constants it looks up by
+    name on an object (``getattr(o, "name", default)``, ``hasattr(o, "name")``) and in a mapping (``d.get("key")``,
+    ``d.pop("key", None)``, ``"key" in d``), and the global names it loads (``LOAD_GLOBAL``).  A read of something
+    absent takes a branch or a default that a replay keeps after the thing appears; :func:`graphjit.guards.scan`
+    guards that those its objects, dicts and globals lack stay absent.  An over-approximation (a constant near such a
+    call that it does not take is counted too): it only ever adds guards."""
+    found = _CODE_PROBES.get(code)
+    if found is not None:
+        return found
+    attributes: set[str] = set()
+    keys: set[str] = set()
+    loaded: set[str] = set()
+    key_globals: set[str] = set()
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        try:
+            ins = list(dis.get_instructions(c))
+        except Exception:  # code dis cannot read: nothing found here
+            continue
+        for i, x in enumerate(ins):
+            op, arg = x.opname, x.argval
+            if op in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(arg, str):
+                loaded.add(arg)
+            into = attributes if op in ("LOAD_GLOBAL", "LOAD_NAME") and arg in _PROBING_CALLS else \
+                keys if op in ("LOAD_ATTR", "LOAD_METHOD") and arg in _PROBING_METHODS else None
+            if into is not None:
+                for y in ins[i + 1:i + 1 + _LOOKAHEAD]:
+                    if y.opname.startswith("CALL"):
+                        break
+                    if y.opname == "LOAD_CONST" and isinstance(y.argval, str):
+                        into.add(y.argval)
+                    elif into is keys and y.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(y.argval, str):
+                        key_globals.add(y.argval)
+            elif op == "LOAD_CONST" and isinstance(arg, str):
+                for y in ins[i + 1:i + 1 + _LOOKAHEAD]:
+                    if y.opname.startswith("CALL"):
+                        break
+                    if y.opname == "CONTAINS_OP":
+                        keys.add(arg)
+                        break
+    found = _CODE_PROBES[code] = Probes(frozenset(attributes), frozenset(keys), frozenset(loaded),
+                                        frozenset(key_globals))
+    return found
 
 
 def code_names(code: types.CodeType) -> frozenset[str]:
@@ -136,6 +204,8 @@ class NameRecorder:
         self.complete = False  # the whole call ran under the hook (no profiler of the user's was in the way)
         self.arguments: dict[int, set[types.CodeType]] = {}  # id(object) -> code that ran with it as an argument
         self.by_object: dict[int, frozenset[str]] = {}
+        self.probes = NO_PROBES  # what the code that ran may find absent (:func:`code_probes`; its globals unused)
+        self.probed_by_object: dict[int, frozenset[str]] = {}  # id(object) -> the attribute probes of its code
         self.emitted: list[str] = []  # what the call printed or logged outside islands, and where (a replay would not)
 
     def __enter__(self) -> NameRecorder:
@@ -150,14 +220,21 @@ class NameRecorder:
             self.active = False
             self.complete = not self.paused
             self.paused = False
+        probes = [self.probes]
         for code in self.codes:
             self.names.update(code_names(code))
+            probes.append(code_probes(code))
+        self.probes = Probes(*(frozenset().union(*parts) for parts in zip(*probes)))
         self.codes.clear()
         for oid, codes in self.arguments.items():
             names: set[str] = set()
+            probed: set[str] = set()
             for code in codes:
                 names |= code_names(code)
+                probed |= code_probes(code).attributes
             self.by_object[oid] = frozenset(names)
+            if probed:
+                self.probed_by_object[oid] = frozenset(probed)
         self.arguments.clear()
 
     def pause(self) -> None:

@@ -23,7 +23,7 @@ from . import guards, py_writes
 from .backends.base import Backend
 from .buffers import collect_tensors
 from .islands import IslandCall, collecting
-from .names import NameRecorder
+from .names import NO_PROBES, NameRecorder, Probes
 from .reach import Path, added_tensors, addresses, describe, moved, rebinds, walk
 from .sites import with_function
 from .writes import WriteProbe
@@ -59,6 +59,10 @@ class Observation:
     """The names the Python code of the call used (when watched for guards and the call ran as Python)."""
     by_object: dict[int, frozenset[str]] | None = None
     """And by the object the code took as an argument (:class:`~graphjit.names.NameRecorder`)."""
+    probes: Probes = NO_PROBES
+    """What that code may find absent (:func:`graphjit.names.code_probes`)."""
+    probed_by_object: dict[int, frozenset[str]] | None = None
+    """The names looked up with ``getattr``/``hasattr`` by code that took the object as an argument."""
     emitted: list[str] = field(default_factory=list)
     """What the call printed or logged outside islands, and where (a replay runs no Python, so it would not)."""
 
@@ -95,6 +99,11 @@ class Warmup:
     known: the tracer runs a program, or a profiler kept the recorder out)."""
     by_object: dict[int, frozenset[str]] | None = None
     """``id(object) -> names`` of the code those calls ran with the object as an argument (``self`` included)."""
+    probes: Probes = NO_PROBES
+    """What the code of those calls may find absent: guarded to stay absent (:func:`graphjit.guards.scan`)."""
+    probed_by_object: dict[int, frozenset[str]] | None = None
+    """``id(object) -> names`` those calls' code looked up on the object by ``getattr``/``hasattr`` while it was an
+    argument of that code."""
     advances: Advances | None = None
     """The scalars of its own key each watched call left at the same values (:mod:`graphjit.advances`): what a
     replay of the key sets."""
@@ -127,6 +136,11 @@ class Warmup:
             for oid, names in (obs.by_object or {}).items():
                 merged[oid] = merged.get(oid, frozenset()) | names
             self.by_object = merged
+            self.probes = self.probes | obs.probes
+            probed = dict(self.probed_by_object or {})
+            for oid, names in (obs.probed_by_object or {}).items():
+                probed[oid] = probed.get(oid, frozenset()) | names
+            self.probed_by_object = probed
         previous, self.islands = self.islands, obs.islands
         if previous is not None and [c.island for c in previous] != [c.island for c in obs.islands] \
                 and self.blocked is None:
@@ -209,7 +223,8 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     obs.elsewhere = [p for t, p in obs.written if b.device_str(t) != device]
     if guard_src is not None and values is not None:
         if recorder.complete:
-            obs.names, obs.by_object = recorder.names, recorder.by_object
+            obs.names, obs.by_object, obs.probes = recorder.names, recorder.by_object, recorder.probes
+            obs.probed_by_object = recorder.probed_by_object
             obs.emitted = recorder.emitted
         obs.py_written = py_writes.writes(values, lambda: guards.scan(guard_src, is_tensor, None, b.tensor_holders,
                                                                    renewed=b.renewed_attributes))

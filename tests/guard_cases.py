@@ -630,6 +630,79 @@ def settings_key_added(device: str) -> Case:
     return Case(step, lambda i: (xs[i],), before)
 
 
+class _Probed:
+    """An object the "probed_*" cases' functions look names up on, with defaults for names it does not have."""
+
+
+ENV_FLAG = "GRAPHJIT_TEST_GUARD_CASE_FLAG"  # an environment variable the "probed_environment" case reads
+
+
+def _probed(device: str, where: str) -> Case:
+    """A value the function looks up with a default, absent at the capture and set after call 5 (then kept):
+    ``getattr(knobs, "scale", 1.0)``, ``hasattr(knobs, "doubled")``, ``settings.get("scale", 1.0)`` on a dict of
+    settings and on an empty one, ``globals().get(...)``, ``os.environ.get(...)``.  Before, only values present at
+    the capture were guarded: the graph kept the default."""
+    import os
+
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    xs = _xs(device, 12, (4, 16))
+    knobs = _Probed()
+    settings: dict[str, float] = {"shift": 0.0}
+    empty: dict[str, float] = {}
+    globals().pop("PROBED_SCALE", None)
+    os.environ.pop(ENV_FLAG, None)
+
+    fns = {
+        "attribute": lambda x: (x @ w) * getattr(knobs, "scale", 1.0),
+        "hasattr": lambda x: (x @ w) * (2.0 if hasattr(knobs, "doubled") else 1.0),
+        "dict": lambda x: (x @ w) * settings.get("scale", 1.0) + settings["shift"],
+        "empty_dict": lambda x: (x @ w) * empty.get("scale", 1.0),
+        "global": lambda x: (x @ w) * globals().get("PROBED_SCALE", 1.0),
+        "environment": lambda x: (x @ w) * (3.0 if os.environ.get(ENV_FLAG) else 1.0),
+    }
+    sets = {
+        "attribute": lambda: setattr(knobs, "scale", 2.0),
+        "hasattr": lambda: setattr(knobs, "doubled", True),
+        "dict": lambda: settings.__setitem__("scale", 2.0),
+        "empty_dict": lambda: empty.__setitem__("scale", 2.0),
+        "global": lambda: globals().__setitem__("PROBED_SCALE", 2.0),
+        "environment": lambda: os.environ.__setitem__(ENV_FLAG, "1"),
+    }
+
+    def before(i):
+        if i == 5:
+            sets[where]()
+        if i == 11 and where == "environment":  # the last call: the process's environment as it was
+            os.environ.pop(ENV_FLAG, None)
+
+    return Case(fns[where], lambda i: (xs[i],), before)
+
+
+def probed_attribute(device: str) -> Case:
+    return _probed(device, "attribute")
+
+
+def probed_hasattr(device: str) -> Case:
+    return _probed(device, "hasattr")
+
+
+def probed_dict_key(device: str) -> Case:
+    return _probed(device, "dict")
+
+
+def probed_empty_dict_key(device: str) -> Case:
+    return _probed(device, "empty_dict")
+
+
+def probed_global(device: str) -> Case:
+    return _probed(device, "global")
+
+
+def probed_environment(device: str) -> Case:
+    return _probed(device, "environment")
+
+
 VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item, "slice_bound": slice_bound,
           "dict_item": dict_item, "set_closure": set_closure, "set_attribute": set_attribute,
           "set_in_argument": set_in_argument, "set_in_tuple": set_in_tuple, "tuple_rebound": tuple_rebound,
@@ -642,7 +715,10 @@ VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item
           "rebound_attribute_tensor": rebound_attribute_tensor, "rebound_list_tensor": rebound_list_tensor,
           "rebuilt_attribute_dict": rebuilt_attribute_dict, "rebuilt_global_dict": rebuilt_global_dict,
           "rebuilt_closure_dict": rebuilt_closure_dict, "rebuilt_nested_dict": rebuilt_nested_dict,
-          "rebuilt_dict_of_tensors": rebuilt_dict_of_tensors, "rebuilt_list": rebuilt_list}
+          "rebuilt_dict_of_tensors": rebuilt_dict_of_tensors, "rebuilt_list": rebuilt_list,
+          "probed_attribute": probed_attribute, "probed_hasattr": probed_hasattr, "probed_dict_key": probed_dict_key,
+          "probed_empty_dict_key": probed_empty_dict_key, "probed_global": probed_global,
+          "probed_environment": probed_environment}
 
 
 # -- training loops as users write them --------------------------------------------------------------------

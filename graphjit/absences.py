@@ -1,0 +1,98 @@
+"""Which absences the guards keep: what the function's code looks up with a fallback and did not find.
+
+``getattr(self.config, "scale", 1.0)``, ``hasattr(m, "doubled")``, ``settings.get("scale", 1.0)``,
+``os.environ.get("FLAG")``, ``globals().get("NAME")`` and a global caught by ``except NameError`` read nothing when
+the thing is absent, so :mod:`graphjit.guards` has no value to compare; the call took a default or a branch that a
+replay repeats after the thing appears.  :func:`graphjit.names.code_probes` finds the names and keys code looks up
+that way; this module says where their absence is guarded (as ``Scan.unshadowed`` entries: ``name in d`` stays
+False), and where a present one's value is (a looked-up environment variable or ``globals()`` entry).
+
+Guarantees: only ever adds guards (an over-approximation of the lookups costs a check per replay, never a wrong
+replay).  Limits: an attribute looked up on an object through a chain the code builds at run time, or a key in a dict
+that is not one of settings (string keys, plain values: a cache filled by key), is not guarded absent.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import types
+from collections.abc import Callable
+from typing import Any
+
+from .names import Probes
+from .reach import Path
+
+__all__ = ["attribute_probes", "of_function", "on_class", "probed_dict", "union"]
+
+
+def union(parts: list[Probes]) -> Probes:
+    return Probes(*(frozenset().union(*p) for p in zip(*parts)))
+
+
+def of_function(f: types.FunctionType, probed: Probes, slots: list[tuple[Any, str, Any, Path]],
+                absent: dict[tuple[int, str], tuple[Any, str, Path]]) -> None:
+    """For ``f`` (whose code probes ``probed``): each global it loads that is not defined (a ``NameError`` caught, a
+    branch not taken) goes to ``absent``; where it looks keys up in ``globals()`` or in ``os.environ`` (reached as
+    a global or a closure variable: ``os``, ``environ``), each such key goes to ``slots`` where present (its value is
+    then guarded as a global's) and to ``absent`` where not."""
+    g = f.__globals__
+    for var in probed.globals:
+        if var not in g and not _builtin(g, var):
+            absent.setdefault((id(g), var), (g, var, (f"global {var!r}",)))
+    mappings: list[tuple[Any, str]] = []
+    if "globals" in probed.globals and "globals" not in g:  # globals().get("NAME", default)
+        mappings.append((g, "global {!r}"))
+    cells = [c.cell_contents for c in f.__closure__ or () if _filled(c)]
+    if (g.get("os") is os and "os" in probed.globals) or g.get("environ") is os.environ or \
+            any(v is os or v is os.environ for v in cells):
+        mappings.append((os.environ, "os.environ[{!r}]"))
+    keys = probed.keys | {v for v in (g.get(n) for n in probed.key_globals) if isinstance(v, str)}
+    for mapping, shown in mappings:
+        for key in keys:
+            if key in mapping:
+                slots.append((mapping, "globals", key, (shown.format(key),)))
+            else:
+                absent.setdefault((id(mapping), key), (mapping, key, (shown.format(key),)))
+
+
+def probed_dict(d: dict[Any, Any], path: Path, through: frozenset[str],
+                settings: Callable[[dict[Any, Any]], bool]) -> bool:
+    """``d`` (reached at ``path``) is a dict whose absent keys the code's key probes are guarded on: a dict of settings
+    (``settings(d)``, empty included), not one through which a Module holds its submodules, parameters and buffers
+    (``through``), nor one a class holds (a table of names, read whole)."""
+    if len(path) > 1 and path[-1][0] == "." and path[-1][1] in through:
+        return False
+    return not (isinstance(path[0], str) and path[0].startswith("class ")) and settings(d)
+
+
+def attribute_probes(obj: Any, depth: int, probes: Probes, own: Probes, by_object: dict[int, frozenset[str]] | None,
+                     probed_by_object: dict[int, frozenset[str]] | None) -> frozenset[str]:
+    """The names looked up by ``getattr``/``hasattr`` whose absence from ``obj`` (reached ``depth`` steps from the
+    function's roots) is guarded: those of the code that took it as an argument (``probed_by_object``), for an object
+    no code took as an argument those of any code that ran (``probes``), and for a root the function's own (``own``);
+    where the names that ran are not known (``by_object`` None), a root's only."""
+    if by_object is None:
+        return own.attributes if depth == 0 else frozenset()
+    if id(obj) in by_object:
+        return (probed_by_object or {}).get(id(obj), frozenset()) | (own.attributes if depth == 0 else frozenset())
+    return probes.attributes
+
+
+def on_class(tp: type, name: str) -> bool:
+    """``name`` is defined on ``tp`` or a base (read off ``vars`` of each: no descriptor or metaclass runs)."""
+    return any(name in vars(c) for c in tp.__mro__)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _builtin(g: dict[str, Any], var: str) -> bool:
+    """``var`` is a builtin name as ``g``'s code sees them (its ``__builtins__``, a module or a dict)."""
+    b = g.get("__builtins__", builtins)
+    return var in (b if isinstance(b, dict) else vars(b))
