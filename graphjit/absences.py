@@ -15,15 +15,17 @@ that is not one of settings (string keys, plain values: a cache filled by key), 
 from __future__ import annotations
 
 import builtins
+import enum
 import os
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from .guardable import guardable
 from .names import Probes
 from .reach import Path
 
-__all__ = ["attribute_probes", "of_function", "on_class", "probed_dict", "union"]
+__all__ = ["attribute_probes", "of_function", "of_globals", "on_class", "probed_dict", "union"]
 
 
 def union(parts: list[Probes]) -> Probes:
@@ -54,6 +56,30 @@ def of_function(f: types.FunctionType, probed: Probes, slots: list[tuple[Any, st
                 slots.append((mapping, "globals", key, (shown.format(key),)))
             else:
                 absent.setdefault((id(mapping), key), (mapping, key, (shown.format(key),)))
+
+
+def of_globals(read: Iterable[tuple[dict[str, Any], str]], own: frozenset[tuple[int, str]], out: Any,
+               stack: list[tuple[Any, Path, int, Any]], plain: Callable[[Any, int], bool]) -> None:
+    """The module globals the code that ran loaded (``read``, from :class:`~graphjit.names.NameRecorder`), but those
+    the function's sources hold already (``own``: ``(id(globals), name)``; one container walked from two paths would
+    not be followed where rebound): a plain value (``plain(v, 0)``: a number, a string, ``None``, an enum, a small
+    container of those) goes into ``out`` (a :class:`graphjit.guards.Scan`) as a global's value, a list or dict of them
+    onto ``stack`` to be walked (its entries guarded, read where the global holds it now); an undefined one (not a
+    builtin) is kept undefined."""
+    for g, var in read:
+        if (id(g), var) in own:
+            continue
+        path: Path = (f"global {var!r} of {g.get('__name__', '?')}",)
+        if var not in g:
+            if not _builtin(g, var):
+                out.unshadowed(g, var, path)
+            continue
+        value = g[var]
+        if guardable(value) and (plain(value, 0) or isinstance(value, enum.Enum)):
+            out.add(g, "globals", var, value, path)
+        elif isinstance(value, (list, dict)) and plain(value, 0) and id(value) not in out.links:
+            out.links[id(value)] = (g, "globals", var, value, path)
+            stack.append((value, path, 0, None))
 
 
 def probed_dict(d: dict[Any, Any], path: Path, through: frozenset[str],

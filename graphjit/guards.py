@@ -228,6 +228,7 @@ class Sources:
     anchors: dict[int, Place] = field(default_factory=dict)  # id(list, dict, tuple) -> where found (Scan.link)
     probes: Probes = NO_PROBES  # what the functions' code may find absent (names.code_probes)
     absent: list[tuple[dict[str, Any], str, Path]] = field(default_factory=list)  # globals loaded but not defined
+    own_globals: frozenset[tuple[int, str]] = frozenset()  # (id(globals), name) of the globals visited here
 
 
 def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] = ()) -> Sources:
@@ -240,7 +241,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
     slots: list[tuple[Any, str, Any, Path]] = []
     names: set[str] = set()
     anchors: dict[int, Place] = {}
-    probes = [NO_PROBES]
+    probes, own = [NO_PROBES], set[tuple[int, str]]()
     absent: dict[tuple[int, str], tuple[dict[str, Any], str, Path]] = {}
     if bound is not None:
         objects.append(("self", bound))
@@ -269,6 +270,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                     anchors.setdefault(id(value), (cell, "cell", "cell_contents", value, path))
         g = f.__globals__
         absences.of_function(f, probed, slots, absent)
+        own.update((id(g), var) for var in probed.globals)
         for var in global_names(code):
             if var not in g:
                 continue
@@ -285,7 +287,8 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
         return follow
 
     functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=OPAQUE_VALUES)
-    return Sources(objects, slots, frozenset(names), anchors, absences.union(probes), list(absent.values()))
+    return Sources(objects, slots, frozenset(names), anchors, absences.union(probes), list(absent.values()),
+                   frozenset(own))
 
 
 def _pinnable(v: Any) -> bool:
@@ -328,7 +331,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
          holders: Iterable[str] = (), by_object: dict[int, frozenset[str]] | None = None,
          transparent: Iterable[str] = (), renewed: tuple[tuple[type, str], ...] = (),
          hook_holders: tuple[str, ...] = (), watch_loads: Callable[[Any], bool] | None = None,
-         probes: Probes = NO_PROBES, probed_by_object: dict[int, frozenset[str]] | None = None) -> Scan:
+         probes: Probes = NO_PROBES, probed_by_object: dict[int, frozenset[str]] | None = None,
+         read_globals: Iterable[tuple[dict[str, Any], str]] = ()) -> Scan:
     """Every guardable value the sources reach (see the module docstring).  ``ran``: the names the code of the
     last warmup call used (:class:`NameRecorder`, the function run as Python); None where that is not known
     (a tracer that runs a program instead, a profiler in the way): then every name the methods of the classes
@@ -347,10 +351,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     scheduler or scaler reached, True where the framework will say when its state is loaded (``Scan.loads``:
     :func:`graphjit.guard_set.note_load`), which rebinds the lists and dicts whose entries are guarded.
 
-    ``probes``: what the code that ran may find absent (:func:`graphjit.names.code_probes`, with the sources' own),
-    kept absent (:meth:`Scan.unshadowed`): ``getattr(self.config, "scale", 1.0)`` took its default, so a
-    ``config.scale`` set later makes the next call another key's.  Where, :mod:`graphjit.absences` says
-    (``probed_by_object``: ``id(object) -> names`` its code looked up on it while it was an argument of that code)."""
+    ``probes``: what the code that ran may find absent (:func:`graphjit.names.code_probes`), kept absent where
+    :mod:`graphjit.absences` says (``probed_by_object``: ``id(object) -> names`` its code looked up on it while it was
+    an argument).  ``read_globals``: ``(globals, name)`` the code that ran loaded (:func:`~.absences.of_globals`)."""
     holding = frozenset(holders)
     children = tuple(transparent)
     through = frozenset(children) | holding
@@ -393,6 +396,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             by_name.add(value)
     visits = Visits(MAX_NODES, MAX_DEPTH)
     stack: list[tuple[Any, Path, int, Any]] = [(value, (name,), 0, None) for name, value in reversed(src.objects)]
+    absences.of_globals(read_globals, src.own_globals, out, stack, _plain)
     done: set[type] = set()
     # what an optimizer, a scheduler or a scaler holds (and everything below): its tensors are state, captured by
     # address, never pinned (an optimizer's state holds several per parameter: a check of each per replay would cost)

@@ -206,6 +206,8 @@ class NameRecorder:
         self.by_object: dict[int, frozenset[str]] = {}
         self.probes = NO_PROBES  # what the code that ran may find absent (:func:`code_probes`; its globals unused)
         self.probed_by_object: dict[int, frozenset[str]] = {}  # id(object) -> the attribute probes of its code
+        self.globals_of: dict[types.CodeType, dict[str, Any]] = {}  # the module globals each code ran with
+        self.read_globals: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}  # (globals, name) the code loaded
         self.emitted: list[str] = []  # what the call printed or logged outside islands, and where (a replay would not)
 
     def __enter__(self) -> NameRecorder:
@@ -226,6 +228,10 @@ class NameRecorder:
             probes.append(code_probes(code))
         self.probes = Probes(*(frozenset().union(*parts) for parts in zip(*probes)))
         self.codes.clear()
+        for code, g in self.globals_of.items():
+            for var in code_probes(code).globals:
+                self.read_globals.setdefault((id(g), var), (g, var))
+        self.globals_of.clear()
         for oid, codes in self.arguments.items():
             names: set[str] = set()
             probed: set[str] = set()
@@ -267,6 +273,7 @@ class NameRecorder:
         if isinstance(module, str) and module.startswith(_SKIP_CODE):
             return
         self.codes.add(code)
+        self.globals_of.setdefault(code, frame.f_globals)
         for value in frame.f_locals.values():  # the arguments, at the call: which objects this code reads from
             tp = type(value)  # only the type is asked (an object's own __getattr__ could do anything here)
             if tp not in _ATOMS and not issubclass(tp, _NOT_STATE) and (tp.__dictoffset__

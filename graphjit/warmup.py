@@ -63,6 +63,8 @@ class Observation:
     """What that code may find absent (:func:`graphjit.names.code_probes`)."""
     probed_by_object: dict[int, frozenset[str]] | None = None
     """The names looked up with ``getattr``/``hasattr`` by code that took the object as an argument."""
+    read_globals: dict[tuple[int, str], tuple[dict[str, Any], str]] | None = None
+    """The module globals that code loaded (``(globals, name)`` by ``(id(globals), name)``)."""
     emitted: list[str] = field(default_factory=list)
     """What the call printed or logged outside islands, and where (a replay runs no Python, so it would not)."""
 
@@ -104,6 +106,9 @@ class Warmup:
     probed_by_object: dict[int, frozenset[str]] | None = None
     """``id(object) -> names`` those calls' code looked up on the object by ``getattr``/``hasattr`` while it was an
     argument of that code."""
+    read_globals: dict[tuple[int, str], tuple[dict[str, Any], str]] | None = None
+    """The module globals the code of those calls loaded, wherever it lives (a submodule's ``forward`` reading a flag
+    of its own file): their plain values are guarded (:func:`graphjit.guards.scan`)."""
     advances: Advances | None = None
     """The scalars of its own key each watched call left at the same values (:mod:`graphjit.advances`): what a
     replay of the key sets."""
@@ -141,6 +146,7 @@ class Warmup:
             for oid, names in (obs.probed_by_object or {}).items():
                 probed[oid] = probed.get(oid, frozenset()) | names
             self.probed_by_object = probed
+            self.read_globals = {**(self.read_globals or {}), **(obs.read_globals or {})}
         previous, self.islands = self.islands, obs.islands
         if previous is not None and [c.island for c in previous] != [c.island for c in obs.islands] \
                 and self.blocked is None:
@@ -224,7 +230,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     if guard_src is not None and values is not None:
         if recorder.complete:
             obs.names, obs.by_object, obs.probes = recorder.names, recorder.by_object, recorder.probes
-            obs.probed_by_object = recorder.probed_by_object
+            obs.probed_by_object, obs.read_globals = recorder.probed_by_object, recorder.read_globals
             obs.emitted = recorder.emitted
         obs.py_written = py_writes.writes(values, lambda: guards.scan(guard_src, is_tensor, None, b.tensor_holders,
                                                                    renewed=b.renewed_attributes))

@@ -703,6 +703,51 @@ def probed_environment(device: str) -> Case:
     return _probed(device, "environment")
 
 
+BLOCK_GATED = True  # a module global the "submodule_global" case's submodule reads in its forward
+BLOCK_TABLE: dict[str, float] = {"scale": 1.0}  # a global dict of settings the "submodule_global_dict" case's reads
+
+
+class _GatedBlock(torch.nn.Module):
+    """A submodule whose ``forward`` reads globals of its own file (as model files keep flags and tables)."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16).to(device)
+
+    def forward(self, x):
+        h = self.lin(x) * BLOCK_TABLE["scale"]
+        return torch.relu(h) if BLOCK_GATED else torch.tanh(h)
+
+
+def _submodule_global(device: str, where: str) -> Case:
+    """The graphed function calls a model whose submodule's ``forward`` reads a global of its own file: a flag toggled,
+    a dict of settings changed in place.  Before, only the graphed function's own globals were guarded: the graph kept
+    the first branch and value."""
+    global BLOCK_GATED, BLOCK_TABLE
+    torch.manual_seed(0)
+    BLOCK_GATED, BLOCK_TABLE = True, {"scale": 1.0}
+    model = torch.nn.Sequential(_GatedBlock(device)).to(device)
+    xs = _xs(device, 12, (4, 16))
+
+    def before(i):
+        global BLOCK_GATED
+        flip = (i // 3) % 2 == 1
+        if where == "flag":
+            BLOCK_GATED = not flip
+        else:
+            BLOCK_TABLE["scale"] = 2.0 if flip else 1.0
+
+    return Case(lambda x: model(x), lambda i: (xs[i],), before, lambda: [p for p in model.parameters()])
+
+
+def submodule_global(device: str) -> Case:
+    return _submodule_global(device, "flag")
+
+
+def submodule_global_dict(device: str) -> Case:
+    return _submodule_global(device, "table")
+
+
 VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item, "slice_bound": slice_bound,
           "dict_item": dict_item, "set_closure": set_closure, "set_attribute": set_attribute,
           "set_in_argument": set_in_argument, "set_in_tuple": set_in_tuple, "tuple_rebound": tuple_rebound,
@@ -718,7 +763,8 @@ VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item
           "rebuilt_dict_of_tensors": rebuilt_dict_of_tensors, "rebuilt_list": rebuilt_list,
           "probed_attribute": probed_attribute, "probed_hasattr": probed_hasattr, "probed_dict_key": probed_dict_key,
           "probed_empty_dict_key": probed_empty_dict_key, "probed_global": probed_global,
-          "probed_environment": probed_environment}
+          "probed_environment": probed_environment, "submodule_global": submodule_global,
+          "submodule_global_dict": submodule_global_dict}
 
 
 # -- training loops as users write them --------------------------------------------------------------------
