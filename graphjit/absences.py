@@ -45,11 +45,12 @@ def of_function(f: types.FunctionType, probed: Probes, slots: list[tuple[Any, st
     mappings: list[tuple[Any, str]] = []
     if "globals" in probed.globals and "globals" not in g:  # globals().get("NAME", default)
         mappings.append((g, "global {!r}"))
-    cells = [c.cell_contents for c in f.__closure__ or () if _filled(c)]
+    cells = {n: c.cell_contents for n, c in zip(f.__code__.co_freevars, f.__closure__ or ()) if _filled(c)}
     if (g.get("os") is os and "os" in probed.globals) or g.get("environ") is os.environ or \
-            any(v is os or v is os.environ for v in cells):
+            any(v is os or v is os.environ for v in cells.values()):
         mappings.append((os.environ, "os.environ[{!r}]"))
-    keys = probed.keys | {v for v in (g.get(n) for n in probed.key_globals) if isinstance(v, str)}
+    named = (cells[n] if n in cells else g.get(n) for n in probed.key_names)
+    keys = probed.keys | {v for v in named if isinstance(v, str)}
     for mapping, shown in mappings:
         for key in keys:
             if key in mapping:

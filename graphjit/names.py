@@ -71,7 +71,7 @@ class Probes(NamedTuple):
     attributes: frozenset[str]  # getattr(o, "name", default), hasattr(o, "name")
     keys: frozenset[str]  # d.get("key"), d.pop("key", None), d.setdefault("key", v), "key" in d, os.getenv("key")
     globals: frozenset[str]  # the global names it loads
-    key_globals: frozenset[str] = frozenset()  # globals passed where a key is looked up (d.get(FLAG_NAME))
+    key_names: frozenset[str] = frozenset()  # globals and closure variables passed as such a key (d.get(FLAG))
 
     def __or__(self, other: tuple[Any, ...]) -> Probes:  # type: ignore[override]
         return Probes(*(a | b for a, b in zip(self, other)))
@@ -93,7 +93,7 @@ def code_probes(code: types.CodeType) -> Probes:
     attributes: set[str] = set()
     keys: set[str] = set()
     loaded: set[str] = set()
-    key_globals: set[str] = set()
+    key_names: set[str] = set()
     todo = [code]
     while todo:
         c = todo.pop()
@@ -114,8 +114,9 @@ def code_probes(code: types.CodeType) -> Probes:
                         break
                     if y.opname == "LOAD_CONST" and isinstance(y.argval, str):
                         into.add(y.argval)
-                    elif into is keys and y.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(y.argval, str):
-                        key_globals.add(y.argval)
+                    elif into is keys and y.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and \
+                            isinstance(y.argval, str):
+                        key_names.add(y.argval)
             elif op == "LOAD_CONST" and isinstance(arg, str):
                 for y in ins[i + 1:i + 1 + _LOOKAHEAD]:
                     if y.opname.startswith("CALL"):
@@ -124,7 +125,7 @@ def code_probes(code: types.CodeType) -> Probes:
                         keys.add(arg)
                         break
     found = _CODE_PROBES[code] = Probes(frozenset(attributes), frozenset(keys), frozenset(loaded),
-                                        frozenset(key_globals))
+                                        frozenset(key_names))
     return found
 
 

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from .stats import FunctionStats
 
 
+_ENVIRONMENT = "os.environ["  # in a guard's path: an environment variable the code reads (graphjit/absences.py)
+ENV_FROZEN = ("a compiled program may keep the environment variables it read when it was compiled (Dynamo on torch "
+              "2.11 does not guard os.environ)")
+
 OPTIMIZER_HINT = ("An optimizer's hyperparameter: graphjit feeds the lr, betas, momentum and weight_decay of torch's "
                   "Adam, AdamW and SGD to the graph from tensors (not for a fused SGD a GradScaler steps, nor for an "
                   "Adam with its step counts on the CPU); other optimizers' hyperparameters are read as Python "
@@ -90,11 +94,16 @@ class ValueVariants(abc.ABC):
         change = guard.change() or ("a value", "?", "?")
         values = guard.values()
         backend = entry.inputs.backend
-        missing = backend.tracer_misses_values(self.invoker.tracer_name(backend))
+        tracer = self.invoker.tracer_name(backend)
+        missing = backend.tracer_misses_values(tracer)
         if missing is not None:  # (never for most tracers: the differences are not listed for them here)
             path = next((p for p in guard.shown() if p.startswith("class ")), None)
             if path is not None:
                 self.class_value_read(backend, path, missing)
+        if tracer != "eager":  # a translated program keeps the environment it was made under (Dynamo's on torch 2.11)
+            path = next((p for p in guard.shown() if _ENVIRONMENT in p), None)
+            if path is not None:
+                self.class_value_read(backend, path, ENV_FROZEN)
         if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
             return self.values_uncaptured(backend, sig, change, instance, args, kwargs, frozen=True)
         if values is None:
@@ -122,10 +131,10 @@ class ValueVariants(abc.ABC):
     def class_value_read(self, backend: Backend, path: str, missing: str) -> None:
         """A value the function reads off a class (``path``) changed since a graph was captured, under a tracer whose
         guards may miss such a value (``missing``, :meth:`Backend.tracer_misses_values`: this Dynamo keeps running
-        code compiled for the old one): the function is traced with ``eager`` from now on (logged once, shown in
-        ``report()``), so the key of the new value runs and captures the Python function's kernels.  Not seen: a
-        change before the key's first capture (between Dynamo's compilation and the capture), which Dynamo itself
-        misses too."""
+        code compiled for the old one), or an environment variable it reads (:data:`ENV_FROZEN`): the function is
+        traced with ``eager`` from now on (logged once, shown in ``report()``), so the key of the new value runs and
+        captures the Python function's kernels.  Not seen: a change before the key's first capture (between Dynamo's
+        compilation and the capture), which Dynamo itself misses too."""
         tracer = self.invoker.tracer_name(backend)
         why = (f'{backend.name} tracer="{tracer}" replaced by "eager": {path} changed, and {missing}; the function is '
                'traced with "eager" (and still captured) from now on')

@@ -25,7 +25,7 @@ def test_code_probes_finds_lookups_with_a_fallback_and_loaded_globals():
     p = code_probes(_code.__code__)
     assert p.attributes == {"scale", "flag"}
     assert {"k", "z", "p", "q"} <= p.keys
-    assert "FLAG" in p.key_globals
+    assert "FLAG" in p.key_names
     assert {"os", "UNDEFINED_GLOBAL", "getattr", "hasattr"} <= p.globals
 
 

@@ -1164,3 +1164,44 @@ def test_a_tuple_of_new_tensors_set_before_every_call_runs_as_eager(emu):
             h.kv = (torch.full((4,), float(i)), torch.ones(4))
             assert torch.equal(g(torch.ones(4)), torch.full((4,), float(i) + 1)), (i, g.report())
     assert "Tensor [4] at" in g.report() and "tensor(" not in g.report()  # shown without reading their values
+
+
+def test_a_compiled_program_that_keeps_an_environment_variable_is_replaced_by_eager(emu, monkeypatch):
+    """``os.environ.get(FLAG)`` under a tracer whose program keeps what it read when it was made (Dynamo on torch 2.11
+    keeps the environment): once the variable changes, the function is traced with ``eager`` (said in ``stats()``), so
+    the new value's graph runs the Python function's kernels; the old value's graph stays right."""
+    import os
+
+    flag = "GRAPHJIT_TEST_STALE_ENV_FLAG"
+    monkeypatch.delenv(flag, raising=False)
+    w = torch.randn(8, 8)
+    xs = [torch.randn(2, 8) for _ in range(12)]
+
+    def step(x):
+        return (x @ w) * (3.0 if os.environ.get(flag) else 1.0)
+
+    def stale_trace(fn, tracer):
+        if tracer == "eager":
+            return fn
+        first: list[float] = []
+
+        def program(x):
+            if not first:
+                first.append(3.0 if os.environ.get(flag) else 1.0)
+            return (x @ w) * first[0]
+
+        return program
+
+    monkeypatch.setattr(emu, "trace", stale_trace)
+    monkeypatch.setattr(emu, "tracers", ("eager", "compile"))
+    g = graphjit.graphed(step, tracer="compile")
+    for i, x in enumerate(xs):
+        if i == 5:
+            os.environ[flag] = "1"
+        if i == 9:
+            del os.environ[flag]
+        with torch.no_grad():
+            torch.testing.assert_close(g(x), step(x), rtol=0, atol=1e-6)
+    st = g.stats()
+    assert st["tracer"] and "os.environ['GRAPHJIT_TEST_STALE_ENV_FLAG']" in st["tracer"], g.report()
+    assert st["graphs"] >= 2 and st["replays"] >= 3, g.report()
