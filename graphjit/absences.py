@@ -18,14 +18,15 @@ import builtins
 import enum
 import os
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from .guardable import guardable
+from .backends import identity_keyed
+from .guardable import guardable, plain, settings
 from .names import Probes
 from .reach import Path
 
-__all__ = ["attribute_probes", "of_function", "of_globals", "on_class", "probed_dict", "union"]
+__all__ = ["attribute_probes", "of_environment", "of_function", "of_globals", "on_class", "probed_dict", "union"]
 
 
 def union(parts: list[Probes]) -> Probes:
@@ -53,14 +54,18 @@ def of_function(f: types.FunctionType, probed: Probes, slots: list[tuple[Any, st
     keys = probed.keys | {v for v in named if isinstance(v, str)}
     for mapping, shown in mappings:
         for key in keys:
-            if key in mapping:
+            try:
+                present = key in mapping
+            except Exception:  # a key the environment cannot hold (a lone surrogate): never set
+                continue
+            if present:
                 slots.append((mapping, "globals", key, (shown.format(key),)))
             else:
                 absent.setdefault((id(mapping), key), (mapping, key, (shown.format(key),)))
 
 
 def of_globals(read: Iterable[tuple[dict[str, Any], str]], own: frozenset[tuple[int, str]], out: Any,
-               stack: list[tuple[Any, Path, int, Any]], plain: Callable[[Any, int], bool]) -> None:
+               stack: list[tuple[Any, Path, int, Any]]) -> None:
     """The module globals the code that ran loaded (``read``, from :class:`~graphjit.names.NameRecorder`), but those
     the function's sources hold already (``own``: ``(id(globals), name)``; one container walked from two paths would
     not be followed where rebound): a plain value (``plain(v, 0)``: a number, a string, ``None``, an enum, a small
@@ -78,16 +83,39 @@ def of_globals(read: Iterable[tuple[dict[str, Any], str]], own: frozenset[tuple[
         value = g[var]
         if guardable(value) and (plain(value, 0) or isinstance(value, enum.Enum)):
             out.add(g, "globals", var, value, path)
-        elif isinstance(value, (list, dict)) and plain(value, 0) and id(value) not in out.links:
-            out.links[id(value)] = (g, "globals", var, value, path)
-            stack.append((value, path, 0, None))
+        elif isinstance(value, (list, dict)) and plain(value, 0):
+            new = id(value) not in out.links
+            out.link(value, g, "globals", var, path)  # a second place of one already reached: checked as such
+            if new:
+                stack.append((value, path, 0, None))
 
 
-def probed_dict(d: dict[Any, Any], path: Path, through: frozenset[str],
-                settings: Callable[[dict[Any, Any]], bool]) -> bool:
+def of_environment(read: Iterable[tuple[dict[str, Any], str]], probes: Probes, out: Any) -> None:
+    """Where the code that ran loaded ``os``, ``environ`` or ``getenv`` as a global (``read``), the environment
+    variables among the keys it looks up (``probes``: literals, and globals it loaded that hold a string): a present
+    one's value guarded, an absent one kept absent."""
+    env = os.environ
+    read = list(read)
+    keys = probes.keys | {v for g, var in read if var in probes.key_names and isinstance(v := g.get(var), str)}
+    if not any(g.get(var) in (os, env, os.getenv) or (var == "os" and var not in g)  # (an ``import os`` inside)
+               for g, var in read if var in ("os", "environ", "getenv")):
+        return
+    for key in keys:
+        path: Path = (f"os.environ[{key!r}]",)
+        try:
+            present = key in env
+        except Exception:  # a key the environment cannot hold (a lone surrogate): never set
+            continue
+        if present:
+            out.add(env, "globals", key, env[key], path)
+        else:
+            out.unshadowed(env, key, path)
+
+
+def probed_dict(d: dict[Any, Any], path: Path, through: frozenset[str]) -> bool:
     """``d`` (reached at ``path``) is a dict whose absent keys the code's key probes are guarded on: a dict of settings
-    (``settings(d)``, empty included), not one through which a Module holds its submodules, parameters and buffers
-    (``through``), nor one a class holds (a table of names, read whole)."""
+    (:func:`~graphjit.guardable.settings`, empty included), not one through which a Module holds its submodules,
+    parameters and buffers (``through``), nor one a class holds (a table of names, read whole)."""
     if len(path) > 1 and path[-1][0] == "." and path[-1][1] in through:
         return False
     return not (isinstance(path[0], str) and path[0].startswith("class ")) and settings(d)
@@ -96,14 +124,17 @@ def probed_dict(d: dict[Any, Any], path: Path, through: frozenset[str],
 def attribute_probes(obj: Any, depth: int, probes: Probes, own: Probes, by_object: dict[int, frozenset[str]] | None,
                      probed_by_object: dict[int, frozenset[str]] | None) -> frozenset[str]:
     """The names looked up by ``getattr``/``hasattr`` whose absence from ``obj`` (reached ``depth`` steps from the
-    function's roots) is guarded: those of the code that took it as an argument (``probed_by_object``), for an object
-    no code took as an argument those of any code that ran (``probes``), and for a root the function's own (``own``);
-    where the names that ran are not known (``by_object`` None), a root's only."""
+    function's roots) is guarded: for a Module/Layer those of the code that took it as an argument
+    (``probed_by_object``), for another object (a config) those and those of any code that ran (``probes``), for a
+    root the function's own too (``own``); where the names that ran are not known (``by_object`` None), a root's
+    only."""
+    roots = own.attributes if depth == 0 else frozenset()
     if by_object is None:
-        return own.attributes if depth == 0 else frozenset()
-    if id(obj) in by_object:
-        return (probed_by_object or {}).get(id(obj), frozenset()) | (own.attributes if depth == 0 else frozenset())
-    return probes.attributes
+        return roots
+    mine = (probed_by_object or {}).get(id(obj), frozenset())
+    if identity_keyed(type(obj)):  # a Module/Layer: its own code's lookups (another's are on its config, its kwargs)
+        return mine | roots
+    return mine | roots | probes.attributes  # a config whose Python __getattribute__ made it an argument too
 
 
 def on_class(tp: type, name: str) -> bool:

@@ -128,10 +128,9 @@ class GuardSet:
             self.keys.append([whole])
             self.paths.append([(f"{what}({describe(path)})",)])
             self.expected.append(value)
-            # a key kept absent from a dict (a probe's, graphjit/absences.py) is read where the dict is now, as its
-            # entries are; a name kept absent from an object's __dict__ stays with that object
-            keyed = what == "own" and len(path) > 1 and path[-1][0] == "[]"
-            places.append((path[:-1], True) if keyed else (path, what != "own"))
+            # keys kept absent from a dict (a probe's, graphjit/absences.py) are read where the dict is now, as its
+            # entries are; names kept absent from an object's __dict__ stay with that object
+            places.append((path, what not in ("own", "absent")))
         self.extra = extra
         # held tensors: (container, key, path, the tensor or None at capture: kept, so its address stays its own)
         held = scan_.values(held=True)
@@ -288,7 +287,7 @@ class GuardSet:
 
     def _one(self, i: int, key: Any) -> Any:
         c = self.containers[i]
-        if key is len or key is tuple or isinstance(key, HasKey):  # a whole container's (Scan.wholes)
+        if key is self.getters[i]:  # a whole container's (Scan.wholes: len, tuple, HasKey, an absence's isdisjoint)
             return key(c)
         return getattr(c, key) if isinstance(self.getters[i], operator.attrgetter) else c[key]
 

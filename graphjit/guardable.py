@@ -158,3 +158,23 @@ def hashable(v: Any) -> Any:
         return (type(v), tuple(map(hashable, v)))
     return (type(v), "id", id(v))
 
+
+SCALAR_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))
+"""The types of the values :func:`plain` and :func:`settings` count as plain."""
+
+
+def settings(d: dict[Any, Any]) -> bool:
+    """``d`` holds settings: string keys and plain values (numbers, strings, ``None``, and lists, tuples and dicts of
+    these, nested a few levels), not a cache a function fills by key (one entry per shape, tensors or objects in its
+    values), whose new keys must not end the other graphs."""
+    return all(type(k) is str for k in d) and all(plain(v, 0) for v in d.values())
+
+
+def plain(v: Any, depth: int) -> bool:
+    """``v`` is a plain value or a small container of plain values (no tensor, no object), at most 4 levels deep."""
+    tp = type(v)
+    if tp in SCALAR_TYPES:
+        return True
+    if depth >= 4 or tp not in (list, tuple, dict) or len(v) > MAX_ITEMS:
+        return False
+    return all(plain(e, depth + 1) for e in (v.values() if tp is dict else v))

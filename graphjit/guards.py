@@ -55,6 +55,7 @@ every call, which a replay would not do: :mod:`graphjit.py_writes`); never on th
 
 from __future__ import annotations
 
+import operator
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ from typing import Any
 from . import absences, backends
 from .guard_links import Place
 from .guard_set import DELETED, GuardSet, HasKey, note_rebind, same, show
-from .guardable import MAX_ITEMS, OPAQUE_VALUES, by_identity, guardable, opaque, snapshot
+from .guardable import MAX_ITEMS, OPAQUE_VALUES, SCALAR_TYPES, by_identity, guardable, opaque, settings, snapshot
 from .module_hooks import collect_hooks
 from .names import NO_PROBES, Probes, class_names, code_names, code_probes
 from .reach import (
@@ -126,6 +127,7 @@ class Scan:
     # id(list, dict or tuple) -> where the walk first read it (:data:`~graphjit.guard_links.Place`), in the order met (a
     # parent before its children); a guard reads it there again where the parent now holds another (``m.cfg = {...}``)
     links: dict[int, Place] = field(default_factory=dict)
+    absent: dict[int, tuple[dict[str, Any], set[str], Path, bool]] = field(default_factory=dict)  # kept_absent
     second: dict[int, list[Place]] = field(default_factory=dict)  # other places the walk found the same one at
     in_place: set[int] = field(default_factory=set)  # ids of the objects' __dict__s walked (read in place, never moved)
 
@@ -166,12 +168,28 @@ class Scan:
         ``hasattr``), a dict without a key it probes (``get``, ``in``), a module's globals without a name it loads."""
         self.wholes.setdefault((id(d), "has:" + name), (d, HasKey(name), False, path))
 
+    def kept_absent(self, d: dict[str, Any], name: str, path: Path, keys: bool) -> None:
+        """``name`` is not in ``d`` (found at ``path``), looked up with a fallback: the guard that it stays out, one C
+        ``isdisjoint`` per dict for all such names: an object's ``__dict__`` (``keys`` False: ``absent(path)``, read in
+        place) or a dict read as a value (``keys`` True: ``absent keys(path)``, read where its parent holds it now)."""
+        got = self.absent.get(id(d))
+        if got is None:
+            got = self.absent[id(d)] = (d, set(), path, keys)
+        got[1].add(name)
+
     def named_wholes(self) -> list[tuple[str, Any, Callable[[Any], Any], Any, Path]]:
         """``(what, container, getter, value, path)`` of the :meth:`length`, :meth:`key_set` and :meth:`unshadowed`
         entries (what: ``len``, ``keys``, ``own``) whose path's attribute steps are all named by code the function may
         run."""
-        return [("own" if what.startswith("has:") else what, *e) for (_i, what), e in self.wholes.items()
-                if _attributes_named(e[3], self.names)]
+        out = [("own" if what.startswith("has:") else what, *e) for (_i, what), e in self.wholes.items()
+               if _attributes_named(e[3], self.names)]
+        for d, names, path, keys in self.absent.values():
+            if not _attributes_named(path, self.names):
+                continue
+            kept = frozenset(names)  # a dict: itself (read where rebound); an object's __dict__: its live keys view
+            out.append(("absent keys", d, kept.isdisjoint, True, path) if keys else
+                       ("absent", d.keys(), operator.methodcaller("isdisjoint", kept), True, path))
+        return out
 
     def hold(self, container: Any, key: Any, value: Any, path: Path) -> None:
         """A tensor (or None) a Module holds in its parameter or buffer dict ``container``: compared by identity."""
@@ -377,8 +395,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             known = by_object.get(id(o))
             got = own[id(o)] = frozenset(out.names) if known is None else known | src.names
         return got
-    # the function's code iterates a dict (``.items()``, ``.keys()``, ``.values()``): its dicts of settings have their
-    # keys guarded; not where it only looks keys up (a cache it fills by key)
+    # the function's code iterates a dict (.items(), .keys(), .values()): its dicts of settings have their keys guarded
     iterates = not _ITERATING.isdisjoint(src.names)
     classes: set[type] = set()  # the classes of the objects reached
     instances: list[tuple[type, dict[str, Any], Path, Any]] = []  # (class, __dict__, path, names) of those objects
@@ -396,7 +413,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             by_name.add(value)
     visits = Visits(MAX_NODES, MAX_DEPTH)
     stack: list[tuple[Any, Path, int, Any]] = [(value, (name,), 0, None) for name, value in reversed(src.objects)]
-    absences.of_globals(read_globals, src.own_globals, out, stack, _plain)
+    absences.of_globals(read_globals, src.own_globals, out, stack)
+    absences.of_environment(read_globals, probes, out)
     done: set[type] = set()
     # what an optimizer, a scheduler or a scaler holds (and everything below): its tensors are state, captured by
     # address, never pinned (an optimizer's state holds several per parameter: a check of each per replay would cost)
@@ -408,10 +426,10 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             pins = id(obj) not in unpinned
             if isinstance(obj, list):
                 out.length(obj, path)
-            if tp is dict and not obj and keys_of is None and absences.probed_dict(obj, path, through, _settings):
+            if tp is dict and not obj and keys_of is None and absences.probed_dict(obj, path, through):
                 for k in probes.keys:  # an empty dict: the keys its code probes stay absent
-                    out.unshadowed(obj, k, (*path, ("[]", k)))
-            if (tp in PLAIN_CONTAINERS and not obj) or tp in _SCALAR_TYPES or is_tensor(obj) or opaque(obj):
+                    out.kept_absent(obj, k, path, True)
+            if (tp in PLAIN_CONTAINERS and not obj) or tp in SCALAR_TYPES or is_tensor(obj) or opaque(obj):
                 if _own_class(obj):  # a class held by an object or a container: its attributes, as below
                     by_name.add(obj)
                 continue  # (a module's dozen hook dicts are nearly always empty: nothing to guard in them)
@@ -441,12 +459,12 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             if isinstance(obj, dict):
                 holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding
                 big = len(obj) > MAX_ITEMS or holder
-                if iterates and not big and keys_of is None and _settings(obj):
+                if iterates and not big and keys_of is None and settings(obj):
                     out.key_set(obj, path)
-                if not big and keys_of is None and absences.probed_dict(obj, path, through, _settings):
+                if not big and keys_of is None and absences.probed_dict(obj, path, through):
                     for k in probes.keys:
                         if k not in obj:
-                            out.unshadowed(obj, k, (*path, ("[]", k)))
+                            out.kept_absent(obj, k, path, True)
                 for k, child in list(obj.items()):
                     if keys_of is not None and k not in keys_of:
                         continue  # a submodule (parameter, buffer) no code of the call names
@@ -497,8 +515,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         out.pin(d, "item", k, child, (*path, (".", k)))
                     _push(stack, unpinned, pins, child, (*path, (".", k)), depth + 1, out, (d, "item", k))
                 for k in absences.attribute_probes(obj, depth, probes, src.probes, by_object, probed_by_object):
-                    if k not in d and not absences.on_class(tp, k):
-                        out.unshadowed(d, k, (*path, (".", k)))
+                    if k not in d and not absences.on_class(tp, k) and not any(k in d.get(h, ()) for h in through):
+                        out.kept_absent(d, k, path, False)
             for name in slots_of(tp):
                 if named is not None and name not in named:
                     continue
@@ -547,23 +565,6 @@ def _unshadowed(out: Scan, instances: list[tuple[type, dict[str, Any], Path, Any
 _ITERATING = frozenset(("items", "keys", "values"))
 
 
-def _settings(d: dict[Any, Any]) -> bool:
-    """``d`` holds settings: string keys and plain values (numbers, strings, ``None``, and lists, tuples and dicts of
-    these, nested a few levels), not a cache a function fills by key (one entry per shape, tensors or objects in its
-    values), whose new keys must not end the other graphs."""
-    return all(type(k) is str for k in d) and all(_plain(v, 0) for v in d.values())
-
-
-def _plain(v: Any, depth: int) -> bool:
-    """``v`` is a plain value or a small container of plain values (no tensor, no object), at most 4 levels deep."""
-    tp = type(v)
-    if tp in _SCALAR_TYPES:
-        return True
-    if depth >= 4 or tp not in (list, tuple, dict) or len(v) > MAX_ITEMS:
-        return False
-    return all(_plain(e, depth + 1) for e in (v.values() if tp is dict else v))
-
-
 def _own_class(v: Any) -> bool:
     """``v`` is a class whose attributes a walk reads: not a builtin one, nor one of :data:`FOREIGN_MODULES`."""
     return isinstance(v, type) and v.__module__.partition(".")[0] not in _NOT_WALKED
@@ -597,4 +598,3 @@ def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any
                 out.length(child, cpath)
 
 
-_SCALAR_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))

@@ -106,8 +106,12 @@ def code_probes(code: types.CodeType) -> Probes:
             op, arg = x.opname, x.argval
             if op in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(arg, str):
                 loaded.add(arg)
-            into = attributes if op in ("LOAD_GLOBAL", "LOAD_NAME") and arg in _PROBING_CALLS else \
-                keys if op in ("LOAD_ATTR", "LOAD_METHOD") and arg in _PROBING_METHODS else None
+            elif op == "IMPORT_NAME" and arg == "os":  # ``import os`` inside a function: its environment reads count
+                loaded.add(arg)
+            called = op in ("LOAD_GLOBAL", "LOAD_NAME")
+            into = attributes if called and arg in _PROBING_CALLS else \
+                keys if (op in ("LOAD_ATTR", "LOAD_METHOD") and arg in _PROBING_METHODS) or \
+                (called and arg == "getenv") else None
             if into is not None:
                 for y in ins[i + 1:i + 1 + _LOOKAHEAD]:
                     if y.opname.startswith("CALL"):
@@ -118,6 +122,9 @@ def code_probes(code: types.CodeType) -> Probes:
                             isinstance(y.argval, str):
                         key_names.add(y.argval)
             elif op == "LOAD_CONST" and isinstance(arg, str):
+                if i + 1 < len(ins) and ins[i + 1].opname == "BINARY_SUBSCR":  # d["key"] (os.environ["FLAG"])
+                    keys.add(arg)
+                    continue
                 for y in ins[i + 1:i + 1 + _LOOKAHEAD]:
                     if y.opname.startswith("CALL"):
                         break

@@ -740,6 +740,63 @@ def _submodule_global(device: str, where: str) -> Case:
     return Case(lambda x: model(x), lambda i: (xs[i],), before, lambda: [p for p in model.parameters()])
 
 
+class _ProbingBlock(torch.nn.Module):
+    """A submodule whose ``forward`` looks up a config's optional setting and an environment variable (as model
+    files do: ``getattr(self.config, "x", default)``, ``os.environ.get(...)``); the config's own method runs too, so
+    the config is an argument of code that ran."""
+
+    def __init__(self, device: str, config: Any) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16).to(device)
+        self.config = config
+
+    def forward(self, x):
+        import os
+
+        h = self.lin(x) * self.config.factor() * getattr(self.config, "scale", 1.0)
+        return h * (3.0 if os.environ.get(ENV_FLAG) else 1.0)
+
+
+class _ProbedConfig:
+    def factor(self) -> float:
+        return 1.0
+
+
+def _submodule_probe(device: str, where: str) -> Case:
+    """A submodule reads ``getattr(self.config, "scale", 1.0)`` (the config absent ``scale`` at the capture, set after
+    call 5) or ``os.environ.get(ENV_FLAG)`` (set after call 5, removed before the last call).  Before, only the graphed
+    function's own lookups were guarded absent, and not on an object its own method made an argument."""
+    import os
+
+    torch.manual_seed(0)
+    config = _ProbedConfig()
+    os.environ.pop(ENV_FLAG, None)
+    model = torch.nn.Sequential(_ProbingBlock(device, config)).to(device)
+    xs = _xs(device, 12, (4, 16))
+
+    def before(i):
+        if i == 5:
+            if where == "config":
+                config.scale = 2.0
+            else:
+                os.environ[ENV_FLAG] = "1"
+        if i == 11:
+            os.environ.pop(ENV_FLAG, None)
+
+    # tracer="compile" records no names (Dynamo translates the code) and Dynamo on torch 2.11 does not guard
+    # os.environ: an environment variable read below the graphed function is not seen there (a known gap)
+    extra = {"tracers": ("eager",)} if where == "environment" else {}
+    return Case(lambda x: model(x), lambda i: (xs[i],), before, lambda: [p for p in model.parameters()], extra=extra)
+
+
+def submodule_config_probe(device: str) -> Case:
+    return _submodule_probe(device, "config")
+
+
+def submodule_environment(device: str) -> Case:
+    return _submodule_probe(device, "environment")
+
+
 def submodule_global(device: str) -> Case:
     return _submodule_global(device, "flag")
 
@@ -764,7 +821,8 @@ VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item
           "probed_attribute": probed_attribute, "probed_hasattr": probed_hasattr, "probed_dict_key": probed_dict_key,
           "probed_empty_dict_key": probed_empty_dict_key, "probed_global": probed_global,
           "probed_environment": probed_environment, "submodule_global": submodule_global,
-          "submodule_global_dict": submodule_global_dict}
+          "submodule_global_dict": submodule_global_dict, "submodule_config_probe": submodule_config_probe,
+          "submodule_environment": submodule_environment}
 
 
 # -- training loops as users write them --------------------------------------------------------------------

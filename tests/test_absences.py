@@ -55,7 +55,14 @@ class _Cfg:
 
 
 def _kept_absent(out: guards.Scan) -> set[str]:
-    return {guards.describe(e[4]) for e in out.named_wholes() if e[0] == "own"}
+    """``path.name`` (an object's) and ``path['key']`` (a dict's) of each name the scan keeps absent; each dict's names
+    are checked by one ``isdisjoint`` (``named_wholes``: ``absent``, ``absent keys``), True at the scan."""
+    kept = set()
+    for _d, names, path, keys in out.absent.values():
+        kept |= {f"{guards.describe(path)}[{n!r}]" if keys else f"{guards.describe(path)}.{n}" for n in names}
+    checks = [e for e in out.named_wholes() if e[0].startswith("absent")]
+    assert checks and all(getter(container) is True for _w, container, getter, _v, _p in checks)
+    return kept
 
 
 def test_a_scan_guards_the_probed_names_an_object_and_a_settings_dict_lack():

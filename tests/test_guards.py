@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import guard_cases as cases  # noqa: E402
 
 import graphjit  # noqa: E402
-from graphjit import guards, py_writes, variants  # noqa: E402
+from graphjit import guardable, guards, py_writes, variants  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -612,7 +612,7 @@ def test_a_value_only_a_later_graph_reads_that_changes_on_every_call_runs_uncapt
 def test_a_cache_filled_by_key_keeps_the_other_graphs_and_settings_keys_are_guarded(emu):
     """A dict the function fills by key (one entry per shape, tensors as values) has no key guard: a new shape's entry
     leaves the graphs of the others replaying.  A dict of settings (string keys, plain values) has its keys guarded
-    in order, and not a closed-over cache of tensors (guards._settings)."""
+    in order, and not a closed-over cache of tensors (guardable.settings)."""
     w = torch.randn(8, 8)
     ones: dict[int, torch.Tensor] = {}
 
@@ -629,10 +629,10 @@ def test_a_cache_filled_by_key_keeps_the_other_graphs_and_settings_keys_are_guar
     st = g.stats()
     assert st["graphs"] == 2 and st["fallbacks"] == {}, g.report()
     assert all(k["captures"] == 1 for k in st["keys"]), g.report()
-    assert guards._settings({"a": 1.0, "b": (1, "x"), "c": {"d": [1]}})
-    assert not guards._settings({"a": torch.ones(1)}) and not guards._settings({1: 2.0})
-    assert not guards._settings({"len8": (torch.ones(1), torch.ones(1))})  # a table of tensors by a string key
-    assert not guards._settings({"a": [{"b": object()}]})
+    assert guardable.settings({"a": 1.0, "b": (1, "x"), "c": {"d": [1]}})
+    assert not guardable.settings({"a": torch.ones(1)}) and not guardable.settings({1: 2.0})
+    assert not guardable.settings({"len8": (torch.ones(1), torch.ones(1))})  # a table of tensors by a string key
+    assert not guardable.settings({"a": [{"b": object()}]})
 
 
 class _Meter:

@@ -21,8 +21,8 @@ def compiles_unwatched(pause: Callable[[], None], resume: Callable[[], None]) ->
     """In the block, ``pause()`` where Dynamo starts compiling a frame and ``resume()`` where it ends (its
     ``callback_handler``: counted across threads, so the start runs on the thread of the first of overlapping
     compilations and the end on that of the last).  A torch without the handler calls neither."""
-    try:
-        from torch._dynamo.callback import callback_handler
+    try:  # imported here, outside the watch: torch imports Dynamo lazily (a Linear's first call does on torch 2.13),
+        from torch._dynamo.callback import callback_handler  # and under a profile hook that import took 10 s, not 1
     except Exception:  # a torch without Dynamo or without compile callbacks
         yield
         return
