@@ -73,7 +73,7 @@ def of_globals(read: Iterable[tuple[dict[str, Any], str]], own: frozenset[tuple[
     onto ``stack`` to be walked (its entries guarded, read where the global holds it now); an undefined one (not a
     builtin) is kept undefined."""
     for g, var in read:
-        if (id(g), var) in own:
+        if (id(g), var) in own or g is os.environ:  # (the environment's entries: of_environment)
             continue
         path: Path = (f"global {var!r} of {g.get('__name__', '?')}",)
         if var not in g:
@@ -90,17 +90,14 @@ def of_globals(read: Iterable[tuple[dict[str, Any], str]], own: frozenset[tuple[
                 stack.append((value, path, 0, None))
 
 
-def of_environment(read: Iterable[tuple[dict[str, Any], str]], probes: Probes, out: Any) -> None:
-    """Where the code that ran loaded ``os``, ``environ`` or ``getenv`` as a global (``read``), the environment
-    variables among the keys it looks up (``probes``: literals, and globals it loaded that hold a string): a present
-    one's value guarded, an absent one kept absent."""
+def of_environment(read: Iterable[tuple[Any, str]], out: Any) -> None:
+    """The environment variables the code that ran may read (``(os.environ, key)`` entries of ``read``, noted by
+    :class:`~graphjit.names.NameRecorder` for code that loads ``os``, ``environ`` or ``getenv``: the keys that code
+    looks up): a present one's value guarded, an absent one kept absent."""
     env = os.environ
-    read = list(read)
-    keys = probes.keys | {v for g, var in read if var in probes.key_names and isinstance(v := g.get(var), str)}
-    if not any(g.get(var) in (os, env, os.getenv) or (var == "os" and var not in g)  # (an ``import os`` inside)
-               for g, var in read if var in ("os", "environ", "getenv")):
-        return
-    for key in keys:
+    for mapping, key in read:
+        if mapping is not env:
+            continue
         path: Path = (f"os.environ[{key!r}]",)
         try:
             present = key in env

@@ -350,7 +350,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
          transparent: Iterable[str] = (), renewed: tuple[tuple[type, str], ...] = (),
          hook_holders: tuple[str, ...] = (), watch_loads: Callable[[Any], bool] | None = None,
          probes: Probes = NO_PROBES, probed_by_object: dict[int, frozenset[str]] | None = None,
-         read_globals: Iterable[tuple[dict[str, Any], str]] = ()) -> Scan:
+         read_globals: Iterable[tuple[Any, str]] = ()) -> Scan:
     """Every guardable value the sources reach (see the module docstring).  ``ran``: the names the code of the
     last warmup call used (:class:`NameRecorder`, the function run as Python); None where that is not known
     (a tracer that runs a program instead, a profiler in the way): then every name the methods of the classes
@@ -414,7 +414,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     visits = Visits(MAX_NODES, MAX_DEPTH)
     stack: list[tuple[Any, Path, int, Any]] = [(value, (name,), 0, None) for name, value in reversed(src.objects)]
     absences.of_globals(read_globals, src.own_globals, out, stack)
-    absences.of_environment(read_globals, probes, out)
+    absences.of_environment(read_globals, out)
     done: set[type] = set()
     # what an optimizer, a scheduler or a scaler holds (and everything below): its tensors are state, captured by
     # address, never pinned (an optimizer's state holds several per parameter: a check of each per replay would cost)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import dis
 import logging
+import os
 import sys
 import threading
 import types
@@ -61,6 +62,7 @@ _CLASS_NAMES: dict[type, frozenset[str]] = {}
 _CODE_NAMES: dict[types.CodeType, frozenset[str]] = {}
 _CODE_PROBES: dict[types.CodeType, Probes] = {}
 _PROBING_CALLS = frozenset(("getattr", "hasattr"))
+_ENV_NAMES = frozenset(("os", "environ", "getenv"))  # a code loading one of these may read the environment
 _PROBING_METHODS = frozenset(("get", "pop", "setdefault", "__contains__", "getenv"))
 _LOOKAHEAD = 8  # instructions from a probing call's start (or a constant) to the call (or the ``in``) that uses it
 
@@ -236,9 +238,15 @@ class NameRecorder:
             probes.append(code_probes(code))
         self.probes = Probes(*(frozenset().union(*parts) for parts in zip(*probes)))
         self.codes.clear()
+        env = os.environ
         for code, g in self.globals_of.items():
-            for var in code_probes(code).globals:
+            found = code_probes(code)
+            for var in found.globals:
                 self.read_globals.setdefault((id(g), var), (g, var))
+            if not _ENV_NAMES.isdisjoint(found.globals):  # it may read the environment: its keys
+                named = (g.get(n) for n in found.key_names)
+                for key in found.keys | {v for v in named if isinstance(v, str)}:
+                    self.read_globals.setdefault((id(env), key), (env, key))  # type: ignore[arg-type]
         self.globals_of.clear()
         for oid, codes in self.arguments.items():
             names: set[str] = set()
