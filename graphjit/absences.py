@@ -18,7 +18,7 @@ import builtins
 import enum
 import os
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .backends import identity_keyed
@@ -26,11 +26,12 @@ from .guardable import guardable, plain, settings
 from .names import Probes
 from .reach import Path
 
-__all__ = ["attribute_probes", "of_environment", "of_function", "of_globals", "on_class", "probed_dict", "union"]
+__all__ = ["ENVIRONMENT", "attribute_probes", "of_environment", "of_function", "of_globals", "on_class", "probed_dict"]
 
 
-def union(parts: list[Probes]) -> Probes:
-    return Probes(*(frozenset().union(*p) for p in zip(*parts)))
+ENVIRONMENT = "os.environ["
+"""How the guards' paths of environment variables start (``os.environ['FLAG']``)."""
+_ENVIRONMENT = ENVIRONMENT + "{!r}]"
 
 
 def of_function(f: types.FunctionType, probed: Probes, slots: list[tuple[Any, str, Any, Path]],
@@ -49,19 +50,15 @@ def of_function(f: types.FunctionType, probed: Probes, slots: list[tuple[Any, st
     cells = {n: c.cell_contents for n, c in zip(f.__code__.co_freevars, f.__closure__ or ()) if _filled(c)}
     if (g.get("os") is os and "os" in probed.globals) or g.get("environ") is os.environ or \
             any(v is os or v is os.environ for v in cells.values()):
-        mappings.append((os.environ, "os.environ[{!r}]"))
+        mappings.append((os.environ, _ENVIRONMENT))
     named = (cells[n] if n in cells else g.get(n) for n in probed.key_names)
     keys = probed.keys | {v for v in named if isinstance(v, str)}
     for mapping, shown in mappings:
-        for key in keys:
-            try:
-                present = key in mapping
-            except Exception:  # a key the environment cannot hold (a lone surrogate): never set
-                continue
+        for key, present, path in _looked_up(mapping, keys, shown):
             if present:
-                slots.append((mapping, "globals", key, (shown.format(key),)))
+                slots.append((mapping, "globals", key, path))
             else:
-                absent.setdefault((id(mapping), key), (mapping, key, (shown.format(key),)))
+                absent.setdefault((id(mapping), key), (mapping, key, path))
 
 
 def of_globals(read: Iterable[tuple[dict[str, Any], str]], own: frozenset[tuple[int, str]], out: Any,
@@ -95,18 +92,23 @@ def of_environment(read: Iterable[tuple[Any, str]], out: Any) -> None:
     :class:`~graphjit.names.NameRecorder` for code that loads ``os``, ``environ`` or ``getenv``: the keys that code
     looks up): a present one's value guarded, an absent one kept absent."""
     env = os.environ
-    for mapping, key in read:
-        if mapping is not env:
-            continue
-        path: Path = (f"os.environ[{key!r}]",)
-        try:
-            present = key in env
-        except Exception:  # a key the environment cannot hold (a lone surrogate): never set
-            continue
+    for key, present, path in _looked_up(env, [key for mapping, key in read if mapping is env], _ENVIRONMENT):
         if present:
             out.add(env, "globals", key, env[key], path)
         else:
             out.unshadowed(env, key, path)
+
+
+def _looked_up(mapping: Any, keys: Iterable[str], shown: str) -> Iterator[tuple[str, bool, Path]]:
+    """``(key, present, path)`` of each of ``keys`` in ``mapping`` (``globals()``, ``os.environ``), its path
+    ``shown.format(key)``; a key the mapping cannot hold (an environment key with a lone surrogate: never set) is
+    left out."""
+    for key in keys:
+        try:
+            present = key in mapping
+        except Exception:
+            continue
+        yield key, present, (shown.format(key),)
 
 
 def probed_dict(d: dict[Any, Any], path: Path, through: frozenset[str]) -> bool:

@@ -305,7 +305,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
         return follow
 
     functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=OPAQUE_VALUES)
-    return Sources(objects, slots, frozenset(names), anchors, absences.union(probes), list(absent.values()),
+    return Sources(objects, slots, frozenset(names), anchors, Probes.union(probes), list(absent.values()),
                    frozenset(own))
 
 

@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from .backends.base import in_island
@@ -78,6 +78,11 @@ class Probes(NamedTuple):
     def __or__(self, other: tuple[Any, ...]) -> Probes:  # type: ignore[override]
         return Probes(*(a | b for a, b in zip(self, other)))
 
+    @staticmethod
+    def union(parts: Iterable[Probes]) -> Probes:
+        """All of ``parts`` in one (:data:`NO_PROBES` for none)."""
+        return Probes(*(frozenset().union(*p) for p in zip(NO_PROBES, *parts)))
+
 
 NO_PROBES = Probes(frozenset(), frozenset(), frozenset(), frozenset())
 
@@ -106,11 +111,9 @@ def code_probes(code: types.CodeType) -> Probes:
             continue
         for i, x in enumerate(ins):
             op, arg = x.opname, x.argval
-            if op in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(arg, str):
-                loaded.add(arg)
-            elif op == "IMPORT_NAME" and arg == "os":  # ``import os`` inside a function: its environment reads count
-                loaded.add(arg)
             called = op in ("LOAD_GLOBAL", "LOAD_NAME")
+            if (called and isinstance(arg, str)) or (op == "IMPORT_NAME" and arg == "os"):
+                loaded.add(arg)  # (``import os`` inside a function: its environment reads count)
             into = attributes if called and arg in _PROBING_CALLS else \
                 keys if (op in ("LOAD_ATTR", "LOAD_METHOD") and arg in _PROBING_METHODS) or \
                 (called and arg == "getenv") else None
@@ -207,7 +210,7 @@ class NameRecorder:
 
     def __init__(self) -> None:
         self.names: set[str] = set()
-        self.codes: set[types.CodeType] = set()
+        self.codes: dict[types.CodeType, dict[str, Any]] = {}  # the code that ran -> the module globals it ran with
         self.active = False
         self.paused = False
         self.thread = threading.get_ident()
@@ -216,7 +219,6 @@ class NameRecorder:
         self.by_object: dict[int, frozenset[str]] = {}
         self.probes = NO_PROBES  # what the code that ran may find absent (:func:`code_probes`; its globals unused)
         self.probed_by_object: dict[int, frozenset[str]] = {}  # id(object) -> the attribute probes of its code
-        self.globals_of: dict[types.CodeType, dict[str, Any]] = {}  # the module globals each code ran with
         self.read_globals: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}  # (globals, name) the code loaded
         self.emitted: list[str] = []  # what the call printed or logged outside islands, and where (a replay would not)
 
@@ -233,21 +235,19 @@ class NameRecorder:
             self.complete = not self.paused
             self.paused = False
         probes = [self.probes]
-        for code in self.codes:
-            self.names.update(code_names(code))
-            probes.append(code_probes(code))
-        self.probes = Probes(*(frozenset().union(*parts) for parts in zip(*probes)))
-        self.codes.clear()
         env = os.environ
-        for code, g in self.globals_of.items():
+        for code, g in self.codes.items():
+            self.names.update(code_names(code))
             found = code_probes(code)
+            probes.append(found)
             for var in found.globals:
                 self.read_globals.setdefault((id(g), var), (g, var))
             if not _ENV_NAMES.isdisjoint(found.globals):  # it may read the environment: its keys
                 named = (g.get(n) for n in found.key_names)
                 for key in found.keys | {v for v in named if isinstance(v, str)}:
                     self.read_globals.setdefault((id(env), key), (env, key))  # type: ignore[arg-type]
-        self.globals_of.clear()
+        self.probes = Probes.union(probes)
+        self.codes.clear()
         for oid, codes in self.arguments.items():
             names: set[str] = set()
             probed: set[str] = set()
@@ -288,8 +288,7 @@ class NameRecorder:
         module = frame.f_globals.get("__name__", "")
         if isinstance(module, str) and module.startswith(_SKIP_CODE):
             return
-        self.codes.add(code)
-        self.globals_of.setdefault(code, frame.f_globals)
+        self.codes.setdefault(code, frame.f_globals)
         for value in frame.f_locals.values():  # the arguments, at the call: which objects this code reads from
             tp = type(value)  # only the type is asked (an object's own __getattr__ could do anything here)
             if tp not in _ATOMS and not issubclass(tp, _NOT_STATE) and (tp.__dictoffset__

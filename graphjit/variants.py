@@ -16,7 +16,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from . import env, guards
+from . import absences, env, guards
 from .backends.base import Backend
 from .buffers import KeyEntry
 from .errors import CaptureError
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from .stats import FunctionStats
 
 
-_ENVIRONMENT = "os.environ["  # in a guard's path: an environment variable the code reads (graphjit/absences.py)
 ENV_FROZEN = ("a compiled program may keep the environment variables it read when it was compiled (Dynamo on torch "
               "2.11 does not guard os.environ)")
 
@@ -101,7 +100,7 @@ class ValueVariants(abc.ABC):
             if path is not None:
                 self.class_value_read(backend, path, missing)
         if tracer != "eager":  # a translated program keeps the environment it was made under (Dynamo's on torch 2.11)
-            path = next((p for p in guard.shown() if _ENVIRONMENT in p), None)
+            path = next((p for p in guard.shown() if absences.ENVIRONMENT in p), None)
             if path is not None:
                 self.class_value_read(backend, path, ENV_FROZEN)
         if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):

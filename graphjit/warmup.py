@@ -137,15 +137,9 @@ class Warmup:
         self.drew_random = self.drew_random or obs.drew_random
         if obs.names is not None:
             self.names = obs.names if self.names is None else self.names | obs.names
-            merged = dict(self.by_object or {})
-            for oid, names in (obs.by_object or {}).items():
-                merged[oid] = merged.get(oid, frozenset()) | names
-            self.by_object = merged
+            self.by_object = _by_object(self.by_object, obs.by_object)
             self.probes = self.probes | obs.probes
-            probed = dict(self.probed_by_object or {})
-            for oid, names in (obs.probed_by_object or {}).items():
-                probed[oid] = probed.get(oid, frozenset()) | names
-            self.probed_by_object = probed
+            self.probed_by_object = _by_object(self.probed_by_object, obs.probed_by_object)
             self.read_globals = {**(self.read_globals or {}), **(obs.read_globals or {})}
         previous, self.islands = self.islands, obs.islands
         if previous is not None and [c.island for c in previous] != [c.island for c in obs.islands] \
@@ -235,6 +229,15 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
         obs.py_written = py_writes.writes(values, lambda: guards.scan(guard_src, is_tensor, None, b.tensor_holders,
                                                                    renewed=b.renewed_attributes))
     return out, obs
+
+
+def _by_object(seen: dict[int, frozenset[str]] | None,
+               more: dict[int, frozenset[str]] | None) -> dict[int, frozenset[str]]:
+    """``id(object) -> names`` of two watched calls together (each object's names of both)."""
+    merged = dict(seen or {})
+    for oid, names in (more or {}).items():
+        merged[oid] = merged.get(oid, frozenset()) | names
+    return merged
 
 
 ELSEWHERE = "writes a tensor on another device"

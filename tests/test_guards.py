@@ -744,6 +744,25 @@ def test_the_compile_tracer_keeps_each_float_a_constant_of_its_compiled_code(mon
     assert counter.frame_count == 3 and not scalars, (counter.frame_count, scalars)
 
 
+def _stale_trace(w, read):
+    """A stand-in tracer whose program (any tracer but ``eager``) computes ``(x @ w) * read()`` with the value
+    ``read()`` gave on its first run, as a compiled program that keeps what it read when it was made."""
+
+    def trace(fn, tracer):
+        if tracer == "eager":
+            return fn
+        first: list[float] = []
+
+        def program(x):
+            if not first:
+                first.append(read())
+            return (x @ w) * first[0]
+
+        return program
+
+    return trace
+
+
 def test_a_compiled_program_that_keeps_an_old_class_value_is_not_captured(emu, monkeypatch):
     """A torch whose Dynamo installs no guard on a number read off a class (pytorch#176851, torch 2.10-2.11) keeps
     running code compiled for the old value.  Where the backend says its tracer may miss such a value, a change of a
@@ -760,19 +779,7 @@ def test_a_compiled_program_that_keeps_an_old_class_value_is_not_captured(emu, m
     def step(x):
         return (x @ w) * Knob.scale
 
-    def stale_trace(fn, tracer):
-        if tracer == "eager":
-            return fn
-        first: list[float] = []
-
-        def program(x):
-            if not first:
-                first.append(Knob.scale)
-            return (x @ w) * first[0]
-
-        return program
-
-    monkeypatch.setattr(emu, "trace", stale_trace)
+    monkeypatch.setattr(emu, "trace", _stale_trace(w, lambda: Knob.scale))
     monkeypatch.setattr(emu, "tracer_misses_values", lambda tracer: "a stand-in" if tracer == "compile" else None)
     monkeypatch.setattr(emu, "tracers", ("eager", "compile"))
     g = graphjit.graphed(step, tracer="compile")
@@ -1180,19 +1187,7 @@ def test_a_compiled_program_that_keeps_an_environment_variable_is_replaced_by_ea
     def step(x):
         return (x @ w) * (3.0 if os.environ.get(flag) else 1.0)
 
-    def stale_trace(fn, tracer):
-        if tracer == "eager":
-            return fn
-        first: list[float] = []
-
-        def program(x):
-            if not first:
-                first.append(3.0 if os.environ.get(flag) else 1.0)
-            return (x @ w) * first[0]
-
-        return program
-
-    monkeypatch.setattr(emu, "trace", stale_trace)
+    monkeypatch.setattr(emu, "trace", _stale_trace(w, lambda: 3.0 if os.environ.get(flag) else 1.0))
     monkeypatch.setattr(emu, "tracers", ("eager", "compile"))
     g = graphjit.graphed(step, tracer="compile")
     for i, x in enumerate(xs):
