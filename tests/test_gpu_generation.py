@@ -143,6 +143,9 @@ def test_the_compile_tracer_compiles_once_and_decodes_right_where_steps_change_t
         assert decode["graphs"] == 1 and decode["replays"] >= 3 * (16 - 1), fn.report()
     else:
         _check_positions([k for k in decode["keys"] if "input_ids[1, 1]" in k["key"]], fn)
+        # the sliding layers' count symbolic from the first compilation: one per branch (the window filling, then
+        # full), where Dynamo's automatic dynamic compiled the first count on its own too (3, 12 s each on an H100)
+        assert compiled.get("unique_graphs", 0) <= 2, compiled
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])

@@ -226,7 +226,7 @@ def main() -> int:
     if args.plain_floats:
         from graphjit.backends.torch import dynamo
 
-        dynamo.floats_specialized = lambda compiled: compiled  # type: ignore[assignment]
+        dynamo.for_capture = lambda compiled: compiled  # type: ignore[assignment]
     for family in args.families.split(","):
         try:
             result["families"][family] = probe(family, args, device, handler, entries, compiles)

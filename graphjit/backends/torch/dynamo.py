@@ -1,19 +1,22 @@
 """torch: what graphjit asks of Dynamo for ``tracer="compile"``: the guards of the cache entry a capture ran
-(:func:`cache_entry_guard`), floats kept constants of the compiled code (:func:`floats_specialized`), whether
-this Dynamo guards numbers read off a class (:func:`class_attribute_guards_missing`), and calls where its
-compilations start and end (:func:`compiles_unwatched`)."""
+(:func:`cache_entry_guard`), the settings its compiled code runs under (:func:`for_capture`: floats constants,
+counters symbolic), whether this Dynamo guards numbers read off a class (:func:`class_attribute_guards_missing`),
+and calls where its compilations start and end (:func:`compiles_unwatched`)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["cache_entry_guard", "class_attribute_guards_missing", "compiles_unwatched", "floats_specialized"]
+__all__ = [
+    "cache_entry_guard", "class_attribute_guards_missing", "compiles_unwatched", "counter_sources", "for_capture",
+]
 
 
 @contextlib.contextmanager
@@ -113,52 +116,82 @@ def _probe_class_attribute_guards() -> str:
     return ""
 
 
-def floats_specialized(compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """``compiled`` run with Dynamo's ``specialize_float`` on, so that each Python float the function reads is a
-    constant of its compiled code, as graphjit keys its graphs on it (Dynamo guards it where it guards the place it
-    was read from: not a class attribute on torch 2.10-2.11, :func:`class_attribute_guards_missing`).
+def for_capture(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled`` run with the Dynamo settings a graph captured from its code needs, set while it runs:
 
-    Refused otherwise: when such a float changes, Dynamo recompiles with the float as a 0-d CPU tensor input (its
-    automatic dynamic).  On a GPU the compiled code then reads the float from host memory made for that one call, or
-    puts kernels on the CPU beside CUDA tensors (an ``addmm`` with a CPU bias): a graph captured from it replays a
-    stale value or the capture fails.  inductor's own CUDA graphs skip such code for its CPU input; specializing
-    keeps it graphable.  The price: each new value of such a float is a new compilation, up to Dynamo's recompile
-    limit (after which Dynamo runs that code uncompiled).  Only uncaptured calls run through here (a replay never
-    does).  The setting is process-wide on the torch versions that need it (their Dynamo config has no per-thread
-    value): it is set while any such call runs, counted under a lock, and put back when the last one returns, so
-    another thread's own ``torch.compile`` compiling meanwhile specializes its floats too.  A torch whose Dynamo has
-    no such setting gets ``compiled`` itself."""
+    * ``specialize_float`` on, so that each Python float the function reads is a constant of its compiled code, as
+      graphjit keys its graphs on it (Dynamo guards it where it guards the place it was read from: not a class
+      attribute on torch 2.10-2.11, :func:`class_attribute_guards_missing`).  Refused otherwise: when such a float
+      changes, Dynamo recompiles with the float as a 0-d CPU tensor input (its automatic dynamic).  On a GPU the
+      compiled code then reads the float from host memory made for that one call, or puts kernels on the CPU
+      beside CUDA tensors (an ``addmm`` with a CPU bias): a graph captured from it replays a stale value or the
+      capture fails.  inductor's own CUDA graphs skip such code for its CPU input; specializing keeps it
+      graphable.  The price: each new value of such a float is a new compilation, up to Dynamo's recompile limit
+      (after which Dynamo runs that code uncompiled).
+    * the counters graphjit keys by class (:data:`graphjit.families.COUNTERS`: transformers' sliding-window cache
+      length, which only picks branches) symbolic from their first compilation (``torch.compiler.config.
+      dynamic_sources``, matched by attribute name, beside any sources the user named).  Without it Dynamo compiles
+      the decode step once for the first count and again, with the count symbolic, for the second (its automatic
+      dynamic): a Gemma 2 ``generate()`` compiled twice, 12 s each on an H100.  The code the second compilation
+      made, and the guards Dynamo puts on the count's branches, are what every later call runs either way.
+
+    Only uncaptured calls run through here (a replay never does).  The settings are process-wide (Dynamo's config
+    has no per-thread value): set while any such call runs, counted under a lock, and put back when the last one
+    returns, so another thread's own ``torch.compile`` compiling meanwhile gets them too.  A torch whose Dynamo has
+    neither setting gets ``compiled`` itself."""
     try:
         from torch._dynamo import config as dynamo_config
     except ImportError:  # a torch without Dynamo
         return compiled
-    if not hasattr(dynamo_config, "specialize_float"):
+    if not hasattr(dynamo_config, "specialize_float") and _compiler_config() is None:
         return compiled
 
     @functools.wraps(compiled)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with _SPECIALIZED:
+        with _SETTINGS:
             return compiled(*args, **kwargs)
 
     return run
 
 
-class _Specialized:
-    """The count of calls running :func:`floats_specialized` code: the first sets ``specialize_float``, the last puts
-    back what was there (re-entered by recursion and by threads alike)."""
+def counter_sources() -> str:
+    """``dynamic_sources`` entries (regular expressions, matched from the start of a Dynamo source name) for every
+    attribute :data:`graphjit.families.COUNTERS` names, wherever it is read: ``.*\\.cumulative_length_int$``."""
+    from ...families import COUNTERS
+
+    return ",".join(sorted({rf".*\.{re.escape(attr)}$" for _cls, attr in COUNTERS}))
+
+
+def _compiler_config() -> Any:
+    """``torch.compiler.config`` where it has ``dynamic_sources`` (torch 2.7 and later; regular expressions from
+    2.8), else None."""
+    config = getattr(getattr(torch, "compiler", None), "config", None)
+    return config if isinstance(getattr(config, "dynamic_sources", None), str) else None
+
+
+class _Settings:
+    """The count of calls running :func:`for_capture` code: the first sets the settings, the last puts back what
+    was there (re-entered by recursion and by threads alike)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.count = 0
-        self.saved: Any = None
+        self.saved_float: Any = None
+        self.saved_sources: str | None = None
 
     def __enter__(self) -> None:
         from torch._dynamo import config as dynamo_config
 
         with self.lock:
             if self.count == 0:
-                self.saved = dynamo_config.specialize_float
-                dynamo_config.specialize_float = True
+                if hasattr(dynamo_config, "specialize_float"):
+                    self.saved_float = dynamo_config.specialize_float
+                    dynamo_config.specialize_float = True
+                compiler = _compiler_config()
+                if compiler is not None:
+                    self.saved_sources = compiler.dynamic_sources
+                    ours = counter_sources()
+                    compiler.dynamic_sources = f"{self.saved_sources},{ours}" if self.saved_sources else ours
             self.count += 1
 
     def __exit__(self, *exc: object) -> None:
@@ -167,10 +200,15 @@ class _Specialized:
         with self.lock:
             self.count -= 1
             if self.count == 0:
-                dynamo_config.specialize_float = self.saved
+                if hasattr(dynamo_config, "specialize_float"):
+                    dynamo_config.specialize_float = self.saved_float
+                compiler = _compiler_config()
+                if compiler is not None and self.saved_sources is not None:
+                    compiler.dynamic_sources = self.saved_sources
+                    self.saved_sources = None
 
 
-_SPECIALIZED = _Specialized()
+_SETTINGS = _Settings()
 
 
 def class_attribute_guards_missing() -> str | None:

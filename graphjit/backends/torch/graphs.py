@@ -389,7 +389,7 @@ class TorchBackend(Backend):
             return fn
         if tracer == "compile":
             # Inductor's own CUDA graphs off: graphjit captures the compiled kernels itself.
-            return dynamo.floats_specialized(torch.compile(fn, options={"triton.cudagraphs": False}))
+            return dynamo.for_capture(torch.compile(fn, options={"triton.cudagraphs": False}))
         raise BackendError(f"tracer={tracer!r} is not a torch tracer; expected one of {self.tracers}")
 
     def tracer_misses_values(self, tracer: str) -> str | None:
