@@ -76,25 +76,30 @@ def test_without_the_settings_dynamo_compiles_the_first_value_on_its_own(backend
     assert backend.graphs == 3  # 2 alone, 3..5 with the count symbolic, 6..8
 
 
-def test_the_settings_are_put_back_and_a_users_sources_kept(monkeypatch):
+def test_the_settings_are_put_back_and_a_users_sources_kept():
     from torch._dynamo import config as dynamo_config
 
-    monkeypatch.setattr(torch.compiler.config, "dynamic_sources", "L['mine']")
+    saved = torch.compiler.config.dynamic_sources
     float_before = dynamo_config.specialize_float
     seen: list[tuple[str, bool]] = []
 
     def read() -> None:
         seen.append((torch.compiler.config.dynamic_sources, dynamo_config.specialize_float))
 
-    wrapped = dynamo.for_capture(read)
-    wrapped()
-    inner = dynamo.for_capture(lambda: (read(), wrapped()))  # re-entered: the settings stay until the outer returns
-    inner()
+    torch.compiler.config.dynamic_sources = "L['mine']"
+    try:
+        wrapped = dynamo.for_capture(read)
+        wrapped()
+        inner = dynamo.for_capture(lambda: (read(), wrapped()))  # re-entered: the settings stay until it returns
+        inner()
+        after = torch.compiler.config.dynamic_sources
+    finally:
+        torch.compiler.config.dynamic_sources = saved
     assert len(seen) == 3
     for sources, specialized in seen:
         assert sources.split(",")[0] == "L['mine']" and dynamo.counter_sources() in sources
         assert specialized is True
-    assert torch.compiler.config.dynamic_sources == "L['mine']"
+    assert after == "L['mine']"
     assert dynamo_config.specialize_float == float_before
 
 
