@@ -131,8 +131,13 @@ class Scan:
     second: dict[int, list[Place]] = field(default_factory=dict)  # other places the walk found the same one at
     in_place: set[int] = field(default_factory=set)  # ids of the objects' __dict__s walked (read in place, never moved)
 
+    def renews(self, owner: Any, key: Any) -> bool:
+        """True for an attribute the framework sets to an equivalent new object on every call (``renewed``): neither
+        a value nor a container to walk (a Paddle optimizer's ``helper``, whose ``_name`` counts up)."""
+        return bool(self.renewed) and any(key == n and isinstance(owner, t) for t, n in self.renewed)
+
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
-        if owner is not None and self.renewed and any(key == n and isinstance(owner, t) for t, n in self.renewed):
+        if owner is not None and self.renews(owner, key):
             return
         box = self.boxes.get(id(container))
         if box is None:
@@ -493,7 +498,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 if hook_holders:
                     collect_hooks(d, path, hook_holders, children, out.hooks)
                 for k, child in list(d.items()):
-                    if not isinstance(k, str) or k in hook_holders:  # hooks: HookWatch's, not values
+                    if not isinstance(k, str) or k in hook_holders or out.renews(obj, k):  # hooks: HookWatch's
                         continue
                     container = hasattr(tp, "__getitem__") or hasattr(tp, "__iter__")
                     if container and k in children and isinstance(child, dict):
@@ -518,7 +523,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     if k not in d and not absences.on_class(tp, k) and not any(k in d.get(h, ()) for h in through):
                         out.kept_absent(d, k, path, False)
             for name in slots_of(tp):
-                if named is not None and name not in named:
+                if (named is not None and name not in named) or out.renews(obj, name):
                     continue
                 try:
                     child = object.__getattribute__(obj, name)
