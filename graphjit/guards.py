@@ -38,9 +38,8 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
 * **Which names**: every attribute step of a value's path must be named by code the call may run
   (:mod:`graphjit.names`: the function's code, the functions reached above, and the code its last warmup call
   ran as Python, per object: the code that took that object as an argument; where that run is unknown the
-  methods of the classes reached).  A value only the training
-  loop names (``model.step_count``) is not read by the function and changes nothing.  Dict keys and list
-  items below a named attribute always count.
+  methods of the classes reached).  A value only the training loop names (``model.step_count``) is not read by the
+  function and changes nothing.  Dict keys and list items below a named attribute always count.
 
 :class:`GuardSet` keeps one getter per container (``operator.itemgetter`` / ``attrgetter`` of the
 guarded names) and the values it returned at capture, and where each list, dict and tuple was found (its parent and
@@ -131,9 +130,7 @@ class Scan:
     second: dict[int, list[Place]] = field(default_factory=dict)  # other places the walk found the same one at
     in_place: set[int] = field(default_factory=set)  # ids of the objects' __dict__s walked (read in place, never moved)
 
-    def renews(self, owner: Any, key: Any) -> bool:
-        """True for an attribute the framework sets to an equivalent new object on every call (``renewed``): neither
-        a value nor a container to walk (a Paddle optimizer's ``helper``, whose ``_name`` counts up)."""
+    def renews(self, owner: Any, key: Any) -> bool:  # ``renewed``: not a value, not walked (its counters count up)
         return bool(self.renewed) and any(key == n and isinstance(owner, t) for t, n in self.renewed)
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
@@ -184,8 +181,7 @@ class Scan:
 
     def named_wholes(self) -> list[tuple[str, Any, Callable[[Any], Any], Any, Path]]:
         """``(what, container, getter, value, path)`` of the :meth:`length`, :meth:`key_set` and :meth:`unshadowed`
-        entries (what: ``len``, ``keys``, ``own``) whose path's attribute steps are all named by code the function may
-        run."""
+        entries (``len``, ``keys``, ``own``) whose path's attribute steps are all named by code the function may run."""
         out = [("own" if what.startswith("has:") else what, *e) for (_i, what), e in self.wholes.items()
                if _attributes_named(e[3], self.names)]
         for d, names, path, keys in self.absent.values():
@@ -214,9 +210,8 @@ class Scan:
 
     def values(self, held: bool = False, pinned: bool = False) -> dict[tuple[int, Any], tuple[Any, Path]]:
         """``(id(container), key) -> (value, path)`` of every candidate whose path's attribute steps are all named
-        by code the function may run (a closure variable's or global's own name always counts, and so does
-        a dict key: it may come from a variable); ``held``: of the held tensors instead; ``pinned``: of the pinned
-        ones."""
+        by code the function may run (a closure variable's or global's own name always counts, and so does a dict
+        key: it may come from a variable); ``held``: of the held tensors instead; ``pinned``: of the pinned ones."""
         names = self.names
         out: dict[tuple[int, Any], tuple[Any, Path]] = {}
         for cid, box in (self.held if held else self.pinned if pinned else self.boxes).items():

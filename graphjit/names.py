@@ -130,7 +130,15 @@ def code_probes(code: types.CodeType) -> Probes:
                 if i + 1 < len(ins) and ins[i + 1].opname == "BINARY_SUBSCR":  # d["key"] (os.environ["FLAG"])
                     keys.add(arg)
                     continue
+                keys_view = False  # ``"key" in d.keys()``: the call of ``keys`` is not the end of the lookup
                 for y in ins[i + 1:i + 1 + _LOOKAHEAD]:
+                    if y.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                        keys_view = y.argval == "keys"
+                    elif y.opname == "PRECALL":  # (Python 3.11: before every CALL)
+                        continue
+                    elif y.opname.startswith("CALL") and keys_view and y.arg == 0:
+                        keys_view = False
+                        continue
                     if y.opname.startswith("CALL"):
                         break
                     if y.opname == "CONTAINS_OP":

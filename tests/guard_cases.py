@@ -640,8 +640,8 @@ ENV_FLAG = "GRAPHJIT_TEST_GUARD_CASE_FLAG"  # an environment variable the "probe
 def _probed(device: str, where: str) -> Case:
     """A value the function looks up with a default, absent at the capture and set after call 5 (then kept):
     ``getattr(knobs, "scale", 1.0)``, ``hasattr(knobs, "doubled")``, ``settings.get("scale", 1.0)`` on a dict of
-    settings and on an empty one, ``globals().get(...)``, ``os.environ.get(...)``.  Before, only values present at
-    the capture were guarded: the graph kept the default."""
+    settings and on an empty one, ``"scale" in empty.keys()``, ``globals().get(...)``, ``os.environ.get(...)``.
+    Before, only values present at the capture were guarded: the graph kept the default."""
     import os
 
     torch.manual_seed(0)
@@ -658,6 +658,7 @@ def _probed(device: str, where: str) -> Case:
         "hasattr": lambda x: (x @ w) * (2.0 if hasattr(knobs, "doubled") else 1.0),
         "dict": lambda x: (x @ w) * settings.get("scale", 1.0) + settings["shift"],
         "empty_dict": lambda x: (x @ w) * empty.get("scale", 1.0),
+        "keys_view": lambda x: (x @ w) * (2.0 if "scale" in empty.keys() else 1.0),
         "global": lambda x: (x @ w) * globals().get("PROBED_SCALE", 1.0),
         "environment": lambda x: (x @ w) * (3.0 if os.environ.get(ENV_FLAG) else 1.0),
     }
@@ -666,6 +667,7 @@ def _probed(device: str, where: str) -> Case:
         "hasattr": lambda: setattr(knobs, "doubled", True),
         "dict": lambda: settings.__setitem__("scale", 2.0),
         "empty_dict": lambda: empty.__setitem__("scale", 2.0),
+        "keys_view": lambda: empty.__setitem__("scale", 2.0),
         "global": lambda: globals().__setitem__("PROBED_SCALE", 2.0),
         "environment": lambda: os.environ.__setitem__(ENV_FLAG, "1"),
     }
@@ -693,6 +695,10 @@ def probed_dict_key(device: str) -> Case:
 
 def probed_empty_dict_key(device: str) -> Case:
     return _probed(device, "empty_dict")
+
+
+def probed_keys_view(device: str) -> Case:
+    return _probed(device, "keys_view")
 
 
 def probed_global(device: str) -> Case:
@@ -819,7 +825,8 @@ VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item
           "rebuilt_closure_dict": rebuilt_closure_dict, "rebuilt_nested_dict": rebuilt_nested_dict,
           "rebuilt_dict_of_tensors": rebuilt_dict_of_tensors, "rebuilt_list": rebuilt_list,
           "probed_attribute": probed_attribute, "probed_hasattr": probed_hasattr, "probed_dict_key": probed_dict_key,
-          "probed_empty_dict_key": probed_empty_dict_key, "probed_global": probed_global,
+          "probed_empty_dict_key": probed_empty_dict_key, "probed_keys_view": probed_keys_view,
+          "probed_global": probed_global,
           "probed_environment": probed_environment, "submodule_global": submodule_global,
           "submodule_global_dict": submodule_global_dict, "submodule_config_probe": submodule_config_probe,
           "submodule_environment": submodule_environment}

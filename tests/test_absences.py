@@ -18,13 +18,14 @@ def _code(o, d):
     e = "z" in o.opts
     g = os.environ.get(FLAG)
     h = d.pop("p", None)
-    return a, b, c, e, g, h, UNDEFINED_GLOBAL if "q" not in d else None  # noqa: F821
+    i = "v" in o.opts.keys()  # as code in the wild writes it
+    return a, b, c, e, g, h, i, UNDEFINED_GLOBAL if "q" not in d else None  # noqa: F821
 
 
 def test_code_probes_finds_lookups_with_a_fallback_and_loaded_globals():
     p = code_probes(_code.__code__)
     assert p.attributes == {"scale", "flag"}
-    assert {"k", "z", "p", "q"} <= p.keys
+    assert {"k", "z", "p", "q", "v"} <= p.keys
     assert "FLAG" in p.key_names
     assert {"os", "UNDEFINED_GLOBAL", "getattr", "hasattr"} <= p.globals
 
