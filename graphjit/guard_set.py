@@ -167,11 +167,8 @@ class GuardSet:
         return sum(len(k) for k in self.keys) + len(self.held) + len(self.pinned)
 
     def _held_same(self) -> bool:
-        """Every held tensor is the one the graph was captured with."""
-        try:
-            return all(c[k] is v for c, k, _p, v in self.held)
-        except Exception:  # an entry deleted
-            return False
+        """Every held tensor is the one the graph was captured with, and every name held absent still is."""
+        return all(c.get(k, DELETED) is v for c, k, _p, v in self.held)
 
     def _pinned_same(self) -> bool:
         """Every pinned value is the one the graph was captured with (``getitem`` / ``getattr`` and ``is`` mapped in C
@@ -257,11 +254,7 @@ class GuardSet:
                 if not same(now, want[j]):
                     yield describe(self.paths[i][j]), show(want[j]), show(now)
         for c, k, path, was in self.held:
-            try:
-                now = c[k]
-            except Exception:
-                yield describe(path), _tensor(was), "(deleted)"
-                continue
+            now = c.get(k, DELETED)
             if now is not was:
                 yield describe(path), _tensor(was), _tensor(now)
         for now, (_c, _k, was, path) in zip(self._pinned_now(), self.pinned):
@@ -358,8 +351,8 @@ def _entry(container: Any, key: Any) -> Any:
 def _tensor(v: Any) -> str:
     """A held or pinned tensor for a reason: its type, shape and identity (never its values: that could read the
     GPU)."""
-    if v is None:
-        return "None"
+    if v is None or v is DELETED:
+        return "None" if v is None else "(absent)"
     return f"<{type(v).__name__} {list(getattr(v, 'shape', ()))} at {id(v):#x}>"
 
 

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import operator
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +75,7 @@ from .reach import (
     functions,
     global_names,
     instance_dict,
+    modules_in,
     slots_of,
 )
 
@@ -193,7 +194,8 @@ class Scan:
         return out
 
     def hold(self, container: Any, key: Any, value: Any, path: Path) -> None:
-        """A tensor (or None) a Module holds in its parameter or buffer dict ``container``: compared by identity."""
+        """A tensor (None; ``DELETED``: a name its code looked up, absent) a Module holds in its dict ``container``
+        of parameters, buffers or submodules: compared by identity (``.get(key, DELETED)``)."""
         box = self.held.get(id(container))
         if box is None:
             box = self.held[id(container)] = _Box(container, "item")
@@ -264,7 +266,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
     if bound is not None:
         objects.append(("self", bound))
     for name, value in args:
-        objects.extend(_identity_keyed(name, value))
+        objects.extend(modules_in(name, value))
 
     def visit(f: types.FunctionType) -> list[Any]:
         follow: list[Any] = []
@@ -329,20 +331,6 @@ def _push(stack: list[tuple[Any, Path, int, Any]], unpinned: set[int], pins: boo
 
 def _never(_v: Any) -> bool:
     return False
-
-
-def _identity_keyed(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, Any]]:
-    """Layer/Module objects inside an argument (the key holds them by identity, not by their values)."""
-    if depth > 3:
-        return
-    if backends.identity_keyed(type(value)):
-        yield name, value
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value[:64]):
-            yield from _identity_keyed(f"{name}[{i}]", v, depth + 1)
-    elif isinstance(value, dict):
-        for k, v in list(value.items())[:64]:
-            yield from _identity_keyed(f"{name}[{k!r}]", v, depth + 1)
 
 
 def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None,
@@ -517,6 +505,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 for k in absences.attribute_probes(obj, depth, probes, src.probes, by_object, probed_by_object):
                     if k not in d and not absences.on_class(tp, k) and not any(k in d.get(h, ()) for h in through):
                         out.kept_absent(d, k, path, False)
+                        for h in (h for h in through if isinstance(d.get(h), dict)):  # a Module's: held absent
+                            out.hold(d[h], k, DELETED, (*path, (".", h), ("[]", k)))  # (``register_buffer``)
             for name in slots_of(tp):
                 if (named is not None and name not in named) or out.renews(obj, name):
                     continue

@@ -17,9 +17,11 @@ from __future__ import annotations
 import collections
 import functools
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import backends
 
 Path = tuple[Any, ...]
 """A root name followed by steps: ``("argument 'x'", (".", "layers"), ("[]", 0))``."""
@@ -435,3 +437,18 @@ def _holders(name: str, value: Any, depth: int, seen: set[int], kinds: tuple[typ
         items = [(f"{name}.{k}", v) for k, v in list(d.items())[:HOLDER_ITEMS]]
     for where, v in items:
         yield from _holders(where, v, depth + 1, seen, kinds, stop)
+
+
+def modules_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """``(path, object)`` of the Layer/Module objects in an argument (itself, or in its lists, tuples and dicts, three
+    levels down, 64 items each): a key holds them by identity, not by their values."""
+    if depth > 3:
+        return
+    if backends.identity_keyed(type(value)):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value[:64]):
+            yield from modules_in(f"{name}[{i}]", v, depth + 1)
+    elif isinstance(value, dict):
+        for k, v in list(value.items())[:64]:
+            yield from modules_in(f"{name}[{k!r}]", v, depth + 1)

@@ -417,6 +417,49 @@ def rebound_parameter(device: str) -> Case:
     return Case(m, lambda i: (xs[i],), before, lambda: [m.child.lin.weight], calls=14)
 
 
+class _Optional(torch.nn.Module):
+    """A module whose forward uses a buffer and a submodule only where they exist (``hasattr``; ``getattr`` with a
+    default), as models with optional parts do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if hasattr(self, "shift"):
+            y = y + self.shift
+        extra = getattr(self, "extra", None)
+        return y if extra is None else extra(y)
+
+
+def _registered(device: str, what: str) -> Case:
+    """A buffer (``register_buffer``) or a submodule (``m.extra = Linear(...)``) the module's ``forward`` looks up
+    with a fallback, registered after call 5: it lands in the module's ``_buffers`` / ``_modules``, not in its
+    ``__dict__``; before, the graph kept the branch without it."""
+    torch.manual_seed(0)
+    m = _Optional().to(device)
+    extra = torch.nn.Linear(16, 16).to(device)
+    xs = _xs(device, 12, (4, 16))
+
+    def before(i):
+        if i == 5:
+            if what == "buffer":
+                m.register_buffer("shift", torch.full((16,), 0.5, device=device))
+            else:
+                m.extra = extra
+
+    return Case(m, lambda i: (xs[i],), before)
+
+
+def probed_registered_buffer(device: str) -> Case:
+    return _registered(device, "buffer")
+
+
+def probed_registered_submodule(device: str) -> Case:
+    return _registered(device, "submodule")
+
+
 WEIGHT: torch.Tensor | None = None  # a module global tensor the "rebound_global_tensor" case's function reads
 
 
@@ -826,7 +869,8 @@ VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item
           "rebuilt_dict_of_tensors": rebuilt_dict_of_tensors, "rebuilt_list": rebuilt_list,
           "probed_attribute": probed_attribute, "probed_hasattr": probed_hasattr, "probed_dict_key": probed_dict_key,
           "probed_empty_dict_key": probed_empty_dict_key, "probed_keys_view": probed_keys_view,
-          "probed_global": probed_global,
+          "probed_global": probed_global, "probed_registered_buffer": probed_registered_buffer,
+          "probed_registered_submodule": probed_registered_submodule,
           "probed_environment": probed_environment, "submodule_global": submodule_global,
           "submodule_global_dict": submodule_global_dict, "submodule_config_probe": submodule_config_probe,
           "submodule_environment": submodule_environment}

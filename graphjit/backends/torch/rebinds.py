@@ -1,6 +1,7 @@
 """torch's side of the guards' held tensors (:func:`graphjit.guard_set.note_rebind`): the global registration hooks
-through which every module tells when it rebinds a parameter or buffer (``m.b = t``, ``register_buffer``, a new
-``Parameter``), so a replay compares the tensors its graph holds only after one did; and of loaded optimizer states
+through which every module tells when it rebinds a parameter, buffer or submodule (``m.b = t``, ``register_buffer``,
+a new ``Parameter``, ``m.extra = Linear(...)``), so a replay compares the tensors its graph holds (and the names its
+code found absent in those dicts) only after one did; and of loaded optimizer states
 (:func:`watch_loads`, :func:`graphjit.guard_set.note_load`).
 
 Not told (and so not caught): a ``_parameters`` / ``_buffers`` dict written directly, a parameter set to None, a
@@ -29,6 +30,7 @@ def count_rebinds() -> bool:
             try:
                 hooks.register_module_buffer_registration_hook(note_rebind)
                 hooks.register_module_parameter_registration_hook(note_rebind)
+                hooks.register_module_module_registration_hook(note_rebind)
                 _installed.append(True)
             except AttributeError:
                 _installed.append(False)
