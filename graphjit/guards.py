@@ -54,6 +54,7 @@ every call, which a replay would not do: :mod:`graphjit.py_writes`); never on th
 
 from __future__ import annotations
 
+import functools
 import operator
 import types
 from collections.abc import Callable, Iterable
@@ -468,6 +469,13 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 continue
             if tp.__module__.partition(".")[0] in FOREIGN_MODULES:
                 continue
+            if isinstance(obj, functools.partial):  # what its call passes, read in C: ``p.keywords["scale"] = 2.0``
+                out.names.update(("args", "keywords"))
+                for name, child in (("args", obj.args), ("keywords", obj.keywords)):
+                    if guardable(child):
+                        out.add(obj, "attr", name, child, (*path, (".", name)))
+                    else:
+                        _push(stack, unpinned, pins, child, (*path, (".", name)), depth + 1, out, (obj, "attr", name))
             classes.add(tp)
             named = names_for(obj)
             d = instance_dict(obj)

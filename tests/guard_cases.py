@@ -10,6 +10,7 @@ tensors that must equal the eager run's after every call: parameters, buffers, o
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -460,6 +461,25 @@ def probed_registered_submodule(device: str) -> Case:
     return _registered(device, "submodule")
 
 
+def _scaled(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    return (x @ w) * scale
+
+
+def partial_keywords(device: str) -> Case:
+    """A ``functools.partial`` the function calls, its keyword changed in place after call 5
+    (``p.keywords["scale"] = 2.0``): the partial's call reads its keywords in C, where no code names them."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    xs = _xs(device, 12, (4, 16))
+    p = functools.partial(_scaled, w=w, scale=1.0)
+
+    def before(i):
+        if i == 5:
+            p.keywords["scale"] = 2.0
+
+    return Case(lambda x: p(x), lambda i: (xs[i],), before)
+
+
 WEIGHT: torch.Tensor | None = None  # a module global tensor the "rebound_global_tensor" case's function reads
 
 
@@ -870,7 +890,7 @@ VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item
           "probed_attribute": probed_attribute, "probed_hasattr": probed_hasattr, "probed_dict_key": probed_dict_key,
           "probed_empty_dict_key": probed_empty_dict_key, "probed_keys_view": probed_keys_view,
           "probed_global": probed_global, "probed_registered_buffer": probed_registered_buffer,
-          "probed_registered_submodule": probed_registered_submodule,
+          "probed_registered_submodule": probed_registered_submodule, "partial_keywords": partial_keywords,
           "probed_environment": probed_environment, "submodule_global": submodule_global,
           "submodule_global_dict": submodule_global_dict, "submodule_config_probe": submodule_config_probe,
           "submodule_environment": submodule_environment}
