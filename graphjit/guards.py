@@ -136,8 +136,6 @@ class Scan:
         return bool(self.renewed) and any(key == n and isinstance(owner, t) for t, n in self.renewed)
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
-        if owner is not None and self.renews(owner, key):
-            return
         box = self.boxes.get(id(container))
         if box is None:
             box = self.boxes[id(container)] = _Box(container, kind, owner=owner)
