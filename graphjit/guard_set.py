@@ -204,6 +204,20 @@ class GuardSet:
         items = len(self.pin_items[0]) if self.pin_items else 0
         return [_entry(c, k) if i < items else _attr(c, k) for i, (c, k, _v, _p) in enumerate(self.pinned)]
 
+    def rebound_tensors(self) -> list[tuple[Any, Any, bool, bool, Any, Any, Path]]:
+        """``(container, key, by_attr, linked, value at capture, value now, path)`` of each held or pinned entry that
+        holds another value now (:data:`DELETED` where it is gone); ``by_attr``: read as an attribute (an object's, a
+        cell's); ``linked``: its container is a list or dict read again where its parent holds it (:meth:`follow`),
+        not one read in place (a Module's parameter and buffer dicts are read in place)."""
+        self.follow()
+        items = len(self.pin_items[0]) if self.pin_items else 0
+        n = len(self.containers)
+        held = [(c, k, False, False, was, now, path) for c, k, path, was in self.held
+                if (now := c.get(k, DELETED)) is not was]
+        return held + [(c, k, i >= items, self.where[n + i] >= 0, was, now, path)
+                       for i, (now, (c, k, was, path)) in enumerate(zip(self._pinned_now(), self.pinned))
+                       if now is not was]
+
     @property
     def size(self) -> tuple[int, int]:
         """``(containers, values)`` checked per replay."""

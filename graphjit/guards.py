@@ -14,7 +14,7 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   dicts) and object attributes (``__dict__``, ``__slots__``): submodules, configs, optimizers and their
   ``param_groups``, schedulers.  Tensors are captured by address; those a Module holds are held (below), the others
   (a closure's, a global, an object's attribute, a list or dict entry) are pinned: compared by identity before every
-  replay (:meth:`Scan.pin`).
+  replay (:meth:`Scan.pin`; one rebound to a tensor of the same kind may be fed instead: :mod:`graphjit.renewals`).
 * **Which values**: numbers, bools, strings, bytes, ``None``, enum members, other hashable atoms without
   attributes (``torch.dtype``, ``torch.device``), and tuples of these, compared by ``==``, sets by a frozen copy of
   their contents, tuples of these and of objects item by item (:mod:`graphjit.guardable`); and, by identity,

@@ -16,17 +16,21 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from . import absences, env, guards
+from . import absences, env, guards, renewals
 from .backends.base import Backend
 from .buffers import KeyEntry
 from .errors import CaptureError
+from .feeds import StepContext
 from .guards import READ_VALUES
 from .keys import CallSignature, Key
+from .stats import State
 
 if TYPE_CHECKING:
+    from .families import Families
     from .history import KeyHistory
     from .invoke import Invoker
     from .stats import FunctionStats
+    from .warmup import Warmup
 
 
 ENV_FROZEN = ("a compiled program may keep the environment variables it read when it was compiled (Dynamo on torch "
@@ -51,6 +55,8 @@ class ValueVariants(abc.ABC):
     drift: dict[tuple[Any, ...], Drift]
     history: KeyHistory
     lock: threading.RLock
+    families: Families
+    step_feeds: dict[tuple[Any, ...], StepContext | None]
 
     @abc.abstractmethod
     def strict(self) -> bool: ...
@@ -74,6 +80,10 @@ class ValueVariants(abc.ABC):
     def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
                  kwargs: dict[str, Any], key: tuple[Any, ...] | None = None) -> Any: ...
 
+    @abc.abstractmethod
+    def capture_key(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
+                    args: tuple[Any, ...], kwargs: dict[str, Any], no_adopt: frozenset[int]) -> Any: ...
+
     def values_changed(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                        args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any:
         """A call whose arguments have a graph, but a value the function reads (:mod:`graphjit.guards`) is not
@@ -88,6 +98,9 @@ class ValueVariants(abc.ABC):
                 if other.recheck is not None:
                     return self.recheck(other, vsig, instance, args, kwargs)
                 return self.replay(other, vsig, settings, instance, args, kwargs)
+        renewed = self.renew(entry, sig, instance, args, kwargs)
+        if renewed is not _NOT_RENEWED:
+            return renewed
         guard = entry.guards
         assert guard is not None
         change = guard.change() or ("a value", "?", "?")
@@ -126,6 +139,48 @@ class ValueVariants(abc.ABC):
         self.history.note_values(base, {path: old for path, (old, _new) in shown.items()})
         return self.slow(sig.for_values(vkey, {path: new for path, (_old, new) in shown.items()}), settings, instance,
                          args, kwargs, previous)
+
+    def renew(self, entry: KeyEntry, sig: CallSignature, instance: Any, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+        """A call of a key whose graph's only changed values are tensors rebound to new ones of the same kind
+        (:func:`graphjit.renewals.renewable`): the key is captured again, now reading graphjit's own tensors at those
+        places, filled from the caller's before each call (:class:`graphjit.renewals.Renewed`, a part of the key's
+        step context from now on); this call is the capture's.  :data:`_NOT_RENEWED` where they are not such tensors,
+        for a graph found by other values than the arguments', one a counter's family serves, or under a tracer that
+        freezes what it read into its program (Paddle's AST translation): a graph per value.
+        A failed capture takes the part away again (the key runs as any key whose capture failed)."""
+        guard = entry.guards
+        if (guard is None or not (guard.pinned or guard.held) or sig.base is not None or entry.advances is not None
+                or entry.stats.state is not State.REPLAY or any(f.entry is entry for f in self.families.items)):
+            return _NOT_RENEWED
+        backend = entry.inputs.backend
+        if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
+            return _NOT_RENEWED  # its program keeps the tensor it read when it was made
+        found = renewals.renewable(guard, entry.warm, backend)
+        if found is None:
+            return _NOT_RENEWED
+        part = renewals.Renewed(backend, found)
+        before = self.step_feeds.get(sig.key)
+        step = before if before is not None else StepContext([])
+        paths = ", ".join(part.paths)
+        self.say_once(logging.INFO, "renewed:" + paths, "graphjit %s: %s was rebound to a new tensor of the same kind; "
+                      "the graph is captured again to read a graphjit-owned copy, filled from the tensor there before "
+                      "each call (one device copy a call)", self.name, paths)
+        with self.lock:
+            del self.entries[sig.key]
+            entry.release()
+            entry.stats.reason = f"{renewals.REASON}: {paths}"
+            step.parts.append(part)
+            self.step_feeds[sig.key] = step
+            part.enter()  # (an enclosing enter of the step, the old graph's, did not enter it: its exit does nothing)
+            try:
+                return self.capture_key(backend, entry.device, sig, entry.warm, instance, args, kwargs,
+                                        entry.no_adopt)
+            finally:
+                part.exit()
+                if sig.key not in self.entries:  # the capture failed: its calls run the function on their own
+                    step.parts.remove(part)
+                    self.step_feeds[sig.key] = before
 
     def class_value_read(self, backend: Backend, path: str, missing: str) -> None:
         """A value the function reads off a class (``path``) changed since a graph was captured, under a tracer whose
@@ -170,6 +225,10 @@ class ValueVariants(abc.ABC):
             raise CaptureError(f"{self.name}: {reason}: {detail} (strict mode)", reason=reason).after_run(result)
         self.say_once(logging.WARNING, "values:" + path, "graphjit %s: %s", self.name, detail)
         return result
+
+
+_NOT_RENEWED = object()
+"""What :meth:`ValueVariants.renew` returns where the key is not captured again."""
 
 
 class Drift:
