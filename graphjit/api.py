@@ -37,7 +37,7 @@ from typing import Any, TypeVar, overload
 
 import wrapt
 
-from . import advances, backends, env
+from . import advances, backends, env, renewals
 from . import lane as lane_mod
 from . import scope as scope_mod
 from .backends.base import Backend
@@ -92,8 +92,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
         # A bound method is called as it is: wrapt hands its __self__ as the instance, which must not bind again.
         self.prebound = inspect.ismethod(fn)
         owner = fn.__self__ if self.prebound else self.invoker.module  # type: ignore[attr-defined]
-        self.signer = Signer(self.invoker.signature_target(), options.buckets, options.backend, self.name,
-                             owner=owner)
+        self.signer = Signer(self.invoker.signature_target(), options.buckets, options.backend, self.name, owner=owner)
         self.dynamic = (DynamicArgs(options.dynamic, self.signer.signature, self.name, self.signer.bucket_targets())
                         if options.dynamic else None)
         self.stats = FunctionStats(self.name)
@@ -109,8 +108,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
         self.poison_backend: Backend | None = None
         self.copy_outputs = options.outputs == "copy"
         self.last_new_key: tuple[Any, ...] | None = None
-        self.scoped_keys = 0  # keys first called inside a capture scope or reached by an advance (not counted
-        # by note_new_key)
+        self.scoped_keys = 0  # keys first called inside a capture scope or reached by an advance (not note_new_key's)
         self.previous_key: tuple[Any, ...] | None = None  # the key of the call before the one on the slow path
         self.last_key: tuple[Any, ...] | None = None  # the key of the previous call (any path)
         self.history = KeyHistory(self.signer)
@@ -118,6 +116,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
         self.variants: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # keys for other values of what fn reads
         self.drift: dict[tuple[Any, ...], Drift] = {}  # per key of the arguments: how its read values change
         self.step_feeds: dict[tuple[Any, ...], StepContext | None] = {}  # per key: the hyperparameters fed to its graph
+        self.fed: dict[tuple[Any, ...], renewals.Fed] = {}  # per key of the arguments: tensors rebound, fed
 
     @property
     def traced(self) -> dict[str, Callable[..., Any]]:
@@ -176,8 +175,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
                 return result
         return self.decide(wrapped, instance, args, kwargs)
 
-    def decide(self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> Any:
+    def decide(self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call the replay lane did not serve (``lane.front`` calls it directly)."""
         lane = self.lane
         if lane is not None and (lane.hits or lane.raised):
@@ -236,6 +234,8 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
     def captured(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                  args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any:
         """A call whose key has a graph: replayed while what the function read still holds."""
+        if entry.aliased is not None and entry.fed_aliased(sig.tensors):
+            return self.fallback(renewals.ALIASED, entry.inputs.backend, instance, args, kwargs, sig.key)
         if entry.check is not None and not entry.check():
             return self.values_changed(entry, sig, settings, instance, args, kwargs, previous)
         if entry.recheck is not None:
@@ -499,6 +499,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
             self.variants.clear()
             self.drift.clear()
             self.step_feeds.clear()
+            self.fed.clear()
 
 
 class BoundGraphedFunction(KeepsWrapped, wrapt.BoundFunctionWrapper):  # type: ignore[misc]

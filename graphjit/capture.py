@@ -28,6 +28,7 @@ undone, and nothing replays for the result.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -55,6 +56,7 @@ from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
 from .pystate import PyState, copy_or_none, dynamic_roots, second_run
 from .reach import addresses, describe, moved, rebinds, walk
+from .renewals import Fed
 from .sites import in_traceback
 from .stats import KeyStats, State
 from .tree import structure
@@ -95,6 +97,8 @@ class BuildRequest:
     guard_sources: Callable[[], guards.Sources] | None = None  # where the values the function reads live
     tracer_guard: Callable[[tuple[Any, ...], dict[str, Any]], Any] = lambda _a, _k: None
     """Given the captured call's (static) arguments: the tracer's own guard check (``Backend.tracer_guard``)."""
+    fed: Fed | None = None
+    """The places of tensors graphjit feeds the key (:mod:`graphjit.renewals`): bound to its tensors while it builds."""
 
 
 @dataclass
@@ -110,12 +114,20 @@ class Statics:
 
 def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
     """Capture the key of ``req.sig`` and verify it; return the entry and the call's result (``None``
-    when ``req.replay_result`` is False).
+    when ``req.replay_result`` is False).  Where ``req.fed``, its places hold graphjit's tensors throughout.
 
     Raises :class:`CaptureError` when the key cannot be graphed: with ``executed`` False the call has
     not run the function (its state is untouched; the caller runs it eagerly), with ``executed`` True
     (a failed verify) it has run exactly once and ``result`` is its result.
     """
+    if req.fed is None:
+        return _build(req)
+    written = [req.sig.tensors[i] for i in sorted(req.warm.mutated_leaves) if i < len(req.sig.tensors)]
+    with req.fed.bound(req.warm, verify_plan(req) is None, written):
+        return _build(req)
+
+
+def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
     b, st = req.backend, req.stats
     if req.warm.elsewhere_first:  # the only watched call wrote off-device tensors (warmup=1): as on every call
         raise CaptureError(f"{req.fn_name} {st.label}: {elsewhere(req.warm.elsewhere_first).message}",
@@ -145,7 +157,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             after_capture(req, before, where, values, rescan)
             guard = None if values is None else GuardSet(
                 values, req.tracer_guard(statics.args, statics.kwargs), gated=b.counts_rebinds,
-                hooks=module_hooks.watch(values.hooks, b, req.hooks_outside))
+                hooks=module_hooks.watch(values.hooks, b, req.hooks_outside), fed=req.fed, written=req.warm.written)
             if guard is not None:
                 st.guards = guard.size
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed},
@@ -383,7 +395,8 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
         expected, expected_shape, post = recorded.expected, recorded.shape, recorded.post
     else:
         ref_ran = True
-        with scope.graphed_call("warmup"), b.traced_call_guard():
+        with scope.graphed_call("warmup"), b.traced_call_guard(), \
+                req.fed.callers() if req.fed is not None else contextlib.nullcontext():
             ref = req.traced(*req.args, **req.kwargs)
         b.synchronize(req.device)
         ref_tensors = collect_tensors(ref, is_tensor)
@@ -401,7 +414,7 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
         problem = _compare(b, outputs.result(sig.pads, False, None, None), expected, expected_shape, is_tensor)
     except IslandError as exc:  # an island broke its contract in verify's replay: restored below like a mismatch
         problem = f"the replay failed: {exc}"
-    problem = problem or post.differs(current, paths)
+    problem = problem or post.differs(current, paths) or (req.fed.written() if req.fed is not None else None)
     if problem is None and post.rng is not None and post.rng_differs():
         problem = "the random generator is not where the eager call left it (a generator the graph does not replay)"
     if problem is not None:

@@ -1,11 +1,12 @@
 """The check before every replay of a captured graph: the Python values its capture read (found by
 :func:`graphjit.guards.scan`) still what they were, in one pass (:class:`GuardSet`; :mod:`graphjit.guards` says what
-is guarded and why)."""
+is guarded and why).  A tensor graphjit feeds the graph at a place the caller rebinds (:mod:`graphjit.renewals`) is
+checked there by kind and copied in, last, once everything else holds."""
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import backends
@@ -16,6 +17,7 @@ from .reach import Path, describe
 if TYPE_CHECKING:
     from .guards import Scan
     from .module_hooks import HookWatch
+    from .renewals import Fed
 
 __all__ = ["DELETED", "GuardSet", "HasKey", "note_load", "note_rebind", "same", "show"]
 
@@ -75,6 +77,8 @@ class GuardSet:
         "containers",
         "expected",
         "extra",
+        "fed",
+        "fed_which",
         "gated",
         "getters",
         "held",
@@ -87,14 +91,18 @@ class GuardSet:
         "pin_items",
         "pinned",
         "seen",
+        "taken",
         "where",
     )
 
     def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False,
-                 hooks: HookWatch | None = None) -> None:
+                 hooks: HookWatch | None = None, fed: Fed | None = None, written: Iterable[int] = ()) -> None:
         """``gated``: the framework counts its modules' rebinding of parameters and buffers (:func:`note_rebind`),
         so the held tensors are compared only after the count moved; else before every replay.  ``hooks``: the
-        module hooks of the capture (:mod:`graphjit.module_hooks`), one more part of the read values."""
+        module hooks of the capture (:mod:`graphjit.module_hooks`), one more part of the read values.  ``fed``: the
+        places whose tensors graphjit feeds (:mod:`graphjit.renewals`): a held or pinned entry that holds graphjit's
+        tensor there is checked by kind and filled instead of compared by identity; ``written``: the ids of the
+        tensors the key's calls write, which such a place must not hold."""
         self.hooks = hooks
         chosen = scan_.values()
         by_box: dict[int, list[Any]] = {}
@@ -135,6 +143,7 @@ class GuardSet:
         # held tensors: (container, key, path, the tensor or None at capture: kept, so its address stays its own)
         held = scan_.values(held=True)
         self.held = [(scan_.held[cid].container, key, path, value) for (cid, key), (value, path) in held.items()]
+        self.fed, self.fed_which = fed, []
         self.gated = gated
         self.seen = _REBINDS[0]
         # pinned tensors (in closure cells, globals, attributes, list and dict entries): flat, by how they are read,
@@ -145,6 +154,9 @@ class GuardSet:
         for (cid, key), (value, path) in scan_.values(pinned=True).items():
             box = scan_.pinned[cid]
             (by_attr if box.kind in ("attr", "cell") else self.pinned).append((box.container, key, value, path))
+        if fed is not None:  # graphjit's tensors at their places: checked by kind and filled (Fed.check)
+            self.fed_which = self._take_fed(fed, by_attr)
+        self.taken = frozenset(id(v) for v in self.tensors()) | frozenset(written)
         self.pin_items = columns([e[:3] for e in self.pinned])
         self.pin_attrs = columns([e[:3] for e in by_attr])
         self.pinned += by_attr
@@ -163,8 +175,23 @@ class GuardSet:
             if not free:
                 links.fix(c)
 
+    def _take_fed(self, fed: Fed, by_attr: list[tuple[Any, Any, Any, Path]]) -> list[int]:
+        """Take the held and pinned entries at ``fed``'s places out of :attr:`held`, :attr:`pinned` and ``by_attr``
+        (in place); the indices of those places in ``fed``."""
+        which: list[int] = []
+        for entries, swap in ((self.held, True), (self.pinned, False), (by_attr, False)):
+            as_pinned = [(c, k, v, p) for c, k, p, v in entries] if swap else entries
+            found = dict(fed.entries(as_pinned))
+            which += found.values()
+            entries[:] = [e for j, e in enumerate(entries) if j not in found]
+        return sorted(which)
+
+    def tensors(self) -> list[Any]:
+        """The held and pinned tensors (and other values pinned by identity) the graph reads, not those fed."""
+        return [v for _c, _k, _p, v in self.held] + [v for _c, _k, v, _p in self.pinned]
+
     def __len__(self) -> int:
-        return sum(len(k) for k in self.keys) + len(self.held) + len(self.pinned)
+        return sum(len(k) for k in self.keys) + len(self.held) + len(self.pinned) + len(self.fed_which)
 
     def _held_same(self) -> bool:
         """Every held tensor is the one the graph was captured with, and every name held absent still is."""
@@ -250,7 +277,9 @@ class GuardSet:
             self.seen = count
         if self.hooks is not None and not self.hooks.holds():
             return False
-        return self.extra is None or self.extra() is None
+        if self.extra is not None and self.extra() is not None:
+            return False
+        return not self.fed_which or self.fed.check(self.fed_which, self.taken)  # type: ignore[union-attr]
 
     def differences(self) -> Iterator[tuple[str, str, str]]:
         """``(path, value at capture, value now or "(deleted)")`` of each guarded value that differs, in order."""
@@ -280,6 +309,13 @@ class GuardSet:
             yield "an optimizer's state", f"as at capture ({self.loads} loads)", f"loaded since ({_LOADS[0]} loads)"
         if self.hooks is not None:
             yield from self.hooks.differences()
+        if self.fed_which:
+            fed = self.fed
+            assert fed is not None
+            for i, kind in zip(self.fed_which, fed.state(self.fed_which, self.taken)):
+                if kind != fed.kinds[i]:
+                    shown = "(deleted)" if kind == "(deleted)" else _tensor(fed.places[i].read())
+                    yield describe(fed.places[i].path), "a tensor of the kind fed there", shown
 
     def change(self) -> tuple[str, str, str] | None:
         """``(path, old, new)`` of the first guarded value that differs, else of the tracer's failed guard."""
@@ -314,6 +350,8 @@ class GuardSet:
                 now = (*now, ("loads", _LOADS[0]))
             if self.hooks is not None:
                 now = (*now, self.hooks.state())
+            if self.fed_which:  # by kind (a tensor the graph holds otherwise by identity)
+                now = (*now, self.fed.state(self.fed_which, self.taken))  # type: ignore[union-attr]
             if self.links is not None and self.links.diverged is not None:
                 now = (*now, ("apart", self.links.diverged))
             hash(now)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import advances, env, reach, tracer_check
+from . import advances, env, reach, renewals, tracer_check
 from . import families as families_mod
 from . import recheck as recheck_mod
 from . import scope as scope_mod
@@ -90,6 +90,7 @@ class KeyLifecycle(abc.ABC):
     tracer_checked: set[tuple[Any, ...]]  # keys whose first call checked the tracer (tracer_check)
     variants: dict[tuple[Any, ...], list[tuple[Any, ...]]]  # a key of the arguments -> its keys for other values
     step_feeds: dict[tuple[Any, ...], StepContext | None]  # a key -> the hyperparameters fed to its graph (feeds.py)
+    fed: dict[tuple[Any, ...], renewals.Fed]  # a key of the arguments -> the tensors rebound it reads (renewals.py)
     families: families_mod.Families  # captured keys whose graph serves other values of their counters (families.py)
 
     # -- provided by _State -------------------------------------------------------------------
@@ -403,8 +404,7 @@ class KeyLifecycle(abc.ABC):
                 step.__exit__(None, None, None)
                 step.__enter__()  # raises with every part exited; the caller's exit then does nothing
             if warm.blocked is None and warm.calls < self.options.warmup:
-                self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance, args,
-                                   kwargs)
+                self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance, args, kwargs)
             if warm.blocked is None and not warm.sync_watched and not backend.captures_recoverable:
                 warm.blocked = Blocked("no sync-checked warmup", f"{backend.name} cannot recover from a capture that a "
                                        "CPU-GPU sync breaks, and the extra warmup run that checks for syncs could not "
@@ -430,7 +430,7 @@ class KeyLifecycle(abc.ABC):
             verify_budget=settings.verify_max_bytes, replay_result=not scope_run,
             copy_outputs=self.options.outputs == "copy" or settings.check_outputs,
             pool=self.pool_for(backend, device), dump_dir=settings.dump_dir, debug=settings.debug,
-            no_adopt=no_adopt, dynamic=self.dynamic, method=instance is not None,
+            no_adopt=no_adopt, dynamic=self.dynamic, method=instance is not None, fed=self.fed.get(sig.base or sig.key),
             hooks_outside=instance is not None and getattr(inv.target, "__name__", None) == "forward",
             guard_sources=lambda: self.guard_sources(instance, args, kwargs),
             tracer_guard=lambda sargs, skwargs: backend.tracer_guard(

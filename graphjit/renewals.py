@@ -1,39 +1,43 @@
-"""Tensors a graph reads off an attribute, a closure cell, a global or a list or dict entry that the caller rebinds
-to new ones of the same kind: read by the graph through a tensor graphjit owns, filled before each call.
+"""Tensors a graph reads off an attribute, a closure cell, a global or a Module's buffer that the caller rebinds to
+new ones of the same kind: read by the graph from a tensor graphjit owns, filled before each replay.
 
 A graph reads such a tensor at its address, so the guards pin it by identity (:meth:`graphjit.guards.Scan.pin`; a
-Module's buffer too, held by identity, which is where Paddle keeps a tensor set as a Layer's attribute). A
-model that stores a new one on itself before each run (Qwen2-VL's ``rope_deltas`` in transformers before 5.20, made
-anew by every ``generate()``) would get a graph per tensor, each keeping its tensor alive, and after
+Module's buffer is held by identity, which is where Paddle keeps any tensor set on a Layer). A model that stores a new
+one on itself before each run (Qwen2-VL's ``rope_deltas`` in transformers before 5.20, made anew by every
+``generate()``) would get a graph per tensor, each keeping its tensor alive, and after
 :data:`graphjit.variants.Drift.MAX_VALUES` of them would run uncaptured for good.  Instead, the first time every value
-that changed for a key's graph is such a tensor (:func:`renewable`), the key is captured again with a tensor graphjit
-owns at each of those places (:class:`Renewed`, a part of the key's :class:`~graphjit.feeds.StepContext`): while
-graphjit runs a call of the key (warmup, capture, verify and replay alike) the place holds graphjit's tensor, filled
-with the values of the caller's (one device copy on the call's stream, before any kernel of the call); after the call
-the caller's tensor is back.  This is what ``torch.compile(mode="reduce-overhead")`` does for such a tensor: an input of
-its graph, copied in on each call.
+that changed for a key's graph is such a tensor (:func:`renewable`), the key is captured again (:class:`Fed`): during
+that capture, and no other run of the function, each place holds a tensor graphjit owns, filled with the caller's; the
+graph reads it there, and its guards, instead of that tensor's identity, check that the caller's tensor at the place
+is still of its kind and copy it in (one device copy on the call's stream, before the replay's kernels:
+:meth:`graphjit.guard_set.GuardSet.holds`).  This is what ``torch.compile(mode="reduce-overhead")`` does for such a
+tensor: an input of its graph, copied in on each call.
 
-Guarantees: outside a graphed call the caller's code only ever finds its own tensor there; every call reads the values
-the caller's tensor has at the call, wherever it was rebound; a call that wrote graphjit's tensor in place (code the
-warmups did not run) has it copied back into the caller's, after that call and after every replay from then on.
+Guarantees: the caller's code, and every run of the function's Python (warmups, calls that run uncaptured, islands),
+only ever find the caller's own tensor there; a replay computes with the values the caller's tensor has at the call.
+A tensor there of another kind, or the very tensor another guard of the graph holds (code may compare the two by
+identity), fails the check: the call goes the way of any changed value.
 
 Refused (the key keeps a graph per tensor, as before): a change of anything else; a tensor of another type, shape,
-dtype, device, strides or ``requires_grad``, one that requires grad (autograd would lose its history), a parameter;
-a tensor the key's warmup calls wrote in place or could not tell (:attr:`graphjit.warmup.Warmup.untracked`); a place
-graphjit cannot write without running code of the owner's (a property, a class attribute, a container that is not a
-plain ``list`` or ``dict``); an entry of a list or dict the guards read again where its parent holds it (one rebuilt
-before every call would be fed at its old place); a key a counter's family serves (:mod:`graphjit.families`).
+dtype, device, strides or ``requires_grad``, one that requires grad (autograd would lose its history), a parameter, an
+inference tensor; a key whose warmup calls wrote that tensor, wrote an argument in place, rebound or stored any
+tensor or changed a Python value the function reads (the graph would write graphjit's tensor, or the Python the
+replays skip would have stored the caller's), or could not tell what they wrote; a graph with islands (their Python
+runs on every replay); an entry of a list or dict the guards read again where its parent holds it (one rebuilt before
+every call would be fed at its old place); a place graphjit cannot write without running code of the owner's (a
+property, ``__slots__``, a class attribute); a key a counter's family serves (:mod:`graphjit.families`), and a tracer
+that freezes what it read into its program (Paddle's AST translation).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import types
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .feeds import StepPart
 from .reach import Path, describe
 
 if TYPE_CHECKING:
@@ -43,14 +47,14 @@ if TYPE_CHECKING:
 
 REASON = "recaptured: a tensor it reads was rebound"
 
-_LEFT = object()
-"""Saved for a place whose tensor was left as it is (not of the kind fed there, or graphjit's own)."""
+_GONE = object()
+"""What :meth:`Place.read` gives for an entry that is gone."""
 
 
 @dataclass(frozen=True)
 class Place:
     """Where a fed tensor sits: ``container``'s attribute ``key`` (``by_attr``: an object's ``__dict__`` entry or a
-    closure cell's contents) or its item ``key`` (a plain list or dict)."""
+    closure cell's contents) or its item ``key`` (a plain list or dict, a Module's buffer dict)."""
 
     container: Any
     key: Any
@@ -61,7 +65,7 @@ class Place:
         try:
             return getattr(self.container, self.key) if self.by_attr else self.container[self.key]
         except Exception:
-            return _LEFT
+            return _GONE
 
     def put(self, value: Any) -> None:
         """Bind ``value`` here without running the owner's code (no ``__setattr__``, no property)."""
@@ -93,11 +97,43 @@ def writable(container: Any, key: Any, by_attr: bool) -> bool:
     return found is None or not hasattr(type(found), "__set__")
 
 
-def renewable(guard: GuardSet, warm: Warmup, backend: Backend) -> list[tuple[Place, Any, Any]] | None:
+ALIASED = "a tensor it reads is rebound to one the call writes"
+
+
+def quiet(warm: Warmup) -> bool:
+    """The key's warmup calls rebound or stored no tensor and changed no Python value the function reads, and could
+    tell what they wrote: what renewing needs of them."""
+    return warm.untracked is None and not warm.python_writes
+
+
+def _span(b: Backend, t: Any) -> tuple[int, int]:
+    """The bytes ``[start, end)`` a tensor's elements lie in (empty for no elements)."""
+    shape = b.shape(t)
+    n = 1
+    for d in shape:
+        n *= d
+    if n == 0:
+        return (0, 0)
+    start = b.data_ptr(t)
+    extent = 1 + sum((d - 1) * abs(s) for d, s in zip(shape, b.strides(t)))
+    return (start, start + extent * (b.nbytes(t) // n))
+
+
+def overlaps(b: Backend, t: Any, others: list[Any]) -> bool:
+    """``t``'s memory overlaps one of ``others``' (a tensor an argument of the call that it writes in place)."""
+    lo, hi = _span(b, t)
+    for o in others:
+        olo, ohi = _span(b, o)
+        if lo < ohi and olo < hi:
+            return True
+    return False
+
+
+def renewable(guard: GuardSet, warm: Warmup, backend: Backend) -> list[tuple[Place, Any]] | None:
     """Where every value that differs from ``guard``'s capture is a held or pinned tensor rebound to one graphjit can
-    feed (the module docstring says which): each place, with the caller's tensor now and graphjit's copy of it; else
-    None."""
-    if warm.untracked is not None:
+    feed, from a key whose warmups were :func:`quiet` (the module docstring says which): each place with the caller's
+    tensor now; else None."""
+    if not quiet(warm):
         return None
     rebound = guard.rebound_tensors()
     if not rebound:
@@ -105,79 +141,149 @@ def renewable(guard: GuardSet, warm: Warmup, backend: Backend) -> list[tuple[Pla
     named = {describe(path) for *_rest, path in rebound}
     if any(path not in named for path, _old, _new in guard.differences()):
         return None  # something else changed too: a value, a hook, a loaded optimizer state
+    taken = {id(v) for v in guard.tensors()} | set(warm.written)
     out = []
     for container, key, by_attr, linked, was, now, path in rebound:
-        if linked or id(was) in warm.written or not writable(container, key, by_attr):
+        if linked or id(was) in warm.written or id(now) in taken or not writable(container, key, by_attr):
             return None
-        mine = _copy(backend, was, now)
-        if mine is None:
+        if _kind(backend, now) != _kind(backend, was) or not _feedable(backend, now):
             return None
-        out.append((Place(container, key, by_attr, path), now, mine))
+        out.append((Place(container, key, by_attr, path), now))
     return out
 
 
-def _copy(b: Backend, was: Any, now: Any) -> Any:
-    """graphjit's copy of ``now``, where ``now`` is a tensor of ``was``'s kind outside autograd that a copy fills
-    exactly (a layout a clone keeps) and whose writes its version counter tells; else None."""
-    if now.__class__ is not was.__class__ or not isinstance(now, b.tensor_types()) or b.is_parameter(now):
-        return None
-    if b.requires_grad(now) or b.meta_key(now) != b.meta_key(was) or b.strides(now) != b.strides(was):
-        return None
-    mine = b.clone(now)
-    if b.strides(mine) != b.strides(now) or b.version(now) is None or b.version(mine) is None:
-        return None  # (an inference tensor keeps no version counter, and takes no copy outside inference mode)
-    return mine
+def _kind(b: Backend, t: Any) -> tuple[Any, ...]:
+    return (t.__class__, b.meta_key(t), b.strides(t)) if isinstance(t, b.tensor_types()) else (t.__class__,)
 
 
-class Renewed(StepPart):
-    """The places of one key whose tensors graphjit feeds: each holds graphjit's tensor while a call of the key runs,
-    filled from the caller's tensor there (see the module docstring)."""
+def _feedable(b: Backend, t: Any) -> bool:
+    """A tensor outside autograd, not a parameter, with a version counter (not an inference tensor, which takes no
+    copy outside inference mode), whose layout a clone keeps (a copy fills it exactly)."""
+    return (isinstance(t, b.tensor_types()) and not b.is_parameter(t) and not b.requires_grad(t)
+            and b.version(t) is not None and b.strides(b.clone(t)) == b.strides(t))
 
-    __slots__ = ("backend", "metas", "places", "saved", "tensors", "versions", "writes")
 
-    def __init__(self, backend: Backend, found: Iterable[tuple[Place, Any, Any]]) -> None:
+class Fed:
+    """The fed places of one key of the arguments (and of the keys of its values): graphjit's tensor for each, bound
+    there while the key, or one of its values, is captured (:meth:`bound`), and checked and filled before each replay
+    (:meth:`check`, which the graph's guards call)."""
+
+    __slots__ = ("backend", "filled", "kinds", "others", "places", "put", "tensors")
+
+    def __init__(self, backend: Backend, found: list[tuple[Place, Any]], others: set[int],
+                 before: Fed | None = None) -> None:
+        """``found``: each place with the caller's tensor there now; ``others``: the ids of the other tensors the
+        renewed graph held, pinned or wrote (never bound in their stead: code may compare them by identity);
+        ``before``: the key's earlier places (a second renewal, at other places), whose tensors this keeps."""
         self.backend = backend
-        self.places: list[Place] = []
-        self.tensors: list[Any] = []
-        self.metas: list[tuple[Any, ...]] = []
-        for place, now, mine in found:
-            self.places.append(place)
-            self.tensors.append(mine)
-            self.metas.append((now.__class__, backend.meta_key(now), backend.strides(now)))
-        self.saved: list[Any] = []
-        self.versions: list[int | None] = []
-        self.writes = False  # a call wrote a fed tensor: every replay copies it back
+        self.others: frozenset[int] = frozenset(others) | (before.others if before else frozenset())
+        self.put: list[tuple[Place, Any, Any]] = []  # (place, graphjit's tensor, the caller's) while bound
+        self.filled: list[Any] = []  # a copy of what each of those was filled with
+        self.places: list[Place] = [*(before.places if before else ()), *(place for place, _now in found)]
+        self.tensors: list[Any] = [*(before.tensors if before else ()), *(backend.clone(now) for _place, now in found)]
+        self.kinds: list[tuple[Any, ...]] = [*(before.kinds if before else ()),
+                                             *(_kind(backend, now) for _place, now in found)]
 
     @property
     def paths(self) -> list[str]:
         return [describe(p.path) for p in self.places]
 
-    def enter(self) -> None:
+    @contextlib.contextmanager
+    def bound(self, warm: Warmup, verified: bool, written: list[Any]) -> Iterator[None]:
+        """Around a capture of a key this serves: each place whose tensor graphjit can take (of its kind, not one of
+        :attr:`others` or a tensor ``warm``'s calls wrote, nor over the memory of ``written``, the call's arguments it
+        writes in place; from :func:`quiet` warmups, for a capture ``verified``, whose :meth:`written` check catches a
+        write no counter told) holds graphjit's tensor, filled from the caller's; after, the caller's is back (where
+        the place still holds graphjit's)."""
         b = self.backend
-        saved = self.saved = []
-        for place, mine, meta in zip(self.places, self.tensors, self.metas):
-            now = place.read()
-            if now is mine or now.__class__ is not meta[0] or (b.meta_key(now), b.strides(now)) != meta[1:]:
-                saved.append(_LEFT)  # another kind of value: the guards compare it (its graph, or a new one)
+        put = self.put = []
+        if quiet(warm) and verified:
+            for place, mine, kind in zip(self.places, self.tensors, self.kinds):
+                now = place.read()
+                if (now is not mine and id(now) not in warm.written and id(now) not in self.others
+                        and _kind(b, now) == kind and not overlaps(b, now, written)):
+                    b.copy_(mine, now)
+                    place.put(mine)
+                    put.append((place, mine, now))
+        self.filled = [b.clone(mine) for _place, mine, _now in put]
+        try:
+            yield
+        finally:
+            self.put, self.filled = [], []
+            for place, mine, now in put:
+                if place.read() is mine:
+                    place.put(now)
+
+    def written(self) -> str | None:
+        """Inside :meth:`bound`, after verify's replay: which bound tensor of graphjit's the graph wrote (a kernel that
+        moves no version counter, as ``batch_norm``'s running statistics on a plain attribute), or None.  Such a
+        graph would never write the caller's tensor: the capture is refused."""
+        for (place, mine, _now), was in zip(self.put, self.filled):
+            if not self.backend.equal(mine, was):
+                return (f"it writes {describe(place.path)}, a tensor rebound between calls that graphjit fed it from a "
+                        "copy (a write no version counter told): its graph would never write the caller's tensor")
+        return None
+
+    @contextlib.contextmanager
+    def callers(self) -> Iterator[None]:
+        """Inside :meth:`bound`: the caller's tensors at their places again (verify's eager reference, which is the
+        call's own run: a graph whose kernels depend on which tensor is there differs from it)."""
+        put = self.put
+        for place, mine, now in put:
+            if place.read() is mine:
+                place.put(now)
+        try:
+            yield
+        finally:
+            for place, mine, now in put:
+                if place.read() is now:
+                    place.put(mine)
+
+    def entries(self, pinned: list[tuple[Any, Any, Any, Path]]) -> list[tuple[int, int]]:
+        """``(index in pinned, index in places)`` of each entry of ``pinned`` (``(container, key, value, path)``: a
+        guard set's held or pinned tensors) that is one of this key's places holding graphjit's tensor."""
+        mine = {id(t): i for i, t in enumerate(self.tensors)}
+        out = []
+        for j, (c, k, v, _path) in enumerate(pinned):
+            i = mine.get(id(v))
+            if i is not None and self.places[i].container is c and self.places[i].key == k:
+                out.append((j, i))
+        return out
+
+    def check(self, which: list[int], taken: frozenset[int]) -> bool:
+        """Before a replay: each place of ``which`` (indices into :attr:`places`) holds a tensor of its kind that is
+        not one of ``taken`` (the ids of the other tensors its graph holds or writes); if so, each is copied into
+        graphjit's tensor (one batched copy) and True."""
+        b = self.backend
+        srcs, dsts = [], []
+        for i in which:
+            now = self.places[i].read()
+            mine = self.tensors[i]
+            if now is mine:
                 continue
-            b.copy_many((mine,), (now,), grad_free=True)  # (neither requires grad: renewable refuses such tensors)
-            saved.append(now)
-            place.put(mine)
-        self.versions = [b.version(t) for t in self.tensors]  # (after the copies, which count)
+            if now.__class__ is not self.kinds[i][0] or id(now) in taken or _kind(b, now) != self.kinds[i]:
+                return False
+            srcs.append(now)
+            dsts.append(mine)
+        if srcs:
+            b.copy_many(dsts, srcs, grad_free=True)  # (neither side requires grad: _feedable)
+        return True
 
-    def exit(self) -> None:
+    def aliased(self, which: list[int], written: list[Any]) -> bool:
+        """A place of ``which`` holds a tensor over the memory of one of ``written`` (the call's arguments its graph
+        writes in place): graphjit's copy, made before the replay, would miss that write."""
         b = self.backend
-        for place, mine, theirs, version in zip(self.places, self.tensors, self.saved, self.versions):
-            if theirs is _LEFT or place.read() is not mine:
-                continue  # left, or rebound by the call itself: the call's binding stays
-            if b.version(mine) != version:  # written by the call: the caller's tensor too, and after every replay
-                b.copy_(theirs, mine)
-                self.writes = True
-            place.put(theirs)
-        self.saved = []
+        for i in which:
+            now = self.places[i].read()
+            if now is not _GONE and overlaps(b, now, written):
+                return True
+        return False
 
-    def replayed(self) -> None:
-        if self.writes:
-            for mine, theirs in zip(self.tensors, self.saved):
-                if theirs is not _LEFT:
-                    self.backend.copy_(theirs, mine)
+    def state(self, which: list[int], taken: frozenset[int]) -> tuple[Any, ...]:
+        """What :meth:`check` decides on, hashable: each place's kind now (a tensor of ``taken`` by its identity)."""
+        b = self.backend
+        out = []
+        for i in which:
+            now = self.places[i].read()
+            out.append(("held", id(now)) if id(now) in taken else _kind(b, now) if now is not _GONE else "(deleted)")
+        return tuple(out)

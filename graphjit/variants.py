@@ -20,7 +20,6 @@ from . import absences, env, guards, renewals
 from .backends.base import Backend
 from .buffers import KeyEntry
 from .errors import CaptureError
-from .feeds import StepContext
 from .guards import READ_VALUES
 from .keys import CallSignature, Key
 from .stats import State
@@ -56,7 +55,7 @@ class ValueVariants(abc.ABC):
     history: KeyHistory
     lock: threading.RLock
     families: Families
-    step_feeds: dict[tuple[Any, ...], StepContext | None]
+    fed: dict[tuple[Any, ...], renewals.Fed]
 
     @abc.abstractmethod
     def strict(self) -> bool: ...
@@ -93,7 +92,9 @@ class ValueVariants(abc.ABC):
         base = sig.key
         for key in self.variants.get(base, ()):
             other = self.entries.get(key)
-            if other is not None and other is not entry and (other.check is None or other.check()):
+            if other is None or other is entry or (other.aliased is not None and other.fed_aliased(sig.tensors)):
+                continue
+            if other.check is None or other.check():
                 vsig = sig if key == base else sig.for_values(key, {})
                 if other.recheck is not None:
                     return self.recheck(other, vsig, instance, args, kwargs)
@@ -144,14 +145,15 @@ class ValueVariants(abc.ABC):
               kwargs: dict[str, Any]) -> Any:
         """A call of a key whose graph's only changed values are tensors rebound to new ones of the same kind
         (:func:`graphjit.renewals.renewable`): the key is captured again, now reading graphjit's own tensors at those
-        places, filled from the caller's before each call (:class:`graphjit.renewals.Renewed`, a part of the key's
-        step context from now on); this call is the capture's.  :data:`_NOT_RENEWED` where they are not such tensors,
-        for a graph found by other values than the arguments', one a counter's family serves, or under a tracer that
-        freezes what it read into its program (Paddle's AST translation): a graph per value.
-        A failed capture takes the part away again (the key runs as any key whose capture failed)."""
+        places, filled from the caller's before each replay (:class:`graphjit.renewals.Fed`, the key's from now on);
+        this call is the capture's.  :data:`_NOT_RENEWED` where they are not such tensors, for a graph found by other
+        values than the arguments', one with islands, one a counter's family serves, or under a tracer that freezes
+        what it read into its program (Paddle's AST translation): a graph per value.  A failed capture takes the
+        places back (the key runs as any key whose capture failed)."""
         guard = entry.guards
         if (guard is None or not (guard.pinned or guard.held) or sig.base is not None or entry.advances is not None
-                or entry.stats.state is not State.REPLAY or any(f.entry is entry for f in self.families.items)):
+                or entry.piecewise or entry.stats.state is not State.REPLAY
+                or any(f.entry is entry for f in self.families.items)):
             return _NOT_RENEWED
         backend = entry.inputs.backend
         if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
@@ -159,28 +161,26 @@ class ValueVariants(abc.ABC):
         found = renewals.renewable(guard, entry.warm, backend)
         if found is None:
             return _NOT_RENEWED
-        part = renewals.Renewed(backend, found)
-        before = self.step_feeds.get(sig.key)
-        step = before if before is not None else StepContext([])
-        paths = ", ".join(part.paths)
+        before = self.fed.get(sig.key)
+        fed = renewals.Fed(backend, found, {id(v) for v in guard.tensors()} | set(entry.warm.written), before)
+        paths = ", ".join(fed.paths[len(before.places) if before is not None else 0:])
         self.say_once(logging.INFO, "renewed:" + paths, "graphjit %s: %s was rebound to a new tensor of the same kind; "
                       "the graph is captured again to read a graphjit-owned copy, filled from the tensor there before "
-                      "each call (one device copy a call)", self.name, paths)
+                      "each replay (one device copy a call)", self.name, paths)
         with self.lock:
             del self.entries[sig.key]
             entry.release()
             entry.stats.reason = f"{renewals.REASON}: {paths}"
-            step.parts.append(part)
-            self.step_feeds[sig.key] = step
-            part.enter()  # (an enclosing enter of the step, the old graph's, did not enter it: its exit does nothing)
+            self.fed[sig.key] = fed
             try:
                 return self.capture_key(backend, entry.device, sig, entry.warm, instance, args, kwargs,
                                         entry.no_adopt)
             finally:
-                part.exit()
                 if sig.key not in self.entries:  # the capture failed: its calls run the function on their own
-                    step.parts.remove(part)
-                    self.step_feeds[sig.key] = before
+                    if before is None:
+                        self.fed.pop(sig.key, None)
+                    else:
+                        self.fed[sig.key] = before
 
     def class_value_read(self, backend: Backend, path: str, missing: str) -> None:
         """A value the function reads off a class (``path``) changed since a graph was captured, under a tracer whose

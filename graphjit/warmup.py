@@ -89,6 +89,9 @@ class Warmup:
     """Indices (in the key's tensor leaves) of the inputs the calls wrote in place."""
     drew_random: bool = False
     untracked: str | None = None
+    python_writes: bool = False
+    """A call rebound or stored a tensor, or changed a Python value the function reads (what renewing refuses:
+    :func:`graphjit.renewals.quiet`)."""
     blocked: Blocked | None = None
     sync_watched: bool = False  # a warmup run was watched for CPU-GPU syncs
     elsewhere_first: list[Path] = field(default_factory=list)
@@ -135,6 +138,7 @@ class Warmup:
         for t, path in obs.created:
             self.written.setdefault(id(t), (t, path))
         self.drew_random = self.drew_random or obs.drew_random
+        self.python_writes = self.python_writes or bool(obs.rebound or obs.added or obs.py_written)
         if obs.names is not None:
             self.names = obs.names if self.names is None else self.names | obs.names
             self.by_object = _by_object(self.by_object, obs.by_object)

@@ -99,9 +99,7 @@ def test_a_returned_fed_tensor_comes_back_as_the_callers_values(emu):
 
 
 def _parts(g):
-    state = g._self_state
-    return [p for step in state.step_feeds.values() if step is not None for p in step.parts
-            if isinstance(p, renewals.Renewed)]
+    return list(g._self_state.fed.values())
 
 
 @pytest.mark.parametrize("where", ["closure", "global"])
@@ -190,32 +188,35 @@ def test_a_slot_and_a_dict_rebuilt_every_call_are_not_fed(emu):
     assert g1.stats()["graphs"] >= 2, g1.report()
 
 
-def test_a_call_that_writes_the_fed_tensor_writes_the_callers_too():
-    """:class:`Renewed` alone, on plain tensors: a write inside the call (code its warmups did not run) reaches the
-    caller's tensor at the call's end, and after every replay from then on."""
+def test_fed_checks_the_kind_and_fills_graphjits_tensor():
+    """:class:`Fed` alone, on plain tensors: a tensor of the kind is copied in; another kind, or a tensor the graph
+    holds otherwise, fails the check and copies nothing; bound only inside :meth:`Fed.bound`, and the caller's again
+    inside :meth:`Fed.callers`."""
     from graphjit.backends.torch.graphs import TorchBackend
+    from graphjit.warmup import Warmup
 
     b = TorchBackend()
     holder = type("H", (), {})()
     holder.t = torch.zeros(3)
-    mine = torch.zeros(3)
-    part = renewals.Renewed(b, [(renewals.Place(holder, "t", True, ("h", (".", "t"))), holder.t, mine)])
+    other = torch.ones(3)
+    fed = renewals.Fed(b, [(renewals.Place(holder, "t", True, ("h", (".", "t"))), holder.t)], {id(other)})
+    (mine,) = fed.tensors
     theirs = holder.t = torch.full((3,), 2.0)
-    part.enter()
-    assert holder.t is mine and torch.equal(mine, theirs)
-    holder.t.add_(1.0)  # the call writes what it finds there
-    part.exit()
-    assert holder.t is theirs and torch.equal(theirs, torch.full((3,), 3.0)) and part.writes
-    part.enter()
-    mine.add_(1.0)  # a replay's write: no version counter moves
-    part.replayed()
-    part.exit()
-    assert torch.equal(theirs, torch.full((3,), 4.0))
-    holder.t = None  # another kind of value: left in place
-    part.enter()
-    assert holder.t is None
-    part.exit()
-    assert holder.t is None
+    assert fed.check([0], frozenset({id(other)})) and torch.equal(mine, theirs) and holder.t is theirs
+    for bad in (torch.zeros(4), torch.zeros(3, dtype=torch.float64), other, None):
+        holder.t = bad
+        mine.fill_(-1.0)
+        assert not fed.check([0], frozenset({id(other)})) and torch.equal(mine, torch.full((3,), -1.0))
+    holder.t = theirs
+    with fed.bound(Warmup(), True, []):
+        assert holder.t is mine and torch.equal(mine, theirs)
+        with fed.callers():
+            assert holder.t is theirs
+        assert holder.t is mine
+    assert holder.t is theirs
+    holder.t = other  # a tensor the graph holds otherwise: never bound in its stead
+    with fed.bound(Warmup(), True, []):
+        assert holder.t is other
 
 
 def test_writable_places():
@@ -260,3 +261,201 @@ def test_a_buffer_rebound_is_fed_and_the_module_keeps_the_callers(emu):
                 assert torch.equal(g(x), m.lin(x) + mine), (gen, g.report())
                 assert m.delta is mine and m.state_dict(keep_vars=True)["delta"] is mine
     assert _renewed(g) and g.stats()["graphs"] == 1 and not g.stats()["fallbacks"], g.report()
+
+
+def _eager_equal(make, calls, before=lambda i, m: None):
+    """``make()`` twice, one graphed: each call equal to eager (outputs and ``state(m)``), with ``before(i, m)`` run on
+    both first; the graphed function."""
+    m, r = make(), make()
+    g = graphjit.graphed(m)
+    with torch.no_grad():
+        for i in range(calls):
+            before(i, m)
+            before(i, r)
+            got, want = g(torch.ones(4)), r(torch.ones(4))
+            for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                assert torch.equal(a, b), (i, a, b, g.report())
+            assert all(torch.equal(a, b) for a, b in zip(m.state(), r.state())), (i, g.report())
+    return g, m
+
+
+class _Counter(torch.nn.Module):
+    """Counts its calls in a tensor it writes; reads ``delta``, which the caller may point at the counter."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = torch.zeros(4)
+        self.delta = torch.zeros(4)
+
+    def forward(self, x):
+        self.count.add_(1)
+        return x + self.delta
+
+    def state(self):
+        return [self.count, self.delta]
+
+
+def test_a_tensor_rebound_to_state_the_graph_writes_is_not_fed(emu):
+    """``m.delta = m.count`` (a tensor the call writes): graphjit's copy would miss the call's write, so it is not
+    fed: every call equals eager (before the fix: off by one on every call)."""
+
+    def before(i, m):
+        if i == 3:
+            m.delta = torch.full((4,), 5.0)
+        if i == 6:
+            m.delta = m.count
+
+    g, _m = _eager_equal(_Counter, 10, before)
+    assert g.stats()["replays"] >= 3, g.report()
+
+
+class _Picky(torch.nn.Module):
+    """Takes a fast path when its bias is its default tensor (compared by identity)."""
+
+    def __init__(self):
+        super().__init__()
+        self.default = torch.zeros(4)
+        self.bias = self.default
+        self.pre = torch.full((4,), 100.0)
+
+    def forward(self, x):
+        if self.bias is self.default:
+            return x + self.pre
+        return x + self.bias
+
+    def state(self):
+        return []
+
+
+@pytest.mark.parametrize("others", ["kept", "forgotten"])
+def test_code_that_compares_the_tensor_by_identity_equals_eager(emu, monkeypatch, others):
+    """``if self.bias is self.default`` after a custom bias was fed: the default (a tensor the graph holds otherwise)
+    is never bound in the fed place's stead (``kept``); where graphjit did not know it (``forgotten``), verify's
+    eager reference, run with the caller's tensor there, tells the graph apart and the key runs uncaptured."""
+    if others == "forgotten":
+        real = renewals.Fed.__init__
+
+        def init(self, *args, **kwargs):
+            real(self, *args, **kwargs)
+            self.others = frozenset()
+
+        monkeypatch.setattr(renewals.Fed, "__init__", init)
+
+    def before(i, m):
+        if i == 3:
+            m.bias = torch.full((4,), 1.0)
+        if i == 5:
+            m.bias = torch.full((4,), 2.0)
+        if i == 7:
+            m.bias = m.default
+
+    g, _m = _eager_equal(_Picky, 16, before)
+    assert _renewed(g), g.report()
+    if others == "forgotten":
+        assert "verify failed" in g.stats()["fallbacks"], g.report()
+
+
+class _Remembers(torch.nn.Module):
+    """Keeps the tensor it read in an island (run eagerly on every replay), or returns it."""
+
+    def __init__(self):
+        super().__init__()
+        self.delta = torch.zeros(4)
+        self.seen = None
+        self.scale = 1.0
+
+    def forward(self, x):
+        h = _remember(self, x + 1)
+        return h * self.scale + self.delta, self.delta
+
+    def state(self):
+        return [self.delta]
+
+
+@graphjit.eager
+def _remember(m, h):
+    m.seen = m.delta
+    return h * 1.0
+
+
+def test_python_that_runs_during_replays_or_warmups_only_finds_the_callers_tensor(emu):
+    """An island that stores ``m.delta`` (Python on every replay), and a read value changed after the renewal (its
+    warmups run eagerly): the tensor stored and the tensor returned are the caller's, never graphjit's."""
+
+    def before(i, m):
+        if i in (3, 6, 9):
+            m.delta = torch.full((4,), float(i))
+        if i == 7:
+            m.scale = 2.0
+
+    g, m = _eager_equal(_Remembers, 12, before)
+    assert m.seen is m.delta
+    _y, d = g(torch.ones(4))
+    assert d is m.delta or torch.equal(d, m.delta)
+    mine = {id(t) for f in _parts(g) for t in f.tensors}
+    assert id(m.seen) not in mine and id(d) not in mine
+
+
+class _Norm(torch.nn.Module):
+    """batch_norm's running mean (written without a version bump) on a plain attribute, updated when ``update``; its
+    running variance a buffer (where graphjit compares contents for such writes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rm = torch.zeros(4)
+        self.register_buffer("rv", torch.ones(4))
+        self.update = False
+
+    def forward(self, x):
+        return torch.nn.functional.batch_norm(x.view(1, 4).expand(8, 4) * torch.arange(8.0).view(8, 1),
+                                              self.rm, self.rv, training=self.update, momentum=0.5)
+
+    def state(self):
+        return [self.rm, self.rv]
+
+
+def test_a_fed_tensor_a_later_value_makes_the_call_write_is_written_in_the_callers(emu):
+    """``m.rm = loaded`` (fed), then ``m.update = True`` (a key of that value, whose calls write ``rm`` with a kernel
+    that moves no version counter): verify sees the graph write graphjit's tensor and refuses the capture; every
+    call's writes reach the caller's tensor, as eagerly."""
+
+    def before(i, m):
+        if i == 3:
+            m.rm = torch.full((4,), 0.5)
+        if i == 6:
+            m.update = True
+
+    g, _m = _eager_equal(_Norm, 12, before)
+    assert _renewed(g) and "verify failed" in g.stats()["fallbacks"], g.report()
+
+
+class _Bumps(torch.nn.Module):
+    """Writes its argument in place, then reads ``delta``, which the caller may point at that argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.delta = torch.zeros(4)
+
+    def forward(self, x):
+        x.add_(1.0)
+        return x + self.delta
+
+
+def test_a_fed_tensor_over_an_argument_the_call_writes_runs_uncaptured(emu):
+    """After ``delta`` was fed, ``m.delta = x`` (or a view of it) where the call writes ``x`` in place: graphjit's copy,
+    made before the replay, would miss the write, so such a call runs uncaptured, with its reason; each equals eager."""
+    m, r = _Bumps(), _Bumps()
+    g = graphjit.graphed(m)
+    xs_m, xs_r = [torch.zeros(8) for _ in range(2)], [torch.zeros(8) for _ in range(2)]
+    with torch.no_grad():
+        for i in range(12):
+            j = i % 2
+            for net, xs in ((m, xs_m), (r, xs_r)):
+                if i >= 4:
+                    net.delta = torch.full((4,), float(i))
+                if i >= 8:
+                    net.delta = xs[j][:4] if i % 2 == 0 else xs[j][4:]  # over the argument, or beside it
+            got, want = g(xs_m[j][:4]), r(xs_r[j][:4])
+            assert torch.equal(got, want) and torch.equal(xs_m[j], xs_r[j]), (i, got, want, g.report())
+    st = g.stats()
+    assert _renewed(g) and st["fallbacks"].get(renewals.ALIASED) == 2, g.report()
