@@ -56,7 +56,7 @@ from .labels import changed_argument, key_order, label_parts
 from .lane import MISS as LANE_MISS
 from .lane import LaneHolder
 from .leaves import leaves
-from .options import Options, check_callable, make_options
+from .options import GRAPHED_DOC, Options, check_callable, make_options
 from .output_checks import OutputChecks
 from .policy import Policy
 from .stats import FunctionStats, KeyStats, State
@@ -234,8 +234,6 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
     def captured(self, entry: KeyEntry, sig: CallSignature, settings: env.Settings, instance: Any,
                  args: tuple[Any, ...], kwargs: dict[str, Any], previous: tuple[Any, ...] | None) -> Any:
         """A call whose key has a graph: replayed while what the function read still holds."""
-        if entry.aliased is not None and entry.fed_aliased(sig.tensors):
-            return self.fallback(renewals.ALIASED, entry.inputs.backend, instance, args, kwargs, sig.key)
         if entry.check is not None and not entry.check():
             return self.values_changed(entry, sig, settings, instance, args, kwargs, previous)
         if entry.recheck is not None:
@@ -289,6 +287,9 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
         copy, handoff = self.copy_outputs, entry.handoff
         check = not copy and settings.check_outputs
         with self.lock:
+            feed = entry.feed  # tensors fed at places the caller rebinds (renewals.py): copied in, and back after
+            if feed is not None and not feed.fill(sig.tensors):
+                return self.fallback(feed.refused, entry.inputs.backend, instance, args, kwargs, sig.key)
             try:  # the graph's feed nodes take the call's tensors where they can (handoff.py), else copies
                 call = (args, kwargs)
                 result = handoff.replay(sig.tensors, copy or check, call) if handoff is not None else NOT_SERVED
@@ -301,6 +302,8 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
                 if poisoned is not None:
                     raise UnrecoverableCaptureError(f"{self.name}: {poisoned}") from exc
                 raise
+            if feed is not None:
+                feed.back()
         if entry.feeds is not None:
             entry.feeds.replayed()
         if adv is not None and targets is not None:  # the Python scalars the call would have advanced
@@ -562,16 +565,6 @@ class GraphedFunction(KeepsWrapped, wrapt.FunctionWrapper):  # type: ignore[misc
         return self._self_state.options
 
 
-_OPTION_DOC = """Capture ``fn`` into CUDA graphs keyed on its input signature, and replay them.
-
-    Usable bare (``@graphed``) or with options (``@graphed(buckets=...)``).  Options are validated
-    here (``ConfigError`` naming the option, and the closest valid name for a misspelt one); nothing
-    is traced or run until the first call.  Refused here too: generator and async functions, and
-    classmethod / staticmethod objects (put ``@graphed`` under them).  See the module docstring for
-    what a graph cannot capture.
-    """
-
-
 @overload
 def graphed(fn: F, *, backend: str = ..., tracer: str = ..., buckets: BucketsArg = ..., warmup: int = ...,
             max_graphs: int | None = ..., outputs: str = ..., verify: bool | None = ..., pool: str = ...,
@@ -591,7 +584,7 @@ def graphed(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     return _decorate(fn, options_)
 
 
-graphed.__doc__ = _OPTION_DOC
+graphed.__doc__ = GRAPHED_DOC
 
 
 def _decorate(fn: Callable[..., Any], options: Options) -> GraphedFunction:

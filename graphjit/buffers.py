@@ -33,6 +33,7 @@ from .backends.base import Backend, GraphHandle
 from .batch_copy import Batch
 from .handoff import NOT_SERVED, Handoff
 from .keys import CallSignature, Pad
+from .renewals import Feed
 from .tree import FRESH, KEEP, Call, Path, collect_tensors, places, rebuilder
 
 if TYPE_CHECKING:
@@ -354,8 +355,8 @@ class KeyEntry:
     What a replay does is decided here once: whether guards are checked first (:attr:`check`), whether the graph
     is piecewise (it then takes the call's dynamic values)."""
 
-    __slots__ = ("__weakref__", "advances", "aliased", "check", "device", "feeds", "graph", "guards", "handoff",
-                 "inputs", "lane", "lane_settings", "no_adopt", "outputs", "piecewise", "recheck", "stats", "warm")
+    __slots__ = ("__weakref__", "advances", "check", "device", "feed", "feeds", "graph", "guards", "handoff", "inputs",
+                 "lane", "lane_settings", "no_adopt", "outputs", "piecewise", "recheck", "stats", "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
                  no_adopt: frozenset[int], warm: Warmup, device: str, guard: GuardSet | None = None,
@@ -364,10 +365,9 @@ class KeyEntry:
         # What a replay checks first: every value the capture read still holds (None: nothing to check).
         self.check: Callable[[], bool] | None = (
             guard.holds if guard is not None and (len(guard) or guard.extra or guard.hooks) else None)
-        # the arguments the graph writes in place, where it reads a tensor graphjit feeds (renewals.py): a call whose
-        # fed tensor lies over one of them runs uncaptured (graphjit's copy would miss the write)
-        self.aliased: tuple[int, ...] | None = (tuple(sorted(warm.mutated_leaves)) if guard is not None
-                                                and guard.fed_which and warm.mutated_leaves else None)
+        # the copies of the tensors graphjit feeds the graph at places the caller rebinds, around each replay
+        self.feed = (Feed(guard.fed, guard.fed_which, guard.taken, tuple(sorted(warm.mutated_leaves)))
+                     if guard is not None and guard.fed is not None and guard.fed_which else None)
         self.graph = graph
         self.piecewise = piecewise  # a PiecewiseGraph: its islands read the call's dynamic values
         self.inputs = inputs
@@ -384,12 +384,6 @@ class KeyEntry:
         self.handoff = None if piecewise else Handoff.plan(inputs.backend, graph.feed, inputs, outputs, stats)
         self.lane: Any = None  # the replay lane's plan of this key (lane.py): None not made yet, False never
         self.lane_settings: Any = None  # the settings it was made under
-
-    def fed_aliased(self, tensors: Sequence[Any]) -> bool:
-        """A tensor graphjit feeds the graph lies over an argument of the call (``tensors``) that the graph writes."""
-        guard = self.guards
-        assert self.aliased is not None and guard is not None and guard.fed is not None
-        return guard.fed.aliased(guard.fed_which, [tensors[i] for i in self.aliased if i < len(tensors)])
 
     def replay(self, sig: CallSignature, copy: bool, call: Call | None) -> Any:
         """Load inputs, replay, copy mutations back, return outputs (``call``: the call's ``(args, kwargs)``, whose

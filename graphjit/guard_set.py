@@ -1,7 +1,7 @@
 """The check before every replay of a captured graph: the Python values its capture read (found by
 :func:`graphjit.guards.scan`) still what they were, in one pass (:class:`GuardSet`; :mod:`graphjit.guards` says what
 is guarded and why).  A tensor graphjit feeds the graph at a place the caller rebinds (:mod:`graphjit.renewals`) is
-checked there by kind and copied in, last, once everything else holds."""
+checked there by kind, last, once everything else holds (:class:`graphjit.renewals.Feed` copies it in)."""
 
 from __future__ import annotations
 
@@ -279,7 +279,7 @@ class GuardSet:
             return False
         if self.extra is not None and self.extra() is not None:
             return False
-        return not self.fed_which or self.fed.check(self.fed_which, self.taken)  # type: ignore[union-attr]
+        return not self.fed_which or self.fed.valid(self.fed_which, self.taken)  # type: ignore[union-attr]
 
     def differences(self) -> Iterator[tuple[str, str, str]]:
         """``(path, value at capture, value now or "(deleted)")`` of each guarded value that differs, in order."""

@@ -272,7 +272,7 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
     if settings.debug or settings.check_outputs:
         return None  # not under these settings (a call's plan is made again once they are read again)
     if (handoff is None or handoff.store_back is not None or handoff.broken or entry.recheck is not None
-            or entry.aliased is not None
+            or entry.feed is not None
             or entry.feeds is not None or state.dynamic is not None or len(sig.tensors) > mod.MAX_TENSORS):
         return False
     if not entry.stats.fed_replays:

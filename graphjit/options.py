@@ -96,3 +96,12 @@ def check_callable(fn: Any, already_graphed: tuple[type, ...]) -> None:
         raise ConfigError(f"graphed() got an async function ({getattr(target, '__qualname__', target)}): graph a "
                           "plain function that runs the GPU work, and await around it")
 
+
+GRAPHED_DOC = """Capture ``fn`` into CUDA graphs keyed on its input signature, and replay them.
+
+    Usable bare (``@graphed``) or with options (``@graphed(buckets=...)``).  Options are validated
+    here (``ConfigError`` naming the option, and the closest valid name for a misspelt one); nothing
+    is traced or run until the first call.  Refused here too: generator and async functions, and
+    classmethod / staticmethod objects (put ``@graphed`` under them).  See the module docstring for
+    what a graph cannot capture.
+    """

@@ -1,32 +1,37 @@
 """Tensors a graph reads off an attribute, a closure cell, a global or a Module's buffer that the caller rebinds to
-new ones of the same kind: read by the graph from a tensor graphjit owns, filled before each replay.
+new ones of the same kind: read by the graph from a tensor graphjit owns, copied in before each replay and back after.
 
 A graph reads such a tensor at its address, so the guards pin it by identity (:meth:`graphjit.guards.Scan.pin`; a
-Module's buffer is held by identity, which is where Paddle keeps any tensor set on a Layer). A model that stores a new
-one on itself before each run (Qwen2-VL's ``rope_deltas`` in transformers before 5.20, made anew by every
-``generate()``) would get a graph per tensor, each keeping its tensor alive, and after
-:data:`graphjit.variants.Drift.MAX_VALUES` of them would run uncaptured for good.  Instead, the first time every value
-that changed for a key's graph is such a tensor (:func:`renewable`), the key is captured again (:class:`Fed`): during
-that capture, and no other run of the function, each place holds a tensor graphjit owns, filled with the caller's; the
-graph reads it there, and its guards, instead of that tensor's identity, check that the caller's tensor at the place
-is still of its kind and copy it in (one device copy on the call's stream, before the replay's kernels:
-:meth:`graphjit.guard_set.GuardSet.holds`).  This is what ``torch.compile(mode="reduce-overhead")`` does for such a
-tensor: an input of its graph, copied in on each call.
+Module's buffer is held by identity). A model that stores a new one on itself before each run (Qwen2-VL's
+``rope_deltas`` in transformers before 5.20, made anew by every ``generate()``) would get a graph per tensor, each
+keeping its tensor alive, and after :data:`graphjit.variants.Drift.MAX_VALUES` of them would run uncaptured for good.
+Instead, the first time every value that changed for a key's graph is such a tensor (:func:`renewable`), the key is
+captured again (:class:`Fed`): during that capture, and no other run of the function, each place holds a tensor
+graphjit owns, filled with the caller's, so the graph reads and writes that one.  Its guards then check the caller's
+tensor at the place by kind instead of identity (:meth:`Fed.valid`), and each replay (:class:`Feed`, under the
+function's lock) copies the caller's tensor in before the graph and graphjit's back into it after: the caller's
+tensor ends as a run on it would leave it, whether or not the graph writes it.  This is what
+``torch.compile(mode="reduce-overhead")`` does for such a tensor: an input of its graph, copied in on each call.
 
-Guarantees: the caller's code, and every run of the function's Python (warmups, calls that run uncaptured, islands),
-only ever find the caller's own tensor there; a replay computes with the values the caller's tensor has at the call.
-A tensor there of another kind, or the very tensor another guard of the graph holds (code may compare the two by
-identity), fails the check: the call goes the way of any changed value.
+Guarantees: the caller's code, and every run of the function's Python (warmups, calls that run uncaptured, verify's
+eager reference, which the capture is compared with), only ever find the caller's own tensor there; a replay reads
+and writes the values the caller's tensor has.  A fed tensor must own its memory alone (no view of it, nor it of
+another tensor, is alive: :meth:`Backend.sole_storage`) and be none of the tensors the graph holds, pins or writes
+otherwise, nor an argument of the call it writes in place: the copies could not keep such an alias.  Else the check
+fails, and the call goes the way of any changed value (an argument it writes: uncaptured, :data:`ALIASED`).
 
 Refused (the key keeps a graph per tensor, as before): a change of anything else; a tensor of another type, shape,
-dtype, device, strides or ``requires_grad``, one that requires grad (autograd would lose its history), a parameter, an
-inference tensor; a key whose warmup calls wrote that tensor, wrote an argument in place, rebound or stored any
-tensor or changed a Python value the function reads (the graph would write graphjit's tensor, or the Python the
-replays skip would have stored the caller's), or could not tell what they wrote; a graph with islands (their Python
-runs on every replay); an entry of a list or dict the guards read again where its parent holds it (one rebuilt before
-every call would be fed at its old place); a place graphjit cannot write without running code of the owner's (a
-property, ``__slots__``, a class attribute); a key a counter's family serves (:mod:`graphjit.families`), and a tracer
-that freezes what it read into its program (Paddle's AST translation).
+dtype, device or strides, over :data:`MAX_BYTES`, one that requires grad (autograd would lose its history), a
+parameter, an inference tensor, a tensor on a framework that cannot say it owns its memory alone (Paddle); a key whose
+warmup calls rebound or stored any tensor or changed a Python value the function reads (the Python the replays skip
+would have stored the caller's), wrote that tensor, or could not tell what they wrote; a capture that is not verified;
+a graph with islands, ``dynamic=`` arguments or ``outputs="alias"`` (whose output could be graphjit's tensor); an
+entry of a list or dict the guards read again where its parent holds it (one rebuilt before every call would be fed
+at its old place); a place graphjit cannot write without running code of the owner's (a property, ``__slots__``, a
+class attribute); a place already fed; a key a counter's family serves (:mod:`graphjit.families`), and a tracer that
+freezes what it read into its program (Paddle's AST translation).  Not seen: Python that stores the tensor where no
+watch looks (a class attribute, an argument's attribute): it keeps the first one.  While such a key captures again,
+another thread reading the place finds graphjit's tensor.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import types
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,36 +103,16 @@ def writable(container: Any, key: Any, by_attr: bool) -> bool:
     return found is None or not hasattr(type(found), "__set__")
 
 
-ALIASED = "a tensor it reads is rebound to one the call writes"
+ALIASED = "a tensor it reads is rebound to an argument the call writes"
+CHANGED = "a tensor it reads was rebound while the call waited for another thread's"
+MAX_BYTES = 1 << 20
+"""The largest tensor graphjit feeds (two copies a replay); a larger one rebound gets a graph of its own."""
 
 
 def quiet(warm: Warmup) -> bool:
     """The key's warmup calls rebound or stored no tensor and changed no Python value the function reads, and could
     tell what they wrote: what renewing needs of them."""
     return warm.untracked is None and not warm.python_writes
-
-
-def _span(b: Backend, t: Any) -> tuple[int, int]:
-    """The bytes ``[start, end)`` a tensor's elements lie in (empty for no elements)."""
-    shape = b.shape(t)
-    n = 1
-    for d in shape:
-        n *= d
-    if n == 0:
-        return (0, 0)
-    start = b.data_ptr(t)
-    extent = 1 + sum((d - 1) * abs(s) for d, s in zip(shape, b.strides(t)))
-    return (start, start + extent * (b.nbytes(t) // n))
-
-
-def overlaps(b: Backend, t: Any, others: list[Any]) -> bool:
-    """``t``'s memory overlaps one of ``others``' (a tensor an argument of the call that it writes in place)."""
-    lo, hi = _span(b, t)
-    for o in others:
-        olo, ohi = _span(b, o)
-        if lo < ohi and olo < hi:
-            return True
-    return False
 
 
 def renewable(guard: GuardSet, warm: Warmup, backend: Backend) -> list[tuple[Place, Any]] | None:
@@ -157,28 +143,29 @@ def _kind(b: Backend, t: Any) -> tuple[Any, ...]:
 
 
 def _feedable(b: Backend, t: Any) -> bool:
-    """A tensor outside autograd, not a parameter, with a version counter (not an inference tensor, which takes no
-    copy outside inference mode), whose layout a clone keeps (a copy fills it exactly)."""
+    """A tensor of at most :data:`MAX_BYTES` outside autograd, not a parameter, with a version counter (not an
+    inference tensor, which takes no copy outside inference mode), owning its memory alone, whose layout a clone
+    keeps (a copy fills it exactly)."""
     return (isinstance(t, b.tensor_types()) and not b.is_parameter(t) and not b.requires_grad(t)
-            and b.version(t) is not None and b.strides(b.clone(t)) == b.strides(t))
+            and b.nbytes(t) <= MAX_BYTES and b.version(t) is not None and b.sole_storage(t)
+            and b.strides(b.clone(t)) == b.strides(t))
 
 
 class Fed:
     """The fed places of one key of the arguments (and of the keys of its values): graphjit's tensor for each, bound
-    there while the key, or one of its values, is captured (:meth:`bound`), and checked and filled before each replay
-    (:meth:`check`, which the graph's guards call)."""
+    there while the key, or one of its values, is captured (:meth:`bound`); :meth:`valid` is the graph's guard of the
+    places, :class:`Feed` their copies around each replay."""
 
-    __slots__ = ("backend", "filled", "kinds", "others", "places", "put", "tensors")
+    __slots__ = ("backend", "kinds", "others", "places", "put", "tensors")
 
-    def __init__(self, backend: Backend, found: list[tuple[Place, Any]], others: set[int],
+    def __init__(self, backend: Backend, found: list[tuple[Place, Any]], others: list[Any],
                  before: Fed | None = None) -> None:
-        """``found``: each place with the caller's tensor there now; ``others``: the ids of the other tensors the
-        renewed graph held, pinned or wrote (never bound in their stead: code may compare them by identity);
+        """``found``: each place with the caller's tensor there now; ``others``: the other tensors the renewed graph
+        held, pinned or wrote (never bound in their stead: code may compare them by identity), kept weakly;
         ``before``: the key's earlier places (a second renewal, at other places), whose tensors this keeps."""
         self.backend = backend
-        self.others: frozenset[int] = frozenset(others) | (before.others if before else frozenset())
+        self.others: list[weakref.ref[Any]] = [*(before.others if before else ()), *map(weakref.ref, others)]
         self.put: list[tuple[Place, Any, Any]] = []  # (place, graphjit's tensor, the caller's) while bound
-        self.filled: list[Any] = []  # a copy of what each of those was filled with
         self.places: list[Place] = [*(before.places if before else ()), *(place for place, _now in found)]
         self.tensors: list[Any] = [*(before.tensors if before else ()), *(backend.clone(now) for _place, now in found)]
         self.kinds: list[tuple[Any, ...]] = [*(before.kinds if before else ()),
@@ -188,41 +175,35 @@ class Fed:
     def paths(self) -> list[str]:
         return [describe(p.path) for p in self.places]
 
+    def feeds(self, container: Any, key: Any) -> bool:
+        """The place ``container[key]`` (or its attribute) is one of these."""
+        return any(p.container is container and p.key == key for p in self.places)
+
     @contextlib.contextmanager
     def bound(self, warm: Warmup, verified: bool, written: list[Any]) -> Iterator[None]:
-        """Around a capture of a key this serves: each place whose tensor graphjit can take (of its kind, not one of
-        :attr:`others` or a tensor ``warm``'s calls wrote, nor over the memory of ``written``, the call's arguments it
-        writes in place; from :func:`quiet` warmups, for a capture ``verified``, whose :meth:`written` check catches a
-        write no counter told) holds graphjit's tensor, filled from the caller's; after, the caller's is back (where
-        the place still holds graphjit's)."""
+        """Around a capture of a key this serves: each place whose tensor graphjit can take holds graphjit's tensor,
+        filled from the caller's; after, the caller's is back (where the place still holds graphjit's).  It can take
+        a tensor of the place's kind, owning its memory alone, that is none of :attr:`others`, of the tensors
+        ``warm``'s calls wrote and of ``written`` (the call's arguments they wrote in place), from :func:`quiet`
+        warmups, for a capture ``verified`` (compared with an eager run on the caller's tensor: :meth:`callers`)."""
         b = self.backend
         put = self.put = []
+        others = {id(t) for t in (r() for r in self.others) if t is not None} | set(warm.written)
+        others |= set(map(id, written))
         if quiet(warm) and verified:
             for place, mine, kind in zip(self.places, self.tensors, self.kinds):
                 now = place.read()
-                if (now is not mine and id(now) not in warm.written and id(now) not in self.others
-                        and _kind(b, now) == kind and not overlaps(b, now, written)):
+                if now is not mine and id(now) not in others and _kind(b, now) == kind and b.sole_storage(now):
                     b.copy_(mine, now)
                     place.put(mine)
                     put.append((place, mine, now))
-        self.filled = [b.clone(mine) for _place, mine, _now in put]
         try:
             yield
         finally:
-            self.put, self.filled = [], []
-            for place, mine, now in put:
+            self.put = []
+            for place, mine, now in reversed(put):
                 if place.read() is mine:
                     place.put(now)
-
-    def written(self) -> str | None:
-        """Inside :meth:`bound`, after verify's replay: which bound tensor of graphjit's the graph wrote (a kernel that
-        moves no version counter, as ``batch_norm``'s running statistics on a plain attribute), or None.  Such a
-        graph would never write the caller's tensor: the capture is refused."""
-        for (place, mine, _now), was in zip(self.put, self.filled):
-            if not self.backend.equal(mine, was):
-                return (f"it writes {describe(place.path)}, a tensor rebound between calls that graphjit fed it from a "
-                        "copy (a write no version counter told): its graph would never write the caller's tensor")
-        return None
 
     @contextlib.contextmanager
     def callers(self) -> Iterator[None]:
@@ -250,40 +231,65 @@ class Fed:
                 out.append((j, i))
         return out
 
-    def check(self, which: list[int], taken: frozenset[int]) -> bool:
-        """Before a replay: each place of ``which`` (indices into :attr:`places`) holds a tensor of its kind that is
-        not one of ``taken`` (the ids of the other tensors its graph holds or writes); if so, each is copied into
-        graphjit's tensor (one batched copy) and True."""
+    def valid(self, which: list[int], taken: frozenset[int]) -> bool:
+        """The guard of the places ``which`` (indices into :attr:`places`): each holds a tensor of its kind, owning its
+        memory alone, that is none of ``taken`` (the ids of the other tensors its graph holds, pins or writes)."""
         b = self.backend
-        srcs, dsts = [], []
         for i in which:
             now = self.places[i].read()
-            mine = self.tensors[i]
-            if now is mine:
-                continue
-            if now.__class__ is not self.kinds[i][0] or id(now) in taken or _kind(b, now) != self.kinds[i]:
+            if now.__class__ is not self.kinds[i][0] or id(now) in taken or _kind(b, now) != self.kinds[i] \
+                    or not b.sole_storage(now):
                 return False
-            srcs.append(now)
-            dsts.append(mine)
-        if srcs:
-            b.copy_many(dsts, srcs, grad_free=True)  # (neither side requires grad: _feedable)
         return True
 
-    def aliased(self, which: list[int], written: list[Any]) -> bool:
-        """A place of ``which`` holds a tensor over the memory of one of ``written`` (the call's arguments its graph
-        writes in place): graphjit's copy, made before the replay, would miss that write."""
-        b = self.backend
-        for i in which:
-            now = self.places[i].read()
-            if now is not _GONE and overlaps(b, now, written):
-                return True
-        return False
-
     def state(self, which: list[int], taken: frozenset[int]) -> tuple[Any, ...]:
-        """What :meth:`check` decides on, hashable: each place's kind now (a tensor of ``taken`` by its identity)."""
+        """What :meth:`valid` decides on, hashable: each place's kind now (a tensor of ``taken``, or one sharing its
+        memory, by its identity)."""
         b = self.backend
-        out = []
+        out: list[Any] = []
         for i in which:
             now = self.places[i].read()
-            out.append(("held", id(now)) if id(now) in taken else _kind(b, now) if now is not _GONE else "(deleted)")
+            if now is _GONE:
+                out.append("(deleted)")
+            elif id(now) in taken or (isinstance(now, b.tensor_types()) and not b.sole_storage(now)):
+                out.append(("held", id(now)))
+            else:
+                out.append(_kind(b, now))
         return tuple(out)
+
+
+class Feed:
+    """The copies of one graph's fed places around each of its replays (under the function's lock): the caller's
+    tensors in before (:meth:`fill`), graphjit's back into them after (:meth:`back`)."""
+
+    __slots__ = ("fed", "mutated", "refused", "taken", "theirs", "which")
+
+    def __init__(self, fed: Fed, which: list[int], taken: frozenset[int], mutated: tuple[int, ...]) -> None:
+        self.fed, self.which, self.taken, self.mutated = fed, which, taken, mutated
+        self.theirs: list[Any] = []
+        self.refused = ""  # why the last fill copied nothing
+
+    def fill(self, tensors: Sequence[Any]) -> bool:
+        """Before a replay of the call whose tensor leaves are ``tensors``: copy each place's tensor in and True; else
+        False, with :attr:`refused` saying why (:data:`ALIASED`: one is an argument the graph writes; :data:`CHANGED`:
+        a place changed since the guards held, on another thread)."""
+        fed = self.fed
+        if not fed.valid(self.which, self.taken):
+            self.refused = CHANGED
+            return False
+        theirs = [fed.places[i].read() for i in self.which]
+        if self.mutated:
+            args = {id(tensors[j]) for j in self.mutated if j < len(tensors)}
+            if any(id(t) in args for t in theirs):
+                self.refused = ALIASED
+                return False
+        fed.backend.copy_many([fed.tensors[i] for i in self.which], theirs, grad_free=True)  # (_feedable: no grad)
+        self.theirs = theirs
+        return True
+
+    def back(self) -> None:
+        """After that replay: graphjit's tensors back into the caller's (as the graph left them)."""
+        theirs, self.theirs = self.theirs, []
+        if theirs:
+            fed = self.fed
+            fed.backend.copy_many(theirs, [fed.tensors[i] for i in self.which], grad_free=True)

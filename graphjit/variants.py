@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import absences, env, guards, renewals
 from .backends.base import Backend
 from .buffers import KeyEntry
+from .capture import verify_fits
 from .errors import CaptureError
 from .guards import READ_VALUES
 from .keys import CallSignature, Key
@@ -56,6 +57,11 @@ class ValueVariants(abc.ABC):
     lock: threading.RLock
     families: Families
     fed: dict[tuple[Any, ...], renewals.Fed]
+    dynamic: Any
+    copy_outputs: bool
+
+    @abc.abstractmethod
+    def verify(self) -> bool: ...
 
     @abc.abstractmethod
     def strict(self) -> bool: ...
@@ -92,7 +98,7 @@ class ValueVariants(abc.ABC):
         base = sig.key
         for key in self.variants.get(base, ()):
             other = self.entries.get(key)
-            if other is None or other is entry or (other.aliased is not None and other.fed_aliased(sig.tensors)):
+            if other is None or other is entry:
                 continue
             if other.check is None or other.check():
                 vsig = sig if key == base else sig.for_values(key, {})
@@ -147,22 +153,27 @@ class ValueVariants(abc.ABC):
         (:func:`graphjit.renewals.renewable`): the key is captured again, now reading graphjit's own tensors at those
         places, filled from the caller's before each replay (:class:`graphjit.renewals.Fed`, the key's from now on);
         this call is the capture's.  :data:`_NOT_RENEWED` where they are not such tensors, for a graph found by other
-        values than the arguments', one with islands, one a counter's family serves, or under a tracer that freezes
-        what it read into its program (Paddle's AST translation): a graph per value.  A failed capture takes the
-        places back (the key runs as any key whose capture failed)."""
+        values than the arguments', one with islands, ``dynamic=`` arguments or ``outputs="alias"``, one a counter's
+        family serves, a capture verify would not check, a place already fed (its capture could not bind it), or
+        under a tracer that freezes what it read into its program (Paddle's AST translation): a graph per value.  A
+        failed capture takes the places back (the key runs as any key whose capture failed)."""
         guard = entry.guards
         if (guard is None or not (guard.pinned or guard.held) or sig.base is not None or entry.advances is not None
-                or entry.piecewise or entry.stats.state is not State.REPLAY
+                or entry.piecewise or entry.stats.state is not State.REPLAY or self.dynamic is not None
+                or not self.copy_outputs or not self.verify()
+                or not verify_fits(entry.stats.state_bytes, env.settings().verify_max_bytes)
                 or any(f.entry is entry for f in self.families.items)):
             return _NOT_RENEWED
         backend = entry.inputs.backend
         if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
             return _NOT_RENEWED  # its program keeps the tensor it read when it was made
         found = renewals.renewable(guard, entry.warm, backend)
-        if found is None:
-            return _NOT_RENEWED
         before = self.fed.get(sig.key)
-        fed = renewals.Fed(backend, found, {id(v) for v in guard.tensors()} | set(entry.warm.written), before)
+        if found is None or (before is not None and any(before.feeds(p.container, p.key) for p, _now in found)):
+            return _NOT_RENEWED
+        others = [t for t in (*guard.tensors(), *(t for t, _path in entry.warm.written.values()))
+                  if isinstance(t, backend.tensor_types())]
+        fed = renewals.Fed(backend, found, others, before)
         paths = ", ".join(fed.paths[len(before.places) if before is not None else 0:])
         self.say_once(logging.INFO, "renewed:" + paths, "graphjit %s: %s was rebound to a new tensor of the same kind; "
                       "the graph is captured again to read a graphjit-owned copy, filled from the tensor there before "

@@ -49,11 +49,16 @@ class WriteProbe:
     """The writes of one call to the tensors of a :class:`~graphjit.reach.Reach`.
 
     Guarantees: a tensor whose version counter moved is reported; with ``versions_complete`` False
-    (or for a tensor without a counter, or one the backend says kernels write without moving it: a module
-    buffer) a non-parameter tensor whose contents changed is reported too, as long as the copies fit
+    (or for a tensor without a counter, one the backend says kernels write without moving it: a module
+    buffer, or one of at most :data:`SMALL_BYTES`, where such a kernel's running statistics may sit in any
+    attribute) a non-parameter tensor whose contents changed is reported too, as long as the copies fit
     ``budget`` bytes.  Refuses nothing; :attr:`incomplete` says what
     it could not watch.
     """
+
+    SMALL_BYTES = 1 << 16
+    """Tensors up to this size are compared by contents too: ``F.batch_norm`` updates running statistics held in plain
+    attributes without moving their counters (before, verify's eager reference and its replay both updated them)."""
 
     def __init__(self, backend: Backend, reach: Reach, budget: int, unversioned: frozenset[int] = frozenset()) -> None:
         self.backend = backend
@@ -68,7 +73,8 @@ class WriteProbe:
             v = b.version(t)
             if v is not None:
                 self.versions.append((t, v))
-                if b.versions_complete and not b.version_blind(path) and id(t) not in unversioned:
+                if (b.versions_complete and not b.version_blind(path) and id(t) not in unversioned
+                        and b.nbytes(t) > self.SMALL_BYTES):
                     continue
             if b.is_parameter(t) and id(t) not in unversioned:
                 continue

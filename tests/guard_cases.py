@@ -1040,6 +1040,22 @@ def batchnorm_no_grad(device: str) -> Case:
     return Case(model, lambda i: (xs[i],), lambda i: None, lambda: list(model.buffers()), calls=8)
 
 
+def batchnorm_functional(device: str) -> Case:
+    """``F.batch_norm`` with running statistics in plain attributes (not buffers), in train mode under no_grad: the
+    kernel writes them without moving their version counters; before, graphjit did not see the write, so verify's
+    eager reference and its replay both updated them at the capture call."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 32).to(device)
+    stats = type("Stats", (), {})()
+    stats.mean, stats.var = torch.zeros(32, device=device), torch.ones(32, device=device)
+
+    def step(x):
+        return torch.nn.functional.batch_norm(lin(x), stats.mean, stats.var, training=True, momentum=0.3)
+
+    xs = _xs(device, 8, (16, 16))
+    return Case(step, lambda i: (xs[i],), lambda i: None, lambda: [stats.mean, stats.var], calls=8)
+
+
 # -- running a case ---------------------------------------------------------------------------------------------
 def run(make: Callable[[str], Case], device: str, graph: bool, check_each: bool = True,
         **options: Any) -> tuple[list[Any], list[list[torch.Tensor]], Any]:

@@ -64,8 +64,9 @@ def test_training_loops_equal_eager_after_every_call(name, tracer):
 
 
 @pytest.mark.parametrize("tracer", TRACERS)
-def test_batchnorm_running_statistics_equal_eager_after_every_call(tracer):
-    st, g = _check(cases.batchnorm_no_grad, tracer=tracer)
+@pytest.mark.parametrize("make", [cases.batchnorm_no_grad, cases.batchnorm_functional])
+def test_batchnorm_running_statistics_equal_eager_after_every_call(tracer, make):
+    st, g = _check(make, tracer=tracer)
     assert st["replays"] >= 5, g.report()
 
 

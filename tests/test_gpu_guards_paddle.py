@@ -115,10 +115,11 @@ def test_a_rebound_dict_that_picks_the_weight_is_read_anew(tracer):
 
 
 @pytest.mark.parametrize("tracer", ["eager", "sot"])
-def test_a_tensor_set_on_the_layer_anew_is_fed_to_one_graph(tracer):
+def test_a_tensor_set_on_the_layer_anew_equals_numpy_and_is_never_fed(tracer):
     """``layer.w = T(...)`` before every three calls, ten times (Paddle keeps a tensor set on a Layer as a buffer,
-    held by identity): from the first new tensor on, the graph reads graphjit's own tensor, filled from the Layer's
-    before each call (graphjit/renewals.py); between calls ``layer.w`` is the caller's, never written."""
+    held by identity): every call equals numpy and ``layer.w`` stays the caller's, never written.  graphjit does not
+    feed it (graphjit/renewals.py: Paddle cannot say a tensor owns its memory alone): a graph per tensor, then
+    uncaptured with the reason."""
     from graphjit import renewals
 
     rng = np.random.default_rng(3)
@@ -145,8 +146,4 @@ def test_a_tensor_set_on_the_layer_anew_is_fed_to_one_graph(tracer):
                 assert layer.w is mine
     for t, w in zip(kept, ws_np):
         assert np.array_equal(t.numpy(), w)
-    st = g.stats()
-    if tracer == "sot" and not st["replays"]:  # (Paddle 2.6's SOT may refuse to capture: equal is the promise then)
-        return
-    assert st["graphs"] == 1 and not st["fallbacks"], g.report()
-    assert any((k["reason"] or "").startswith(renewals.REASON) for k in st["keys"]), g.report()
+    assert not any((k["reason"] or "").startswith(renewals.REASON) for k in g.stats()["keys"]), g.report()

@@ -74,8 +74,9 @@ def test_training_loops_equal_eager_after_every_call(emu, name):
         assert any(r.startswith(guards.REASON) for r in st["fallbacks"]), g.report()
 
 
-def test_batchnorm_running_statistics_equal_eager_after_the_capture_call(emu):
-    st, g = _check(cases.batchnorm_no_grad)
+@pytest.mark.parametrize("make", [cases.batchnorm_no_grad, cases.batchnorm_functional])
+def test_batchnorm_running_statistics_equal_eager_after_the_capture_call(emu, make):
+    st, g = _check(make)
     assert st["replays"] >= 5, g.report()
 
 

@@ -318,6 +318,11 @@ class Backend(abc.ABC):
         version counter, so that warmup compares its contents too (torch's BatchNorm running statistics)."""
         return False
 
+    def sole_storage(self, t: Any) -> bool:
+        """True where no other tensor alive shares ``t``'s memory (no view of it, nor it a view): a copy of it can stand
+        for it (:mod:`graphjit.renewals`).  False where the framework cannot tell."""
+        return False
+
     def is_parameter(self, t: Any) -> bool:
         """True for a trainable parameter (``nn.Parameter``, Paddle's ``EagerParamBase``): a step
         graphjit captures does not write those, so they are never compared by contents."""
