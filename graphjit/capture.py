@@ -122,8 +122,7 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
     """
     if req.fed is None:
         return _build(req)
-    written = [req.sig.tensors[i] for i in sorted(req.warm.mutated_leaves) if i < len(req.sig.tensors)]
-    with req.fed.bound(req.warm, verify_plan(req) is None, written):
+    with req.fed.bound(req.warm, verify_plan(req) is None, list(req.sig.tensors)):
         return _build(req)
 
 

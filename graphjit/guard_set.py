@@ -101,7 +101,7 @@ class GuardSet:
         so the held tensors are compared only after the count moved; else before every replay.  ``hooks``: the
         module hooks of the capture (:mod:`graphjit.module_hooks`), one more part of the read values.  ``fed``: the
         places whose tensors graphjit feeds (:mod:`graphjit.renewals`): a held or pinned entry that holds graphjit's
-        tensor there is checked by kind and filled instead of compared by identity; ``written``: the ids of the
+        tensor there is checked by kind instead of compared by identity; ``written``: the ids of the
         tensors the key's calls write, which such a place must not hold."""
         self.hooks = hooks
         chosen = scan_.values()
@@ -154,7 +154,7 @@ class GuardSet:
         for (cid, key), (value, path) in scan_.values(pinned=True).items():
             box = scan_.pinned[cid]
             (by_attr if box.kind in ("attr", "cell") else self.pinned).append((box.container, key, value, path))
-        if fed is not None:  # graphjit's tensors at their places: checked by kind and filled (Fed.check)
+        if fed is not None:  # graphjit's tensors at their places: checked by kind (Fed.valid)
             self.fed_which = self._take_fed(fed, by_attr)
         self.taken = frozenset(id(v) for v in self.tensors()) | frozenset(written)
         self.pin_items = columns([e[:3] for e in self.pinned])

@@ -15,7 +15,8 @@ strict: strides are fixed, and a torch function mode sends back a call of a key 
 written, the same launch, the same result and the same counts (kept in the plan until :func:`flush` moves them into
 the stats, which every read of them does first).  Anything else is a miss: ``Plan.run`` returns :data:`MISS` having
 changed nothing, and the Python path decides the call.  The lane never serves a call with keyword arguments,
-``dynamic=`` arguments, buckets, a step context (training), a recheck to make, inputs the graph writes back, settings
+``dynamic=`` arguments, buckets, a step context (training), a recheck to make, inputs the graph writes back, tensors
+fed at places the caller rebinds (:mod:`graphjit.renewals`), settings
 read again since the plan (``env.refresh``), ``GRAPHJIT_DEBUG`` or ``GRAPHJIT_CHECK_OUTPUTS``, nor a call inside
 another graphed call.
 

@@ -9,22 +9,27 @@ Instead, the first time every value that changed for a key's graph is such a ten
 captured again (:class:`Fed`): during that capture, and no other run of the function, each place holds a tensor
 graphjit owns, filled with the caller's, so the graph reads and writes that one.  Its guards then check the caller's
 tensor at the place by kind instead of identity (:meth:`Fed.valid`), and each replay (:class:`Feed`, under the
-function's lock) copies the caller's tensor in before the graph and graphjit's back into it after: the caller's
-tensor ends as a run on it would leave it, whether or not the graph writes it.  This is what
+function's lock) copies the caller's tensor in before the graph and graphjit's back into it after, its version counter
+put back (the only writes a fed graph can make are ones no counter tells, as ``.data`` or ``batch_norm``'s statistics,
+which move none eagerly either): the caller's tensor ends as a run on it would leave it.  This is what
 ``torch.compile(mode="reduce-overhead")`` does for such a tensor: an input of its graph, copied in on each call.
 
 Guarantees: the caller's code, and every run of the function's Python (warmups, calls that run uncaptured, verify's
 eager reference, which the capture is compared with), only ever find the caller's own tensor there; a replay reads
-and writes the values the caller's tensor has.  A fed tensor must own its memory alone (no view of it, nor it of
-another tensor, is alive: :meth:`Backend.sole_storage`) and be none of the tensors the graph holds, pins or writes
-otherwise, nor an argument of the call it writes in place: the copies could not keep such an alias.  Else the check
-fails, and the call goes the way of any changed value (an argument it writes: uncaptured, :data:`ALIASED`).
+and writes the values the caller's tensor has.  At each call a fed place must hold a tensor of its kind with a version
+counter, owning its memory alone (no view of it, nor it of another tensor, is alive: :meth:`Backend.sole_storage`),
+none of the tensors the graph holds, pins or writes otherwise (code may compare them by identity); else the guards
+fail and the call goes the way of any changed value.  A tensor that is an argument of the call, that is at two fed
+places, or that lies over memory the graph writes (two tensors over one memory: ``from_numpy`` twice) runs the call
+uncaptured (:data:`ALIASED`): the copies could not keep such an alias, nor code its identity.
 
 Refused (the key keeps a graph per tensor, as before): a change of anything else; a tensor of another type, shape,
-dtype, device or strides, over :data:`MAX_BYTES`, one that requires grad (autograd would lose its history), a
-parameter, an inference tensor, a tensor on a framework that cannot say it owns its memory alone (Paddle); a key whose
-warmup calls rebound or stored any tensor or changed a Python value the function reads (the Python the replays skip
-would have stored the caller's), wrote that tensor, or could not tell what they wrote; a capture that is not verified;
+dtype, device or strides, on another device than the graph's (a CUDA graph keeps a CPU scalar's value from its
+capture), over :data:`MAX_BYTES`, one that requires grad (autograd would lose its history), a parameter, an inference
+tensor, a tensor of a framework that cannot say it owns its memory alone or put a version counter back (Paddle); a
+key whose warmup calls rebound or stored any tensor or changed a Python value the function reads (the Python the
+replays skip would have stored the caller's), wrote that tensor, or could not tell what they wrote; a capture that is
+not verified;
 a graph with islands, ``dynamic=`` arguments or ``outputs="alias"`` (whose output could be graphjit's tensor); an
 entry of a list or dict the guards read again where its parent holds it (one rebuilt before every call would be fed
 at its old place); a place graphjit cannot write without running code of the owner's (a property, ``__slots__``, a
@@ -103,7 +108,7 @@ def writable(container: Any, key: Any, by_attr: bool) -> bool:
     return found is None or not hasattr(type(found), "__set__")
 
 
-ALIASED = "a tensor it reads is rebound to an argument the call writes"
+ALIASED = "a tensor it reads is rebound to an argument of the call or to memory the graph writes"
 CHANGED = "a tensor it reads was rebound while the call waited for another thread's"
 MAX_BYTES = 1 << 20
 """The largest tensor graphjit feeds (two copies a replay); a larger one rebound gets a graph of its own."""
@@ -115,10 +120,23 @@ def quiet(warm: Warmup) -> bool:
     return warm.untracked is None and not warm.python_writes
 
 
-def renewable(guard: GuardSet, warm: Warmup, backend: Backend) -> list[tuple[Place, Any]] | None:
+def span(b: Backend, t: Any) -> tuple[int, int]:
+    """The bytes ``[start, end)`` a tensor's elements lie in (empty for no elements)."""
+    shape = b.shape(t)
+    n = 1
+    for d in shape:
+        n *= d
+    if n == 0:
+        return (0, 0)
+    start = b.data_ptr(t)
+    extent = 1 + sum((d - 1) * abs(s) for d, s in zip(shape, b.strides(t)))
+    return (start, start + extent * (b.nbytes(t) // n))
+
+
+def renewable(guard: GuardSet, warm: Warmup, backend: Backend, device: str) -> list[tuple[Place, Any]] | None:
     """Where every value that differs from ``guard``'s capture is a held or pinned tensor rebound to one graphjit can
-    feed, from a key whose warmups were :func:`quiet` (the module docstring says which): each place with the caller's
-    tensor now; else None."""
+    feed, on the graph's ``device``, from a key whose warmups were :func:`quiet` (the module docstring says which):
+    each place with the caller's tensor now; else None."""
     if not quiet(warm):
         return None
     rebound = guard.rebound_tensors()
@@ -132,7 +150,8 @@ def renewable(guard: GuardSet, warm: Warmup, backend: Backend) -> list[tuple[Pla
     for container, key, by_attr, linked, was, now, path in rebound:
         if linked or id(was) in warm.written or id(now) in taken or not writable(container, key, by_attr):
             return None
-        if _kind(backend, now) != _kind(backend, was) or not _feedable(backend, now):
+        if _kind(backend, now) != _kind(backend, was) or not _feedable(backend, now) \
+                or backend.device_str(now) != device:  # (a CUDA graph keeps a CPU scalar's value from its capture)
             return None
         out.append((Place(container, key, by_attr, path), now))
     return out
@@ -146,9 +165,9 @@ def _feedable(b: Backend, t: Any) -> bool:
     """A tensor of at most :data:`MAX_BYTES` outside autograd, not a parameter, with a version counter (not an
     inference tensor, which takes no copy outside inference mode), owning its memory alone, whose layout a clone
     keeps (a copy fills it exactly)."""
-    return (isinstance(t, b.tensor_types()) and not b.is_parameter(t) and not b.requires_grad(t)
-            and b.nbytes(t) <= MAX_BYTES and b.version(t) is not None and b.sole_storage(t)
-            and b.strides(b.clone(t)) == b.strides(t))
+    return (isinstance(t, b.tensor_types()) and b.versions_settable and not b.is_parameter(t)
+            and not b.requires_grad(t) and b.nbytes(t) <= MAX_BYTES and b.version(t) is not None
+            and b.sole_storage(t) and b.strides(b.clone(t)) == b.strides(t))
 
 
 class Fed:
@@ -184,8 +203,9 @@ class Fed:
         """Around a capture of a key this serves: each place whose tensor graphjit can take holds graphjit's tensor,
         filled from the caller's; after, the caller's is back (where the place still holds graphjit's).  It can take
         a tensor of the place's kind, owning its memory alone, that is none of :attr:`others`, of the tensors
-        ``warm``'s calls wrote and of ``written`` (the call's arguments they wrote in place), from :func:`quiet`
-        warmups, for a capture ``verified`` (compared with an eager run on the caller's tensor: :meth:`callers`)."""
+        ``warm``'s calls wrote and of ``written`` (the call's tensor arguments), nor at another place taken, from
+        :func:`quiet` warmups, for a capture ``verified`` (compared with an eager run on the caller's tensor:
+        :meth:`callers`)."""
         b = self.backend
         put = self.put = []
         others = {id(t) for t in (r() for r in self.others) if t is not None} | set(warm.written)
@@ -197,6 +217,7 @@ class Fed:
                     b.copy_(mine, now)
                     place.put(mine)
                     put.append((place, mine, now))
+                    others.add(id(now))  # (one tensor at two places: the second keeps it, as code may compare them)
         try:
             yield
         finally:
@@ -232,13 +253,14 @@ class Fed:
         return out
 
     def valid(self, which: list[int], taken: frozenset[int]) -> bool:
-        """The guard of the places ``which`` (indices into :attr:`places`): each holds a tensor of its kind, owning its
-        memory alone, that is none of ``taken`` (the ids of the other tensors its graph holds, pins or writes)."""
+        """The guard of the places ``which`` (indices into :attr:`places`): each holds a tensor of its kind (not an
+        inference tensor), owning its memory alone, that is none of ``taken`` (the ids of the other tensors its graph
+        holds, pins or writes)."""
         b = self.backend
         for i in which:
             now = self.places[i].read()
             if now.__class__ is not self.kinds[i][0] or id(now) in taken or _kind(b, now) != self.kinds[i] \
-                    or not b.sole_storage(now):
+                    or b.version(now) is None or not b.sole_storage(now):
                 return False
         return True
 
@@ -260,36 +282,69 @@ class Fed:
 
 class Feed:
     """The copies of one graph's fed places around each of its replays (under the function's lock): the caller's
-    tensors in before (:meth:`fill`), graphjit's back into them after (:meth:`back`)."""
+    tensors in before (:meth:`fill`), graphjit's back into them after (:meth:`back`, their version counters as they
+    were: a write no counter tells, which is the only kind a fed graph can make, moves none eagerly either).
 
-    __slots__ = ("fed", "mutated", "refused", "taken", "theirs", "which")
+    ``written``: the tensors the graph writes besides its arguments (their memory is fixed while it lives);
+    ``mutated``: the indices of the arguments it writes in place."""
 
-    def __init__(self, fed: Fed, which: list[int], taken: frozenset[int], mutated: tuple[int, ...]) -> None:
+    __slots__ = ("args", "fed", "mutated", "refused", "spans", "taken", "theirs", "which")
+
+    def __init__(self, fed: Fed, which: list[int], taken: frozenset[int], written: list[Any],
+                 mutated: tuple[int, ...]) -> None:
         self.fed, self.which, self.taken, self.mutated = fed, which, taken, mutated
+        self.spans = [span(fed.backend, t) for t in written]
+        self.args: dict[int, tuple[Any, tuple[int, int]]] = {}  # argument index -> (tensor, its span) last seen
         self.theirs: list[Any] = []
         self.refused = ""  # why the last fill copied nothing
 
     def fill(self, tensors: Sequence[Any]) -> bool:
         """Before a replay of the call whose tensor leaves are ``tensors``: copy each place's tensor in and True; else
-        False, with :attr:`refused` saying why (:data:`ALIASED`: one is an argument the graph writes; :data:`CHANGED`:
-        a place changed since the guards held, on another thread)."""
+        False, with :attr:`refused` saying why (:data:`ALIASED`: one is an argument of the call, one tensor is at two
+        places, or one lies over memory the graph writes; :data:`CHANGED`: a place changed since the guards held, on
+        another thread)."""
         fed = self.fed
         if not fed.valid(self.which, self.taken):
             self.refused = CHANGED
             return False
         theirs = [fed.places[i].read() for i in self.which]
-        if self.mutated:
-            args = {id(tensors[j]) for j in self.mutated if j < len(tensors)}
-            if any(id(t) in args for t in theirs):
-                self.refused = ALIASED
-                return False
+        ids = {id(t) for t in theirs}
+        if len(ids) < len(theirs) or not ids.isdisjoint(map(id, tensors)) or self._over_written(theirs, tensors):
+            self.refused = ALIASED
+            return False
         fed.backend.copy_many([fed.tensors[i] for i in self.which], theirs, grad_free=True)  # (_feedable: no grad)
         self.theirs = theirs
         return True
 
+    def _over_written(self, theirs: list[Any], tensors: Sequence[Any]) -> bool:
+        """One of ``theirs`` lies over memory the graph writes (two tensors over one memory: ``from_numpy`` or
+        ``from_dlpack`` twice), which its copy would not follow."""
+        spans = self.spans
+        if self.mutated:
+            b, seen = self.fed.backend, self.args
+            spans = list(spans)
+            for j in self.mutated:
+                if j < len(tensors):
+                    t = tensors[j]
+                    last = seen.get(j)
+                    if last is None or last[0] is not t:  # (an argument passed again: its span as it was)
+                        last = seen[j] = (t, span(b, t))
+                    spans.append(last[1])
+        if not spans:
+            return False
+        b = self.fed.backend
+        for t in theirs:
+            lo, hi = span(b, t)
+            if any(lo < end and start < hi for start, end in spans):
+                return True
+        return False
+
     def back(self) -> None:
-        """After that replay: graphjit's tensors back into the caller's (as the graph left them)."""
+        """After that replay: graphjit's tensors back into the caller's (as the graph left them), the caller's version
+        counters as they were."""
         theirs, self.theirs = self.theirs, []
         if theirs:
-            fed = self.fed
-            fed.backend.copy_many(theirs, [fed.tensors[i] for i in self.which], grad_free=True)
+            b = self.fed.backend
+            versions = [b.version(t) for t in theirs]
+            b.copy_many(theirs, [self.fed.tensors[i] for i in self.which], grad_free=True)
+            b.set_versions(theirs, versions)

@@ -167,7 +167,7 @@ class ValueVariants(abc.ABC):
         backend = entry.inputs.backend
         if not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):
             return _NOT_RENEWED  # its program keeps the tensor it read when it was made
-        found = renewals.renewable(guard, entry.warm, backend)
+        found = renewals.renewable(guard, entry.warm, backend, entry.device)
         before = self.fed.get(sig.key)
         if found is None or (before is not None and any(before.feeds(p.container, p.key) for p, _now in found)):
             return _NOT_RENEWED
@@ -176,8 +176,8 @@ class ValueVariants(abc.ABC):
         fed = renewals.Fed(backend, found, others, before)
         paths = ", ".join(fed.paths[len(before.places) if before is not None else 0:])
         self.say_once(logging.INFO, "renewed:" + paths, "graphjit %s: %s was rebound to a new tensor of the same kind; "
-                      "the graph is captured again to read a graphjit-owned copy, filled from the tensor there before "
-                      "each replay (one device copy a call)", self.name, paths)
+                      "the graph is captured again to read a graphjit-owned copy, copied in from the tensor there "
+                      "before each replay and back after (two device copies a call)", self.name, paths)
         with self.lock:
             del self.entries[sig.key]
             entry.release()

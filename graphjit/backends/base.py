@@ -318,6 +318,12 @@ class Backend(abc.ABC):
         version counter, so that warmup compares its contents too (torch's BatchNorm running statistics)."""
         return False
 
+    versions_settable = False
+    """:meth:`set_versions` puts version counters back (what feeding a rebound tensor needs: graphjit/renewals.py)."""
+
+    def set_versions(self, tensors: Sequence[Any], versions: Sequence[int | None]) -> None:  # noqa: B027 - optional
+        """Put ``tensors``' version counters back to ``versions`` (after a copy that stands for no write)."""
+
     def sole_storage(self, t: Any) -> bool:
         """True where no other tensor alive shares ``t``'s memory (no view of it, nor it a view): a copy of it can stand
         for it (:mod:`graphjit.renewals`).  False where the framework cannot tell."""

@@ -24,7 +24,7 @@ from ...errors import BackendError, CaptureError
 from ...feeds import StepContext
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, LaneParts, Segments, collector_paused, segments_open
 from . import device as cuda_device
-from . import dynamo, hooks, rebinds, workspaces
+from . import dynamo, hooks, rebinds, versions, workspaces
 from . import feed as feed_mod
 from . import modes as torch_modes
 from .breaks import dynamo_off, shield
@@ -336,14 +336,9 @@ class TorchBackend(Backend):
     def is_parameter(self, t: Any) -> bool:
         return isinstance(t, torch.nn.Parameter)
 
-    def sole_storage(self, t: Any) -> bool:
-        """One tensor alone refers to its storage (c10's use count, read as for a tensor nothing else shares)."""
-        if _USE_COUNT is None or t._base is not None:
-            return False
-        try:
-            return bool(_USE_COUNT(t.untyped_storage()._cdata) == _SOLE)
-        except Exception:
-            return False
+    versions_settable = versions.SETTABLE
+    set_versions = staticmethod(versions.set_versions)
+    sole_storage = staticmethod(versions.sole_storage)
 
     def tensor_state(self, t: Any) -> tuple[tuple[str, Any], ...]:
         """A leaf that requires grad holds its ``.grad``: backward accumulates into it (a write),
@@ -539,20 +534,6 @@ _SYNC_WATCHER = SyncWatcher(torch.cuda.get_sync_debug_mode, torch.cuda.set_sync_
 _TensorGuards: Any = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None)
 
 
-def _sole_count() -> tuple[Callable[[int], int] | None, int]:
-    """torch's storage use count and what it reads for a storage one tensor alone refers to (the storage object the
-    read makes counts too), or ``(None, 0)`` where this torch has no such count."""
-    count = getattr(torch._C, "_storage_Use_Count", None)
-    if count is None:
-        return None, 0
-    try:
-        alone = torch.zeros(1)
-        return count, int(count(alone.untyped_storage()._cdata))
-    except Exception:
-        return None, 0
-
-
-_USE_COUNT, _SOLE = _sole_count()
 def _float64(t: Any) -> Any:
     """``t`` in float64; a complex tensor as its real and imaginary parts (``.double()`` drops the imaginary part)."""
     t = t.detach()
