@@ -56,7 +56,7 @@ from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
 from .pystate import PyState, copy_or_none, dynamic_roots, second_run
 from .reach import addresses, describe, moved, rebinds, walk
-from .renewals import Fed
+from .renewals import WRITTEN, Fed
 from .sites import in_traceback
 from .stats import KeyStats, State
 from .tree import structure
@@ -123,7 +123,12 @@ def build(req: BuildRequest) -> tuple[KeyEntry, Any]:
     if req.fed is None:
         return _build(req)
     with req.fed.bound(req.warm, verify_plan(req) is None, list(req.sig.tensors)):
-        return _build(req)
+        entry, result = _build(req)
+        written = req.fed.counted()
+        if written is not None:  # (verify's eager reference wrote the caller's tensor: the call's own run)
+            entry.release()
+            raise VerifyError(f"{req.fn_name} {req.stats.label}: {written}", reason=WRITTEN).after_run(result)
+        return entry, result
 
 
 def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:

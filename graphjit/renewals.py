@@ -110,6 +110,7 @@ def writable(container: Any, key: Any, by_attr: bool) -> bool:
 
 ALIASED = "a tensor it reads is rebound to an argument of the call or to memory the graph writes"
 CHANGED = "a tensor it reads was rebound while the call waited for another thread's"
+WRITTEN = "it writes a tensor fed at a place the caller rebinds"
 MAX_BYTES = 1 << 20
 """The largest tensor graphjit feeds (two copies a replay); a larger one rebound gets a graph of its own."""
 
@@ -175,7 +176,7 @@ class Fed:
     there while the key, or one of its values, is captured (:meth:`bound`); :meth:`valid` is the graph's guard of the
     places, :class:`Feed` their copies around each replay."""
 
-    __slots__ = ("backend", "kinds", "others", "places", "put", "tensors")
+    __slots__ = ("backend", "kinds", "others", "places", "put", "tensors", "versions")
 
     def __init__(self, backend: Backend, found: list[tuple[Place, Any]], others: list[Any],
                  before: Fed | None = None) -> None:
@@ -185,6 +186,7 @@ class Fed:
         self.backend = backend
         self.others: list[weakref.ref[Any]] = [*(before.others if before else ()), *map(weakref.ref, others)]
         self.put: list[tuple[Place, Any, Any]] = []  # (place, graphjit's tensor, the caller's) while bound
+        self.versions: list[int | None] = []  # graphjit's tensors' version counters once bound
         self.places: list[Place] = [*(before.places if before else ()), *(place for place, _now in found)]
         self.tensors: list[Any] = [*(before.tensors if before else ()), *(backend.clone(now) for _place, now in found)]
         self.kinds: list[tuple[Any, ...]] = [*(before.kinds if before else ()),
@@ -218,6 +220,7 @@ class Fed:
                     place.put(mine)
                     put.append((place, mine, now))
                     others.add(id(now))  # (one tensor at two places: the second keeps it, as code may compare them)
+        self.versions = [b.version(mine) for _place, mine, _now in put]
         try:
             yield
         finally:
@@ -225,6 +228,17 @@ class Fed:
             for place, mine, now in reversed(put):
                 if place.read() is mine:
                     place.put(now)
+
+    def counted(self) -> str | None:
+        """Inside :meth:`bound`, after the build: which of graphjit's tensors bound the capture wrote with an op that
+        moves its version counter (code the key's warmups ran on another tensor there), or None.  Such a graph is
+        refused: its replays would write graphjit's tensor where an eager run moves the caller's counter."""
+        b = self.backend
+        for (place, mine, _now), version in zip(self.put, self.versions):
+            if b.version(mine) != version:
+                return (f"it writes {describe(place.path)} in place, a tensor the caller rebinds that graphjit feeds "
+                        "it (the key's warmups wrote another tensor there): such a call runs uncaptured")
+        return None
 
     @contextlib.contextmanager
     def callers(self) -> Iterator[None]:
@@ -288,13 +302,12 @@ class Feed:
     ``written``: the tensors the graph writes besides its arguments (their memory is fixed while it lives);
     ``mutated``: the indices of the arguments it writes in place."""
 
-    __slots__ = ("args", "fed", "mutated", "refused", "spans", "taken", "theirs", "which")
+    __slots__ = ("fed", "mutated", "refused", "spans", "taken", "theirs", "which")
 
     def __init__(self, fed: Fed, which: list[int], taken: frozenset[int], written: list[Any],
                  mutated: tuple[int, ...]) -> None:
         self.fed, self.which, self.taken, self.mutated = fed, which, taken, mutated
         self.spans = [span(fed.backend, t) for t in written]
-        self.args: dict[int, tuple[Any, tuple[int, int]]] = {}  # argument index -> (tensor, its span) last seen
         self.theirs: list[Any] = []
         self.refused = ""  # why the last fill copied nothing
 
@@ -304,6 +317,7 @@ class Feed:
         places, or one lies over memory the graph writes; :data:`CHANGED`: a place changed since the guards held, on
         another thread)."""
         fed = self.fed
+        self.theirs = []
         if not fed.valid(self.which, self.taken):
             self.refused = CHANGED
             return False
@@ -319,20 +333,12 @@ class Feed:
     def _over_written(self, theirs: list[Any], tensors: Sequence[Any]) -> bool:
         """One of ``theirs`` lies over memory the graph writes (two tensors over one memory: ``from_numpy`` or
         ``from_dlpack`` twice), which its copy would not follow."""
+        b = self.fed.backend
         spans = self.spans
-        if self.mutated:
-            b, seen = self.fed.backend, self.args
-            spans = list(spans)
-            for j in self.mutated:
-                if j < len(tensors):
-                    t = tensors[j]
-                    last = seen.get(j)
-                    if last is None or last[0] is not t:  # (an argument passed again: its span as it was)
-                        last = seen[j] = (t, span(b, t))
-                    spans.append(last[1])
+        if self.mutated:  # (each call: an argument passed again may have moved, set_ or resize_)
+            spans = [*spans, *(span(b, tensors[j]) for j in self.mutated if j < len(tensors))]
         if not spans:
             return False
-        b = self.fed.backend
         for t in theirs:
             lo, hi = span(b, t)
             if any(lo < end and start < hi for start, end in spans):

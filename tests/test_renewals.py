@@ -571,3 +571,62 @@ def test_an_inference_tensor_put_at_a_fed_place_is_not_fed(emu):
             m.delta = torch.full((1, 4), 7.0 + gen)
         with torch.no_grad():
             assert torch.equal(g(x), m.lin(x) + m.delta), g.report()
+
+
+class _Halves(torch.nn.Module):
+    """Reads ``delta``; once ``update`` is set, halves it in place first (an ordinary, counted write)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+        self.delta = torch.zeros(4)
+        self.update = False
+
+    def forward(self, x):
+        if self.update:
+            self.delta.mul_(0.5)
+        return self.lin(x) + self.delta
+
+
+def test_a_key_of_other_values_that_writes_the_fed_tensor_is_never_fed(emu):
+    """``delta`` fed to the key of ``update=False``; then ``update=True`` (a key of that value whose calls halve
+    ``delta``) with ``delta`` rebound before every call: that key's capture would write graphjit's tensor, so it runs
+    uncaptured with its reason; outputs, state and version counters equal eager's, so a backward through a tensor
+    autograd saved before the call fails as it does eagerly."""
+    m, r = _Halves(), _Halves()
+    g = graphjit.graphed(m)
+    x = torch.ones(2, 4)
+    for i in range(14):
+        for net in (m, r):
+            net.delta = torch.full((4,), float(i))
+            net.update = net.update or i == 6
+        with torch.no_grad():
+            got, want = g(x), r(x)
+        assert torch.equal(got, want) and torch.equal(m.delta, r.delta), (i, g.report())
+        assert m.delta._version == r.delta._version, (i, g.report())
+    assert _renewed(g) and g.stats()["fallbacks"].get(renewals.WRITTEN), g.report()
+
+
+def test_an_argument_moved_under_the_same_object_is_still_seen_over_the_fed_tensor(emu):
+    """The call writes its argument in place (fresh ones first, so graphjit copies it through a buffer of its own);
+    then the caller passes one object ``X`` every call, and after ``delta`` is fed moves ``X`` onto memory ``delta``
+    also lies over (``X.set_(torch.from_numpy(a))``, ``m.delta = torch.from_numpy(a)``): the overlap is seen on that
+    call (not a span kept from an earlier one); equal to eager."""
+    np = pytest.importorskip("numpy")
+    m, r = _Bumps(), _Bumps()
+    g = graphjit.graphed(m)
+    kept = {m: torch.zeros(4), r: torch.zeros(4)}
+    with torch.no_grad():
+        for i in range(14):
+            xs = []
+            for net in (m, r):
+                x = torch.full((4,), float(i)) if i < 7 else kept[net]
+                net.delta = torch.full((4,), float(i))
+                if i == 11:
+                    arr = np.full(4, 3.0, dtype=np.float32)
+                    x.set_(torch.from_numpy(arr))
+                    net.delta = torch.from_numpy(arr)
+                xs.append(x)
+            assert torch.equal(g(xs[0]), r(xs[1])) and torch.equal(xs[0], xs[1]), (i, g.report())
+    assert g.stats()["fallbacks"].get(renewals.ALIASED), g.report()
