@@ -121,19 +121,6 @@ def quiet(warm: Warmup) -> bool:
     return warm.untracked is None and not warm.python_writes
 
 
-def span(b: Backend, t: Any) -> tuple[int, int]:
-    """The bytes ``[start, end)`` a tensor's elements lie in (empty for no elements)."""
-    shape = b.shape(t)
-    n = 1
-    for d in shape:
-        n *= d
-    if n == 0:
-        return (0, 0)
-    start = b.data_ptr(t)
-    extent = 1 + sum((d - 1) * abs(s) for d, s in zip(shape, b.strides(t)))
-    return (start, start + extent * (b.nbytes(t) // n))
-
-
 def renewable(guard: GuardSet, warm: Warmup, backend: Backend, device: str) -> list[tuple[Place, Any]] | None:
     """Where every value that differs from ``guard``'s capture is a held or pinned tensor rebound to one graphjit can
     feed, on the graph's ``device``, from a key whose warmups were :func:`quiet` (the module docstring says which):
@@ -307,7 +294,7 @@ class Feed:
     def __init__(self, fed: Fed, which: list[int], taken: frozenset[int], written: list[Any],
                  mutated: tuple[int, ...]) -> None:
         self.fed, self.which, self.taken, self.mutated = fed, which, taken, mutated
-        self.spans = [span(fed.backend, t) for t in written]
+        self.spans = [fed.backend.extent(t) for t in written]
         self.theirs: list[Any] = []
         self.refused = ""  # why the last fill copied nothing
 
@@ -336,11 +323,11 @@ class Feed:
         b = self.fed.backend
         spans = self.spans
         if self.mutated:  # (each call: an argument passed again may have moved, set_ or resize_)
-            spans = [*spans, *(span(b, tensors[j]) for j in self.mutated if j < len(tensors))]
+            spans = [*spans, *(b.extent(tensors[j]) for j in self.mutated if j < len(tensors))]
         if not spans:
             return False
         for t in theirs:
-            lo, hi = span(b, t)
+            lo, hi = b.extent(t)
             if any(lo < end and start < hi for start, end in spans):
                 return True
         return False

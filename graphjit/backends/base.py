@@ -324,6 +324,17 @@ class Backend(abc.ABC):
     def set_versions(self, tensors: Sequence[Any], versions: Sequence[int | None]) -> None:  # noqa: B027 - optional
         """Put ``tensors``' version counters back to ``versions`` (after a copy that stands for no write)."""
 
+    def extent(self, t: Any) -> tuple[int, int]:
+        """The bytes ``[start, end)`` ``t``'s elements lie in (empty for no elements)."""
+        shape = self.shape(t)
+        n = 1
+        for d in shape:
+            n *= d
+        if n == 0:
+            return (0, 0)
+        start, reach = self.data_ptr(t), 1 + sum((d - 1) * abs(s) for d, s in zip(shape, self.strides(t)))
+        return (start, start + reach * (self.nbytes(t) // n))
+
     def sole_storage(self, t: Any) -> bool:
         """True where no other tensor alive shares ``t``'s memory (no view of it, nor it a view): a copy of it can stand
         for it (:mod:`graphjit.renewals`).  False where the framework cannot tell."""

@@ -339,6 +339,7 @@ class TorchBackend(Backend):
     versions_settable = versions.SETTABLE
     set_versions = staticmethod(versions.set_versions)
     sole_storage = staticmethod(versions.sole_storage)
+    extent = staticmethod(versions.extent)
 
     def tensor_state(self, t: Any) -> tuple[tuple[str, Any], ...]:
         """A leaf that requires grad holds its ``.grad``: backward accumulates into it (a write),
