@@ -366,9 +366,9 @@ class KeyEntry:
         self.check: Callable[[], bool] | None = (
             guard.holds if guard is not None and (len(guard) or guard.extra or guard.hooks) else None)
         # the copies of the tensors graphjit feeds the graph at places the caller rebinds, around each replay
-        self.feed = (Feed(guard.fed, guard.fed_which, guard.taken, [t for t, _p in warm.written.values()],
-                          tuple(sorted(warm.mutated_leaves))) if guard is not None and guard.fed is not None
-                     and guard.fed_which else None)
+        self.feed = (Feed(guard.fed, guard.fed_which, guard.taken,
+                          [*guard.tensors(), *(t for t, _p in warm.written.values())])
+                     if guard is not None and guard.fed is not None and guard.fed_which else None)
         self.graph = graph
         self.piecewise = piecewise  # a PiecewiseGraph: its islands read the call's dynamic values
         self.inputs = inputs

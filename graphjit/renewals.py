@@ -41,8 +41,10 @@ another thread reading the place finds graphjit's tensor.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
+import itertools
 import types
 import weakref
 from collections.abc import Iterator, Sequence
@@ -108,7 +110,7 @@ def writable(container: Any, key: Any, by_attr: bool) -> bool:
     return found is None or not hasattr(type(found), "__set__")
 
 
-ALIASED = "a tensor it reads is rebound to an argument of the call or to memory the graph writes"
+ALIASED = "a tensor it reads is rebound to an argument of the call or to memory it reads otherwise"
 CHANGED = "a tensor it reads was rebound while the call waited for another thread's"
 WRITTEN = "it writes a tensor fed at a place the caller rebinds"
 MAX_BYTES = 1 << 20
@@ -286,49 +288,53 @@ class Feed:
     tensors in before (:meth:`fill`), graphjit's back into them after (:meth:`back`, their version counters as they
     were: a write no counter tells, which is the only kind a fed graph can make, moves none eagerly either).
 
-    ``written``: the tensors the graph writes besides its arguments (their memory is fixed while it lives);
-    ``mutated``: the indices of the arguments it writes in place."""
+    ``fixed``: the other tensors the graph reads or writes at their addresses (held, pinned, written state: their
+    memory stays while it lives)."""
 
-    __slots__ = ("fed", "mutated", "refused", "spans", "taken", "theirs", "which")
+    __slots__ = ("ends", "fed", "refused", "starts", "taken", "theirs", "which")
 
-    def __init__(self, fed: Fed, which: list[int], taken: frozenset[int], written: list[Any],
-                 mutated: tuple[int, ...]) -> None:
-        self.fed, self.which, self.taken, self.mutated = fed, which, taken, mutated
-        self.spans = [fed.backend.extent(t) for t in written]
+    def __init__(self, fed: Fed, which: list[int], taken: frozenset[int], fixed: list[Any]) -> None:
+        self.fed, self.which, self.taken = fed, which, taken
+        b = fed.backend
+        spans = sorted(b.extent(t) for t in fixed if isinstance(t, b.tensor_types()))
+        self.starts = [start for start, _end in spans]
+        self.ends = list(itertools.accumulate((end for _start, end in spans), max))  # the furthest end so far
         self.theirs: list[Any] = []
         self.refused = ""  # why the last fill copied nothing
 
     def fill(self, tensors: Sequence[Any]) -> bool:
         """Before a replay of the call whose tensor leaves are ``tensors``: copy each place's tensor in and True; else
-        False, with :attr:`refused` saying why (:data:`ALIASED`: one is an argument of the call, one tensor is at two
-        places, or one lies over memory the graph writes; :data:`CHANGED`: a place changed since the guards held, on
-        another thread)."""
+        False, with :attr:`refused` saying why (:data:`ALIASED`: one is an argument of the call or lies over memory of
+        one, of another fed place or of another tensor the graph reads or writes; :data:`CHANGED`: a place changed
+        since the guards held, on another thread)."""
         fed = self.fed
         self.theirs = []
         if not fed.valid(self.which, self.taken):
             self.refused = CHANGED
             return False
         theirs = [fed.places[i].read() for i in self.which]
-        ids = {id(t) for t in theirs}
-        if len(ids) < len(theirs) or not ids.isdisjoint(map(id, tensors)) or self._over_written(theirs, tensors):
+        if not {id(t) for t in theirs}.isdisjoint(map(id, tensors)) or self._overlaps(theirs, tensors):
             self.refused = ALIASED
             return False
         fed.backend.copy_many([fed.tensors[i] for i in self.which], theirs, grad_free=True)  # (_feedable: no grad)
         self.theirs = theirs
         return True
 
-    def _over_written(self, theirs: list[Any], tensors: Sequence[Any]) -> bool:
-        """One of ``theirs`` lies over memory the graph writes (two tensors over one memory: ``from_numpy`` or
-        ``from_dlpack`` twice), which its copy would not follow."""
+    def _overlaps(self, theirs: list[Any], tensors: Sequence[Any]) -> bool:
+        """One of ``theirs`` lies over memory of another, of an argument of the call (read each call: an argument
+        passed again may have moved), or of a tensor the graph holds (two tensors over one memory: ``from_numpy`` or
+        ``from_dlpack`` twice): the copies would not keep what the graph writes to one visible in the other."""
         b = self.fed.backend
-        spans = self.spans
-        if self.mutated:  # (each call: an argument passed again may have moved, set_ or resize_)
-            spans = [*spans, *(b.extent(tensors[j]) for j in self.mutated if j < len(tensors))]
-        if not spans:
-            return False
-        for t in theirs:
-            lo, hi = b.extent(t)
-            if any(lo < end and start < hi for start, end in spans):
+        mine = [b.extent(t) for t in theirs]
+        args = [b.extent(t) for t in tensors]
+        starts, ends = self.starts, self.ends
+        for k, (lo, hi) in enumerate(mine):
+            if lo == hi:
+                continue
+            if any(lo < end and start < hi for start, end in (*mine[k + 1:], *args)):
+                return True
+            j = bisect.bisect_left(starts, hi)  # the fixed spans that start before this one ends
+            if j and ends[j - 1] > lo:
                 return True
         return False
 

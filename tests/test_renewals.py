@@ -203,7 +203,7 @@ def test_fed_checks_the_kind_and_feed_copies_in_and_back():
     fed = renewals.Fed(b, [(renewals.Place(holder, "t", True, ("h", (".", "t"))), holder.t)], [other])
     (mine,) = fed.tensors
     taken = frozenset({id(other)})
-    feed = renewals.Feed(fed, [0], taken, [], (0,))
+    feed = renewals.Feed(fed, [0], taken, [other])
     theirs = holder.t = torch.full((3,), 2.0)
     assert fed.valid([0], taken) and feed.fill([torch.zeros(3)]) and torch.equal(mine, theirs)
     mine.add_(1.0)  # the replay writes graphjit's tensor
@@ -629,4 +629,40 @@ def test_an_argument_moved_under_the_same_object_is_still_seen_over_the_fed_tens
                     net.delta = torch.from_numpy(arr)
                 xs.append(x)
             assert torch.equal(g(xs[0]), r(xs[1])) and torch.equal(xs[0], xs[1]), (i, g.report())
+    assert g.stats()["fallbacks"].get(renewals.ALIASED), g.report()
+
+
+class _Scales(torch.nn.Module):
+    """Once ``update`` is set, halves ``delta`` through ``.data`` (a write no counter tells); reads ``other``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+        self.delta, self.other, self.update = torch.zeros(4), torch.zeros(4), False
+
+    def forward(self, x):
+        if self.update:
+            self.delta.data.mul_(0.5)
+        return self.lin(x) + self.other
+
+
+def test_fed_tensors_over_one_memory_equal_eager(emu):
+    """``delta`` and ``other`` fed, a key of ``update=True`` writing ``delta`` through ``.data``; then both set over one
+    array (``torch.from_numpy`` twice): the graph's write to one would not show in the other's copy, so those calls
+    run uncaptured; outputs and state equal eager's."""
+    np = pytest.importorskip("numpy")
+    m, r = _Scales(), _Scales()
+    g = graphjit.graphed(m)
+    x = torch.ones(2, 4)
+    with torch.no_grad():
+        for i in range(16):
+            for net in (m, r):
+                net.update = net.update or i == 6
+                if i >= 11:
+                    arr = np.full(4, float(i), dtype=np.float32)
+                    net.delta, net.other = torch.from_numpy(arr), torch.from_numpy(arr)
+                else:
+                    net.delta, net.other = torch.full((4,), float(i)), torch.full((4,), float(i) + 0.5)
+            assert torch.equal(g(x), r(x)) and torch.equal(m.other, r.other), (i, g.report())
     assert g.stats()["fallbacks"].get(renewals.ALIASED), g.report()
