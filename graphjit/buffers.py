@@ -33,7 +33,7 @@ from .backends.base import Backend, GraphHandle
 from .batch_copy import Batch
 from .handoff import NOT_SERVED, Handoff
 from .keys import CallSignature, Pad
-from .renewals import Feed
+from .renewals import Feed, occupied
 from .tree import FRESH, KEEP, Call, Path, collect_tensors, places, rebuilder
 
 if TYPE_CHECKING:
@@ -366,8 +366,7 @@ class KeyEntry:
         self.check: Callable[[], bool] | None = (
             guard.holds if guard is not None and (len(guard) or guard.extra or guard.hooks) else None)
         # the copies of the tensors graphjit feeds the graph at places the caller rebinds, around each replay
-        self.feed = (Feed(guard.fed, guard.fed_which, guard.taken,
-                          [*guard.tensors(), *(t for t, _p in warm.written.values())])
+        self.feed = (Feed(guard.fed, guard.fed_which, guard.taken, occupied(guard, warm))
                      if guard is not None and guard.fed is not None and guard.fed_which else None)
         self.graph = graph
         self.piecewise = piecewise  # a PiecewiseGraph: its islands read the call's dynamic values

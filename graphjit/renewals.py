@@ -123,6 +123,12 @@ def quiet(warm: Warmup) -> bool:
     return warm.untracked is None and not warm.python_writes
 
 
+def occupied(guard: GuardSet, warm: Warmup) -> list[Any]:
+    """What a key's graph holds, pins (by identity) or writes besides its fed places: a fed tensor is none of these
+    (code may compare them by identity) and lies over none of them."""
+    return [*guard.tensors(), *(t for t, _path in warm.written.values())]
+
+
 def renewable(guard: GuardSet, warm: Warmup, backend: Backend, device: str) -> list[tuple[Place, Any]] | None:
     """Where every value that differs from ``guard``'s capture is a held or pinned tensor rebound to one graphjit can
     feed, on the graph's ``device``, from a key whose warmups were :func:`quiet` (the module docstring says which):
@@ -135,7 +141,7 @@ def renewable(guard: GuardSet, warm: Warmup, backend: Backend, device: str) -> l
     named = {describe(path) for *_rest, path in rebound}
     if any(path not in named for path, _old, _new in guard.differences()):
         return None  # something else changed too: a value, a hook, a loaded optimizer state
-    taken = {id(v) for v in guard.tensors()} | set(warm.written)
+    taken = set(map(id, occupied(guard, warm)))
     out = []
     for container, key, by_attr, linked, was, now, path in rebound:
         if linked or id(was) in warm.written or id(now) in taken or not writable(container, key, by_attr):
@@ -255,32 +261,29 @@ class Fed:
                 out.append((j, i))
         return out
 
+    def _state(self, i: int, taken: frozenset[int]) -> Any:
+        """Place ``i``'s tensor now as :meth:`valid` and :meth:`state` judge it, hashable: its kind where it can be fed
+        there; else ``"(deleted)"``, a non-tensor's class, or a tensor of ``taken``, one sharing its memory or an
+        inference tensor by its identity."""
+        now = self.places[i].read()
+        b = self.backend
+        if now is _GONE:
+            return "(deleted)"
+        if now.__class__ is not self.kinds[i][0]:
+            return (now.__class__,)
+        if id(now) in taken or b.version(now) is None or not b.sole_storage(now):
+            return ("held", id(now))
+        return _kind(b, now)
+
     def valid(self, which: list[int], taken: frozenset[int]) -> bool:
         """The guard of the places ``which`` (indices into :attr:`places`): each holds a tensor of its kind (not an
         inference tensor), owning its memory alone, that is none of ``taken`` (the ids of the other tensors its graph
         holds, pins or writes)."""
-        b = self.backend
-        for i in which:
-            now = self.places[i].read()
-            if now.__class__ is not self.kinds[i][0] or id(now) in taken or _kind(b, now) != self.kinds[i] \
-                    or b.version(now) is None or not b.sole_storage(now):
-                return False
-        return True
+        return all(self._state(i, taken) == self.kinds[i] for i in which)
 
     def state(self, which: list[int], taken: frozenset[int]) -> tuple[Any, ...]:
-        """What :meth:`valid` decides on, hashable: each place's kind now (a tensor of ``taken``, or one sharing its
-        memory, by its identity)."""
-        b = self.backend
-        out: list[Any] = []
-        for i in which:
-            now = self.places[i].read()
-            if now is _GONE:
-                out.append("(deleted)")
-            elif id(now) in taken or (isinstance(now, b.tensor_types()) and not b.sole_storage(now)):
-                out.append(("held", id(now)))
-            else:
-                out.append(_kind(b, now))
-        return tuple(out)
+        """What :meth:`valid` decides on, hashable: each place's :meth:`_state`."""
+        return tuple(self._state(i, taken) for i in which)
 
 
 class Feed:

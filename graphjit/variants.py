@@ -98,9 +98,7 @@ class ValueVariants(abc.ABC):
         base = sig.key
         for key in self.variants.get(base, ()):
             other = self.entries.get(key)
-            if other is None or other is entry:
-                continue
-            if other.check is None or other.check():
+            if other is not None and other is not entry and (other.check is None or other.check()):
                 vsig = sig if key == base else sig.for_values(key, {})
                 if other.recheck is not None:
                     return self.recheck(other, vsig, instance, args, kwargs)
@@ -171,8 +169,7 @@ class ValueVariants(abc.ABC):
         before = self.fed.get(sig.key)
         if found is None or (before is not None and any(before.feeds(p.container, p.key) for p, _now in found)):
             return _NOT_RENEWED
-        others = [t for t in (*guard.tensors(), *(t for t, _path in entry.warm.written.values()))
-                  if isinstance(t, backend.tensor_types())]
+        others = [t for t in renewals.occupied(guard, entry.warm) if isinstance(t, backend.tensor_types())]
         fed = renewals.Fed(backend, found, others, before)
         paths = ", ".join(fed.paths[len(before.places) if before is not None else 0:])
         self.say_once(logging.INFO, "renewed:" + paths, "graphjit %s: %s was rebound to a new tensor of the same kind; "

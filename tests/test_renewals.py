@@ -532,9 +532,9 @@ def test_a_fed_tensor_over_the_memory_of_an_argument_the_call_writes_equals_eage
     assert g.stats()["fallbacks"].get(renewals.ALIASED) == 4, g.report()
 
 
-def test_a_replay_leaves_the_callers_version_counter_and_autograd_as_eager(emu):
-    """A fed tensor the graph only reads, saved by autograd before the call: the copies around the replay move its
-    version counter no more than an eager run would, so a backward through it still works."""
+def _fed_shifted():
+    """A graphed :class:`_Shifted` whose ``delta`` was rebound three times, three calls each (so it is fed), and the
+    input its calls take."""
     m = _Shifted()
     g = graphjit.graphed(m)
     x = torch.ones(2, 4)
@@ -543,6 +543,13 @@ def test_a_replay_leaves_the_callers_version_counter_and_autograd_as_eager(emu):
             m.delta = torch.full((1, 4), float(gen))
             for _ in range(3):
                 g(x)
+    return m, g, x
+
+
+def test_a_replay_leaves_the_callers_version_counter_and_autograd_as_eager(emu):
+    """A fed tensor the graph only reads, saved by autograd before the call: the copies around the replay move its
+    version counter no more than an eager run would, so a backward through it still works."""
+    m, g, x = _fed_shifted()
     assert _renewed(g)
     w = torch.ones(1, 4, requires_grad=True)
     m.delta = torch.full((1, 4), 5.0)
@@ -558,14 +565,7 @@ def test_a_replay_leaves_the_callers_version_counter_and_autograd_as_eager(emu):
 def test_an_inference_tensor_put_at_a_fed_place_is_not_fed(emu):
     """After the renewal, a tensor made under ``torch.inference_mode()`` at the place (no version counter, takes no
     copy outside inference mode): not fed, each call equals eager."""
-    m = _Shifted()
-    g = graphjit.graphed(m)
-    x = torch.ones(2, 4)
-    with torch.no_grad():
-        for gen in range(3):
-            m.delta = torch.full((1, 4), float(gen))
-            for _ in range(3):
-                g(x)
+    m, g, x = _fed_shifted()
     for gen in range(3):
         with torch.inference_mode():
             m.delta = torch.full((1, 4), 7.0 + gen)
