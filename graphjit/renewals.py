@@ -279,7 +279,10 @@ class Fed:
         """The guard of the places ``which`` (indices into :attr:`places`): each holds a tensor of its kind (not an
         inference tensor), owning its memory alone, that is none of ``taken`` (the ids of the other tensors its graph
         holds, pins or writes)."""
-        return all(self._state(i, taken) == self.kinds[i] for i in which)
+        for i in which:  # (a loop: this runs twice a replay)
+            if self._state(i, taken) != self.kinds[i]:
+                return False
+        return True
 
     def state(self, which: list[int], taken: frozenset[int]) -> tuple[Any, ...]:
         """What :meth:`valid` decides on, hashable: each place's :meth:`_state`."""
