@@ -408,11 +408,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
                 return self.fallback(self.blocked_fn.reason, backend, instance, args, kwargs, sig.key)
             warm = self.warming.get(sig.key)
             if warm is None:
-                graphs = len({id(e) for e in self.entries.values()})  # (a family's keys share one)
-                if self.over_key_limit(graphs, "graphs", "use buckets= to pad dims to fewer sizes, or "
-                                       "raise max_graphs"):
-                    why = (f"{graphs} graphs are already captured (max_graphs={self.max_graphs()}): use "
-                           "buckets= to pad dims to fewer sizes, pass changing values as tensors, or raise max_graphs")
+                if (why := self.graphs_full()) is not None:
                     return self.uncaptured("max_graphs reached", why, backend, sig, instance, args, kwargs)
                 shares = previous is not None and sig.base is None and not sig.dynamic and self.dynamic is None \
                     and scope_mod.current() is None and self.step_feeds.get(previous) is None
@@ -422,9 +418,21 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
                     return self.class_failed(taken, backend, sig, st, instance, args, kwargs)
                 warm = taken or self.new_warmup(sig.key)
             if scope_mod.current() is not None or warm.calls >= self.options.warmup:
+                if (why := self.graphs_full()) is not None:  # keys warming side by side: each began below the limit
+                    self.warming.pop(sig.key, None)
+                    return self.uncaptured("max_graphs reached", why, backend, sig, instance, args, kwargs)
                 return self.capture_key(backend, device, sig, warm, instance, args, kwargs,
                                         self.families.moved if warm.advances is not None else frozenset())
             return self.warm_call(backend, device, sig, warm, instance, args, kwargs)
+
+    def graphs_full(self) -> str | None:
+        """Why a new key may not warm up or capture: ``max_graphs`` graphs are captured already (a family's keys
+        share one); said once, raised in strict mode.  None while there is room.  Called under the lock."""
+        graphs = len({id(e) for e in self.entries.values()})
+        if not self.over_key_limit(graphs, "graphs", "use buckets= to pad dims to fewer sizes, or raise max_graphs"):
+            return None
+        return (f"{graphs} graphs are already captured (max_graphs={self.max_graphs()}): use buckets= to pad dims to "
+                "fewer sizes, pass changing values as tensors, or raise max_graphs")
 
     def device_of(self, backend: Backend, sig: CallSignature, instance: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> str | _Ran:

@@ -175,6 +175,20 @@ def test_a_key_beyond_max_graphs_says_so_on_its_key(emu):
     assert keys[1]["reason"] == "max_graphs reached" and "max_graphs=1" in keys[1]["detail"], keys
 
 
+
+def test_keys_warming_side_by_side_capture_no_more_than_max_graphs(emu):
+    """Three shapes in turn each begin warming while no graph exists yet: only the first to finish captures; the
+    others run uncaptured from the call that would have captured them (the third of each, after two warmups)."""
+    g = graphjit.graphed(lambda x: x * 2 + 1, max_graphs=1, warmup=2)
+    for _ in range(5):
+        for n in (1, 2, 3):
+            x = torch.arange(float(n))
+            assert torch.equal(g(x), x * 2 + 1)
+    st = g.stats()
+    assert st["graphs"] == 1 and st["captures"] == 1, st
+    assert st["fallbacks"] == {"max_graphs reached": 2 * 3}, st
+    assert sorted(k["reason"] for k in st["keys"] if k["state"] == "fallback") == ["max_graphs reached"] * 2, st
+
 # -- labels -------------------------------------------------------------------------------------
 
 
