@@ -190,3 +190,47 @@ def test_a_place_a_later_call_does_not_have_falls_back_to_the_rebuild() -> None:
     logits = torch.zeros(1)
     out = plan([logits], t, ((), {"other": cache}))  # no 'cache' in this call
     assert out[0] is logits and type(out[1]) is Cache and out[1].layers[0].keys is t[0]
+
+
+def test_a_transformers_model_output_is_rebuilt_as_its_constructor_builds_it() -> None:
+    """transformers' ``ModelOutput`` (an OrderedDict mirroring its non-None fields as attributes) is rebuilt from its
+    state after the first call (its constructor took a third of a decode replay): each call a new object, the same
+    keys, items and attributes as the constructor gives, the fresh tensor in both places, None fields as None."""
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+    cache = Cache([])
+    template = outputs.CausalLMOutputWithPast(logits=torch.zeros(2), past_key_values=cache)
+    plan = rebuilder(template, [FRESH], is_tensor)
+    made = []
+    for i in range(3):
+        logits = torch.full((2,), float(i))
+        out = plan([logits])
+        want = type(template)([(k, logits if k == "logits" else v) for k, v in template.items()])
+        assert type(out) is type(template) and out is not template and all(out is not m for m in made)
+        assert list(out.keys()) == list(want.keys()) and list(vars(out)) == list(vars(want))
+        assert all(out[k] is want[k] for k in want.keys()) and all(getattr(out, k) is v for k, v in vars(want).items())
+        assert out.logits is logits and out["logits"] is logits and out[0] is logits and out.loss is None
+        assert out.to_tuple() == (logits, cache)
+        made.append(out)
+    assert template.logits is not logits and template["logits"] is template.logits  # the template is not touched
+
+
+class _Stamped(dict):
+    """A dict that refuses ``update`` (as ``ModelOutput`` does) and stamps each instance with a new object."""
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__(items)
+        self.stamp = object()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("no update")
+
+
+def test_a_dict_subclass_whose_constructor_makes_new_objects_keeps_its_constructor() -> None:
+    """Where the state copy would share an object the constructor makes anew, the type keeps being rebuilt by its
+    constructor: no two outputs share it."""
+    template = _Stamped([("x", torch.zeros(1))])
+    plan = rebuilder(template, [FRESH], is_tensor)
+    first, second, third = (plan([torch.full((1,), float(i))]) for i in range(3))
+    stamps = {id(first.stamp), id(second.stamp), id(third.stamp), id(template.stamp)}
+    assert type(first) is _Stamped and len(stamps) == 4
+    assert [float(o["x"]) for o in (first, second, third)] == [0.0, 1.0, 2.0]
