@@ -426,8 +426,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
             return self.warm_call(backend, device, sig, warm, instance, args, kwargs)
 
     def graphs_full(self) -> str | None:
-        """Why a new key may not warm up or capture: ``max_graphs`` graphs are captured already (a family's keys
-        share one); said once, raised in strict mode.  None while there is room.  Called under the lock."""
+        """Why a new key may not warm up or capture (``max_graphs`` graphs captured; said once), else None."""
         graphs = len({id(e) for e in self.entries.values()})
         if not self.over_key_limit(graphs, "graphs", "use buckets= to pad dims to fewer sizes, or raise max_graphs"):
             return None
