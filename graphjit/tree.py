@@ -478,13 +478,22 @@ def _state_copy(x: dict[Any, Any], items: list[tuple[Any, Any]]) -> Any:
 def _same_state(a: Any, b: Any) -> bool:
     """Whether two dict-subclass instances are of one type and hold the same objects, as items and as attributes,
     in the same order."""
-    if type(a) is not type(b) or not hasattr(a, "__dict__"):
-        return False
+    if type(a) is not type(b) or not hasattr(a, "__dict__") or _slotted(type(a)):
+        return False  # (a slot's value is in neither the items nor the attributes the copy sets)
     base: Any = collections.OrderedDict if isinstance(a, collections.OrderedDict) else dict
     pairs_a, pairs_b = list(base.items(a)), list(base.items(b))
     attrs_a, attrs_b = list(vars(a).items()), list(vars(b).items())
     return len(pairs_a) == len(pairs_b) and len(attrs_a) == len(attrs_b) and all(
         ka == kb and va is vb for (ka, va), (kb, vb) in zip(pairs_a + attrs_a, pairs_b + attrs_b))
+
+
+def _slotted(tp: type) -> bool:
+    """Whether instances of ``tp`` keep values in slots (``__slots__`` naming more than ``__dict__``)."""
+    for c in tp.__mro__:
+        slots = c.__dict__.get("__slots__", ())
+        if any(n not in ("__dict__", "__weakref__") for n in ((slots,) if isinstance(slots, str) else slots)):
+            return True
+    return False
 
 
 def _by_route(x: Any, items: list[Any], construct: Callable[[], Any], refill: Callable[[], Any],

@@ -234,3 +234,21 @@ def test_a_dict_subclass_whose_constructor_makes_new_objects_keeps_its_construct
     stamps = {id(first.stamp), id(second.stamp), id(third.stamp), id(template.stamp)}
     assert type(first) is _Stamped and len(stamps) == 4
     assert [float(o["x"]) for o in (first, second, third)] == [0.0, 1.0, 2.0]
+
+
+class _Slotted(dict):
+    __slots__ = ("__dict__", "mark")
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__(items)
+        self.mark = "set by the constructor"
+        self.note = None  # an attribute of its own, the same object every time: only the slot tells a copy apart
+
+
+def test_a_dict_subclass_with_slots_keeps_its_constructor() -> None:
+    """A slot's value is neither an item nor an attribute of ``__dict__``: such a type is never state-copied."""
+    template = _Slotted([("x", torch.zeros(1))])
+    plan = rebuilder(template, [FRESH], is_tensor)
+    for i in range(3):
+        out = plan([torch.full((1,), float(i))])
+        assert type(out) is _Slotted and out.mark == "set by the constructor" and float(out["x"]) == i
