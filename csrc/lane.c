@@ -27,7 +27,7 @@
  */
 #include "lane.h"
 
-#define LANE_ABI 2
+#define LANE_ABI 3
 
 typedef int (*feed_launch_t)(unsigned long long *table, void *stream);
 
@@ -752,7 +752,7 @@ static struct PyModuleDef lane_module = {
 PyMODINIT_FUNC PyInit__lane(void) {
   if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&FrontType) < 0) return NULL;
   PyObject *m = PyModule_Create(&lane_module);
-  if (m == NULL || lane_checks_add(m) < 0) return NULL;
+  if (m == NULL || lane_checks_add(m) < 0 || lane_guards_add(m) < 0) return NULL;
 #define INTERN(var, text) \
   if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
   INTERN(s_phase, "phase");

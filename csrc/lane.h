@@ -1,5 +1,6 @@
-/* graphjit's replay lane: what lane.c (the plans, the front) and lane_checks.c (the checks that sign a call like the
- * last one) share.  Every function here has hidden visibility (the library is built with -fvisibility=hidden). */
+/* graphjit's replay lane: what lane.c (the plans, the front), lane_checks.c (the checks that sign a call like the
+ * last one) and lane_guards.c (the guard scan) share.  Every function here has hidden visibility (the library is
+ * built with -fvisibility=hidden). */
 #ifndef GRAPHJIT_LANE_H
 #define GRAPHJIT_LANE_H
 
@@ -51,5 +52,7 @@ int layout_matches(const Layout *l, int prebound, PyObject *instance, PyObject *
                    Py_ssize_t *n_tensors);
 /* The interned names above made, LayoutCheck and WalkCheck readied and added to the module m: 0, or -1. */
 int lane_checks_add(PyObject *m);
+/* The guard scan (lane_guards.c) added to the module m: 0, or -1. */
+int lane_guards_add(PyObject *m);
 
 #endif

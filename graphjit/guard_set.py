@@ -9,7 +9,7 @@ import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import backends
+from . import backends, lane
 from .guard_links import DELETED, Links, columns
 from .guardable import hashable, snapshot
 from .reach import Path, describe
@@ -84,6 +84,7 @@ class GuardSet:
         "held",
         "hooks",
         "keys",
+        "kinds",
         "links",
         "loads",
         "paths",
@@ -139,6 +140,7 @@ class GuardSet:
             # keys kept absent from a dict (a probe's, graphjit/absences.py) are read where the dict is now, as its
             # entries are; names kept absent from an object's __dict__ stay with that object
             places.append((path, what not in ("own", "absent")))
+        self.kinds = bytes(_kind(g, k) for g, k in zip(self.getters, self.keys))
         self.extra = extra
         # held tensors: (container, key, path, the tensor or None at capture: kept, so its address stays its own)
         held = scan_.values(held=True)
@@ -262,7 +264,11 @@ class GuardSet:
             if links.diverged is not None:
                 return False
         try:
-            if list(map(operator.call, self.getters, self.containers)) != self.expected:
+            scan = lane.module()
+            if scan is not None:  # the same comparison in one C call (csrc/lane_guards.c)
+                if not scan.guards_hold(self.kinds, self.getters, self.containers, self.keys, self.expected):
+                    return False
+            elif list(map(operator.call, self.getters, self.containers)) != self.expected:
                 return False
         except Exception:  # a guarded entry was deleted (KeyError, IndexError, AttributeError)
             return False
@@ -377,6 +383,18 @@ class GuardSet:
         """``path -> (value at capture, value now)`` of the values that differ, ``"(deleted)"`` now where one is gone
         (for labels: a key of other values says which, a deleted entry too)."""
         return {path: (old, new) for path, old, new in self.differences()}
+
+
+def _kind(getter: Callable[[Any], Any], keys: list[Any]) -> int:
+    """How the lane's guard scan reads a container's values (``csrc/lane_guards.c``): 0 ``c[key]`` for each key of an
+    ``itemgetter``, 1 ``getattr(c, key)`` for each plain name of an ``attrgetter``, 2 the getter called (a whole
+    container's, a dotted name's)."""
+    if keys[0] is getter:
+        return 2
+    if isinstance(getter, operator.itemgetter):
+        return 0
+    plain = isinstance(getter, operator.attrgetter) and all(type(k) is str and "." not in k for k in keys)
+    return 1 if plain else 2
 
 
 def _each(f: Callable[[Any], Any], got: Any, n: int) -> Any:

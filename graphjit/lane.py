@@ -58,9 +58,9 @@ __all__ = ["MISS", "LaneHolder", "build", "flush", "front", "layout_check", "mod
 
 log = logging.getLogger("graphjit")
 
-SOURCES = ("lane.c", "lane_checks.c")  # compiled together into one library
+SOURCES = ("lane.c", "lane_checks.c", "lane_guards.c")  # compiled together into one library
 HEADERS = ("lane.h",)
-ABI = 2
+ABI = 3
 FLAGS = ("-O2", "-shared", "-fPIC", "-fvisibility=hidden")
 
 MISS: Any = object()
@@ -127,9 +127,9 @@ def library_path(cache: str | os.PathLike[str] | None = None) -> Path:
 
 
 def build(force: bool = False, cache: str | os.PathLike[str] | None = None) -> Path:
-    """Compile ``csrc/lane.c`` and ``csrc/lane_checks.c`` into one library in the cache (under a file lock; the
-    result renamed into place) and return its
-    path; an up-to-date library is kept unless ``force``.  Raises :class:`LaneBuildError` saying why it cannot."""
+    """Compile ``csrc/lane.c``, ``csrc/lane_checks.c`` and ``csrc/lane_guards.c`` into one library in the cache (under
+    a file lock; the result renamed into place) and return its path; an up-to-date library is kept unless ``force``.
+    Raises :class:`LaneBuildError` saying why it cannot."""
     from .collectives import csrc_build
 
     path = library_path(cache)

@@ -608,7 +608,8 @@ def test_wheel_ships_every_module_and_csrc(tmp_path: Path) -> None:
     sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "graphjit").rglob("*.py")
                if "__pycache__" not in p.parts}
     assert sources <= names, f"missing from the wheel (add the subpackage to pyproject.toml): {sources - names}"
-    for name in ("graphjit_ar.cu", "custom_all_reduce.cuh", "batch_copy.cuh", "lane.c", "lane_checks.c", "lane.h"):
+    for name in ("graphjit_ar.cu", "custom_all_reduce.cuh", "batch_copy.cuh", "lane.c", "lane_checks.c",
+                 "lane_guards.c", "lane.h"):
         assert f"graphjit/csrc/{name}" in names
         assert (site / "graphjit" / "csrc" / name).read_bytes() == (ROOT / "csrc" / name).read_bytes()
 

@@ -1,0 +1,106 @@
+/* graphjit's replay lane, the guard scan (graphjit/guard_set.py, GuardSet.holds): every guarded value of a graph read
+ * from its container and compared with the value it had at capture, in one C call, without the tuple each getter
+ * builds and the list the Python expression `list(map(operator.call, getters, containers)) != expected` builds.
+ *
+ * It gives that expression's answer, negated (1: every value holds), with one difference: it stops at the first value
+ * that differs, so the reads after it are not made (the Python expression reads them all, then compares).  A read or
+ * a comparison that raises an Exception is a value that does not hold (0), as GuardSet.holds's `except Exception`
+ * makes it; anything else (KeyboardInterrupt) is the call's (NULL).
+ *
+ * Memory: no state of its own and no lock; the lists passed in are the caller's (held by its frame for the call).
+ * Every object read from them, a container, a key list, an expected value and each value read, is held (a new
+ * reference) across the comparisons that use it: `==` may run Python code that rebinds a guarded container or
+ * deletes the value read, and must not free what is still compared.  Sizes are read again at each step: a list that
+ * shrinks meanwhile fails the scan (0), never is read past its end. */
+#include "lane.h"
+
+enum { SCAN_ITEM = 0, SCAN_ATTR = 1, SCAN_CALL = 2 }; /* GuardSet.kinds: c[key], getattr(c, key), getter(c) */
+
+/* A read that raised: 0 (an Exception cleared: the value does not hold), -1 for anything else. */
+static int failed(void) {
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+  PyErr_Clear();
+  return 0;
+}
+
+/* c[key] (kind SCAN_ITEM) or getattr(c, key) (SCAN_ATTR) compared with want: 1 holds, 0 not, -1 error. */
+static int read_same(int kind, PyObject *c, PyObject *key, PyObject *want) {
+  PyObject *got;
+  if (kind == SCAN_ITEM && PyDict_CheckExact(c)) { /* a plain dict: no __getitem__ or __missing__ of its own */
+    got = PyDict_GetItemWithError(c, key);
+    if (got == NULL) return PyErr_Occurred() ? failed() : 0;
+    Py_INCREF(got);
+  } else {
+    got = kind == SCAN_ITEM ? PyObject_GetItem(c, key) : PyObject_GetAttr(c, key);
+    if (got == NULL) return failed();
+  }
+  int r = same(got, want);
+  Py_DECREF(got);
+  return r;
+}
+
+/* One container's values: its getter's (SCAN_CALL), or each of its keys' (want: the one value, or the tuple of one
+ * value per key, as the Python getter returns them). */
+static int container_same(int kind, PyObject *getter, PyObject *c, PyObject *keys, PyObject *want) {
+  if (kind == SCAN_CALL) {
+    PyObject *got = PyObject_CallOneArg(getter, c);
+    if (got == NULL) return failed();
+    int r = same(got, want);
+    Py_DECREF(got);
+    return r;
+  }
+  Py_ssize_t m = PyList_GET_SIZE(keys);
+  if (m == 1) return read_same(kind, c, PyList_GET_ITEM(keys, 0), want);
+  if (!PyTuple_CheckExact(want) || PyTuple_GET_SIZE(want) != m) return 0; /* a tuple never equals it */
+  for (Py_ssize_t j = 0; j < m; j++) {
+    if (j >= PyList_GET_SIZE(keys)) return 0; /* the keys changed under the scan: not what the guards were made for */
+    PyObject *key = PyList_GET_ITEM(keys, j);
+    Py_INCREF(key);
+    int r = read_same(kind, c, key, PyTuple_GET_ITEM(want, j)); /* want: a tuple, held by the caller */
+    Py_DECREF(key);
+    if (r != 1) return r;
+  }
+  return 1;
+}
+
+/* guards_hold(kinds, getters, containers, keys, expected) -> bool: see the top of this file. */
+static PyObject *guards_hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 5 || !PyBytes_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
+      !PyList_Check(args[3]) || !PyList_Check(args[4])) {
+    PyErr_SetString(PyExc_TypeError, "guards_hold(kinds: bytes, getters: list, containers: list, keys: list, "
+                                     "expected: list)");
+    return NULL;
+  }
+  PyObject *kinds = args[0], *getters = args[1], *containers = args[2], *keys = args[3], *expected = args[4];
+  const char *kind = PyBytes_AS_STRING(kinds);
+  Py_ssize_t n = PyBytes_GET_SIZE(kinds);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    if (i >= PyList_GET_SIZE(getters) || i >= PyList_GET_SIZE(containers) || i >= PyList_GET_SIZE(keys) ||
+        i >= PyList_GET_SIZE(expected))
+      Py_RETURN_FALSE; /* a list changed under the scan: not a state the guards were made for */
+    PyObject *g = PyList_GET_ITEM(getters, i), *c = PyList_GET_ITEM(containers, i), *k = PyList_GET_ITEM(keys, i),
+             *w = PyList_GET_ITEM(expected, i);
+    if (kind[i] != SCAN_CALL && !PyList_Check(k)) Py_RETURN_FALSE; /* keys of a container: a list (GuardSet) */
+    Py_INCREF(g);
+    Py_INCREF(c);
+    Py_INCREF(k);
+    Py_INCREF(w);
+    int r = container_same(kind[i], g, c, k, w);
+    Py_DECREF(g);
+    Py_DECREF(c);
+    Py_DECREF(k);
+    Py_DECREF(w);
+    if (r < 0) return NULL;
+    if (r == 0) Py_RETURN_FALSE;
+  }
+  Py_RETURN_TRUE;
+}
+
+static PyMethodDef guard_methods[] = {
+    {"guards_hold", (PyCFunction)(void (*)(void))guards_hold, METH_FASTCALL,
+     "guards_hold(kinds, getters, containers, keys, expected) -> whether every guarded value holds "
+     "(graphjit/guard_set.py, GuardSet.holds)"},
+    {NULL, NULL, 0, NULL},
+};
+
+int lane_guards_add(PyObject *m) { return PyModule_AddFunctions(m, guard_methods); }
