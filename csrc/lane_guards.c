@@ -2,8 +2,10 @@
  * from its container and compared with the value it had at capture, in one C call, without the tuple each getter
  * builds and the list the Python expression `list(map(operator.call, getters, containers)) != expected` builds.
  *
- * It gives that expression's answer, negated (1: every value holds), with one difference: it stops at the first value
- * that differs, so the reads after it are not made (the Python expression reads them all, then compares).  A read or
+ * It gives that expression's answer, negated (1: every value holds), with one difference: it reads and compares value
+ * by value and stops at the first that differs (the Python expression reads every value, then compares), so a read
+ * after a differing value is not made, and Python code run by one comparison (an __eq__) may change what a later read
+ * finds.  A read or
  * a comparison that raises an Exception is a value that does not hold (0), as GuardSet.holds's `except Exception`
  * makes it; anything else (KeyboardInterrupt) is the call's (NULL).
  *
@@ -50,7 +52,13 @@ static int container_same(int kind, PyObject *getter, PyObject *c, PyObject *key
     return r;
   }
   Py_ssize_t m = PyList_GET_SIZE(keys);
-  if (m == 1) return read_same(kind, c, PyList_GET_ITEM(keys, 0), want);
+  if (m == 1) {
+    PyObject *key = PyList_GET_ITEM(keys, 0);
+    Py_INCREF(key); /* a lookup may run __eq__ (a hash collision), which may empty keys */
+    int r = read_same(kind, c, key, want);
+    Py_DECREF(key);
+    return r;
+  }
   if (!PyTuple_CheckExact(want) || PyTuple_GET_SIZE(want) != m) return 0; /* a tuple never equals it */
   for (Py_ssize_t j = 0; j < m; j++) {
     if (j >= PyList_GET_SIZE(keys)) return 0; /* the keys changed under the scan: not what the guards were made for */

@@ -289,7 +289,8 @@ def rebuilder(obj: Any, sources: Sequence[int], is_tensor: Callable[[Any], bool]
 
 # A planned node: (kind, value, children).  kind: 0 a constant, 1 the i-th fresh tensor, 2 a dict, 3 a list,
 # 4 a tuple, 5 another sequence, 6 an object (its changed attributes only), 7 the call's tensor i (value: (i, the
-# template's)), 8 the call's argument at a path (value: (path, the node without a call)).
+# template's)), 8 the call's argument at a path (value: (path, the node without a call)), 9 a dict subclass with
+# attributes of its own (value: (the template, [its decision]): _own_dict).
 _Node = tuple[int, Any, Any]
 
 
@@ -329,7 +330,12 @@ class _Planner:
         """The node of a container or object (a constant for anything else), its children planned."""
         if isinstance(x, dict):
             pairs = [(k, self.plan(v)) for k, v in x.items()]
-            return (2, x, [(k, n) for k, (n, _s) in pairs]), all(s for _k, (_n, s) in pairs)
+            kids = [(k, n) for k, (n, _s) in pairs]
+            same = all(s for _k, (_n, s) in pairs)
+            if getattr(x, "__dict__", None) and not isinstance(x, collections.defaultdict):
+                plain = _plain_model_output(type(x)) and not _slotted(type(x))
+                return (9, (x, [None if plain else False]), kids), same
+            return (2, x, kids), same
         if isinstance(x, _SEQUENCES):
             parts = [self.plan(e) for e in x]
             kind = 3 if type(x) is list else 4 if type(x) is tuple else 5
@@ -359,6 +365,8 @@ def _walk(node: _Node, fresh: Sequence[Any]) -> Any:
         return fresh[x]
     if kind == 2:
         return _own_type(x, [(k, _walk(n, fresh)) for k, n in children])
+    if kind == 9:
+        return _own_dict(x, [(k, _walk(n, fresh)) for k, n in children])
     if kind == 3:
         return [_walk(n, fresh) for n in children]
     if kind == 4:
@@ -391,6 +399,8 @@ def _run(node: _Node, fresh: Sequence[Any], tensors: Sequence[Any] | None = None
         return _run(x[1], fresh, tensors, call)
     if kind == 2:
         return _own_type(x, [(k, _run(n, fresh, tensors, call)) for k, n in children])
+    if kind == 9:
+        return _own_dict(x, [(k, _run(n, fresh, tensors, call)) for k, n in children])
     if kind == 3:
         return [_run(n, fresh, tensors, call) for n in children]
     if kind == 4:
@@ -440,30 +450,64 @@ def _own_type(x: Any, items: list[Any]) -> Any:
         return clone
 
     own_attrs = isinstance(x, collections.deque) or bool(getattr(x, "__dict__", None))
-    if own_attrs and isinstance(x, dict):  # transformers' ModelOutput: its constructor took 21 us of a 60 us replay
-        shape = (tp, tuple(k for k, _v in items))
-        same = _STATE_COPY.get(shape)
-        if same:
-            return _state_copy(x, items)
-        if same is None:
-            out = _by_route(x, items, construct, refill, own_attrs)
-            try:
-                _STATE_COPY[shape] = _same_state(out, _state_copy(x, items))
-            except Exception:  # a type whose instances cannot be made without their constructor
-                _STATE_COPY[shape] = False
-            return out
     return _by_route(x, items, construct, refill, own_attrs)
 
 
-_STATE_COPY: dict[tuple[type, tuple[Any, ...]], bool] = {}
-"""(type, keys) -> whether :func:`_state_copy` makes what the type's own route (:func:`_by_route`) made."""
+def _own_dict(value: tuple[Any, list[bool | None]], items: list[tuple[Any, Any]]) -> Any:
+    """A planned dict subclass with attributes of its own (node kind 9: ``value`` is ``(template, [decision])``) rebuilt
+    holding ``items``: by :func:`_state_copy` once this node's decision says so, else by :func:`_own_type`.  The
+    decision is None (to be taken) only for a plain transformers or PaddleFormers ``ModelOutput``
+    (:func:`_plain_model_output`), and is taken once per node (one graph's output): at its first rebuild both ways are
+    made and compared (:func:`_same_state`)."""
+    x, decided = value
+    if decided[0]:
+        return _state_copy(x, items)
+    out = _own_type(x, items)
+    if decided[0] is None:
+        try:
+            decided[0] = _same_state(out, _state_copy(x, items))
+        except Exception:  # instances that cannot be made without their constructor
+            decided[0] = False
+    return out
+
+
+_STATE_HOOKS = ("__new__", "__post_init__", "__setitem__", "__setattr__", "__getattr__", "__getattribute__")
+"""Methods a class between a ``ModelOutput`` and its base may not define for :func:`_state_copy` to stand for its
+constructor."""
+
+
+def _plain_model_output(tp: type) -> bool:
+    """Whether ``tp`` is a dataclass below a ``ModelOutput`` (transformers', PaddleFormers': the class of that name that
+    defines ``__post_init__``) and adds nothing its constructor runs: no class between them defines one of
+    :data:`_STATE_HOOKS` or an ``__init__`` other than the one ``dataclasses`` generates (unwrapped from wrappers
+    defined beside that ``ModelOutput``, as transformers' renaming of old keyword names).  Such a constructor only
+    sets the fields and calls ``ModelOutput.__post_init__``, whose state :func:`_state_copy` copies; any other type
+    keeps its constructor (one that computes an attribute from its items' values, or aliases an item under another
+    name, would not be seen by comparing one call's results)."""
+    mro = tp.__mro__
+    base = next((c for c in mro if c.__name__ == "ModelOutput" and "__post_init__" in c.__dict__), None)
+    if base is None or not dataclasses.is_dataclass(tp):
+        return False
+    home = getattr(base.__dict__["__post_init__"], "__code__", None)
+    for c in mro[:mro.index(base)]:
+        own = c.__dict__
+        if any(name in own for name in _STATE_HOOKS):
+            return False
+        init = own.get("__init__")
+        while init is not None and home is not None and getattr(init, "__code__", None) is not None and \
+                init.__code__.co_filename == home.co_filename and hasattr(init, "__wrapped__"):
+            init = init.__wrapped__
+        if init is not None and getattr(getattr(init, "__code__", None), "co_filename", None) != "<string>":
+            return False  # not dataclasses' own (it is made by exec)
+    return True
 
 
 def _state_copy(x: dict[Any, Any], items: list[tuple[Any, Any]]) -> Any:
     """An instance of ``x``'s dict subclass made without its constructor or its own ``__setitem__``: ``items`` set
     by ``dict``'s (``OrderedDict``'s) own, then ``x``'s attributes, an attribute named as a key taking that key's new
-    value.  Used for a type only where it made the same state as the type's own route the first time
-    (:func:`_same_state`): transformers' ``ModelOutput`` mirrors its non-None fields as items and attributes."""
+    value.  Used by :func:`_own_dict` only where it made the same state as the type's own route (transformers'
+    ``ModelOutput`` mirrors its non-None fields as items and attributes; its constructor took 21 us of a 60 us
+    decode replay)."""
     base: Any = collections.OrderedDict if isinstance(x, collections.OrderedDict) else dict
     clone = base.__new__(type(x))
     attrs = dict(x.__dict__)

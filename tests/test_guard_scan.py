@@ -163,3 +163,35 @@ def test_a_comparison_that_rebinds_the_guarded_values_does_not_crash_the_scan() 
     from graphjit import lane
 
     assert lane.module().guards_hold(bytes([0]), [operator.itemgetter("a", "b")], [d], keys, expected) is False
+
+
+def test_a_key_freed_by_a_comparison_during_its_own_lookup_is_still_held() -> None:
+    """A dict lookup compares colliding keys with ``__eq__``, which may drop the last reference to the key looked up
+    (here: the keys list emptied); the scan holds it, so the lookup never reads a freed key."""
+    freed: list[str] = []
+
+    class Key:
+        def __hash__(self) -> int:
+            return 42
+
+        def __eq__(self, other: Any) -> bool:
+            return False
+
+        def __del__(self) -> None:
+            freed.append("key")
+
+    keys = [Key()]
+
+    class Collides:
+        def __hash__(self) -> int:
+            return 42
+
+        def __eq__(self, other: Any) -> bool:
+            keys.clear()
+            return False
+
+    d = {Collides(): 1, Collides(): 2}
+    from graphjit import lane
+
+    assert lane.module().guards_hold(bytes([0]), [None], [d], [keys], ["x"]) is False
+    assert freed == ["key"]  # freed once the scan let go of it

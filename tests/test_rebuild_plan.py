@@ -252,3 +252,52 @@ def test_a_dict_subclass_with_slots_keeps_its_constructor() -> None:
     for i in range(3):
         out = plan([torch.full((1,), float(i))])
         assert type(out) is _Slotted and out.mark == "set by the constructor" and float(out["x"]) == i
+
+
+class _Aliased(dict):
+    """A dict that refuses ``update`` and keeps its item under an attribute of another name."""
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__(items)
+        self.main = self["a"]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("no update")
+
+
+def _aliased_model_output() -> Any:
+    outputs = pytest.importorskip("transformers.utils")
+
+    @dataclasses.dataclass
+    class Scored(outputs.ModelOutput):
+        a: Any = None
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            object.__setattr__(self, "main", self.a)  # the field again, under another name
+
+    return Scored
+
+
+@pytest.mark.parametrize("kind", ["dict", "model_output"])
+def test_an_output_whose_constructor_keeps_an_item_under_another_name_is_built_by_it(emu, kind) -> None:
+    """The first replay hands back the graph's own buffers: a copy of the template would then look right and later
+    hand out the buffer the next replay overwrites.  Such types keep their constructor: each output's attribute is its
+    own item."""
+    import graphjit
+
+    scored = _aliased_model_output() if kind == "model_output" else None
+    g = graphjit.graphed(lambda x: _Aliased([("a", x * 2)]) if scored is None else scored(a=x * 2), warmup=1)
+    outs = [g(torch.full((2,), float(v))) for v in range(1, 5)]
+    assert g.stats()["replays"] >= 2
+    for v, out in zip(range(1, 5), outs):
+        assert out.main is out["a"] and out["a"].tolist() == [2.0 * v] * 2
+
+
+def test_a_plain_model_output_is_state_copied_and_others_are_not() -> None:
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+    from graphjit.tree import _plain_model_output
+
+    assert _plain_model_output(outputs.CausalLMOutputWithPast) and _plain_model_output(outputs.Seq2SeqLMOutput)
+    assert not _plain_model_output(_aliased_model_output()) and not _plain_model_output(_Aliased)
+    assert not _plain_model_output(_Stamped) and not _plain_model_output(collections.OrderedDict)
