@@ -458,11 +458,17 @@ def _own_dict(value: tuple[Any, list[bool | None]], items: list[tuple[Any, Any]]
     holding ``items``: by :func:`_state_copy` once this node's decision says so, else by :func:`_own_type`.  The
     decision is None (to be taken) only for a plain transformers or PaddleFormers ``ModelOutput``
     (:func:`_plain_model_output`), and is taken once per node (one graph's output): at its first rebuild both ways are
-    made and compared (:func:`_same_state`)."""
+    made and compared (:func:`_same_state`); where neither its items nor a refilled copy make one, its constructor
+    takes the items as keywords."""
     x, decided = value
     if decided[0]:
         return _state_copy(x, items)
-    out = _own_type(x, items)
+    try:
+        out = _own_type(x, items)
+    except SignatureError:
+        if decided[0] is not None:
+            raise
+        out = type(x)(**dict(items))  # a ModelOutput whose fields are keyword-only (dataclass(kw_only=True))
     if decided[0] is None:
         try:
             decided[0] = _same_state(out, _state_copy(x, items))

@@ -301,3 +301,24 @@ def test_a_plain_model_output_is_state_copied_and_others_are_not() -> None:
     assert _plain_model_output(outputs.CausalLMOutputWithPast) and _plain_model_output(outputs.Seq2SeqLMOutput)
     assert not _plain_model_output(_aliased_model_output()) and not _plain_model_output(_Aliased)
     assert not _plain_model_output(_Stamped) and not _plain_model_output(collections.OrderedDict)
+
+
+def test_a_model_output_with_keyword_only_fields_is_rebuilt(emu) -> None:
+    """Its constructor takes no items positionally and ``ModelOutput`` refuses ``update``: it is made from the items as
+    keywords, then state-copied (it used to raise SignatureError after the replay)."""
+    import graphjit
+
+    outputs = pytest.importorskip("transformers.utils")
+
+    @dataclasses.dataclass(kw_only=True)
+    class KwOnly(outputs.ModelOutput):
+        logits: Any = None
+        loss: Any = None
+
+    g = graphjit.graphed(lambda x: KwOnly(logits=x * 2), warmup=1)
+    outs = [g(torch.full((2,), float(v))) for v in range(1, 5)]
+    assert g.stats()["replays"] >= 2
+    for v, out in zip(range(1, 5), outs):
+        assert type(out) is KwOnly and list(out.keys()) == ["logits"] and out.loss is None
+        assert out.logits is out["logits"] and out.logits.tolist() == [2.0 * v] * 2
+    assert len({id(o.logits) for o in outs}) == 4
