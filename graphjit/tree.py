@@ -514,7 +514,7 @@ def _state_copy(x: dict[Any, Any], items: list[tuple[Any, Any]]) -> Any:
     value.  Used by :func:`_own_dict` only where it made the same state as the type's own route (transformers'
     ``ModelOutput`` mirrors its non-None fields as items and attributes; its constructor took 21 us of a 60 us
     decode replay)."""
-    base: Any = collections.OrderedDict if isinstance(x, collections.OrderedDict) else dict
+    base = _dict_base(x)
     clone = base.__new__(type(x))
     attrs = dict(x.__dict__)
     for k, v in items:
@@ -525,12 +525,17 @@ def _state_copy(x: dict[Any, Any], items: list[tuple[Any, Any]]) -> Any:
     return clone
 
 
+def _dict_base(x: dict[Any, Any]) -> Any:
+    """The builtin mapping type whose own methods hold ``x``'s items in order."""
+    return collections.OrderedDict if isinstance(x, collections.OrderedDict) else dict
+
+
 def _same_state(a: Any, b: Any) -> bool:
-    """Whether two dict-subclass instances are of one type and hold the same objects, as items and as attributes,
-    in the same order."""
-    if type(a) is not type(b) or not hasattr(a, "__dict__") or _slotted(type(a)):
-        return False  # (a slot's value is in neither the items nor the attributes the copy sets)
-    base: Any = collections.OrderedDict if isinstance(a, collections.OrderedDict) else dict
+    """Whether two dict-subclass instances with a ``__dict__`` (and no slots: :func:`_slotted`) are of one type and
+    hold the same objects, as items and as attributes, in the same order."""
+    if type(a) is not type(b):
+        return False
+    base = _dict_base(a)
     pairs_a, pairs_b = list(base.items(a)), list(base.items(b))
     attrs_a, attrs_b = list(vars(a).items()), list(vars(b).items())
     return len(pairs_a) == len(pairs_b) and len(attrs_a) == len(attrs_b) and all(

@@ -339,7 +339,12 @@ class TorchBackend(Backend):
     versions_settable = versions.SETTABLE
     set_versions = staticmethod(versions.set_versions)
     sole_storage = staticmethod(versions.sole_storage)
-    extent = staticmethod(versions.extent)
+
+    def extent(self, t: Any) -> tuple[int, int]:
+        if t.is_contiguous():  # three C calls for the common case
+            start = t.data_ptr()
+            return start, start + t.nbytes
+        return super().extent(t)
 
     def tensor_state(self, t: Any) -> tuple[tuple[str, Any], ...]:
         """A leaf that requires grad holds its ``.grad``: backward accumulates into it (a write),

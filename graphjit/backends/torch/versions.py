@@ -64,16 +64,6 @@ def sole_storage(t: Any) -> bool:
         return False
 
 
-def extent(t: Any) -> tuple[int, int]:
-    """The bytes ``[start, end)`` ``t``'s elements lie in (a contiguous tensor read in three C calls)."""
-    start = t.data_ptr()
-    if t.is_contiguous():
-        return start, start + t.nbytes
-    if not t.numel():
-        return 0, 0
-    return start, start + (1 + sum((d - 1) * abs(s) for d, s in zip(t.shape, t.stride()))) * t.element_size()
-
-
 def set_versions(tensors: Sequence[Any], versions: Sequence[int | None]) -> None:
     """Put ``tensors``' version counters back to ``versions``."""
     assert _SET is not None
