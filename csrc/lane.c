@@ -466,10 +466,7 @@ static PyObject *outputs(Plan *self, PyObject **tensors, Py_ssize_t n, PyObject 
 /* A miss: the error of a check cleared where it is an Exception (the Python path meets it again and handles it);
  * anything else (KeyboardInterrupt, SystemExit) is the call's. */
 static PyObject *missed(Plan *self) {
-  if (PyErr_Occurred()) {
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
-    PyErr_Clear();
-  }
+  if (PyErr_Occurred() && swallowed() < 0) return NULL;
   if (self->miss == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "a graphjit lane plan that was never made");
     return NULL;

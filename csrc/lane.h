@@ -37,6 +37,9 @@ typedef struct {
 
 /* 1 equal, 0 not (an Exception raised by __eq__ cleared: not equal), -1 with anything else set. */
 int same(PyObject *a, PyObject *b);
+/* With an error set: 0 where it is an Exception (cleared: a refusal, a value that does not hold), -1 for anything
+ * else (KeyboardInterrupt, SystemExit: left set, the call's). */
+int swallowed(void);
 /* fn(*args) made a bool: 1, 0, or -1 with an error set. */
 int truthy_call(PyObject *fn, PyObject *const *args, size_t n);
 /* d[name], borrowed; NULL with KeyError set. */

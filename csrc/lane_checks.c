@@ -20,12 +20,14 @@ PyObject *s_settings, *s_training;
 int same(PyObject *a, PyObject *b) {
   if (a == b) return 1;
   int r = PyObject_RichCompareBool(a, b, Py_EQ);
-  if (r < 0) {
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
-    PyErr_Clear();
-    return 0;
-  }
-  return r;
+  return r < 0 ? swallowed() : r;
+}
+
+/* With an error set: 0 where it is an Exception (cleared), -1 for anything else (left set). */
+int swallowed(void) {
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+  PyErr_Clear();
+  return 0;
 }
 
 int truthy_call(PyObject *fn, PyObject *const *args, size_t n) { /* 1, 0, or -1 with an error set */
@@ -184,10 +186,7 @@ static int settings_current(const Check *c) {
 /* What a call the check did not serve gives: None (ok 0, or an Exception, cleared: the Python path meets it again and
  * says so), or NULL with anything else (KeyboardInterrupt and the like: the call's). */
 static PyObject *refused(int ok) {
-  if (ok < 0) {
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
-    PyErr_Clear();
-  }
+  if (ok < 0 && swallowed() < 0) return NULL;
   Py_RETURN_NONE;
 }
 

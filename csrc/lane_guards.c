@@ -18,23 +18,16 @@
 
 enum { SCAN_ITEM = 0, SCAN_ATTR = 1, SCAN_CALL = 2 }; /* GuardSet.kinds: c[key], getattr(c, key), getter(c) */
 
-/* A read that raised: 0 (an Exception cleared: the value does not hold), -1 for anything else. */
-static int failed(void) {
-  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
-  PyErr_Clear();
-  return 0;
-}
-
 /* c[key] (kind SCAN_ITEM) or getattr(c, key) (SCAN_ATTR) compared with want: 1 holds, 0 not, -1 error. */
 static int read_same(int kind, PyObject *c, PyObject *key, PyObject *want) {
   PyObject *got;
   if (kind == SCAN_ITEM && PyDict_CheckExact(c)) { /* a plain dict: no __getitem__ or __missing__ of its own */
     got = PyDict_GetItemWithError(c, key);
-    if (got == NULL) return PyErr_Occurred() ? failed() : 0;
+    if (got == NULL) return PyErr_Occurred() ? swallowed() : 0;
     Py_INCREF(got);
   } else {
     got = kind == SCAN_ITEM ? PyObject_GetItem(c, key) : PyObject_GetAttr(c, key);
-    if (got == NULL) return failed();
+    if (got == NULL) return swallowed();
   }
   int r = same(got, want);
   Py_DECREF(got);
@@ -46,7 +39,7 @@ static int read_same(int kind, PyObject *c, PyObject *key, PyObject *want) {
 static int container_same(int kind, PyObject *getter, PyObject *c, PyObject *keys, PyObject *want) {
   if (kind == SCAN_CALL) {
     PyObject *got = PyObject_CallOneArg(getter, c);
-    if (got == NULL) return failed();
+    if (got == NULL) return swallowed();
     int r = same(got, want);
     Py_DECREF(got);
     return r;
