@@ -301,12 +301,14 @@ static PyTypeObject LayoutCheckType = {
  * (and, where hash is an int, hashing to it: a key is found by its hash too); (2, type, specs) a list or tuple of that
  * exact type with one item per spec; (3, type, keys, hashes, specs) a dict of that exact type whose items (as its
  * items() gives them) have those keys in that order, each of its key's type, equal to it and hashing to its hash, and
- * one value per spec; (4, type, keys or None, hashes, specs,
+ * one value per spec, and for a subclass (its spec has 8 items) (..., attribute keys or None, hashes, specs) whose
+ * __dict__ holds such keys and values (None: no attributes), a spec (6, None) standing for the item of the attribute's
+ * name, the same object (a mirror: tree.dict_attrs); (4, type, keys or None, hashes, specs,
  * slot names, slot specs) an object of that exact type whose __dict__ (None: not read) holds such keys and values, and
  * whose slots hold the slot specs (None: unset); (5, type) a value of that exact type, any value (a counter the key
  * holds: its value is gathered, and keys.py puts it into the key).  A call matches where every argument matches its
  * spec; its tensors and free values are gathered in the walk's order. */
-enum { SPEC_TENSOR = 0, SPEC_VALUE = 1, SPEC_SEQ = 2, SPEC_DICT = 3, SPEC_OBJECT = 4, SPEC_FREE = 5 };
+enum { SPEC_TENSOR = 0, SPEC_VALUE = 1, SPEC_SEQ = 2, SPEC_DICT = 3, SPEC_OBJECT = 4, SPEC_FREE = 5, SPEC_MIRROR = 6 };
 #define SPEC_DEPTH 32 /* nesting a spec may have (walk_spec.py makes none deeper) */
 
 static PyObject *s_dict; /* "__dict__", interned by lane_checks_add */
@@ -354,10 +356,22 @@ static int spec_valid(PyObject *spec, int depth) {
     children = PyTuple_GET_ITEM(spec, 2);
     break;
   case SPEC_DICT:
-    if (n != 5 || !PyType_Check(PyTuple_GET_ITEM(spec, 1)) ||
+    if ((n != 5 && n != 8) || !PyType_Check(PyTuple_GET_ITEM(spec, 1)) ||
         !PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(spec, 1), &PyDict_Type) ||
+        (n == 5) != ((PyTypeObject *)PyTuple_GET_ITEM(spec, 1) == &PyDict_Type) ||
         !keys_valid(PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 4)))
       goto bad;
+    if (n == 8 && PyTuple_GET_ITEM(spec, 5) != Py_None) {
+      PyObject *attrs = PyTuple_GET_ITEM(spec, 7);
+      if (!keys_valid(PyTuple_GET_ITEM(spec, 5), PyTuple_GET_ITEM(spec, 6), attrs)) goto bad;
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(attrs); ++i) {
+        PyObject *a = PyTuple_GET_ITEM(attrs, i);
+        if (PyTuple_CheckExact(a) && PyTuple_GET_SIZE(a) == 2 && PyLong_CheckExact(PyTuple_GET_ITEM(a, 0)) &&
+            PyLong_AsLong(PyTuple_GET_ITEM(a, 0)) == SPEC_MIRROR)
+          continue;
+        if (spec_valid(a, depth + 1) < 0) return -1;
+      }
+    }
     children = PyTuple_GET_ITEM(spec, 4);
     break;
   case SPEC_OBJECT: {
@@ -398,9 +412,15 @@ static int spec_matches(PyObject *spec, PyObject *v, Walk *w);
 
 /* Whether one dict item matches: the key of the expected key's type, equal to it and hashing to its hash, the value
  * matching its spec. */
-static int item_matches(PyObject *k, PyObject *val, PyObject *want, PyObject *hash, PyObject *spec, Walk *w) {
+static int item_matches(PyObject *k, PyObject *val, PyObject *want, PyObject *hash, PyObject *spec, PyObject *owner,
+                        Walk *w) {
   int ok = k == want ? 1 : (Py_TYPE(k) != Py_TYPE(want) ? 0 : same(k, want));
   if (ok > 0) ok = same_hash(k, hash);
+  if (ok > 0 && owner != NULL && PyLong_AsLong(PyTuple_GET_ITEM(spec, 0)) == SPEC_MIRROR) {
+    /* the attribute is the owner's item of its name, the same object, as tree.dict_attrs reads it (dict.get) */
+    PyObject *item = PyDict_GetItemWithError(owner, k);
+    return item == NULL ? (PyErr_Occurred() ? -1 : 0) : item == val;
+  }
   if (ok > 0) ok = spec_matches(spec, val, w);
   return ok;
 }
@@ -408,7 +428,8 @@ static int item_matches(PyObject *k, PyObject *val, PyObject *want, PyObject *ha
 /* Matches the items of a dict (exactly a dict) against keys, hashes and specs, in order.  snapshot: its items are
  * taken first and then matched, as tree.object_fields takes an object's __dict__ items; else it is read as it is
  * matched, as the walk iterates a dict argument's items. */
-static int dict_matches(PyObject *d, PyObject *keys, PyObject *hashes, PyObject *specs, int snapshot, Walk *w) {
+static int dict_matches(PyObject *d, PyObject *keys, PyObject *hashes, PyObject *specs, int snapshot, PyObject *owner,
+                        Walk *w) {
   Py_ssize_t n = PyTuple_GET_SIZE(keys), pos = 0, i = 0;
   if (PyDict_GET_SIZE(d) != n) return 0;
   PyObject *k, *val;
@@ -429,7 +450,7 @@ static int dict_matches(PyObject *d, PyObject *keys, PyObject *hashes, PyObject 
           break;
         }
         ok = item_matches(PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), PyTuple_GET_ITEM(keys, i),
-                          PyTuple_GET_ITEM(hashes, i), PyTuple_GET_ITEM(specs, i), w);
+                          PyTuple_GET_ITEM(hashes, i), PyTuple_GET_ITEM(specs, i), owner, w);
       }
       if (ok > 0 && PyList_GET_SIZE(items) != n) ok = 0;
       Py_DECREF(items);
@@ -438,7 +459,8 @@ static int dict_matches(PyObject *d, PyObject *keys, PyObject *hashes, PyObject 
     while (ok > 0 && i < n && PyDict_Next(d, &pos, &k, &val)) {
       Py_INCREF(k);
       Py_INCREF(val);
-      ok = item_matches(k, val, PyTuple_GET_ITEM(keys, i), PyTuple_GET_ITEM(hashes, i), PyTuple_GET_ITEM(specs, i), w);
+      ok = item_matches(k, val, PyTuple_GET_ITEM(keys, i), PyTuple_GET_ITEM(hashes, i), PyTuple_GET_ITEM(specs, i), owner,
+                        w);
       Py_DECREF(k);
       Py_DECREF(val);
       ++i;
@@ -485,9 +507,34 @@ static int spec_matches(PyObject *spec, PyObject *v, Walk *w) {
     Py_DECREF(v);
     return ok;
   }
-  case SPEC_DICT: /* an exact dict read as the walk iterates it; a subclass through its items(), taken first */
-    return dict_matches(v, PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 4),
-                        !PyDict_CheckExact(v), w);
+  case SPEC_DICT: { /* an exact dict read as the walk iterates it; a subclass through its items(), taken first, then
+                     its attributes (a snapshot of its __dict__, as tree.dict_attrs takes it) */
+    int ok = dict_matches(v, PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 4),
+                          !PyDict_CheckExact(v), NULL, w);
+    if (ok <= 0 || PyTuple_GET_SIZE(spec) == 5) return ok;
+    for (int i = 0; i < w->depth; ++i)
+      if (w->path[i] == v) return 0; /* a cycle: the walk keys it apart */
+    if (w->depth >= SPEC_DEPTH) return 0;
+    PyObject *d = PyObject_GetAttr(v, s_dict), *keys = PyTuple_GET_ITEM(spec, 5);
+    if (d == NULL) { /* no __dict__ (slots only): no attributes */
+      if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+      PyErr_Clear();
+      return keys == Py_None;
+    }
+    if (!PyDict_CheckExact(d)) {
+      ok = 0;
+    } else if (keys == Py_None) {
+      ok = PyDict_GET_SIZE(d) == 0;
+    } else {
+      w->path[w->depth++] = v;
+      Py_INCREF(v);
+      ok = dict_matches(d, keys, PyTuple_GET_ITEM(spec, 6), PyTuple_GET_ITEM(spec, 7), 1, v, w);
+      Py_DECREF(v);
+      w->depth--;
+    }
+    Py_DECREF(d);
+    return ok;
+  }
   case SPEC_OBJECT: {
     for (int i = 0; i < w->depth; ++i)
       if (w->path[i] == v) return 0; /* a cycle: the walk keys it apart */
@@ -501,8 +548,9 @@ static int spec_matches(PyObject *spec, PyObject *v, Walk *w) {
       if (d == NULL) {
         ok = -1;
       } else {
-        ok = PyDict_CheckExact(d) ? dict_matches(d, keys, PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 4), 1, w)
-                                  : 0;
+        ok = PyDict_CheckExact(d)
+                 ? dict_matches(d, keys, PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 4), 1, NULL, w)
+                 : 0;
         Py_DECREF(d);
       }
     }

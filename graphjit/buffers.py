@@ -33,8 +33,9 @@ from .backends.base import Backend, GraphHandle
 from .batch_copy import Batch
 from .handoff import NOT_SERVED, Handoff
 from .keys import CallSignature, Pad
+from .rebuild_plan import FRESH, KEEP, rebuilder
 from .renewals import Feed, occupied
-from .tree import FRESH, KEEP, Call, Path, collect_tensors, places, rebuilder
+from .tree import Call, Path, collect_tensors, places
 
 if TYPE_CHECKING:
     from .advances import Advances

@@ -31,7 +31,7 @@ from . import backends, bucket_spec, env, lane, sign_checks, walk_spec
 from .backends.base import Backend
 from .binder import Binder, wraps_another
 from .errors import SignatureError
-from .tree import Attr, is_object, object_fields, rebuild
+from .tree import MIRROR, Attr, dict_attrs, is_object, object_fields, rebuild, rebuild_call
 
 _SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))
 TENSOR_MARK = ("<tensor>",)
@@ -525,7 +525,7 @@ class _WalkState:
                                          f"key {k!r}") from None
                 # (type, key): {True: v} and {1: v} are equal dict keys in Python but different calls
                 items.append(((type(k), k), self.leaf(v, (*label, k), tensors, labels)))
-            return (tp, tuple(items))
+            return (tp, tuple(items)) if tp is dict else (tp, tuple(items), self._dict_attrs(x, label, tensors, labels))
         if is_object(tp):
             if tp.__hash__ is not None or self.visiting:
                 return self._object(x, tp, label, tensors, labels)
@@ -550,6 +550,18 @@ class _WalkState:
                 "a tensor (it becomes a graph input), a hashable value (a new value captures a new graph), or close "
                 "over the object instead of passing it") from None
         return (tp, x)
+
+    def _dict_attrs(self, x: Any, label: tuple[Any, ...], tensors: list[Any], labels: list[Any]) -> tuple[Any, ...]:
+        """A dict subclass's attributes (:func:`tree.dict_attrs`) walked as an object's, a mirror as it is."""
+        self.visiting = self.visiting if self.visiting is not None else set()
+        if id(x) in self.visiting:
+            return ("cycle",)
+        self.visiting.add(id(x))
+        try:
+            return tuple((n, v) if v is MIRROR else (n, self.leaf(v, (*label, Attr(n)), tensors, labels))
+                         for n, v in dict_attrs(x))
+        finally:
+            self.visiting.discard(id(x))
 
     def _object(self, x: Any, tp: type, label: tuple[Any, ...], tensors: list[Any],
                 labels: list[tuple[Any, ...]]) -> Any:
@@ -582,16 +594,6 @@ class _WalkState:
 
 
 __all__ = ["Binder", "CallSignature", "Key", "Pad", "Signer", "rebuild", "rebuild_call"]  # Binder: binder.py
-
-
-def rebuild_call(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Sequence[Any],
-                 is_tensor: Callable[[Any], bool]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Positional and keyword arguments with their tensors replaced (same order as ``sign``)."""
-    ordered = list(args) + [kwargs[k] for k in sorted(kwargs)]
-    rebuilt = rebuild(ordered, tensors, is_tensor)
-    new_args = tuple(rebuilt[: len(args)])
-    new_kwargs = dict(zip(sorted(kwargs), rebuilt[len(args):]))
-    return new_args, {k: new_kwargs[k] for k in kwargs}
 
 
 def _subscripts(subs: Sequence[Any]) -> str:

@@ -5,7 +5,10 @@ Containers are lists, tuples, dicts and deques, subclasses included (each rebuil
 NamedTuples, ``OrderedDict``, ``defaultdict`` with its factory, a ``deque`` with its ``maxlen``, a user's
 dict or list subclass with its attributes), and *objects that hold tensors*: dataclass instances and plain
 objects (with ``__dict__`` or ``__slots__``) whose type does not define its own equality.  Their attributes
-are walked like a dict's values, in the order :func:`object_fields` lists them.  Not walked: value types (a
+are walked like a dict's values, in the order :func:`object_fields` lists them.  A dict subclass's own attributes
+(:func:`dict_attrs`: transformers' ``ModelOutput`` after ``out.extra = t``) are walked after its items, an attribute
+that is its item of the same name standing for that item; a rebuilt one has them as the original had them, but for
+those its constructor makes anew for each instance (:func:`made_anew`).  Not walked: value types (a
 type with its own ``__eq__`` and ``__hash__``: ``torch.dtype``, enums, frozensets), the framework's stateful
 objects (``nn.Module`` / ``paddle.nn.Layer``, optimizers, learning-rate schedulers, gradient scalers: their
 tensors are state, captured by address, and the key holds them by identity), functions, classes and
@@ -31,7 +34,7 @@ from . import backends
 from .errors import SignatureError
 
 _CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
-_SEQUENCES = (list, tuple, collections.deque)
+SEQUENCES = (list, tuple, collections.deque)
 _NOT_OBJECTS = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                 functools.partial, enum.Enum, BaseException, *_CONTAINERS)
 _KIND: dict[type, bool] = {}
@@ -109,6 +112,27 @@ def object_fields(x: Any) -> list[tuple[str, Any]]:
     return out
 
 
+MIRROR = "="
+"""What :func:`dict_attrs` gives for an attribute that is the item of the same name (a mirror)."""
+_ABSENT = object()
+
+
+def dict_attrs(x: dict[Any, Any]) -> list[tuple[str, Any]]:
+    """The attributes of a dict subclass instance (its ``__dict__``, in order), each with its value, or with
+    :data:`MIRROR` where it is the item of the same name: transformers' ``ModelOutput`` keeps each field that is not
+    None both as an item and as an attribute, and an attribute set after construction (``out.extra = t``, or a field
+    set to None, which leaves its item) only as an attribute.  The walks take the attributes after the items: a
+    mirror stands for its item (rebuilt as it), any other is walked like an object's attribute.  Empty for a plain
+    dict and for an instance without attributes."""
+    if type(x) is dict:
+        return []
+    d = getattr(x, "__dict__", None)
+    if not d or type(d) is not dict:
+        return []
+    get = dict.get
+    return [(n, MIRROR if get(x, n, _ABSENT) is v else v) for n, v in d.items()]
+
+
 def collect_tensors(obj: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
     """The tensor leaves of ``obj`` in the order :func:`rebuild` replaces them."""
     found: list[Any] = []
@@ -119,12 +143,18 @@ def collect_tensors(obj: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
 def _collect(x: Any, is_tensor: Callable[[Any], bool], found: list[Any], visiting: set[int]) -> None:
     if is_tensor(x):
         found.append(x)
-    elif isinstance(x, _SEQUENCES):
+    elif isinstance(x, SEQUENCES):
         for e in x:
             _collect(e, is_tensor, found, visiting)
     elif isinstance(x, dict):
         for v in x.values():
             _collect(v, is_tensor, found, visiting)
+        if type(x) is not dict and id(x) not in visiting:
+            visiting.add(id(x))
+            for _name, v in dict_attrs(x):
+                if v is not MIRROR:
+                    _collect(v, is_tensor, found, visiting)
+            visiting.discard(id(x))
     elif is_object(type(x)) and id(x) not in visiting:
         visiting.add(id(x))
         for _name, v in object_fields(x):
@@ -144,10 +174,17 @@ def structure(obj: Any, is_tensor: Callable[[Any], bool]) -> Any:
 def _structure(x: Any, is_tensor: Callable[[Any], bool], visiting: set[int]) -> Any:
     if is_tensor(x):
         return _TENSOR
-    if isinstance(x, _SEQUENCES):
+    if isinstance(x, SEQUENCES):
         return (type(x), tuple(_structure(e, is_tensor, visiting) for e in x))
     if isinstance(x, dict):
-        return (type(x), tuple((k, _structure(v, is_tensor, visiting)) for k, v in x.items()))
+        items = tuple((k, _structure(v, is_tensor, visiting)) for k, v in x.items())
+        attrs = dict_attrs(x) if id(x) not in visiting else []
+        if not attrs:
+            return (type(x), items)
+        visiting.add(id(x))
+        described = tuple((n, v if v is MIRROR else _structure(v, is_tensor, visiting)) for n, v in attrs)
+        visiting.discard(id(x))
+        return (type(x), items, described)
     if is_object(type(x)) and id(x) not in visiting:
         visiting.add(id(x))
         out = (type(x), tuple((n, _structure(v, is_tensor, visiting)) for n, v in object_fields(x)))
@@ -171,6 +208,16 @@ def rebuild(obj: Any, tensors: Sequence[Any], is_tensor: Callable[[Any], bool]) 
     return _rebuild(obj, iter(tensors), is_tensor, set())[0]
 
 
+def rebuild_call(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Sequence[Any],
+                 is_tensor: Callable[[Any], bool]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Positional and keyword arguments with their tensors replaced (in the order ``keys.Signer.sign`` found them)."""
+    ordered = list(args) + [kwargs[k] for k in sorted(kwargs)]
+    rebuilt = rebuild(ordered, tensors, is_tensor)
+    new_args = tuple(rebuilt[: len(args)])
+    new_kwargs = dict(zip(sorted(kwargs), rebuilt[len(args):]))
+    return new_args, {k: new_kwargs[k] for k in kwargs}
+
+
 def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiting: set[int]) -> tuple[Any, bool]:
     """``(rebuilt x, whether every tensor under x was put back as itself)``."""
     if is_tensor(x):
@@ -178,8 +225,25 @@ def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiti
         return t, t is x
     if isinstance(x, dict):
         pairs = [(k, _rebuild(v, it, is_tensor, visiting)) for k, v in x.items()]
-        return _own_type(x, [(k, v) for k, (v, _same) in pairs]), all(same for _k, (_v, same) in pairs)
-    if isinstance(x, _SEQUENCES):
+        items = [(k, v) for k, (v, _same) in pairs]
+        same = all(s for _k, (_v, s) in pairs)
+        attrs = dict_attrs(x) if id(x) not in visiting else []
+        if not attrs:
+            return own_type(x, items), same
+        visiting.add(id(x))
+        rebuilt: list[tuple[str, Any]] = []
+        for name, v in attrs:
+            new = v
+            if v is not MIRROR:
+                new, kept = _rebuild(v, it, is_tensor, visiting)
+                same = same and kept
+            rebuilt.append((name, new))
+        visiting.discard(id(x))
+        out = own_type(x, items)
+        anew = made_anew(x)
+        fill_attrs(out.__dict__, items, [(a, v) for a, v in rebuilt if a not in anew])
+        return out, same
+    if isinstance(x, SEQUENCES):
         parts = [_rebuild(e, it, is_tensor, visiting) for e in x]
         items = [v for v, _same in parts]
         same = all(s for _v, s in parts)
@@ -187,7 +251,7 @@ def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiti
             return items, same
         if type(x) is tuple:
             return tuple(items), same
-        return _own_type(x, items), same
+        return own_type(x, items), same
     if is_object(type(x)) and id(x) not in visiting:
         visiting.add(id(x))
         changed = []
@@ -205,11 +269,6 @@ def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiti
     return x, True
 
 
-FRESH = -1
-"""A leaf source for :func:`rebuilder`: the leaf takes the next of the call's fresh tensors."""
-KEEP = -2
-"""A leaf source for :func:`rebuilder`: the leaf stays the template's own tensor."""
-
 # Where an argument object sits: (keyword or None, position, then (attribute?, key) steps down from there).
 Path = tuple[Any, ...]
 Call = tuple[Sequence[Any], dict[str, Any]]
@@ -220,7 +279,7 @@ def places(args: Sequence[Any], kwargs: dict[str, Any], is_tensor: Callable[[Any
            ) -> dict[int, tuple[Path, int, int]]:
     """Every container and object in a call's arguments, by ``id``: ``(path, first, stop)``, where the call's
     tensor leaves ``first`` up to ``stop`` (in :func:`collect_tensors` order of ``list(args)`` followed by the keyword
-    values in sorted order, as ``keys.rebuild_call`` lays them out) are the ones under it, and ``path`` finds the
+    values in sorted order, as :func:`rebuild_call` lays them out) are the ones under it, and ``path`` finds the
     same place in another call of that layout (:func:`at`).  An object found at two places is left out: another call
     may pass two objects there, and which one an output is cannot be told."""
     found: dict[int, tuple[Path, int, int] | None] = {}
@@ -241,7 +300,13 @@ def _place(x: Any, path: Path, is_tensor: Callable[[Any], bool], found: dict[int
     if isinstance(x, dict):
         for k, v in x.items():
             _place(v, (*path, (False, k)), is_tensor, found, count, visiting)
-    elif isinstance(x, _SEQUENCES):
+        if type(x) is not dict and id(x) not in visiting:
+            visiting.add(id(x))
+            for name, v in dict_attrs(x):
+                if v is not MIRROR:
+                    _place(v, (*path, (True, name)), is_tensor, found, count, visiting)
+            visiting.discard(id(x))
+    elif isinstance(x, SEQUENCES):
         for j, e in enumerate(x):
             _place(e, (*path, (False, j)), is_tensor, found, count, visiting)
     elif is_object(type(x)) and id(x) not in visiting:
@@ -263,160 +328,10 @@ def at(path: Path, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return x
 
 
-def rebuilder(obj: Any, sources: Sequence[int], is_tensor: Callable[[Any], bool],
-              argument: Callable[[Any, list[Any]], Path | None] | None = None
-              ) -> Callable[..., Any]:
-    """:func:`rebuild` of ``obj`` planned once for many calls, each leaf (in :func:`collect_tensors` order) taken
-    from where ``sources`` says: :data:`FRESH`, the next of the call's fresh tensors (a tensor met again, the one it
-    took before); :data:`KEEP`, ``obj``'s own; an index ``i``, the call's own tensor ``i`` (an output that is one of
-    the call's inputs, as an eager call returns it).
-
-    The returned function is ``run(fresh, tensors=None, call=None)``.  Without ``tensors`` the input leaves stay
-    ``obj``'s own.  ``argument(x, leaves)`` says whether a container or object ``x`` of ``obj`` (holding the tensors
-    ``leaves``) is one of the capturing call's arguments, unchanged: its path (:func:`places`), where ``run`` given
-    the ``call`` (its ``(args, kwargs)``) returns the call's own object at that path as it is, as an eager call
-    returns the object it was given (a cache, with its layers and counters: the caller's, not a copy).
-
-    The walk is done here: the function rebuilds the other containers (always, as :func:`rebuild` does: the caller
-    never gets ``obj``'s own) and only the objects above a leaf that changes; an object with no such leaf under it
-    is returned as it is without being walked."""
-    nodes = _Planner(iter(sources), is_tensor, argument)
-    node, _same = nodes.plan(obj)
-    if not nodes.of_call:  # fresh tensors and constants only: the walk with the fresh tensors alone
-        return functools.partial(_run_fresh, node)
-    return functools.partial(_run, node)
-
-
-# A planned node: (kind, value, children).  kind: 0 a constant, 1 the i-th fresh tensor, 2 a dict, 3 a list,
-# 4 a tuple, 5 another sequence, 6 an object (its changed attributes only), 7 the call's tensor i (value: (i, the
-# template's)), 8 the call's argument at a path (value: (path, the node without a call)), 9 a dict subclass with
-# attributes of its own (value: (the template, [its decision]): _own_dict).
-_Node = tuple[int, Any, Any]
-
-
-class _Planner:
-    """The walk of :func:`_rebuild` planned once: each node and whether no leaf under it changes."""
-
-    def __init__(self, sources: Iterator[int], is_tensor: Callable[[Any], bool],
-                 argument: Callable[[Any, list[Any]], Path | None] | None) -> None:
-        self.sources = sources
-        self.is_tensor = is_tensor
-        self.argument = argument
-        self.fresh_of: dict[int, int] = {}  # id(template's tensor) -> its index among the fresh ones
-        self.of_call = False  # a node takes the call's tensors or arguments (kind 7 or 8)
-        self.visiting: set[int] = set()
-
-    def plan(self, x: Any) -> tuple[_Node, bool]:
-        """The node of ``x`` and whether it is ``x`` itself in every call (no leaf under it changes); consumes one
-        source per tensor leaf, in :func:`collect_tensors` order."""
-        if self.is_tensor(x):
-            src = next(self.sources)
-            if src == KEEP:
-                return (0, x, None), True
-            if src == FRESH:  # a tensor met before takes the same fresh one (``return h, h``: one tensor twice)
-                i = self.fresh_of.setdefault(id(x), len(self.fresh_of))
-                return (1, i, None), False
-            self.of_call = True
-            return (7, (src, x), None), False
-        node, same = self._inner(x)
-        if self.argument is not None and (isinstance(x, (dict, *_SEQUENCES)) or is_object(type(x))):
-            path = self.argument(x, collect_tensors(x, self.is_tensor))
-            if path is not None:  # the call's own object: it differs from the template's in every call
-                self.of_call = True
-                return (8, (path, node), None), False
-        return node, same
-
-    def _inner(self, x: Any) -> tuple[_Node, bool]:
-        """The node of a container or object (a constant for anything else), its children planned."""
-        if isinstance(x, dict):
-            pairs = [(k, self.plan(v)) for k, v in x.items()]
-            kids = [(k, n) for k, (n, _s) in pairs]
-            same = all(s for _k, (_n, s) in pairs)
-            if getattr(x, "__dict__", None) and not isinstance(x, collections.defaultdict):
-                plain = _plain_model_output(type(x)) and not _slotted(type(x))
-                return (9, (x, [None if plain else False]), kids), same
-            return (2, x, kids), same
-        if isinstance(x, _SEQUENCES):
-            parts = [self.plan(e) for e in x]
-            kind = 3 if type(x) is list else 4 if type(x) is tuple else 5
-            return (kind, x, [n for n, _s in parts]), all(s for _n, s in parts)
-        if is_object(type(x)) and id(x) not in self.visiting:
-            self.visiting.add(id(x))
-            fields = [(name, self.plan(v)) for name, v in object_fields(x)]
-            self.visiting.discard(id(x))
-            moved = [(name, n) for name, (n, same) in fields if not same]
-            return ((6, x, moved), False) if moved else ((0, x, None), True)
-        return (0, x, None), True
-
-
-def _run_fresh(node: _Node, fresh: Sequence[Any], tensors: Sequence[Any] | None = None, call: Call | None = None
-               ) -> Any:
-    """:func:`_run` of a plan with no node of the call's (kinds 0 to 6): the walk takes the fresh tensors alone."""
-    return _walk(node, fresh)
-
-
-def _walk(node: _Node, fresh: Sequence[Any]) -> Any:
-    """:func:`_run` for nodes of kinds 0 to 6, kept apart on purpose: a replay's outputs are rebuilt here on every
-    call, and passing the call's tensors and arguments down every node cost 18% of that (a six-leaf output)."""
-    kind, x, children = node
-    if kind == 0:
-        return x
-    if kind == 1:
-        return fresh[x]
-    if kind == 2:
-        return _own_type(x, [(k, _walk(n, fresh)) for k, n in children])
-    if kind == 9:
-        return _own_dict(x, [(k, _walk(n, fresh)) for k, n in children])
-    if kind == 3:
-        return [_walk(n, fresh) for n in children]
-    if kind == 4:
-        return tuple(_walk(n, fresh) for n in children)
-    if kind == 5:
-        return _own_type(x, [_walk(n, fresh) for n in children])
-    clone = copy.copy(x)
-    for name, n in children:
-        object.__setattr__(clone, name, _walk(n, fresh))
-    return clone
-
-
-def _run(node: _Node, fresh: Sequence[Any], tensors: Sequence[Any] | None = None,
-         call: Call | None = None) -> Any:
-    """The value of a planned ``node`` for one call: ``fresh`` its fresh tensors, ``tensors`` its own tensors and
-    ``call`` its ``(args, kwargs)`` (without them, the template's tensors and objects)."""
-    kind, x, children = node
-    if kind == 0:
-        return x
-    if kind == 1:
-        return fresh[x]
-    if kind == 7:
-        return tensors[x[0]] if tensors is not None else x[1]
-    if kind == 8:
-        if call is not None:
-            try:
-                return at(x[0], *call)
-            except (LookupError, AttributeError, TypeError):  # a call of the key built otherwise (an odd __eq__)
-                pass
-        return _run(x[1], fresh, tensors, call)
-    if kind == 2:
-        return _own_type(x, [(k, _run(n, fresh, tensors, call)) for k, n in children])
-    if kind == 9:
-        return _own_dict(x, [(k, _run(n, fresh, tensors, call)) for k, n in children])
-    if kind == 3:
-        return [_run(n, fresh, tensors, call) for n in children]
-    if kind == 4:
-        return tuple(_run(n, fresh, tensors, call) for n in children)
-    if kind == 5:
-        return _own_type(x, [_run(n, fresh, tensors, call) for n in children])
-    clone = copy.copy(x)
-    for name, n in children:
-        object.__setattr__(clone, name, _run(n, fresh, tensors, call))
-    return clone
-
-
 _ROUTE: dict[tuple[type, bool], bool] = {}  # (type, has own attributes) -> rebuilt by refilling a copy
 
 
-def _own_type(x: Any, items: list[Any]) -> Any:
+def own_type(x: Any, items: list[Any]) -> Any:
     """A copy of the container ``x`` (a dict: ``items`` are pairs) holding ``items``, as ``x``'s own type: a
     NamedTuple by its fields, a ``defaultdict`` with its factory, a deque (subclasses too) with its ``maxlen``, an
     instance with attributes of its own as a shallow copy refilled (its attributes kept), any other type by its
@@ -453,102 +368,37 @@ def _own_type(x: Any, items: list[Any]) -> Any:
     return _by_route(x, items, construct, refill, own_attrs)
 
 
-def _own_dict(value: tuple[Any, list[bool | None]], items: list[tuple[Any, Any]]) -> Any:
-    """A planned dict subclass with attributes of its own (node kind 9: ``value`` is ``(template, [decision])``) rebuilt
-    holding ``items``: by :func:`_state_copy` once this node's decision says so, else by :func:`_own_type`.  The
-    decision is None (to be taken) only for a plain transformers or PaddleFormers ``ModelOutput``
-    (:func:`_plain_model_output`), and is taken once per node (one graph's output): at its first rebuild both ways are
-    made and compared (:func:`_same_state`); where neither its items nor a refilled copy make one, its constructor
-    takes the items as keywords."""
-    x, decided = value
-    if decided[0]:
-        return _state_copy(x, items)
+def made(x: dict[Any, Any], items: list[tuple[Any, Any]], strict: bool = True) -> Any:
+    """An instance of ``x``'s type holding ``items``, by :func:`own_type`, or (not ``strict``: a ``ModelOutput``
+    whose fields are keyword-only, ``dataclass(kw_only=True)``) by its constructor taking them as keywords."""
     try:
-        out = _own_type(x, items)
+        return own_type(x, items)
     except SignatureError:
-        if decided[0] is not None:
+        if strict:
             raise
-        out = type(x)(**dict(items))  # a ModelOutput whose fields are keyword-only (dataclass(kw_only=True))
-    if decided[0] is None:
-        try:
-            decided[0] = _same_state(out, _state_copy(x, items))
-        except Exception:  # instances that cannot be made without their constructor
-            decided[0] = False
-    return out
+        return type(x)(**dict(items))
 
 
-_STATE_HOOKS = ("__new__", "__post_init__", "__setitem__", "__setattr__", "__getattr__", "__getattribute__")
-"""Methods a class between a ``ModelOutput`` and its base may not define for :func:`_state_copy` to stand for its
-constructor."""
+def made_anew(x: dict[Any, Any]) -> frozenset[str]:
+    """The attributes that ``x``'s constructor makes anew for each instance (two instances made from ``x``'s items
+    hold different objects there): a rebuilt instance keeps its own; every other attribute is set as ``x`` has it."""
+    items = list(dict.items(x))
+    try:
+        one, two = made(x, items, False).__dict__, made(x, items, False).__dict__
+    except Exception:  # not made twice: every attribute as the template has it
+        return frozenset()
+    return frozenset(n for n, v in one.items() if n in two and two[n] is not v)
 
 
-def _plain_model_output(tp: type) -> bool:
-    """Whether ``tp`` is a dataclass below a ``ModelOutput`` (transformers', PaddleFormers': the class of that name that
-    defines ``__post_init__``) and adds nothing its constructor runs: no class between them defines one of
-    :data:`_STATE_HOOKS` or an ``__init__`` other than the one ``dataclasses`` generates (unwrapped from wrappers
-    defined beside that ``ModelOutput``, as transformers' renaming of old keyword names).  Such a constructor only
-    sets the fields and calls ``ModelOutput.__post_init__``, whose state :func:`_state_copy` copies; any other type
-    keeps its constructor (one that computes an attribute from its items' values, or aliases an item under another
-    name, would not be seen by comparing one call's results)."""
-    mro = tp.__mro__
-    base = next((c for c in mro if c.__name__ == "ModelOutput" and "__post_init__" in c.__dict__), None)
-    if base is None or not dataclasses.is_dataclass(tp):
-        return False
-    home = getattr(base.__dict__["__post_init__"], "__code__", None)
-    for c in mro[:mro.index(base)]:
-        own = c.__dict__
-        if any(name in own for name in _STATE_HOOKS):
-            return False
-        init = own.get("__init__")
-        while init is not None and home is not None and getattr(init, "__code__", None) is not None and \
-                init.__code__.co_filename == home.co_filename and hasattr(init, "__wrapped__"):
-            init = init.__wrapped__
-        if init is not None and getattr(getattr(init, "__code__", None), "co_filename", None) != "<string>":
-            return False  # not dataclasses' own (it is made by exec)
-    return True
-
-
-def _state_copy(x: dict[Any, Any], items: list[tuple[Any, Any]]) -> Any:
-    """An instance of ``x``'s dict subclass made without its constructor or its own ``__setitem__``: ``items`` set
-    by ``dict``'s (``OrderedDict``'s) own, then ``x``'s attributes, an attribute named as a key taking that key's new
-    value.  Used by :func:`_own_dict` only where it made the same state as the type's own route (transformers'
-    ``ModelOutput`` mirrors its non-None fields as items and attributes; its constructor took 21 us of a 60 us
-    decode replay)."""
-    base = _dict_base(x)
-    clone = base.__new__(type(x))
-    attrs = dict(x.__dict__)
-    for k, v in items:
-        base.__setitem__(clone, k, v)
-        if k in attrs:
-            attrs[k] = v
-    clone.__dict__.update(attrs)
-    return clone
-
-
-def _dict_base(x: dict[Any, Any]) -> Any:
-    """The builtin mapping type whose own methods hold ``x``'s items in order."""
-    return collections.OrderedDict if isinstance(x, collections.OrderedDict) else dict
-
-
-def _same_state(a: Any, b: Any) -> bool:
-    """Whether two dict-subclass instances with a ``__dict__`` (and no slots: :func:`_slotted`) are of one type and
-    hold the same objects, as items and as attributes, in the same order."""
-    if type(a) is not type(b):
-        return False
-    base = _dict_base(a)
-    pairs_a, pairs_b = list(base.items(a)), list(base.items(b))
-    attrs_a, attrs_b = list(vars(a).items()), list(vars(b).items())
-    return len(pairs_a) == len(pairs_b) and len(attrs_a) == len(attrs_b) and all(
-        ka == kb and va is vb for (ka, va), (kb, vb) in zip(pairs_a + attrs_a, pairs_b + attrs_b))
-
-
-def _slotted(tp: type) -> bool:
-    """Whether instances of ``tp`` keep values in slots (``__slots__`` naming more than ``__dict__``)."""
-    for c in tp.__mro__:
-        slots = c.__dict__.get("__slots__", ())
-        if any(n not in ("__dict__", "__weakref__") for n in ((slots,) if isinstance(slots, str) else slots)):
-            return True
-    return False
+def fill_attrs(d: dict[str, Any], items: list[tuple[Any, Any]], attrs: list[tuple[str, Any]]) -> None:
+    """Sets ``attrs`` in the instance dict ``d``, a :data:`MIRROR` to the item of its name in ``items``."""
+    mirrored = None
+    for name, v in attrs:
+        if v is MIRROR:
+            if mirrored is None:
+                mirrored = dict(items)
+            v = mirrored[name]
+        d[name] = v
 
 
 def _by_route(x: Any, items: list[Any], construct: Callable[[], Any], refill: Callable[[], Any],

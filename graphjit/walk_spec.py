@@ -11,7 +11,8 @@ would get the same key from the walk: the walk reads nothing else.  It refuses (
 the walk keeps signing those calls: buckets, sets, deques, slices, a list or tuple subclass iterated its own way, a
 ``__dict__`` that is not a dict, an unhashable value inside an object (keyed by identity), a cycle, nesting deeper
 than :data:`MAX_DEPTH` (containers and objects alike).  A dict subclass (transformers' ``ModelOutput``, an
-``OrderedDict``) is described by what its own ``items()`` gives, as the walk reads it.
+``OrderedDict``) is described by what its own ``items()`` gives, as the walk reads it, and by its attributes
+(:func:`tree.dict_attrs`: a mirror of an item stands for it).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import collections
 from typing import Any
 
 from . import backends
-from .tree import is_object, object_layout
+from .tree import MIRROR, dict_attrs, is_object, object_layout
 
-TENSOR, VALUE, SEQUENCE, DICT, OBJECT, FREE = 0, 1, 2, 3, 4, 5
+TENSOR, VALUE, SEQUENCE, DICT, OBJECT, FREE, MIRROR_SPEC = 0, 1, 2, 3, 4, 5, 6
 MAX_DEPTH = 32  # csrc/lane.c SPEC_DEPTH
 _SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))  # keys._SCALARS: keyed without a hash
 
@@ -89,7 +90,9 @@ def _spec(x: Any, walk: _Walk, kpath: tuple[int, ...], depth: int) -> Any:
         raise _Unsupported("a deque or a set")
     if isinstance(x, dict):  # a subclass (transformers' ModelOutput, an OrderedDict) by its own items(), as walked
         keys, hashes, values = _items(x, walk, kpath, depth)
-        return (DICT, tp, keys, hashes, values)
+        if tp is dict:
+            return (DICT, tp, keys, hashes, values)
+        return (DICT, tp, keys, hashes, values, *_attrs(x, walk, kpath, depth))
     if is_object(tp):
         return _object(x, tp, walk, kpath, depth)
     try:
@@ -106,6 +109,23 @@ def _items(d: dict[Any, Any], walk: _Walk, kpath: tuple[int, ...],
     items = list(d.items())  # as the walk takes them
     return (tuple(k for k, _v in items), tuple(hash(k) for k, _v in items),
             tuple(_spec(v, walk, (*kpath, 1, i, 1), depth + 1) for i, (_k, v) in enumerate(items)))
+
+
+def _attrs(d: dict[Any, Any], walk: _Walk, kpath: tuple[int, ...], depth: int) -> tuple[Any, Any, Any]:
+    """A dict subclass's attributes (:func:`tree.dict_attrs`): their names (None: it has none), their hashes and their
+    specs, a mirror's ``(MIRROR, None)``; the walk's part: (type, items part, ((name, MIRROR or value part), ...))."""
+    attrs = dict_attrs(d)
+    if not attrs:
+        return None, (), ()
+    if id(d) in walk.path:
+        raise _Unsupported("a cycle")
+    walk.path.append(id(d))
+    try:
+        return (tuple(n for n, _v in attrs), tuple(hash(n) for n, _v in attrs),
+                tuple((MIRROR_SPEC, None) if v is MIRROR else _spec(v, walk, (*kpath, 2, i, 1), depth + 1)
+                      for i, (_n, v) in enumerate(attrs)))
+    finally:
+        walk.path.pop()
 
 
 def _object(x: Any, tp: type, walk: _Walk, kpath: tuple[int, ...], depth: int) -> Any:
