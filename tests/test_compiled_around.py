@@ -126,3 +126,45 @@ def test_graphjit_does_not_import_dynamo_and_is_on_its_skip_list_once_something_
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     run = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout[-2000:] + run.stderr[-4000:]
+
+
+class _Sliced(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+        self.register_buffer("b", torch.zeros(4))
+
+    def forward(self, x):
+        for layer in self.layers[:2]:  # as transformers' decoders do in every forward: a new ModuleList
+            x = layer(x)
+        return x
+
+
+def test_module_registration_in_compiled_code_is_no_graph_break_and_rebinds_are_still_counted():
+    """graphjit's module registration hook (counting rebinds for the guards) runs whenever a module registers a
+    submodule; transformers' ``self.layers[:n]`` registers each layer in a new ModuleList in every forward.  Compiled,
+    that hook was a graph break (Gemma 3 under ``tracer="compile"``: 4 Dynamo graphs where 2 were expected); it now
+    traces to nothing there, while the same slice run eagerly, and a buffer rebound in compiled code, are counted."""
+    from graphjit import guard_set
+    from graphjit.backends.torch import breaks, rebinds
+
+    assert rebinds.count_rebinds()
+    breaks.shield()
+    m = _Sliced()
+    compiled = torch.compile(m, backend="eager")
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    for _ in range(2):
+        assert torch.equal(compiled(torch.ones(2, 4)), m(torch.ones(2, 4)))
+    assert dict(counters["graph_break"]) == {} and counters["stats"]["unique_graphs"] == 1
+    before = guard_set._REBINDS[0]
+    m(torch.ones(2, 4))
+    assert guard_set._REBINDS[0] == before + 2  # eagerly: the two layers registered in the slice
+
+    def rebind(mod, x):
+        mod.b = x * 2
+        return x + 1
+
+    before = guard_set._REBINDS[0]
+    torch.compile(rebind, backend="eager")(m, torch.ones(4))
+    assert guard_set._REBINDS[0] > before and torch.equal(m.b, torch.full((4,), 2.0))

@@ -21,9 +21,10 @@ _shielded = False
 _lock = threading.Lock()
 
 
-_INLINED = frozenset(("dist.py",))
+_INLINED = frozenset(("dist.py", "rebinds.py"))
 """Files of this folder Dynamo must still inline: the all-reduce graphjit publishes in place of torch.distributed's
-(``dist.py``) puts graphjit's custom op into the graph of compiled code that calls it."""
+(``dist.py``) puts graphjit's custom op into the graph of compiled code that calls it; the module registration hooks
+(``rebinds.py``) trace to nothing inside compiled code instead of breaking its graph."""
 
 
 def shield() -> None:

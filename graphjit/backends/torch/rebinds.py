@@ -22,6 +22,26 @@ _installed: list[bool] = []
 _watched: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers whose load_state_dict says so (note_load)
 
 
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
+
+
+def _module_rebound(owner: Any, name: str, _module: Any) -> None:
+    """The submodule registration hook: :func:`~graphjit.guard_set.note_rebind`, but for a new entry of a module
+    container while Dynamo traces it.  transformers' decoders slice their ``ModuleList`` in every forward
+    (``self.layers[:n]`` makes a new one and registers each layer in it): called there from compiled code, the hook
+    was a graph break that split every compiled decode step (Gemma 3 under ``tracer="compile"``: 4 Dynamo graphs where
+    2 are expected).  This file is inlined by Dynamo (``breaks._INLINED``), so such a registration traces to nothing.
+    Any other registration in compiled code (a rebound entry, a submodule set on a module that is no container), and
+    every registration outside it, is counted as before; the buffer and parameter hooks are :func:`note_rebind`
+    itself (a rebind in compiled code breaks its graph, runs eagerly and is counted).  Not counted: a new entry that
+    compiled code adds to an existing container (``layers.append(m)``)."""
+    if _compiling() and isinstance(owner, _CONTAINERS) and name not in owner._modules:
+        return None
+    note_rebind()
+    return None
+
+
 def count_rebinds() -> bool:
     """Install the hooks once per process; False on a torch without them."""
     with _lock:
@@ -30,7 +50,7 @@ def count_rebinds() -> bool:
             try:
                 hooks.register_module_buffer_registration_hook(note_rebind)
                 hooks.register_module_parameter_registration_hook(note_rebind)
-                hooks.register_module_module_registration_hook(note_rebind)
+                hooks.register_module_module_registration_hook(_module_rebound)
                 _installed.append(True)
             except AttributeError:
                 _installed.append(False)
