@@ -23,7 +23,6 @@ from .tree import (
     at,
     collect_tensors,
     dict_attrs,
-    fill_attrs,
     is_object,
     made,
     made_anew,
@@ -65,7 +64,7 @@ def rebuilder(obj: Any, sources: Sequence[int], is_tensor: Callable[[Any], bool]
 # A planned node: (kind, value, children).  kind: 0 a constant, 1 the i-th fresh tensor, 2 a dict, 3 a list,
 # 4 a tuple, 5 another sequence, 6 an object (its changed attributes only), 7 the call's tensor i (value: (i, the
 # template's)), 8 the call's argument at a path (value: (path, the node without a call)), 9 a dict subclass with
-# attributes (value: (the template, [its decision], its attributes as (name, node or MIRROR)): _own_dict), 10 a
+# attributes (value: (the template, [its decision], its attributes planned): _own_dict), 10 a
 # container or object met more than once (value: (its slot, its node)): built at the first, the same object after.
 _Node = tuple[int, Any, Any]
 _UNSET = object()
@@ -136,7 +135,8 @@ class _Planner:
             if kind in (2, 9):
                 children = [(k, pick(c)) for k, c in children]
                 if kind == 9:
-                    value = (value[0], value[1], [(a, c if c is MIRROR else pick(c)) for a, c in value[2]])
+                    base, mirrors, walked = value[2]
+                    value = (value[0], value[1], (base, mirrors, [(a, pick(c)) for a, c in walked]))
             elif kind in (3, 4, 5):
                 children = [pick(c) for c in children]
             elif kind == 6:
@@ -161,17 +161,24 @@ class _Planner:
             if not attrs:
                 return (2, x, kids), same
             self.visiting.add(id(x))
-            planned: list[tuple[str, Any]] = []
+            index = {k: i for i, k in enumerate(x.keys())}
+            base: dict[str, Any] = {}  # the attributes in order, a constant's value in place
+            mirrors: list[tuple[str, int]] = []  # (name, its item's index)
+            walked: list[tuple[str, _Node]] = []  # (name, its node) where it changes
             for name, v in attrs:
+                base[name] = None
                 if v is MIRROR:
-                    planned.append((name, v))
+                    mirrors.append((name, index[name]))
                     continue
                 n, kept = self.plan(v)
                 same = same and kept
-                planned.append((name, n))
+                if n[0] == 0:
+                    base[name] = n[1]
+                else:
+                    walked.append((name, n))
             self.visiting.discard(id(x))
             plain = _plain_model_output(type(x)) and not _slotted(type(x))
-            return (9, (x, [None if plain else False, None], planned), kids), same
+            return (9, (x, [None if plain else False, None], (base, tuple(mirrors), walked)), kids), same
         if isinstance(x, SEQUENCES):
             parts = [self.plan(e) for e in x]
             kind = 3 if type(x) is list else 4 if type(x) is tuple else 5
@@ -208,8 +215,7 @@ def _walk(node: _Node, fresh: Sequence[Any]) -> Any:
     if kind == 2:
         return own_type(x, [(k, _walk(n, fresh)) for k, n in children])
     if kind == 9:
-        return _own_dict(x, [(k, _walk(n, fresh)) for k, n in children],
-                         [(a, n if n is MIRROR else _walk(n, fresh)) for a, n in x[2]])
+        return _own_dict(x, [(k, _walk(n, fresh)) for k, n in children], [_walk(n, fresh) for _a, n in x[2][2]])
     if kind == 3:
         return [_walk(n, fresh) for n in children]
     if kind == 4:
@@ -250,7 +256,7 @@ def _run(node: _Node, fresh: Sequence[Any], tensors: Sequence[Any] | None = None
         return own_type(x, [(k, _run(n, fresh, tensors, call)) for k, n in children])
     if kind == 9:
         return _own_dict(x, [(k, _run(n, fresh, tensors, call)) for k, n in children],
-                         [(a, n if n is MIRROR else _run(n, fresh, tensors, call)) for a, n in x[2]])
+                         [_run(n, fresh, tensors, call) for _a, n in x[2][2]])
     if kind == 3:
         return [_run(n, fresh, tensors, call) for n in children]
     if kind == 4:
@@ -269,28 +275,37 @@ def _run(node: _Node, fresh: Sequence[Any], tensors: Sequence[Any] | None = None
     return clone
 
 
-def _own_dict(value: tuple[Any, list[Any], Any], items: list[tuple[Any, Any]], attrs: list[tuple[str, Any]]) -> Any:
-    """A planned dict subclass with attributes (node kind 9: ``value`` is ``(template, [decision, names], planned
-    attributes)``) rebuilt holding ``items`` and the attributes ``attrs`` (:func:`dict_attrs`' list, rebuilt: a
-    :data:`MIRROR` takes its item's new value): by :func:`_state_copy` once this node's decision says so, else by
-    :func:`own_type` with the attributes its constructor does not make anew set as the template had them
-    (:func:`made_anew`: an attribute set after construction, a field set to None after it, which keeps its item,
-    are as eager left them; an object the constructor makes for each instance is its own).  The decision is None (to
-    be taken) only for a plain transformers or PaddleFormers ``ModelOutput`` (:func:`_plain_model_output`), and is
-    taken once per node (one graph's output): at its first rebuild both ways are made and compared
-    (:func:`_same_state`); where neither its items nor a refilled copy make one, its constructor takes the items as
-    keywords."""
-    x, decided, _planned = value
+def _own_dict(value: tuple[Any, list[Any], Any], items: list[tuple[Any, Any]], values: list[Any]) -> Any:
+    """A planned dict subclass with attributes (node kind 9: ``value`` is ``(template, [decision, names], (its
+    attributes in order with each constant's value, (mirror name, its item's index), (name, node) of those that
+    change))``) rebuilt holding ``items`` and, as its attributes, the template's with a mirror its item's new value and
+    the changing ones ``values``: by :func:`_state_copy` once this node's decision says so, else by :func:`own_type`
+    with the attributes its constructor does not make anew set as the template had them (:func:`made_anew`: an
+    attribute set after construction, a field set to None after it, which keeps its item, are as eager left them; an
+    object the constructor makes for each instance is its own).  The decision is None (to be taken) only for a plain
+    transformers or PaddleFormers ``ModelOutput`` (:func:`_plain_model_output`), and is taken once per node (one
+    graph's output): at its first rebuild both ways are made and compared (:func:`_same_state`); where neither its
+    items nor a refilled copy make one, its constructor takes the items as keywords."""
+    x, decided, (base, mirrors, walked) = value
+    attrs = base.copy()
+    for name, i in mirrors:
+        attrs[name] = items[i][1]
+    for (name, _node), v in zip(walked, values):
+        attrs[name] = v
     if decided[0]:
         return _state_copy(x, items, attrs)
     out = made(x, items, decided[0] is not None)
     anew = decided[1]
     if anew is None:
         anew = decided[1] = made_anew(x)
-    fill_attrs(out.__dict__, items, [(a, v) for a, v in attrs if a not in anew] if anew else attrs)
+    own = out.__dict__
+    if anew:
+        own.update((n, v) for n, v in attrs.items() if n not in anew)
+    else:
+        own.update(attrs)
     if decided[0] is None:
         try:
-            decided[0] = _same_state(out, _state_copy(x, items, attrs))
+            decided[0] = _same_state(out, _state_copy(x, items, dict(attrs)))
         except Exception:  # instances that cannot be made without their constructor
             decided[0] = False
     return out
@@ -327,16 +342,16 @@ def _plain_model_output(tp: type) -> bool:
     return True
 
 
-def _state_copy(x: dict[Any, Any], items: list[tuple[Any, Any]], attrs: list[tuple[str, Any]]) -> Any:
+def _state_copy(x: dict[Any, Any], items: list[tuple[Any, Any]], attrs: dict[str, Any]) -> Any:
     """An instance of ``x``'s dict subclass made without its constructor or its own ``__setitem__``: ``items`` set
-    by ``dict``'s (``OrderedDict``'s) own, ``attrs`` as its attributes (:func:`fill_attrs`).  Used by
+    by ``dict``'s (``OrderedDict``'s) own, ``attrs`` (a new dict: it is taken) as its ``__dict__``.  Used by
     :func:`_own_dict` only where it made the same state as the type's own route (transformers' ``ModelOutput``
     mirrors its non-None fields as items and attributes; its constructor took 21 us of a 60 us decode replay)."""
     base = _dict_base(x)
     clone = base.__new__(type(x))
     for k, v in items:
         base.__setitem__(clone, k, v)
-    fill_attrs(clone.__dict__, items, attrs)
+    object.__setattr__(clone, "__dict__", attrs)
     return clone
 
 
