@@ -17,6 +17,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 export GRAPHJIT_COMMIT=${GRAPHJIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 mkdir -p "$out"
 log="$out/proof-torch.log"
+# the results' tag names the card they ran on (a call for an H200 may run on an H100)
+tag=${GRAPHJIT_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9]00' | tr H h)}
+tag=${tag:-gpu}
 
 stage() {
   set -o pipefail  # a stage's status is its command's, not tail's
@@ -28,18 +31,18 @@ stage() {
       tar czf "$out/test-logs.tgz" -C /tmp/graphjit-gpu-logs .
       return $rc ;;
     doctor) timeout 120 python3 -m graphjit doctor --framework torch 2>&1 | tail -40 ;;
-    host) timeout 120 python3 -m graphjit bench decode --host-only --backend torch --out "$out" --tag h200 2>&1 | tail -30 ;;
-    decode) timeout 420 python3 -m graphjit bench decode --backend torch --out "$out" --tag h200 2>&1 | tail -40 ;;
-    train) timeout 240 python3 -m graphjit bench train --out "$out" --tag h200 2>&1 | tail -30 ;;
-    step) timeout 300 python3 -m graphjit bench train --mode step --out "$out" --tag h200 2>&1 | grep -v '^[EW][0-9]' | tail -12 ;;
-    hf) timeout 420 python3 -m graphjit bench hf --out "$out" --tag h200 2>&1 | tail -20 ;;
-    piecewise) timeout 300 python3 -m graphjit bench piecewise --out "$out" --tag h200 2>&1 | tail -22 ;;
+    host) timeout 120 python3 -m graphjit bench decode --host-only --backend torch --out "$out" --tag "$tag" 2>&1 | tail -30 ;;
+    decode) timeout 420 python3 -m graphjit bench decode --backend torch --out "$out" --tag "$tag" 2>&1 | tail -40 ;;
+    train) timeout 240 python3 -m graphjit bench train --out "$out" --tag "$tag" 2>&1 | tail -30 ;;
+    step) timeout 300 python3 -m graphjit bench train --mode step --out "$out" --tag "$tag" 2>&1 | grep -v '^[EW][0-9]' | tail -12 ;;
+    hf) timeout 420 python3 -m graphjit bench hf --out "$out" --tag "$tag" 2>&1 | tail -20 ;;
+    piecewise) timeout 300 python3 -m graphjit bench piecewise --out "$out" --tag "$tag" 2>&1 | tail -22 ;;
     profile) timeout 120 python3 tools/probes/piecewise_profile.py --out "$out" 2>&1 | tail -45 ;;
     replay) timeout 120 python3 tools/probes/replay_profile.py --out "$out" 2>&1 | tail -45 ;;
-    capture) timeout 240 python3 -m graphjit bench capture --profile --out "$out" --tag h200 2>&1 | tail -12 ;;
+    capture) timeout 240 python3 -m graphjit bench capture --profile --out "$out" --tag "$tag" 2>&1 | tail -12 ;;
     generate) timeout 420 python3 -m graphjit bench generate --families "${GENERATE_FAMILIES:-llama,gpt2,t5}" --time-budget 380 \
-                --out "$out" --tag h200 2>&1 | tail -14 ;;
-    dispatch) timeout 120 python3 -m graphjit bench dispatch --out "$out" --tag h200 2>&1 | tail -15 ;;
+                --out "$out" --tag "$tag" 2>&1 | tail -14 ;;
+    dispatch) timeout 120 python3 -m graphjit bench dispatch --out "$out" --tag "$tag" 2>&1 | tail -15 ;;
     *) echo "unknown stage $1 (see the usage at the top of $0)"; return 2 ;;
   esac
 }
