@@ -416,10 +416,13 @@ static int item_matches(PyObject *k, PyObject *val, PyObject *want, PyObject *ha
                         Walk *w) {
   int ok = k == want ? 1 : (Py_TYPE(k) != Py_TYPE(want) ? 0 : same(k, want));
   if (ok > 0) ok = same_hash(k, hash);
-  if (ok > 0 && owner != NULL && PyLong_AsLong(PyTuple_GET_ITEM(spec, 0)) == SPEC_MIRROR) {
-    /* the attribute is the owner's item of its name, the same object, as tree.dict_attrs reads it (dict.get) */
+  if (ok > 0 && owner != NULL) {
+    /* an attribute of a dict subclass: a mirror is the owner's item of its name, the same object, as tree.dict_attrs
+     * reads it (dict.get); any other attribute must not have become one (the walk would key it as a mirror) */
     PyObject *item = PyDict_GetItemWithError(owner, k);
-    return item == NULL ? (PyErr_Occurred() ? -1 : 0) : item == val;
+    if (item == NULL && PyErr_Occurred()) return -1;
+    if (PyLong_AsLong(PyTuple_GET_ITEM(spec, 0)) == SPEC_MIRROR) return item == val;
+    if (item == val) return 0;
   }
   if (ok > 0) ok = spec_matches(spec, val, w);
   return ok;

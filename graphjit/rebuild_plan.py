@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from .tree import (
     made_anew,
     object_fields,
     own_type,
+    plain_model_output,
 )
 
 FRESH = -1
@@ -125,7 +125,9 @@ class _Planner:
         def of(key: int) -> _Node:
             made = slots.get(key)
             if made is None:
-                made = slots[key] = (10, (base + len(slots), swap(self.shared[key])), None)
+                slot = base + len(slots)
+                slots[key] = (10, (slot, None), None)  # its slot taken before the nodes under it take theirs
+                made = slots[key] = (10, (slot, swap(self.shared[key])), None)
             return made
 
         def swap(n: _Node) -> _Node:
@@ -177,7 +179,7 @@ class _Planner:
                 else:
                     walked.append((name, n))
             self.visiting.discard(id(x))
-            plain = _plain_model_output(type(x)) and not _slotted(type(x))
+            plain = plain_model_output(type(x)) and not _slotted(type(x))
             return (9, (x, [None if plain else False, None], (base, tuple(mirrors), walked)), kids), same
         if isinstance(x, SEQUENCES):
             parts = [self.plan(e) for e in x]
@@ -283,7 +285,7 @@ def _own_dict(value: tuple[Any, list[Any], Any], items: list[tuple[Any, Any]], v
     with the attributes its constructor does not make anew set as the template had them (:func:`made_anew`: an
     attribute set after construction, a field set to None after it, which keeps its item, are as eager left them; an
     object the constructor makes for each instance is its own).  The decision is None (to be taken) only for a plain
-    transformers or PaddleFormers ``ModelOutput`` (:func:`_plain_model_output`), and is taken once per node (one
+    transformers or PaddleFormers ``ModelOutput`` (:func:`tree.plain_model_output`), and is taken once per node (one
     graph's output): at its first rebuild both ways are made and compared (:func:`_same_state`); where neither its
     items nor a refilled copy make one, its constructor takes the items as keywords."""
     x, decided, (base, mirrors, walked) = value
@@ -296,8 +298,8 @@ def _own_dict(value: tuple[Any, list[Any], Any], items: list[tuple[Any, Any]], v
         return _state_copy(x, items, attrs)
     out = made(x, items, decided[0] is not None)
     anew = decided[1]
-    if anew is None:
-        anew = decided[1] = made_anew(x)
+    if anew is None:  # those the constructor makes anew with nothing of the graph's under them: its own stay
+        anew = decided[1] = made_anew(x) - {name for name, _node in walked}
     own = out.__dict__
     if anew:
         own.update((n, v) for n, v in attrs.items() if n not in anew)
@@ -309,37 +311,6 @@ def _own_dict(value: tuple[Any, list[Any], Any], items: list[tuple[Any, Any]], v
         except Exception:  # instances that cannot be made without their constructor
             decided[0] = False
     return out
-
-
-_STATE_HOOKS = ("__new__", "__post_init__", "__setitem__", "__setattr__", "__getattr__", "__getattribute__")
-"""Methods a class between a ``ModelOutput`` and its base may not define for :func:`_state_copy` to stand for its
-constructor."""
-
-
-def _plain_model_output(tp: type) -> bool:
-    """Whether ``tp`` is a dataclass below a ``ModelOutput`` (transformers', PaddleFormers': the class of that name that
-    defines ``__post_init__``) and adds nothing its constructor runs: no class between them defines one of
-    :data:`_STATE_HOOKS` or an ``__init__`` other than the one ``dataclasses`` generates (unwrapped from wrappers
-    defined beside that ``ModelOutput``, as transformers' renaming of old keyword names).  Such a constructor only
-    sets the fields and calls ``ModelOutput.__post_init__``, whose state :func:`_state_copy` copies; any other type
-    keeps its constructor (one that computes an attribute from its items' values, or aliases an item under another
-    name, would not be seen by comparing one call's results)."""
-    mro = tp.__mro__
-    base = next((c for c in mro if c.__name__ == "ModelOutput" and "__post_init__" in c.__dict__), None)
-    if base is None or not dataclasses.is_dataclass(tp):
-        return False
-    home = getattr(base.__dict__["__post_init__"], "__code__", None)
-    for c in mro[:mro.index(base)]:
-        own = c.__dict__
-        if any(name in own for name in _STATE_HOOKS):
-            return False
-        init = own.get("__init__")
-        while init is not None and home is not None and getattr(init, "__code__", None) is not None and \
-                init.__code__.co_filename == home.co_filename and hasattr(init, "__wrapped__"):
-            init = init.__wrapped__
-        if init is not None and getattr(getattr(init, "__code__", None), "co_filename", None) != "<string>":
-            return False  # not dataclasses' own (it is made by exec)
-    return True
 
 
 def _state_copy(x: dict[Any, Any], items: list[tuple[Any, Any]], attrs: dict[str, Any]) -> Any:

@@ -112,7 +112,14 @@ def object_fields(x: Any) -> list[tuple[str, Any]]:
     return out
 
 
-MIRROR = "="
+class _Mirror:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MIRROR"
+
+
+MIRROR: Any = _Mirror()
 """What :func:`dict_attrs` gives for an attribute that is the item of the same name (a mirror)."""
 _ABSENT = object()
 
@@ -181,8 +188,11 @@ def _structure(x: Any, is_tensor: Callable[[Any], bool], visiting: set[int]) -> 
         attrs = dict_attrs(x) if id(x) not in visiting else []
         if not attrs:
             return (type(x), items)
+        anew = made_anew(x)
         visiting.add(id(x))
-        described = tuple((n, v if v is MIRROR else _structure(v, is_tensor, visiting)) for n, v in attrs)
+        described = tuple((n, v) if v is MIRROR else
+                          (n, "made anew", type(v)) if n in anew and not collect_tensors(v, is_tensor) else
+                          (n, _structure(v, is_tensor, visiting)) for n, v in attrs)
         visiting.discard(id(x))
         return (type(x), items, described)
     if is_object(type(x)) and id(x) not in visiting:
@@ -241,7 +251,8 @@ def _rebuild(x: Any, it: Iterator[Any], is_tensor: Callable[[Any], bool], visiti
         visiting.discard(id(x))
         out = own_type(x, items)
         anew = made_anew(x)
-        fill_attrs(out.__dict__, items, [(a, v) for a, v in rebuilt if a not in anew])
+        fill_attrs(out.__dict__, items, [(a, v) for (a, v), (_n, was) in zip(rebuilt, attrs)
+                                         if a not in anew or (was is not MIRROR and collect_tensors(was, is_tensor))])
         return out, same
     if isinstance(x, SEQUENCES):
         parts = [_rebuild(e, it, is_tensor, visiting) for e in x]
@@ -381,13 +392,28 @@ def made(x: dict[Any, Any], items: list[tuple[Any, Any]], strict: bool = True) -
 
 def made_anew(x: dict[Any, Any]) -> frozenset[str]:
     """The attributes that ``x``'s constructor makes anew for each instance (two instances made from ``x``'s items
-    hold different objects there): a rebuilt instance keeps its own; every other attribute is set as ``x`` has it."""
-    items = list(dict.items(x))
-    try:
-        one, two = made(x, items, False).__dict__, made(x, items, False).__dict__
-    except Exception:  # not made twice: every attribute as the template has it
+    hold different objects there: a stamp, a new list): a rebuilt instance keeps its own where nothing of the call's
+    is under it; every other attribute is set as ``x`` has it.  None for a plain ``ModelOutput``
+    (:func:`plain_model_output`: its constructor only sets its fields); for any other type found by making two
+    instances, once per type and layout (its keys and attribute names): a constructor with side effects (a global
+    counter) runs twice more then."""
+    tp = type(x)
+    if plain_model_output(tp):
         return frozenset()
-    return frozenset(n for n, v in one.items() if n in two and two[n] is not v)
+    layout = (tp, tuple(dict.keys(x)), tuple(x.__dict__))
+    found = _ANEW.get(layout)
+    if found is None:
+        items = list(dict.items(x))
+        try:
+            one, two = made(x, items, False).__dict__, made(x, items, False).__dict__
+            found = frozenset(n for n, v in one.items() if n in two and two[n] is not v)
+        except Exception:  # not made twice: every attribute as the template has it
+            found = frozenset()
+        _ANEW[layout] = found
+    return found
+
+
+_ANEW: dict[tuple[Any, ...], frozenset[str]] = {}
 
 
 def fill_attrs(d: dict[str, Any], items: list[tuple[Any, Any]], attrs: list[tuple[str, Any]]) -> None:
@@ -427,3 +453,44 @@ def _by_route(x: Any, items: list[Any], construct: Callable[[], Any], refill: Ca
         raise SignatureError(f"graphjit cannot rebuild a {tp.__module__}.{tp.__qualname__} holding tensors with "
                              f"other tensors in them ({type(exc).__name__}: {exc}); pass the tensors in a plain "
                              "list, tuple or dict, or give the type a constructor from its items") from exc
+
+
+_STATE_HOOKS = ("__new__", "__post_init__", "__setitem__", "__setattr__", "__getattr__", "__getattribute__")
+"""Methods a class between a ``ModelOutput`` and its base may not define for the state copy
+(``rebuild_plan._state_copy``) to stand for its constructor."""
+
+
+def plain_model_output(tp: type) -> bool:
+    """Whether ``tp`` is a dataclass below a ``ModelOutput`` (transformers', PaddleFormers': the class of that name that
+    defines ``__post_init__``) and adds nothing its constructor runs: no class between them defines one of
+    :data:`_STATE_HOOKS` or an ``__init__`` other than the one ``dataclasses`` generates (unwrapped from wrappers
+    defined beside that ``ModelOutput``, as transformers' renaming of old keyword names).  Such a constructor only
+    sets the fields and calls ``ModelOutput.__post_init__``, whose state ``rebuild_plan._state_copy`` copies; any
+    other type keeps its constructor (one that computes an attribute from its items' values, or aliases an item
+    under another name, would not be seen by comparing one call's results).  Cached per type."""
+    plain = _PLAIN.get(tp)
+    if plain is None:
+        plain = _PLAIN[tp] = _plain(tp)
+    return plain
+
+
+_PLAIN: dict[type, bool] = {}
+
+
+def _plain(tp: type) -> bool:
+    mro = tp.__mro__
+    base = next((c for c in mro if c.__name__ == "ModelOutput" and "__post_init__" in c.__dict__), None)
+    if base is None or not dataclasses.is_dataclass(tp):
+        return False
+    home = getattr(base.__dict__["__post_init__"], "__code__", None)
+    for c in mro[:mro.index(base)]:
+        own = c.__dict__
+        if any(name in own for name in _STATE_HOOKS):
+            return False
+        init = own.get("__init__")
+        while init is not None and home is not None and getattr(init, "__code__", None) is not None and \
+                init.__code__.co_filename == home.co_filename and hasattr(init, "__wrapped__"):
+            init = init.__wrapped__
+        if init is not None and getattr(getattr(init, "__code__", None), "co_filename", None) != "<string>":
+            return False  # not dataclasses' own (it is made by exec)
+    return True

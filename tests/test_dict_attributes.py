@@ -246,3 +246,115 @@ def test_the_c_check_serves_a_model_output_argument_and_refuses_any_change_of_it
     mutate(enc)
     both()
     assert served[-1] is False, "a changed attribute is refused by the C check"
+
+
+def test_containers_met_twice_inside_each_other_take_slots_of_their_own(emu) -> None:
+    """``b = (a,); return b, b, a``: both ``b`` and the ``a`` inside it are met twice; each is one object in every
+    replay, of its own type (a slot given to the outer one first was given again to the inner one)."""
+
+    def step(x: Any) -> Any:
+        a = [x * 2]
+        b = (a,)
+        return b, b, a
+
+    g = graphjit.graphed(step, warmup=1, verify=False)
+    for v in range(1, 5):
+        got = g(torch.full((2,), float(v)))
+        assert type(got[2]) is list and got[0] is got[1] and got[0][0] is got[2]
+        assert got[2][0].tolist() == [2.0 * v] * 2
+    assert g.stats()["replays"] >= 2
+
+
+def _aux_output() -> Any:
+    outputs = pytest.importorskip("transformers.utils")
+
+    @dataclasses.dataclass
+    class WithAux(outputs.ModelOutput):
+        h: Any = None
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self.aux = []  # a new list for each instance: made anew
+
+    return WithAux
+
+
+def test_an_attribute_the_constructor_makes_anew_keeps_what_the_call_put_in_it(emu) -> None:
+    """An attribute made anew by the constructor keeps the constructor's own only where nothing of the graph's is
+    under it; a list the call filled with a tensor comes back with each replay's tensor (as output and argument)."""
+    with_aux = _aux_output()
+
+    def step(x: Any) -> Any:
+        out = with_aux(h=x * 2)
+        out.aux.append(x + 1)
+        return out
+
+    g = graphjit.graphed(step, warmup=1)
+    for v in range(1, 5):
+        x = torch.full((3,), float(v))
+        got = g(x)
+        assert len(got.aux) == 1 and got.aux[0].tolist() == [v + 1.0] * 3
+    assert g.stats()["replays"] >= 2
+
+    def read(x: Any, enc: Any) -> Any:
+        return x * enc.h + enc.aux[0]
+
+    r = graphjit.graphed(read, warmup=1)
+    for v in range(1, 5):
+        enc = with_aux(h=torch.full((2,), float(v)))
+        enc.aux.append(torch.full((2,), 100.0 * v))
+        assert r(torch.ones(2), enc).tolist() == [101.0 * v] * 2
+    assert r.stats()["replays"] >= 2
+
+
+class _Numbered(dict):
+    count = 0
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__(items)
+        type(self).count += 1
+        self.uid = type(self).count  # a new value for each instance
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("no update")
+
+
+def test_an_output_whose_constructor_stamps_each_instance_is_graphed(emu) -> None:
+    """Verify compares such an attribute by its type: each output is its own instance, as eager's are."""
+    g = graphjit.graphed(lambda x: _Numbered([("x", x * 2)]), warmup=1)
+    outs = [g(torch.full((2,), float(v))) for v in range(1, 5)]
+    assert g.stats()["replays"] >= 2, g.report()
+    assert len({o.uid for o in outs}) == 4 and [o["x"].tolist() for o in outs][3] == [8.0, 8.0]
+
+
+def test_an_attribute_holding_an_equals_sign_is_no_mirror(emu) -> None:
+    def step(x: Any) -> Any:
+        out = _Plain(h=x * 2)
+        out.op = "".join(["="])  # CPython's one-character strings are one object
+        return out
+
+    g = graphjit.graphed(step, warmup=1)
+    for v in range(1, 4):
+        got = g(torch.full((2,), float(v)))
+        assert got.op == "=" and got["h"].tolist() == [2.0 * v] * 2
+    assert g.stats()["replays"] >= 1
+
+
+class _Plain(dict):
+    pass
+
+
+def test_the_c_check_refuses_a_value_attribute_that_became_a_mirror(lane_on) -> None:
+    def read(x: Any, d: Any) -> Any:
+        return d["t"] * x
+
+    fast, reference = Signer(read, None, "auto", "f"), Signer(read, None, "auto", "f")
+    reference.layout_checks = False
+    d = _Plain(t=torch.ones(2), n=10**6)
+    d.n = int("1000000")  # equal to the item, another object: an attribute of its own
+    x = torch.ones(2)
+    for _ in range(3):
+        assert fast.sign(None, (x, d), {}).key == reference.sign(None, (x, d), {}).key
+    assert fast._walked
+    d.n = d["n"]  # the item itself now: the walk keys a mirror
+    assert fast.sign(None, (x, d), {}).key == reference.sign(None, (x, d), {}).key

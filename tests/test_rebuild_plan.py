@@ -297,7 +297,7 @@ def test_an_output_whose_constructor_keeps_an_item_under_another_name_is_built_b
 
 def test_a_plain_model_output_is_state_copied_and_others_are_not() -> None:
     outputs = pytest.importorskip("transformers.modeling_outputs")
-    from graphjit.rebuild_plan import _plain_model_output
+    from graphjit.tree import plain_model_output as _plain_model_output
 
     assert _plain_model_output(outputs.CausalLMOutputWithPast) and _plain_model_output(outputs.Seq2SeqLMOutput)
     assert not _plain_model_output(_aliased_model_output()) and not _plain_model_output(_Aliased)
