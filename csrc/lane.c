@@ -27,7 +27,7 @@
  */
 #include "lane.h"
 
-#define LANE_ABI 4
+#define LANE_ABI 5
 
 typedef int (*feed_launch_t)(unsigned long long *table, void *stream);
 

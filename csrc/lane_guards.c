@@ -16,7 +16,10 @@
  * shrinks meanwhile fails the scan (0), never is read past its end. */
 #include "lane.h"
 
-enum { SCAN_ITEM = 0, SCAN_ATTR = 1, SCAN_CALL = 2 }; /* GuardSet.kinds: c[key], getattr(c, key), getter(c) */
+enum { SCAN_ITEM = 0, SCAN_ATTR = 1, SCAN_CALL = 2, SCAN_HAS = 3 }; /* GuardSet.kinds: c[key], getattr(c, key),
+                                                                       getter(c), getter.name in c (HasKey) */
+
+static PyObject *s_name; /* "name", interned by lane_guards_add */
 
 /* c[key] (kind SCAN_ITEM) or getattr(c, key) (SCAN_ATTR) compared with want: 1 holds, 0 not, -1 error. */
 static int read_same(int kind, PyObject *c, PyObject *key, PyObject *want) {
@@ -37,6 +40,14 @@ static int read_same(int kind, PyObject *c, PyObject *key, PyObject *want) {
 /* One container's values: its getter's (SCAN_CALL), or each of its keys' (want: the one value, or the tuple of one
  * value per key, as the Python getter returns them). */
 static int container_same(int kind, PyObject *getter, PyObject *c, PyObject *keys, PyObject *want) {
+  if (kind == SCAN_HAS) { /* HasKey(name)(c): `name in c`, a plain dict's by its own lookup */
+    PyObject *name = PyObject_GetAttr(getter, s_name);
+    if (name == NULL) return swallowed();
+    int r = PyDict_CheckExact(c) ? PyDict_Contains(c, name) : PySequence_Contains(c, name);
+    Py_DECREF(name);
+    if (r < 0) return swallowed();
+    return same(r ? Py_True : Py_False, want);
+  }
   if (kind == SCAN_CALL) {
     PyObject *got = PyObject_CallOneArg(getter, c);
     if (got == NULL) return swallowed();
@@ -81,7 +92,7 @@ static PyObject *guards_hold(PyObject *Py_UNUSED(module), PyObject *const *args,
       Py_RETURN_FALSE; /* a list changed under the scan: not a state the guards were made for */
     PyObject *g = PyList_GET_ITEM(getters, i), *c = PyList_GET_ITEM(containers, i), *k = PyList_GET_ITEM(keys, i),
              *w = PyList_GET_ITEM(expected, i);
-    if (kind[i] != SCAN_CALL && !PyList_Check(k)) Py_RETURN_FALSE; /* keys of a container: a list (GuardSet) */
+    if (kind[i] != SCAN_CALL && kind[i] != SCAN_HAS && !PyList_Check(k)) Py_RETURN_FALSE; /* keys of a container: a list (GuardSet) */
     Py_INCREF(g);
     Py_INCREF(c);
     Py_INCREF(k);
@@ -104,4 +115,7 @@ static PyMethodDef guard_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int lane_guards_add(PyObject *m) { return PyModule_AddFunctions(m, guard_methods); }
+int lane_guards_add(PyObject *m) {
+  if (s_name == NULL && (s_name = PyUnicode_InternFromString("name")) == NULL) return -1;
+  return PyModule_AddFunctions(m, guard_methods);
+}

@@ -388,9 +388,9 @@ class GuardSet:
 def _kind(getter: Callable[[Any], Any], keys: list[Any]) -> int:
     """How the lane's guard scan reads a container's values (``csrc/lane_guards.c``): 0 ``c[key]`` for each key of an
     ``itemgetter``, 1 ``getattr(c, key)`` for each plain name of an ``attrgetter``, 2 the getter called (a whole
-    container's, a dotted name's)."""
+    container's, a dotted name's), 3 ``name in c`` for a :class:`HasKey` (a name found absent)."""
     if keys[0] is getter:
-        return 2
+        return 3 if type(getter) is HasKey else 2
     if isinstance(getter, operator.itemgetter):
         return 0
     plain = isinstance(getter, operator.attrgetter) and all(type(k) is str and "." not in k for k in keys)

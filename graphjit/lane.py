@@ -60,7 +60,7 @@ log = logging.getLogger("graphjit")
 
 SOURCES = ("lane.c", "lane_checks.c", "lane_guards.c")  # compiled together into one library
 HEADERS = ("lane.h",)
-ABI = 4
+ABI = 5
 FLAGS = ("-O2", "-shared", "-fPIC", "-fvisibility=hidden")
 
 MISS: Any = object()

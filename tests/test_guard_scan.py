@@ -5,6 +5,7 @@ and read, values that differ, entries gone, comparisons that raise, and it never
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,11 @@ class Raises:
         raise self.exc
 
     __hash__ = object.__hash__
+
+
+class Contains(dict):
+    def __contains__(self, key: Any) -> bool:
+        return True
 
 
 class Deep:
@@ -70,6 +76,8 @@ def _entries() -> tuple[dict[str, Any], Obj, list[Any], Missing, Deep, list[tupl
     miss = Missing(k=1)
     deep = Deep()
     has = guard_set.HasKey("absent")
+    seen = guard_set.HasKey("PATH")
+    odd = guard_set.HasKey("anything")
     entries = [
         (operator.itemgetter("a", "b", "c", 7), d, ["a", "b", "c", 7]),
         (operator.itemgetter("a"), d, ["a"]),
@@ -80,6 +88,8 @@ def _entries() -> tuple[dict[str, Any], Obj, list[Any], Missing, Deep, list[tupl
         (operator.attrgetter("inner.x"), deep, ["inner.x"]),
         (has, d, [has]),
         (len, seq, [len]),
+        (seen, os.environ, [seen]),  # a Mapping: its own __contains__
+        (odd, Contains(), [odd]),  # a dict subclass whose __contains__ says otherwise than its items
     ]
     return d, o, seq, miss, deep, entries
 
@@ -87,7 +97,7 @@ def _entries() -> tuple[dict[str, Any], Obj, list[Any], Missing, Deep, list[tupl
 def test_every_kind_of_read_holds_as_the_python_expression_says() -> None:
     *_, entries = _entries()
     lists = _lists(entries)
-    assert lists[0] == bytes([0, 0, 1, 1, 0, 0, 2, 2, 2])
+    assert lists[0] == bytes([0, 0, 1, 1, 0, 0, 2, 3, 2, 3, 3])
     assert _both(lists) == (True, True)
 
 
