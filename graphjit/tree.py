@@ -27,6 +27,7 @@ import dataclasses
 import enum
 import functools
 import types
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -400,8 +401,11 @@ def made_anew(x: dict[Any, Any]) -> frozenset[str]:
     tp = type(x)
     if plain_model_output(tp):
         return frozenset()
-    layout = (tp, tuple(dict.keys(x)), tuple(x.__dict__))
-    found = _ANEW.get(layout)
+    layouts = _ANEW.get(tp)
+    if layouts is None:
+        layouts = _ANEW[tp] = {}
+    layout = (tuple(dict.keys(x)), tuple(x.__dict__))
+    found = layouts.get(layout)
     if found is None:
         items = list(dict.items(x))
         try:
@@ -409,11 +413,12 @@ def made_anew(x: dict[Any, Any]) -> frozenset[str]:
             found = frozenset(n for n, v in one.items() if n in two and two[n] is not v)
         except Exception:  # not made twice: every attribute as the template has it
             found = frozenset()
-        _ANEW[layout] = found
+        layouts[layout] = found
     return found
 
 
-_ANEW: dict[tuple[Any, ...], frozenset[str]] = {}
+_ANEW: weakref.WeakKeyDictionary[type, dict[tuple[Any, ...], frozenset[str]]] = weakref.WeakKeyDictionary()
+"""made_anew's findings, per type (held weakly: a class made at run time goes with its last instance)."""
 
 
 def fill_attrs(d: dict[str, Any], items: list[tuple[Any, Any]], attrs: list[tuple[str, Any]]) -> None:
@@ -474,7 +479,7 @@ def plain_model_output(tp: type) -> bool:
     return plain
 
 
-_PLAIN: dict[type, bool] = {}
+_PLAIN: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 
 
 def _plain(tp: type) -> bool:
