@@ -276,6 +276,16 @@ class StaticOutputs:
         # (the copy plan: it takes them in the same order).
         # (once each: an output returned twice, ``return h, h``, is one copy at both places, as eager's is one tensor)
         self.fresh = list({id(t): t for t, src in zip(self.tensors, self.source) if src is None}.values())
+        # those that are views of an input's buffer (``return x[0]``): (its index among them, the input's, where in
+        # it, the buffer's strides); a call whose tensor there has the buffer's layout gets that view of its own
+        # tensor, as eager does (else a copy)
+        self.views: list[tuple[int, int, int, tuple[int, ...]]] = []
+        for j, t in enumerate(self.fresh):
+            for i, st in enumerate(statics):
+                offset = backend.view_offset(t, st)
+                if offset is not None:
+                    self.views.append((j, i, offset, backend.strides(st)))
+                    break
         # the bucketed dims of each of those, sliced back to the call's real size where it is padded
         self.slice_dims = [[(d, n) for d, n in enumerate(backend.shape(t)) if (d, n) in bucket_dims]
                            for t in self.fresh]
@@ -300,8 +310,12 @@ class StaticOutputs:
                 t, src = self.tensors[0], self.source[0]
                 if src is not None:
                     return tensors[src] if tensors is not None else t
+                if copy and self.views and tensors is not None:
+                    return self._viewed([t], tensors)[0]
                 return b.clone(t) if copy else t
             if copy:
+                if self.views and tensors is not None:
+                    return self.rebuild_copy(self._viewed(self.fresh, tensors), tensors, call)
                 batch = self.batch
                 outs = batch.out_of() if batch is not None else None
                 if outs is None:
@@ -330,6 +344,18 @@ class StaticOutputs:
             return out[0] if src is None else tensors[src]
         return self.rebuild_copy(out, tensors, call)
 
+
+    def _viewed(self, fresh: Sequence[Any], tensors: Sequence[Any]) -> list[Any]:
+        """Copies of ``fresh`` (the static outputs), but each that is a view of an input's buffer (:attr:`views`) the
+        same view of the call's own tensor there, where that tensor has the buffer's strides and needs no grad (a
+        tensor in another layout, or one the copy path copied into the buffer by a layout change: a copy)."""
+        b = self.backend
+        outs = [b.clone(t) for t in fresh]
+        for j, i, offset, strides in self.views:
+            base = tensors[i]
+            if b.strides(base) == strides and not b.requires_grad(base):
+                outs[j] = b.view_of(base, fresh[j], offset)
+        return outs
 
 def _arguments(statics: Sequence[Any], arguments: Call,
                is_tensor: Callable[[Any], bool]) -> Callable[[Any, list[Any]], Path | None]:

@@ -131,8 +131,8 @@ class Handoff:
     def plan(cls, backend: Backend, feed: Feed | None, inputs: StaticInputs, outputs: StaticOutputs,
              stats: KeyStats) -> Handoff | None:
         """The plan for a key whose graph has feed nodes, where every buffer a call may copy fits them; else None."""
-        if feed is None or inputs.any_bucketed or not inputs.grad_free:
-            return None
+        if feed is None or inputs.any_bucketed or not inputs.grad_free or outputs.views:
+            return None  # (an output that is a view of an input: StaticOutputs.result makes it, the copy path serves)
         movable = [i for i in range(len(inputs.statics)) if not inputs.adopted[i] and i not in inputs.aliases]
         if len(movable) > feed.entries or len(outputs.fresh) > feed.entries:
             return None

@@ -222,3 +222,34 @@ def test_a_tensor_returned_twice_comes_back_as_one_tensor_twice(emu, outputs):
         assert rest["last"] is h and torch.equal(h, x @ w), (i, g.report())
         assert torch.equal(rest["sum"], (x @ w).sum())
     assert g.stats()["replays"] >= 2, g.report()
+
+
+def test_an_output_that_is_a_view_of_an_input_is_that_view_of_the_callers_tensor(emu):
+    """``return x[0]`` gives a view of the caller's ``x`` in eager: writing through it writes ``x``.  Every replay
+    gives the same view of the call's own tensor (before: a copy), beside fresh outputs; a call whose tensor has
+    another layout than the graph's buffer gets a copy of the right values."""
+    g = graphjit.graphed(lambda x: (x[1], x.t(), x * 2))
+    for v in range(5):
+        x = torch.arange(6.0).reshape(2, 3) + v
+        row, t, double = g(x)
+        assert row._base is x and t._base is x and torch.equal(row, x[1]) and torch.equal(t, x.t())
+        assert torch.equal(double, x * 2) and double.data_ptr() != x.data_ptr()
+        row.add_(100)
+        assert x[1, 0] == 103 + v  # written through, as eager's view writes x
+    assert g.stats()["replays"] >= 2
+    other = torch.arange(6.0).reshape(3, 2).t()  # same shape, another layout: the graph's buffer gets a copy
+    row, t, _ = g(other)
+    assert torch.equal(row, other[1]) and torch.equal(t, other.t())
+
+
+def test_a_view_of_an_input_the_function_writes_shows_the_write(emu):
+    def bump(x):
+        x.add_(1)
+        return x[0]
+
+    g = graphjit.graphed(bump)
+    for v in range(5):
+        x = torch.full((2, 3), float(v))
+        row = g(x)
+        assert row._base is x and torch.equal(x, torch.full((2, 3), v + 1.0)) and torch.equal(row, x[0])
+    assert g.stats()["replays"] >= 2

@@ -227,6 +227,17 @@ class Backend(abc.ABC):
     def clone(self, t: Any) -> Any:
         """A new tensor with ``t``'s contents, detached from autograd."""
 
+    def view_offset(self, view: Any, base: Any) -> int | None:
+        """How many elements past ``base``'s first ``view`` starts, where ``view`` lies in ``base``'s memory (a view
+        of it, of its dtype), else None; None where the framework cannot say (an output that is a view of an input
+        then comes back as a copy)."""
+        return None
+
+    def view_of(self, base: Any, like: Any, offset: int) -> Any:
+        """A view of ``base`` with ``like``'s shape and strides, ``offset`` elements past ``base``'s first (only
+        called where :meth:`view_offset` gave one)."""
+        raise NotImplementedError
+
     @abc.abstractmethod
     def copy_(self, dst: Any, src: Any) -> None:
         """Copy ``src`` into ``dst`` (same shape and dtype; checked by the caller)."""

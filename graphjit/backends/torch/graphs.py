@@ -249,6 +249,19 @@ class TorchBackend(Backend):
             t = t.detach()
         return t.clone(memory_format=torch.contiguous_format)
 
+    def view_offset(self, view: Any, base: Any) -> int | None:
+        if view.dtype != base.dtype or view.device != base.device:
+            return None
+        try:
+            if view.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+                return None
+            return int(view.storage_offset() - base.storage_offset())
+        except (RuntimeError, NotImplementedError):  # a tensor without a storage of its own (sparse, nested)
+            return None
+
+    def view_of(self, base: Any, like: Any, offset: int) -> Any:
+        return base.as_strided(like.shape, like.stride(), base.storage_offset() + offset)
+
     def copy_(self, dst: Any, src: Any) -> None:
         with torch.no_grad():
             dst.copy_(src)
