@@ -281,8 +281,10 @@ class StaticOutputs:
         # tensor, as eager does (else a copy)
         self.views: list[tuple[int, int, int, tuple[int, ...]]] = []
         for j, t in enumerate(self.fresh):
+            start, end = backend.extent(t)
             for i, st in enumerate(statics):
-                offset = backend.view_offset(t, st)
+                lo, hi = backend.extent(st)
+                offset = backend.view_offset(t, st) if lo <= start and end <= hi else None  # inside the input
                 if offset is not None:
                     self.views.append((j, i, offset, backend.strides(st)))
                     break
