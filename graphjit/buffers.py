@@ -346,18 +346,20 @@ class StaticOutputs:
             return out[0] if src is None else tensors[src]
         return self.rebuild_copy(out, tensors, call)
 
-
     def _viewed(self, fresh: Sequence[Any], tensors: Sequence[Any]) -> list[Any]:
         """Copies of ``fresh`` (the static outputs), but each that is a view of an input's buffer (:attr:`views`) the
         same view of the call's own tensor there, where that tensor has the buffer's strides and needs no grad (a
         tensor in another layout, or one the copy path copied into the buffer by a layout change: a copy)."""
         b = self.backend
-        outs = [b.clone(t) for t in fresh]
+        outs: list[Any] = list(fresh)
+        viewed: set[int] = set()
         for j, i, offset, strides in self.views:
             base = tensors[i]
-            if b.strides(base) == strides and not b.requires_grad(base):
+            if j < len(outs) and b.strides(base) == strides and not b.requires_grad(base):
                 outs[j] = b.view_of(base, fresh[j], offset)
-        return outs
+                viewed.add(j)
+        return [o if j in viewed else b.clone(o) for j, o in enumerate(outs)]
+
 
 def _arguments(statics: Sequence[Any], arguments: Call,
                is_tensor: Callable[[Any], bool]) -> Callable[[Any, list[Any]], Path | None]:
