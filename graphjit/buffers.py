@@ -281,11 +281,9 @@ class StaticOutputs:
         # tensor, as eager does (else a copy)
         self.views: list[tuple[int, int, int, tuple[int, ...]]] = []
         for j, t in enumerate(self.fresh):
-            start, end = backend.extent(t)
             for i, st in enumerate(statics):
-                lo, hi = backend.extent(st)
-                offset = backend.view_offset(t, st) if lo <= start and end <= hi else None  # inside the input
-                if offset is not None:
+                offset = backend.view_offset(t, st)  # None at once on a framework that makes no views (Paddle)
+                if offset is not None and _inside(backend.extent(t), backend.extent(st)):
                     self.views.append((j, i, offset, backend.strides(st)))
                     break
         # the bucketed dims of each of those, sliced back to the call's real size where it is padded
@@ -359,6 +357,11 @@ class StaticOutputs:
                 outs[j] = b.view_of(base, fresh[j], offset)
                 viewed.add(j)
         return [o if j in viewed else b.clone(o) for j, o in enumerate(outs)]
+
+
+def _inside(span: tuple[int, int], outer: tuple[int, int]) -> bool:
+    """The memory ``span`` lies within ``outer`` (a view of an input's own elements, not merely of its storage)."""
+    return outer[0] <= span[0] and span[1] <= outer[1]
 
 
 def _arguments(statics: Sequence[Any], arguments: Call,

@@ -253,3 +253,37 @@ def test_a_view_of_an_input_the_function_writes_shows_the_write(emu):
         row = g(x)
         assert row._base is x and torch.equal(x, torch.full((2, 3), v + 1.0)) and torch.equal(row, x[0])
     assert g.stats()["replays"] >= 2
+
+
+def test_only_an_output_inside_an_inputs_own_elements_is_a_view_of_it():
+    """An output in an input buffer's storage but outside its extent (another slice of the tensor it was cut from) is
+    no view of that input: a later call's tensor at that offset would be other memory."""
+    import types
+
+    from graphjit.backends.torch.graphs import TorchBackend
+    from graphjit.buffers import StaticOutputs
+
+    big = torch.arange(12.0).reshape(4, 3)
+    x = big[:2]
+
+    def views(out):
+        return StaticOutputs(TorchBackend(), out, lambda t: isinstance(t, torch.Tensor), set(),
+                             types.SimpleNamespace(statics=[x])).views  # type: ignore[arg-type]
+
+    assert views([big[3]]) == [] and views([big[2:]]) == []
+    assert views([x[1]]) == [(0, 0, 3, (3, 1))] and views([x.t()]) == [(0, 0, 0, (3, 1))]
+
+
+def test_a_view_of_the_inputs_storage_outside_the_input_comes_back_right(emu):
+    """``x`` a slice of a closed-over tensor, the output another slice of it: in ``x``'s storage but none of its
+    elements.  It comes back as a copy of the right values, never as a view of the caller's tensor at that offset."""
+    big = torch.arange(12.0).reshape(4, 3)
+    g = graphjit.graphed(lambda x: (big[2:] * 1, big[3], x * 2))
+    x = big[:2]
+    for _ in range(5):
+        before = g.stats()["replays"]
+        _scaled, row, double = g(x)
+        assert torch.equal(row, big[3]) and torch.equal(double, x * 2)
+        if g.stats()["replays"] > before:  # a replay (the warmup calls are eager: big's own row)
+            assert row._base is not x and row.data_ptr() != big[3].data_ptr()
+    assert g.stats()["replays"] >= 2
