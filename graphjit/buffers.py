@@ -311,11 +311,11 @@ class StaticOutputs:
                 if src is not None:
                     return tensors[src] if tensors is not None else t
                 if copy and self.views and tensors is not None:
-                    return self._viewed([t], tensors)[0]
+                    return self._viewed(tensors)[0]
                 return b.clone(t) if copy else t
             if copy:
                 if self.views and tensors is not None:
-                    return self.rebuild_copy(self._viewed(self.fresh, tensors), tensors, call)
+                    return self.rebuild_copy(self._viewed(tensors), tensors, call)
                 batch = self.batch
                 outs = batch.out_of() if batch is not None else None
                 if outs is None:
@@ -344,19 +344,17 @@ class StaticOutputs:
             return out[0] if src is None else tensors[src]
         return self.rebuild_copy(out, tensors, call)
 
-    def _viewed(self, fresh: Sequence[Any], tensors: Sequence[Any]) -> list[Any]:
-        """Copies of ``fresh`` (the static outputs), but each that is a view of an input's buffer (:attr:`views`) the
-        same view of the call's own tensor there, where that tensor has the buffer's strides and needs no grad (a
+    def _viewed(self, tensors: Sequence[Any]) -> list[Any]:
+        """Copies of the static outputs (:attr:`fresh`), but each that is a view of an input's buffer (:attr:`views`)
+        the same view of the call's own tensor there, where that tensor has the buffer's strides and needs no grad (a
         tensor in another layout, or one the copy path copied into the buffer by a layout change: a copy)."""
-        b = self.backend
-        outs: list[Any] = list(fresh)
-        viewed: set[int] = set()
+        b, fresh = self.backend, self.fresh
+        viewed: dict[int, Any] = {}
         for j, i, offset, strides in self.views:
             base = tensors[i]
-            if j < len(outs) and b.strides(base) == strides and not b.requires_grad(base):
-                outs[j] = b.view_of(base, fresh[j], offset)
-                viewed.add(j)
-        return [o if j in viewed else b.clone(o) for j, o in enumerate(outs)]
+            if b.strides(base) == strides and not b.requires_grad(base):
+                viewed[j] = b.view_of(base, fresh[j], offset)
+        return [viewed[j] if j in viewed else b.clone(t) for j, t in enumerate(fresh)]
 
 
 def _inside(span: tuple[int, int], outer: tuple[int, int]) -> bool:

@@ -35,6 +35,7 @@ FRESH = -1
 KEEP = -2
 """A leaf source for :func:`rebuilder`: the leaf stays the template's own tensor."""
 
+
 def rebuilder(obj: Any, sources: Sequence[int], is_tensor: Callable[[Any], bool],
               argument: Callable[[Any, list[Any]], Path | None] | None = None
               ) -> Callable[..., Any]:
@@ -71,7 +72,7 @@ _UNSET = object()
 
 
 class _Planner:
-    """The walk of :func:`_rebuild` planned once: each node and whether no leaf under it changes."""
+    """The walk of :func:`tree.rebuild` planned once: each node and whether no leaf under it changes."""
 
     def __init__(self, sources: Iterator[int], is_tensor: Callable[[Any], bool],
                  argument: Callable[[Any, list[Any]], Path | None] | None) -> None:
@@ -123,12 +124,12 @@ class _Planner:
         base = len(self.fresh_of)
 
         def of(key: int) -> _Node:
-            made = slots.get(key)
-            if made is None:
+            node = slots.get(key)
+            if node is None:
                 slot = base + len(slots)
                 slots[key] = (10, (slot, None), None)  # its slot taken before the nodes under it take theirs
-                made = slots[key] = (10, (slot, swap(self.shared[key])), None)
-            return made
+                node = slots[key] = (10, (slot, swap(self.shared[key])), None)
+            return node
 
         def swap(n: _Node) -> _Node:
             kind, value, children = n
@@ -137,8 +138,8 @@ class _Planner:
             if kind in (2, 9):
                 children = [(k, pick(c)) for k, c in children]
                 if kind == 9:
-                    base, mirrors, walked = value[2]
-                    value = (value[0], value[1], (base, mirrors, [(a, pick(c)) for a, c in walked]))
+                    consts, mirrors, walked = value[2]
+                    value = (value[0], value[1], (consts, mirrors, [(a, pick(c)) for a, c in walked]))
             elif kind in (3, 4, 5):
                 children = [pick(c) for c in children]
             elif kind == 6:
@@ -202,13 +203,14 @@ def _run_shared(node: _Node, slots: int, run: Callable[..., Any], fresh: Sequenc
 
 def _run_fresh(node: _Node, fresh: Sequence[Any], tensors: Sequence[Any] | None = None, call: Call | None = None
                ) -> Any:
-    """:func:`_run` of a plan with no node of the call's (kinds 0 to 6): the walk takes the fresh tensors alone."""
+    """:func:`_run` of a plan with no node of the call's (kinds 7 and 8): the walk takes the fresh tensors alone."""
     return _walk(node, fresh)
 
 
 def _walk(node: _Node, fresh: Sequence[Any]) -> Any:
-    """:func:`_run` for nodes of kinds 0 to 6, kept apart on purpose: a replay's outputs are rebuilt here on every
-    call, and passing the call's tensors and arguments down every node cost 18% of that (a six-leaf output)."""
+    """:func:`_run` for nodes of every kind but 7 and 8, kept apart on purpose: a replay's outputs are rebuilt here
+    on every call, and passing the call's tensors and arguments down every node cost 18% of that (a six-leaf
+    output)."""
     kind, x, children = node
     if kind == 0:
         return x
