@@ -23,11 +23,13 @@
  * stats before anything reads them (lane.py: flush).
  *
  * A plan checks a call's layout with the functions lane_checks.c shares (lane.h: layout_matches), which also serve
- * keys.py's signing checks (LayoutCheck, WalkCheck); both files are compiled into one library.
+ * keys.py's signing checks (LayoutCheck, WalkCheck); both files are compiled into one library.  A keyword call's plan
+ * (a Hugging Face model's forward) holds a WalkCheck instead: the one keys.py signs such a call with, made again with
+ * the plan's tensor check (strides included); it gives the call's tensors in the order the handoff indexes them.
  */
 #include "lane.h"
 
-#define LANE_ABI 5
+#define LANE_ABI 6
 
 typedef int (*feed_launch_t)(unsigned long long *table, void *stream);
 
@@ -75,7 +77,9 @@ typedef struct {
   /* the environment a served call needs */
   PyObject *env_dict, *settings, *tls;
   int prebound;
-  Layout layout; /* the call's arguments, owner, modes and tensors' metadata (strides included) */
+  Layout layout; /* the call's arguments, owner, modes and tensors' metadata (strides included); unused with walk */
+  PyObject *walk;   /* a keyword call's: the WalkCheck of its structure (borrowed from refs), or NULL: layout */
+  Py_ssize_t n_walk; /* the tensors walk gives */
   /* the key */
   PyObject *state_ref, *entry_ref; /* weak references: a plan never keeps its function or its entry alive */
   PyObject *key, *entry_check, *recheck, *feeds, *advances, *handoff;
@@ -186,14 +190,31 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
                                      "adopted_ptrs: a set");
     return -1;
   }
-  Py_ssize_t n_tensors = layout_init(&self->layout, d);
-  if (n_tensors < 0) return -1;
 #define INT(var, name)                     \
   do {                                     \
     if ((o = item(d, name)) == NULL) return -1; \
     var = PyLong_AsSsize_t(o);             \
     if (var == -1 && PyErr_Occurred()) return -1; \
   } while (0)
+  Py_ssize_t n_tensors;
+  PyObject *walk = PyDict_GetItemString(d, "walk"); /* optional: a plain call's plan has none */
+  if (walk != NULL && walk != Py_None) {
+    if (!is_walk_check(walk)) {
+      PyErr_SetString(PyExc_TypeError, "graphjit lane plan: walk: a WalkCheck");
+      return -1;
+    }
+    INT(n_tensors, "n_tensors");
+    if (n_tensors < 1 || n_tensors > LANE_MAX) {
+      PyErr_SetString(PyExc_ValueError, "graphjit lane plan: n_tensors outside 1..MAX_TENSORS");
+      return -1;
+    }
+    self->walk = walk;
+    self->n_walk = n_tensors;
+  } else {
+    self->walk = NULL;
+    n_tensors = layout_init(&self->layout, d);
+    if (n_tensors < 0) return -1;
+  }
   Py_ssize_t v;
   INT(v, "prebound");
   self->prebound = (int)v;
@@ -276,8 +297,8 @@ bad_index:
 /* The part before the lock: the call is the key's, its environment the planned one.  1 served so far, 0 a miss
  * (no error set), -1 an error (the caller clears it: a miss). */
 static int signed_as_planned(Plan *self, PyObject *state, PyObject *entry, PyObject *instance, PyObject *args,
-                             PyObject *kwargs, PyObject **tensors, Py_ssize_t *n_tensors) {
-  if (kwargs != Py_None && (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != 0)) return 0;
+                             PyObject *kwargs, PyObject **tensors, Py_ssize_t *n_tensors, PyObject **walked) {
+  if (self->walk == NULL && kwargs != Py_None && (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != 0)) return 0;
   /* GRAPHJIT_* read again since the plan (env.refresh), or another thread's settings: the Python path */
   if (PyDict_GetItemWithError(self->env_dict, s_settings) != self->settings) return PyErr_Occurred() ? -1 : 0;
   /* inside another graphed call's warmup, capture or verify: part of it (the Python path says so) */
@@ -286,8 +307,22 @@ static int signed_as_planned(Plan *self, PyObject *state, PyObject *entry, PyObj
   Py_DECREF(phase);
   if (phase != Py_None) return 0;
   /* the arguments, the owner, the modes, the tensors' metadata (strides included) */
-  int ok = layout_matches(&self->layout, self->prebound, instance, args, tensors, n_tensors);
-  if (ok <= 0) return ok;
+  int ok;
+  if (self->walk != NULL) { /* a keyword call: the walk check signs it as Signer.sign_walk would (bound as written) */
+    PyObject *a[3] = {self->prebound ? Py_None : instance, args, kwargs};
+    PyObject *got = PyObject_Vectorcall(self->walk, a, 3, NULL);
+    if (got == NULL) return -1;
+    if (!PyList_CheckExact(got) || PyList_GET_SIZE(got) != self->n_walk) { /* None: not this key's structure */
+      Py_DECREF(got);
+      return 0;
+    }
+    *walked = got; /* holds the tensors below until the call is done */
+    for (Py_ssize_t i = 0; i < self->n_walk; ++i) tensors[i] = PyList_GET_ITEM(got, i);
+    *n_tensors = self->n_walk;
+  } else {
+    ok = layout_matches(&self->layout, self->prebound, instance, args, tensors, n_tensors);
+    if (ok <= 0) return ok;
+  }
   /* the key's entry: still the planned one, with the same guards, recheck, step context, advances and handoff */
   PyObject *entries = PyObject_GetAttr(state, s_entries);
   if (entries == NULL) return -1;
@@ -513,8 +548,8 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
   PyObject *instance = argv[0], *args = argv[1], *kwargs = argv[2];
   PyObject *tensors[LANE_MAX];
   Py_ssize_t n = 0;
-  PyObject *targets = NULL, *outs = NULL, *result = NULL;
-  int ok = signed_as_planned(self, state, entry, instance, args, kwargs, tensors, &n);
+  PyObject *targets = NULL, *outs = NULL, *result = NULL, *walked = NULL;
+  int ok = signed_as_planned(self, state, entry, instance, args, kwargs, tensors, &n, &walked);
   if (ok > 0 && self->advances != Py_None) { /* where this call holds the scalars its replay sets (advances.py) */
     if (!PyDict_Check(kwargs)) {
       ok = 0;
@@ -550,6 +585,7 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
       Py_XDECREF(tb);
       Py_XDECREF(result);
       Py_XDECREF(targets);
+      Py_XDECREF(walked);
       Py_DECREF(refs);
       Py_DECREF(state);
       Py_DECREF(entry);
@@ -560,6 +596,7 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
   }
   if (ok == -2) { /* the launch raised: the call's error, as the Python path would raise it */
     Py_XDECREF(targets);
+    Py_XDECREF(walked);
     PyObject *r = launch_raised(self);
     Py_DECREF(refs);
     Py_DECREF(state);
@@ -575,12 +612,14 @@ static PyObject *plan_run(Plan *self, PyObject *const *argv, Py_ssize_t argc) {
     Py_XDECREF(r);
   }
   Py_XDECREF(targets);
+  Py_XDECREF(walked);
   Py_DECREF(refs);
   Py_DECREF(state);
   Py_DECREF(entry);
   return result;
 miss:
   Py_XDECREF(targets);
+  Py_XDECREF(walked);
   Py_DECREF(refs);
   Py_DECREF(state);
   Py_DECREF(entry);

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define LANE_MAX 64 /* tensors in one call the lane serves; a call with more takes the Python path */
+#define LANE_MAX 256 /* tensors in one call the lane serves; a call with more takes the Python path */
 
 #if PY_VERSION_HEX >= 0x030D0000
 #define LOOKUP_ATTR(o, n, r) PyObject_GetOptionalAttr((o), (n), (r))
@@ -53,6 +53,8 @@ int owner_modes_match(const Layout *l, int prebound, PyObject *instance);
 /* Whether a plain call has the layout l (its tensors gathered into tensors): 1, 0, or -1 with an error set. */
 int layout_matches(const Layout *l, int prebound, PyObject *instance, PyObject *args, PyObject **tensors,
                    Py_ssize_t *n_tensors);
+/* Whether o is a WalkCheck (lane.c's plans of keyword calls hold one). */
+int is_walk_check(PyObject *o);
 /* The interned names above made, LayoutCheck and WalkCheck readied and added to the module m: 0, or -1. */
 int lane_checks_add(PyObject *m);
 /* The guard scan (lane_guards.c) added to the module m: 0, or -1. */

@@ -700,6 +700,8 @@ static PyTypeObject WalkCheckType = {
     .tp_clear = (inquiry)check_clear,
 };
 
+int is_walk_check(PyObject *o) { return Py_IS_TYPE(o, &WalkCheckType); }
+
 int lane_checks_add(PyObject *m) {
   if ((s_settings = PyUnicode_InternFromString("_settings")) == NULL ||
       (s_training = PyUnicode_InternFromString("training")) == NULL ||

@@ -206,9 +206,8 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
         entry = self.entries.get(sig.key)
         if entry is not None:
             if previous == sig.key:  # replayed twice in a row: the next calls of the key may take the lane
-                if kwargs:  # never a keyword call: the lane (built and loaded now) signs it (Signer.sign_walk)
-                    if lane_mod.module() is None:
-                        lane_mod.prepare()
+                if kwargs and lane_mod.module() is None:  # a keyword call: signed by a C walk check first
+                    lane_mod.prepare()
                 elif self.wants_lane(entry, settings):
                     self.arm_lane(entry, sig)
             if entry.feeds is None:

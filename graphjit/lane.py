@@ -1,29 +1,31 @@
-"""The replay lane: a plain call of a key that replays through its graph's feed nodes, served in C.
+"""The replay lane: a call of a key that replays through its graph's feed nodes, served in C.
 
 On the replay path a call is signed (``keys.Signer.sign_plain``), its key's entry looked up, its guards checked and
 its tensors handed to the graph (``handoff.Handoff.replay``): Python, about 3.3 us a call on a development CPU with
-nothing to copy, three times that on an H200's host.  Once a key has replayed that way twice in a row, its plan for
+nothing to copy, three times that on an H200's host. Once a key has replayed that way twice in a row, its plan for
 the next calls is made here, once per key (:func:`plan`): the call's layout (the positions of its tensors, its plain
-scalars, its owner's training flag), the framework's modes as C probes with the values they must give
-(:meth:`Backend.lane_parts`), a metadata check of its tensors that includes their strides, the key's handoff (which
-inputs are adopted, which copied in, where each buffer is, which outputs come out fresh) and the graph's launch.  The
-compiled plan (``csrc/lane.c``, ``Plan.run``) serves a later call in one C function: checked as the Python path
-would check it, launched as :meth:`Handoff.replay` would launch it, its result built as that gives it.
+scalars, its owner's training flag; for a keyword call, the C walk check its signer signs it with,
+:meth:`keys.Signer.walk_layout`, made again with the plan's tensor check), the framework's modes as C probes with
+the values they must give (:meth:`Backend.lane_parts`), a metadata check of its tensors that includes their strides,
+the key's handoff (which inputs are adopted, which copied in, where each buffer is, which outputs come out fresh)
+and the graph's launch. The compiled plan (``csrc/lane.c``, ``Plan.run``) serves a later call in one C function:
+checked as the Python path would check it, launched as :meth:`Handoff.replay` would launch it, its result built as
+that gives it.
 
 Guarantees: a call the lane serves acts as the Python path's replay of it: the same checks (each of them at least as
 strict: strides are fixed, and a torch function mode sends back a call of a key signed outside one), the same table
 written, the same launch, the same result and the same counts (kept in the plan until :func:`flush` moves them into
-the stats, which every read of them does first).  Anything else is a miss: ``Plan.run`` returns :data:`MISS` having
-changed nothing, and the Python path decides the call.  The lane never serves a call with keyword arguments,
-``dynamic=`` arguments, buckets, a step context (training), a recheck to make, inputs the graph writes back, tensors
-fed at places the caller rebinds (:mod:`graphjit.renewals`), settings
-read again since the plan (``env.refresh``), ``GRAPHJIT_DEBUG`` or ``GRAPHJIT_CHECK_OUTPUTS``, nor a call inside
-another graphed call.
+the stats, which every read of them does first). Anything else is a miss: ``Plan.run`` returns :data:`MISS` having
+changed nothing, and the Python path decides the call. The lane never serves a keyword call its signer has no walk
+check for (one whose key holds counters that change from call to call among them), ``dynamic=`` arguments, buckets,
+a step context (training), a recheck to make, inputs the graph writes back, tensors fed at places the caller rebinds
+(:mod:`graphjit.renewals`), settings read again since the plan (``env.refresh``), ``GRAPHJIT_DEBUG`` or
+``GRAPHJIT_CHECK_OUTPUTS``, nor a call inside another graphed call.
 
 Refuses nothing: where the C compiler or Python's headers are missing, the build fails, or ``GRAPHJIT_LANE=off``,
-every call takes the Python path (:func:`status` says why).  ``auto`` builds the lane once, in a background thread,
+every call takes the Python path (:func:`status` says why). ``auto`` builds the lane once, in a background thread,
 where a key first replays twice in a row and it is not built yet; ``python -m graphjit build`` builds it ahead of
-time.  A function decorated while the lane is loaded enters it from C (its wrapper is the lane's ``Front``); one
+time. A function decorated while the lane is loaded enters it from C (its wrapper is the lane's ``Front``); one
 decorated before enters it from ``api._State.call``, one Python frame more.
 """
 
@@ -60,7 +62,7 @@ log = logging.getLogger("graphjit")
 
 SOURCES = ("lane.c", "lane_checks.c", "lane_guards.c")  # compiled together into one library
 HEADERS = ("lane.h",)
-ABI = 5
+ABI = 6
 FLAGS = ("-O2", "-shared", "-fPIC", "-fvisibility=hidden")
 
 MISS: Any = object()
@@ -263,8 +265,8 @@ def status() -> dict[str, Any]:
 # -- plans -------------------------------------------------------------------------------------
 def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
     """The compiled plan of ``entry``'s key for calls like the one just signed as ``sig`` (``state``: the function's
-    ``api._State``); None where there is none now (the lane not loaded, the call not signed by the plain path),
-    False where the key never has one (see the module docstring)."""
+    ``api._State``); None where there is none now (the lane not loaded, the call signed neither by the plain path nor
+    by a walk check), False where the key never has one (see the module docstring)."""
     mod = module()
     if mod is None:
         return None
@@ -280,9 +282,14 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
         return None  # the first replay through the feed nodes decides who launches (Handoff.launcher)
     signer: Signer = state.signer
     last = signer.plain_layout()
-    if last is None or last[2] is not sig.key:
-        return None  # this call was not signed by the plain path: a later one may be
-    backend, types, _key, method, kinds, owner_part, modes = last
+    walked = None
+    if last is None or last[2] is not sig.key:  # not the plain path's key: a keyword call's, signed by a walk check
+        walked = signer.walk_layout(sig.key)
+        if walked is None:
+            return None  # no check signs this key yet: a later call may have one
+        backend, spec, method, owner_part, modes, walk_owner = walked
+    else:
+        backend, types, _key, method, kinds, owner_part, modes = last
     # the tensors' strides as the handoff requires them (its buffers', an adopted input's own), not the call's
     parts = backend.lane_parts(modes, sig.tensors, entry.inputs.strides)
     feed = handoff.feed
@@ -296,16 +303,22 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
             return None
     elif (owner is None) != (owner_part is None) or (owner_part is not None and id(owner) != owner_part[1]):
         return None
+    if walked is not None:  # the signer's own check made again with the plan's tensor check (strides included)
+        walk = walk_check(mod, backend, spec, method, owner_part, modes, walk_owner, parts.check)
+        if walk is None:
+            return False
+        signing: dict[str, Any] = {"walk": walk, "n_tensors": len(sig.tensors)}
+    else:
+        signing = {"method": int(method), "kinds": kinds, "types": tuple(types),
+                   "owner": owner, "owner_id": owner_part[1] if method and owner_part else 0,
+                   "training": owner_part[2] if owner_part else None,
+                   "probes": parts.probes, "expected": parts.expected, "check": parts.check}
     outputs = handoff.outputs
     lock = state.lock
     return mod.Plan({
         "miss": MISS,
         "env_dict": vars(env), "settings": settings, "tls": scope.thread_state(),
-        "prebound": int(state.prebound), "method": int(method),
-        "kinds": kinds, "types": tuple(types),
-        "owner": owner, "owner_id": owner_part[1] if method and owner_part else 0,
-        "training": owner_part[2] if owner_part else None,
-        "probes": parts.probes, "expected": parts.expected, "check": parts.check,
+        "prebound": int(state.prebound), **signing,
         # weakly: a plan is held by its entry and by the function; it never keeps either alive (their graphs' memory)
         "state": weakref.ref(state), "key": sig.key, "entry": weakref.ref(entry),
         "entry_check": entry.check, "recheck": entry.recheck, "feeds": entry.feeds, "advances": entry.advances,

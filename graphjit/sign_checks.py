@@ -43,7 +43,8 @@ def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dic
                free: frozenset[tuple[int, ...]] = frozenset(),
                before: tuple[Any, ...] | None = None) -> tuple[Any, ...] | bool | None:
     """The C check of the structure of the call just walked as ``sig`` (see :meth:`Signer.sign_walk` and
-    :func:`lane.walk_check`): ``(check, key, labels, backend, tensor type, settings, key maker)``; None where the lane
+    :func:`lane.walk_check`): ``(check, key, labels, backend, tensor type, settings, key maker, made of)``, ``made of``
+    the check's own arguments (:meth:`Signer.walk_layout`); None where the lane
     is not loaded or switched off (made at a later call); False where this key has none: ``layout_checks`` off,
     buckets, a part :mod:`graphjit.walk_spec` does not describe, no metadata check (a tensor passed twice, say), a
     check that does not give this very call its own tensors back in the walk's order, a walk made again after the
@@ -65,8 +66,8 @@ def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dic
         method = instance is not None
         owner = instance if method else signer.owner
         owner_part = ("self", id(owner), getattr(owner, "training", None)) if owner is not None else None
-        check = lane.walk_check(mod, backend, spec, method, owner_part, sig.key[-1][1],
-                                None if method else signer.owner, backend.meta_check(sig.tensors))
+        made_of = (backend, spec, method, owner_part, sig.key[-1][1], None if method else signer.owner)
+        check = lane.walk_check(mod, *made_of, backend.meta_check(sig.tensors))
         if check is None:
             return False
         served = check(instance, args, kwargs)
@@ -89,7 +90,8 @@ def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dic
     except Exception as exc:
         log.debug("graphjit: no C walk check for %s: %s", signer.fn_name, exc)
         return False
-    return (check, sig.key, sig.labels, backend, type(sig.tensors[0]), env.settings(), maker)
+    return (check, sig.key, sig.labels, backend, type(sig.tensors[0]), env.settings(), maker, made_of)
+
 
 
 def _at(key: tuple[Any, ...], path: tuple[int, ...]) -> Any:
