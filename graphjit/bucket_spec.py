@@ -12,6 +12,17 @@ BucketsArg = Mapping[str | int, Mapping[int, Sequence[int]]] | None
 
 
 @dataclass(frozen=True)
+class Pad:
+    """A bucketed dimension of one tensor leaf: its real size and the size it is padded to (``keys.Signer`` records
+    one per padded dimension of a call, ``buffers.StaticOutputs`` cuts the outputs back by them)."""
+
+    leaf: int
+    dim: int
+    real: int
+    padded: int
+
+
+@dataclass(frozen=True)
 class Bucket:
     """One entry of ``buckets=``: which argument (by index, position or name) and its dims' sizes, sorted."""
 

@@ -24,12 +24,12 @@ import bisect
 import collections
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from . import backends, bucket_spec, env, lane, sign_checks, walk_spec
 from .backends.base import Backend
 from .binder import Binder, wraps_another
+from .bucket_spec import Pad
 from .errors import SignatureError
 from .tree import MIRROR, Attr, dict_attrs, is_object, object_fields, rebuild, rebuild_call
 
@@ -57,16 +57,6 @@ class Key(tuple):  # type: ignore[type-arg]
 
     def __hash__(self) -> int:
         return self._hash
-
-
-@dataclass(frozen=True)
-class Pad:
-    """A bucketed dimension of one tensor leaf: its real size and the size it is padded to."""
-
-    leaf: int
-    dim: int
-    real: int
-    padded: int
 
 
 _NO_DYNAMIC: dict[str, Any] = {}
