@@ -83,6 +83,14 @@ def main() -> None:
                            "size": {"layers": a.layers, "hidden": a.hidden, "batch": a.batch, "dtype": a.dtype},
                            "variants": {}}
 
+    def measure(name: str, call: Callable[[], Any]) -> None:
+        for _ in range(5):
+            call()
+        entry = res["variants"].setdefault(name, {})
+        entry["device_us"] = device_us(call)
+        entry.update(profile(call))
+
+    # each variant made, measured and profiled before the next resets Dynamo
     torch._dynamo.reset()
     ro = torch.compile(step, mode="reduce-overhead")
 
@@ -90,24 +98,17 @@ def main() -> None:
         torch.compiler.cudagraph_mark_step_begin()
         return ro(x)
 
-    variants: dict[str, Callable[[], Any]] = {"reduce_overhead": ro_call}
-    for name, opts in (("graphed_compile", {}), ("graphed_compile_alias", {"outputs": "alias"}),
+    measure("reduce_overhead", ro_call)
+    for name, opts in (("graphed_compile", {"tracer": "compile"}),
+                       ("graphed_compile_alias", {"tracer": "compile", "outputs": "alias"}),
                        ("graphed_eager", {"tracer": "eager"})):
-        if name != "graphed_eager":
-            torch._dynamo.reset()
-            opts = {**opts, "tracer": "compile"}
+        torch._dynamo.reset()
         fn = graphjit.graphed(step, **opts)
-        variants[name] = (lambda f: lambda: f(x))(fn)
         for _ in range(4):
             fn(x)
-        res["variants"].setdefault(name, {})["stats"] = {k: v for k, v in fn.stats().items() if k != "keys"}
-
-    for name, call in variants.items():
-        for _ in range(5):
-            call()
-        entry = res["variants"].setdefault(name, {})
-        entry["device_us"] = device_us(call)
-        entry.update(profile(call))
+        measure(name, (lambda f: lambda: f(x))(fn))
+        res["variants"][name]["stats"] = {k: v for k, v in fn.stats().items() if k != "keys"}
+        fn.reset()
 
     base, ours = res["variants"]["reduce_overhead"]["gpu"], res["variants"]["graphed_compile"]["gpu"]
     res["only_graphed_compile"] = {k: v for k, v in ours.items() if k not in base}
