@@ -285,8 +285,8 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
     walked = None
     if last is None or last[2] is not sig.key:  # not the plain path's key: a keyword call's, signed by a walk check
         walked = signer.walk_layout(sig.key)
-        if walked is None:
-            return None  # no check signs this key yet: a later call may have one
+        if not isinstance(walked, tuple):
+            return walked  # None: no check signs this key yet (a later call may have one); False: none ever will
         backend, spec, method, owner_part, modes, walk_owner = walked
     else:
         backend, types, _key, method, kinds, owner_part, modes = last

@@ -139,3 +139,19 @@ def test_a_cache_tensor_moved_by_the_caller_is_not_served_from_the_old_address(e
     cache.keys = torch.full((4, 7), 2.0)
     want += [_step(x, cache=cache, w=w)["total"].clone() for x in _xs(4)]
     assert _same(outs[:-1], want)
+
+
+def test_a_key_the_signer_has_no_walk_check_for_is_never_planned(emu, lane_on):
+    """A tensor passed under two keywords: no C walk check signs such a call (the walk tells them apart by identity),
+    so its key gets no plan (``entry.lane`` False, not tried again at every call) and the Python path replays it."""
+    from only_key import only_entry
+
+    def step(x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        return x * 2 + kw["a"] - kw["b"]
+
+    g = graphjit.graphed(step)
+    t = torch.randn(4, 7)
+    xs = _xs(8)
+    outs = [g(x, a=t, b=t) for x in xs]
+    assert all(torch.equal(o, x * 2 + t - t) for o, x in zip(outs, xs))
+    assert only_entry(g).lane is False and g.stats()["replays"] >= 4
