@@ -72,8 +72,8 @@ VARIABLES: tuple[Variable, ...] = (
              "(nvcc) at the first capture where it is not; on also builds it, at once; off always uses the "
              "framework's copies."),
     Variable("GRAPHJIT_LANE", "choice:auto|on|off", "auto",
-             "The replay lane: a plain positional call of a key that replays through its graph's feed nodes is "
-             "checked and launched in C (csrc/lane.c) instead of graphjit's Python path. auto builds it with the C "
+             "The replay lane: a call of a key that replays through its graph's feed nodes (positional, or "
+             "keywords and containers a C walk check signs) is checked and launched in C (csrc/lane.c) instead of graphjit's Python path. auto builds it with the C "
              "compiler once, in the background, where a key first replays twice in a row and it is not built yet "
              "(python -m graphjit build builds it ahead of time); on builds it there at once; off: the Python path "
              "only."),
