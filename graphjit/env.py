@@ -73,8 +73,9 @@ VARIABLES: tuple[Variable, ...] = (
              "framework's copies."),
     Variable("GRAPHJIT_LANE", "choice:auto|on|off", "auto",
              "The replay lane: a call of a key that replays through its graph's feed nodes (positional, or "
-             "keywords and containers a C walk check signs) is checked and launched in C (csrc/lane.c) instead of graphjit's Python path. auto builds it with the C "
-             "compiler once, in the background, where a key first replays twice in a row and it is not built yet "
+             "keywords and containers a C walk check signs) is checked and launched in C (csrc/lane.c) instead of "
+             "graphjit's Python path. auto builds it with the C compiler once, in the background, where a key "
+             "first replays twice in a row and it is not built yet "
              "(python -m graphjit build builds it ahead of time); on builds it there at once; off: the Python path "
              "only."),
     Variable("GRAPHJIT_CACHE_DIR", "path", "~/.cache/graphjit",

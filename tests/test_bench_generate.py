@@ -126,8 +126,8 @@ def test_each_variant_compiles_in_empty_caches_unless_kept(monkeypatch, mode):
 
 def test_the_compiler_starts_once_before_the_first_compiled_variant(monkeypatch):
     """What a process pays once for its first compilation lands in no variant: the compiler starts on a small
-    function, both ways the variants compile, before the first compiled variant (GPU runs), recorded in that variant
-    alone, never again."""
+    function, both ways the variants compile, then on a one-layer model of the row's family through both compiled
+    variants, before the first compiled variant (GPU runs), recorded in that variant alone, never again."""
     import os
 
     from graphjit.bench.torch.generate import GenerateBench
@@ -139,8 +139,12 @@ def test_the_compiler_starts_once_before_the_first_compiled_variant(monkeypatch)
         return fn
 
     monkeypatch.setattr(torch, "compile", fake_compile)
+    families = []
+    monkeypatch.setattr(GenerateBench, "_start_family", lambda self, family: families.append(family))
     bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept", sliding_window=None), on_gpu=False)
-    assert bench.start_compiler() >= 0
+    assert bench.start_compiler() >= 0 and families == []
+    assert bench.start_compiler("qwen3") >= 0 and families == ["qwen3"]
+    compiled = compiled[:2]
     # as each compiled variant compiles (graphjit's compile tracer, transformers' reduce-overhead), in a fresh cache
     # even where the run keeps its caches
     assert [kw for _d, kw in compiled] == [{"options": {"triton.cudagraphs": False}}, {"mode": "reduce-overhead"}]
@@ -149,9 +153,9 @@ def test_the_compiler_starts_once_before_the_first_compiled_variant(monkeypatch)
     bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept", sliding_window=None), on_gpu=False)
     bench.on_gpu = True  # as on a GPU run; the timed parts are stood in for
     monkeypatch.setattr(GenerateBench, "_measure", lambda self, family, batch, variant: {"status": "ok"})
-    monkeypatch.setattr(GenerateBench, "start_compiler", lambda self: started.append(1) or 2.5)
+    monkeypatch.setattr(GenerateBench, "start_compiler", lambda self, family: started.append(family) or 2.5)
     results = [bench.measure("llama", 1, v) for v in ("eager", "graphed", "graphed_compile", "hf_compiled")]
-    assert started == [1]
+    assert started == ["llama"]
     assert [r.get("compiler_start_s") for r in results] == [None, None, 2.5, None]
 
 

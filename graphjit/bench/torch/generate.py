@@ -33,15 +33,19 @@ class GenerateBench:
         self.reference: dict[tuple[str, int], Any] = {}
         self.compiler_started = False
 
-    def start_compiler(self) -> float:
+    def start_compiler(self, family: str | None = None) -> float:
         """Compile a small decode-like function (a matmul, a normalisation, a softmax, an activation, in the run's
         dtype) the way each compiled variant compiles (graphjit's compile tracer: Inductor without its own CUDA
-        graphs; transformers: ``mode="reduce-overhead"``, called three times so that it records its graph), in a
-        fresh cache, before the run's first compiled variant: what a process pays once for its first compilation of
-        such code (Inductor's imports and code generators, its worker processes, Triton's start, the CUDA graph
-        trees) then lands in no variant's first call, whichever compiled variant comes first (at 1fddce7 the first
-        family's batch-1 row paid it: GPT-2's compile tracer took 11.4 s against transformers' 9.0 s there, and
-        less than transformers' in most later rows).  Returns its seconds."""
+        graphs; transformers: ``mode="reduce-overhead"``, called three times so that it records its graph), then a
+        one-layer model of ``family`` (the row's) through both compiled variants' ``generate()``, in a fresh cache,
+        before the run's first compiled variant: what a process pays once for its first compilation of such code
+        (Inductor's imports, code generators and first lowerings of the model's ops, its worker processes, Triton's
+        start, the CUDA graph trees, Dynamo's first trace of transformers' code) then lands in no variant's first
+        call, whichever compiled variant comes first.  At 1fddce7, with no start, the first family's batch-1 row paid
+        it: GPT-2's compile tracer took 11.4 s against transformers' 9.0 s there, and less than transformers' in most
+        later rows; at 4d787b5, with the small function alone, the first row (Mistral, batch 1, the compile tracer
+        first) was the only one of 24 where the compile tracer's first call was the slower (6.10 against 5.87 s; 5-11%
+        faster in the other 23).  Returns its seconds."""
         torch = self.torch
         t0 = time.perf_counter()
 
@@ -60,7 +64,33 @@ class GenerateBench:
                 if self.on_gpu:
                     torch.cuda.synchronize()
                 torch._dynamo.reset()
+            if family is not None:
+                self._start_family(family)
         return time.perf_counter() - t0
+
+    def _start_family(self, family: str) -> None:
+        """Two ``generate()`` calls of a one-layer model of ``family`` through each compiled variant (results
+        discarded; see :meth:`start_compiler`)."""
+        import graphjit
+
+        torch = self.torch
+        tiny = hf_families.build(torch, self.transformers, family, 1, 128, self.device, self.dtype,
+                                 sliding_window=self.args.sliding_window)
+        tiny.generation_config.eos_token_id = None
+        prompt = self.prompt(1)
+        for variant in COMPILED:
+            torch._dynamo.reset()
+            model = copy.deepcopy(tiny)
+            extra: dict[str, Any] = {}
+            if variant == "graphed_compile":
+                graphjit.graph_generation(model, tracer="compile")
+            else:
+                extra = {"cache_implementation": "static"}
+            for _ in range(2):
+                self._generate(model, prompt, **extra)
+            del model
+            gc.collect()
+        torch._dynamo.reset()
 
     def model(self, family: str) -> Any:
         """The family's model (built once, seeded): every variant runs on its own deep copy.  Its generation config
@@ -114,7 +144,7 @@ class GenerateBench:
         start = None
         if variant in COMPILED and self.on_gpu and not self.compiler_started:
             self.compiler_started = True
-            start = self.start_compiler()
+            start = self.start_compiler(family)
         with _fresh_compile_cache(self.torch) if self.args.compile_cache == "fresh" else contextlib.nullcontext():
             res = self._measure(family, batch, variant)
         if start is not None:
