@@ -147,3 +147,27 @@ def test_the_compile_tracers_warmups_are_not_watched(monkeypatch, emu):
         f(x)
     assert f.stats()["replays"] >= 1
     assert seen and not any(seen), seen
+
+
+def test_a_process_that_never_imported_dynamo_does_not_import_it_for_the_watch():
+    """Nothing compiles where Dynamo was never imported (``torch.compile`` imports it where it is called), and
+    importing it for a watched run cost the process's first capture 2.5-3 s on an H100's host: the watch leaves it
+    unimported, and with it imported, watches the compiles as before."""
+    import subprocess
+
+    code = (
+        "import sys, torch\n"
+        "from graphjit.backends.torch import dynamo\n"
+        "calls = []\n"
+        "with dynamo.compiles_unwatched(lambda: calls.append('pause'), lambda: calls.append('resume')):\n"
+        "    pass\n"
+        "assert 'torch._dynamo' not in sys.modules, 'imported by the watch'\n"
+        "import torch._dynamo\n"
+        "f = torch.compile(lambda x: x * 2, backend='eager')\n"
+        "with dynamo.compiles_unwatched(lambda: calls.append('pause'), lambda: calls.append('resume')):\n"
+        "    f(torch.ones(2))\n"
+        "assert calls[:2] == ['pause', 'resume'], calls\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]

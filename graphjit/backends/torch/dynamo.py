@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,9 +24,16 @@ __all__ = [
 def compiles_unwatched(pause: Callable[[], None], resume: Callable[[], None]) -> Iterator[None]:
     """In the block, ``pause()`` where Dynamo starts compiling a frame and ``resume()`` where it ends (its
     ``callback_handler``: counted across threads, so the start runs on the thread of the first of overlapping
-    compilations and the end on that of the last).  A torch without the handler calls neither."""
-    try:  # imported here, outside the watch: torch imports Dynamo lazily (a Linear's first call does on torch 2.13),
-        from torch._dynamo.callback import callback_handler  # and under a profile hook that import took 10 s, not 1
+    compilations and the end on that of the last).  A torch without the handler calls neither, and neither does a
+    process that has not imported Dynamo yet: nothing compiles there (``torch.compile`` imports it where it is called,
+    outside such a block in any code that compiles a function once and calls it many times), and importing it for the
+    block cost the process's first capture 2.5-3 s on an H100's host (``bench capture``'s first scope: 3.6 s at
+    4d787b5 against 0.40 s before this watch)."""
+    if "torch._dynamo" not in sys.modules:
+        yield
+        return
+    try:
+        from torch._dynamo.callback import callback_handler
     except Exception:  # a torch without Dynamo or without compile callbacks
         yield
         return
