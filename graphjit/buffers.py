@@ -388,7 +388,7 @@ class KeyEntry:
     is piecewise (it then takes the call's dynamic values)."""
 
     __slots__ = ("__weakref__", "advances", "check", "device", "feed", "feeds", "graph", "guards", "handoff", "inputs",
-                 "lane", "lane_settings", "no_adopt", "outputs", "piecewise", "recheck", "stats", "warm")
+                 "lane", "lane_settings", "lane_tries", "no_adopt", "outputs", "piecewise", "recheck", "stats", "warm")
 
     def __init__(self, graph: GraphHandle, inputs: StaticInputs, outputs: StaticOutputs, stats: KeyStats,
                  no_adopt: frozenset[int], warm: Warmup, device: str, guard: GuardSet | None = None,
@@ -416,6 +416,7 @@ class KeyEntry:
         self.handoff = None if piecewise else Handoff.plan(inputs.backend, graph.feed, inputs, outputs, stats)
         self.lane: Any = None  # the replay lane's plan of this key (lane.py): None not made yet, False never
         self.lane_settings: Any = None  # the settings it was made under
+        self.lane_tries = 0  # replays at which its plan could not be made yet (lane.PLAN_TRIES)
 
     def replay(self, sig: CallSignature, copy: bool, call: Call | None) -> Any:
         """Load inputs, replay, copy mutations back, return outputs (``call``: the call's ``(args, kwargs)``, whose

@@ -330,13 +330,8 @@ class Signer:
         self._fast = None
 
     def walk_layout(self, key: Any) -> tuple[Any, ...] | bool | None:
-        """What the C walk check that signs calls of ``key`` (that very key object) was made of: ``(backend, spec,
-        method, owner part, modes, owner)`` (:func:`lane.walk_check`'s arguments but its tensor check), where there is
-        one without free values (a counter's key differs from call to call) under the current settings; False where
-        one was tried for this key and none made; else None (none yet)."""
-        settings = env.settings()
-        made = next((w[7] for w in self._walked if w[1] is key and w[6] is None and w[5] is settings), None)
-        return False if made is None and self._walk_tried is not None and self._walk_tried == key else made
+        """:func:`sign_checks.walk_layout` of this signer (the replay lane plans a keyword call's key from it)."""
+        return sign_checks.walk_layout(self, key)
 
     def plain_layout(self, plain: tuple[Any, ...] | None = None) -> tuple[Any, ...] | None:
         """The layout of the last plain call (or of ``plain``, one of them read before), where it has one (it repeated

@@ -65,6 +65,11 @@ HEADERS = ("lane.h",)
 ABI = 6
 FLAGS = ("-O2", "-shared", "-fPIC", "-fvisibility=hidden")
 
+PLAN_TRIES = 8
+"""Replays of a key whose plan :func:`plan` could not make yet ("not now": the first replay through the feed nodes
+still to come, a walk check not made yet) after which the key is served by the Python path for good: a key signed by
+a counter's check, or by the Python path only, would otherwise be planned again at every call."""
+
 MISS: Any = object()
 """What ``Plan.run`` returns where the Python path must serve the call (nothing was changed)."""
 
@@ -440,6 +445,10 @@ class LaneHolder:
         fresh = plan_ is None or (plan_ is not False and entry.lane_settings is not settings)
         if fresh:
             plan_ = plan(self, entry, sig)
+            if plan_ is None and not (settings.debug or settings.check_outputs):
+                entry.lane_tries += 1  # not now: asked again at the key's next replay, at most PLAN_TRIES times
+                if entry.lane_tries >= PLAN_TRIES:
+                    plan_ = False
         with self.lock:  # type: ignore[attr-defined]
             if self.entries.get(sig.key) is not entry or entry.handoff is None:  # type: ignore[attr-defined]
                 if fresh and plan_:

@@ -207,8 +207,10 @@ def _functions_of(attr: Any) -> Iterator[types.FunctionType]:
 
 class NameRecorder:
     """Collects the names used by the Python code a call runs (a ``sys.setprofile`` hook on this thread,
-    for the block), outside the frameworks', graphjit's and the standard library's own modules and outside
-    islands.  Does nothing where a profiler is already set (its hook is kept).
+    for the block), outside the frameworks', graphjit's and the standard library's own modules, outside
+    islands and outside the import of a module the call triggers (its body and what that runs define names, they
+    read none of the call's values: a first call importing Dynamo lazily named 6,000 attributes of other modules
+    to guard).  Does nothing where a profiler is already set (its hook is kept).
 
     A compiler translating inside the block runs millions of Python calls of its own that add no names, and a
     profile hook makes each of them several times slower (a Dynamo compile of a transformers model took 3-4x as
@@ -229,6 +231,7 @@ class NameRecorder:
         self.probed_by_object: dict[int, frozenset[str]] = {}  # id(object) -> the attribute probes of its code
         self.read_globals: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}  # (globals, name) the code loaded
         self.emitted: list[str] = []  # what the call printed or logged outside islands, and where (a replay would not)
+        self.importing: types.FrameType | None = None  # the body of a module being imported meanwhile (skipped)
 
     def __enter__(self) -> NameRecorder:
         if sys.getprofile() is None:
@@ -282,12 +285,19 @@ class NameRecorder:
             self.paused = False
 
     def _hook(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        if self.importing is not None:  # a module imported during the call: its code is not the call's reads
+            if event == "return" and frame is self.importing:
+                self.importing = None
+            return
         if event != "call":
             if event == "c_call" and (arg is _PRINT or getattr(arg, "__name__", None) == "write") and \
                     len(self.emitted) < MAX_EMITTED and not in_island():
                 self._printed(frame, arg)
             return
         code = frame.f_code
+        if code.co_name == "<module>" and getattr(frame.f_globals.get("__spec__"), "_initializing", False):
+            self.importing = frame  # the body of a module being imported (a lazy import on a first call): what it
+            return  # and everything it calls name are its own definitions, not values the call reads
         if in_island():
             return
         if code is _EMIT:

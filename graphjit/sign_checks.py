@@ -94,6 +94,24 @@ def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dic
 
 
 
+def walk_layout(signer: Signer, key: Any) -> tuple[Any, ...] | bool | None:
+    """What the C walk check that signs calls of ``key`` (that very key object) was made of: ``(backend, spec,
+    method, owner part, modes, owner)`` (:func:`lane.walk_check`'s arguments but its tensor check), where there is
+    one without free values under the current settings and the call was signed by it (its key is that object: the plan
+    is made from the call's tensors); False where the key's check takes counters (its keys change from call to
+    call) or one was tried for this key and none made; else None (none yet, or this call was walked: a key equal
+    to the check's, another object)."""
+    settings = env.settings()
+    for w in signer._walked:
+        if w[5] is not settings:
+            continue
+        if w[1] is key:  # the call was signed by this check: its tensors are what the check gives
+            return w[7] if w[6] is None else False  # (a check of counters: its keys change, never planned)
+        if w[1] == key:  # signed by the walk this time (the check refused it): a later call may be the check's
+            return None if w[6] is None else False
+    return False if signer._walk_tried is not None and signer._walk_tried == key else None
+
+
 def _at(key: tuple[Any, ...], path: tuple[int, ...]) -> Any:
     for i in path:
         key = key[i]

@@ -1225,3 +1225,38 @@ def test_a_compiled_program_that_keeps_an_environment_variable_is_replaced_by_ea
     st = g.stats()
     assert st["tracer"] and "os.environ['GRAPHJIT_TEST_STALE_ENV_FLAG']" in st["tracer"], g.report()
     assert st["graphs"] >= 2 and st["replays"] >= 3, g.report()
+
+
+def test_a_module_the_first_call_imports_adds_no_names_to_guard(emu, tmp_path, monkeypatch):
+    """A call that imports a module on its first run (a lazy import) runs that module's body under the names recorder:
+    the names it defines are not values the call reads, and guarding them made a first capture that imported Dynamo
+    guard 6,000 attributes of other modules.  An object the function holds keeps only what its code reads guarded;
+    once imported, a later change to an attribute the code does read still misses the graph."""
+    import importlib
+    import sys
+
+    names = [f"knob{i}" for i in range(200)]
+    (tmp_path / "gj_lazy_defs.py").write_text("".join(f"{n} = {i}\n" for i, n in enumerate(names)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "gj_lazy_defs", raising=False)
+
+    class Knobs:
+        pass
+
+    knobs = Knobs()
+    for n in names:
+        setattr(knobs, n, 1.0)
+    knobs.scale = 2.0
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        importlib.import_module("gj_lazy_defs")  # the first run imports it, later runs find it in sys.modules
+        return x * knobs.scale
+
+    g = graphjit.graphed(step)
+    x = torch.ones(3)
+    for _ in range(5):
+        assert torch.equal(g(x), x * 2.0)
+    key = g.stats()["keys"][0]
+    assert key["state"] == "replay" and key["guarded_values"] < 20, key
+    knobs.scale = 3.0
+    assert torch.equal(g(x), x * 3.0)

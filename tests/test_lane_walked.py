@@ -16,7 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import graph_emulator  # noqa: E402,F401  (the emulator the emu fixture installs)
-from test_lane import _both, _same  # noqa: E402
+from test_lane import _both as _both_paths  # noqa: E402
+from test_lane import _same  # noqa: E402
 
 import graphjit  # noqa: E402
 
@@ -47,6 +48,16 @@ def _wrapped() -> Any:
         return _step(*args, **kwargs)
 
     return step
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, make: Any, calls: Any) -> tuple[Any, Any, Any, Any]:
+    """test_lane's run with the lane off, then on, the counts of guarded values left out of the stats: the first
+    capture of a process may guard a module global that code run once per process read (``posixpath.sep``)."""
+    outs, off, on, g = _both_paths(monkeypatch, make, calls)
+    for stats in (off, on):
+        for key in stats["keys"]:
+            key.pop("guarded_values", None)
+    return outs, off, on, g
 
 
 def _xs(n: int) -> list[torch.Tensor]:
@@ -155,3 +166,45 @@ def test_a_key_the_signer_has_no_walk_check_for_is_never_planned(emu, lane_on):
     outs = [g(x, a=t, b=t) for x in xs]
     assert all(torch.equal(o, x * 2 + t - t) for o, x in zip(outs, xs))
     assert only_entry(g).lane is False and g.stats()["replays"] >= 4
+
+
+def test_a_key_whose_plan_is_never_ready_is_asked_a_bounded_number_of_times(emu, lane_on, monkeypatch):
+    """A key ``lane.plan`` answers "not now" for (a key a counter's walk check signs: its key objects change from call
+    to call) is not planned again at every replay: after ``PLAN_TRIES`` replays the Python path serves it for good,
+    its results unchanged."""
+    from only_key import only_entry
+
+    from graphjit import lane
+
+    asked = []
+    monkeypatch.setattr(lane, "plan", lambda state, entry, sig: asked.append(1))
+    w = torch.randn(7, 7, generator=torch.Generator().manual_seed(1))
+    g = graphjit.graphed(_wrapped())
+    cache = Cache(4)
+    xs = _xs(30)
+    outs = [g(x, cache=cache, w=w)["logits"] for x in xs]
+    eager_cache = Cache(4)
+    assert _same(outs, [_step(x, cache=eager_cache, w=w)["logits"] for x in xs])
+    assert len(asked) == lane.PLAN_TRIES and only_entry(g).lane is False
+    assert g.stats()["replays"] >= 20
+
+
+def test_a_call_the_check_refuses_at_the_arming_replay_leaves_the_key_plannable(emu, lane_on, python_replays):
+    """The replay that arms the lane signed by the Python walk (its tensor a ``Parameter`` over the same memory: the
+    same key, a type the C check refuses) gets a key equal to the check's, another object: the key keeps its plan,
+    and the later calls are served."""
+    from only_key import only_entry
+
+    w = torch.randn(7, 7, generator=torch.Generator().manual_seed(1))
+    g = graphjit.graphed(_wrapped())
+    cache = Cache(4)
+    xs = _xs(40)
+    for _ in range(20):
+        g(xs.pop(), cache=cache, w=w, scale=0.5)
+        if g._self_state.entries and only_entry(g).stats.fed_replays:
+            break
+    g(xs.pop(), cache=cache, w=torch.nn.Parameter(w, requires_grad=False), scale=0.5)  # arms the lane
+    before = python_replays[0]
+    for _ in range(10):
+        g(xs.pop(), cache=cache, w=w, scale=0.5)
+    assert only_entry(g).lane and python_replays[0] - before <= 1
