@@ -97,7 +97,7 @@ Py_ssize_t layout_init(Layout *l, PyObject *d) {
     }
   }
   if (n_tensors == 0 || n_tensors > LANE_MAX) {
-    PyErr_SetString(PyExc_ValueError, "graphjit lane layout: 1 to 64 tensors");
+    PyErr_Format(PyExc_ValueError, "graphjit lane layout: 1 to %d tensors", LANE_MAX);
     return -1;
   }
   return n_tensors;
