@@ -16,8 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import graph_emulator  # noqa: E402,F401  (the emulator the emu fixture installs)
-from test_lane import _both as _both_paths  # noqa: E402
-from test_lane import _same  # noqa: E402
+from test_lane import _both, _same  # noqa: E402
 
 import graphjit  # noqa: E402
 
@@ -48,16 +47,6 @@ def _wrapped() -> Any:
         return _step(*args, **kwargs)
 
     return step
-
-
-def _both(monkeypatch: pytest.MonkeyPatch, make: Any, calls: Any) -> tuple[Any, Any, Any, Any]:
-    """test_lane's run with the lane off, then on, the counts of guarded values left out of the stats: the first
-    capture of a process may guard a module global that code run once per process read (``posixpath.sep``)."""
-    outs, off, on, g = _both_paths(monkeypatch, make, calls)
-    for stats in (off, on):
-        for key in stats["keys"]:
-            key.pop("guarded_values", None)
-    return outs, off, on, g
 
 
 def _xs(n: int) -> list[torch.Tensor]:
