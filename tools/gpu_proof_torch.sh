@@ -6,7 +6,9 @@
 #   included; profile: the piecewise probe).
 # None named: build tests doctor decode replay train step hf piecewise profile capture generate dispatch (host is in
 # decode); together they take longer than one 600 s device call: name a few per call.  Each stage's exit status is logged ("== STAGE rc=N").
-# GENERATE_FAMILIES (default llama,gpt2,t5) chooses the families of the generate stage.
+# GENERATE_FAMILIES (default llama,gpt2,t5) chooses the families of the generate stage, GENERATE_BUDGET its
+# --time-budget in seconds (default 380; the stage's timeout is 40 s more): all twelve families take two calls,
+# mistral,t5,phi3,llama,qwen3,qwen2,gpt2 and qwen2_moe,mixtral,qwen2_vl,gemma2,gemma3_text, each with 545.
 # Writes into OUTDIR: proof-torch.log (everything printed), test-logs.tgz (each test file's whole log, in one file: a
 # call returns only a few files), and the benchmarks' JSON and PNG files.
 set -uf  # -f: the stage names are never globbed
@@ -14,7 +16,15 @@ out=${1:?usage: gpu_proof_torch.sh OUTDIR [STAGE ...]}
 shift
 stages=${*:-build tests doctor decode replay train step hf piecewise profile capture generate dispatch}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-export GRAPHJIT_COMMIT=${GRAPHJIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
+# the commit the results are labelled with: pass GRAPHJIT_COMMIT where the copy's git history may be older than its
+# files (the device machine's copy: its tracked files differ from its HEAD, so the label gets "+tree")
+if [ -z "${GRAPHJIT_COMMIT:-}" ]; then
+  GRAPHJIT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null)
+  if [ -n "$GRAPHJIT_COMMIT" ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+    GRAPHJIT_COMMIT="$GRAPHJIT_COMMIT+tree"
+  fi
+fi
+export GRAPHJIT_COMMIT
 mkdir -p "$out"
 log="$out/proof-torch.log"
 # the results' tag names the card they ran on (a call for an H200 may run on an H100)
@@ -40,7 +50,8 @@ stage() {
     profile) timeout 120 python3 tools/probes/piecewise_profile.py --out "$out" 2>&1 | tail -45 ;;
     replay) timeout 120 python3 tools/probes/replay_profile.py --out "$out" 2>&1 | tail -45 ;;
     capture) timeout 240 python3 -m graphjit bench capture --profile --out "$out" --tag "$tag" 2>&1 | tail -12 ;;
-    generate) timeout 420 python3 -m graphjit bench generate --families "${GENERATE_FAMILIES:-llama,gpt2,t5}" --time-budget 380 \
+    generate) timeout $(( ${GENERATE_BUDGET:-380} + 40 )) python3 -m graphjit bench generate \
+                --families "${GENERATE_FAMILIES:-llama,gpt2,t5}" --time-budget "${GENERATE_BUDGET:-380}" \
                 --out "$out" --tag "$tag" 2>&1 | tail -14 ;;
     dispatch) timeout 120 python3 -m graphjit bench dispatch --out "$out" --tag "$tag" 2>&1 | tail -15 ;;
     *) echo "unknown stage $1 (see the usage at the top of $0)"; return 2 ;;
