@@ -197,3 +197,44 @@ def test_a_call_the_check_refuses_at_the_arming_replay_leaves_the_key_plannable(
     for _ in range(10):
         g(xs.pop(), cache=cache, w=w, scale=0.5)
     assert only_entry(g).lane and python_replays[0] - before <= 1
+
+
+def test_threads_making_keyword_calls_get_their_own_results(emu, lane_on):
+    """Four threads calling one graphed function with keywords and a container (no state written): each gets its own
+    call's outputs, served by the walked plan or the Python path, and every call is counted."""
+    import threading
+
+    w = torch.randn(7, 7, generator=torch.Generator().manual_seed(1))
+
+    def step(x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        return (x @ kw["parts"]["w"]) * kw["scale"] + kw["parts"]["b"]
+
+    b = torch.randn(7)
+    g = graphjit.graphed(_wraps(step))
+    for x in _xs(8):
+        g(x, parts={"w": w, "b": b}, scale=0.5)
+    assert g._self_state.lane is not None
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        for i in range(40):
+            x = torch.randn(4, 7, generator=gen)
+            if not torch.equal(g(x, parts={"w": w, "b": b}, scale=0.5), step(x, parts={"w": w, "b": b}, scale=0.5)):
+                errors.append(f"thread {seed} call {i}")
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert g.stats()["calls"] == 8 + 160
+
+
+def _wraps(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
