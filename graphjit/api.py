@@ -41,6 +41,7 @@ from . import advances, backends, env, renewals
 from . import lane as lane_mod
 from . import scope as scope_mod
 from .backends.base import Backend
+from .binder import as_written
 from .buffers import InputMoved, KeyEntry
 from .dynamic import DynamicArgs
 from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
@@ -78,6 +79,7 @@ class _Ran:
     """The result of a call that already ran uncaptured (see :meth:`_State.device_of`)."""
 
     result: Any
+
 
 
 class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
@@ -192,6 +194,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
             self.poison_previous()
         instance = None if self.prebound else instance
         signer = self.signer
+        given = args, kwargs
         args, kwargs = signer.binder.bind(instance is not None, args, kwargs)
         sig = signer.sign_plain(instance, args) if not kwargs and self.dynamic is None else None
         if sig is None:
@@ -208,7 +211,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
             if previous == sig.key:  # replayed twice in a row: the next calls of the key may take the lane
                 if kwargs and lane_mod.module() is None:  # a keyword call: signed by a C walk check first
                     lane_mod.prepare()
-                elif self.wants_lane(entry, settings):
+                elif self.wants_lane(entry, settings) and as_written(given, args, kwargs):
                     self.arm_lane(entry, sig)
             if entry.feeds is None:
                 if entry.check is None and entry.recheck is None:  # nothing to check first: the replay path
@@ -530,8 +533,7 @@ class BoundGraphedFunction(KeepsWrapped, wrapt.BoundFunctionWrapper):  # type: i
 class GraphedFunction(KeepsWrapped, wrapt.FunctionWrapper):  # type: ignore[misc]
     """The object ``@graphed`` returns: calls like the function, plus :meth:`stats` and :meth:`reset`.
 
-    Name, docstring, signature and method binding of the wrapped function are kept (wrapt).
-    """
+    Name, docstring, signature and method binding of the wrapped function are kept (wrapt)."""
 
     __bound_function_wrapper__ = BoundGraphedFunction
 
@@ -562,8 +564,7 @@ class GraphedFunction(KeepsWrapped, wrapt.FunctionWrapper):  # type: ignore[misc
         Write the next call's data into these tensors and call the function with them: an input
         already at its static address is not copied (the zero-copy path for decode loops, like the
         persistent input buffers of vLLM's model runner).  Buffers of bucketed arguments have the
-        padded size.  Raises ``GraphjitError`` if no graph is captured for this signature yet.
-        """
+        padded size.  Raises ``GraphjitError`` if no graph is captured for this signature yet."""
         return self._self_state.static_inputs(None, args, kwargs)
 
     @property

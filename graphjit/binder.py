@@ -8,7 +8,7 @@ import types
 from collections.abc import Callable
 from typing import Any, cast
 
-__all__ = ["Binder", "wraps_another"]
+__all__ = ["Binder", "as_written", "wraps_another"]
 
 
 def wraps_another(fn: Callable[..., Any]) -> bool:
@@ -115,3 +115,10 @@ def _plan(params: list[inspect.Parameter] | None
     simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in plain)
     return ([p.name for p in plain], [p.default for p in plain],
             None if simple else inspect.Signature(params), varkw and simple)
+
+
+def as_written(given: tuple[tuple[Any, ...], dict[str, Any]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a bound call has the shape of the call as written (``given``: as many positional arguments, the same
+    keyword names): the replay lane checks a call as written, so a plan of a call the binder reshaped (a default
+    applied, a plain parameter passed by keyword) would never meet it; none is made for such a key."""
+    return len(args) == len(given[0]) and (kwargs is given[1] or kwargs.keys() == given[1].keys())

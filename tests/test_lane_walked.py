@@ -238,3 +238,20 @@ def _wraps(fn: Any) -> Any:
         return fn(*args, **kwargs)
 
     return wrapper
+
+
+def test_a_call_the_binder_reshapes_gets_no_plan(emu, lane_on, python_replays):
+    """A plan checks the call as written; the Python path signs it bound (defaults applied, keywords of plain
+    parameters in their places). A call the binder reshapes would never meet a plan of its bound form: no plan is
+    made for it (none made and missed at every call), and it replays by the Python path, right."""
+    from only_key import only_entry
+
+    def step(x: torch.Tensor, w: torch.Tensor, scale: float = 0.5) -> torch.Tensor:
+        return (x @ w) * scale
+
+    w = torch.randn(7, 7, generator=torch.Generator().manual_seed(1))
+    g = graphjit.graphed(step)
+    xs = _xs(12)
+    outs = [g(x, w=w) for x in xs]  # bound to (x, w, 0.5)
+    assert _same(outs, [step(x, w) for x in xs])
+    assert only_entry(g).lane is None and g.stats()["replays"] >= 8
