@@ -69,6 +69,15 @@ def _both(monkeypatch: pytest.MonkeyPatch, make: Callable[[], Any],
     return out_on, stats_off, stats_on, g_on
 
 
+def _in_threads(worker: Callable[[int], None], n: int) -> None:
+    """``worker(0)`` .. ``worker(n - 1)``, each on a thread of its own, all started before any is joined."""
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def _step(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     h = a @ b + c
     return h * scale, (h.sum(0) - a[0]).to(torch.float64)
@@ -238,11 +247,7 @@ def test_threads_calling_one_function_get_their_own_results(emu, lane_on):
             if not _same(g(*args, 0.5), _step(*args, 0.5)):
                 errors.append(f"thread {seed} call {i}")
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_threads(worker, 4)
     assert not errors
     assert g.stats()["calls"] == 6 + 160
 

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import graph_emulator  # noqa: E402,F401  (the emulator the emu fixture installs)
-from test_lane import _both, _same  # noqa: E402
+from test_lane import _both, _in_threads, _same  # noqa: E402
 
 import graphjit  # noqa: E402
 
@@ -41,12 +41,14 @@ def _step(x: torch.Tensor, **kwargs: Any) -> dict[str, torch.Tensor]:
     return {"logits": h.relu(), "total": cache.keys.sum(0)}
 
 
-def _wrapped() -> Any:
-    @functools.wraps(_step)  # a decorator's wrapper, as transformers' forward is one: passed as written
-    def step(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
-        return _step(*args, **kwargs)
+def _wraps(fn: Any) -> Any:
+    """``fn`` behind a decorator's wrapper, as transformers' ``forward`` is: its calls are passed as written."""
 
-    return step
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _xs(n: int) -> list[torch.Tensor]:
@@ -64,7 +66,7 @@ def test_keyword_calls_are_served_by_the_lane_as_by_the_python_path(emu, lane_on
         outs = [g(x, cache=cache, w=w, scale=0.5) for x in _xs(14)]
         return [t for o in outs for t in (o["logits"], o["total"])] + [cache.keys.clone()]
 
-    fn = _wrapped() if wrapped else _step
+    fn = _wraps(_step) if wrapped else _step
     before = python_replays[0]
     outs, off, on, g = _both(monkeypatch, lambda: graphjit.graphed(fn), calls)
     assert on == off
@@ -112,7 +114,7 @@ def test_a_walked_call_that_differs_from_the_plan_takes_the_python_path(emu, lan
         return [o["logits"].clone() for o in outs] + [cache.keys.clone(), other.keys.clone()]
 
     before = python_replays[0]
-    _outs, off, on, _g = _both(monkeypatch, lambda: graphjit.graphed(_wrapped()), calls)
+    _outs, off, on, _g = _both(monkeypatch, lambda: graphjit.graphed(_wraps(_step)), calls)
     assert on == off
     fed_off = sum(k["fed_replays"] for k in off["keys"])
     fed_on = sum(k["fed_replays"] for k in on["keys"])
@@ -132,7 +134,7 @@ def test_a_cache_tensor_moved_by_the_caller_is_not_served_from_the_old_address(e
         outs += [g(x, cache=cache, w=w) for x in _xs(4)]
         return [o["total"].clone() for o in outs] + [cache.keys.clone()]
 
-    outs, off, on, _g = _both(monkeypatch, lambda: graphjit.graphed(_wrapped()), calls)
+    outs, off, on, _g = _both(monkeypatch, lambda: graphjit.graphed(_wraps(_step)), calls)
     assert on == off
     cache = Cache(4)
     want = [_step(x, cache=cache, w=w)["total"].clone() for x in _xs(8)]
@@ -168,7 +170,7 @@ def test_a_key_whose_plan_is_never_ready_is_asked_a_bounded_number_of_times(emu,
     asked = []
     monkeypatch.setattr(lane, "plan", lambda state, entry, sig: asked.append(1))
     w = torch.randn(7, 7, generator=torch.Generator().manual_seed(1))
-    g = graphjit.graphed(_wrapped())
+    g = graphjit.graphed(_wraps(_step))
     cache = Cache(4)
     xs = _xs(30)
     outs = [g(x, cache=cache, w=w)["logits"] for x in xs]
@@ -185,7 +187,7 @@ def test_a_call_the_check_refuses_at_the_arming_replay_leaves_the_key_plannable(
     from only_key import only_entry
 
     w = torch.randn(7, 7, generator=torch.Generator().manual_seed(1))
-    g = graphjit.graphed(_wrapped())
+    g = graphjit.graphed(_wraps(_step))
     cache = Cache(4)
     xs = _xs(40)
     for _ in range(20):
@@ -202,8 +204,6 @@ def test_a_call_the_check_refuses_at_the_arming_replay_leaves_the_key_plannable(
 def test_threads_making_keyword_calls_get_their_own_results(emu, lane_on):
     """Four threads calling one graphed function with keywords and a container (no state written): each gets its own
     call's outputs, served by the walked plan or the Python path, and every call is counted."""
-    import threading
-
     w = torch.randn(7, 7, generator=torch.Generator().manual_seed(1))
 
     def step(x: torch.Tensor, **kw: Any) -> torch.Tensor:
@@ -223,21 +223,9 @@ def test_threads_making_keyword_calls_get_their_own_results(emu, lane_on):
             if not torch.equal(g(x, parts={"w": w, "b": b}, scale=0.5), step(x, parts={"w": w, "b": b}, scale=0.5)):
                 errors.append(f"thread {seed} call {i}")
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_threads(worker, 4)
     assert not errors
     assert g.stats()["calls"] == 8 + 160
-
-
-def _wraps(fn: Any) -> Any:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    return wrapper
 
 
 def test_a_call_the_binder_reshapes_gets_no_plan(emu, lane_on, python_replays):

@@ -1,11 +1,11 @@
 """What a call of ``graphed(tracer="compile")`` runs on the GPU against ``torch.compile(mode="reduce-overhead")``.
 
 Builds ``bench decode``'s step (``graphjit.bench.torch.decode``) at one size, makes both variants as the bench does,
-and for each: device microseconds per call (CUDA events over back-to-back calls), then a ``torch.profiler`` trace
-of a few calls: every GPU kernel and memcpy/memset with its count and microseconds per call, and the CUDA runtime
-calls per call.  The report lists what one variant runs that the other does not, and the kernels whose time per
-call differs most.  Diagnostic only (issue 28's "find what reduce-overhead does per call that graphjit does too"):
-the claims are made by ``python -m graphjit bench decode``.
+and for each: device microseconds per call (CUDA events over back-to-back calls: ``bench.torch.timing.timed``), then
+a ``torch.profiler`` trace of a few calls: every GPU kernel and memcpy/memset with its count and microseconds per
+call, and the CUDA runtime calls per call. The report lists what one variant runs that the other does not, and the
+kernels whose time per call differs most. Diagnostic only (issue 28's "find what reduce-overhead does per call that
+graphjit does too"): the claims are made by ``python -m graphjit bench decode``.
 
 Usage (GPU machine, repo root): ``PYTHONPATH=. python3 tools/probes/compile_kernels.py --out DIR [--layers 32]``
 """
@@ -23,21 +23,7 @@ import torch
 
 import graphjit
 from graphjit.bench.torch.decode import TorchDecodeRunner
-
-
-def device_us(call: Callable[[], Any], iters: int = 200, repeats: int = 5) -> list[float]:
-    """Device microseconds per call, CUDA events around ``iters`` back-to-back calls, ``repeats`` times."""
-    out = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            call()
-        end.record()
-        end.synchronize()
-        out.append(round(start.elapsed_time(end) * 1e3 / iters, 2))
-    return out
+from graphjit.bench.torch.timing import timed
 
 
 def profile(call: Callable[[], Any], calls: int = 20) -> dict[str, Any]:
@@ -87,7 +73,7 @@ def main() -> None:
         for _ in range(5):
             call()
         entry = res["variants"].setdefault(name, {})
-        entry["device_us"] = device_us(call)
+        entry["device_us"] = [round(u, 2) for u in timed(True, 5, 200, call)["samples_us"]]
         entry.update(profile(call))
 
     # each variant made, measured and profiled before the next resets Dynamo

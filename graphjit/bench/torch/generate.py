@@ -71,8 +71,6 @@ class GenerateBench:
     def _start_family(self, family: str) -> None:
         """Two ``generate()`` calls of a one-layer model of ``family`` through each compiled variant (results
         discarded; see :meth:`start_compiler`)."""
-        import graphjit
-
         torch = self.torch
         tiny = hf_families.build(torch, self.transformers, family, 1, 128, self.device, self.dtype,
                                  sliding_window=self.args.sliding_window)
@@ -81,11 +79,7 @@ class GenerateBench:
         for variant in COMPILED:
             torch._dynamo.reset()
             model = copy.deepcopy(tiny)
-            extra: dict[str, Any] = {}
-            if variant == "graphed_compile":
-                graphjit.graph_generation(model, tracer="compile")
-            else:
-                extra = {"cache_implementation": "static"}
+            extra = _set_up(model, variant)
             for _ in range(2):
                 self._generate(model, prompt, **extra)
             del model
@@ -154,23 +148,13 @@ class GenerateBench:
     def _measure(self, family: str, batch: int, variant: str) -> dict[str, Any]:
         from torch._dynamo.utils import counters
 
-        import graphjit
-
         torch = self.torch
         torch._dynamo.reset()  # every variant compiles afresh
         counters.clear()
         want = self.reference_tokens(family, batch)
         model = copy.deepcopy(self.model(family))
         prompt = self.prompt(batch)
-        extra: dict[str, Any] = {}
-        if variant == "eager":
-            extra = dict(_EAGER)
-        elif variant == "hf_compiled":
-            extra = {"cache_implementation": "static"}  # transformers compiles the decode step itself
-        elif variant in ("graphed", "graphed_compile"):
-            graphjit.graph_generation(model, **({"tracer": "compile"} if variant == "graphed_compile" else {}))
-        else:
-            raise ValueError(f"unknown variant {variant!r}")
+        extra = _set_up(model, variant)
         clock = _CompileClock()
         try:
             with clock:
@@ -204,6 +188,21 @@ class GenerateBench:
             gc.collect()
             if self.on_gpu:
                 torch.cuda.empty_cache()
+
+
+def _set_up(model: Any, variant: str) -> dict[str, Any]:
+    """``model`` set up for ``variant`` (``graph_generation`` for the graphed ones), and the extra arguments of its
+    ``generate()`` calls."""
+    if variant == "eager":
+        return dict(_EAGER)
+    if variant == "hf_compiled":
+        return {"cache_implementation": "static"}  # transformers compiles the decode step itself
+    if variant in ("graphed", "graphed_compile"):
+        import graphjit
+
+        graphjit.graph_generation(model, **({"tracer": "compile"} if variant == "graphed_compile" else {}))
+        return {}
+    raise ValueError(f"unknown variant {variant!r}")
 
 
 class _CompileClock:
