@@ -124,10 +124,10 @@ def test_each_variant_compiles_in_empty_caches_unless_kept(monkeypatch, mode):
     assert (os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")) == outside
 
 
-def test_the_compiler_starts_once_before_the_first_compiled_variant(monkeypatch):
-    """What a process pays once for its first compilation lands in no variant: the compiler starts on a small
-    function, both ways the variants compile, then on a one-layer model of the row's family through both compiled
-    variants, before the first compiled variant (GPU runs), recorded in that variant alone, never again."""
+def test_the_compiler_starts_once_and_once_per_family_before_its_first_compiled_variant(monkeypatch):
+    """What a process pays once for its first compilation of a family's code lands in no variant: the compiler
+    starts on a small function, both ways the variants compile, once, and on a one-layer model of each family through
+    both compiled variants, before the family's first compiled variant (GPU runs), recorded in that variant alone."""
     import os
 
     from graphjit.bench.torch.generate import GenerateBench
@@ -144,7 +144,9 @@ def test_the_compiler_starts_once_before_the_first_compiled_variant(monkeypatch)
     bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept", sliding_window=None), on_gpu=False)
     assert bench.start_compiler() >= 0 and families == []
     assert bench.start_compiler("qwen3") >= 0 and families == ["qwen3"]
-    compiled = compiled[:2]
+    assert bench.start_compiler("qwen3") >= 0 and families == ["qwen3"]  # a family is started once
+    assert bench.start_compiler("gemma2") >= 0 and families == ["qwen3", "gemma2"]
+    assert len(compiled) == 2  # the small function: once a process
     # as each compiled variant compiles (graphjit's compile tracer, transformers' reduce-overhead), in a fresh cache
     # even where the run keeps its caches
     assert [kw for _d, kw in compiled] == [{"options": {"triton.cudagraphs": False}}, {"mode": "reduce-overhead"}]
@@ -153,10 +155,19 @@ def test_the_compiler_starts_once_before_the_first_compiled_variant(monkeypatch)
     bench = GenerateBench(argparse.Namespace(dtype="fp32", compile_cache="kept", sliding_window=None), on_gpu=False)
     bench.on_gpu = True  # as on a GPU run; the timed parts are stood in for
     monkeypatch.setattr(GenerateBench, "_measure", lambda self, family, batch, variant: {"status": "ok"})
-    monkeypatch.setattr(GenerateBench, "start_compiler", lambda self, family: started.append(family) or 2.5)
-    results = [bench.measure("llama", 1, v) for v in ("eager", "graphed", "graphed_compile", "hf_compiled")]
-    assert started == ["llama"]
-    assert [r.get("compiler_start_s") for r in results] == [None, None, 2.5, None]
+
+    def fake_start(self, family):
+        started.append(family)
+        self.families_started.add(family)
+        return 2.5
+
+    monkeypatch.setattr(GenerateBench, "start_compiler", fake_start)
+    variants = ("eager", "graphed", "graphed_compile", "hf_compiled")
+    rows = [("llama", 1), ("llama", 8), ("mixtral", 1)]
+    results = [bench.measure(family, batch, v) for family, batch in rows for v in variants]
+    assert started == ["llama", "mixtral"]
+    first = [None, None, 2.5, None]  # the family's first compiled variant alone
+    assert [r.get("compiler_start_s") for r in results] == first + [None] * 4 + first
 
 
 def test_the_steady_state_is_the_median_of_the_last_half_of_the_later_calls():

@@ -16,10 +16,11 @@ Fair timing:
 * each variant runs in a fresh Inductor and Triton cache (``--compile-cache fresh``, the default: torch's own
   cold-start context), so both compiled variants' first calls compile cold; otherwise the one that runs second finds
   the kernels the first compiled (``--compile-cache kept`` measures that warm start);
-* on a GPU the compiler is started once, on a small decode-like function compiled both ways the variants compile
-  and a one-layer model of the first row's family through both compiled ``generate()`` paths, before the first
-  compiled variant (its seconds in that variant's ``compiler_start_s``), so what a process pays once for its first
-  compilation (Dynamo's first trace of transformers' code among it) lands in neither;
+* on a GPU the compiler is started once, on a small decode-like function compiled both ways the variants compile,
+  and once per family, on a one-layer model of the family through both compiled ``generate()`` paths, before the
+  family's first compiled variant (its seconds in that variant's ``compiler_start_s``), so what a process pays once
+  for its first compilation of a family's code (Dynamo's first trace of its modeling file among it) lands in
+  neither;
 * the two compiled variants take turns going first, row by row (``order`` in each row), so whatever one compilation
   leaves warm in the process for the next one of the same model favours neither: in the 34a2aeb run, where
   ``graphed_compile`` always went first, its first call was the slower in 10 of 20 rows, by at most 1.34x, with the

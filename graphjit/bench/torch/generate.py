@@ -32,20 +32,23 @@ class GenerateBench:
         self.models: dict[str, Any] = {}
         self.reference: dict[tuple[str, int], Any] = {}
         self.compiler_started = False
+        self.families_started: set[str] = set()
 
     def start_compiler(self, family: str | None = None) -> float:
         """Compile a small decode-like function (a matmul, a normalisation, a softmax, an activation, in the run's
         dtype) the way each compiled variant compiles (graphjit's compile tracer: Inductor without its own CUDA
-        graphs; transformers: ``mode="reduce-overhead"``, called three times so that it records its graph), then a
-        one-layer model of ``family`` (the row's) through both compiled variants' ``generate()``, in a fresh cache,
-        before the run's first compiled variant: what a process pays once for its first compilation of such code
-        (Inductor's imports, code generators and first lowerings of the model's ops, its worker processes, Triton's
-        start, the CUDA graph trees, Dynamo's first trace of transformers' code) then lands in no variant's first
-        call, whichever compiled variant comes first.  At 1fddce7, with no start, the first family's batch-1 row paid
-        it: GPT-2's compile tracer took 11.4 s against transformers' 9.0 s there, and less than transformers' in most
-        later rows; at 4d787b5, with the small function alone, the first row (Mistral, batch 1, the compile tracer
-        first) was the only one of 24 where the compile tracer's first call was the slower (6.10 against 5.87 s; 5-11%
-        faster in the other 23).  Returns its seconds."""
+        graphs; transformers: ``mode="reduce-overhead"``, called three times so that it records its graph) once per
+        process, then a one-layer model of ``family`` through both compiled variants' ``generate()``, in a fresh
+        cache, once per family, before the family's first compiled variant: what a process pays once for its first
+        compilation of such code (Inductor's imports, code generators and first lowerings of the family's ops, its
+        worker processes, Triton's start, the CUDA graph trees, Dynamo's first trace of the family's modeling code)
+        then lands in no variant's first call, whichever compiled variant comes first.  At 1fddce7, with no start,
+        the first family's batch-1 row paid it: GPT-2's compile tracer took 11.4 s against transformers' 9.0 s there,
+        and less than transformers' in most later rows; at 4d787b5, with the small function alone, the first row
+        (Mistral, batch 1, the compile tracer first) was the only one of 24 where the compile tracer's first call was
+        the slower (6.10 against 5.87 s); at a5faf48, with the first family started and no other, the slower one of
+        24 was Mixtral's batch-1 row, the first of a family not started (7.61 against 7.59 s).  Returns its
+        seconds."""
         torch = self.torch
         t0 = time.perf_counter()
 
@@ -55,16 +58,19 @@ class GenerateBench:
             return torch.softmax(h.float(), -1).to(h.dtype) + torch.nn.functional.silu(h)
 
         with _fresh_compile_cache(torch):
-            x = torch.randn(4, 64, device=self.device, dtype=self.dtype)
-            w = torch.randn(64, 64, device=self.device, dtype=self.dtype)
-            for compiled in (torch.compile(step, options={"triton.cudagraphs": False}),
-                             torch.compile(step, mode="reduce-overhead")):
-                for _ in range(3):
-                    compiled(x, w)
-                if self.on_gpu:
-                    torch.cuda.synchronize()
-                torch._dynamo.reset()
-            if family is not None:
+            if not self.compiler_started:
+                self.compiler_started = True
+                x = torch.randn(4, 64, device=self.device, dtype=self.dtype)
+                w = torch.randn(64, 64, device=self.device, dtype=self.dtype)
+                for compiled in (torch.compile(step, options={"triton.cudagraphs": False}),
+                                 torch.compile(step, mode="reduce-overhead")):
+                    for _ in range(3):
+                        compiled(x, w)
+                    if self.on_gpu:
+                        torch.cuda.synchronize()
+                    torch._dynamo.reset()
+            if family is not None and family not in self.families_started:
+                self.families_started.add(family)
                 self._start_family(family)
         return time.perf_counter() - t0
 
@@ -132,12 +138,11 @@ class GenerateBench:
         ``--repeats`` calls after the first (``steady_s``: :func:`steady_state`), in seconds; every call's tokens
         compared with eager's (``tokens_equal_eager``: all of them).  With ``--compile-cache fresh`` (the default)
         the variant runs in an empty Inductor and Triton cache (:func:`_fresh_compile_cache`): a compiled variant's
-        first call compiles cold whichever variant compiled the same kernels before it.  Before the run's first
-        compiled variant the compiler is started once (:meth:`start_compiler`, its seconds in that variant's
+        first call compiles cold whichever variant compiled the same kernels before it.  Before each family's first
+        compiled variant the compiler is started for it (:meth:`start_compiler`, its seconds in that variant's
         ``compiler_start_s``)."""
         start = None
-        if variant in COMPILED and self.on_gpu and not self.compiler_started:
-            self.compiler_started = True
+        if variant in COMPILED and self.on_gpu and family not in self.families_started:
             start = self.start_compiler(family)
         with _fresh_compile_cache(self.torch) if self.args.compile_cache == "fresh" else contextlib.nullcontext():
             res = self._measure(family, batch, variant)
