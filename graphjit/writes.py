@@ -66,7 +66,7 @@ class WriteProbe:
         self.incomplete: str | None = "the walk of reachable objects stopped at its size limit" if reach.truncated \
             else None
         self.versions: list[tuple[Any, int]] = []
-        self.copies: list[tuple[Any, Any]] = []
+        self.compared: list[Any] = []
         used = 0
         b = backend
         for t, path in reach.tensors.values():
@@ -84,7 +84,8 @@ class WriteProbe:
                                    f"{budget}")
                 continue
             used += n
-            self.copies.append((t, b.clone(t)))
+            self.compared.append(t)
+        self.copy = b.contents(self.compared) if self.compared else None
         self.copied_bytes = used
 
     def written(self) -> list[tuple[Any, Path]]:
@@ -94,10 +95,12 @@ class WriteProbe:
         for t, v in self.versions:
             if b.version(t) != v:
                 hit[id(t)] = t
-        for t, before in self.copies:
-            if id(t) not in hit and not b.equal(t, before):
+        if self.compared:
+            known = {i for i, t in enumerate(self.compared) if id(t) in hit}
+            for i in b.changed(self.compared, self.copy, known):
+                t = self.compared[i]
                 hit[id(t)] = t
-        self.copies = []
+        self.compared, self.copy = [], None
         return [(t, self.reach.tensors[i][1]) for i, t in hit.items()]
 
 

@@ -11,7 +11,7 @@ import abc
 import contextlib
 import gc
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -264,6 +264,17 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def equal(self, a: Any, b: Any) -> bool:
         """Exact equality of contents, NaN equal to NaN (used to detect in-place mutation)."""
+
+    def contents(self, tensors: Sequence[Any]) -> Any:
+        """A copy of the contents of ``tensors`` that :meth:`changed` compares them with later (the default: a
+        :meth:`clone` each; backends override it with fewer launches and one wait)."""
+        return [self.clone(t) for t in tensors]
+
+    def changed(self, tensors: Sequence[Any], copy: Any, known: Collection[int] = ()) -> list[int]:
+        """The positions of those of ``tensors`` (the ones :meth:`contents` made ``copy`` of, in the same order)
+        whose contents :meth:`equal` says differ from the copy now; those in ``known`` are left out, never compared
+        (found written otherwise)."""
+        return [i for i, (t, c) in enumerate(zip(tensors, copy)) if i not in known and not self.equal(t, c)]
 
     @abc.abstractmethod
     def rel_error(self, a: Any, b: Any) -> float:

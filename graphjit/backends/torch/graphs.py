@@ -14,7 +14,7 @@ import logging
 import operator
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import torch
 from ...errors import BackendError, CaptureError
 from ...feeds import StepContext
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, LaneParts, Segments, collector_paused, segments_open
+from . import contents as contents_mod
 from . import device as cuda_device
 from . import dynamo, hooks, rebinds, versions, workspaces
 from . import feed as feed_mod
@@ -300,6 +301,12 @@ class TorchBackend(Backend):
             return bool(torch.equal(torch.nan_to_num(a.detach(), nan=0.0), torch.nan_to_num(b.detach(), nan=0.0))
                         and torch.equal(torch.isnan(a), torch.isnan(b)))
         return bool(torch.equal(a, b))
+
+    def contents(self, tensors: Sequence[Any]) -> Any:
+        return contents_mod.contents(self, tensors)
+
+    def changed(self, tensors: Sequence[Any], copy: Any, known: Collection[int] = ()) -> list[int]:
+        return contents_mod.changed(self, tensors, copy, known)
 
     def rel_error(self, a: Any, b: Any) -> float:
         if a.shape != b.shape:
