@@ -108,3 +108,34 @@ def test_tensors_known_written_are_never_compared():
     assert b.changed([meta, plain, other], copy, known={0}) == [2]
     plain.add_(1)
     assert b.changed([meta, plain, other], copy, known={0, 2}) == [1]
+
+
+def test_the_same_bytes_under_another_dtype_or_shape_is_a_write():
+    """``.data`` rebound to a view of the same bytes (no counter moves): reported, as ``equal`` reports it."""
+    b = backends.get("torch")
+    retyped, reshaped, same = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    rch = reach.walk([("a", retyped), ("b", reshaped), ("c", same)], lambda t: isinstance(t, b.tensor_types()))
+    probe = WriteProbe(b, rch, 1 << 20, frozenset({id(retyped), id(reshaped), id(same)}))
+    retyped.data = retyped.data.view(torch.int32)
+    reshaped.data = reshaped.data.view(2, 2)
+    assert sorted(reach.describe(path) for _t, path in probe.written()) == ["a", "b"]
+
+
+def test_unchanged_neighbours_of_a_write_are_settled_by_their_bytes():
+    """Where a group differs, each tensor's own bytes are compared first: ``equal`` runs only on the written one (an
+    unchanged float8 tensor, which ``equal`` cannot compare on the CPU, beside a written one)."""
+    b = backends.get("torch")
+    f8, z = torch.zeros(4, dtype=torch.float8_e4m3fn), torch.zeros(2)
+    copy = b.contents([f8, z])
+    z.add_(1)
+    assert b.changed([f8, z], copy) == [1]
+
+
+def test_a_group_holds_at_most_its_bytes(monkeypatch):
+    b = backends.get("torch")
+    monkeypatch.setattr(contents_mod, "GROUP_BYTES", 16)
+    ts = [torch.zeros(2), torch.zeros(2), torch.zeros(2)]  # 8 bytes each
+    copy = b.contents(ts)
+    assert [g.positions for g in copy.groups] == [[0, 1]] and sorted(copy.clones) == [2]
+    ts[2].add_(1)
+    assert b.changed(ts, copy) == [2]

@@ -20,8 +20,11 @@ from typing import Any
 import torch
 
 BATCHED_BYTES = 1 << 20
-"""Tensors up to this size are copied into a device's buffer (the comparison makes a second buffer of the same size
-while it runs); larger ones are cloned and compared one by one, as before."""
+"""Tensors up to this size are copied into a device's buffer; larger ones are cloned and compared one by one."""
+
+GROUP_BYTES = 1 << 26
+"""A device's buffer holds at most this many bytes (the comparison makes a second buffer of its size while it runs);
+tensors past it are cloned and compared one by one."""
 
 
 @dataclass
@@ -53,12 +56,15 @@ def contents(backend: Any, tensors: Sequence[Any]) -> Contents:
     other, and for one torch will not read as bytes (a sparse or quantized tensor, a conjugate view)."""
     out = Contents()
     by_device: dict[Any, list[tuple[int, Any]]] = {}
+    used: dict[Any, int] = {}
     for i, t in enumerate(tensors):
-        part = _readable(t) if backend.nbytes(t) <= BATCHED_BYTES else None
+        n = backend.nbytes(t)
+        part = _readable(t) if n <= BATCHED_BYTES and used.get(t.device, 0) + n <= GROUP_BYTES else None
         if part is None:
             out.clones[i] = backend.clone(t)
         else:
             by_device.setdefault(t.device, []).append((i, part))
+            used[t.device] = used.get(t.device, 0) + n
     for found in by_device.values():
         positions, parts = [i for i, _p in found], [p for _i, p in found]
         buffer = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
@@ -85,8 +91,10 @@ def changed(backend: Any, tensors: Sequence[Any], copy: Contents, known: Collect
         todo = [k for k, i in enumerate(g.positions) if i not in known]
         if not todo or _same_bytes(tensors, g, todo):
             continue
-        for k in todo:
+        for k in todo:  # something differs: tensor by tensor, its own bytes first
             i = g.positions[k]
+            if _same_bytes(tensors, g, [k]):
+                continue
             dtype, shape = g.kinds[k]
             # a copy of its part: a view at the part's offset need not be aligned for the dtype
             before = g.buffer[g.offsets[k]:g.offsets[k + 1]].clone().view(dtype).view(shape)
@@ -96,9 +104,11 @@ def changed(backend: Any, tensors: Sequence[Any], copy: Contents, known: Collect
 
 
 def _same_bytes(tensors: Sequence[Any], g: Group, todo: list[int]) -> bool:
-    """True where the group's tensors at ``todo`` (indices into the group) hold, byte for byte, what was copied
-    (False where any was resized, can no longer be read as bytes, or torch cannot compare them: then each is
-    compared on its own)."""
+    """True where the group's tensors at ``todo`` (indices into the group) hold, byte for byte, what was copied,
+    with the dtype and shape each had (False where any has another, can no longer be read as bytes, or torch cannot
+    compare them: then each is compared by ``equal``)."""
+    if any((tensors[g.positions[k]].dtype, tuple(tensors[g.positions[k]].shape)) != g.kinds[k] for k in todo):
+        return False
     parts = [_readable(tensors[g.positions[k]]) for k in todo]
     if any(p is None or p.numel() != g.offsets[k + 1] - g.offsets[k] for p, k in zip(parts, todo)):
         return False
