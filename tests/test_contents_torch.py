@@ -139,3 +139,22 @@ def test_a_group_holds_at_most_its_bytes(monkeypatch):
     assert [g.positions for g in copy.groups] == [[0, 1]] and sorted(copy.clones) == [2]
     ts[2].add_(1)
     assert b.changed(ts, copy) == [2]
+
+
+def test_tensors_torch_will_not_join_are_cloned_one_by_one(monkeypatch):
+    """A ``torch.cat`` that refuses its parts (tensor subclasses of several kinds) costs the batching, never the
+    probe: each tensor is cloned and compared on its own."""
+    b = backends.get("torch")
+    real = torch.cat
+
+    def refusing(parts, *args, **kwargs):
+        if len(parts) > 1:
+            raise RuntimeError("cannot join these")
+        return real(parts, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "cat", refusing)
+    ts = [torch.zeros(2), torch.ones(3)]
+    copy = b.contents(ts)
+    assert not copy.groups and sorted(copy.clones) == [0, 1]
+    ts[1].add_(1)
+    assert b.changed(ts, copy) == [1]

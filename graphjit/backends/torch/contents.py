@@ -67,7 +67,11 @@ def contents(backend: Any, tensors: Sequence[Any]) -> Contents:
             used[t.device] = used.get(t.device, 0) + n
     for found in by_device.values():
         positions, parts = [i for i, _p in found], [p for _i, p in found]
-        buffer = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        try:
+            buffer = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        except (RuntimeError, TypeError, NotImplementedError):  # parts torch will not join (tensor subclasses)
+            out.clones.update((i, backend.clone(tensors[i])) for i in positions)
+            continue
         offsets = list(itertools.accumulate((p.numel() for p in parts), initial=0))
         kinds = [(tensors[i].dtype, tuple(tensors[i].shape)) for i in positions]
         out.groups.append(Group(positions, offsets, buffer, kinds))
@@ -113,9 +117,9 @@ def _same_bytes(tensors: Sequence[Any], g: Group, todo: list[int]) -> bool:
     if any(p is None or p.numel() != g.offsets[k + 1] - g.offsets[k] for p, k in zip(parts, todo)):
         return False
     whole = len(todo) == len(g.positions)
-    before = g.buffer if whole else torch.cat([g.buffer[g.offsets[k]:g.offsets[k + 1]] for k in todo])
-    now = torch.cat(parts) if len(parts) > 1 else parts[0]
     try:
+        before = g.buffer if whole else torch.cat([g.buffer[g.offsets[k]:g.offsets[k + 1]] for k in todo])
+        now = torch.cat(parts) if len(parts) > 1 else parts[0]
         return bool(torch.equal(now, before))
-    except (RuntimeError, NotImplementedError):  # a device without the kernel (meta)
+    except (RuntimeError, TypeError, NotImplementedError):  # parts torch will not join or compare (meta)
         return False
