@@ -1,0 +1,145 @@
+"""Where a compiled variant's first ``generate()`` spends its time outside Dynamo's compilation (torch, one GPU).
+
+``bench generate`` splits each compiled variant's first call into ``first_compile_s`` (inside Dynamo's compilation
+callbacks) and the rest.  At a5faf48 on one H100 graphjit's compile tracer compiled 0.2-1.1 s faster than transformers'
+compiled path in 23 of 24 rows but spent more outside the compilation in some families (T5 0.61-0.78 s against
+0.29-0.39 s, Qwen2-VL 0.62 against 0.35, Gemma at batch 1 about 1.0 against 0.24-0.35).  This probe runs one family the
+way the bench does (the compiler started on the family's one-layer model, each variant on its own copy in a fresh
+Inductor and Triton cache), then each compiled variant's first ``generate()`` under cProfile, and reports: the first
+call's seconds, the part inside Dynamo's compilation, the garbage collector's seconds by generation (a collection
+starts wherever allocations pass its threshold), and the functions with the most cumulative time outside the
+compilation (graphjit's and torch's) and by own time (everything: the compilation's own functions among them).
+
+Diagnostic only.  Usage (GPU machine, repo root): ``PYTHONPATH=. python3 tools/probes/first_call_profile.py --family t5
+--layers 8 --hidden 1024 --dtype bf16 --out DIR``.  ``--emulate`` runs it on a CPU through tests/graph_emulator.py
+with Dynamo's eager backend (a smoke run of the probe: its numbers mean little)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import cProfile
+import gc
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphjit.bench.torch import generate as bench_generate
+
+
+def _gc_clock() -> tuple[dict[str, Any], Any]:
+    """A ``gc.callbacks`` entry summing each collection's seconds by generation, and its record."""
+    rec: dict[str, Any] = {"seconds": [0.0, 0.0, 0.0], "count": [0, 0, 0], "_t": 0.0}
+
+    def cb(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            rec["_t"] = time.perf_counter()
+        else:
+            g = info["generation"]
+            rec["seconds"][g] += time.perf_counter() - rec["_t"]
+            rec["count"][g] += 1
+
+    return rec, cb
+
+
+def profile_first(bench: Any, family: str, batch: int, variant: str, top: int) -> dict[str, Any]:
+    """``variant``'s first ``generate()`` of ``family`` at ``batch`` as ``bench generate`` runs it, profiled."""
+    torch._dynamo.reset()
+    model = copy.deepcopy(bench.model(family))
+    prompt = bench.prompt(batch)
+    extra = bench_generate._set_up(model, variant)
+    rec, cb = _gc_clock()
+    clock = bench_generate._CompileClock()
+    prof = cProfile.Profile()
+    gc.collect()
+    gc.callbacks.append(cb)
+    try:
+        with clock:
+            if bench.on_gpu:
+                torch.cuda.synchronize()
+            prof.enable()
+            t0 = time.perf_counter()
+            with torch.no_grad():  # as bench generate's _generate, its collection before the timer left out
+                model.generate(prompt, max_new_tokens=bench.args.new_tokens, do_sample=False, pad_token_id=0, **extra)
+            if bench.on_gpu:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            prof.disable()
+    finally:
+        gc.callbacks.remove(cb)
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text).sort_stats("cumulative")
+    stats.print_stats(r"graphjit|torch/(cuda|_dynamo/(eval_frame|guards))|transformers/generation", top)
+    own = io.StringIO()
+    pstats.Stats(prof, stream=own).sort_stats("tottime").print_stats(top)
+    res = {"first_s": seconds, "compile_s": clock.seconds, "by_trigger": clock.by_trigger,
+           "gc_s_by_generation": rec["seconds"], "gc_count_by_generation": rec["count"],
+           "outside_compile_s": None if clock.seconds is None else seconds - clock.seconds,
+           "top_cumulative": text.getvalue(), "top_own": own.getvalue()}
+    if variant.startswith("graphed"):
+        st = model.forward.stats()
+        res["stats"] = {k: st.get(k) for k in ("calls", "graphs", "captures", "replays", "fallbacks")}
+    del model
+    gc.collect()
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", default="t5")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--top", type=int, default=40)
+    p.add_argument("--emulate", action="store_true")
+    p.add_argument("--out", type=Path, default=None)
+    a = p.parse_args()
+    args = argparse.Namespace(dtype=a.dtype, compile_cache="fresh", sliding_window=None, layers=a.layers,
+                              hidden=a.hidden, new_tokens=a.new_tokens, prompt_len=a.prompt_len, repeats=1)
+    ctx: Any = contextlib.nullcontext()
+    if a.emulate:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+        from graph_emulator import EmulatedTorchBackend, emulated_torch
+
+        from graphjit.backends.torch import dynamo as gj_dynamo
+
+        EmulatedTorchBackend.trace = lambda self, fn, tracer: (  # type: ignore[method-assign]
+            gj_dynamo.for_capture(torch.compile(fn, backend="eager")) if tracer == "compile" else fn)
+        ctx = emulated_torch()
+    on_gpu = torch.cuda.is_available() and not a.emulate
+    with ctx:
+        bench = bench_generate.GenerateBench(args, on_gpu=on_gpu)
+        if on_gpu:
+            bench.start_compiler(a.family)
+        out: dict[str, Any] = {"family": a.family, "batch": a.batch, "layers": a.layers, "hidden": a.hidden,
+                               "dtype": a.dtype, "emulated": a.emulate, "variants": {}}
+        for variant in bench_generate.COMPILED:
+            if a.emulate and variant == "hf_compiled":
+                continue  # transformers' reduce-overhead compiles with Inductor: minutes on a CPU
+            with bench_generate._fresh_compile_cache(torch):
+                out["variants"][variant] = profile_first(bench, a.family, a.batch, variant, a.top)
+    for variant, res in out["variants"].items():
+        gcs = sum(res["gc_s_by_generation"])
+        print(f"{variant}: first {res['first_s']:.3f} s, compile {res['compile_s']}, outside "
+              f"{res['outside_compile_s']}, gc {gcs:.3f} s {res['gc_count_by_generation']}")
+        print(res["top_cumulative"])
+        print(res["top_own"])
+    if a.out is not None:
+        a.out.mkdir(parents=True, exist_ok=True)
+        path = a.out / f"first_call_profile_{a.family}_b{a.batch}.json"
+        path.write_text(json.dumps(out, indent=1, default=str))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
