@@ -56,3 +56,13 @@ def test_hf_decode_host_emulated_times_a_decode_step_both_ways(tmp_path: Path):
     data = json.loads(out.read_text())["L2"]
     assert data["checks"]["call_us"] > 0 and data["walk_only"]["sign_us"] > 0
     assert data["checks"]["tensors"] == data["walk_only"]["tensors"] > 2
+
+
+def test_first_call_profile_takes_the_compile_tracers_first_call_apart(tmp_path: Path):
+    _run(["tools/probes/first_call_profile.py", "--family", "llama", "--layers", "1", "--hidden", "32", "--dtype",
+          "fp32", "--emulate", "--new-tokens", "4", "--top", "3", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "first_call_profile_llama_b1.json").read_text())
+    res = data["variants"]["graphed_compile"]
+    assert res["first_s"] > 0 and res["compile_s"] is not None and 0 < res["compile_s"] < res["first_s"]
+    assert res["outside_compile_s"] > 0 and len(res["gc_count_by_generation"]) == 3
+    assert res["stats"]["captures"] >= 1 and "generation.py" in res["top_cumulative"]
