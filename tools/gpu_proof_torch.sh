@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The torch half of the GPU proof: tests, doctor, benchmarks, as named stages.
 # Usage on the GPU machine (repo root): bash tools/gpu_proof_torch.sh OUTDIR [STAGE ...]
-# Stages: build tests doctor host replay decode train step hf piecewise profile capture generate dispatch
+# Stages: build tests doctor host replay decode train step hf piecewise profile capture generate dispatch blas firstcall
 #   (host: bench decode --host-only; replay: tools/probes/replay_profile.py; decode: the whole bench decode, host cost
-#   included; profile: the piecewise probe).
+#   included; profile: the piecewise probe; blas: tools/probes/blas_workspace_pool.py three ways; firstcall:
+#   tools/probes/first_call_profile.py for FIRSTCALL_FAMILIES, default "t5 gemma2"; neither runs unless named).
 # None named: build tests doctor decode replay train step hf piecewise profile capture generate dispatch (host is in
 # decode); together they take longer than one 600 s device call: name a few per call.  Each stage's exit status is logged ("== STAGE rc=N").
 # GENERATE_FAMILIES (default llama,gpt2,t5) chooses the families of the generate stage, GENERATE_BUDGET its
@@ -54,6 +55,14 @@ stage() {
                 --families "${GENERATE_FAMILIES:-llama,gpt2,t5}" --time-budget "${GENERATE_BUDGET:-380}" \
                 --out "$out" --tag "$tag" 2>&1 | tail -14 ;;
     dispatch) timeout 120 python3 -m graphjit bench dispatch --out "$out" --tag "$tag" 2>&1 | tail -15 ;;
+    blas)  # each in a fresh process: is the capture stream's cuBLASLt product still needed on this torch?
+      for args in "--library cublaslt" "--library cublaslt --cublas-only" "--library cublas --cublas-only"; do
+        timeout 60 python3 tools/probes/blas_workspace_pool.py $args 2>&1 | tail -1
+      done ;;
+    firstcall) for fam in ${FIRSTCALL_FAMILIES:-t5 gemma2}; do
+        timeout 200 python3 tools/probes/first_call_profile.py --family "$fam" --top 25 --out "$out" 2>&1 \
+          | grep -E '^(graphed_compile|hf_compiled):|^wrote'
+      done ;;
     *) echo "unknown stage $1 (see the usage at the top of $0)"; return 2 ;;
   esac
 }
