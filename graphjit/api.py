@@ -81,7 +81,6 @@ class _Ran:
     result: Any
 
 
-
 class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
     """Per-function state: options, keys, graphs, stats.  Shared by every binding of the wrapper."""
 

@@ -62,15 +62,8 @@ def profile_first(bench: Any, family: str, batch: int, variant: str, top: int) -
     gc.callbacks.append(cb)
     try:
         with clock:
-            if bench.on_gpu:
-                torch.cuda.synchronize()
             prof.enable()
-            t0 = time.perf_counter()
-            with torch.no_grad():  # as bench generate's _generate, its collection before the timer left out
-                model.generate(prompt, max_new_tokens=bench.args.new_tokens, do_sample=False, pad_token_id=0, **extra)
-            if bench.on_gpu:
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - t0
+            _out, seconds = bench._generate(model, prompt, collect=False, **extra)  # collected above, unwatched
             prof.disable()
     finally:
         gc.callbacks.remove(cb)

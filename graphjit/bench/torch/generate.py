@@ -109,11 +109,12 @@ class GenerateBench:
         gen = self.torch.Generator().manual_seed(batch)
         return self.torch.randint(3, 256, (batch, self.args.prompt_len), generator=gen).to(self.device)
 
-    def _generate(self, model: Any, prompt: Any, **extra: Any) -> tuple[Any, float]:
+    def _generate(self, model: Any, prompt: Any, *, collect: bool = True, **extra: Any) -> tuple[Any, float]:
         """One timed ``generate()``.  The collector runs first, outside the timer (as ``timeit`` keeps it out), so a
-        collection of an earlier variant's garbage lands in no variant's time."""
+        collection of an earlier variant's garbage lands in no variant's time (``collect`` False: the caller ran it)."""
         torch = self.torch
-        gc.collect()
+        if collect:
+            gc.collect()
         if self.on_gpu:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -295,5 +296,5 @@ def _fresh_compile_cache(torch: Any) -> Any:
 COMPILED = ("graphed_compile", "hf_compiled")
 """The variants that compile (torch.compile, through graphjit's compile tracer or transformers' generate())."""
 
-_EAGER = {"cache_implementation": "static", "disable_compile": True}
+_EAGER: dict[str, Any] = {"cache_implementation": "static", "disable_compile": True}
 """The reference: transformers' static cache, no compilation, no graphjit."""
