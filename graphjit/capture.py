@@ -55,7 +55,7 @@ from .islands import recording
 from .keys import CallSignature, rebuild_call
 from .pieces import PiecewiseGraph
 from .pystate import PyState, copy_or_none, dynamic_roots, second_run
-from .reach import addresses, describe, moved, rebinds, walk
+from .reach import Reach, addresses, describe, moved, rebinds, walk
 from .renewals import WRITTEN, Fed
 from .sites import in_traceback
 from .stats import KeyStats, State
@@ -99,6 +99,9 @@ class BuildRequest:
     """Given the captured call's (static) arguments: the tracer's own guard check (``Backend.tracer_guard``)."""
     fed: Fed | None = None
     """The places of tensors graphjit feeds the key (:mod:`graphjit.renewals`): bound to its tensors while it builds."""
+    walked: Reach | None = None
+    """The walk of ``roots()`` as they are now, where the call's last warmup run made it and nothing ran since (a
+    capture scope's call): the capture starts from it instead of walking them again (not where ``fed``)."""
 
 
 @dataclass
@@ -140,14 +143,15 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
     with CAPTURE_LOCK, b.device_guard(req.device):
         statics = static_buffers(req)
         roots = req.roots()
-        before = walk(roots, _is_tensor_of(b), b.tensor_state)
+        before = req.walked if req.walked is not None and req.fed is None else walk(roots, _is_tensor_of(b),
+                                                                                        b.tensor_state)
         where = addresses(before, b.data_ptr)
         rescan = _guard_scan(req)  # the values the capture reads, found the same way before and after it
         values = rescan() if rescan is not None else None
         py = PyState(b, roots)  # the capture's Python effects are undone where they are not the call's
         st.state = State.CAPTURE
         try:
-            graph, static_out, capture_ms = capture_graph(req, statics)
+            graph, static_out, capture_ms = capture_graph(req, statics, before)
         except BaseException:
             py.restore()
             raise
@@ -240,8 +244,10 @@ def static_buffers(req: BuildRequest) -> Statics:
 
 
 # -- phase 2 ---------------------------------------------------------------------------------------
-def capture_graph(req: BuildRequest, statics: Statics) -> tuple[GraphHandle, Any, float]:
+def capture_graph(req: BuildRequest, statics: Statics, reach: Reach) -> tuple[GraphHandle, Any, float]:
     """Capture ``req.capture_fn`` on the static inputs; returns the graph, its outputs and the ms it took.
+    ``reach``: what the function reaches, with the static inputs the tensors it computes with (the backend may ask
+    for them before it captures: :meth:`~graphjit.backends.base.Backend.capture`).
 
     Where the function calls islands (the warmup saw them), the capture is cut at each: the graph is then a
     :class:`~graphjit.pieces.PiecewiseGraph`.  A failure names the line of the user's code it happened at."""
@@ -251,7 +257,9 @@ def capture_graph(req: BuildRequest, statics: Statics) -> tuple[GraphHandle, Any
     try:
         with scope.graphed_call("capture"), b.traced_call_guard(), recording(b, warm.islands or [], index) as rec:
             graph, static_out = b.capture(lambda: req.capture_fn(*statics.args, **statics.kwargs), req.device,
-                                          req.pool, debug=req.dump_dir is not None, feed=not warm.islands)
+                                          req.pool, debug=req.dump_dir is not None, feed=not warm.islands,
+                                          operands=lambda: [*statics.inputs.statics, *(t for t, _p in
+                                                                                      reach.tensors.values())])
     except CaptureError as exc:
         raise _with_site(exc) from exc.__cause__
     except Exception as exc:  # the function raised only while captured: its eager call runs instead

@@ -104,7 +104,7 @@ class FamilyCalls(KeyLifecycle):
                                    f"failed ({type(exc).__name__}: {exc})")
             return False, None
         py = PyState(backend, self.roots(instance, args, kwargs))
-        out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=True)
+        out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=True)[0]
         outside = [reach.describe(p) for t, p in warm.written_tensors() if id(t) not in known]
         new = outside + [sig.paths[i] for i in sorted(warm.mutated_leaves - leaves)]
         if new and warm.blocked is None:

@@ -25,6 +25,7 @@ from .dynamic import DynamicArgs
 from .errors import CaptureError, GraphjitError, UnrecoverableCaptureError
 from .feeds import StepContext
 from .guards import Sources
+from .key_changes import advances_differ, changes_key, holders_kept
 from .keys import CallSignature, Signer
 from .labels import changed_argument
 from .leaves import changes, name, shown
@@ -41,35 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("graphjit")
 
-CHANGES_ITS_KEY = "changes its own signature"
-"""The reason of a key whose warmup run changed a value its key is made of (:meth:`_State.own_key_change`)."""
-
-ADVANCES_DIFFER = "changes its own signature differently between calls"
-"""The reason of a key whose warmup runs left the scalars of its key (:mod:`graphjit.advances`) at other values."""
-
 FUNCTION_WIDE = frozenset(("rebinds a tensor held by an object", "adds tensors to an object on every call"))
 """Reasons that hold for every key of the function once seen (a cache that grows makes a new key per call)."""
-
-
-def _changes_key(path: str, what: str) -> Blocked:
-    return Blocked(f"{CHANGES_ITS_KEY}: {path}", f"the call changes {what}, which is part of its own key: a replay "
-                   "runs no Python, so the next call would find it as the capture left it. A value that changes on "
-                   "every call belongs in a tensor")
-
-
-def _holders_kept(found: advances.Advances, before: tuple[int, ...], args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> Blocked | None:
-    """None where the objects on the paths of a key's advanced scalars are the ones the run started with."""
-    if found.holders(args, kwargs) == before:
-        return None
-    return _advances_differ(found.paths[0], "the call replaced an object on the path by another; a replay would set "
-                            "the value in the object it was passed")
-
-
-def _advances_differ(path: str, what: str) -> Blocked:
-    return Blocked(f"{ADVANCES_DIFFER}: {path}", f"the call changes {path}, which is part of its own key, and not the "
-                   f"same way on every call ({what}): a replay, which runs no Python, could not set it as the call "
-                   "would. A value that changes on every call belongs in a tensor")
 
 
 class KeyLifecycle(abc.ABC):
@@ -177,8 +151,11 @@ class KeyLifecycle(abc.ABC):
         return self.fallback(reason, backend, instance, args, kwargs, sig.key, untraced=first)
 
     def watched(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
-                args: tuple[Any, ...], kwargs: dict[str, Any], sync_watch: bool) -> Any:
-        """One eager run of the function as a warmup, observed (:func:`graphjit.warmup.watched_call`).
+                args: tuple[Any, ...], kwargs: dict[str, Any], sync_watch: bool,
+                before: reach.Reach | None = None) -> tuple[Any, reach.Reach | None]:
+        """One eager run of the function as a warmup, observed (:func:`graphjit.warmup.watched_call`): its result and
+        the walk of its roots after it, from which a run that follows with nothing between that could rebind what
+        they hold (graphjit's bookkeeping only, in the same call) starts (``before``) instead of walking them again.
 
         ``sync_watch``: also look for CPU-GPU syncs (the last warmup run before a capture; not the first
         of several, in which tracers translate and compilers may synchronise for themselves)."""
@@ -191,7 +168,8 @@ class KeyLifecycle(abc.ABC):
         with scope_mod.graphed_call("warmup"):
             run, traced = self.runner(backend, device, sig.key, instance, args, kwargs, roots)
             out, obs = watched_call(backend, run, roots, device, budget, sync_watch=sync_watch, guard_src=guard_src,
-                                    runs_python=traced is not None or self.invoker.tracer_name(backend) == "eager")
+                                    runs_python=traced is not None or self.invoker.tracer_name(backend) == "eager",
+                                    before=before if traced is None else None)
         if traced is not None:
             self.check_tracer(backend, traced, out)
         warm.sync_watched = warm.sync_watched or sync_watch
@@ -200,13 +178,13 @@ class KeyLifecycle(abc.ABC):
         if warm.blocked is None:
             warm.blocked = changed
         if warm.blocked is None and holders is not None and warm.advances is not None:
-            warm.blocked = _holders_kept(warm.advances, holders, args, kwargs)
+            warm.blocked = holders_kept(warm.advances, holders, args, kwargs)
         st.warmups += 1
         if env.settings().debug:
             log.debug("graphjit %s [%s]: warmup %d/%d wrote %s%s", self.name, st.label, warm.calls,
                       self.options.warmup, [reach.describe(p) for _t, p in obs.written] or "nothing",
                       f"; blocked: {warm.blocked.reason}" if warm.blocked else "")
-        return out
+        return out, obs.after
 
     def own_key_change(self, sig: CallSignature, warm: Warmup, instance: Any, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Blocked | None:
@@ -218,10 +196,10 @@ class KeyLifecycle(abc.ABC):
         try:
             after = self.sign_bound(instance, args, kwargs)
         except GraphjitError as exc:
-            return _changes_key("its arguments", f"its arguments, which can no longer be signed ({exc})")
+            return changes_key("its arguments", f"its arguments, which can no longer be signed ({exc})")
         if after.key == (sig.base if sig.base is not None else sig.key):
             if warm.advances is not None:  # an earlier run of the key advanced its scalars, this one did not
-                return _advances_differ(warm.advances.paths[0], "an earlier run changed it, this one did not")
+                return advances_differ(warm.advances.paths[0], "an earlier run changed it, this one did not")
             return None
         record = self.history.records.get(sig.key)
         backend = sig.backend if sig.backend is not None else after.backend
@@ -234,9 +212,9 @@ class KeyLifecycle(abc.ABC):
                     return self.note_advances(sig, warm, moved, instance, args, kwargs)
                 c = found[0]
                 path = name(self.signer, c.label)
-                return _changes_key(path, f"{path} ({shown(c.old, 80)} before the call, {shown(c.new, 80)} after)")
+                return changes_key(path, f"{path} ({shown(c.old, 80)} before the call, {shown(c.new, 80)} after)")
         path = changed_argument(self.signer, instance is not None, sig.key, after.key) or "its arguments"
-        return _changes_key(path, path)
+        return changes_key(path, path)
 
     def advanced(self, key: tuple[Any, ...] | None) -> bool:
         """Whether a call of ``key`` advances scalars of its own key (graphjit/advances.py): the next key is its
@@ -255,19 +233,19 @@ class KeyLifecycle(abc.ABC):
         if not found.explains(args, kwargs, lambda: self.sign_bound(instance, args, kwargs).key,
                               sig.base if sig.base is not None else sig.key):
             path = found.paths[0]
-            return _changes_key(path, f"{path} and more of its key than its scalars show (a value's type, a text "
+            return changes_key(path, f"{path} and more of its key than its scalars show (a value's type, a text "
                                 "longer than a key's label keeps), so it is not a value a replay can set")
         if warm.advances is None:
             if warm.calls > 1:
-                return _advances_differ(found.paths[0], "an earlier run of the key left it as it was")
+                return advances_differ(found.paths[0], "an earlier run of the key left it as it was")
             warm.advances = found
             return None
         if not warm.advances.same_as(found):
             was, now = next(((a, b) for a, b in zip(warm.advances.items, found.items, strict=False)
                              if a.label != b.label or a.after != b.after), (warm.advances.items[0], found.items[0]))
             if was.label != now.label:
-                return _advances_differ(name(self.signer, now.label), "an earlier run of the key changed other values")
-            return _advances_differ(name(self.signer, now.label),
+                return advances_differ(name(self.signer, now.label), "an earlier run of the key changed other values")
+            return advances_differ(name(self.signer, now.label),
                                     f"an earlier run of the key left {was.after!r}, this one {now.after!r}")
         return None
 
@@ -303,7 +281,7 @@ class KeyLifecycle(abc.ABC):
                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A warmup call: the function runs once, eagerly, and that is the call's result."""
         last = warm.calls + 1 >= self.options.warmup
-        out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last)
+        out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last)[0]
         if warm.blocked is not None:
             self.block(backend, sig, warm.blocked, out)
         return out
@@ -349,30 +327,36 @@ class KeyLifecycle(abc.ABC):
                 f"{self.options.warmup + 1} times (or once inside graphjit.capture_scope()) first")
 
     def extra_warmups(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, count: int,
-                      instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                      instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      before: reach.Reach | None = None) -> reach.Reach | None:
         """Inside a capture scope: ``count`` more warmup runs after the call's own, each undone (the state
         it writes and the generator put back), so that the call still acts like one eager call.
 
         Copied before them: :meth:`Warmup.undoable` (beyond ``GRAPHJIT_VERIFY_MAX_BYTES``: no extra runs).  A run that
-        writes outside the copies blocks the key; that write stays, said at WARNING level."""
+        writes outside the copies blocks the key; that write stays, said at WARNING level.  ``before``: the walk of the
+        roots after the call's own run (:meth:`watched_reach`), where nothing ran since.  Returns the walk after the
+        last run where putting its Python state back changed no binding (the capture may start from it), else None."""
         warm.reference = None
         written, _names = warm.state(sig, backend)
         undoable = warm.undoable(sig, backend)
         budget = env.settings().verify_max_bytes
         if sum(backend.nbytes(t) for t in undoable) > budget or warm.untracked is not None:
-            return  # cannot undo them: capture after the call's own run
+            return None  # cannot undo them: capture after the call's own run
         record = self.verify() and verify_fits(sum(backend.nbytes(t) for t in written), budget)  # verify's reference
         snap = Snapshot(backend, undoable, device)
         py = PyState(backend, self.roots(instance, args, kwargs))
         own, known, mutated = {id(t) for t in written}, {id(t) for t in undoable}, set(warm.mutated_leaves)
+        after: reach.Reach | None = None
         for k in range(count):
             last = k == count - 1
-            out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last)
+            out, after = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last,
+                                      before=before if k == 0 else None)
             if last and record and warm.blocked is None:  # verify's eager reference: it need not run again
                 warm.reference = record_reference(backend, out, written, device)
             del out
             snap.restore({id(t) for t in warm.state(sig, backend)[0]})  # what its runs wrote (an input read only: kept)
-            py.restore()
+            if py.restore():  # a binding put back: the walk after the run is not the state's any more
+                after = None
             lost = [reach.describe(p) for t, p in warm.written_tensors() if id(t) not in known]
             new = [reach.describe(p) for t, p in warm.written_tensors() if id(t) not in own]
             new += [sig.paths[i] for i in sorted(warm.mutated_leaves - mutated)]
@@ -383,7 +367,8 @@ class KeyLifecycle(abc.ABC):
                 warm.blocked = Blocked("writes different tensors on different calls", f"a warmup run wrote {new[0]}, "
                                        "which the call's own run did not write")
             if warm.blocked is not None:
-                return
+                return None
+        return after
 
     def capture_key(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
                     args: tuple[Any, ...], kwargs: dict[str, Any], no_adopt: frozenset[int]) -> Any:
@@ -393,18 +378,21 @@ class KeyLifecycle(abc.ABC):
         st = self.key_stats(backend, sig)
         scope_run = scope_mod.current() is not None and warm.calls < self.options.warmup
         own: Any = None
+        walked: reach.Reach | None = None  # the roots' walk as the capture will find them, where known
         if scope_run:
-            own = self.watched(backend, device, sig, warm, instance, args, kwargs,
-                               sync_watch=warm.calls + 1 >= self.options.warmup)
+            own, walked = self.watched(backend, device, sig, warm, instance, args, kwargs,
+                                       sync_watch=warm.calls + 1 >= self.options.warmup)
             if warm.blocked is None and warm.advances is not None:
                 return own  # extra runs would start where this run left its key's scalars: captured after the scope
             step = self.step_feeds.get(sig.key)
             if step is not None:  # what the call's own run made (its gradients) is the step's from the extra runs on
+                walked = None  # (the step's feeds may rebind them)
                 step.learn()
                 step.__exit__(None, None, None)
                 step.__enter__()  # raises with every part exited; the caller's exit then does nothing
             if warm.blocked is None and warm.calls < self.options.warmup:
-                self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance, args, kwargs)
+                walked = self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance,
+                                            args, kwargs, before=walked)
             if warm.blocked is None and not warm.sync_watched and not backend.captures_recoverable:
                 warm.blocked = Blocked("no sync-checked warmup", f"{backend.name} cannot recover from a capture that a "
                                        "CPU-GPU sync breaks, and the extra warmup run that checks for syncs could not "
@@ -434,7 +422,7 @@ class KeyLifecycle(abc.ABC):
             hooks_outside=instance is not None and getattr(inv.target, "__name__", None) == "forward",
             guard_sources=lambda: self.guard_sources(instance, args, kwargs),
             tracer_guard=lambda sargs, skwargs: backend.tracer_guard(
-                inv.target, inv.tracer_name(backend), inv.frame_locals(instance, sargs, skwargs)))
+                inv.target, inv.tracer_name(backend), inv.frame_locals(instance, sargs, skwargs)), walked=walked)
         active = scope_mod.current()
         holders = warm.advances.holders(args, kwargs) if warm.advances is not None else None
         try:
@@ -445,10 +433,10 @@ class KeyLifecycle(abc.ABC):
         finally:
             warm.reference = None  # a recorded reference is this build's only
         if warm.advances is not None:
-            kept = _holders_kept(warm.advances, holders, args, kwargs) if holders is not None else \
-                _advances_differ(warm.advances.paths[0], "its path could not be read before the capture")
+            kept = holders_kept(warm.advances, holders, args, kwargs) if holders is not None else \
+                advances_differ(warm.advances.paths[0], "its path could not be read before the capture")
             if kept is None and not warm.advances.left(args, kwargs):
-                kept = _advances_differ(warm.advances.paths[0], "the capturing call left other values than the "
+                kept = advances_differ(warm.advances.paths[0], "the capturing call left other values than the "
                                         "warmup runs")
             if kept is not None:  # this call ran right (its capture and replay); later ones run uncaptured
                 entry.release()  # (never inside a scope: a key with advances returned after its own run there)

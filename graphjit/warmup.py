@@ -24,7 +24,7 @@ from .backends.base import Backend
 from .buffers import collect_tensors
 from .islands import IslandCall, collecting
 from .names import NO_PROBES, NameRecorder, Probes
-from .reach import Path, added_tensors, addresses, describe, moved, rebinds, walk
+from .reach import Path, Reach, added_tensors, addresses, describe, moved, rebinds, walk
 from .sites import with_function
 from .writes import WriteProbe
 
@@ -67,6 +67,8 @@ class Observation:
     """The module globals that code loaded (``(globals, name)`` by ``(id(globals), name)``)."""
     emitted: list[str] = field(default_factory=list)
     """What the call printed or logged outside islands, and where (a replay runs no Python, so it would not)."""
+    after: Reach | None = None
+    """The walk of the call's roots after it (what the next run may start from where nothing ran between)."""
 
 
 @dataclass
@@ -195,18 +197,20 @@ class Warmup:
 
 def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str, Any]], device: str, budget: int,
                  sync_watch: bool, guard_src: guards.Sources | None = None,
-                 runs_python: bool = True) -> tuple[Any, Observation]:
+                 runs_python: bool = True, before: Reach | None = None) -> tuple[Any, Observation]:
     """Run ``run()`` once and observe it (see the module docstring).  Exceptions of ``run`` propagate
     unchanged; the observation is then lost with them.  ``guard_src``: also record the Python values it
     changes (:mod:`graphjit.guards`) and, where ``runs_python`` (the tracer runs the function as Python), the
-    names its code uses."""
+    names its code uses.  ``before``: the walk of ``roots`` as they are now (the last run's
+    :attr:`Observation.after`, where nothing ran since that could rebind what they hold), instead of a new one."""
     b = backend
     types = b.tensor_types()
 
     def is_tensor(x: Any) -> bool:
         return isinstance(x, types)
 
-    before = walk(roots, is_tensor, b.tensor_state)
+    if before is None:
+        before = walk(roots, is_tensor, b.tensor_state)
     where = addresses(before, b.data_ptr)
     probe = WriteProbe(b, before, budget, b.unversioned_writes(roots))
     rng = b.rng_state(device)
@@ -223,7 +227,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     rebound, added = rebinds(before, after)
     drew = rng is not None and isl.drew_outside(rng, b.rng_state(device))
     obs = Observation(probe.written(), rebound, added, drew, [with_function(s) for s in syncs], probe.incomplete,
-                      isl.calls, added_tensors(before, after), moved(before, where, b.data_ptr))
+                      isl.calls, added_tensors(before, after), moved(before, where, b.data_ptr), after=after)
     obs.elsewhere = [p for t, p in obs.written if b.device_str(t) != device]
     if guard_src is not None and values is not None:
         if recorder.complete:

@@ -207,7 +207,7 @@ class EmulatedTorchBackend(TorchBackend):
     """Captures give their graph emulated feed nodes (:class:`EmulatedFeed`) where graphjit asks for them."""
 
     def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any, debug: bool,
-                      feed: bool = False) -> tuple[GraphHandle, Any]:
+                      feed: bool = False, operands: Callable[[], Any] | None = None) -> tuple[GraphHandle, Any]:
         segments = _Segments()
         segments.resume()
         try:

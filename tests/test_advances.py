@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import graphjit  # noqa: E402
-from graphjit.lifecycle import ADVANCES_DIFFER, CHANGES_ITS_KEY  # noqa: E402
+from graphjit.key_changes import ADVANCES_DIFFER, CHANGES_ITS_KEY  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

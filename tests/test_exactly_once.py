@@ -115,6 +115,37 @@ def test_a_scope_runs_the_function_as_often_as_a_capture_by_hand_and_still_verif
     assert k["verify"] == "failed" and k["state"] == "fallback" and int(counter) == 3, k
 
 
+def test_a_scopes_runs_start_from_the_walk_the_run_before_them_ended_with(emu, monkeypatch):
+    """In a scope nothing runs between the call's own run, its extra run and the capture: each starts from the walk of
+    the function's state the one before ended with (four walks a key: before and after the own run, after the extra
+    run, after the capture), unless putting the extra run's Python state back changed a binding."""
+    from graphjit import capture, reach, warmup
+
+    walks = []
+    real = reach.walk
+
+    def counted(*a, **k):
+        walks.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(warmup, "walk", counted)
+    monkeypatch.setattr(capture, "walk", counted)
+    counter = torch.zeros(())
+    weights = {"w": torch.ones(3)}
+
+    def step(x):
+        counter.add_(1)
+        return x * weights["w"] + counter
+
+    g = graphjit.graphed(step)
+    with graphjit.capture_scope(progress=False):
+        first = g(torch.ones(3))
+    assert len(walks) == 4, len(walks)
+    assert torch.equal(first, torch.full((3,), 2.0)) and int(counter) == 1
+    assert torch.equal(g(torch.ones(3)), torch.full((3,), 3.0)) and int(counter) == 2
+    assert g.stats()["graphs"] == 1 and g.stats()["keys"][0]["verify"] == "passed"
+
+
 def test_a_scopes_extra_run_that_writes_an_input_the_call_left_alone_is_undone(emu):
     """A scope's extra warmup run may write what the call's own run did not (a flag flips the branch): an input the
     call passes is copied before it and put back, so the state after the call is one eager call's; the key is not

@@ -11,7 +11,7 @@ import abc
 import contextlib
 import gc
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -496,23 +496,28 @@ class Backend(abc.ABC):
         finally:
             _island_tls.depth -= 1
 
-    def capture(self, fn: Callable[[], Any], device: str, pool: Any,
-                debug: bool, feed: bool = False) -> tuple[GraphHandle, Any]:
+    def capture(self, fn: Callable[[], Any], device: str, pool: Any, debug: bool, feed: bool = False,
+                operands: Callable[[], Iterable[Any]] | None = None) -> tuple[GraphHandle, Any]:
         """Capture ``fn()`` into a graph (:meth:`capture_graph`).  The capture is ended on every path, and
         Python's cyclic garbage collector does not run during it, nor while a failed one is ended
         (:func:`collector_paused`).  ``feed``: give the graph feed nodes where the backend can
-        (:mod:`graphjit.handoff`)."""
+        (:mod:`graphjit.handoff`).  ``operands``: the tensors the function computes with (its inputs and the state it
+        reaches), for a backend that prepares its libraries by them before the capture; asked only where needed."""
+        kw: dict[str, Any] = {}
+        if feed:
+            kw["feed"] = True
+        if operands is not None:
+            kw["operands"] = operands
         with collector_paused():
-            if feed:
-                return self.capture_graph(fn, device, pool, debug, feed=True)
-            return self.capture_graph(fn, device, pool, debug)
+            return self.capture_graph(fn, device, pool, debug, **kw)
 
     @abc.abstractmethod
-    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
-                      debug: bool, feed: bool = False) -> tuple[GraphHandle, Any]:
+    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any, debug: bool, feed: bool = False,
+                      operands: Callable[[], Iterable[Any]] | None = None) -> tuple[GraphHandle, Any]:
         """The framework's capture of ``fn()`` into a graph, ended on every path (:meth:`capture` calls it).
         ``feed``: where the backend can, the graph gets feed nodes and a ``feed`` attribute (:mod:`graphjit.handoff`);
-        a backend without them ignores it."""
+        a backend without them ignores it.  ``operands``: see :meth:`capture` (torch: the dtype of its BLAS
+        priming's product); a backend that needs none ignores it."""
 
     @abc.abstractmethod
     def synchronize(self, device: str) -> None: ...

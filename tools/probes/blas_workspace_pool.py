@@ -5,8 +5,9 @@ list is a workspace made inside the capture (what ``test_the_first_capture_of_a_
 its_pool`` checks does not happen).  ``--cublas-only`` keeps the priming's ``current_blas_handle()`` and drops its
 cuBLASLt product: with ``--library cublaslt``, no graph pool left means cuBLASLt uses the cuBLAS workspace of the
 stream (torch's unified workspaces), so the product, which starts cuBLASLt (60-70 ms where nothing used it yet), is not
-needed on that torch; ``prime_s`` is the first priming's seconds.  ``--library`` picks the product: ``both``,
-``cublas`` or ``cublaslt``."""
+needed on that torch; ``prime_s`` is the first priming's seconds.  ``--dtype`` makes the priming's cuBLASLt product
+one of that dtype (graphjit's own is fp32): is the first priming's time cuBLASLt's start or that dtype's kernels?
+``--library`` picks the function's product: ``both``, ``cublas`` or ``cublaslt``."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def main() -> None:
     p.add_argument("--no-prime", action="store_true")
     p.add_argument("--cublas-only", action="store_true")
     p.add_argument("--library", choices=("both", "cublas", "cublaslt"), default="both")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
     a = p.parse_args()
     from graphjit.backends.torch import workspaces
 
@@ -35,7 +37,14 @@ def main() -> None:
         with torch.cuda.stream(stream):
             torch.cuda.current_blas_handle()
 
-    chosen = (lambda stream, index: None) if a.no_prime else cublas_only if a.cublas_only else real_prime
+    def of_dtype(stream: torch.cuda.Stream, index: int) -> None:
+        with torch.cuda.stream(stream), torch.no_grad():
+            torch.cuda.current_blas_handle()
+            m = torch.zeros(8, 8, device=f"cuda:{index}", dtype=getattr(torch, a.dtype))
+            torch.nn.functional.linear(m, m, m[0])
+
+    chosen = (lambda stream, index: None) if a.no_prime else cublas_only if a.cublas_only else \
+        of_dtype if a.dtype else real_prime
 
     def prime(stream: torch.cuda.Stream, index: int) -> None:
         t0 = time.perf_counter()
@@ -67,7 +76,8 @@ def main() -> None:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     pools = sorted({tuple(s["segment_pool_id"]) for s in torch.cuda.memory_snapshot()})
-    print(json.dumps({"no_prime": a.no_prime, "cublas_only": a.cublas_only, "library": a.library, "replays": replays,
+    print(json.dumps({"no_prime": a.no_prime, "cublas_only": a.cublas_only, "library": a.library, "dtype": a.dtype,
+                      "replays": replays,
                       "pools": pools, **timed}))
 
 

@@ -17,7 +17,7 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -452,10 +452,10 @@ class PaddleBackend(Backend):
         to the host inside the block, with the Python line that made it (:func:`.syncs.watch`)."""
         return syncs.watch(hits)
 
-    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
-                      debug: bool, feed: bool = False) -> tuple[GraphHandle, Any]:
+    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any, debug: bool, feed: bool = False,
+                      operands: Callable[[], Iterable[Any]] | None = None) -> tuple[GraphHandle, Any]:
         """Capture ``fn()`` with ``CUDAGraph(mode="thread_local")``, in segments where an island cuts it
-        (:class:`_PaddleSegments`); returns the last segment's graph."""
+        (:class:`_PaddleSegments`); returns the last segment's graph.  ``operands`` is not needed here."""
         self._ensure_flags()
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         kwargs = {"pool_id": pool} if (pool is not None and self.shared_pools) else {}

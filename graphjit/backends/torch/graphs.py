@@ -14,7 +14,7 @@ import logging
 import operator
 import threading
 import warnings
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -511,11 +511,12 @@ class TorchBackend(Backend):
         with super().island_guard(), _SYNC_WATCHER.island():
             yield
 
-    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any,
-                      debug: bool, feed: bool = False) -> tuple[GraphHandle, Any]:
+    def capture_graph(self, fn: Callable[[], Any], device: str, pool: Any, debug: bool, feed: bool = False,
+                      operands: Callable[[], Iterable[Any]] | None = None) -> tuple[GraphHandle, Any]:
         """Capture ``fn()`` on the side stream, as ``torch.cuda.graph`` does (synchronise, free cached
         blocks, ``capture_begin`` with ``capture_error_mode="thread_local"``), in segments where an island
-        cuts it (:class:`_TorchSegments`); returns the last segment's graph.
+        cuts it (:class:`_TorchSegments`); returns the last segment's graph.  The stream's BLAS workspaces are made
+        first (:func:`.workspaces.prime`, with ``operands``).
 
         On failure the capture is ended and torch's allocator and generator are put back
         (:func:`.recovery.recover`), then :class:`CaptureError` is raised for a failure of the capture
@@ -526,7 +527,7 @@ class TorchBackend(Backend):
         handle = pool.handle if isinstance(pool, TorchPool) else pool
         if handle is None:
             handle = torch.cuda.graph_pool_handle()  # known to graphjit, so a failed capture can release it
-        workspaces.prime(stream, index)
+        workspaces.prime(stream, index, operands)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         feed_lib = feed_mod.library(index) if feed else None

@@ -9,26 +9,57 @@ graphs of the same capture stream, which nothing here guards against.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
+PRODUCT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+"""The dtypes the priming's cuBLASLt product may take (those torch's addmm sends to cuBLASLt)."""
 
-def prime(stream: Any, index: int) -> None:
+_product: dict[int, torch.dtype] = {}  # device index -> the dtype of the priming's product, chosen at its first capture
+_lock = threading.Lock()
+
+
+def prime(stream: Any, index: int, operands: Callable[[], Iterable[Any]] | None = None) -> None:
     """Make cuBLAS and cuBLASLt give this thread's handle a workspace for ``stream`` outside the capture.
 
     torch caches one workspace per (handle, stream) and library and allocates it at the first use of the library on
     that stream; made during a capture, it comes from the graph's pool and pins that pool's memory for as long as the
     process lives (a dropped function would never give its pool back).  Per capture (a lookup once the workspaces
     exist): cuBLAS's through ``torch.cuda.current_blas_handle()``, which sets the handle's workspace for the current
-    stream and launches nothing, and cuBLASLt's through one tiny fp32 product with a bias (addmm: cuBLASLt).  The
-    workspaces do not depend on the dtype: one product, not one per dtype and library (0.13 ms a capture instead of
-    0.22 on the H200).  The first capture of a process still pays for starting cuBLASLt where nothing used it yet
-    (about 60-70 ms there); ``tools/probes/blas_workspace_pool.py`` shows the priming is needed and enough."""
+    stream and launches nothing, and cuBLASLt's through one tiny product with a bias (addmm: cuBLASLt).  The workspaces
+    do not depend on the dtype: one product, not one per dtype and library (0.13 ms a capture instead of 0.22 on the
+    H200).  Its dtype is chosen at the device's first capture, :func:`product_dtype` of ``operands()`` (the tensors the
+    function computes with; fp32 without them), and kept: the first product of a dtype loads its kernels, about 85 ms
+    for fp32 where the function computes in bf16 and only 4 ms in bf16 (one H100); ``tools/probes/
+    blas_workspace_pool.py`` shows the priming is needed and enough, in any of these dtypes."""
+    with _lock:
+        dtype = _product.get(index)
+        if dtype is None:
+            dtype = _product[index] = product_dtype(operands, f"cuda:{index}")
     with torch.cuda.stream(stream), torch.no_grad():
-        a = torch.zeros(8, 8, device=f"cuda:{index}")  # zeros: a memory checker's initcheck reads no garbage
+        # zeros: a memory checker's initcheck reads no garbage
+        a = torch.zeros(8, 8, device=f"cuda:{index}", dtype=dtype)
         try:
             torch.cuda.current_blas_handle()
         except Exception:  # a torch without it: a product reaches cuBLAS
             torch.mm(a, a)
         torch.nn.functional.linear(a, a, a[0])
+
+
+def product_dtype(operands: Callable[[], Iterable[Any]] | None, device: str) -> torch.dtype:
+    """The dtype of :data:`PRODUCT_DTYPES` that holds the most bytes among the tensors ``operands()`` gives on
+    ``device`` (a model's weights outweigh its fp32 buffers), fp32 where none is (or ``operands`` fails)."""
+    if operands is None:
+        return torch.float32
+    want = torch.device(device)
+    sizes: dict[torch.dtype, int] = {}
+    try:
+        for t in operands():
+            if isinstance(t, torch.Tensor) and t.dtype in PRODUCT_DTYPES and t.device == want:
+                sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel() * t.element_size()
+    except Exception:  # (a tensor subclass that fails to say its dtype or size): the fp32 product, as without them
+        return torch.float32
+    return max(sizes, key=lambda d: sizes[d]) if sizes else torch.float32
