@@ -3,7 +3,7 @@
 # Usage on the GPU machine (repo root): bash tools/gpu_proof_torch.sh OUTDIR [STAGE ...]
 # Stages: build tests doctor host replay decode train step hf piecewise profile capture generate dispatch blas firstcall
 #   (host: bench decode --host-only; replay: tools/probes/replay_profile.py; decode: the whole bench decode, host cost
-#   included; profile: the piecewise probe; blas: tools/probes/blas_workspace_pool.py three ways; firstcall:
+#   included; profile: the piecewise probe; blas: tools/probes/blas_workspace_pool.py four ways; firstcall:
 #   tools/probes/first_call_profile.py for FIRSTCALL_FAMILIES, default "t5 gemma2"; neither runs unless named).
 # None named: build tests doctor decode replay train step hf piecewise profile capture generate dispatch (host is in
 # decode); together they take longer than one 600 s device call: name a few per call.  Each stage's exit status is logged ("== STAGE rc=N").
@@ -55,8 +55,10 @@ stage() {
                 --families "${GENERATE_FAMILIES:-llama,gpt2,t5}" --time-budget "${GENERATE_BUDGET:-380}" \
                 --out "$out" --tag "$tag" 2>&1 | tail -14 ;;
     dispatch) timeout 120 python3 -m graphjit bench dispatch --out "$out" --tag "$tag" 2>&1 | tail -15 ;;
-    blas)  # each in a fresh process: is the capture stream's cuBLASLt product still needed on this torch?
-      for args in "--library cublaslt" "--library cublaslt --cublas-only" "--library cublas --cublas-only"; do
+    blas)  # each in a fresh process: the priming's time in the function's dtype (bf16) and in fp32, and whether the
+      # capture stream's cuBLASLt product is still needed on this torch (--cublas-only: a pool left means it is)
+      for args in "--library cublas" "--library cublas --dtype float32" "--library cublaslt" \
+                  "--library cublaslt --cublas-only"; do
         timeout 60 python3 tools/probes/blas_workspace_pool.py $args 2>&1 | tail -1
       done ;;
     firstcall) for fam in ${FIRSTCALL_FAMILIES:-t5 gemma2}; do

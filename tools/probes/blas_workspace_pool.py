@@ -15,6 +15,7 @@ import argparse
 import gc
 import json
 import time
+from typing import Any
 
 import torch
 
@@ -33,22 +34,22 @@ def main() -> None:
     timed: dict[str, float] = {}
     real_prime = workspaces.prime
 
-    def cublas_only(stream: torch.cuda.Stream, index: int) -> None:
+    def cublas_only(stream: torch.cuda.Stream, index: int, operands: Any = None) -> None:
         with torch.cuda.stream(stream):
             torch.cuda.current_blas_handle()
 
-    def of_dtype(stream: torch.cuda.Stream, index: int) -> None:
+    def of_dtype(stream: torch.cuda.Stream, index: int, operands: Any = None) -> None:
         with torch.cuda.stream(stream), torch.no_grad():
             torch.cuda.current_blas_handle()
             m = torch.zeros(8, 8, device=f"cuda:{index}", dtype=getattr(torch, a.dtype))
             torch.nn.functional.linear(m, m, m[0])
 
-    chosen = (lambda stream, index: None) if a.no_prime else cublas_only if a.cublas_only else \
+    chosen = (lambda stream, index, operands=None: None) if a.no_prime else cublas_only if a.cublas_only else \
         of_dtype if a.dtype else real_prime
 
-    def prime(stream: torch.cuda.Stream, index: int) -> None:
+    def prime(stream: torch.cuda.Stream, index: int, operands: Any = None) -> None:
         t0 = time.perf_counter()
-        chosen(stream, index)
+        chosen(stream, index, operands)
         torch.cuda.synchronize()
         timed.setdefault("prime_s", time.perf_counter() - t0)
 
