@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,8 @@ class BuildRequest:
     walked: Reach | None = None
     """The walk of ``roots()`` as they are now, where the call's last warmup run made it and nothing ran since (a
     capture scope's call): the capture starts from it instead of walking them again (not where ``fed``)."""
+    pystate: PyState | None = None
+    """Likewise their Python state (:class:`~graphjit.pystate.PyState`), taken where it was as it is now."""
 
 
 @dataclass
@@ -140,15 +142,18 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         raise CaptureError(f"{req.fn_name} {st.label}: {elsewhere(req.warm.elsewhere_first).message}",
                            reason=ELSEWHERE)
     t_start = time.perf_counter()
-    with CAPTURE_LOCK, b.device_guard(req.device):
+    with _taken(CAPTURE_LOCK) as waited, b.device_guard(req.device):
         statics = static_buffers(req)
         roots = req.roots()
-        before = req.walked if req.walked is not None and req.fed is None else walk(roots, _is_tensor_of(b),
-                                                                                        b.tensor_state)
+        # the last warmup run's walk and Python state, where no other thread's capture ran since (its Python code may
+        # rebind state this function reads) and no fed tensor is bound
+        settled = not waited and req.fed is None
+        before = req.walked if settled and req.walked is not None else walk(roots, _is_tensor_of(b), b.tensor_state)
         where = addresses(before, b.data_ptr)
         rescan = _guard_scan(req)  # the values the capture reads, found the same way before and after it
         values = rescan() if rescan is not None else None
-        py = PyState(b, roots)  # the capture's Python effects are undone where they are not the call's
+        # the capture's Python effects are undone where they are not the call's
+        py = req.pystate if settled and req.pystate is not None else PyState(b, roots)
         st.state = State.CAPTURE
         try:
             graph, static_out, capture_ms = capture_graph(req, statics, before)
@@ -190,6 +195,18 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
                       [req.sig.paths[i] for i in statics.inputs.adopted_idx])
         return KeyEntry(graph, statics.inputs, outputs, st, req.no_adopt, req.warm, req.device, guard,
                         piecewise=isinstance(graph, PiecewiseGraph)), result
+
+
+@contextlib.contextmanager
+def _taken(lock: Any) -> Iterator[bool]:
+    """``lock`` held for the block; yields whether taking it had to wait for another thread."""
+    waited = not lock.acquire(blocking=False)
+    if waited:
+        lock.acquire()
+    try:
+        yield waited
+    finally:
+        lock.release()
 
 
 # -- phase 1 ---------------------------------------------------------------------------------------

@@ -46,6 +46,10 @@ FUNCTION_WIDE = frozenset(("rebinds a tensor held by an object", "adds tensors t
 """Reasons that hold for every key of the function once seen (a cache that grows makes a new key per call)."""
 
 
+def _same_roots(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> bool:
+    return len(a) == len(b) and all(x[0] == y[0] and x[1] is y[1] for x, y in zip(a, b, strict=True))
+
+
 class KeyLifecycle(abc.ABC):
     """Warmup, capture and failure handling of the keys of one graphed function (a mixin of ``_State``)."""
 
@@ -155,7 +159,9 @@ class KeyLifecycle(abc.ABC):
                 before: reach.Reach | None = None) -> tuple[Any, reach.Reach | None]:
         """One eager run of the function as a warmup, observed (:func:`graphjit.warmup.watched_call`): its result and
         the walk of its roots after it, from which a run that follows with nothing between that could rebind what
-        they hold (graphjit's bookkeeping only, in the same call) starts (``before``) instead of walking them again.
+        they hold (graphjit's bookkeeping only, in the same call) starts (``before``) instead of walking them again;
+        None where the run rebound a root itself (a global or closure variable set at its first call): the walk
+        after it is of the roots it started with.
 
         ``sync_watch``: also look for CPU-GPU syncs (the last warmup run before a capture; not the first
         of several, in which tracers translate and compilers may synchronise for themselves)."""
@@ -184,7 +190,7 @@ class KeyLifecycle(abc.ABC):
             log.debug("graphjit %s [%s]: warmup %d/%d wrote %s%s", self.name, st.label, warm.calls,
                       self.options.warmup, [reach.describe(p) for _t, p in obs.written] or "nothing",
                       f"; blocked: {warm.blocked.reason}" if warm.blocked else "")
-        return out, obs.after
+        return out, obs.after if _same_roots(roots, self.roots(instance, args, kwargs)) else None
 
     def own_key_change(self, sig: CallSignature, warm: Warmup, instance: Any, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Blocked | None:
@@ -328,14 +334,15 @@ class KeyLifecycle(abc.ABC):
 
     def extra_warmups(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, count: int,
                       instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                      before: reach.Reach | None = None) -> reach.Reach | None:
+                      before: reach.Reach | None = None) -> tuple[reach.Reach, PyState] | None:
         """Inside a capture scope: ``count`` more warmup runs after the call's own, each undone (the state
         it writes and the generator put back), so that the call still acts like one eager call.
 
         Copied before them: :meth:`Warmup.undoable` (beyond ``GRAPHJIT_VERIFY_MAX_BYTES``: no extra runs).  A run that
         writes outside the copies blocks the key; that write stays, said at WARNING level.  ``before``: the walk of the
-        roots after the call's own run (:meth:`watched_reach`), where nothing ran since.  Returns the walk after the
-        last run where putting its Python state back changed no binding (the capture may start from it), else None."""
+        roots after the call's own run (:meth:`watched`), where nothing ran since.  Returns the walk after the last
+        run and the Python state taken before the runs where putting it back changed nothing (the state is then as
+        both found it: the capture may start from them), else None."""
         warm.reference = None
         written, _names = warm.state(sig, backend)
         undoable = warm.undoable(sig, backend)
@@ -368,7 +375,7 @@ class KeyLifecycle(abc.ABC):
                                        "which the call's own run did not write")
             if warm.blocked is not None:
                 return None
-        return after
+        return (after, py) if after is not None else None
 
     def capture_key(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
                     args: tuple[Any, ...], kwargs: dict[str, Any], no_adopt: frozenset[int]) -> Any:
@@ -379,6 +386,7 @@ class KeyLifecycle(abc.ABC):
         scope_run = scope_mod.current() is not None and warm.calls < self.options.warmup
         own: Any = None
         walked: reach.Reach | None = None  # the roots' walk as the capture will find them, where known
+        py: PyState | None = None  # and their Python state
         if scope_run:
             own, walked = self.watched(backend, device, sig, warm, instance, args, kwargs,
                                        sync_watch=warm.calls + 1 >= self.options.warmup)
@@ -391,8 +399,9 @@ class KeyLifecycle(abc.ABC):
                 step.__exit__(None, None, None)
                 step.__enter__()  # raises with every part exited; the caller's exit then does nothing
             if warm.blocked is None and warm.calls < self.options.warmup:
-                walked = self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance,
-                                            args, kwargs, before=walked)
+                settled = self.extra_warmups(backend, device, sig, warm, self.options.warmup - warm.calls, instance,
+                                             args, kwargs, before=walked)
+                walked, py = settled if settled is not None else (None, None)
             if warm.blocked is None and not warm.sync_watched and not backend.captures_recoverable:
                 warm.blocked = Blocked("no sync-checked warmup", f"{backend.name} cannot recover from a capture that a "
                                        "CPU-GPU sync breaks, and the extra warmup run that checks for syncs could not "
@@ -422,7 +431,8 @@ class KeyLifecycle(abc.ABC):
             hooks_outside=instance is not None and getattr(inv.target, "__name__", None) == "forward",
             guard_sources=lambda: self.guard_sources(instance, args, kwargs),
             tracer_guard=lambda sargs, skwargs: backend.tracer_guard(
-                inv.target, inv.tracer_name(backend), inv.frame_locals(instance, sargs, skwargs)), walked=walked)
+                inv.target, inv.tracer_name(backend), inv.frame_locals(instance, sargs, skwargs)),
+            walked=walked, pystate=py)
         active = scope_mod.current()
         holders = warm.advances.holders(args, kwargs) if warm.advances is not None else None
         try:

@@ -118,18 +118,26 @@ def test_a_scope_runs_the_function_as_often_as_a_capture_by_hand_and_still_verif
 def test_a_scopes_runs_start_from_the_walk_the_run_before_them_ended_with(emu, monkeypatch):
     """In a scope nothing runs between the call's own run, its extra run and the capture: each starts from the walk of
     the function's state the one before ended with (four walks a key: before and after the own run, after the extra
-    run, after the capture), unless putting the extra run's Python state back changed a binding."""
-    from graphjit import capture, reach, warmup
+    run, after the capture), and the capture from the Python state taken before the extra run (one a key), unless
+    putting the extra run's Python state back changed something."""
+    from graphjit import capture, pystate, reach, warmup
 
-    walks = []
+    walks, states = [], []
     real = reach.walk
 
     def counted(*a, **k):
         walks.append(1)
         return real(*a, **k)
 
+    real_init = pystate.PyState.__init__
+
+    def init(self, *a, **k):
+        states.append(1)
+        real_init(self, *a, **k)
+
     monkeypatch.setattr(warmup, "walk", counted)
     monkeypatch.setattr(capture, "walk", counted)
+    monkeypatch.setattr(pystate.PyState, "__init__", init)
     counter = torch.zeros(())
     weights = {"w": torch.ones(3)}
 
@@ -140,10 +148,44 @@ def test_a_scopes_runs_start_from_the_walk_the_run_before_them_ended_with(emu, m
     g = graphjit.graphed(step)
     with graphjit.capture_scope(progress=False):
         first = g(torch.ones(3))
-    assert len(walks) == 4, len(walks)
+    assert len(walks) == 4 and len(states) == 1, (len(walks), len(states))
     assert torch.equal(first, torch.full((3,), 2.0)) and int(counter) == 1
     assert torch.equal(g(torch.ones(3)), torch.full((3,), 3.0)) and int(counter) == 2
     assert g.stats()["graphs"] == 1 and g.stats()["keys"][0]["verify"] == "passed"
+
+
+_LAZY = None
+
+
+def _lazy_step(x):
+    global _LAZY
+    if _LAZY is None:  # a global the first call sets
+        _LAZY = torch.arange(3.0)
+    return x * 2 + _LAZY
+
+
+@pytest.mark.parametrize("where", ["global", "closure"])
+def test_a_scopes_run_that_rebinds_a_root_makes_the_next_walk_anew(emu, where):
+    """A run that binds a global or closure variable (lazily, at its first call) changes the roots themselves: the
+    walk after it is of the roots it started with, so the next run and the capture walk the new roots again (reusing
+    it, the extra run saw a tensor added and the key fell back)."""
+    global _LAZY
+    _LAZY = None
+    box = None
+
+    def closure_step(x):
+        nonlocal box
+        if box is None:
+            box = torch.arange(3.0)
+        return x * 2 + box
+
+    g = graphjit.graphed(_lazy_step if where == "global" else closure_step, warmup=2 if where == "global" else 1)
+    with torch.no_grad(), graphjit.capture_scope(progress=False):
+        first = g(torch.ones(3))
+    assert torch.equal(first, torch.tensor([2.0, 3.0, 4.0]))
+    assert g.stats()["graphs"] == 1 and g.stats()["fallbacks"] == {}, g.stats()["keys"]
+    with torch.no_grad():
+        assert torch.equal(g(torch.zeros(3)), torch.arange(3.0)) and g.stats()["replays"] == 1
 
 
 def test_a_scopes_extra_run_that_writes_an_input_the_call_left_alone_is_undone(emu):

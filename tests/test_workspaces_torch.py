@@ -23,16 +23,26 @@ def test_the_dtype_holding_the_most_bytes_is_chosen():
     assert product_dtype(lambda: [torch.zeros(10, dtype=torch.float16), torch.zeros(100)], "cpu") is torch.float32
 
 
-def test_fp32_without_operands_of_a_product_dtype_or_when_asking_fails():
-    assert product_dtype(None, "cpu") is torch.float32
+def test_no_choice_without_operands_of_a_product_dtype_or_when_asking_fails():
+    """None: the priming computes in fp32 and a later capture of the device may still choose."""
+    assert product_dtype(None, "cpu") is None
     assert product_dtype(lambda: [torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.int32)],
-                         "cpu") is torch.float32
+                         "cpu") is None
 
     def fails():
         yield torch.zeros(4, dtype=torch.bfloat16)
         raise RuntimeError("no size")
 
-    assert product_dtype(fails, "cpu") is torch.float32
+    assert product_dtype(fails, "cpu") is None
+
+
+def test_autocast_decides_where_it_is_on():
+    """Under autocast fp32 weights multiply in autocast's dtype: that is the product to prime with."""
+    weights = [torch.zeros(64, 64)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert product_dtype(lambda: weights, "cpu") is torch.bfloat16
+        assert product_dtype(None, "cpu") is torch.bfloat16
+    assert product_dtype(lambda: weights, "cpu") is torch.float32
 
 
 def test_tensors_on_another_device_do_not_count():

@@ -73,6 +73,8 @@ stage() {
   echo "== $(date -u +%FT%TZ) commit $GRAPHJIT_COMMIT, stages: $stages"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  # how fast this host runs Python now (host-bound timings of two runs compare only where this is close)
+  python3 -c "from graphjit.bench.common import host_speed; print('host speed', host_speed())"
   for s in $stages; do
     echo "== $s ($(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg))"
     stage "$s"

@@ -115,6 +115,7 @@ def environment() -> dict[str, Any]:
         "graphjit_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("GRAPHJIT_")},
         "packages": {name: _dist_version(name) for name in
                      ("torch", "paddlepaddle", "paddlepaddle-gpu", "numpy", "matplotlib", "triton", "wrapt")},
+        "host_speed": host_speed(),
     }
     from .. import backends
 
@@ -122,6 +123,37 @@ def environment() -> dict[str, Any]:
         if framework in sys.modules:
             env[framework] = backends.load(framework, "device").describe()
     return env
+
+
+class _Probe:
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def step(self, k: int) -> int:
+        self.n += k
+        return self.n
+
+
+def host_speed(iterations: int = 20_000, repeats: int = 5) -> dict[str, Any]:
+    """How fast this host runs Python just now, and how busy it is: ``python_ns`` is the best of ``repeats`` timings
+    of a fixed loop of method calls, attribute writes and dict stores (nanoseconds an iteration), ``load`` the
+    1-minute load average over the CPU count.  Host-bound timings (eager steps, a graphed call's host cost, a first
+    ``generate()``) from two runs compare only where these are close; the same code took 1.2-2x longer on one H100
+    lease than on another."""
+    probe, table = _Probe(), {}
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        for i in range(iterations):
+            table[i & 255] = probe.step(i & 7)
+        best = min(best, (time.perf_counter_ns() - t0) / iterations)
+    try:
+        load = round(os.getloadavg()[0] / (os.cpu_count() or 1), 3)
+    except OSError:  # (no load average on this platform)
+        load = None
+    return {"python_ns": round(best, 1), "load": load}
 
 
 def gpu_or_exit(bench: str, framework: str, allow_cpu: bool, needs: str | None = None) -> tuple[bool, int | None]:

@@ -31,17 +31,19 @@ def prime(stream: Any, index: int, operands: Callable[[], Iterable[Any]] | None 
     exist): cuBLAS's through ``torch.cuda.current_blas_handle()``, which sets the handle's workspace for the current
     stream and launches nothing, and cuBLASLt's through one tiny product with a bias (addmm: cuBLASLt).  The workspaces
     do not depend on the dtype: one product, not one per dtype and library (0.13 ms a capture instead of 0.22 on the
-    H200).  Its dtype is chosen at the device's first capture, :func:`product_dtype` of ``operands()`` (the tensors the
-    function computes with; fp32 without them), and kept: the first product of a dtype loads its kernels, about 85 ms
-    for fp32 where the function computes in bf16 and only 4 ms in bf16 (one H100); ``tools/probes/
-    blas_workspace_pool.py`` shows the priming is needed and enough, in any of these dtypes."""
+    H200).  Its dtype is :func:`product_dtype`'s for the device (fp32 until one is found): the first product of a dtype
+    loads its kernels, 64-90 ms for fp32 where the function computes in bf16 and 3-5 ms in bf16 (one H100);
+    ``tools/probes/blas_workspace_pool.py`` shows the priming is needed and enough, in any of these dtypes."""
+    device = f"cuda:{index}"
     with _lock:
         dtype = _product.get(index)
         if dtype is None:
-            dtype = _product[index] = product_dtype(operands, f"cuda:{index}")
+            dtype = product_dtype(operands, device)
+            if dtype is not None:
+                _product[index] = dtype
     with torch.cuda.stream(stream), torch.no_grad():
         # zeros: a memory checker's initcheck reads no garbage
-        a = torch.zeros(8, 8, device=f"cuda:{index}", dtype=dtype)
+        a = torch.zeros(8, 8, device=device, dtype=dtype or torch.float32)
         try:
             torch.cuda.current_blas_handle()
         except Exception:  # a torch without it: a product reaches cuBLAS
@@ -49,17 +51,27 @@ def prime(stream: Any, index: int, operands: Callable[[], Iterable[Any]] | None 
         torch.nn.functional.linear(a, a, a[0])
 
 
-def product_dtype(operands: Callable[[], Iterable[Any]] | None, device: str) -> torch.dtype:
-    """The dtype of :data:`PRODUCT_DTYPES` that holds the most bytes among the tensors ``operands()`` gives on
-    ``device`` (a model's weights outweigh its fp32 buffers), fp32 where none is (or ``operands`` fails)."""
-    if operands is None:
-        return torch.float32
+def product_dtype(operands: Callable[[], Iterable[Any]] | None, device: str) -> torch.dtype | None:
+    """The dtype the function's products run in, as far as a capture can tell beforehand: autocast's where autocast
+    is on for ``device``'s type (fp32 weights then multiply in it), else the dtype of :data:`PRODUCT_DTYPES` that
+    holds the most bytes among the tensors ``operands()`` gives on ``device`` (a model's weights outweigh its fp32
+    buffers).  None where neither says (no operands, none of those dtypes there, ``operands`` failed): the device's
+    choice is then left to a later capture."""
     want = torch.device(device)
+    try:
+        if torch.is_autocast_enabled(want.type):
+            auto = torch.get_autocast_dtype(want.type)
+            if auto in PRODUCT_DTYPES:
+                return auto
+    except (AttributeError, TypeError, RuntimeError):  # a torch without the per-device autocast queries
+        pass
+    if operands is None:
+        return None
     sizes: dict[torch.dtype, int] = {}
     try:
         for t in operands():
             if isinstance(t, torch.Tensor) and t.dtype in PRODUCT_DTYPES and t.device == want:
                 sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel() * t.element_size()
-    except Exception:  # (a tensor subclass that fails to say its dtype or size): the fp32 product, as without them
-        return torch.float32
-    return max(sizes, key=lambda d: sizes[d]) if sizes else torch.float32
+    except Exception:  # (a tensor subclass that fails to say its dtype or size): as without them
+        return None
+    return max(sizes, key=lambda d: sizes[d]) if sizes else None
