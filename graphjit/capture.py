@@ -145,8 +145,9 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
     with _taken(CAPTURE_LOCK) as waited, b.device_guard(req.device):
         statics = static_buffers(req)
         roots = req.roots()
-        # the last warmup run's walk and Python state, where no other thread's capture ran since (its Python code may
-        # rebind state this function reads) and no fed tensor is bound
+        # the last warmup run's walk and Python state, unless taking the lock waited for another thread's capture (its
+        # Python code may rebind state this function reads; other threads' eager code races with any walk) or a fed
+        # tensor is bound
         settled = not waited and req.fed is None
         before = req.walked if settled and req.walked is not None else walk(roots, _is_tensor_of(b), b.tensor_state)
         where = addresses(before, b.data_ptr)

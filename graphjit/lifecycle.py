@@ -351,7 +351,8 @@ class KeyLifecycle(abc.ABC):
             return None  # cannot undo them: capture after the call's own run
         record = self.verify() and verify_fits(sum(backend.nbytes(t) for t in written), budget)  # verify's reference
         snap = Snapshot(backend, undoable, device)
-        py = PyState(backend, self.roots(instance, args, kwargs))
+        start = self.roots(instance, args, kwargs)
+        py = PyState(backend, start)
         own, known, mutated = {id(t) for t in written}, {id(t) for t in undoable}, set(warm.mutated_leaves)
         after: reach.Reach | None = None
         for k in range(count):
@@ -362,7 +363,7 @@ class KeyLifecycle(abc.ABC):
                 warm.reference = record_reference(backend, out, written, device)
             del out
             snap.restore({id(t) for t in warm.state(sig, backend)[0]})  # what its runs wrote (an input read only: kept)
-            if py.restore():  # a binding put back: the walk after the run is not the state's any more
+            if py.restore():  # something had changed: the walk after the run may not be the state's any more
                 after = None
             lost = [reach.describe(p) for t, p in warm.written_tensors() if id(t) not in known]
             new = [reach.describe(p) for t, p in warm.written_tensors() if id(t) not in own]
@@ -375,7 +376,8 @@ class KeyLifecycle(abc.ABC):
                                        "which the call's own run did not write")
             if warm.blocked is not None:
                 return None
-        return (after, py) if after is not None else None
+        # (a run before the last that rebound a root: py does not cover the new one)
+        return (after, py) if after is not None and _same_roots(start, self.roots(instance, args, kwargs)) else None
 
     def capture_key(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
                     args: tuple[Any, ...], kwargs: dict[str, Any], no_adopt: frozenset[int]) -> Any:

@@ -89,23 +89,20 @@ class PyState:
                 stack.append((child, depth + 1))
 
     def restore(self) -> int:
-        """Put back every container and binding that changed; returns how many were put back.  A container that
-        refuses (a dict subclass that forbids updates) is left as it is, and the others are still put back."""
+        """Put back every container and binding that changed; returns how many had changed (put back or not).  A
+        container that refuses (a dict subclass that forbids updates) is left as it is, and the others are still put
+        back."""
         n = 0
         for d, saved in self.dicts:
             if not _same_dict(d, saved):
-                try:
-                    _put_back(d, saved)
-                except Exception:
-                    continue
                 n += 1
+                with contextlib.suppress(Exception):
+                    _put_back(d, saved)
         for lst, items in self.lists:
             if len(lst) != len(items) or any(a is not b for a, b in zip(lst, items)):
-                try:
-                    list.__setitem__(lst, slice(None), items)
-                except Exception:
-                    continue
                 n += 1
+                with contextlib.suppress(Exception):
+                    list.__setitem__(lst, slice(None), items)
         for obj, name, value in self.slots:
             try:
                 now = object.__getattribute__(obj, name)
@@ -113,24 +110,17 @@ class PyState:
                 now = _UNSET
             if now is value:
                 continue
-            if value is _UNSET:
-                try:
-                    object.__delattr__(obj, name)
-                except (AttributeError, TypeError):
-                    continue
-            else:
-                try:
-                    object.__setattr__(obj, name, value)
-                except (AttributeError, TypeError):
-                    continue
             n += 1
+            with contextlib.suppress(AttributeError, TypeError):
+                if value is _UNSET:
+                    object.__delattr__(obj, name)
+                else:
+                    object.__setattr__(obj, name, value)
         for t, name, value in self.bindings:
             if dict(self.backend.tensor_state(t)).get(name) is not value:
-                try:
-                    self.backend.set_tensor_state(t, name, value)
-                except Exception:
-                    continue
                 n += 1
+                with contextlib.suppress(Exception):
+                    self.backend.set_tensor_state(t, name, value)
         return n
 
 

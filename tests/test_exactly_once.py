@@ -188,6 +188,71 @@ def test_a_scopes_run_that_rebinds_a_root_makes_the_next_walk_anew(emu, where):
         assert torch.equal(g(torch.zeros(3)), torch.arange(3.0)) and g.stats()["replays"] == 1
 
 
+_LATE: dict | None = None
+
+
+def test_a_root_bound_by_an_extra_run_before_the_last_makes_the_capture_take_the_python_state_anew(emu, monkeypatch):
+    """warmup=3 in a scope: two extra runs. The first binds a global (a root) the call's own run did not have: the
+    Python state taken before the extra runs does not cover it, so the capture takes its own (two snapshots a key, not
+    one) while the last run's walk, of unchanged roots, still serves."""
+    import itertools
+
+    from graphjit import pystate
+
+    global _LATE
+    _LATE = None
+    runs = itertools.count()  # the runs, invisible to graphjit's guards
+    states = []
+    real_init = pystate.PyState.__init__
+
+    def init(self, *a, **k):
+        states.append(1)
+        real_init(self, *a, **k)
+
+    monkeypatch.setattr(pystate.PyState, "__init__", init)
+
+    def step(x):
+        global _LATE
+        if next(runs) == 1:
+            _LATE = {"unused": 1}
+        return x * 2
+
+    g = graphjit.graphed(step, warmup=3)
+    with torch.no_grad(), graphjit.capture_scope(progress=False):
+        first = g(torch.ones(3))
+    assert torch.equal(first, torch.full((3,), 2.0))
+    assert g.stats()["graphs"] == 1 and g.stats()["fallbacks"] == {}, g.stats()["keys"]
+    assert len(states) == 2, len(states)
+
+
+def test_taking_the_capture_lock_says_whether_it_waited_for_another_thread():
+    import threading
+
+    from graphjit.capture import _taken
+
+    lock = threading.RLock()
+    with _taken(lock) as waited:
+        assert not waited
+        with _taken(lock) as again:  # held by this thread already: taken at once
+            assert not again
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            held.set()
+            release.wait(5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(5)
+    threading.Timer(0.05, release.set).start()
+    with _taken(lock) as waited:
+        assert waited
+    t.join(5)
+    with _taken(lock) as waited:
+        assert not waited
+
+
 def test_a_scopes_extra_run_that_writes_an_input_the_call_left_alone_is_undone(emu):
     """A scope's extra warmup run may write what the call's own run did not (a flag flips the branch): an input the
     call passes is copied before it and put back, so the state after the call is one eager call's; the key is not
