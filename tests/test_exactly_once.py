@@ -115,29 +115,38 @@ def test_a_scope_runs_the_function_as_often_as_a_capture_by_hand_and_still_verif
     assert k["verify"] == "failed" and k["state"] == "fallback" and int(counter) == 3, k
 
 
-def test_a_scopes_runs_start_from_the_walk_the_run_before_them_ended_with(emu, monkeypatch):
-    """In a scope nothing runs between the call's own run, its extra run and the capture: each starts from the walk of
-    the function's state the one before ended with (four walks a key: before and after the own run, after the extra
-    run, after the capture), and the capture from the Python state taken before the extra run (one a key), unless
-    putting the extra run's Python state back changed something."""
-    from graphjit import capture, pystate, reach, warmup
+def _counted_python_states(monkeypatch) -> list[int]:
+    """A list that gets an entry for every ``PyState`` (a Python-state snapshot) made from now on in the test."""
+    from graphjit import pystate
 
-    walks, states = [], []
-    real = reach.walk
-
-    def counted(*a, **k):
-        walks.append(1)
-        return real(*a, **k)
-
+    states: list[int] = []
     real_init = pystate.PyState.__init__
 
     def init(self, *a, **k):
         states.append(1)
         real_init(self, *a, **k)
 
+    monkeypatch.setattr(pystate.PyState, "__init__", init)
+    return states
+
+
+def test_a_scopes_runs_start_from_the_walk_the_run_before_them_ended_with(emu, monkeypatch):
+    """In a scope nothing runs between the call's own run, its extra run and the capture: each starts from the walk of
+    the function's state the one before ended with (four walks a key: before and after the own run, after the extra
+    run, after the capture), and the capture from the Python state taken before the extra run (one a key), unless
+    putting the extra run's Python state back changed something."""
+    from graphjit import capture, reach, warmup
+
+    walks = []
+    real = reach.walk
+
+    def counted(*a, **k):
+        walks.append(1)
+        return real(*a, **k)
+
     monkeypatch.setattr(warmup, "walk", counted)
     monkeypatch.setattr(capture, "walk", counted)
-    monkeypatch.setattr(pystate.PyState, "__init__", init)
+    states = _counted_python_states(monkeypatch)
     counter = torch.zeros(())
     weights = {"w": torch.ones(3)}
 
@@ -197,19 +206,10 @@ def test_a_root_bound_by_an_extra_run_before_the_last_makes_the_capture_take_the
     one) while the last run's walk, of unchanged roots, still serves."""
     import itertools
 
-    from graphjit import pystate
-
     global _LATE
     _LATE = None
     runs = itertools.count()  # the runs, invisible to graphjit's guards
-    states = []
-    real_init = pystate.PyState.__init__
-
-    def init(self, *a, **k):
-        states.append(1)
-        real_init(self, *a, **k)
-
-    monkeypatch.setattr(pystate.PyState, "__init__", init)
+    states = _counted_python_states(monkeypatch)
 
     def step(x):
         global _LATE

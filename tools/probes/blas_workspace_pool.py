@@ -4,10 +4,10 @@ memory pools that still hold segments.  ``--no-prime`` replaces graphjit's primi
 list is a workspace made inside the capture (what ``test_the_first_capture_of_a_process_leaves_no_blas_workspace_in_
 its_pool`` checks does not happen).  ``--cublas-only`` keeps the priming's ``current_blas_handle()`` and drops its
 cuBLASLt product: with ``--library cublaslt``, no graph pool left means cuBLASLt uses the cuBLAS workspace of the
-stream (torch's unified workspaces), so the product, which starts cuBLASLt (60-70 ms where nothing used it yet), is not
-needed on that torch; ``prime_s`` is the first priming's seconds.  ``--dtype`` makes the priming's cuBLASLt product
-one of that dtype (graphjit's own is fp32): is the first priming's time cuBLASLt's start or that dtype's kernels?
-``--library`` picks the function's product: ``both``, ``cublas`` or ``cublaslt``."""
+stream (torch's unified workspaces), so the product is not needed on that torch (torch 2.11 leaves a pool: it is);
+``prime_s`` is the first priming's seconds.  ``--dtype`` has graphjit's priming compute in that dtype (without it, in
+the function's: bf16 here): the first product of a dtype loads its kernels (3-5 ms in bf16, 64-90 ms in fp32 on an
+H100).  ``--library`` picks the function's product: ``both``, ``cublas`` or ``cublaslt``."""
 
 from __future__ import annotations
 
@@ -39,10 +39,8 @@ def main() -> None:
             torch.cuda.current_blas_handle()
 
     def of_dtype(stream: torch.cuda.Stream, index: int, operands: Any = None) -> None:
-        with torch.cuda.stream(stream), torch.no_grad():
-            torch.cuda.current_blas_handle()
-            m = torch.zeros(8, 8, device=f"cuda:{index}", dtype=getattr(torch, a.dtype))
-            torch.nn.functional.linear(m, m, m[0])
+        # graphjit's own priming, told the function computes in --dtype (the process's first capture chooses it)
+        real_prime(stream, index, lambda: [torch.zeros(1, device=f"cuda:{index}", dtype=getattr(torch, a.dtype))])
 
     chosen = (lambda stream, index, operands=None: None) if a.no_prime else cublas_only if a.cublas_only else \
         of_dtype if a.dtype else real_prime
