@@ -33,6 +33,7 @@ from .bucket_spec import Pad
 from .errors import SignatureError
 from .tree import MIRROR, Attr, dict_attrs, is_object, object_fields, rebuild, rebuild_call
 
+_cached_backend = backends.cached_type_lookup  # read once: the signing's hot path looks it up on every call
 _SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))
 TENSOR_MARK = ("<tensor>",)
 """A tensor's place in a plain call's layout (:meth:`Signer.sign_plain`); its metadata is the check's."""
@@ -211,7 +212,14 @@ class Signer:
         """The call's :class:`CallSignature`.  A call made only of positional tensors of one framework and plain
         scalars, as the last such call was, takes :meth:`sign_plain` (no walk state, and the last call's key
         object, its hash computed once, where the key is the same); any other call walks its arguments."""
-        sig = self.sign_plain(instance, args) if not kwargs else None
+        if kwargs:
+            return self.sign_walk(instance, args, kwargs)
+        fast = self._fast  # sign_plain's first step, here too: one Python frame less for a call its C check serves
+        if fast:
+            served = fast[0](instance, args)
+            if served is not None and _cached_backend(fast[1], None) is fast[2]:
+                return CallSignature(fast[3], served, fast[2], (), None, fast[4], (), self)
+        sig = self.sign_plain(instance, args)
         return sig if sig is not None else self.sign_walk(instance, args, kwargs)
 
     def sign_walk(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
@@ -277,7 +285,7 @@ class Signer:
         fast = self._fast
         if fast:
             served = fast[0](instance, args)
-            if served is not None and backends.cached_type_lookup(fast[1], None) is fast[2]:
+            if served is not None and _cached_backend(fast[1], None) is fast[2]:
                 return CallSignature(fast[3], served, fast[2], (), None, fast[4], (), self)
         plain = self._plain
         if plain is None:
