@@ -2,9 +2,12 @@
 # The torch half of the GPU proof: tests, doctor, benchmarks, as named stages.
 # Usage on the GPU machine (repo root): bash tools/gpu_proof_torch.sh OUTDIR [STAGE ...]
 # Stages: build tests doctor host replay decode train step hf piecewise profile capture generate dispatch blas firstcall
+#   genprofile
 #   (host: bench decode --host-only; replay: tools/probes/replay_profile.py; decode: the whole bench decode, host cost
 #   included; profile: the piecewise probe; blas: tools/probes/blas_workspace_pool.py four ways; firstcall:
-#   tools/probes/first_call_profile.py for FIRSTCALL_FAMILIES, default "t5 gemma2"; neither runs unless named).
+#   tools/probes/first_call_profile.py for FIRSTCALL_FAMILIES, default "t5 gemma2", at FIRSTCALL_BATCH (1); genprofile:
+#   tools/probes/generate_profile.py --tracer compile --hf-compiled GENPROFILE_RUNS times (3), each a fresh process, for
+#   GENPROFILE_FAMILIES (gpt2) at GENPROFILE_BATCH (1); blas, firstcall and genprofile run only where named).
 # None named: build tests doctor decode replay train step hf piecewise profile capture generate dispatch (host is in
 # decode); together they take longer than one 600 s device call: name a few per call.  Each stage's exit status is logged ("== STAGE rc=N").
 # GENERATE_FAMILIES (default llama,gpt2,t5) chooses the families of the generate stage, GENERATE_BUDGET its
@@ -62,8 +65,16 @@ stage() {
         timeout 60 python3 tools/probes/blas_workspace_pool.py $args 2>&1 | tail -1
       done ;;
     firstcall) for fam in ${FIRSTCALL_FAMILIES:-t5 gemma2}; do
-        timeout 200 python3 tools/probes/first_call_profile.py --family "$fam" --top 25 --out "$out" 2>&1 \
-          | grep -E '^(graphed_compile|hf_compiled):|^wrote'
+        timeout 200 python3 tools/probes/first_call_profile.py --family "$fam" --batch "${FIRSTCALL_BATCH:-1}" --top 25 \
+          --out "$out" 2>&1 | grep -E '^(graphed_compile|hf_compiled):|^wrote'
+      done ;;
+    genprofile)  # the compile tracer's decode against transformers' compiled one, per token, in fresh processes
+      for fam in ${GENPROFILE_FAMILIES:-gpt2}; do
+        for i in $(seq "${GENPROFILE_RUNS:-3}"); do
+          timeout 150 python3 tools/probes/generate_profile.py --family "$fam" --batch "${GENPROFILE_BATCH:-1}" \
+            --tracer compile --hf-compiled --iters 100 --out "$out/genprofile_${fam}_$i" 2>&1 \
+            | grep -E '"(generate_us_per_token|forward_host_us_per_token|rest_us_per_token|replay_gpu_us|replay_host_us|whole_call_us)"|"(hf_compiled|graphed)": \{|Error'
+        done
       done ;;
     *) echo "unknown stage $1 (see the usage at the top of $0)"; return 2 ;;
   esac

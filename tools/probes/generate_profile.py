@@ -1,7 +1,8 @@
 """Where the time of a graphed decode step goes inside transformers' ``generate()`` (torch, one GPU).
 
 For one family of ``graphjit.bench.torch.hf_families``: ``graph_generation(model)`` (``--tracer``), ``generate()``
-run warm, then
+run warm (each compiled variant in fresh Inductor and Triton caches, as ``bench generate`` runs it, unless
+``--compile-cache kept``), then
 
 * per token over a whole ``generate()``: the host time spent in the forward calls and the rest (generate's own
   loop, and its waits for the GPU at each token's sync), against transformers' compiled ``generate()`` on a copy;
@@ -37,6 +38,7 @@ import torch
 import transformers
 
 import graphjit
+from graphjit.bench.torch import generate as bench_generate
 from graphjit.bench.torch import hf_families
 
 
@@ -204,6 +206,9 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--hf-compiled", action="store_true", help="also transformers' compiled generate() on a copy")
     p.add_argument("--emulate", action="store_true", help="CPU smoke run through tests/graph_emulator.py")
+    p.add_argument("--compile-cache", choices=("fresh", "kept"), default="fresh",
+                   help="fresh: each compiled variant in new Inductor and Triton cache folders, as bench generate runs "
+                        "it (kept: the second finds the kernels, and their tuned configs, the first compiled)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     on_gpu = torch.cuda.is_available() and not args.emulate
@@ -224,17 +229,20 @@ def main() -> int:
     result: dict[str, Any] = {"config": vars(args) | {"out": str(args.out)}, "torch": torch.__version__,
                               "transformers": transformers.__version__,
                               "device": torch.cuda.get_device_name() if on_gpu else "cpu (emulated graphs)"}
+    cache = ((lambda: bench_generate._fresh_compile_cache(torch)) if args.compile_cache == "fresh"
+             else contextlib.nullcontext)
     with torch.no_grad():
         if args.hf_compiled:
             compiled = copy.deepcopy(model)
             compiled.generation_config.cache_implementation = "static"
             tap = Tap.install(compiled)
-            for _ in range(2):  # compiles in the first
-                compiled.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                  do_sample=False)
+            with cache():
+                for _ in range(2):  # compiles in the first
+                    compiled.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                                      do_sample=False)
             result["hf_compiled"] = per_token(compiled, tap, prompt, args.new_tokens, sync)
             del compiled
-        with emulation:
+        with emulation, cache():
             graphjit.graph_generation(model, **({"tracer": "compile"} if args.tracer == "compile" else {}))
             graphed = model.forward
             tap = Tap.install(model)
