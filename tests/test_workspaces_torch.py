@@ -81,3 +81,33 @@ def test_the_capture_is_given_the_functions_inputs_and_reachable_state(emu, monk
     assert all(id(w) in ids for w in weights) and id(scale) in ids
     assert any(t.shape == x.shape and t.dtype == x.dtype for t in seen[0])  # the static input buffer
     assert product_dtype(lambda: seen[0], "cpu") is torch.bfloat16
+
+
+
+def test_a_graphed_layers_captures_are_given_its_inputs_and_parameters(monkeypatch):
+    """The training path too: a bf16 layer's captures are asked with its static inputs and its trainable parameters,
+    so its first capture primes in bf16 (on a CPU the simulated capture stands in for the backend's: what it is given
+    is what ``Backend.capture`` gets on a GPU)."""
+    from graphjit.training.record import SlotRecorder
+
+    seen: list[list[object]] = []
+    real = SlotRecorder.capture_fn
+
+    def capture_fn(self, device, debug, operands=None):
+        assert operands is not None
+        seen.append(list(operands()))
+        return real(self, device, debug, operands)
+
+    monkeypatch.setattr(SlotRecorder, "capture_fn", capture_fn)
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.SiLU(), torch.nn.Linear(32, 8)).to(torch.bfloat16)
+    g = graphjit.graphed_layer(layer, warmup=1, _simulate=True)
+    x = torch.randn(4, 16).to(torch.bfloat16)
+    for _ in range(3):
+        g(x).float().sum().backward()
+    assert g.stats()["graphs"] >= 1, g.report()
+    assert len(seen) == 1  # one slot: its forward's and backward's captures share the call
+    ids = {id(t) for t in seen[0]}
+    assert all(id(p) in ids for p in layer.parameters())
+    assert any(t.shape == x.shape and t.dtype == x.dtype for t in seen[0])  # the static input buffer
+    assert product_dtype(lambda: seen[0], "cpu") is torch.bfloat16

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import env
@@ -114,7 +114,8 @@ class SlotRecorder:
                 holder["out"] = out
                 return out
 
-            capture = self.capture_fn(device, dump_dir is not None)
+            # the layer's inputs and trainable parameters: what its products compute with (the BLAS priming's dtype)
+            capture = self.capture_fn(device, dump_dir is not None, lambda: [*static_in, *params])
             phase = "warmup" if self.simulate else "capture"  # a simulated capture runs collectives eagerly
             t_cap = time.perf_counter()
             try:
@@ -197,12 +198,14 @@ class SlotRecorder:
             raise CaptureError(f"{self.name} [{label}]: the {which} capture failed: {first_line(exc)}",
                                reason="capture failed: " + first_line(exc)[:120]) from exc
 
-    def capture_fn(self, device: str, debug: bool) -> Callable[[Callable[[], Any]], tuple[GraphHandle, Any]]:
+    def capture_fn(self, device: str, debug: bool, operands: Callable[[], Iterable[Any]] | None = None
+                   ) -> Callable[[Callable[[], Any]], tuple[GraphHandle, Any]]:
+        """The slot's capture of a function into its own pool (``operands``: :meth:`Backend.capture`'s)."""
         b = self.backend
         if self.simulate:
             return lambda fn: simulated_capture(b, fn)
         pool = b.new_pool(device)  # one pool per slot: slots replay in any order (pipeline schedules)
-        return lambda fn: b.capture(fn, device, pool, debug)
+        return lambda fn: b.capture(fn, device, pool, debug, operands=operands)
 
     def side_warmup(self, sargs: tuple[Any, ...], skwargs: dict[str, Any], targets: list[Any], device: str,
                     snap: Any, label: str) -> tuple[list[Any], Any, list[int], list[Any]]:
