@@ -83,7 +83,6 @@ def test_the_capture_is_given_the_functions_inputs_and_reachable_state(emu, monk
     assert product_dtype(lambda: seen[0], "cpu") is torch.bfloat16
 
 
-
 def test_a_graphed_layers_captures_are_given_its_inputs_and_parameters(monkeypatch):
     """The training path too: a bf16 layer's captures are asked with its static inputs and its trainable parameters,
     so its first capture primes in bf16 (on a CPU the simulated capture stands in for the backend's: what it is given
