@@ -17,13 +17,13 @@ paddle variants: ``eager``; ``raw_graph`` (``paddle.device.cuda.graphs.CUDAGraph
 Paddle 2.6.2).  On GPU, paddle results are marked ``numerics_unverified`` (paddlepaddle-gpu 2.6.2
 computes elementwise ops wrong on Hopper) and timed with host clocks around a device synchronise.
 
-Also measured once per run: the host cost of one call with 4 tensor inputs whose GPU work is tiny,
-for ``@graphed`` against a raw ``graph.replay()``: host clock around ``--host-iters`` (32) calls in a row, the
-device synchronised (untimed) between such batches, median of 160.  The batches are short so that the GPU keeps
-up: 500 calls in a row, as before, gave bimodal samples on the H200 (a raw replay 2.3-4.9 us); a graph that takes
-the GPU longer than the host takes to launch it can fill the launch queue, and the host then waits for the GPU.
-Every variant runs under try/except: a failure is recorded in the JSON (rewritten after every variant), never
-fatal.  Without a CUDA GPU the benchmark refuses to run unless ``--allow-cpu`` (a tiny smoke run for CI).
+Also measured once per run: the host cost of one call with 4 tensor inputs whose GPU work is tiny, for ``@graphed``
+against a raw ``graph.replay()``: host clock around ``--host-iters`` (32) calls in a row, the device synchronised
+(untimed) between such batches, median of 160, the variants taking turns batch by batch. The batches are short so
+that the GPU keeps up: 500 calls in a row, as before, gave bimodal samples on the H200 (a raw replay 2.3-4.9 us); a
+graph that takes the GPU longer than the host takes to launch it can fill the launch queue, and the host then waits
+for the GPU. Every variant runs under try/except: a failure is recorded in the JSON (rewritten after every variant),
+never fatal. Without a CUDA GPU the benchmark refuses to run unless ``--allow-cpu`` (a tiny smoke run for CI).
 
 This module is framework-neutral: options, ratios, summary, JSON, table and plot; the runner template (the
 variant loop and the host-cost measurement) is :mod:`graphjit.bench.decode_runner`, and the framework runners

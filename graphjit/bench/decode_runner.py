@@ -78,27 +78,38 @@ class DecodeRunner:
         """Host time per call of each of ``calls`` (median of repeats of ``host_iters`` back-to-back calls, the
         device synchronised, untimed, between repeats: batches short enough that the launch queue never fills, so
         the time is the host's, not the GPU's), into ``out["us"]``, ``min_us``, ``samples_us``; a call that raises
-        is recorded under ``out["errors"]``."""
+        is recorded under ``out["errors"]`` and timed no further.  The repeats take turns across the calls (one
+        repeat of each, then the next), so a minute in which the host runs slower weighs on every call alike instead
+        of on whichever was being timed (a host's speed moved by 1.7x within minutes on some leases)."""
         args = self.args
         perf = time.perf_counter_ns
+        live: dict[str, Callable[..., Any]] = {}
         for label, call in calls.items():
             try:
                 for _ in range(20):
                     call()
                 self.sync()
-                samples = []
-                for _ in range(args.host_repeats):
+                live[label] = call
+            except Exception as exc:
+                out["errors"][label] = common.error_text(exc)
+        samples: dict[str, list[float]] = {label: [] for label in live}
+        for _ in range(args.host_repeats):
+            for label, call in list(live.items()):
+                try:
                     t0 = perf()
                     for _ in range(args.host_iters):
                         call()
                     t1 = perf()
                     self.sync()
-                    samples.append((t1 - t0) / 1e3 / args.host_iters)
-                out["us"][label] = common.median(samples)
-                out.setdefault("min_us", {})[label] = min(samples)
-                out.setdefault("samples_us", {})[label] = samples
-            except Exception as exc:
-                out["errors"][label] = common.error_text(exc)
+                except Exception as exc:
+                    out["errors"][label] = common.error_text(exc)
+                    del live[label], samples[label]
+                    continue
+                samples[label].append((t1 - t0) / 1e3 / args.host_iters)
+        for label, got in samples.items():
+            out["us"][label] = common.median(got)
+            out.setdefault("min_us", {})[label] = min(got)
+            out.setdefault("samples_us", {})[label] = got
 
     def variant(self, name: str) -> dict[str, Any]:
         """Build variant ``name`` of the current configuration, check it against eager, time it."""
