@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint test-gpu bench-dispatch clean test-paddle26
+.PHONY: install demo test lint test-gpu bench-dispatch clean test-paddle26 test-paddleformers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,22 @@ $(STAMP26): pyproject.toml
 test-paddle26: $(STAMP26)
 	$(VENV26)/bin/python -m pytest -q -m "not gpu" tests -p no:cacheprovider
 
+# PaddleFormers' Llama decode through @graphed (tests/test_paddleformers_decode.py and its example) in a
+# venv of its own: paddleformers pins numpy and transformers below what .venv's torch tests use. CI runs it.
+VENVPF := .venvpf
+STAMPPF := $(VENVPF)/.installed
+
+$(STAMPPF): pyproject.toml
+	$(PYTHON) -m venv $(VENVPF)
+	$(VENVPF)/bin/python -m pip install -q --upgrade pip
+	$(VENVPF)/bin/python -m pip install -q "paddlepaddle==3.3.1" paddleformers
+	$(VENVPF)/bin/python -m pip install -q -e ".[test]"
+	touch $(STAMPPF)
+
+test-paddleformers: $(STAMPPF)
+	$(VENVPF)/bin/python -m pytest -q -m "not gpu" tests/test_paddleformers_decode.py \
+		"tests/test_examples.py::test_example_runs[paddleformers_decode]" -p no:cacheprovider
+
 # On the GPU machine: runs from the source tree, installs nothing (python3 there has torch;
 # Paddle through the kit: `. /tmp/pdc/env.sh && make test-gpu-paddle`). Each GPU test file runs in a
 # process of its own, a few at a time (tools/gpu_tests.py).
@@ -54,4 +70,4 @@ bench-dispatch: $(STAMP)
 	$(PY) -m graphjit bench dispatch
 
 clean:
-	rm -rf $(VENV) $(VENV26) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV26) $(VENVPF) .pytest_cache .ruff_cache

@@ -5,11 +5,11 @@ then the same ``generate()`` after ``graphjit.graph_generation(model)`` (transfo
 times, compares the tokens and prints one line of timing per run and graphjit's report.  On a CPU the graphed calls
 run the model eagerly (one log line says why there are no graphs); on a GPU the decode step is captured once per
 batch size and replayed for every later token, in this ``generate()`` and the next.  Gemma 2 and 3, whose caches
-count their length in a Python int, get one graph per position, captured in the third call and replayed from then
-on (``graphjit/advances.py``).
+count their length in a Python int, share one graph across the positions before their sliding window fills
+(``graphjit/families.py``), each replay advancing that int (``graphjit/advances.py``).
 
     python examples/hf_generate.py [--family llama] [--batch 1] [--new-tokens 32] [--layers 4] [--hidden 256]
-                                   [--dtype fp32|bf16]
+                                   [--dtype fp32|bf16] [--hf-compiled]
 
 Families: llama qwen2 mistral qwen3 phi3 qwen2_moe mixtral gpt2 gemma2 gemma3_text qwen2_vl t5
 (``graphjit.bench.torch.hf_families`` builds them, for the tests and ``bench generate`` too).

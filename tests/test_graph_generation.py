@@ -92,12 +92,17 @@ def test_an_encoder_decoder_keeps_its_cross_attention_cache_too():
     assert sum(k["captures"] for k in _decode_keys(model.forward)) == 1, model.forward.report()
 
 
-def test_twice_on_one_model_changes_nothing_more():
+def test_twice_on_one_model_changes_nothing_more(gj_log):
+    """It says once, in graphjit's log, what it did to the model (transformers' own compilation off among it);
+    the second call changes nothing and says nothing."""
     model = _llama()
     graphjit.graph_generation(model)
+    said = [r for r in gj_log.records if "graph_generation(" in r.getMessage()]
+    assert len(said) == 1 and "disable_compile=True" in said[0].getMessage(), [r.getMessage() for r in said]
     forward, prepare = model.forward, model._prepare_static_cache
     assert graphjit.graph_generation(model) is model
     assert model.forward is forward and model._prepare_static_cache is prepare
+    assert len([r for r in gj_log.records if "graph_generation(" in r.getMessage()]) == 1
 
 
 def test_the_users_own_cache_choice_stays():

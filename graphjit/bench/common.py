@@ -114,7 +114,8 @@ def environment() -> dict[str, Any]:
         "git_commit": git_commit(),
         "graphjit_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("GRAPHJIT_")},
         "packages": {name: _dist_version(name) for name in
-                     ("torch", "paddlepaddle", "paddlepaddle-gpu", "numpy", "matplotlib", "triton", "wrapt")},
+                     ("torch", "paddlepaddle", "paddlepaddle-gpu", "numpy", "matplotlib", "triton", "wrapt",
+                      "transformers", "paddleformers")},
         "host_speed": host_speed(),
     }
     from .. import backends
