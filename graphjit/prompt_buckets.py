@@ -23,10 +23,14 @@ no framework: the padded tensors are made with the prompt's own methods (``new_f
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from .errors import ConfigError
+
+log = logging.getLogger("graphjit")
 
 _KEEPS_PROMPT = frozenset(("inputs_embeds", "past_key_values", "cache", "streamer", "assistant_model",
                            "stopping_criteria", "logits_processor", "prefix_allowed_tokens_fn"))
@@ -57,6 +61,7 @@ class Bucketing:
         self.buckets = buckets
         self.padded = 0  # calls padded
         self.kept = 0  # calls left as they were
+        self.why_kept: Counter[str] = Counter()  # those calls by why (each said once in graphjit's log, at INFO)
 
     def pad(self, args: tuple[Any, ...], kwargs: dict[str, Any],
             config: Any) -> tuple[tuple[Any, ...], dict[str, Any], int]:
@@ -65,9 +70,13 @@ class Bucketing:
         ids, name = (args[0], None) if args else next(
             ((kwargs[k], k) for k in _PROMPT_ARGUMENTS if kwargs.get(k) is not None), (None, None))
         setting = _Settings(kwargs, config, getattr(self.model, "generation_config", None))
-        pad = self._padding(ids, kwargs, setting)
+        pad, why = self._padding(ids, kwargs, setting)
         if pad == 0 or ids is None:
             self.kept += 1
+            if why not in self.why_kept:
+                log.info("graphjit: graph_generation(prefill_buckets=%s): a generate() call's prompt is not padded "
+                         "into a bucket: %s (its prefill is a key of its own length)", list(self.buckets), why)
+            self.why_kept[why] += 1
             return args, kwargs, 0
         batch, length = ids.shape
         fill = _token(setting("pad_token_id"))
@@ -89,27 +98,37 @@ class Bucketing:
         self.padded += 1
         return args, kwargs, pad
 
-    def _padding(self, ids: Any, kwargs: dict[str, Any], setting: _Settings) -> int:
-        """The columns of padding the call gets (0: none; see the module docstring)."""
-        if getattr(getattr(self.model, "config", None), "is_encoder_decoder", False) or _KEEPS_PROMPT & kwargs.keys():
-            return 0
+    def _padding(self, ids: Any, kwargs: dict[str, Any], setting: _Settings) -> tuple[int, str]:
+        """The columns of padding the call gets, and why it gets none (see the module docstring)."""
+        if getattr(getattr(self.model, "config", None), "is_encoder_decoder", False):
+            return 0, "an encoder-decoder model (its encoder's input is not the decoded prompt)"
+        keeps = sorted(_KEEPS_PROMPT & kwargs.keys())
+        if keeps:
+            return 0, f"the call passes {keeps[0]!r}"
         shape = getattr(ids, "shape", None)
         if shape is None or len(shape) != 2 or not hasattr(ids, "new_full"):
-            return 0
-        if any(hasattr(v, "shape") for k, v in kwargs.items() if k not in (*_PROMPT_ARGUMENTS, "attention_mask")):
-            return 0  # another tensor: per prompt token, most likely (position_ids, token_type_ids)
-        if setting("max_new_tokens") is None or setting("return_dict_in_generate"):
-            return 0
-        if any(setting(name) not in (None, neutral) for name, neutral in _READS_TOKENS):
-            return 0
+            return 0, "its prompt is not a 2-D tensor of token ids"
+        other = next((k for k, v in kwargs.items() if k not in (*_PROMPT_ARGUMENTS, "attention_mask")
+                      and hasattr(v, "shape")), None)
+        if other is not None:  # per prompt token, most likely (position_ids, token_type_ids)
+            return 0, f"the call passes the tensor {other!r}"
+        if setting("max_new_tokens") is None:
+            return 0, "no max_new_tokens (a length bound that counts the prompt)"
+        if setting("return_dict_in_generate"):
+            return 0, "return_dict_in_generate (the returned cache would hold the padding)"
+        reads = next((name for name, neutral in _READS_TOKENS if setting(name) not in (None, neutral)), None)
+        if reads is not None:
+            return 0, f"{reads!r} reads the prompt's tokens"
         bucket = next((b for b in self.buckets if b >= shape[1]), None)
-        if bucket is None or bucket == shape[1]:
-            return 0
+        if bucket is None:
+            return 0, f"its prompt ({shape[1]} tokens) is longer than the largest bucket"
+        if bucket == shape[1]:
+            return 0, "its prompt fills its bucket"
         if kwargs.get("attention_mask") is None:
             pad_id = _token(setting("pad_token_id"))
             if pad_id is not None and bool((ids == pad_id).any()):
-                return 0  # generate() infers this prompt's mask from its pad tokens
-        return bucket - shape[1]
+                return 0, "its prompt holds the pad token and no attention_mask (generate() infers the mask from it)"
+        return bucket - shape[1], ""
 
 
 class _Settings:

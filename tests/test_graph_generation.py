@@ -276,11 +276,11 @@ def test_prompts_padded_into_buckets_share_one_prefill_graph_and_give_eagers_tok
     assert len(prefill) == 1 and prefill[0]["captures"] == 1 and prefill[0]["replays"] >= 3, model.forward.report()
 
 
-def test_calls_padding_could_change_are_left_as_they_are():
+def test_calls_padding_could_change_are_left_as_they_are(gj_log):
     """A call bounded by ``max_length`` (it counts the prompt), one that returns a dict (its cache and hidden states
     would hold the padding), one with stopping criteria (they see the ids) or per-token ``position_ids`` runs
-    unpadded; ``min_length`` with ``max_new_tokens`` is padded and still counts the caller's prompt.  Every result
-    equals the unpadded call's."""
+    unpadded, saying why once in graphjit's log (naming the argument); ``min_length`` with ``max_new_tokens`` is
+    padded and still counts the caller's prompt.  Every result equals the unpadded call's."""
     model = _llama()
     prompt = _prompt(1, 6)
 
@@ -289,13 +289,14 @@ def test_calls_padding_could_change_are_left_as_they_are():
             return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 9, dtype=torch.bool)
 
     calls = [
-        ({"max_length": 11}, False),
-        ({"max_new_tokens": 5, "return_dict_in_generate": True}, False),
-        ({"max_new_tokens": 5, "stopping_criteria": transformers.StoppingCriteriaList([AtLength()])}, False),
-        ({"max_new_tokens": 5, "position_ids": torch.arange(6)[None]}, False),
-        ({"max_new_tokens": 5, "repetition_penalty": 1.3}, False),
-        ({"max_new_tokens": 8, "min_length": 12}, True),
-        ({"max_new_tokens": 5, "max_length": None}, True),
+        ({"max_length": 11}, "max_new_tokens"),
+        ({"max_new_tokens": 5, "return_dict_in_generate": True}, "return_dict_in_generate"),
+        ({"max_new_tokens": 5, "stopping_criteria": transformers.StoppingCriteriaList([AtLength()])},
+         "'stopping_criteria'"),
+        ({"max_new_tokens": 5, "position_ids": torch.arange(6)[None]}, "'position_ids'"),
+        ({"max_new_tokens": 5, "repetition_penalty": 1.3}, "'repetition_penalty'"),
+        ({"max_new_tokens": 8, "min_length": 12}, None),
+        ({"max_new_tokens": 5, "max_length": None}, None),
     ]
     base = {"do_sample": False, "pad_token_id": 0}
     with torch.no_grad():
@@ -303,12 +304,18 @@ def test_calls_padding_could_change_are_left_as_they_are():
     with emulated_torch(), torch.no_grad():
         graphjit.graph_generation(model, prefill_buckets=[16])
         bucketing = model._prepare_static_cache.__self__.bucketing
-        for (kw, padded), w in zip(calls, want):
+        for (kw, why), w in zip(calls, want):
             before = bucketing.padded
             got = model.generate(prompt, **base, **kw)
             got, w = getattr(got, "sequences", got), getattr(w, "sequences", w)
             assert torch.equal(got, w), (kw, got, w)
-            assert bucketing.padded == before + padded, kw
+            assert bucketing.padded == before + (why is None), kw
+            if why is not None:
+                said = [r.getMessage() for r in gj_log.records if "is not padded into a bucket" in r.getMessage()]
+                assert why in said[-1], (kw, said)
+    assert len(bucketing.why_kept) == 5 and sum(bucketing.why_kept.values()) == bucketing.kept == 5
+    said = [r for r in gj_log.records if "is not padded into a bucket" in r.getMessage()]
+    assert len(said) == 5  # once per reason
 
 
 @pytest.mark.parametrize("bad", ["16", [], [0, 8], [8, 8], [8.0], (True,)])
