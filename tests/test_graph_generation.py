@@ -62,6 +62,24 @@ def test_generate_with_its_defaults_decodes_from_one_graph_across_calls(batch):
     assert model._prepare_static_cache.__self__.reused == 2  # the second and third generate() got the first one's cache
 
 
+def test_batch_sizes_in_turn_on_one_model_each_decode_from_their_own_graph():
+    """Batch 1 and 8 in turn on one model: one decode graph per batch size, each captured once and replayed when its
+    batch size comes back (its kept cache handed back), tokens eager's in every call."""
+    model = _llama()
+    prompts = {b: _prompt(b) for b in (1, 8)}
+    with torch.no_grad():
+        want = {b: model.generate(p, cache_implementation="static", **GREEDY) for b, p in prompts.items()}
+    with emulated_torch(), torch.no_grad():
+        graphjit.graph_generation(model)
+        for b in (1, 8, 1, 8, 1, 8):
+            assert torch.equal(model.generate(prompts[b], **GREEDY), want[b]), b
+    decode = {b: [k for k in _decode_keys(model.forward) if f"input_ids[{b}, 1]" in k["key"]] for b in (1, 8)}
+    for b, keys in decode.items():
+        assert len(keys) == 1 and keys[0]["captures"] == 1, (b, model.forward.report())
+        # every decode step of its three calls but the two warmups (the capture's call replays too)
+        assert keys[0]["replays"] == 3 * (GREEDY["max_new_tokens"] - 1) - 2, (b, keys[0])
+
+
 def test_a_longer_generation_gets_its_own_cache_and_graph_and_stays_right():
     model = _llama()
     prompt = _prompt(2)
