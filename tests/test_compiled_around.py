@@ -74,6 +74,17 @@ def test_torch_compile_around_a_graphed_closure_runs_without_a_graph():
     assert st["calls"] == 3 and not st["graphs"], f.report()
 
 
+def test_fullgraph_refuses_a_graphed_call_naming_graphjit():
+    """``torch.compile(fullgraph=True)`` cannot end its graph before the call: Dynamo refuses it, and its error names
+    graphjit (never a silent compile of the function without graphjit)."""
+    f, _m = _model()
+    compiled = torch.compile(lambda x: f(x) * 2, backend="eager", fullgraph=True)
+    with torch.no_grad(), pytest.raises(Exception) as err:
+        compiled(torch.randn(2, 4))
+    assert "graphjit" in str(err.value), str(err.value)[:2000]
+    assert f.stats()["calls"] == 0
+
+
 _FRESH = """
 import sys
 import torch
