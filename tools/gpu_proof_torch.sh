@@ -5,7 +5,8 @@
 #   genprofile
 #   (host: bench decode --host-only; replay: tools/probes/replay_profile.py; decode: the whole bench decode, host cost
 #   included; profile: the piecewise probe; blas: tools/probes/blas_workspace_pool.py four ways; firstcall:
-#   tools/probes/first_call_profile.py for FIRSTCALL_FAMILIES, default "t5 gemma2", at FIRSTCALL_BATCH (1); genprofile:
+#   tools/probes/first_call_profile.py for FIRSTCALL_FAMILIES, default "t5 gemma2", at FIRSTCALL_BATCH (1), with
+#   FIRSTCALL_ARGS (--no-gc: the collector off in the profiled calls); genprofile:
 #   tools/probes/generate_profile.py --tracer compile --hf-compiled GENPROFILE_RUNS times (3), each a fresh process, for
 #   GENPROFILE_FAMILIES (gpt2) at GENPROFILE_BATCH (1); blas, firstcall and genprofile run only where named).
 # None named: build tests doctor decode replay train step hf piecewise profile capture generate dispatch (host is in
@@ -66,7 +67,7 @@ stage() {
       done ;;
     firstcall) for fam in ${FIRSTCALL_FAMILIES:-t5 gemma2}; do
         timeout 200 python3 tools/probes/first_call_profile.py --family "$fam" --batch "${FIRSTCALL_BATCH:-1}" --top 25 \
-          --out "$out" 2>&1 | grep -E '^(graphed_compile|hf_compiled):|^wrote'
+          ${FIRSTCALL_ARGS:-} --out "$out" 2>&1 | grep -E '^(graphed_compile|hf_compiled):|^wrote'
       done ;;
     genprofile)  # the compile tracer's decode against transformers' compiled one, per token, in fresh processes
       for fam in ${GENPROFILE_FAMILIES:-gpt2}; do

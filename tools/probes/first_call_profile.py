@@ -49,8 +49,10 @@ def _gc_clock() -> tuple[dict[str, Any], Any]:
     return rec, cb
 
 
-def profile_first(bench: Any, family: str, batch: int, variant: str, top: int) -> dict[str, Any]:
-    """``variant``'s first ``generate()`` of ``family`` at ``batch`` as ``bench generate`` runs it, profiled."""
+def profile_first(bench: Any, family: str, batch: int, variant: str, top: int, no_gc: bool = False) -> dict[str, Any]:
+    """``variant``'s first ``generate()`` of ``family`` at ``batch`` as ``bench generate`` runs it, profiled
+    (``no_gc``: with the cyclic collector off during the call, so that no collection's pause is counted in whichever
+    function it interrupted; the call's time then leaves those pauses out)."""
     torch._dynamo.reset()
     model = copy.deepcopy(bench.model(family))
     prompt = bench.prompt(batch)
@@ -60,6 +62,8 @@ def profile_first(bench: Any, family: str, batch: int, variant: str, top: int) -
     prof = cProfile.Profile()
     gc.collect()
     gc.callbacks.append(cb)
+    if no_gc:
+        gc.disable()
     try:
         with clock:
             prof.enable()
@@ -67,6 +71,8 @@ def profile_first(bench: Any, family: str, batch: int, variant: str, top: int) -
             prof.disable()
     finally:
         gc.callbacks.remove(cb)
+        if no_gc:
+            gc.enable()
     text = io.StringIO()
     stats = pstats.Stats(prof, stream=text).sort_stats("cumulative")
     stats.print_stats(r"graphjit|torch/(cuda|_dynamo/(eval_frame|guards))|transformers/generation", top)
@@ -95,6 +101,9 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--emulate", action="store_true")
+    p.add_argument("--no-gc", action="store_true",
+                   help="the cyclic collector off during each profiled call: a collection's pause (0.5-0.8 s for one "
+                        "of generation 2) is otherwise counted in whichever function it interrupted")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args()
     args = argparse.Namespace(dtype=a.dtype, compile_cache="fresh", sliding_window=None, layers=a.layers,
@@ -115,12 +124,12 @@ def main() -> None:
         if on_gpu:
             bench.start_compiler(a.family)
         out: dict[str, Any] = {"family": a.family, "batch": a.batch, "layers": a.layers, "hidden": a.hidden,
-                               "dtype": a.dtype, "emulated": a.emulate, "variants": {}}
+                               "dtype": a.dtype, "emulated": a.emulate, "no_gc": a.no_gc, "variants": {}}
         for variant in bench_generate.COMPILED:
             if a.emulate and variant == "hf_compiled":
                 continue  # transformers' reduce-overhead compiles with Inductor: minutes on a CPU
             with bench_generate._fresh_compile_cache(torch):
-                out["variants"][variant] = profile_first(bench, a.family, a.batch, variant, a.top)
+                out["variants"][variant] = profile_first(bench, a.family, a.batch, variant, a.top, a.no_gc)
     for variant, res in out["variants"].items():
         gcs = sum(res["gc_s_by_generation"])
         print(f"{variant}: first {res['first_s']:.3f} s, compile {res['compile_s']}, outside "
