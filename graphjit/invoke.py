@@ -143,13 +143,15 @@ class Invoker:
 
     def frame_locals(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The locals a call with these arguments starts the traced function's frame with (parameters by name,
-        defaults applied); empty where the signature cannot be read or the call does not bind."""
+        defaults applied); empty where the signature cannot be read or the call does not bind.  The frame is the
+        target's own code: a function a decorator wrapped (``functools.wraps``: transformers' ``forward`` wrappers,
+        whose frame holds ``args`` and ``kwargs``) is bound by its own signature, not the one ``__wrapped__`` names."""
         bound = self.module if self.module is not None else instance
         target = self.target if self.module is not None else getattr(self.fn, "__func__", self.fn)
         if inspect.ismethod(self.fn):
             bound = self.fn.__self__
         try:
-            sig = inspect.signature(target)
+            sig = inspect.signature(target, follow_wrapped=False)
             call = sig.bind(*((bound,) if bound is not None else ()), *args, **kwargs)
         except (TypeError, ValueError):
             return {}

@@ -49,10 +49,12 @@ def _gc_clock() -> tuple[dict[str, Any], Any]:
     return rec, cb
 
 
-def profile_first(bench: Any, family: str, batch: int, variant: str, top: int, no_gc: bool = False) -> dict[str, Any]:
+def profile_first(bench: Any, family: str, batch: int, variant: str, top: int, no_gc: bool = False,
+                  dump: Path | None = None) -> dict[str, Any]:
     """``variant``'s first ``generate()`` of ``family`` at ``batch`` as ``bench generate`` runs it, profiled
     (``no_gc``: with the cyclic collector off during the call, so that no collection's pause is counted in whichever
-    function it interrupted; the call's time then leaves those pauses out)."""
+    function it interrupted; the call's time then leaves those pauses out).  ``dump``: also the whole profile there
+    (``pstats`` format, ``VARIANT.pstats``), to be read with ``pstats.Stats(...).print_callees(...)``."""
     torch._dynamo.reset()
     model = copy.deepcopy(bench.model(family))
     prompt = bench.prompt(batch)
@@ -73,6 +75,9 @@ def profile_first(bench: Any, family: str, batch: int, variant: str, top: int, n
         gc.callbacks.remove(cb)
         if no_gc:
             gc.enable()
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+        prof.dump_stats(str(dump / f"{variant}.pstats"))
     text = io.StringIO()
     stats = pstats.Stats(prof, stream=text).sort_stats("cumulative")
     stats.print_stats(r"graphjit|torch/(cuda|_dynamo/(eval_frame|guards))|transformers/generation", top)
@@ -105,6 +110,7 @@ def main() -> None:
                    help="the cyclic collector off during each profiled call: a collection's pause (0.5-0.8 s for one "
                         "of generation 2) is otherwise counted in whichever function it interrupted")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--dump", action="store_true", help="also each variant's whole profile under --out (pstats files)")
     a = p.parse_args()
     args = argparse.Namespace(dtype=a.dtype, compile_cache="fresh", sliding_window=None, layers=a.layers,
                               hidden=a.hidden, new_tokens=a.new_tokens, prompt_len=a.prompt_len, repeats=1)
@@ -129,7 +135,9 @@ def main() -> None:
             if a.emulate and variant == "hf_compiled":
                 continue  # transformers' reduce-overhead compiles with Inductor: minutes on a CPU
             with bench_generate._fresh_compile_cache(torch):
-                out["variants"][variant] = profile_first(bench, a.family, a.batch, variant, a.top, a.no_gc)
+                out["variants"][variant] = profile_first(
+                    bench, a.family, a.batch, variant, a.top, a.no_gc,
+                    a.out / f"pstats_{a.family}_b{a.batch}" if a.dump and a.out is not None else None)
     for variant, res in out["variants"].items():
         gcs = sum(res["gc_s_by_generation"])
         print(f"{variant}: first {res['first_s']:.3f} s, compile {res['compile_s']}, outside "
