@@ -15,7 +15,8 @@
 # --time-budget in seconds (default 380; the stage's timeout is 40 s more): all twelve families take two calls,
 # mistral,t5,phi3,llama,qwen3,qwen2,gpt2 and qwen2_moe,mixtral,qwen2_vl,gemma2,gemma3_text, each with 545.
 # Writes into OUTDIR: proof-torch.log (everything printed), test-logs.tgz (each test file's whole log, in one file: a
-# call returns only a few files), and the benchmarks' JSON and PNG files.
+# call returns only a few files), genprofile.tgz (each genprofile run's JSON), firstcall-pstats.tgz (FIRSTCALL_ARGS with
+# --dump: each variant's whole profile), and the benchmarks' JSON and PNG files.
 set -uf  # -f: the stage names are never globbed
 out=${1:?usage: gpu_proof_torch.sh OUTDIR [STAGE ...]}
 shift
@@ -68,7 +69,11 @@ stage() {
     firstcall) for fam in ${FIRSTCALL_FAMILIES:-t5 gemma2}; do
         timeout 200 python3 tools/probes/first_call_profile.py --family "$fam" --batch "${FIRSTCALL_BATCH:-1}" --top 25 \
           ${FIRSTCALL_ARGS:-} --out "$out" 2>&1 | grep -E '^(graphed_compile|hf_compiled):|^wrote'
-      done ;;
+      done
+      # --dump's pstats folders in one file (a call returns only a few files)
+      if compgen -G "$out/pstats_*" >/dev/null; then
+        (set +f; cd "$out" && tar czf firstcall-pstats.tgz pstats_* && rm -rf pstats_*)
+      fi ;;
     genprofile)  # the compile tracer's decode against transformers' compiled one, per token, in fresh processes
       for fam in ${GENPROFILE_FAMILIES:-gpt2}; do
         for i in $(seq "${GENPROFILE_RUNS:-3}"); do
@@ -76,7 +81,9 @@ stage() {
             --tracer compile --hf-compiled --iters 100 --out "$out/genprofile_${fam}_$i" 2>&1 \
             | grep -E '"(generate_us_per_token|forward_host_us_per_token|rest_us_per_token|replay_gpu_us|replay_host_us|whole_call_us)"|"(hf_compiled|graphed)": \{|Error'
         done
-      done ;;
+      done
+      # every run's JSON in one file (a call returns only a few files: two of three were left out once)
+      (set +f; cd "$out" && tar czf genprofile.tgz genprofile_* && rm -rf genprofile_*) ;;
     *) echo "unknown stage $1 (see the usage at the top of $0)"; return 2 ;;
   esac
 }
