@@ -48,9 +48,7 @@ class Scaled(torch.nn.Module):
 
 
 class Plain(Scaled):
-    def forward(self, x, shift=None):
-        y = self.lin(x) * holder.scale
-        return y if shift is None else y + shift
+    forward = Scaled.forward.__wrapped__  # the same forward, undecorated
 
 
 @pytest.fixture

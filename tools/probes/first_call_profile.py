@@ -112,6 +112,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--dump", action="store_true", help="also each variant's whole profile under --out (pstats files)")
     a = p.parse_args()
+    if a.dump and a.out is None:
+        p.error("--dump writes its profiles under --out: give --out DIR")
     args = argparse.Namespace(dtype=a.dtype, compile_cache="fresh", sliding_window=None, layers=a.layers,
                               hidden=a.hidden, new_tokens=a.new_tokens, prompt_len=a.prompt_len, repeats=1)
     ctx: Any = contextlib.nullcontext()
@@ -137,7 +139,7 @@ def main() -> None:
             with bench_generate._fresh_compile_cache(torch):
                 out["variants"][variant] = profile_first(
                     bench, a.family, a.batch, variant, a.top, a.no_gc,
-                    a.out / f"pstats_{a.family}_b{a.batch}" if a.dump and a.out is not None else None)
+                    a.out / f"pstats_{a.family}_b{a.batch}" if a.dump else None)
     for variant, res in out["variants"].items():
         gcs = sum(res["gc_s_by_generation"])
         print(f"{variant}: first {res['first_s']:.3f} s, compile {res['compile_s']}, outside "
