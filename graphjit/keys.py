@@ -212,14 +212,12 @@ class Signer:
         """The call's :class:`CallSignature`.  A call made only of positional tensors of one framework and plain
         scalars, as the last such call was, takes :meth:`sign_plain` (no walk state, and the last call's key
         object, its hash computed once, where the key is the same); any other call walks its arguments."""
-        if kwargs:
-            return self.sign_walk(instance, args, kwargs)
         fast = self._fast  # sign_plain's first step, here too: one Python frame less for a call its C check serves
-        if fast:
+        if fast and not kwargs:
             served = fast[0](instance, args)
             if served is not None and _cached_backend(fast[1], None) is fast[2]:
                 return CallSignature(fast[3], served, fast[2], (), None, fast[4], (), self)
-        sig = self._sign_layout(instance, args)  # (its C check refused the call: not asked twice)
+        sig = self.sign_plain(instance, args) if not kwargs else None
         return sig if sig is not None else self.sign_walk(instance, args, kwargs)
 
     def sign_walk(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
@@ -287,11 +285,7 @@ class Signer:
             served = fast[0](instance, args)
             if served is not None and _cached_backend(fast[1], None) is fast[2]:
                 return CallSignature(fast[3], served, fast[2], (), None, fast[4], (), self)
-        return self._sign_layout(instance, args)
-
-    def _sign_layout(self, instance: Any, args: tuple[Any, ...]) -> CallSignature | None:
-        """:meth:`sign_plain` past its C check (none, or it refused the call): the layout compared in Python."""
-        fast, plain = self._fast, self._plain
+        plain = self._plain
         if plain is None:
             return None
         backend: Backend = plain[0]
