@@ -71,11 +71,13 @@ def test_the_graphed_variant_decodes_from_one_graph(emu):
     from graphjit.bench.torch.generate import GenerateBench
 
     args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=6, prompt_len=5, repeats=2,
-                              compile_cache="kept", sliding_window=None)
+                              eager_repeats=1, compile_cache="kept", sliding_window=None)
     bench = GenerateBench(args, on_gpu=False)
     eager = bench.measure("qwen2", 2, "eager")
     graphed = bench.measure("qwen2", 2, "graphed")
     assert eager["status"] == graphed["status"] == "ok"
+    # the compared variants' steady state from --repeats calls, eager's (no target compares it) from --eager-repeats
+    assert len(graphed["samples_s"]) == 2 and len(eager["samples_s"]) == 1
     assert graphed["tokens_equal_eager"] is True
     assert graphed["stats"]["graphs"] == 1 and graphed["stats"]["captures"] == 1, graphed["stats"]
 

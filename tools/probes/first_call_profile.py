@@ -4,11 +4,12 @@
 callbacks) and the rest.  At a5faf48 on one H100 graphjit's compile tracer compiled 0.2-1.1 s faster than transformers'
 compiled path in 23 of 24 rows but spent more outside the compilation in some families (T5 0.61-0.78 s against
 0.29-0.39 s, Qwen2-VL 0.62 against 0.35, Gemma at batch 1 about 1.0 against 0.24-0.35).  This probe runs one family the
-way the bench does (the compiler started on the family's one-layer model, each variant on its own copy in a fresh
-Inductor and Triton cache), then each compiled variant's first ``generate()`` under cProfile, and reports: the first
-call's seconds, the part inside Dynamo's compilation, the garbage collector's seconds by generation (a collection
-starts wherever allocations pass its threshold), and the functions with the most cumulative time outside the
-compilation (graphjit's and torch's) and by own time (everything: the compilation's own functions among them).
+way the bench does (the compiler started on the family's one-layer model, an eager ``generate()`` at the batch size,
+each variant on its own copy in a fresh Inductor and Triton cache), then each compiled variant's first
+``generate()`` under cProfile, and reports: the first call's seconds, the part inside Dynamo's compilation, the
+garbage collector's seconds by generation (a collection starts wherever allocations pass its threshold), and the
+functions with the most cumulative time outside the compilation (graphjit's and torch's) and by own time
+(everything: the compilation's own functions among them).
 
 Diagnostic only.  Usage (GPU machine, repo root): ``PYTHONPATH=. python3 tools/probes/first_call_profile.py --family t5
 --layers 8 --hidden 1024 --dtype bf16 --out DIR``.  ``--emulate`` runs it on a CPU through tests/graph_emulator.py
@@ -131,6 +132,10 @@ def main() -> None:
         bench = bench_generate.GenerateBench(args, on_gpu=on_gpu)
         if on_gpu:
             bench.start_compiler(a.family)
+        # the row's eager reference first, as in the bench (its eager variant runs before the compiled ones): at
+        # 310e829 the compile tracer, profiled first, spent 0.49 s in 64 eager attention calls of its uncaptured
+        # prefill (the kernels' first use at this size in the process) where transformers' spent 0.01 s
+        bench.reference_tokens(a.family, a.batch)
         out: dict[str, Any] = {"family": a.family, "batch": a.batch, "layers": a.layers, "hidden": a.hidden,
                                "dtype": a.dtype, "emulated": a.emulate, "no_gc": a.no_gc, "variants": {}}
         for variant in bench_generate.COMPILED:

@@ -136,12 +136,12 @@ class GenerateBench:
     def measure(self, family: str, batch: int, variant: str) -> dict[str, Any]:
         """``variant`` on a fresh copy of ``family``'s model: its first ``generate()`` (compilation or capture
         included), its second (``second_s``: a recompilation shows there) and the median of the last half of the
-        ``--repeats`` calls after the first (``steady_s``: :func:`steady_state`), in seconds; every call's tokens
-        compared with eager's (``tokens_equal_eager``: all of them).  With ``--compile-cache fresh`` (the default)
-        the variant runs in an empty Inductor and Triton cache (:func:`_fresh_compile_cache`): a compiled variant's
-        first call compiles cold whichever variant compiled the same kernels before it.  Before each family's first
-        compiled variant the compiler is started for it (:meth:`start_compiler`, its seconds in that variant's
-        ``compiler_start_s``)."""
+        ``--repeats`` calls after the first (``--eager-repeats`` for ``eager``; ``steady_s``: :func:`steady_state`),
+        in seconds; every call's tokens compared with eager's (``tokens_equal_eager``: all of them).  With
+        ``--compile-cache fresh`` (the default) the variant runs in an empty Inductor and Triton cache
+        (:func:`_fresh_compile_cache`): a compiled variant's first call compiles cold whichever variant compiled the
+        same kernels before it.  Before each family's first compiled variant the compiler is started for it
+        (:meth:`start_compiler`, its seconds in that variant's ``compiler_start_s``)."""
         start = None
         if variant in COMPILED and self.on_gpu and family not in self.families_started:
             start = self.start_compiler(family)
@@ -171,7 +171,9 @@ class GenerateBench:
             made = [out.shape[-1] - start]
             equal = [bool(torch.equal(out, want))]
             steady = []
-            for _ in range(self.args.repeats):
+            repeats = self.args.repeats if variant != "eager" else getattr(self.args, "eager_repeats", None) or \
+                self.args.repeats
+            for _ in range(repeats):
                 out, seconds = self._generate(model, prompt, **extra)
                 steady.append(seconds)
                 made.append(out.shape[-1] - start)
