@@ -67,6 +67,32 @@ def test_the_compiled_variants_take_turns_going_first():
     assert _turn(["hf_compiled", "eager"], 1) == ["hf_compiled", "eager"]  # one compiled variant: nothing to swap
 
 
+def test_a_batch_sizes_rows_alternate_which_compiled_variant_goes_first(tmp_path: Path, monkeypatch):
+    """The turn is the family's place plus the batch size's: batch 1 goes compile tracer first in one family and
+    transformers' first in the next (row by row, batch 1 was always the compile tracer's first with two sizes)."""
+    from graphjit.bench import common
+    from graphjit.bench import generate as gen
+
+    seen: list[tuple[str, list[str]]] = []
+
+    class Fake:
+        def measure(self, family: str, batch: int, variant: str) -> dict[str, object]:
+            return {"status": "ok", "first_s": 1.0, "second_s": 1.0, "steady_s": 1.0, "tokens_equal_eager": True}
+
+    monkeypatch.setattr(common, "gpu_or_exit", lambda *a, **k: (True, None))
+    monkeypatch.setattr(common, "start", lambda name, data, path, make: Fake())
+    real_turn = gen._turn
+    monkeypatch.setattr(gen, "_turn", lambda v, t: seen.append((str(t), real_turn(v, t))) or real_turn(v, t))
+    parser = argparse.ArgumentParser()
+    gen.add_arguments(parser)
+    common.add_common_arguments(parser)
+    args = parser.parse_args(["--families", "llama,gpt2,t5", "--batch", "1,8", "--out", str(tmp_path), "--no-plot"])
+    gen.run(args)
+    firsts = [next(x for x in order if x in ("graphed_compile", "hf_compiled")) for _t, order in seen]
+    assert firsts == ["graphed_compile", "hf_compiled", "hf_compiled", "graphed_compile", "graphed_compile",
+                      "hf_compiled"]
+
+
 def test_the_graphed_variant_decodes_from_one_graph(emu):
     from graphjit.bench.torch.generate import GenerateBench
 

@@ -25,10 +25,14 @@ Fair timing:
   family's first compiled variant (its seconds in that variant's ``compiler_start_s``), so what a process pays once
   for its first compilation of a family's code (Dynamo's first trace of its modeling file among it) lands in
   neither;
-* the two compiled variants take turns going first, row by row (``order`` in each row), so whatever one compilation
-  leaves warm in the process for the next one of the same model favours neither: in the 34a2aeb run, where
-  ``graphed_compile`` always went first, its first call was the slower in 10 of 20 rows, by at most 1.34x, with the
-  time outside the compiler within 0.3-0.8 s either way.
+* the two compiled variants take turns going first (``order`` in each row), so whatever one compilation leaves warm
+  in the process for the next one of the same model favours neither: in the 34a2aeb run, where ``graphed_compile``
+  always went first, its first call was the slower in 10 of 20 rows, by at most 1.34x, with the time outside the
+  compiler within 0.3-0.8 s either way.  They swap from one batch size to the next and from one family to the next
+  (until 310e829 row by row, so that with two batch sizes the compile tracer went first in every batch-1 row and
+  transformers' in every batch-8 row: over the 94 kept runs of the 20 rows other than Gemma's the compile tracer's
+  first call averaged 0.944x transformers' where it went first and 0.926x where it went second, which the batch size
+  alone could also explain).
 
 Variants:
 
@@ -142,10 +146,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     rows = []
     budget = common.TimeBudget(args.time_budget)
-    for family in families:
-        for batch in args.batch:
+    for fi, family in enumerate(families):
+        for bi, batch in enumerate(args.batch):
             name = f"{family} B{batch}"
-            order = _turn(variants, len(data["results"]))
+            order = _turn(variants, fi + bi)
             entry: dict[str, Any] = {"variants": {}, "order": order}
             data["results"][name] = entry
             for variant in order:
@@ -184,10 +188,11 @@ def _s(variants: dict[str, Any], variant: str, field: str) -> float | None:
     return res.get(field) if res.get("status") == "ok" else None
 
 
-def _turn(variants: list[str], row: int) -> list[str]:
-    """``variants`` in the order row ``row`` runs them: on odd rows the two compiled variants swap places."""
+def _turn(variants: list[str], turn: int) -> list[str]:
+    """``variants`` in the order a row runs them: where ``turn`` (the family's place in the run plus the batch size's
+    in ``--batch``) is odd, the two compiled variants swap places, so that a batch size's rows alternate too."""
     out = list(variants)
-    if row % 2 and "graphed_compile" in out and "hf_compiled" in out:
+    if turn % 2 and "graphed_compile" in out and "hf_compiled" in out:
         i, j = out.index("graphed_compile"), out.index("hf_compiled")
         out[i], out[j] = out[j], out[i]
     return out

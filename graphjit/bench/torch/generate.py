@@ -76,9 +76,10 @@ class GenerateBench:
 
     def _start_family(self, family: str) -> None:
         """Two ``generate()`` calls of a one-layer model of ``family`` through each compiled variant (results
-        discarded; see :meth:`start_compiler`)."""
+        discarded; see :meth:`start_compiler`), at the run's hidden size (until 310e829 at 128), so that a layer's
+        shapes are not first met by the family's first compiled variant."""
         torch = self.torch
-        tiny = hf_families.build(torch, self.transformers, family, 1, 128, self.device, self.dtype,
+        tiny = hf_families.build(torch, self.transformers, family, 1, self.args.hidden, self.device, self.dtype,
                                  sliding_window=self.args.sliding_window)
         tiny.generation_config.eos_token_id = None
         prompt = self.prompt(1)
