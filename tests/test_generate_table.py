@@ -36,3 +36,12 @@ def test_rows_of_several_commits_are_refused_unless_asked_for(capsys: pytest.Cap
     assert tool.main([*files, "--mixed"]) == 0
     out = capsys.readouterr().out
     assert "| Gemma 2 8 |" in out and "34a2aeb: 4" in out and "4494f63: 2" in out
+
+
+def test_each_target_says_where_it_was_met_and_which_rows_were_over():
+    tool = _tool()
+    lines = tool.targets([RESULTS / "generate_gpt2_310e829_torch_h100.json"])
+    assert lines[0].startswith("graphed first / HF compiled first at most 0.1: met in 2 of 2 rows"), lines
+    # GPT-2 at batch 1 in that run: 6.43 against 5.29 s; at batch 8 4.81 against 6.36 s
+    assert lines[1].startswith("compile tracer first / HF compiled first at most 1: met in 1 of 2 rows"), lines
+    assert lines[1].endswith("over: gpt2 B1 1.22"), lines

@@ -3,7 +3,8 @@
 ``python -m graphjit bench generate --families ...`` writes one JSON per run; a table of every family is made of
 several runs (a device call holds a few families).  This prints the README's markdown table (eager, graphed first /
 transformers' compiled first, graphed, compile tracer first / HF first, compile tracer, HF compiled, their ratio,
-graphs), one row per family and batch, in the order given, and says which commits the rows come from: a table
+graphs), one row per family and batch, in the order given, and says which commits the rows come from and, per
+target of the issue, in how many rows it was met, which rows were over and the mean ratio: a table
 meant to be "one commit" is refused (exit 1) where they differ, unless ``--mixed`` allows it.  A family measured in
 two files is taken from the later one.  Steady states are each file's own ``steady_s`` (the median of the last
 half of the calls after the first).
@@ -79,6 +80,33 @@ def table(paths: list[Path], mixed: bool = False) -> tuple[list[str], dict[str, 
     return lines, commits
 
 
+TARGETS = (("graphed first / HF compiled first", "graphed", "first_s", 0.1),
+           ("compile tracer first / HF compiled first", "graphed_compile", "first_s", 1.0),
+           ("compile tracer / HF compiled, steady", "graphed_compile", "steady_s", 1.0))
+"""The issue's targets on the table's ratios: (what, variant, field, at most) against ``hf_compiled``."""
+
+
+def targets(paths: list[Path]) -> list[str]:
+    """One line per target: in how many rows it was met, the rows over it with their ratio, and the mean ratio over
+    the rows (a later file's row replaces an earlier one's, as in :func:`table`)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        rows.update((json.loads(path.read_text()).get("results") or {}).items())
+    lines = []
+    for what, variant, field, limit in TARGETS:
+        ratios = {}
+        for label, entry in rows.items():
+            v = entry.get("variants") or {}
+            a, b = _seconds(v, variant, field), _seconds(v, "hf_compiled", field)
+            if a is not None and b:
+                ratios[label] = a / b
+        over = [f"{label} {r:.3g}" for label, r in ratios.items() if r > limit]
+        mean = sum(ratios.values()) / len(ratios) if ratios else float("nan")
+        lines.append(f"{what} at most {limit:g}: met in {len(ratios) - len(over)} of {len(ratios)} rows (mean "
+                     f"{mean:.3f}){'; over: ' + ', '.join(over) if over else ''}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", type=Path)
@@ -91,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("\n".join(lines))
     print("\nrows by commit: " + "; ".join(f"{c}: {len(ls)}" for c, ls in commits.items()))
+    print("\n".join(targets(a.files)))
     return 0
 
 
