@@ -82,12 +82,12 @@ def test_a_batch_sizes_rows_alternate_which_compiled_variant_goes_first(tmp_path
     monkeypatch.setattr(common, "gpu_or_exit", lambda *a, **k: (True, None))
     monkeypatch.setattr(common, "start", lambda name, data, path, make: Fake())
     real_turn = gen._turn
-    monkeypatch.setattr(gen, "_turn", lambda v, t: seen.append((str(t), real_turn(v, t))) or real_turn(v, t))
+    monkeypatch.setattr(gen, "_turn", lambda v, t: seen.append((t, real_turn(v, t))) or real_turn(v, t))
     parser = argparse.ArgumentParser()
     gen.add_arguments(parser)
     common.add_common_arguments(parser)
     args = parser.parse_args(["--families", "llama,gpt2,t5", "--batch", "1,8", "--out", str(tmp_path), "--no-plot"])
-    gen.run(args)
+    assert gen.run(args) == 0
     firsts = [next(x for x in order if x in ("graphed_compile", "hf_compiled")) for _t, order in seen]
     assert firsts == ["graphed_compile", "hf_compiled", "hf_compiled", "graphed_compile", "graphed_compile",
                       "hf_compiled"]
@@ -115,7 +115,7 @@ def test_gemma_decodes_from_one_graph_with_its_configs_window(emu):
     from graphjit.bench.torch.generate import GenerateBench
 
     args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=6, prompt_len=5, repeats=2,
-                              compile_cache="kept", sliding_window=None)
+                              eager_repeats=2, compile_cache="kept", sliding_window=None)
     bench = GenerateBench(args, on_gpu=False)
     assert bench.model("gemma2").config.sliding_window == 4096
     res = bench.measure("gemma2", 1, "graphed")
@@ -214,7 +214,7 @@ def test_every_call_makes_the_tokens_asked_for_even_where_the_model_would_end_ea
     from graphjit.bench.torch.generate import GenerateBench
 
     args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=12, prompt_len=5, repeats=1,
-                              compile_cache="kept", sliding_window=None)
+                              eager_repeats=1, compile_cache="kept", sliding_window=None)
     bench = GenerateBench(args, on_gpu=False)
     model = bench.model("llama")
     assert model.generation_config.eos_token_id is None
@@ -240,7 +240,7 @@ def test_a_multimodal_models_text_decoder_decodes_from_one_graph(emu):
     from graphjit.bench.torch.generate import GenerateBench
 
     args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=6, prompt_len=5, repeats=2,
-                              compile_cache="kept", sliding_window=None)
+                              eager_repeats=2, compile_cache="kept", sliding_window=None)
     res = GenerateBench(args, on_gpu=False).measure("qwen2_vl", 2, "graphed")
     assert res["status"] == "ok" and res["tokens_equal_eager"] is True, res
     assert res["stats"]["graphs"] == 1 and res["stats"]["replays"] >= 5, res["stats"]

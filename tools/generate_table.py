@@ -100,7 +100,7 @@ def targets(paths: list[Path]) -> list[str]:
             a, b = _seconds(v, variant, field), _seconds(v, "hf_compiled", field)
             if a is not None and b:
                 ratios[label] = a / b
-        over = [f"{label} {r:.3g}" for label, r in ratios.items() if r > limit]
+        over = [f"{label} {r:.3f}" for label, r in ratios.items() if r > limit]
         mean = sum(ratios.values()) / len(ratios) if ratios else float("nan")
         lines.append(f"{what} at most {limit:g}: met in {len(ratios) - len(over)} of {len(ratios)} rows (mean "
                      f"{mean:.3f}){'; over: ' + ', '.join(over) if over else ''}")

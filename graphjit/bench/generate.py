@@ -4,9 +4,10 @@
 Per family (``--families``; models from :mod:`graphjit.bench.torch.hf_families`, random weights from configs,
 ``--layers`` x ``--hidden``, ``--dtype``) and batch size (``--batch``), each variant runs on its own copy of the model:
 one first ``generate()`` of ``--new-tokens`` greedy tokens after a ``--prompt-len`` prompt (compilation or capture
-happen there), then ``--repeats`` more (10; the eager variant ``--eager-repeats``, 2: no target compares its steady
-state): the second reported alone (a recompilation shows there), the median of the last half of them as the steady
-state (seconds per whole ``generate()``; a prefill's key warms up and captures in the calls before).  At 310e829 on
+happen there), then ``--repeats`` more (10; the eager variant ``--eager-repeats``, 4, so its steady state is the
+median of two: no target compares it): the second reported alone (a recompilation shows there), the median of the
+last half of them as the steady state (seconds per whole ``generate()``; a prefill's key warms up and captures in the
+calls before).  At 310e829 on
 one H100, with 6 repeats, one call in three of the same variant took 1.3-1.6x its neighbours (the compile tracer's
 Llama at batch 1: 0.083-0.129 s; transformers' compiled path alike), so a median of three put single rows at 1.15-1.30x
 that the calls around them did not show; the median of five outlasts two such calls.  Every call's tokens are
@@ -70,7 +71,7 @@ RATIOS = {"graphed_compile_vs_hf_compiled_steady": ("graphed_compile", "hf_compi
           "eager_vs_graphed_steady": ("eager", "graphed", "steady_s"),
           "graphed_compile_vs_hf_compiled_second": ("graphed_compile", "hf_compiled", "second_s")}
 GPU_DEFAULTS: dict[str, Any] = {"families": ",".join(FAMILIES), "layers": 8, "hidden": 1024, "batch": [1, 8],
-                                "new_tokens": 64, "prompt_len": 16, "repeats": 10, "eager_repeats": 2}
+                                "new_tokens": 64, "prompt_len": 16, "repeats": 10, "eager_repeats": 4}
 CPU_DEFAULTS: dict[str, Any] = {"families": "llama,gpt2", "layers": 2, "hidden": 64, "batch": [1], "new_tokens": 4,
                                 "prompt_len": 5, "repeats": 1, "eager_repeats": 1}
 
@@ -94,7 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--repeats", type=common.positive_int, default=None,
                    help="generate() calls after the first: the second alone, the median of the last half (default 10)")
     g.add_argument("--eager-repeats", type=common.positive_int, default=None,
-                   help="the same for the eager variant, whose steady state no target compares (default 2)")
+                   help="the same for the eager variant, whose steady state no target compares (default 4: the "
+                        "median of the last two)")
     g.add_argument("--compile-cache", choices=("fresh", "kept"), default="fresh",
                    help="fresh (default): each variant in empty Inductor and Triton caches, a cold first call; "
                         "kept: the caches on disk as earlier variants and runs left them")

@@ -4,7 +4,7 @@
 callbacks) and the rest.  At a5faf48 on one H100 graphjit's compile tracer compiled 0.2-1.1 s faster than transformers'
 compiled path in 23 of 24 rows but spent more outside the compilation in some families (T5 0.61-0.78 s against
 0.29-0.39 s, Qwen2-VL 0.62 against 0.35, Gemma at batch 1 about 1.0 against 0.24-0.35).  This probe runs one family the
-way the bench does (the compiler started on the family's one-layer model, an eager ``generate()`` at the batch size,
+way the bench does (an eager ``generate()`` at the batch size, the compiler started on the family's one-layer model,
 each variant on its own copy in a fresh Inductor and Triton cache), then each compiled variant's first
 ``generate()`` under cProfile, and reports: the first call's seconds, the part inside Dynamo's compilation, the
 garbage collector's seconds by generation (a collection starts wherever allocations pass its threshold), and the
@@ -116,7 +116,8 @@ def main() -> None:
     if a.dump and a.out is None:
         p.error("--dump writes its profiles under --out: give --out DIR")
     args = argparse.Namespace(dtype=a.dtype, compile_cache="fresh", sliding_window=None, layers=a.layers,
-                              hidden=a.hidden, new_tokens=a.new_tokens, prompt_len=a.prompt_len, repeats=1)
+                              hidden=a.hidden, new_tokens=a.new_tokens, prompt_len=a.prompt_len, repeats=1,
+                              eager_repeats=1)
     ctx: Any = contextlib.nullcontext()
     if a.emulate:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
@@ -130,12 +131,12 @@ def main() -> None:
     on_gpu = torch.cuda.is_available() and not a.emulate
     with ctx:
         bench = bench_generate.GenerateBench(args, on_gpu=on_gpu)
+        # the row's eager reference, then the compiler's start, as in the bench (its eager reference and variant run
+        # before the compiled ones): at 310e829 the compile tracer, profiled first, spent 0.49 s in 64 eager attention
+        # calls of its uncaptured prefill (the kernels' first use at this size in the process), transformers' 0.01 s
+        bench.reference_tokens(a.family, a.batch)
         if on_gpu:
             bench.start_compiler(a.family)
-        # the row's eager reference first, as in the bench (its eager variant runs before the compiled ones): at
-        # 310e829 the compile tracer, profiled first, spent 0.49 s in 64 eager attention calls of its uncaptured
-        # prefill (the kernels' first use at this size in the process) where transformers' spent 0.01 s
-        bench.reference_tokens(a.family, a.batch)
         out: dict[str, Any] = {"family": a.family, "batch": a.batch, "layers": a.layers, "hidden": a.hidden,
                                "dtype": a.dtype, "emulated": a.emulate, "no_gc": a.no_gc, "variants": {}}
         for variant in bench_generate.COMPILED:

@@ -172,8 +172,7 @@ class GenerateBench:
             made = [out.shape[-1] - start]
             equal = [bool(torch.equal(out, want))]
             steady = []
-            repeats = self.args.repeats if variant != "eager" else getattr(self.args, "eager_repeats", None) or \
-                self.args.repeats
+            repeats = self.args.eager_repeats if variant == "eager" else self.args.repeats
             for _ in range(repeats):
                 out, seconds = self._generate(model, prompt, **extra)
                 steady.append(seconds)
