@@ -73,7 +73,7 @@ def test_a_batch_sizes_rows_alternate_which_compiled_variant_goes_first(tmp_path
     from graphjit.bench import common
     from graphjit.bench import generate as gen
 
-    seen: list[tuple[str, list[str]]] = []
+    seen: list[tuple[int, list[str]]] = []
 
     class Fake:
         def measure(self, family: str, batch: int, variant: str) -> dict[str, object]:

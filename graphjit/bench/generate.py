@@ -7,11 +7,10 @@ one first ``generate()`` of ``--new-tokens`` greedy tokens after a ``--prompt-le
 happen there), then ``--repeats`` more (10; the eager variant ``--eager-repeats``, 4, so its steady state is the
 median of two: no target compares it): the second reported alone (a recompilation shows there), the median of the
 last half of them as the steady state (seconds per whole ``generate()``; a prefill's key warms up and captures in the
-calls before).  At 310e829 on
-one H100, with 6 repeats, one call in three of the same variant took 1.3-1.6x its neighbours (the compile tracer's
-Llama at batch 1: 0.083-0.129 s; transformers' compiled path alike), so a median of three put single rows at 1.15-1.30x
-that the calls around them did not show; the median of five outlasts two such calls.  Every call's tokens are
-compared with an eager reference made once per family and batch.
+calls before).  At 310e829 on one H100, with 6 repeats, one call in three of the same variant took 1.3-1.6x its
+neighbours (the compile tracer's Llama at batch 1: 0.083-0.129 s; transformers' compiled path alike), so a median of
+three put single rows at 1.15-1.30x that the calls around them did not show; the median of five outlasts two such
+calls.  Every call's tokens are compared with an eager reference made once per family and batch.
 
 Fair timing:
 
