@@ -93,8 +93,13 @@ def test_a_batch_sizes_rows_alternate_which_compiled_variant_goes_first(tmp_path
                       "hf_compiled"]
 
 
-def test_the_graphed_variant_decodes_from_one_graph(emu):
+def test_the_graphed_variant_decodes_from_one_graph(emu, monkeypatch):
+    from graphjit.bench.torch import generate as torch_generate
     from graphjit.bench.torch.generate import GenerateBench
+
+    # the pair whose first calls' tokens are compared with each other, here two that run on a CPU (the compiled
+    # variants need a GPU): the second to run records it
+    monkeypatch.setattr(torch_generate, "SAME_COMPILER", ("eager", "graphed"))
 
     args = argparse.Namespace(layers=2, hidden=64, dtype="fp32", new_tokens=6, prompt_len=5, repeats=2,
                               eager_repeats=1, compile_cache="kept", sliding_window=None)
@@ -106,6 +111,18 @@ def test_the_graphed_variant_decodes_from_one_graph(emu):
     assert len(graphed["samples_s"]) == 2 and len(eager["samples_s"]) == 1
     assert graphed["tokens_equal_eager"] is True
     assert graphed["stats"]["graphs"] == 1 and graphed["stats"]["captures"] == 1, graphed["stats"]
+    assert "tokens_vs" not in eager and graphed["tokens_vs"] == {"eager": True}, graphed
+    assert "tokens_vs" not in bench.measure("qwen2", 1, "graphed")  # another batch size: nothing to compare with
+
+
+def test_the_summary_says_where_the_two_compiled_variants_made_the_same_tokens():
+    from graphjit.bench.generate import compiled_tokens_equal
+
+    ok = {"status": "ok"}
+    results = {"llama B1": {"variants": {"graphed_compile": ok, "hf_compiled": {**ok, "tokens_vs": {"x": True}}}},
+               "llama B8": {"variants": {"hf_compiled": ok, "graphed_compile": {**ok, "tokens_vs": {"x": False}}}},
+               "gpt2 B1": {"variants": {"graphed_compile": ok, "hf_compiled": {"status": "skipped"}}}}
+    assert compiled_tokens_equal(results) == {"llama B1": True, "llama B8": False}
 
 
 def test_gemma_decodes_from_one_graph_with_its_configs_window(emu):

@@ -180,6 +180,11 @@ def run(args: argparse.Namespace) -> int:
     common.write_json(json_path, data)
     say(common.format_table(["model", *(f"{x} first s" for x in variants), *(f"{x} second s" for x in variants),
                              *(f"{x} steady s" for x in variants), "graphed tokens = eager"], rows))
+    same = data["summary"]["compiled_tokens_equal"]
+    if same:
+        differ = [n for n, eq in same.items() if not eq]
+        say(f"generate: the compile tracer's tokens equal transformers' compiled ones in {len(same) - len(differ)} "
+            f"of {len(same)} rows{'; not in ' + ', '.join(differ) if differ else ''}")
     say(f"wrote {json_path}")
     return 0 if data["summary"]["ok"] else 1
 
@@ -224,4 +229,19 @@ def _summary(data: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
                  if (entry["variants"].get("graphed") or {}).get("status") == "skipped"]
     met = {name: {k: entry["ratios"][k] <= t for k, t in TARGETS.items() if k in entry["ratios"]}
            for name, entry in data["results"].items()} if on_gpu else {}
-    return {"ok": not problems, "problems": problems, "targets": TARGETS, "met": met}
+    return {"ok": not problems, "problems": problems, "targets": TARGETS, "met": met,
+            "compiled_tokens_equal": compiled_tokens_equal(data["results"])}
+
+
+def compiled_tokens_equal(results: dict[str, Any]) -> dict[str, bool]:
+    """Per row where both compiled variants ran: whether the compile tracer's first ``generate()`` made the tokens
+    transformers' compiled one made (``tokens_vs``, recorded by the one that ran second).  Information, not a
+    problem: both run Inductor's kernels of the same step, but each tunes its kernels by timing them, and a
+    differently tuned reduction may round otherwise in bf16."""
+    out = {}
+    for name, entry in results.items():
+        for res in (entry.get("variants") or {}).values():
+            vs = (res or {}).get("tokens_vs") or {}
+            if vs and (res.get("status") == "ok"):
+                out[name] = all(vs.values())
+    return out

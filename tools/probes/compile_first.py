@@ -72,6 +72,8 @@ def main() -> None:
     report: dict[str, Any] = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                               "torch": torch.__version__, "batch": a.batch, "layers": a.layers, "hidden": a.hidden,
                               "families": {}}
+    path = Path(a.out) / f"compile_first_b{a.batch}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     for family in a.families.split(","):
         bench.reference_tokens(family, a.batch)
         runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
@@ -90,9 +92,7 @@ def main() -> None:
                    for v, rs in runs.items() if rs and all("first_s" in x for x in rs)}
         print(f"{family} B{a.batch} summary: {json.dumps(summary)}", flush=True)
         report["families"][family] = {"runs": runs, "summary": summary}
-    path = Path(a.out) / f"compile_first_b{a.batch}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1))
+        path.write_text(json.dumps(report, indent=1))  # after each family: a run cut by its timeout keeps the done ones
     print(f"wrote {path}")
 
 

@@ -31,6 +31,7 @@ class GenerateBench:
         self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
         self.models: dict[str, Any] = {}
         self.reference: dict[tuple[str, int], Any] = {}
+        self.first_tokens: dict[tuple[str, int, str], Any] = {}  # (family, batch, variant) -> its first call's tokens
         self.compiler_started = False
         self.families_started: set[str] = set()
 
@@ -134,11 +135,26 @@ class GenerateBench:
             self.reference[key] = self._generate(model, self.prompt(batch), **_EAGER)[0]
         return self.reference[key]
 
+    def _same_tokens(self, family: str, batch: int, variant: str, out: Any) -> dict[str, bool] | None:
+        """Whether ``variant``'s first call made the tokens the other variant of its :data:`SAME_COMPILER` pair made
+        in its first call on the same family and batch (``{other: equal}``), where that one ran before; None
+        otherwise.  Kept per row: the compiled variants' bf16 tokens may differ from eager's (Inductor's kernels round
+        otherwise), so the compile tracer's are checked against transformers' own compiled path's instead."""
+        self.first_tokens[(family, batch, variant)] = out
+        if variant not in SAME_COMPILER:
+            return None
+        other = SAME_COMPILER[1 - SAME_COMPILER.index(variant)]
+        theirs = self.first_tokens.get((family, batch, other))
+        if theirs is None:
+            return None
+        return {other: bool(theirs.shape == out.shape and self.torch.equal(theirs, out))}
+
     def measure(self, family: str, batch: int, variant: str) -> dict[str, Any]:
         """``variant`` on a fresh copy of ``family``'s model: its first ``generate()`` (compilation or capture
         included), its second (``second_s``: a recompilation shows there) and the median of the last half of the
         ``--repeats`` calls after the first (``--eager-repeats`` for ``eager``; ``steady_s``: :func:`steady_state`),
-        in seconds; every call's tokens compared with eager's (``tokens_equal_eager``: all of them).  With
+        in seconds; every call's tokens compared with eager's (``tokens_equal_eager``: all of them), and the first call's
+        with those of the other compiled variant where it ran before (``tokens_vs``: :meth:`_same_tokens`).  With
         ``--compile-cache fresh`` (the default) the variant runs in an empty Inductor and Triton cache
         (:func:`_fresh_compile_cache`): a compiled variant's first call compiles cold whichever variant compiled the
         same kernels before it.  Before each family's first compiled variant the compiler is started for it
@@ -167,6 +183,7 @@ class GenerateBench:
             with clock:
                 out, first = self._generate(model, prompt, **extra)
             first_capture_s = _capture_seconds(model) if variant.startswith("graphed") else None
+            same_tokens = self._same_tokens(family, batch, variant, out)
             # new tokens per call (an encoder-decoder's output starts with its decoder start token)
             start = 1 if model.config.is_encoder_decoder else prompt.shape[-1]
             made = [out.shape[-1] - start]
@@ -182,6 +199,8 @@ class GenerateBench:
                                    "steady_s": steady_state(steady),
                                    "samples_s": steady, "new_tokens": self.args.new_tokens, "tokens_made": made,
                                    "tokens_equal_eager": all(equal), "calls_equal_eager": equal}
+            if same_tokens is not None:
+                res["tokens_vs"] = same_tokens
             if variant in COMPILED:  # graphs Dynamo compiled (a recompile adds one)
                 res["dynamo_graphs"] = int(counters["stats"]["unique_graphs"])
                 res["first_compile_s"] = clock.seconds  # of first_s: inside Dynamo's compilations (None: unknown)
@@ -297,6 +316,10 @@ def _fresh_compile_cache(torch: Any) -> Any:
 
 COMPILED = ("graphed_compile", "hf_compiled")
 """The variants that compile (torch.compile, through graphjit's compile tracer or transformers' generate())."""
+
+SAME_COMPILER = COMPILED
+"""The two variants whose first calls' tokens are compared with each other (the one that runs second records it in
+``tokens_vs``): both run Inductor's kernels of the same decode step."""
 
 _EAGER: dict[str, Any] = {"cache_implementation": "static", "disable_compile": True}
 """The reference: transformers' static cache, no compilation, no graphjit."""
