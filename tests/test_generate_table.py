@@ -45,3 +45,13 @@ def test_each_target_says_where_it_was_met_and_which_rows_were_over():
     # GPT-2 at batch 1 in that run: 6.43 against 5.29 s; at batch 8 4.81 against 6.36 s
     assert lines[1].startswith("compile tracer first / HF compiled first at most 1: met in 1 of 2 rows"), lines
     assert lines[1].endswith("over: gpt2 B1 1.216"), lines
+
+
+def test_a_later_row_cut_by_the_time_budget_keeps_the_earlier_whole_one():
+    tool = _tool()
+    runs = tool.load([RESULTS / "generate_qwen2_moe_mixtral_qwen2_vl_gemma2_gemma3_text_310e829_torch_h100.json",
+                      RESULTS / "generate_t5_qwen3_qwen2_moe_mixtral_88ecf75_torch_h100.json"])
+    # 88ecf75's run: Qwen2-MoE whole, Mixtral B1 without the compile tracer, Mixtral B8 not at all
+    assert runs.rows["qwen2_moe B1"][0] == "88ecf75" and runs.rows["t5 B8"][0] == "88ecf75"
+    assert runs.rows["mixtral B1"][0] == "310e829" and runs.rows["mixtral B8"][0] == "310e829"
+    assert tool.ran(runs.rows["mixtral B1"][1]) == 4

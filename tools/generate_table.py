@@ -5,8 +5,9 @@ several runs (a device call holds a few families).  This prints the README's mar
 transformers' compiled first, graphed, compile tracer first / HF first, compile tracer, HF compiled, their ratio,
 graphs), one row per family and batch, in the order given, and says which commits the rows come from and, per
 target of the issue, in how many rows it was met, which rows were over and the mean ratio: a table
-meant to be "one commit" is refused (exit 1) where they differ, unless ``--mixed`` allows it.  A family measured in
-two files is taken from the later one.  Steady states are each file's own ``steady_s`` (the median of the last
+meant to be "one commit" is refused (exit 1) where they differ, unless ``--mixed`` allows it.  A family and batch
+measured in two files is taken from the later one, unless fewer of its variants ran there (a row cut by the time
+budget keeps the earlier, whole one).  Steady states are each file's own ``steady_s`` (the median of the last
 half of the calls after the first).
 
 Usage: ``python tools/generate_table.py benchmarks/results/generate_*_torch_h200.json [--mixed]``
@@ -61,7 +62,7 @@ def row(label: str, variants: dict[str, Any]) -> str:
 
 class Runs(NamedTuple):
     """The JSON files' rows, ``label -> (commit, entry)`` of their ``results`` (a later file's row replaces an earlier
-    one's), and the targets' limits their ``summary.targets`` name."""
+    one's where as many of its variants ran: :func:`ran`), and the targets' limits their ``summary.targets`` name."""
 
     rows: dict[str, tuple[str, dict[str, Any]]]
     limits: dict[str, float]
@@ -77,8 +78,14 @@ def load(paths: list[Path]) -> Runs:
         commit = str((data.get("env") or {}).get("git_commit") or "unknown")
         runs.limits.update((data.get("summary") or {}).get("targets") or {})
         for label, entry in (data.get("results") or {}).items():
-            runs.rows[label] = (commit, entry)
+            if label not in runs.rows or ran(entry) >= ran(runs.rows[label][1]):
+                runs.rows[label] = (commit, entry)
     return runs
+
+
+def ran(entry: dict[str, Any]) -> int:
+    """How many of a row's variants ran (a variant the time budget left out has the status ``skipped``)."""
+    return sum(1 for v in (entry.get("variants") or {}).values() if (v or {}).get("status") == "ok")
 
 
 def table(paths: list[Path] | Runs, mixed: bool = False) -> tuple[list[str], dict[str, list[str]]]:
@@ -132,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"generate_table: {exc}", file=sys.stderr)
         return 1
     print("\n".join(lines))
-    print("\nrows by commit: " + "; ".join(f"{c}: {len(ls)}" for c, ls in commits.items()))
+    print("\nrows by commit: " + "; ".join(f"{c}: {len(ls)}" + (f" ({', '.join(ls)})" if len(commits) > 1 else "")
+                                         for c, ls in commits.items()))
     print("\n".join(targets(runs)))
     return 0
 
