@@ -153,9 +153,9 @@ class GenerateBench:
         """``variant`` on a fresh copy of ``family``'s model: its first ``generate()`` (compilation or capture
         included), its second (``second_s``: a recompilation shows there) and the median of the last half of the
         ``--repeats`` calls after the first (``--eager-repeats`` for ``eager``; ``steady_s``: :func:`steady_state`),
-        in seconds; every call's tokens compared with eager's (``tokens_equal_eager``: all of them), and the first call's
-        with those of the other compiled variant where it ran before (``tokens_vs``: :meth:`_same_tokens`).  With
-        ``--compile-cache fresh`` (the default) the variant runs in an empty Inductor and Triton cache
+        in seconds; every call's tokens compared with eager's (``tokens_equal_eager``: all of them), and the first
+        call's with those of the other compiled variant where it ran before (``tokens_vs``: :meth:`_same_tokens`).
+        With ``--compile-cache fresh`` (the default) the variant runs in an empty Inductor and Triton cache
         (:func:`_fresh_compile_cache`): a compiled variant's first call compiles cold whichever variant compiled the
         same kernels before it.  Before each family's first compiled variant the compiler is started for it
         (:meth:`start_compiler`, its seconds in that variant's ``compiler_start_s``)."""
