@@ -14,8 +14,8 @@
 # GENERATE_FAMILIES (default llama,gpt2,t5) chooses the families of the generate stage, GENERATE_BUDGET its
 # --time-budget in seconds (default 380; the stage's timeout is 40 s more): all twelve families take three calls,
 # gpt2,llama,phi3,qwen2_vl,qwen2,mistral and t5,qwen3,qwen2_moe,mixtral and gemma2,gemma3_text, each with 540 (at
-# 88ecf75, with 10 timed calls a variant, the first six took 521 s after build; t5,qwen3,qwen2_moe took 270 s and
-# Mixtral's rows need about 100 more; at 310e829 Gemma 2 and 3 with three more families overran 535).
+# 88ecf75, with 10 timed calls a variant, the first six took 521 s after build; t5,qwen3,qwen2_moe and three variants
+# of Mixtral's batch-1 row filled a budget of 330; at 310e829 Gemma 2 and 3 with three more families overran 535).
 # Writes into OUTDIR: proof-torch.log (everything printed), test-logs.tgz (each test file's whole log, in one file: a
 # call returns only a few files), genprofile.tgz (each genprofile run's JSON), firstcall-pstats.tgz (FIRSTCALL_ARGS with
 # --dump: each variant's whole profile), and the benchmarks' JSON and PNG files.
