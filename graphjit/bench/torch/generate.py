@@ -31,7 +31,7 @@ class GenerateBench:
         self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
         self.models: dict[str, Any] = {}
         self.reference: dict[tuple[str, int], Any] = {}
-        self.first_tokens: dict[tuple[str, int, str], Any] = {}  # (family, batch, variant) -> its first call's tokens
+        self.first_tokens: dict[tuple[str, int, str], Any] = {}  # (family, batch, variant) -> its first tokens
         self.compiler_started = False
         self.families_started: set[str] = set()
 
@@ -140,9 +140,9 @@ class GenerateBench:
         in its first call on the same family and batch (``{other: equal}``), where that one ran before; None
         otherwise.  Kept per row: the compiled variants' bf16 tokens may differ from eager's (Inductor's kernels round
         otherwise), so the compile tracer's are checked against transformers' own compiled path's instead."""
-        self.first_tokens[(family, batch, variant)] = out
         if variant not in SAME_COMPILER:
             return None
+        self.first_tokens[(family, batch, variant)] = out
         other = SAME_COMPILER[1 - SAME_COMPILER.index(variant)]
         theirs = self.first_tokens.get((family, batch, other))
         if theirs is None:
