@@ -242,6 +242,6 @@ def compiled_tokens_equal(results: dict[str, Any]) -> dict[str, bool]:
     for name, entry in results.items():
         for res in (entry.get("variants") or {}).values():
             vs = (res or {}).get("tokens_vs") or {}
-            if vs and (res.get("status") == "ok"):
+            if vs and res.get("status") == "ok":
                 out[name] = all(vs.values())
     return out
