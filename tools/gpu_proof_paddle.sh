@@ -4,6 +4,9 @@
 set -u
 out=${1:?usage: gpu_proof_paddle.sh OUTDIR}
 log="$out/proof-paddle.log"
+# the results' tag names the card they ran on (a call for an H200 may run on an H100)
+tag=${GRAPHJIT_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9]00' | tr H h)}
+tag=${tag:-gpu}
 {
   bash /tmp/pdc/device-setup.sh 2>&1 | grep -v '^[WI][0-9]' | tail -2
   . /tmp/pdc/env.sh
@@ -13,7 +16,7 @@ log="$out/proof-paddle.log"
   echo "== doctor (paddle)"
   timeout 150 $PY311 -m graphjit doctor --framework paddle 2>&1 | grep -v '^[WI][0-9]' | tail -30
   echo "== bench decode (paddle; timings only, numerics unverified on Hopper with 2.6.2)"
-  timeout 240 $PY311 -m graphjit bench decode --backend paddle --iters 50 --repeats 3 --out "$out" --tag h200 --hard-exit \
+  timeout 240 $PY311 -m graphjit bench decode --backend paddle --iters 50 --repeats 3 --out "$out" --tag "$tag" --hard-exit \
     2>&1 | grep -v '^[WI][0-9]' | tail -25
 } > "$log" 2>&1
 tail -100 "$log"
