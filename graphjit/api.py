@@ -67,11 +67,9 @@ from .warmup import Blocked, Warmup
 log = logging.getLogger("graphjit")
 
 F = TypeVar("F", bound=Callable[..., Any])
-_UNBOUND: Any = object()
-"""The instance wrapt hands the wrapper for a call of the (unbound) GraphedFunction: taken as None."""
+_UNBOUND: Any = object()  # the instance wrapt hands for a call of the unbound GraphedFunction: taken as None
 
-NEW_KEY_WARNING_AFTER = 8
-"""Keys made before graphjit checks whether most calls make a new one (and says which argument changes)."""
+NEW_KEY_WARNING_AFTER = 8  # keys made before graphjit checks whether most calls make a new one (naming the argument)
 
 
 @dataclass(frozen=True)
@@ -217,6 +215,9 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
                     return self.replay(entry, sig, settings, instance, args, kwargs)
                 return self.captured(entry, sig, settings, instance, args, kwargs, previous)
             with self.lock, entry.feeds:  # one call at a time where a step context swaps the step's state
+                why = entry.feeds.stale()  # what the graph assumed of the step's parameters (grads.GradLayout)
+                if why is not None:
+                    return self.fallback(why, entry.inputs.backend, instance, args, kwargs, sig.key)
                 return self.captured(entry, sig, settings, instance, args, kwargs, previous)
         if backends.translating():
             return wrapped(*args, **kwargs)

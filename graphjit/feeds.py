@@ -77,6 +77,10 @@ class StepPart:
     def captured(self) -> None:
         """Once a key the context serves is captured."""
 
+    def stale(self) -> str | None:
+        """Before a replay (after ``enter``): why the captured graph no longer acts as the call would, or None."""
+        return None
+
 
 class Feeds(StepPart):
     """The fed entries of one key: a context manager put around each call graphjit runs for it.
@@ -165,3 +169,12 @@ class StepContext:
         """A key this context serves is captured."""
         for part in self.parts:
             part.captured()
+
+    def stale(self) -> str | None:
+        """Before a replay of a key this context serves: the first part's reason why the graph would not act as the
+        call does (the call then runs uncaptured under it), or None."""
+        for part in self.parts:
+            why = part.stale()
+            if why is not None:
+                return why
+        return None

@@ -131,8 +131,12 @@ def _make(fn: Callable[..., Any], name: str | None) -> Any:
 
 
 def island_of(fn: Any) -> Island | None:
-    """The island behind a function ``eager`` returned, else None."""
-    found = getattr(fn, "__graphjit_island__", None)
+    """The island behind a function ``eager`` returned, else None (also for an object whose attribute lookup raises
+    something else than AttributeError: a dict whose ``__getattr__`` is ``__getitem__`` raises KeyError)."""
+    try:
+        found = getattr(fn, "__graphjit_island__", None)
+    except Exception:
+        return None
     return found if isinstance(found, Island) else None
 
 

@@ -103,3 +103,34 @@ def test_a_scope_that_captured_counts_graphs_and_failures_apart():
     assert scope.summary().startswith("1 graph(s) captured, 1 key(s) not captured (1.5 ms capturing); 1 call(s) ran "
                                       "the traced function uncaptured (inputs on several devices (cpu, cuda:0)); ")
     assert graphjit.capture_scope(progress=False).summary().startswith("nothing captured; ")
+
+
+class AttrDict(dict):
+    """The common idiom: attributes are items, a missing one raises KeyError (not AttributeError)."""
+
+    __getattr__ = dict.__getitem__
+    __setattr__ = dict.__setitem__
+
+
+CONFIG = AttrDict(scale=2.0)
+
+
+def test_an_attribute_dict_read_by_the_function_is_guarded_not_a_crash(emu):
+    """graphjit asks values the function reads whether they are islands (``getattr(v, "__graphjit_island__",
+    None)``): an object whose ``__getattr__`` raises KeyError was a crash at the second call."""
+    torch = pytest.importorskip("torch")
+
+    @graphjit.graphed
+    def scaled(x):
+        return x * CONFIG.scale
+
+    x = torch.ones(2, 4)
+    try:
+        with torch.no_grad():
+            for i in range(7):
+                if i == 5:
+                    CONFIG.scale = 5.0
+                assert torch.equal(scaled(x), x * CONFIG.scale), i
+    finally:
+        CONFIG.scale = 2.0
+    assert scaled.stats()["replays"] >= 3, scaled.report()

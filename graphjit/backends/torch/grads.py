@@ -11,7 +11,12 @@ call (on that thread):
 * ``Optimizer.zero_grad()`` and ``Module.zero_grad()`` zero the buffers in place instead of setting them to
   None (as PyTorch's whole-network capture recipe and NeMo do), and behave as torch's for other parameters;
 * before an optimizer steps, a buffer zeroed in this call that the backward did not write (a parameter a branch
-  left unused) is set back to None, so the optimizer skips it as it skips it eagerly.
+  left unused) is set back to None, so the optimizer skips it as it skips it eagerly;
+* after the call, a buffer the function's own ``zero_grad()`` zeroed that nothing wrote since (``zero_grad()`` at the
+  end of the step) is set back to None, as eagerly; after a replay, each parameter the captured call left so.
+
+Before each replay, :class:`GradLayout` checks what the graph assumed of the parameters the step reaches: which
+require grad, and the gradient tensors it reads without owning them; a difference runs the call uncaptured.
 
 The values are eager's: a backward into zeros is the fresh gradient, into the buffer left as it was is eager's
 accumulation.  Outside graphjit's calls ``zero_grad()`` is torch's.  The wrappers and the step hook are
@@ -46,7 +51,8 @@ def _keep(p: torch.Tensor, buf: torch.Tensor) -> None:
         _BUFFERS.pop(key, None)
 
     _BUFFERS[key] = (weakref.ref(p, gone), buf)
-_LOCAL = threading.local()  # depth: graphjit calls running on this thread; zeroed: id(param) -> (p, buf, version)
+_LOCAL = threading.local()  # depth: graphjit calls running on this thread; zeroed: id(param) -> (p, buf, version,
+# whether the function's own zero_grad() zeroed it, rather than graphjit at the call's start)
 _INSTALL_LOCK = threading.Lock()
 _installed = False
 
@@ -55,7 +61,7 @@ def _depth() -> int:
     return getattr(_LOCAL, "depth", 0)
 
 
-def _zeroed() -> dict[int, tuple[torch.Tensor, torch.Tensor, int]]:
+def _zeroed() -> dict[int, tuple[torch.Tensor, torch.Tensor, int, bool]]:
     z = getattr(_LOCAL, "zeroed", None)
     if z is None:
         z = _LOCAL.zeroed = {}
@@ -89,8 +95,14 @@ def _zero_in_place(params: Iterable[torch.Tensor]) -> bool:
     torch._foreach_zero_([g for _p, g in zero])
     zeroed = _zeroed()
     for p, g in zero:
-        zeroed[id(p)] = (p, g, g._version)
+        zeroed[id(p)] = (p, g, g._version, True)
     return True
+
+
+def _left_zeroed(p: torch.Tensor, rec: tuple[torch.Tensor, torch.Tensor, int, bool] | None) -> bool:
+    """Whether the function's own ``zero_grad()`` zeroed ``p``'s buffer in this call and nothing wrote it since: its
+    gradient is None eagerly."""
+    return rec is not None and rec[3] and p.grad is rec[1] and rec[1]._version == rec[2]
 
 
 def _before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -140,12 +152,15 @@ class CallMark(StepPart):
     """The first part of a torch step's context: marks a graphjit call running on this thread (what the
     ``zero_grad`` wrappers and the step hook act in), and records which optimizers step in it."""
 
-    __slots__ = ("entered", "stepped")
+    __slots__ = ("capturing", "cleared", "entered", "left", "stepped")
 
     def __init__(self) -> None:
         install()
         self.entered = False
         self.stepped: set[int] = set()
+        self.left: list[torch.Tensor] = []  # the parameters the last call's own zero_grad() left without gradient
+        self.cleared: list[torch.Tensor] = []  # those of the last call before the capture: None after each replay
+        self.capturing = False
 
     def enter(self) -> None:
         depth = _depth()
@@ -158,14 +173,34 @@ class CallMark(StepPart):
         if not self.entered:
             return
         self.entered = False
+        if self.capturing:
+            self.capturing = False
+            self.replayed()
         depth = _LOCAL.depth = _depth() - 1
         if depth == 0:
             _LOCAL.stepped = None
-            _zeroed().clear()
+            zeroed = _zeroed()
+            for p, _b, _v, _own in list(zeroed.values()):  # zero_grad() last: None, as eagerly (never after a replay:
+                if _left_zeroed(p, zeroed.get(id(p))):  # no Python ran, so no record is the function's own)
+                    p.grad = None
+            zeroed.clear()
 
     def learn(self) -> bool:
         self.stepped = set(getattr(_LOCAL, "stepped", None) or ())
+        zeroed = _zeroed()
+        self.left = [p for p, _b, _v, _own in zeroed.values() if _left_zeroed(p, zeroed.get(id(p)))]
         return False
+
+    def captured(self) -> None:
+        """What the last call that ran the function before the capture left: its ``zero_grad()``'s zeroed buffers
+        are None after each replay, and after the capturing call itself (whose own are not known here: verify wrote
+        them again), once it ends."""
+        self.cleared = self.left
+        self.capturing = True
+
+    def replayed(self) -> None:
+        for p in self.cleared:
+            p.grad = None
 
 
 class OwnedGrads(StepPart):
@@ -202,7 +237,7 @@ class OwnedGrads(StepPart):
             torch._foreach_zero_([b for _p, b in zero])
             zeroed = _zeroed()
             for p, b in zero:
-                zeroed[id(p)] = (p, b, b._version)
+                zeroed[id(p)] = (p, b, b._version, False)
         if self.learning:
             self.seen = [p.grad for p in self.params]
 
@@ -236,3 +271,43 @@ class OwnedGrads(StepPart):
         self.learning = False
         self.seen = None
         self.unused = [p for p, _b in self.pairs if p.grad is None]
+
+
+class GradLayout(StepPart):
+    """What a captured step's graph assumed of the parameters the step reaches, checked before each replay.
+
+    A graph computes the gradients of the parameters that required grad when it was captured and reads gradient
+    tensors at the addresses they had then.  So where the capture stepped an optimizer or owned gradients
+    (:class:`OwnedGrads`), a replay is refused (:meth:`stale`, the call then runs uncaptured under the reason) when a
+    parameter's ``requires_grad`` changed since (frozen or unfrozen: ``reset()`` captures the step again); and where
+    the step owns no gradient (it steps without running the backward), when a gradient it reads is another tensor
+    or None (``zero_grad()`` with its default ``set_to_none=True`` before each backward outside the function: each
+    backward then makes new gradients).  A step that runs its backward needs no such check: :class:`OwnedGrads`
+    puts its buffers back before each call."""
+
+    __slots__ = ("expected", "mark", "owned", "params")
+
+    def __init__(self, params: list[torch.Tensor], mark: CallMark, owned: OwnedGrads | None) -> None:
+        self.params = params
+        self.mark = mark
+        self.owned = owned
+        self.expected: list[tuple[torch.Tensor, bool, torch.Tensor | None, bool]] = []
+
+    def captured(self) -> None:
+        owned = {id(p) for p, _b in self.owned.pairs} if self.owned is not None else set()
+        stepped = self.mark.stepped or getattr(_LOCAL, "stepped", None)
+        if not stepped and not owned:  # no backward, no step (an evaluation function holding a trainer): no check
+            self.expected = []
+            return
+        self.expected = [(p, p.requires_grad, p.grad, bool(owned)) for p in self.params]
+
+    def stale(self) -> str | None:
+        for p, requires, grad, owned in self.expected:
+            if p.requires_grad is not requires:
+                return ("a parameter's requires_grad changed since the capture (call reset() after freezing or "
+                        "unfreezing parameters)")
+            if not owned and p.grad is not grad:
+                return ("a gradient it reads is another tensor than at the capture (zero_grad() with set_to_none=True "
+                        "before a backward outside the function: graph the backward with the step, or call "
+                        "zero_grad(set_to_none=False))")
+        return None

@@ -32,7 +32,7 @@ import torch
 
 from ...feeds import Feeds, StepContext, StepPart, slot
 from ...reach import instances
-from .grads import CallMark, OwnedGrads
+from .grads import CallMark, GradLayout, OwnedGrads
 from .hyper import Hyper
 
 log = logging.getLogger("graphjit")
@@ -141,8 +141,9 @@ def _fill(t: torch.Tensor, value: float) -> None:
     t.fill_(value)
 
 
-def _trained(roots: list[tuple[str, Any]], opts: list[tuple[str, torch.optim.Optimizer]]) -> list[torch.Tensor]:
-    """The parameters of the optimizers and of the modules among ``roots``, each once."""
+def _reached(roots: list[tuple[str, Any]], opts: list[tuple[str, torch.optim.Optimizer]]) -> list[torch.Tensor]:
+    """The parameters of the optimizers and of the modules among ``roots``, each once (those that do not require
+    grad included)."""
     seen: dict[int, torch.Tensor] = {}
     for _where, opt in opts:
         for group in opt.param_groups:
@@ -152,7 +153,7 @@ def _trained(roots: list[tuple[str, Any]], opts: list[tuple[str, torch.optim.Opt
         if isinstance(value, torch.nn.Module):
             for p in value.parameters():
                 seen.setdefault(id(p), p)
-    return [p for p in seen.values() if isinstance(p, torch.Tensor) and p.requires_grad]
+    return [p for p in seen.values() if isinstance(p, torch.Tensor)]
 
 
 def _feed(opt: torch.optim.Optimizer, feeds: Feeds) -> None:
@@ -227,7 +228,10 @@ def prepare(roots: list[tuple[str, Any]]) -> StepContext | None:
         if id(opt) not in scheduled:
             hyper.watch(where, opt)
     parts.append(hyper)
-    params = _trained(roots, opts)
-    if params:
-        parts.append(OwnedGrads(params))
+    reached = _reached(roots, opts)
+    params = [p for p in reached if p.requires_grad]
+    owned = OwnedGrads(params) if params else None
+    if owned is not None:
+        parts.append(owned)
+    parts.append(GradLayout(reached, mark, owned))
     return StepContext(parts)

@@ -1,0 +1,125 @@
+"""What a graphed training step's graph assumed of the parameters it reaches (graphjit/backends/torch/grads.py,
+``GradLayout`` and ``CallMark``), on the CPU through the emulated CUDA graph (a replay runs the recorded tensor work
+and no Python, as a real graph does), each loop against the same loop run eagerly after every call:
+
+* a parameter frozen (``requires_grad_(False)``) after the capture: the graph would keep computing and applying
+  its gradient; the call runs uncaptured instead, and ``reset()`` captures the step again;
+* a function that steps the optimizer while the backward runs outside it, with ``zero_grad()``'s default before
+  each backward: every backward makes new gradient tensors, which the graph would not read; those calls run
+  uncaptured (with ``set_to_none=False`` the gradients stay and the step replays);
+* a step that ends with ``zero_grad()``: its gradients are None after every call, replays included, as eagerly."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import graphjit  # noqa: E402
+
+pytestmark = pytest.mark.torch
+FROZEN = "a parameter's requires_grad changed since the capture"
+REPLACED = "a gradient it reads is another tensor than at the capture"
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)) for _ in range(n)]
+
+
+def _step(model, opt, x, y):
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def _reasons(g) -> str:
+    return " | ".join(g.stats()["fallbacks"])
+
+
+def _equal(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return max(float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_a_parameter_frozen_after_the_capture_runs_uncaptured_and_reset_graphs_again(emu):
+    eager_model, graphed_model = _model(), _model()
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    opt = torch.optim.SGD(graphed_model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    g = graphjit.graphed(_step)
+    for i, (x, y) in enumerate(_batches(14)):
+        if i == 5:
+            for m in (eager_model, graphed_model):
+                m[0].weight.requires_grad_(False)
+            frozen = graphed_model[0].weight.detach().clone()
+            replays = g.stats()["replays"]
+        if i == 8:
+            assert FROZEN in _reasons(g) and g.stats()["replays"] == replays, g.report()  # calls 5-7 uncaptured
+            g.reset()
+        assert torch.equal(g(graphed_model, opt, x, y), _step(eager_model, eager_opt, x, y)), i
+        assert _equal(graphed_model, eager_model) <= 1e-6, (i, g.report())
+    st = g.stats()  # reset() keeps the function's counters: the three uncaptured calls, then the new key's replays
+    assert replays >= 2 and list(st["fallbacks"].values()) == [3] and st["keys"][-1]["replays"] >= 3, g.report()
+    assert torch.equal(graphed_model[0].weight, frozen) and graphed_model[0].weight.grad is None
+
+
+def _only_step(opt, scale):
+    opt.step()
+    return scale * 2
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_a_step_whose_backward_runs_outside_never_reads_stale_gradients(emu, set_to_none):
+    eager_model, graphed_model = _model(), _model()
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    opt = torch.optim.SGD(graphed_model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    g = graphjit.graphed(_only_step)
+    scale = torch.ones(2)
+    for i, (x, y) in enumerate(_batches(8)):
+        for m, o, step in ((eager_model, eager_opt, _only_step), (graphed_model, opt, g)):
+            o.zero_grad(set_to_none=set_to_none)
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            step(o, scale)
+        assert _equal(graphed_model, eager_model) <= 1e-6, (i, g.report())
+    st = g.stats()
+    if set_to_none:
+        assert REPLACED in _reasons(g) and st["replays"] == 1, g.report()  # the capturing call's own replay
+    else:
+        assert not st["fallbacks"] and st["replays"] == 6, g.report()
+
+
+def _step_then_zero(model, opt, x, y, do_step):
+    loss = torch.nn.functional.mse_loss(model(x), y) / 2
+    loss.backward()
+    if do_step:
+        opt.step()
+        opt.zero_grad()
+    return loss.detach()
+
+
+def test_a_step_that_ends_with_zero_grad_leaves_no_gradient_as_eagerly(emu):
+    """Gradient accumulation over two calls, the second stepping and zeroing: after it every gradient is None, as
+    eagerly, also after its replays; then eager steps that fine-tune the head alone leave the frozen layer as
+    eagerly (a zeroed gradient there would let AdamW's weight decay move it)."""
+    eager_model, graphed_model = _model(), _model()
+    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=1e-2, fused=True)
+    opt = torch.optim.AdamW(graphed_model.parameters(), lr=1e-2, fused=True)
+    g = graphjit.graphed(_step_then_zero)
+    for i, (x, y) in enumerate(_batches(10)):
+        g(graphed_model, opt, x, y, i % 2 == 1)
+        _step_then_zero(eager_model, eager_opt, x, y, i % 2 == 1)
+        grads = [p.grad is None for p in graphed_model.parameters()]
+        assert grads == [p.grad is None for p in eager_model.parameters()] == [i % 2 == 1] * 4, (i, g.report())
+        assert _equal(graphed_model, eager_model) <= 1e-6, (i, g.report())
+    assert g.stats()["replays"] >= 4 and not g.stats()["fallbacks"], g.report()
+    for m, o in ((eager_model, eager_opt), (graphed_model, opt)):
+        m[0].requires_grad_(False)
+        for x, y in _batches(2):
+            _step_then_zero(m, o, x, y, True)
+    assert _equal(graphed_model, eager_model) <= 1e-6
