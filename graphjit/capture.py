@@ -143,7 +143,13 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
                            reason=ELSEWHERE)
     t_start = time.perf_counter()
     with _taken(CAPTURE_LOCK) as waited, b.device_guard(req.device):
-        statics = static_buffers(req)
+        try:
+            statics = static_buffers(req)
+        except CaptureError:  # its own reason (an argument that cannot be rebuilt)
+            raise
+        except Exception as exc:  # out of memory for a bucket's padded buffers: the key runs uncaptured, said so
+            raise CaptureError(f"{req.fn_name} {st.label}: allocating the graph's static input buffers failed "
+                               f"({type(exc).__name__}: {exc})", reason="static buffers failed") from exc
         roots = req.roots()
         # the last warmup run's walk and Python state, unless taking the lock waited for another thread's capture (its
         # Python code may rebind state this function reads; other threads' eager code races with any walk) or a fed
@@ -508,9 +514,9 @@ def _written_state(req: BuildRequest, statics: Statics) -> tuple[list[Any], list
 
 def _dump(req: BuildRequest, graph: GraphHandle) -> None:
     assert req.dump_dir is not None
-    req.dump_dir.mkdir(parents=True, exist_ok=True)
     path = req.dump_dir / f"{_safe(req.fn_name)}-{abs(hash(req.sig.key)) % 10**8:08d}.dot"
     try:
+        req.dump_dir.mkdir(parents=True, exist_ok=True)
         graph.dump(path)
         if not path.exists() and not path.with_suffix("").is_dir():
             raise RuntimeError("the framework wrote nothing")

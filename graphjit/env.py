@@ -117,8 +117,10 @@ class Settings:
 
 
 def _raw(name: str) -> str:
+    """The variable's value, or its default where it is unset or empty (``GRAPHJIT_VERIFY_MAX_BYTES=`` is the
+    default budget, not 0)."""
     default = next(v.default for v in VARIABLES if v.name == name)
-    return os.environ.get(name, default).strip()
+    return os.environ.get(name, "").strip() or default.strip()
 
 
 def _bool(name: str) -> bool:

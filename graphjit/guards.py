@@ -48,8 +48,8 @@ key, :meth:`Scan.link`): a rebound one (``m.cfg = {...}``) is read there again b
 calls every getter and compares the results with one list comparison (identity first, then ``==``): the per-replay
 cost is about 35 ns per container, 50 ns per linked one, plus a few ns per value, with no per-value Python code.
 
-:func:`scan` runs at capture and in watched warmup calls (to find a function that writes a Python value on
-every call, which a replay would not do: :mod:`graphjit.py_writes`); never on the replay path.
+:func:`scan` runs at capture and in watched warmup calls (to find a function that writes a Python value on every call,
+which a replay would not do: :mod:`graphjit.py_writes`); never on the replay path.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ from .reach import (
     instance_dict,
     modules_in,
     slots_of,
+    user_module,
 )
 
 __all__ = ["DELETED", "MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "READ_VALUES", "REASON", "WRITES", "GuardSet", "Scan",
@@ -89,12 +90,10 @@ REASON = "value read by the function changed"
 """The start of the reason of a call whose guarded values differ from every captured graph's (a path follows)."""
 READ_VALUES = "values the function reads"
 """The part of a key, before its modes, that holds the read values a graph was captured for (:class:`GuardSet`)."""
-WRITES = "writes a Python value on every call"
-"""The reason of a key whose function changes a guarded value itself (a replay would not)."""
+WRITES = "writes a Python value on every call"  # the reason of a key whose function changes a guarded value itself
 
 
-_LINKED = (list, dict, tuple)
-"""The containers whose place the walk remembers (:meth:`Scan.link`): held by no identity guard, or by ``==``."""
+_LINKED = (list, dict, tuple)  # the containers whose place the walk remembers (Scan.link): no identity guard holds them
 
 
 @dataclass
@@ -251,9 +250,10 @@ class Sources:
 
 
 def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] = ()) -> Sources:
-    """The closure cells and globals of ``fn`` and of the Python functions it reaches through them, the
-    objects to walk (``bound``, a callable object, Layer/Module objects among ``args``), and the names the
-    code of those functions uses.  Islands (:func:`graphjit.eager`) are not followed."""
+    """The closure cells and globals of ``fn`` and of the Python functions it reaches through them (and the attributes
+    their code names of the user's own modules among those globals: ``config.SCALE``), the objects to walk (``bound``,
+    a callable object, Layer/Module objects among ``args``), and the names the code of those functions uses.  Islands
+    (:func:`graphjit.eager`) are not followed."""
     from .islands import island_of
 
     objects: list[tuple[str, Any]] = []
@@ -290,19 +290,24 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
         g = f.__globals__
         absences.of_function(f, probed, slots, absent)
         own.update((id(g), var) for var in probed.globals)
-        for var in global_names(code):
-            if var not in g:
-                continue
+        named = code_names(code)
+
+        def place(g: dict[str, Any], var: str, path: Path, modules: frozenset[int]) -> None:
             value = g[var]
-            path = (f"global {var!r}",)
             if guardable(value) or by_identity(value, _never) or _pinnable(value):
                 slots.append((g, "globals", var, path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
+            elif isinstance(value, types.ModuleType):  # the user's own (``config.SCALE``): what the code names of it
+                if user_module(value) and id(value) not in modules:
+                    for attr in sorted(named.intersection(value.__dict__)):
+                        place(value.__dict__, attr, (*path, (".", attr)), modules | {id(value)})
             elif not guardable(value) and not opaque(value):
-                objects.append((path[0], value))
+                objects.append((describe(path), value))
                 if isinstance(value, _LINKED):
                     anchors.setdefault(id(value), (g, "globals", var, value, path))
+        for var in (v for v in global_names(code) if v in g):
+            place(g, var, (f"global {var!r}",), frozenset())
         return follow
 
     functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=OPAQUE_VALUES)
@@ -312,9 +317,8 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
 
 def _pinnable(v: Any) -> bool:
     """A value held by identity, compared before every replay (:meth:`Scan.pin`): a tensor (the graph reads it at its
-    address).  Not a list or dict whose entries are guarded: a rebuilt equal one (a scheduler's ``_last_lr``, a dict
-    of settings made anew each step) would make a new graph every call: a guard reads a rebound one where it was read
-    (:meth:`Scan.link`)."""
+    address).  Not a list or dict whose entries are guarded: a rebuilt equal one (a scheduler's ``_last_lr``, a dict of
+    settings made anew each step) would make a new graph every call: a guard reads a rebound one where it was read."""
     return backends.is_tensor(v)
 
 
@@ -332,11 +336,11 @@ def _never(_v: Any) -> bool:
     return False
 
 
-def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None,
-         holders: Iterable[str] = (), by_object: dict[int, frozenset[str]] | None = None,
-         transparent: Iterable[str] = (), renewed: tuple[tuple[type, str], ...] = (),
-         hook_holders: tuple[str, ...] = (), watch_loads: Callable[[Any], bool] | None = None,
-         probes: Probes = NO_PROBES, probed_by_object: dict[int, frozenset[str]] | None = None,
+def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None, holders: Iterable[str] = (),
+         by_object: dict[int, frozenset[str]] | None = None, transparent: Iterable[str] = (),
+         renewed: tuple[tuple[type, str], ...] = (), hook_holders: tuple[str, ...] = (),
+         watch_loads: Callable[[Any], bool] | None = None, probes: Probes = NO_PROBES,
+         probed_by_object: dict[int, frozenset[str]] | None = None,
          read_globals: Iterable[tuple[Any, str]] = ()) -> Scan:
     """Every guardable value the sources reach (see the module docstring).  ``ran``: the names the code of the
     last warmup call used (:class:`NameRecorder`, the function run as Python); None where that is not known

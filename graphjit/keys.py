@@ -31,7 +31,7 @@ from .backends.base import Backend
 from .binder import Binder, wraps_another
 from .bucket_spec import Pad
 from .errors import SignatureError
-from .tree import MIRROR, Attr, dict_attrs, is_object, object_fields, rebuild, rebuild_call
+from .tree import MIRROR, Attr, dict_attrs, is_object, object_fields, rebuild, rebuild_call, subscripts
 
 _cached_backend = backends.cached_type_lookup  # read once: the signing's hot path looks it up on every call
 _SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))
@@ -40,6 +40,7 @@ TENSOR_MARK = ("<tensor>",)
 _TENSOR = TENSOR_MARK
 _MISSING = object()
 WALK_CHECKS = 2
+MAX_NESTING = 256  # containers in containers: deeper (or one that holds itself) is a SignatureError
 """Walked keys a signer keeps a C check for (a generate() loop's prefill and decode step take turns)."""
 
 BucketsArg = bucket_spec.BucketsArg
@@ -198,7 +199,7 @@ class Signer:
         else:
             params = self._positional[1:] if method else self._positional
             text = f"argument {params[where]!r}" if where < len(params) else f"positional argument {where}"
-        return text + _subscripts(subs)
+        return text + subscripts(subs)
 
     def short(self, label: tuple[Any, ...]) -> str:
         """A compact name for a leaf label (``x``, ``kv[1]``, ``args[3]``) for stats and logs."""
@@ -206,7 +207,7 @@ class Signer:
         if not isinstance(where, str):
             params = self._positional[1:] if method else self._positional
             where = params[where] if where < len(params) else f"args[{where}]"
-        return str(where) + _subscripts(subs)
+        return str(where) + subscripts(subs)
 
     def sign(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSignature:
         """The call's :class:`CallSignature`.  A call made only of positional tensors of one framework and plain
@@ -509,6 +510,9 @@ class _WalkState:
             tensors.append(x)
             labels.append(label)
             return backend.meta_key(x)
+        if len(label) > MAX_NESTING:  # (the label: method, argument, then one subscript a level)
+            raise SignatureError(f"{self.signer.fn_name}: {self.signer.describe(label[:2])} nests containers more than "
+                                 f"{MAX_NESTING} deep or holds itself: pass what the function needs of it otherwise")
         if isinstance(x, (tuple, list)):
             return (tp, tuple(self.leaf(e, (*label, i), tensors, labels) for i, e in enumerate(x)))
         if isinstance(x, collections.deque):
@@ -594,7 +598,3 @@ class _WalkState:
 
 
 __all__ = ["Binder", "CallSignature", "Key", "Pad", "Signer", "rebuild", "rebuild_call"]  # Binder: binder.py
-
-
-def _subscripts(subs: Sequence[Any]) -> str:
-    return "".join(f".{s}" if isinstance(s, Attr) else f"[{s!r}]" for s in subs)

@@ -31,7 +31,7 @@ from .labels import changed_argument
 from .leaves import changes, name, shown
 from .pystate import PyState, copy_or_none, dynamic_roots
 from .stats import KeyStats, State
-from .warmup import Blocked, Warmup, watched_call
+from .warmup import Blocked, Warmup, extra_run_raised, watched_call
 from .writes import Snapshot
 
 if TYPE_CHECKING:
@@ -44,10 +44,6 @@ log = logging.getLogger("graphjit")
 
 FUNCTION_WIDE = frozenset(("rebinds a tensor held by an object", "adds tensors to an object on every call"))
 """Reasons that hold for every key of the function once seen (a cache that grows makes a new key per call)."""
-
-
-def _same_roots(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> bool:
-    return len(a) == len(b) and all(x[0] == y[0] and x[1] is y[1] for x, y in zip(a, b, strict=True))
 
 
 class KeyLifecycle(abc.ABC):
@@ -119,9 +115,9 @@ class KeyLifecycle(abc.ABC):
     def fallback(self, reason: str, backend: Backend, instance: Any, args: tuple[Any, ...],
                  kwargs: dict[str, Any], key: tuple[Any, ...] | None = None, device: str | None = None,
                  untraced: bool = False) -> Any:
-        """Run the traced function uncaptured (``untraced``: the Python function itself), counted under ``reason``
-        (and under the key, if any).  With a ``device``, the key's first call checks the tracer
-        (:meth:`KeyLifecycle.runner`)."""
+        """Run the traced function uncaptured (``untraced``, or a tracer whose program keeps the Python values it was
+        translated with, Paddle's ``ast``: the Python function itself), counted under ``reason`` (and under the key,
+        if any).  With a ``device``, the key's first call checks the tracer (:meth:`KeyLifecycle.runner`)."""
         self.stats.fallback(reason)
         if key is not None:
             st = self.stats.keys.get(key)
@@ -129,8 +125,8 @@ class KeyLifecycle(abc.ABC):
                 st.uncaptured += 1
         if env.settings().debug:
             log.debug("graphjit %s: call %d runs uncaptured (%s)", self.name, self.stats.calls, reason)
-        if untraced:
-            return self.invoker.run_untraced(backend, instance, args, kwargs)
+        if untraced or not backend.tracer_rereads_values(self.invoker.tracer_name(backend)):  # ast: a program's values
+            return self.invoker.run_untraced(backend, instance, args, kwargs)  # are those it was translated with
         if key is None or device is None:
             return self.invoker.run(backend, instance, args, kwargs)
         run, traced = self.runner(backend, device, key, instance, args, kwargs)
@@ -141,12 +137,11 @@ class KeyLifecycle(abc.ABC):
 
     def uncaptured(self, reason: str, detail: str, backend: Backend, sig: CallSignature, instance: Any,
                    args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A call that cannot even try to capture (bucket overflow, several devices, max_graphs): its key says why,
-        and the call runs uncaptured under that reason.  Under a tracer that compiles (any but ``eager``), the first
-        such call of a key runs the Python function itself: a signature seen once (a cache's counters before their
-        first update moves them to the GPU, one more new key past max_graphs) is not worth a compilation, which
-        would cost seconds and, once the signature settles, a recompilation; the key's later calls run the traced
-        function."""
+        """A call that cannot even try to capture (bucket overflow, several devices, max_graphs): its key says why, and
+        the call runs uncaptured under that reason.  Under a tracer that compiles (any but ``eager``), the first such
+        call of a key runs the Python function itself: a signature seen once (a cache's counters before their first
+        update moves them to the GPU, one more new key past max_graphs) is not worth a compilation, which would cost
+        seconds and, once the signature settles, a recompilation; the key's later calls run the traced function."""
         with self.lock:
             st = self.key_stats(backend, sig)
             first = not st.uncaptured and not st.warmups and not st.replays and \
@@ -190,7 +185,7 @@ class KeyLifecycle(abc.ABC):
             log.debug("graphjit %s [%s]: warmup %d/%d wrote %s%s", self.name, st.label, warm.calls,
                       self.options.warmup, [reach.describe(p) for _t, p in obs.written] or "nothing",
                       f"; blocked: {warm.blocked.reason}" if warm.blocked else "")
-        return out, obs.after if _same_roots(roots, self.roots(instance, args, kwargs)) else None
+        return out, obs.after if reach.same_roots(roots, self.roots(instance, args, kwargs)) else None
 
     def own_key_change(self, sig: CallSignature, warm: Warmup, instance: Any, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Blocked | None:
@@ -357,8 +352,14 @@ class KeyLifecycle(abc.ABC):
         after: reach.Reach | None = None
         for k in range(count):
             last = k == count - 1
-            out, after = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last,
-                                      before=before if k == 0 else None)
+            try:
+                out, after = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=last,
+                                          before=before if k == 0 else None)
+            except Exception as exc:  # the function's own error, in a run the call did not ask for: undone
+                snap.restore({id(t) for t in warm.state(sig, backend)[0]})
+                py.restore()
+                warm.blocked = extra_run_raised(exc)
+                return None
             if last and record and warm.blocked is None:  # verify's eager reference: it need not run again
                 warm.reference = record_reference(backend, out, written, device)
             del out
@@ -376,8 +377,8 @@ class KeyLifecycle(abc.ABC):
                                        "which the call's own run did not write")
             if warm.blocked is not None:
                 return None
-        # (a run before the last that rebound a root: py does not cover the new one)
-        return (after, py) if after is not None and _same_roots(start, self.roots(instance, args, kwargs)) else None
+        same = reach.same_roots(start, self.roots(instance, args, kwargs))  # a run that rebound a root: py misses it
+        return (after, py) if after is not None and same else None
 
     def capture_key(self, backend: Backend, device: str, sig: CallSignature, warm: Warmup, instance: Any,
                     args: tuple[Any, ...], kwargs: dict[str, Any], no_adopt: frozenset[int]) -> Any:
@@ -425,10 +426,9 @@ class KeyLifecycle(abc.ABC):
         req = BuildRequest(
             fn_name=self.name, backend=backend, device=device, traced=inv.callable(traced, instance),
             capture_fn=inv.callable(capture_fn, instance), args=args, kwargs=kwargs, sig=sig, stats=st, warm=warm,
-            roots=lambda: self.roots(instance, args, kwargs), verify=self.verify(),
-            verify_budget=settings.verify_max_bytes, replay_result=not scope_run,
-            copy_outputs=self.options.outputs == "copy" or settings.check_outputs,
-            pool=self.pool_for(backend, device), dump_dir=settings.dump_dir, debug=settings.debug,
+            roots=lambda: self.roots(instance, args, kwargs), verify=self.verify(), replay_result=not scope_run,
+            copy_outputs=self.options.outputs == "copy" or settings.check_outputs, dump_dir=settings.dump_dir,
+            pool=self.pool_for(backend, device), verify_budget=settings.verify_max_bytes, debug=settings.debug,
             no_adopt=no_adopt, dynamic=self.dynamic, method=instance is not None, fed=self.fed.get(sig.base or sig.key),
             hooks_outside=instance is not None and getattr(inv.target, "__name__", None) == "forward",
             guard_sources=lambda: self.guard_sources(instance, args, kwargs),

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
+import sysconfig
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -350,6 +352,11 @@ def rebinds(before: Reach, after: Reach) -> tuple[list[Path], list[Path]]:
     return rebound, added
 
 
+def same_roots(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> bool:
+    """Whether two lists of roots (:func:`roots`) name the same objects under the same names."""
+    return len(a) == len(b) and all(x[0] == y[0] and x[1] is y[1] for x, y in zip(a, b, strict=True))
+
+
 def unwrap(fn: Any) -> Any:
     """The Python function behind decorators that keep ``__wrapped__`` (functools.wraps, wrapt); a class is
     returned as it is."""
@@ -452,3 +459,23 @@ def modules_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, Any
     elif isinstance(value, dict):
         for k, v in list(value.items())[:64]:
             yield from modules_in(f"{name}[{k!r}]", v, depth + 1)
+
+
+_USER_MODULES: dict[str, bool] = {}  # a module's file -> whether it is the user's own code
+_NOT_USER = tuple(dict.fromkeys(os.path.realpath(p) + os.sep for k, p in sysconfig.get_paths().items()
+                                if k in ("stdlib", "platstdlib", "purelib", "platlib")))
+_GRAPHJIT = os.path.dirname(os.path.realpath(__file__)) + os.sep
+
+
+def user_module(m: types.ModuleType) -> bool:
+    """Whether ``m`` is a module of the user's own code (``import config`` beside the script), whose attributes a
+    function reads as values (``config.SCALE``): one with a file outside Python's standard library, the installed
+    packages (site-packages: torch, transformers) and graphjit, whose attributes are code and constants."""
+    file = getattr(m, "__file__", None)
+    if not isinstance(file, str):
+        return False  # built into the interpreter, or a namespace package
+    found = _USER_MODULES.get(file)
+    if found is None:
+        real = os.path.realpath(file)
+        found = _USER_MODULES[file] = not real.startswith((*_NOT_USER, _GRAPHJIT))
+    return found

@@ -499,3 +499,8 @@ def _plain(tp: type) -> bool:
         if init is not None and getattr(getattr(init, "__code__", None), "co_filename", None) != "<string>":
             return False  # not dataclasses' own (it is made by exec)
     return True
+
+
+def subscripts(subs: Sequence[Any]) -> str:
+    """A path's steps as text: ``.name`` for an attribute (:class:`Attr`), ``[key]`` for an item."""
+    return "".join(f".{s}" if isinstance(s, Attr) else f"[{s!r}]" for s in subs)

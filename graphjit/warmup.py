@@ -79,6 +79,13 @@ class Blocked:
     message: str
 
 
+def extra_run_raised(exc: Exception) -> Blocked:
+    """Why a key whose extra warmup run inside ``capture_scope`` raised (the call's own run did not) runs uncaptured:
+    that run is undone, and the call returns its own run's result."""
+    return Blocked("a warmup run raised", f"an extra warmup run inside capture_scope raised {type(exc).__name__}: "
+                   f"{exc} (the call's own run did not)")
+
+
 @dataclass
 class Warmup:
     """The warmup calls of one key so far."""

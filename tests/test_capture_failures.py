@@ -48,3 +48,41 @@ def test_strict_mode_raises_the_capture_failure_after_the_eager_run():
         with pytest.raises(graphjit.CaptureError, match="raised ValueError") as info:
             g(torch.ones(2))
     assert info.value.executed and torch.equal(info.value.result, torch.full((2,), 2.0))
+
+
+def test_static_buffers_that_cannot_be_allocated_run_the_key_uncaptured():
+    """A bucket whose padded input buffers cannot be allocated (here more memory than exists; on a GPU, any bucket
+    whose buffers run the device out of memory): the call returns the eager result, and the key runs uncaptured
+    with the reason, instead of the allocator's error on every call."""
+    def f(x):
+        return x * 2
+
+    with emulated_torch():
+        g = graphjit.graphed(f, buckets={"x": {0: [1 << 40]}})
+        x = torch.ones(2, 2)
+        for _ in range(4):
+            assert torch.equal(g(x), x * 2)
+    assert "static buffers failed" in g.stats()["fallbacks"], g.report()
+
+
+def test_a_dump_folder_that_cannot_be_made_costs_the_dump_alone(tmp_path, monkeypatch, caplog):
+    """GRAPHJIT_DUMP_DIR under a file (no folder can be made there): a warning, and the key captures and replays
+    as without the variable (the folder's error escaped every call from the capturing one on, after the function
+    had run)."""
+    import graphjit.env
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("GRAPHJIT_DUMP_DIR", str(blocker / "dots"))
+    graphjit.env.refresh()
+    acc = torch.zeros(1)
+
+    def step(x):
+        acc.add_(x)
+        return acc * 1
+
+    with emulated_torch(), caplog.at_level("WARNING", logger="graphjit"):
+        g = graphjit.graphed(step)
+        for i in range(5):
+            assert g(torch.ones(1)).item() == i + 1.0
+    assert g.stats()["replays"] >= 2 and "could not write the graph dump" in caplog.text, g.report()

@@ -240,3 +240,15 @@ def test_only_env_py_reads_graphjit_variables():
         if re.search(r"""(environ\.get\(|environ\[|getenv\()\s*[fr]?["']GRAPHJIT_""", text):
             offenders.append(str(path.relative_to(PACKAGE)))
     assert offenders == []
+
+
+def test_an_empty_variable_means_its_default(monkeypatch):
+    """``GRAPHJIT_VERIFY_MAX_BYTES=`` (set, empty) was read as 0, which turned verify off for every key that writes
+    state; an empty value is the default, as an unset one."""
+    import graphjit.env as env
+
+    for name in ("GRAPHJIT_VERIFY_MAX_BYTES", "GRAPHJIT_CACHE_DIR", "GRAPHJIT_DISABLE", "GRAPHJIT_LANE"):
+        monkeypatch.setenv(name, " ")
+    settings = env.refresh()
+    assert settings.verify_max_bytes == 1 << 30
+    assert str(settings.cache_dir) not in ("", ".") and not settings.disable and settings.lane == "auto"

@@ -85,6 +85,28 @@ def test_the_ast_tracer_is_known_to_freeze_values():
     assert graphjit.graphed(lambda x: x, tracer="ast") is not None
 
 
+AST_SCALE = 2.0
+
+
+def _ast_scaled(x):
+    return x * AST_SCALE
+
+
+def test_an_uncaptured_call_under_the_ast_tracer_reads_the_current_values():
+    """A static program keeps the Python values it was translated with (plain ``to_static`` returns the old global
+    after it changed): an uncaptured call under ``tracer="ast"`` (here every call: the CPU has no CUDA graphs) runs
+    the Python function, so it reads the current ones, as the eager call does."""
+    global AST_SCALE
+    g = graphjit.graphed(_ast_scaled, tracer="ast")
+    x = paddle.ones([2])
+    try:
+        assert float(g(x).numpy()[0]) == 2.0
+        AST_SCALE = 5.0
+        assert float(g(x).numpy()[0]) == 5.0
+    finally:
+        AST_SCALE = 2.0
+
+
 def test_a_rebound_dict_of_a_layer_is_read_anew():
     """``layer.cfg = {...}`` after the capture: the guards read the new dict (an equal one holds, another value is a
     change naming the path), as with torch."""

@@ -134,3 +134,27 @@ def test_an_attribute_dict_read_by_the_function_is_guarded_not_a_crash(emu):
     finally:
         CONFIG.scale = 2.0
     assert scaled.stats()["replays"] >= 3, scaled.report()
+
+
+@pytest.mark.parametrize("kind", ["list", "dict", "deep"])
+def test_an_argument_that_holds_itself_or_nests_too_deep_is_a_signature_error_naming_it(kind):
+    """Not a RecursionError from inside graphjit: the documented SignatureError, naming the argument."""
+    torch = pytest.importorskip("torch")
+
+    @graphjit.graphed
+    def f(x, extra):
+        return x * 2
+
+    x = torch.ones(2)
+    if kind == "list":
+        extra: object = [x]
+        extra.append(extra)  # type: ignore[attr-defined]
+    elif kind == "dict":
+        extra = {"t": x}
+        extra["me"] = extra  # type: ignore[index]
+    else:
+        extra = [x]
+        for _ in range(400):
+            extra = [extra]
+    with pytest.raises(graphjit.SignatureError, match="argument 'extra' nests containers more than 256 deep"):
+        f(x, extra)

@@ -170,3 +170,27 @@ def test_bad_total_is_a_config_error(total):
     with pytest.raises(graphjit.ConfigError, match=rf"capture_scope\(total={re.escape(repr(total))}\): expected "
                                                    r"the number of captures to expect \(int >= 0\)"):
         graphjit.capture_scope(total=total)
+
+
+def test_an_extra_warmup_run_that_raises_is_undone_and_the_call_keeps_its_own_result(emu):
+    """Inside a scope a key's first call runs for itself, then graphjit's extra warmup runs: where one of those
+    raises (its own run did not), what it wrote is put back, the call returns its own run's result, and the key runs
+    uncaptured with the reason: the state is one eager call's, then two, three, ..."""
+    torch = pytest.importorskip("torch")
+    runs = iter(range(100))
+    acc = torch.zeros(1)
+
+    @graphjit.graphed
+    def step(x):
+        acc.add_(x)
+        if next(runs) == 1:  # the second execution: graphjit's extra run
+            raise ValueError("second execution")
+        return acc * 1
+
+    x = torch.ones(1)
+    with graphjit.capture_scope(progress=False):
+        assert step(x).item() == 1.0
+    assert acc.item() == 1.0
+    for i in range(3):
+        assert step(x).item() == i + 2.0
+    assert "a warmup run raised" in step.stats()["fallbacks"], step.report()

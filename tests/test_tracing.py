@@ -62,7 +62,9 @@ def test_paddle_control_flow_equals_eager(tracer):
             np.testing.assert_allclose(got_y.numpy(), want_y.numpy(), rtol=1e-6, atol=1e-6)
             np.testing.assert_allclose(got_s.numpy(), want_s.numpy(), rtol=1e-5, atol=1e-5)
     traced = traced_of(g, "paddle")
-    expected = {"auto": "SotFunction", "sot": "SotFunction", "ast": "ASTStaticFunction"}
+    # ast: no program on a CPU, where every call is uncaptured: such a call runs the Python function (a static
+    # program keeps the Python values it was translated with)
+    expected = {"auto": "SotFunction", "sot": "SotFunction", "ast": "NoneType"}
     if tracer == "eager":
         assert traced is control_flow
     else:

@@ -1,0 +1,66 @@
+"""Values a graphed function reads as attributes of the user's own modules (``import config``; ``config.SCALE``), on
+the CPU through the emulated CUDA graph (a replay runs no Python, so a value frozen at capture shows): each change
+between calls is a guarded value that changed, as a global of the function's own module is, and every call equals the
+eager one.  Modules of Python's standard library and of installed packages (``math.pi``, ``torch.float32``) are not
+read for values (graphjit.reach.user_module)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import config_module as config  # noqa: E402
+
+import graphjit  # noqa: E402
+from graphjit.reach import user_module  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _scaled(x):
+    return x * config.SCALE
+
+
+def _shifted(x):
+    return x + config.TABLE["shift"][0]
+
+
+def _tempered(x):
+    return x / config.Knobs.temp
+
+
+def _set_scale(v):
+    config.SCALE = v
+
+
+def _set_shift(v):
+    config.TABLE["shift"][0] = v
+
+
+def _set_temp(v):
+    config.Knobs.temp = v
+
+
+@pytest.mark.parametrize(("fn", "change", "start"), [(_scaled, _set_scale, 1.0), (_shifted, _set_shift, 0.0),
+                                                     (_tempered, _set_temp, 1.0)], ids=["rebound", "item", "class"])
+def test_a_value_of_the_users_own_module_is_guarded(emu, fn, change, start):
+    g = graphjit.graphed(fn)
+    x = torch.ones(2, 4)
+    try:
+        with torch.no_grad():
+            for i in range(9):
+                if i == 5:
+                    change(3.0)
+                assert torch.equal(g(x), fn(x)), (i, g.report())
+    finally:
+        change(start)
+    st = g.stats()
+    assert st["graphs"] == 2 and st["replays"] >= 4, g.report()
+
+
+def test_only_the_users_own_modules_are_read_for_values():
+    assert user_module(config)
+    assert not user_module(math) and not user_module(torch) and not user_module(graphjit)
