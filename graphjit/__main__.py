@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import __version__
+from .errors import GraphjitError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -185,6 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         code = 130
+    except (GraphjitError, OSError) as exc:  # a setting or a path the user gave: one line that names it
+        if args.verbose:
+            traceback.print_exc()
+        print(f"graphjit: {exc}", file=sys.stderr, flush=True)
+        code = 2 if isinstance(exc, GraphjitError) else 1
     except Exception:  # a bug in a command: show it, and still reach the --hard-exit below
         traceback.print_exc()
         code = 1

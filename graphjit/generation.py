@@ -280,14 +280,20 @@ def graph_generation(model: Any, *, prefill_buckets: Any = None, **options: Any)
     returned sequences (:mod:`graphjit.prompt_buckets`): the prefill of every length in one bucket is one key, graphed
     once it repeats.  Its logits may then differ from the unpadded call's by floating-point rounding.
     Raises :class:`~graphjit.errors.ConfigError` for an object that is not a generating model or bad
-    ``prefill_buckets``, and whatever :func:`graphjit.graphed` raises for a bad option."""
+    ``prefill_buckets``, and whatever :func:`graphjit.graphed` raises for a bad option.  Called again on a model it
+    prepared, with the same options or none, it returns the model as it is; with others it raises ConfigError."""
     missing = [a for a in ("generate", "forward", "generation_config") if getattr(model, a, None) is None]
     if missing:
         raise ConfigError(f"graph_generation(model={type(model).__name__}): expected a model with generate(), "
                           f"forward() and a generation_config (a transformers generating model); it has no "
                           f"{', '.join(missing)}")
     buckets = None if prefill_buckets is None else prompt_buckets.parse(prefill_buckets)
-    if getattr(model, _MARK, False):
+    asked = repr((sorted(options.items()), prefill_buckets))
+    done = getattr(model, _MARK, None)
+    if done is not None:
+        if done != asked and (options or prefill_buckets is not None):  # (none asked: the model as it is)
+            raise ConfigError(f"graph_generation({type(model).__name__}): the model was prepared with other options "
+                              f"({done}); they cannot change on a prepared model (make the model anew)")
         return model
     if "max_graphs" not in options and env.settings().max_graphs is None:
         options = {**options, "max_graphs": MAX_GRAPHS}
@@ -304,7 +310,7 @@ def graph_generation(model: Any, *, prefill_buckets: Any = None, **options: Any)
     model.generate = around.generate_call
     if around.prepare is not None:
         model._prepare_static_cache = around.prepare_call
-    setattr(model, _MARK, True)
+    setattr(model, _MARK, asked)
     log.info("graphjit: graph_generation(%s): forward graphed%s; its generate() runs without transformers' own "
              "compilation (disable_compile=True) and with a static cache unless told otherwise%s", type(model).__name__,
              " (tracer='compile' for the decode step only: calls of several new tokens, a prefill, run the eager "

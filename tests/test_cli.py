@@ -255,3 +255,19 @@ def test_a_benchmark_whose_framework_half_cannot_start_says_so_in_its_json(tmp_p
     assert written["error"] == "ImportError: no module named 'torch'" and "broken" in written["traceback"]
     half = object()
     assert common.start("capture", data, path, lambda: half) is half and data["env"]["python"]
+
+
+def test_a_bad_setting_or_path_is_one_line_not_a_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """An invalid GRAPHJIT_* value is the ConfigError's line (status 2); an output path that cannot be written is
+    the OSError's line (status 1); neither prints a traceback (``-v`` adds it)."""
+    run = subprocess.run([sys.executable, "-m", "graphjit", "build"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "GRAPHJIT_MAX_GRAPHS": "abc"})
+    assert run.returncode == 2 and "GRAPHJIT_MAX_GRAPHS='abc'" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = str(blocker / "sub" / "x.json")
+    assert main(["bench", "dispatch", "--iters", "2", "--repeats", "1", "--no-plot", "--out", out]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("graphjit: ") and "Traceback" not in err, err

@@ -364,3 +364,26 @@ def test_the_compile_tracer_leaves_an_encoder_decoders_first_decoder_step_to_the
     assert len(compiled_calls) <= decode["calls"] and decode["graphs"] == 1
     model.forward(input_ids=prompt, decoder_input_ids=prompt[:, :1])  # outside generate(): by its length alone
     assert model.forward.stats()["phases"]["decode"]["calls"] == decode["calls"] + 1
+
+
+def test_graph_generation_again_returns_the_model_or_refuses_other_options():
+    """Called again on a model it prepared: the same options, or none, return it as it is; other options (which it
+    cannot apply to a prepared model) are a ConfigError, not silently dropped."""
+
+    class Generating:  # what graph_generation asks of a model
+        generation_config = object()
+
+        def forward(self, x):
+            return x
+
+        def generate(self, *args, **kwargs):
+            return None
+
+    model = Generating()
+    assert graphjit.graph_generation(model, warmup=2) is model
+    forward = model.forward
+    assert graphjit.graph_generation(model, warmup=2) is model and model.forward is forward
+    assert graphjit.graph_generation(model) is model and model.forward is forward
+    for options in ({"warmup": 3}, {"bogus_option": 1}, {"prefill_buckets": (16,)}):
+        with pytest.raises(graphjit.ConfigError, match="prepared with other options"):
+            graphjit.graph_generation(model, **options)
