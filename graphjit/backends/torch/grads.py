@@ -187,8 +187,9 @@ class CallMark(StepPart):
 
     def learn(self) -> bool:
         self.stepped = set(getattr(_LOCAL, "stepped", None) or ())
-        zeroed = _zeroed()
-        self.left = [p for p, _b, _v, _own in zeroed.values() if _left_zeroed(p, zeroed.get(id(p)))]
+        zeroed = _zeroed()  # (a buffer set back to None before the step counts: a replay leaves it zeroed)
+        self.left = [p for p, _b, _v, own in zeroed.values()
+                     if own and (p.grad is None or _left_zeroed(p, zeroed.get(id(p))))]
         return False
 
     def captured(self) -> None:
