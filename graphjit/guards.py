@@ -250,17 +250,16 @@ class Sources:
 
 
 def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] = ()) -> Sources:
-    """The closure cells and globals of ``fn`` and of the Python functions it reaches through them (and the attributes
-    their code names of the user's own modules among those globals: ``config.SCALE``), the objects to walk (``bound``,
-    a callable object, Layer/Module objects among ``args``), and the names the code of those functions uses.  Islands
-    (:func:`graphjit.eager`) are not followed."""
+    """The closure cells and globals of ``fn`` and of the Python functions it reaches through them (with what their
+    code names of the user's own modules among those: ``config.SCALE``), the objects to walk (``bound``, a callable
+    object, Layer/Module objects among ``args``), the names their code uses.  Islands (``eager``) are not followed."""
     from .islands import island_of
 
     objects: list[tuple[str, Any]] = []
     slots: list[tuple[Any, str, Any, Path]] = []
     names: set[str] = set()
     anchors: dict[int, Place] = {}
-    probes, own = [NO_PROBES], set[tuple[int, str]]()
+    probes, own, modules = [NO_PROBES], set[tuple[int, str]](), set[int]()
     absent: dict[tuple[int, str], tuple[dict[str, Any], str, Path]] = {}
     if bound is not None:
         objects.append(("self", bound))
@@ -292,22 +291,23 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
         own.update((id(g), var) for var in probed.globals)
         named = code_names(code)
 
-        def place(g: dict[str, Any], var: str, path: Path, modules: frozenset[int]) -> None:
+        def place(g: dict[str, Any], var: str, path: Path) -> None:
             value = g[var]
             if guardable(value) or by_identity(value, _never) or _pinnable(value):
                 slots.append((g, "globals", var, path))
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
             elif isinstance(value, types.ModuleType):  # the user's own (``config.SCALE``): what the code names of it
-                if user_module(value) and id(value) not in modules:
+                if user_module(value) and id(value) not in modules:  # each once a sources() call
+                    modules.add(id(value))
                     for attr in sorted(named.intersection(value.__dict__)):
-                        place(value.__dict__, attr, (*path, (".", attr)), modules | {id(value)})
+                        place(value.__dict__, attr, (*path, (".", attr)))
             elif not guardable(value) and not opaque(value):
                 objects.append((describe(path), value))
                 if isinstance(value, _LINKED):
                     anchors.setdefault(id(value), (g, "globals", var, value, path))
         for var in (v for v in global_names(code) if v in g):
-            place(g, var, (f"global {var!r}",), frozenset())
+            place(g, var, (f"global {var!r}",))
         return follow
 
     functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=OPAQUE_VALUES)

@@ -464,18 +464,21 @@ def modules_in(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, Any
 _USER_MODULES: dict[str, bool] = {}  # a module's file -> whether it is the user's own code
 _NOT_USER = tuple(dict.fromkeys(os.path.realpath(p) + os.sep for k, p in sysconfig.get_paths().items()
                                 if k in ("stdlib", "platstdlib", "purelib", "platlib")))
+_PACKAGES = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")  # any installed package's folder
 _GRAPHJIT = os.path.dirname(os.path.realpath(__file__)) + os.sep
 
 
 def user_module(m: types.ModuleType) -> bool:
     """Whether ``m`` is a module of the user's own code (``import config`` beside the script), whose attributes a
     function reads as values (``config.SCALE``): one with a file outside Python's standard library, the installed
-    packages (site-packages: torch, transformers) and graphjit, whose attributes are code and constants."""
-    file = getattr(m, "__file__", None)
+    packages (any site-packages or dist-packages folder: torch, transformers) and graphjit, whose attributes are code
+    and constants."""
+    file = m.__dict__.get("__file__")  # (not getattr: a module's own __getattr__ may raise anything)
     if not isinstance(file, str):
         return False  # built into the interpreter, or a namespace package
     found = _USER_MODULES.get(file)
     if found is None:
         real = os.path.realpath(file)
-        found = _USER_MODULES[file] = not real.startswith((*_NOT_USER, _GRAPHJIT))
+        found = _USER_MODULES[file] = not real.startswith((*_NOT_USER, _GRAPHJIT)) and not any(
+            part in real for part in _PACKAGES)
     return found

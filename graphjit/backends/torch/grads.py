@@ -25,6 +25,7 @@ installed once, at the first training step graphjit prepares, and step aside whe
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Iterable
@@ -36,6 +37,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from ...feeds import StepPart
 
 _BUFFERS: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}  # id(param) -> (param, its buffer)
+log = logging.getLogger("graphjit")
 
 
 def buffer_of(p: torch.Tensor) -> torch.Tensor | None:
@@ -240,21 +242,24 @@ class OwnedGrads(StepPart):
             for p, b in zero:
                 zeroed[id(p)] = (p, b, b._version, False)
         if self.learning:
-            self.seen = [p.grad for p in self.params]
+            self.seen = [(g, g._version if g is not None else -1) for g in (p.grad for p in self.params)]
 
     def replayed(self) -> None:
         for p in self.unused:
             p.grad = None
 
     def learn(self) -> bool:
-        """After a call that ran Python: own the gradients it made or replaced."""
+        """After a call that ran Python: own the gradients it made or replaced, and those it wrote in a buffer another
+        key owns (a key first called after another key's calls: a backward into that buffer)."""
         seen, self.seen = self.seen, None
         if seen is None:
             return False
         owned = {id(p) for p, _b in self.pairs}
-        for p, before in zip(self.params, seen):
+        for p, (before, version) in zip(self.params, seen):
             g = p.grad
-            if g is None or g is before or id(p) in owned or g.is_sparse:
+            if g is None or id(p) in owned or g.is_sparse:
+                continue
+            if (g is not buffer_of(p) or g._version == version) and g is before:  # not made, replaced nor written
                 continue
             buf = buffer_of(p)
             if buf is None:
@@ -286,13 +291,14 @@ class GradLayout(StepPart):
     backward then makes new gradients).  A step that runs its backward needs no such check: :class:`OwnedGrads`
     puts its buffers back before each call."""
 
-    __slots__ = ("expected", "mark", "owned", "params")
+    __slots__ = ("expected", "mark", "owned", "params", "said")
 
     def __init__(self, params: list[torch.Tensor], mark: CallMark, owned: OwnedGrads | None) -> None:
         self.params = params
         self.mark = mark
         self.owned = owned
         self.expected: list[tuple[torch.Tensor, bool, torch.Tensor | None, bool]] = []
+        self.said = False  # the first refusal is logged at WARNING (the others are counted in stats())
 
     def captured(self) -> None:
         owned = {id(p) for p, _b in self.owned.pairs} if self.owned is not None else set()
@@ -305,10 +311,18 @@ class GradLayout(StepPart):
     def stale(self) -> str | None:
         for p, requires, grad, owned in self.expected:
             if p.requires_grad is not requires:
-                return ("a parameter's requires_grad changed since the capture (call reset() after freezing or "
-                        "unfreezing parameters)")
+                return self.say("a parameter's requires_grad changed since the capture (call reset() after freezing "
+                                "or unfreezing parameters)", p)
             if not owned and p.grad is not grad:
-                return ("a gradient it reads is another tensor than at the capture (zero_grad() with set_to_none=True "
-                        "before a backward outside the function: graph the backward with the step, or call "
-                        "zero_grad(set_to_none=False))")
+                return self.say("a gradient it reads is another tensor than at the capture (zero_grad() with "
+                                "set_to_none=True before a backward outside the function: graph the backward with "
+                                "the step, or call zero_grad(set_to_none=False))", p)
         return None
+
+    def say(self, reason: str, p: torch.Tensor) -> str:
+        """``reason``, logged at WARNING the first time (a parameter of shape ``p.shape``)."""
+        if not self.said:
+            self.said = True
+            log.warning("graphjit: a graphed training step runs uncaptured: %s (a parameter of shape %s)", reason,
+                        tuple(p.shape))
+        return reason
