@@ -187,3 +187,30 @@ def test_a_key_first_called_after_another_keys_calls_owns_the_gradients_it_write
             assert (p.grad is None) == (q.grad is None), (i, g.report())
         assert _equal(graphed_model, eager_model) <= 1e-6, (i, g.report())
     assert not g.stats()["fallbacks"] and all(k["replays"] >= 4 for k in g.stats()["keys"]), g.report()
+
+
+def _micro(model, x, y):
+    loss = torch.nn.functional.mse_loss(model(x), y) / 4
+    loss.backward()
+    return loss.detach()
+
+
+def test_a_forward_and_backward_graphed_apart_from_an_eager_optimizer_accumulates_as_eagerly(emu):
+    """Gradient accumulation with the micro-batch's forward and backward graphed and the optimizer eager (no
+    optimizer in the function's reach), ``zero_grad()``'s default after each update: the replays wrote the
+    gradients into tensors no parameter held any more (each ``.grad`` stayed None, the update skipped every
+    parameter); the key now keeps the gradient buffers as a training step does."""
+    eager_model, graphed_model = _model(), _model()
+    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=1e-2, fused=True)
+    opt = torch.optim.AdamW(graphed_model.parameters(), lr=1e-2, fused=True)
+    g = graphjit.graphed(_micro)
+    for i, (x, y) in enumerate(_batches(24)):
+        assert torch.equal(g(graphed_model, x, y), _micro(eager_model, x, y)), i
+        for p, q in zip(graphed_model.parameters(), eager_model.parameters()):
+            assert (p.grad is None) == (q.grad is None) and torch.allclose(p.grad, q.grad, atol=1e-7), (i, g.report())
+        if i % 4 == 3:
+            for o in (opt, eager_opt):
+                o.step()
+                o.zero_grad()
+        assert _equal(graphed_model, eager_model) <= 1e-6, (i, g.report())
+    assert g.stats()["replays"] >= 18 and not g.stats()["fallbacks"], g.report()

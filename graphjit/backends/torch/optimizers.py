@@ -211,10 +211,13 @@ class Adopt(StepPart):
 
 def prepare(roots: list[tuple[str, Any]]) -> StepContext | None:
     """The context of a key's calls when the call reaches optimizers (see the module docstring): a call mark, the
-    optimizers' preparation once a call shows they step, the fed learning rates, the gradient buffers; None
-    when it reaches none."""
+    optimizers' preparation once a call shows they step, the fed learning rates, the gradient buffers.  Without an
+    optimizer, where the first call runs with grad enabled and reaches Modules with parameters that require grad (a
+    forward and backward graphed apart from an eager optimizer step: gradient accumulation), the call mark and the
+    gradient buffers alone (a backward into a gradient ``zero_grad()`` set to None is written in the buffer, which is
+    the parameter's gradient again); else None."""
     opts = optimizers(roots)
-    if not opts:
+    if not opts and not (torch.is_grad_enabled() and any(p.requires_grad for p in _reached(roots, opts))):
         return None
     mark = CallMark()
     feeds = Feeds([], _fill)
