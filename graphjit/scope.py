@@ -170,8 +170,9 @@ def graphed_call(phase: str) -> Iterator[None]:
     """Mark the calling thread as inside a graphed call (``phase``: "warmup", "capture" or "replay")."""
     previous = getattr(_tls, "phase", None)
     _tls.phase = phase
+    _tls.run = next(_capture_ids)  # each run of the function its own number (run_id)
     if phase == "capture":
-        _tls.capture = next(_capture_ids)
+        _tls.capture = _tls.run
     try:
         yield
     finally:
@@ -200,6 +201,12 @@ def phase() -> str | None:
     """The graphed-call phase of this thread ("warmup", "capture", "replay", "island": a piecewise graph's replay
     loop, its islands' code), or None."""
     return getattr(_tls, "phase", None)
+
+
+def run_id() -> int:
+    """A number identifying the graphed-call run (a warmup, capture or reference run of the function) this thread is
+    in or was in last (0: none yet)."""
+    return getattr(_tls, "run", 0)
 
 
 def last_capture() -> int:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ... import scope
 from ...feeds import StepPart
 
 _BUFFERS: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}  # id(param) -> (param, its buffer)
@@ -63,7 +64,7 @@ def _depth() -> int:
     return getattr(_LOCAL, "depth", 0)
 
 
-def _zeroed() -> dict[int, tuple[torch.Tensor, torch.Tensor, int, bool]]:
+def _zeroed() -> dict[int, tuple[torch.Tensor, torch.Tensor, int, bool, int]]:
     z = getattr(_LOCAL, "zeroed", None)
     if z is None:
         z = _LOCAL.zeroed = {}
@@ -97,11 +98,11 @@ def _zero_in_place(params: Iterable[torch.Tensor]) -> bool:
     torch._foreach_zero_([g for _p, g in zero])
     zeroed = _zeroed()
     for p, g in zero:
-        zeroed[id(p)] = (p, g, g._version, True)
+        zeroed[id(p)] = (p, g, g._version, True, scope.run_id())
     return True
 
 
-def _left_zeroed(p: torch.Tensor, rec: tuple[torch.Tensor, torch.Tensor, int, bool] | None) -> bool:
+def _left_zeroed(p: torch.Tensor, rec: tuple[torch.Tensor, torch.Tensor, int, bool, int] | None) -> bool:
     """Whether the function's own ``zero_grad()`` zeroed ``p``'s buffer in this call and nothing wrote it since: its
     gradient is None eagerly."""
     return rec is not None and rec[3] and p.grad is rec[1] and rec[1]._version == rec[2]
@@ -121,7 +122,10 @@ def _before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     for group in opt.param_groups:
         for p in group["params"]:
             rec = zeroed.get(id(p))
-            if rec is not None and p.grad is rec[1] and rec[1]._version == rec[2]:
+            # (a zero_grad() of another run of the function in this call, a capture's before verify's reference run,
+            # is not this run's: that run's step reads the gradients it finds)
+            if rec is not None and (not rec[3] or rec[4] == scope.run_id()) and p.grad is rec[1] and \
+                    rec[1]._version == rec[2]:
                 p.grad = None
 
 
@@ -182,15 +186,16 @@ class CallMark(StepPart):
         if depth == 0:
             _LOCAL.stepped = None
             zeroed = _zeroed()
-            for p, _b, _v, _own in list(zeroed.values()):  # zero_grad() last: None, as eagerly (never after a replay:
-                if _left_zeroed(p, zeroed.get(id(p))):  # no Python ran, so no record is the function's own)
-                    p.grad = None
+            # zero_grad() last: None, as eagerly (never after a replay: no Python ran, so no record is the function's)
+            for rec in list(zeroed.values()):
+                if _left_zeroed(rec[0], rec):
+                    rec[0].grad = None
             zeroed.clear()
 
     def learn(self) -> bool:
         self.stepped = set(getattr(_LOCAL, "stepped", None) or ())
         zeroed = _zeroed()  # (a buffer set back to None before the step counts: a replay leaves it zeroed)
-        self.left = [p for p, _b, _v, own in zeroed.values()
+        self.left = [p for p, _b, _v, own, _run in zeroed.values()
                      if own and (p.grad is None or _left_zeroed(p, zeroed.get(id(p))))]
         return False
 
@@ -240,7 +245,7 @@ class OwnedGrads(StepPart):
             torch._foreach_zero_([b for _p, b in zero])
             zeroed = _zeroed()
             for p, b in zero:
-                zeroed[id(p)] = (p, b, b._version, False)
+                zeroed[id(p)] = (p, b, b._version, False, 0)
         if self.learning:
             self.seen = [(g, g._version if g is not None else -1) for g in (p.grad for p in self.params)]
 
