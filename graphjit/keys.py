@@ -40,8 +40,8 @@ TENSOR_MARK = ("<tensor>",)
 _TENSOR = TENSOR_MARK
 _MISSING = object()
 WALK_CHECKS = 2
-MAX_NESTING = 256  # containers in containers: deeper (or one that holds itself) is a SignatureError
 """Walked keys a signer keeps a C check for (a generate() loop's prefill and decode step take turns)."""
+MAX_NESTING = 256  # containers in containers: deeper (or one that holds itself) is a SignatureError
 
 BucketsArg = bucket_spec.BucketsArg
 

@@ -102,10 +102,15 @@ def _zero_in_place(params: Iterable[torch.Tensor]) -> bool:
     return True
 
 
+def _unwritten(p: torch.Tensor, rec: tuple[torch.Tensor, torch.Tensor, int, bool, int]) -> bool:
+    """Whether ``p``'s gradient is still the buffer ``rec`` zeroed and nothing wrote it since."""
+    return p.grad is rec[1] and rec[1]._version == rec[2]
+
+
 def _left_zeroed(p: torch.Tensor, rec: tuple[torch.Tensor, torch.Tensor, int, bool, int] | None) -> bool:
     """Whether the function's own ``zero_grad()`` zeroed ``p``'s buffer in this call and nothing wrote it since: its
     gradient is None eagerly."""
-    return rec is not None and rec[3] and p.grad is rec[1] and rec[1]._version == rec[2]
+    return rec is not None and rec[3] and _unwritten(p, rec)
 
 
 def _before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -124,8 +129,7 @@ def _before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             rec = zeroed.get(id(p))
             # (a zero_grad() of another run of the function in this call, a capture's before verify's reference run,
             # is not this run's: that run's step reads the gradients it finds)
-            if rec is not None and (not rec[3] or rec[4] == scope.run_id()) and p.grad is rec[1] and \
-                    rec[1]._version == rec[2]:
+            if rec is not None and (not rec[3] or rec[4] == scope.run_id()) and _unwritten(p, rec):
                 p.grad = None
 
 
@@ -195,8 +199,7 @@ class CallMark(StepPart):
     def learn(self) -> bool:
         self.stepped = set(getattr(_LOCAL, "stepped", None) or ())
         zeroed = _zeroed()  # (a buffer set back to None before the step counts: a replay leaves it zeroed)
-        self.left = [p for p, _b, _v, own, _run in zeroed.values()
-                     if own and (p.grad is None or _left_zeroed(p, zeroed.get(id(p))))]
+        self.left = [rec[0] for rec in zeroed.values() if rec[3] and (rec[0].grad is None or _unwritten(rec[0], rec))]
         return False
 
     def captured(self) -> None:
@@ -296,13 +299,14 @@ class GradLayout(StepPart):
     backward then makes new gradients).  A step that runs its backward needs no such check: :class:`OwnedGrads`
     puts its buffers back before each call."""
 
-    __slots__ = ("expected", "mark", "owned", "params", "said")
+    __slots__ = ("expected", "mark", "owned", "params", "reads", "said")
 
     def __init__(self, params: list[torch.Tensor], mark: CallMark, owned: OwnedGrads | None) -> None:
         self.params = params
         self.mark = mark
         self.owned = owned
-        self.expected: list[tuple[torch.Tensor, bool, torch.Tensor | None, bool]] = []
+        self.expected: list[tuple[torch.Tensor, bool, torch.Tensor | None]] = []
+        self.reads = False  # the step owns no gradient: the ones it reads must stay the tensors they were
         self.said = False  # the first refusal is logged at WARNING (the others are counted in stats())
 
     def captured(self) -> None:
@@ -311,14 +315,15 @@ class GradLayout(StepPart):
         if not stepped and not owned:  # no backward, no step (an evaluation function holding a trainer): no check
             self.expected = []
             return
-        self.expected = [(p, p.requires_grad, p.grad, bool(owned)) for p in self.params]
+        self.expected = [(p, p.requires_grad, p.grad) for p in self.params]
+        self.reads = not owned
 
     def stale(self) -> str | None:
-        for p, requires, grad, owned in self.expected:
+        for p, requires, grad in self.expected:
             if p.requires_grad is not requires:
                 return self.say("a parameter's requires_grad changed since the capture (call reset() after freezing "
                                 "or unfreezing parameters)", p)
-            if not owned and p.grad is not grad:
+            if self.reads and p.grad is not grad:
                 return self.say("a gradient it reads is another tensor than at the capture (zero_grad() with "
                                 "set_to_none=True before a backward outside the function: graph the backward with "
                                 "the step, or call zero_grad(set_to_none=False))", p)

@@ -217,7 +217,8 @@ def prepare(roots: list[tuple[str, Any]]) -> StepContext | None:
     gradient buffers alone (a backward into a gradient ``zero_grad()`` set to None is written in the buffer, which is
     the parameter's gradient again); else None."""
     opts = optimizers(roots)
-    if not opts and not (torch.is_grad_enabled() and any(p.requires_grad for p in _reached(roots, opts))):
+    reached = _reached(roots, opts)
+    if not opts and not (torch.is_grad_enabled() and any(p.requires_grad for p in reached)):
         return None
     mark = CallMark()
     feeds = Feeds([], _fill)
@@ -231,7 +232,6 @@ def prepare(roots: list[tuple[str, Any]]) -> StepContext | None:
         if id(opt) not in scheduled:
             hyper.watch(where, opt)
     parts.append(hyper)
-    reached = _reached(roots, opts)
     params = [p for p in reached if p.requires_grad]
     owned = OwnedGrads(params) if params else None
     if owned is not None:
