@@ -257,8 +257,7 @@ def test_a_benchmark_whose_framework_half_cannot_start_says_so_in_its_json(tmp_p
     assert common.start("capture", data, path, lambda: half) is half and data["env"]["python"]
 
 
-def test_a_bad_setting_or_path_is_one_line_not_a_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_setting_or_path_is_one_line_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An invalid GRAPHJIT_* value is the ConfigError's line (status 2); an output path that cannot be written is
     the OSError's line (status 1); neither prints a traceback (``-v`` adds it)."""
     run = subprocess.run([sys.executable, "-m", "graphjit", "build"], capture_output=True, text=True, timeout=120,
