@@ -439,12 +439,13 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
                   kwargs: dict[str, Any]) -> str | _Ran:
         """The one device of the call's tensors; or, where no graph can be captured for the call, the
         result of running it uncaptured (counted under its reason)."""
+        if (why := backend.unstrided_input(sig.tensors, sig.paths)) is not None:
+            self.say_once(logging.WARNING, "unstrided", "graphjit %s: %s; running uncaptured", self.name, why)
+            return _Ran(self.uncaptured("an input is not a strided tensor", why, backend, sig, instance, args, kwargs))
         devices = sorted({backend.device_str(t) for t in sig.tensors})
         if len(devices) > 1:
             reason = f"inputs on several devices ({', '.join(devices)})"
-            first: dict[str, str] = {}
-            for t, path in zip(sig.tensors, sig.paths):
-                first.setdefault(backend.device_str(t), path)
+            first = {backend.device_str(t): path for t, path in reversed(list(zip(sig.tensors, sig.paths)))}
             where = ", ".join(f"{path} is on {device}" for device, path in sorted(first.items()))
             why = (f"{where}; a CUDA graph runs on one device: put every tensor the call passes on one device (a "
                    "cache's counters too; a cache may move them at its first update)")
@@ -461,8 +462,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
             st = self.key_stats(backend, sig)
             st.state, st.reason = State.EAGER, reason
             self.failed[sig.key] = reason
-        active = scope_mod.current()
-        if active is not None:
+        if (active := scope_mod.current()) is not None:
             active.note_uncaptured(reason)
         return _Ran(self.fallback(reason, backend, instance, args, kwargs, sig.key, device))
 

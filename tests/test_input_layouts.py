@@ -190,3 +190,18 @@ def test_a_written_input_and_an_overlapping_view_run_uncaptured_with_the_reason(
     from graphjit.buffers import OVERLAP
 
     assert OVERLAP in g.stats()["fallbacks"], g.report()
+
+
+def test_a_sparse_input_runs_uncaptured_under_its_reason(emu, caplog):
+    def spmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.mm(a, b) * 2
+
+    g = graphjit.graphed(spmm, tracer="eager")
+    a = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0]), (2, 2))
+    b = torch.randn(2, 3)
+    with caplog.at_level("WARNING", logger="graphjit"):
+        for _ in range(4):  # warmup, capture and replay would each have cloned it (a RuntimeError of torch's)
+            assert torch.equal(g(a, b), spmm(a, b))
+    st = g.stats()
+    assert st["captures"] == 0 and st["fallbacks"] == {"an input is not a strided tensor": 4}, st
+    assert "argument 'a' is a tensor of layout torch.sparse_coo" in caplog.text

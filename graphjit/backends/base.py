@@ -213,6 +213,19 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def is_floating(self, t: Any) -> bool: ...
 
+    def unstrided(self, t: Any) -> str | None:
+        """What ``t`` is where a graph cannot take it as an input (a sparse tensor: no one buffer at one address to
+        copy into and read from), else None."""
+        return None
+
+    def unstrided_input(self, tensors: Sequence[Any], paths: Sequence[str]) -> str | None:
+        """Why a call cannot be captured where one of its tensors is not strided (:meth:`unstrided`; the first, by
+        its path), else None: the call then runs uncaptured under that reason."""
+        for t, path in zip(tensors, paths):
+            if (what := self.unstrided(t)) is not None:
+                return f"{path} is {what}: a CUDA graph reads each input from one strided buffer (pass it dense)"
+        return None
+
     @abc.abstractmethod
     def nbytes(self, t: Any) -> int: ...
 

@@ -228,6 +228,9 @@ class PaddleBackend(Backend):
     def is_floating(self, t: Any) -> bool:
         return bool(t.is_floating_point())
 
+    def unstrided(self, t: Any) -> str | None:
+        return "a sparse tensor" if t.is_sparse() else None
+
     def nbytes(self, t: Any) -> int:
         return int(t.numel()) * int(t.element_size())
 

@@ -235,6 +235,9 @@ class TorchBackend(Backend):
     def is_floating(self, t: Any) -> bool:
         return bool(t.is_floating_point() or t.is_complex())
 
+    def unstrided(self, t: Any) -> str | None:
+        return None if t.layout is torch.strided else f"a tensor of layout {t.layout}"
+
     def nbytes(self, t: Any) -> int:
         return int(t.numel() * t.element_size())
 
