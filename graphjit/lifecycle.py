@@ -296,8 +296,7 @@ class KeyLifecycle(abc.ABC):
         st.uncaptured += 1
         if blocked.reason in FUNCTION_WIDE:
             self.blocked_fn = blocked
-        active = scope_mod.current()
-        if active is not None:
+        if (active := scope_mod.current()) is not None:
             active.note_capture(self.name, st.label, 0.0, ok=False, reason=blocked.reason)
         if self.strict():
             raise CaptureError(f"{self.name} [{st.label}]: {blocked.message} (strict mode)",
@@ -423,10 +422,11 @@ class KeyLifecycle(abc.ABC):
         inv = self.invoker
         traced = inv.traced(backend)
         capture_fn = backend.capture_callable(traced, inv.target, inv.tracer_name(backend))
+        more = warm.read_roots(self.roots(instance, args, kwargs))  # walked and copied with the roots at capture
         req = BuildRequest(
             fn_name=self.name, backend=backend, device=device, traced=inv.callable(traced, instance),
             capture_fn=inv.callable(capture_fn, instance), args=args, kwargs=kwargs, sig=sig, stats=st, warm=warm,
-            roots=lambda: self.roots(instance, args, kwargs), verify=self.verify(), replay_result=not scope_run,
+            roots=lambda: self.roots(instance, args, kwargs) + more, verify=self.verify(), replay_result=not scope_run,
             copy_outputs=self.options.outputs == "copy" or settings.check_outputs, dump_dir=settings.dump_dir,
             pool=self.pool_for(backend, device), verify_budget=settings.verify_max_bytes, debug=settings.debug,
             no_adopt=no_adopt, dynamic=self.dynamic, method=instance is not None, fed=self.fed.get(sig.base or sig.key),
@@ -434,7 +434,7 @@ class KeyLifecycle(abc.ABC):
             guard_sources=lambda: self.guard_sources(instance, args, kwargs),
             tracer_guard=lambda sargs, skwargs: backend.tracer_guard(
                 inv.target, inv.tracer_name(backend), inv.frame_locals(instance, sargs, skwargs)),
-            walked=walked, pystate=py)
+            walked=None if more else walked, pystate=None if more else py)
         active = scope_mod.current()
         holders = warm.advances.holders(args, kwargs) if warm.advances is not None else None
         try:

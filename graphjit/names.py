@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from .backends.base import in_island
-from .reach import unwrap
+from .reach import ATOMS, OPAQUE, unwrap, user_globals
 
 _ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None), tuple, list, dict))
 _NOT_STATE = (types.FunctionType, types.MethodType, types.ModuleType, type, types.CodeType, types.FrameType,
@@ -230,6 +230,7 @@ class NameRecorder:
         self.probes = NO_PROBES  # what the code that ran may find absent (:func:`code_probes`; its globals unused)
         self.probed_by_object: dict[int, frozenset[str]] = {}  # id(object) -> the attribute probes of its code
         self.read_globals: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}  # (globals, name) the code loaded
+        self.read_cells: dict[int, tuple[str, Any]] = {}  # id(value) -> (name, value): closure values of user code
         self.emitted: list[str] = []  # what the call printed or logged outside islands, and where (a replay would not)
         self.importing: types.FrameType | None = None  # the body of a module being imported meanwhile (skipped)
 
@@ -307,7 +308,13 @@ class NameRecorder:
         if isinstance(module, str) and module.startswith(_SKIP_CODE):
             return
         self.codes.setdefault(code, frame.f_globals)
-        for value in frame.f_locals.values():  # the arguments, at the call: which objects this code reads from
+        local = frame.f_locals
+        if code.co_freevars and user_globals(frame.f_globals):  # a hook's list in its closure: state a capture copies
+            for name in code.co_freevars:
+                value = local.get(name)
+                if type(value) not in ATOMS and not isinstance(value, OPAQUE):
+                    self.read_cells.setdefault(id(value), (name, value))
+        for value in local.values():  # the arguments, at the call: which objects this code reads from
             tp = type(value)  # only the type is asked (an object's own __getattr__ could do anything here)
             if tp not in _ATOMS and not issubclass(tp, _NOT_STATE) and (tp.__dictoffset__
                                                                          or "__slots__" in tp.__dict__):

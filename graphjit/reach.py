@@ -473,7 +473,12 @@ def user_module(m: types.ModuleType) -> bool:
     function reads as values (``config.SCALE``): one with a file outside Python's standard library, the installed
     packages (any site-packages or dist-packages folder: torch, transformers) and graphjit, whose attributes are code
     and constants."""
-    file = m.__dict__.get("__file__")  # (not getattr: a module's own __getattr__ may raise anything)
+    return user_globals(m.__dict__)  # (not getattr: a module's own __getattr__ may raise anything)
+
+
+def user_globals(g: dict[str, Any]) -> bool:
+    """:func:`user_module` of the module whose globals are ``g``."""
+    file = g.get("__file__")
     if not isinstance(file, str):
         return False  # built into the interpreter, or a namespace package
     found = _USER_MODULES.get(file)

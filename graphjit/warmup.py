@@ -24,7 +24,7 @@ from .backends.base import Backend
 from .buffers import collect_tensors
 from .islands import IslandCall, collecting
 from .names import NO_PROBES, NameRecorder, Probes
-from .reach import Path, Reach, added_tensors, addresses, describe, moved, rebinds, walk
+from .reach import ATOMS, OPAQUE, Path, Reach, added_tensors, addresses, describe, moved, rebinds, user_globals, walk
 from .sites import with_function
 from .writes import WriteProbe
 
@@ -65,6 +65,8 @@ class Observation:
     """The names looked up with ``getattr``/``hasattr`` by code that took the object as an argument."""
     read_globals: dict[tuple[int, str], tuple[dict[str, Any], str]] | None = None
     """The module globals that code loaded (``(globals, name)`` by ``(id(globals), name)``)."""
+    read_cells: dict[int, tuple[str, Any]] | None = None
+    """The closure values of the user's code that ran (``(name, value)`` by ``id(value)``)."""
     emitted: list[str] = field(default_factory=list)
     """What the call printed or logged outside islands, and where (a replay runs no Python, so it would not)."""
     after: Reach | None = None
@@ -84,6 +86,9 @@ def extra_run_raised(exc: Exception) -> Blocked:
     that run is undone, and the call returns its own run's result."""
     return Blocked("a warmup run raised", f"an extra warmup run inside capture_scope raised {type(exc).__name__}: "
                    f"{exc} (the call's own run did not)")
+
+
+_NO_STATE = ATOMS | {set, frozenset}  # what a capture's walk and copy would find nothing in (sets: never put back)
 
 
 @dataclass
@@ -121,6 +126,9 @@ class Warmup:
     read_globals: dict[tuple[int, str], tuple[dict[str, Any], str]] | None = None
     """The module globals the code of those calls loaded, wherever it lives (a submodule's ``forward`` reading a flag
     of its own file): their plain values are guarded (:func:`graphjit.guards.scan`)."""
+    read_cells: dict[int, tuple[str, Any]] | None = None
+    """The closure values the user's code of those calls held (a hook's list): walked and copied at capture
+    (:meth:`read_roots`)."""
     advances: Advances | None = None
     """The scalars of its own key each watched call left at the same values (:mod:`graphjit.advances`): what a
     replay of the key sets."""
@@ -154,6 +162,7 @@ class Warmup:
             self.probes = self.probes | obs.probes
             self.probed_by_object = _by_object(self.probed_by_object, obs.probed_by_object)
             self.read_globals = {**(self.read_globals or {}), **(obs.read_globals or {})}
+            self.read_cells = {**(self.read_cells or {}), **(obs.read_cells or {})}
         previous, self.islands = self.islands, obs.islands
         if previous is not None and [c.island for c in previous] != [c.island for c in obs.islands] \
                 and self.blocked is None:
@@ -191,6 +200,27 @@ class Warmup:
                 tensors.append(t)
                 names.append(f"dynamic argument {name!r}")
         return tensors, names
+
+    def read_roots(self, known: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """The values of the user's own module globals (:func:`~graphjit.reach.user_globals`) that the code of the
+        watched calls loaded and the closure values of that code, other than ``known`` (the function's roots):
+        state kept by code the call runs without naming it, such as a module's forward hook that appends to a list.
+        A capture walks and copies them with its roots, so that a capture whose Python code changes them fails with
+        its reason and is undone (the call then runs once, not twice).  Containers and objects only: a plain value
+        there is guarded instead."""
+        ids = {id(v) for _n, v in known}
+        out: list[tuple[str, Any]] = []
+        for g, name in (self.read_globals or {}).values():
+            value = g.get(name)
+            if type(value) in _NO_STATE or isinstance(value, OPAQUE) or id(value) in ids or not user_globals(g):
+                continue
+            ids.add(id(value))
+            out.append((f"global {name!r}", value))
+        for name, value in (self.read_cells or {}).values():
+            if id(value) not in ids:
+                ids.add(id(value))
+                out.append((f"closure variable {name!r}", value))
+        return out
 
     def undoable(self, sig: CallSignature, backend: Backend) -> list[Any]:
         """What a run graphjit adds and undoes may write, as far as copies can put it back: :meth:`state` and every
@@ -240,6 +270,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
         if recorder.complete:
             obs.names, obs.by_object, obs.probes = recorder.names, recorder.by_object, recorder.probes
             obs.probed_by_object, obs.read_globals = recorder.probed_by_object, recorder.read_globals
+            obs.read_cells = recorder.read_cells
             obs.emitted = recorder.emitted
         obs.py_written = py_writes.writes(values, lambda: guards.scan(guard_src, is_tensor, None, b.tensor_holders,
                                                                    renewed=b.renewed_attributes))

@@ -275,3 +275,44 @@ def test_a_graphed_method_that_calls_its_module_watches_the_modules_hooks(emu):
             assert Net.step.stats()["graphs"] == 2
         finally:
             h.remove()
+
+
+RECORDED: list = []  # a forward hook's store at module level (the hook's own global)
+TALLY = {"n": 0}
+
+
+def _global_hook(mod, inp, out):
+    RECORDED.append(out.detach().clone())
+
+
+def _counting_hook(mod, inp, out):
+    TALLY["n"] += 1
+
+
+@pytest.mark.parametrize("kind", ["closure list", "global list", "global counter"])
+def test_a_hook_that_keeps_python_state_runs_once_per_call_and_is_never_replayed(emu, kind):
+    """A forward hook recording activations (a list in its closure or its module's globals) or counting calls: a
+    replay would skip it (a list 4 entries short after 6 calls, silently), and a capture that failed over it ran it a
+    second time in the capture's call.  Each call now runs it exactly once: the capture copies what the hooks' code
+    reached and fails with its reason; the key runs uncaptured."""
+    m, x = _model(), torch.randn(2, 4)
+    store: list = []
+    RECORDED.clear()
+    TALLY["n"] = 0
+    if kind == "closure list":
+        def make(into):
+            def hook(mod, inp, out):
+                into.append(out.detach().clone())
+            return hook
+        m[0].register_forward_hook(make(store))
+    else:
+        m[0].register_forward_hook(_global_hook if kind == "global list" else _counting_hook)
+    f = graphjit.graphed(m, tracer="eager")
+    with torch.no_grad():
+        for i in range(6):
+            got = f(x)
+            n = {"closure list": len(store), "global list": len(RECORDED), "global counter": TALLY["n"]}[kind]
+            assert n == i + 1, (i, n, f.report())
+            assert torch.equal(got, m[2](m[1](m[0].forward(x))))
+    st = f.stats()
+    assert st["replays"] == 0 and sum(st["fallbacks"].values()) >= 3, st
