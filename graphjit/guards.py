@@ -77,6 +77,7 @@ from .reach import (
     global_names,
     instance_dict,
     modules_in,
+    on_class,
     slots_of,
     user_module,
 )
@@ -94,6 +95,7 @@ WRITES = "writes a Python value on every call"  # the reason of a key whose func
 
 
 _LINKED = (list, dict, tuple)  # the containers whose place the walk remembers (Scan.link): no identity guard holds them
+_ITERATING = frozenset(("items", "keys", "values"))
 
 
 @dataclass
@@ -368,9 +370,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     through = frozenset(children) | holding
     out = Scan(renewed=renewed, links=dict(src.anchors))
     out.names.update(src.names)
-    # the attributes through which a Module holds its submodules count as named: which of their keys count was decided
-    # by the walk (keys_of: the owner's names); a value under a submodule was dropped for want of "_modules"
-    out.names.update(through)
+    # the attributes through which a Module holds its submodules count as named (which of their keys count: decided by
+    # the walk, keys_of), and the method its __call__ runs; a value under a submodule was dropped for want of "_modules"
+    out.names.update(through, ("forward",))
     if ran is not None:
         out.names.update(ran)
     own: dict[int, frozenset[str]] = {}
@@ -550,7 +552,7 @@ def _unshadowed(out: Scan, instances: list[tuple[type, dict[str, Any], Path, Any
     read_off: dict[int, set[str]] = {}
     for cid, box in out.boxes.items():
         if box.kind == "attr" and isinstance(box.container, type):
-            read_off[cid] = set(box.entries)
+            read_off[cid] = {k for k, (v, _p) in box.entries.items() if type(v) is not types.FunctionType}
     for cid, names in out.class_containers.items():
         read_off.setdefault(cid, set()).update(names)
     if not read_off:
@@ -560,9 +562,6 @@ def _unshadowed(out: Scan, instances: list[tuple[type, dict[str, Any], Path, Any
             for k in read_off.get(id(cls), ()):
                 if k not in d and (named is None or k in named):
                     out.unshadowed(d, k, (*path, (".", k)))
-
-
-_ITERATING = frozenset(("items", "keys", "values"))
 
 
 def _own_class(v: Any) -> bool:
@@ -576,9 +575,9 @@ _NOT_WALKED = FOREIGN_MODULES | {"builtins", "typing", "abc", "collections", "en
 def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any]], ran: Iterable[str] | None,
                       read: frozenset[str] | None) -> None:
     """The class attributes of ``tp`` (and its bases) that instances read where they do not shadow them (``read``:
-    only these names): plain values are guarded; a list, tuple or dict of at most :data:`MAX_ITEMS` entries is put on
-    ``stack`` for the walk, which guards its length, its items and what they hold, nested containers and objects
-    included (shared state: ``table = {"scale": [2.0]}`` on the class)."""
+    only these names): plain values and methods (by identity) are guarded; a list, tuple or dict of at most
+    :data:`MAX_ITEMS` entries is put on ``stack`` for the walk, which guards its length, its items and what they hold,
+    nested containers and objects included (shared state: ``table = {"scale": [2.0]}`` on the class)."""
     if ran is None and read is None:
         out.names.update(class_names(tp))
     for cls in tp.__mro__:
@@ -588,7 +587,8 @@ def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any
             if not isinstance(k, str) or k.startswith("__") or (read is not None and k not in read):
                 continue
             cpath: Path = (f"class {cls.__qualname__}", (".", k))
-            if guardable(child):
+            # a method too, the one instances find: patched on the class after the capture (``Attention.forward = f``)
+            if guardable(child) or (type(child) is types.FunctionType and on_class(tp, k) is child):
                 out.add(cls, "attr", k, child, cpath)
             elif isinstance(child, (list, tuple, dict)) and 0 < len(child) <= MAX_ITEMS:
                 out.link(child, cls, "attr", k, cpath)

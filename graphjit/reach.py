@@ -487,3 +487,9 @@ def user_globals(g: dict[str, Any]) -> bool:
         found = _USER_MODULES[file] = not real.startswith((*_NOT_USER, _GRAPHJIT)) and not any(
             part in real for part in _PACKAGES)
     return found
+
+
+def on_class(tp: type, name: str) -> Any:
+    """What ``tp.name`` finds along the MRO, read from the class dicts (no descriptor runs; None where no class of
+    it defines ``name``): a base class's method that a subclass overrides is not what its instances call."""
+    return next((c.__dict__[name] for c in tp.__mro__ if name in c.__dict__), None)
