@@ -64,22 +64,19 @@ from typing import Any
 from . import absences, backends
 from .guard_links import Place
 from .guard_set import DELETED, GuardSet, HasKey, note_rebind, same, show
-from .guardable import MAX_ITEMS, OPAQUE_VALUES, SCALAR_TYPES, by_identity, guardable, opaque, settings, snapshot
+from .guard_sources import LINKED, Sources, pinnable, sources
+from .guardable import MAX_ITEMS, SCALAR_TYPES, by_identity, guardable, opaque, settings, snapshot
 from .module_hooks import collect_hooks
-from .names import NO_PROBES, Probes, class_names, code_names, code_probes
+from .names import NO_PROBES, Probes, class_names
 from .reach import (
     FOREIGN_MODULES,
     PLAIN_CONTAINERS,
     Path,
     Visits,
     describe,
-    functions,
-    global_names,
     instance_dict,
-    modules_in,
     on_class,
     slots_of,
-    user_module,
 )
 
 __all__ = ["DELETED", "MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "READ_VALUES", "REASON", "WRITES", "GuardSet", "Scan",
@@ -94,7 +91,6 @@ READ_VALUES = "values the function reads"
 WRITES = "writes a Python value on every call"  # the reason of a key whose function changes a guarded value itself
 
 
-_LINKED = (list, dict, tuple)  # the containers whose place the walk remembers (Scan.link): no identity guard holds them
 _ITERATING = frozenset(("items", "keys", "values"))
 
 
@@ -147,7 +143,7 @@ class Scan:
         (``"attr"``, ``"cell"``) at ``path``: where it is a list or a dict (held by no identity guard: a rebuilt equal
         one is the same value) or a tuple (compared by ``==``: an equal one may hold other lists), remember where, so a
         rebound one is read there again (:class:`~graphjit.guard_links.Links`); a second place too."""
-        if not isinstance(child, _LINKED):
+        if not isinstance(child, LINKED):
             return
         place = (parent, kind, key, child, path)
         first = self.links.setdefault(id(child), place)
@@ -238,92 +234,6 @@ def _attributes_named(path: Path, names: set[str]) -> bool:
     return all(step[1] in names for step in path[1:] if step[0] == ".")
 
 
-@dataclass(frozen=True)
-class Sources:
-    """Where a call finds the values it reads without receiving them (see :func:`sources`)."""
-
-    objects: list[tuple[str, Any]]
-    slots: list[tuple[Any, str, Any, Path]]  # (container, kind, key, path) of closure cells and globals
-    names: frozenset[str]
-    anchors: dict[int, Place] = field(default_factory=dict)  # id(list, dict, tuple) -> where found (Scan.link)
-    probes: Probes = NO_PROBES  # what the functions' code may find absent (names.code_probes)
-    absent: list[tuple[dict[str, Any], str, Path]] = field(default_factory=list)  # globals loaded but not defined
-    own_globals: frozenset[tuple[int, str]] = frozenset()  # (id(globals), name) of the globals visited here
-
-
-def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] = ()) -> Sources:
-    """The closure cells and globals of ``fn`` and of the Python functions it reaches through them (with what their
-    code names of the user's own modules among those: ``config.SCALE``), the objects to walk (``bound``, a callable
-    object, Layer/Module objects among ``args``), the names their code uses.  Islands (``eager``) are not followed."""
-    from .islands import island_of
-
-    objects: list[tuple[str, Any]] = []
-    slots: list[tuple[Any, str, Any, Path]] = []
-    names: set[str] = set()
-    anchors: dict[int, Place] = {}
-    probes, own, modules = [NO_PROBES], set[tuple[int, str]](), set[int]()
-    absent: dict[tuple[int, str], tuple[dict[str, Any], str, Path]] = {}
-    if bound is not None:
-        objects.append(("self", bound))
-    for name, value in args:
-        objects.extend(modules_in(name, value))
-
-    def visit(f: types.FunctionType) -> list[Any]:
-        follow: list[Any] = []
-        code = f.__code__
-        names.update(code_names(code))
-        probed = code_probes(code)
-        probes.append(probed)
-        for var, cell in zip(code.co_freevars, f.__closure__ or ()):
-            try:
-                value = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            path: Path = (f"closure variable {var!r}",)
-            if guardable(value) or by_identity(value, _never) or _pinnable(value):
-                slots.append((cell, "cell", "cell_contents", path))  # (a tensor: pinned by scan)
-            if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
-                follow.append(value)
-            elif not guardable(value) and not opaque(value):
-                objects.append((path[0], value))
-                if isinstance(value, _LINKED):
-                    anchors.setdefault(id(value), (cell, "cell", "cell_contents", value, path))
-        g = f.__globals__
-        absences.of_function(f, probed, slots, absent)
-        own.update((id(g), var) for var in probed.globals)
-        named = code_names(code)
-
-        def place(g: dict[str, Any], var: str, path: Path) -> None:
-            value = g[var]
-            if guardable(value) or by_identity(value, _never) or _pinnable(value):
-                slots.append((g, "globals", var, path))
-            if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
-                follow.append(value)
-            elif isinstance(value, types.ModuleType):  # the user's own (``config.SCALE``): what the code names of it
-                if user_module(value) and id(value) not in modules:  # each once a sources() call
-                    modules.add(id(value))
-                    for attr in sorted(named.intersection(value.__dict__)):
-                        place(value.__dict__, attr, (*path, (".", attr)))
-            elif not guardable(value) and not opaque(value):
-                objects.append((describe(path), value))
-                if isinstance(value, _LINKED):
-                    anchors.setdefault(id(value), (g, "globals", var, value, path))
-        for var in (v for v in global_names(code) if v in g):
-            place(g, var, (f"global {var!r}",))
-        return follow
-
-    functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=OPAQUE_VALUES)
-    return Sources(objects, slots, frozenset(names), anchors, Probes.union(probes), list(absent.values()),
-                   frozenset(own))
-
-
-def _pinnable(v: Any) -> bool:
-    """A value held by identity, compared before every replay (:meth:`Scan.pin`): a tensor (the graph reads it at its
-    address).  Not a list or dict whose entries are guarded: a rebuilt equal one (a scheduler's ``_last_lr``, a dict of
-    settings made anew each step) would make a new graph every call: a guard reads a rebound one where it was read."""
-    return backends.is_tensor(v)
-
-
 def _push(stack: list[tuple[Any, Path, int, Any]], unpinned: set[int], pins: bool, child: Any, path: Path, depth: int,
           out: Scan, at: tuple[Any, str, Any]) -> None:
     """Walk ``child`` next, read as ``at`` (``(parent, kind, key)``: :meth:`Scan.link`); where its parent pins nothing
@@ -333,9 +243,6 @@ def _push(stack: list[tuple[Any, Path, int, Any]], unpinned: set[int], pins: boo
     out.link(child, *at, path)
     stack.append((child, path, depth, None))
 
-
-def _never(_v: Any) -> bool:
-    return False
 
 
 def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None, holders: Iterable[str] = (),
@@ -393,17 +300,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     classes: set[type] = set()  # the classes of the objects reached
     instances: list[tuple[type, dict[str, Any], Path, Any]] = []  # (class, __dict__, path, names) of those objects
     by_name: set[type] = set()  # classes reached as values (a global class, one held in an attribute)
-    for container, kind, key, path in src.slots:
-        try:
-            value = container[key] if kind == "globals" else container.cell_contents
-        except (KeyError, ValueError):
-            continue
-        if _pinnable(value):
-            out.pin(container, kind, key, value, path)
-            continue
-        out.add(container, kind, key, value, path)
-        if _own_class(value):  # a class the function names: its attributes are read values too (``Config.scale``)
-            by_name.add(value)
+    _take_slots(out, src.slots, by_name)
     visits = Visits(MAX_NODES, MAX_DEPTH)
     stack: list[tuple[Any, Path, int, Any]] = [(value, (name,), 0, None) for name, value in reversed(src.objects)]
     absences.of_globals(read_globals, src.own_globals, out, stack)
@@ -412,6 +309,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     # what an optimizer, a scheduler or a scaler holds (and everything below): its tensors are state, captured by
     # address, never pinned (an optimizer's state holds several per parameter: a check of each per replay would cost)
     unpinned: set[int] = set()
+    hooked: set[int] = set()  # the hooks whose closure cells and globals were taken as sources
     while True:  # the objects reached, then the containers their classes hold, until no new class is reached
         while stack:
             obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
@@ -434,7 +332,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 for i, child in enumerate(obj if isinstance(obj, tuple) else ()):
                     if isinstance(child, set) and guardable(child):  # a set in a tuple changes in place: read again
                         out.add(obj, "item", i, child, (*path, ("[]", i)))
-                    elif pins and _pinnable(child):  # a tensor in a tuple: by identity (``==`` would compare values)
+                    elif pins and pinnable(child):  # a tensor in a tuple: by identity (``==`` would compare values)
                         out.pin(obj, "item", i, child, (*path, ("[]", i)))
                     elif not guardable(child):
                         _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, out, (obj, "item", i))
@@ -444,7 +342,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 for i, child in enumerate(obj):
                     if (guardable(child) or by_identity(child, is_tensor)) and not big:
                         out.add(obj, "item", i, child, (*path, ("[]", i)))
-                    elif pins and _pinnable(child) and not big:
+                    elif pins and pinnable(child) and not big:
                         out.pin(obj, "item", i, child, (*path, ("[]", i)))
                     if not guardable(child):
                         _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, out, (obj, "item", i))
@@ -466,7 +364,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         continue
                     if (guardable(child) or by_identity(child, is_tensor)) and not big:
                         out.add(obj, "item", k, child, (*path, ("[]", k)))
-                    elif pins and _pinnable(child) and not big:
+                    elif pins and pinnable(child) and not big:
                         out.pin(obj, "item", k, child, (*path, ("[]", k)))
                     if not guardable(child):
                         _push(stack, unpinned, pins, child, (*path, ("[]", k)), depth + 1, out, (obj, "item", k))
@@ -511,7 +409,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         continue
                     if by_identity(child, is_tensor):
                         out.add(d, "item", k, child, (*path, (".", k)), obj)
-                    elif pins and _pinnable(child) and k not in through:
+                    elif pins and pinnable(child) and k not in through:
                         out.pin(d, "item", k, child, (*path, (".", k)))
                     _push(stack, unpinned, pins, child, (*path, (".", k)), depth + 1, out, (d, "item", k))
                 for k in absences.attribute_probes(obj, depth, probes, src.probes, by_object, probed_by_object):
@@ -528,10 +426,14 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     continue
                 if guardable(child) or by_identity(child, is_tensor):
                     out.add(obj, "attr", name, child, (*path, (".", name)))
-                elif pins and _pinnable(child):
+                elif pins and pinnable(child):
                     out.pin(obj, "attr", name, child, (*path, (".", name)))
                 if not guardable(child):
                     _push(stack, unpinned, pins, child, (*path, (".", name)), depth + 1, out, (obj, "attr", name))
+        more = _hook_sources(out, hooked, by_name)
+        if more:  # what the hooks found so far hold: walked like the function's own
+            stack.extend(more)
+            continue
         new = [tp for tp in classes | by_name if tp not in done]
         if not new:
             break
@@ -544,6 +446,39 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     _unshadowed(out, instances)
     out.truncated = visits.truncated
     return out
+
+
+def _take_slots(out: Scan, slots: Iterable[tuple[Any, str, Any, Path]], by_name: set[type]) -> None:
+    """The values of closure cells and globals (:attr:`Sources.slots`): guarded, a tensor pinned, a class remembered."""
+    for container, kind, key, path in slots:
+        try:
+            value = container[key] if kind == "globals" else container.cell_contents
+        except (KeyError, ValueError):
+            continue
+        if pinnable(value):
+            out.pin(container, kind, key, value, path)
+            continue
+        out.add(container, kind, key, value, path)
+        if _own_class(value):  # a class the function names: its attributes are read values too (``Config.scale``)
+            by_name.add(value)
+
+
+def _hook_sources(out: Scan, taken: set[int], by_name: set[type]) -> list[tuple[Any, Path, int, Any]]:
+    """The closure cells and globals of the module hooks found so far (:attr:`Scan.hooks`), each hook once, as sources
+    of the call's values: guarded (a steering hook's ``out * ctl.coef`` or ``scale[0]``), and the objects they hold
+    returned to walk.  A hook runs inside the call: what it reads is read by the graph as much as the function's own."""
+    stack: list[tuple[Any, Path, int, Any]] = []
+    for hooks, path in list(out.hooks.values()):
+        for key, fn in list(hooks.items()):
+            if not callable(fn) or id(fn) in taken:
+                continue
+            taken.add(id(fn))
+            where = describe((*path, ("[]", key)))
+            found = sources(fn, None)
+            out.names.update(found.names)
+            _take_slots(out, [(c, k, n, (f"{where}: {p[0]}", *p[1:])) for c, k, n, p in found.slots], by_name)
+            stack.extend((value, (f"{where}: {name}",), 0, None) for name, value in found.objects)
+    return stack
 
 
 def _unshadowed(out: Scan, instances: list[tuple[type, dict[str, Any], Path, Any]]) -> None:

@@ -316,3 +316,37 @@ def test_a_hook_that_keeps_python_state_runs_once_per_call_and_is_never_replayed
             assert torch.equal(got, m[2](m[1](m[0].forward(x))))
     st = f.stats()
     assert st["replays"] == 0 and sum(st["fallbacks"].values()) >= 3, st
+
+
+def test_what_a_hook_reads_from_its_closure_is_guarded(emu):
+    """A steering hook (``out * ctl.coef + box[0]``, both in its closure) changed between calls: the graph of the
+    old values must not replay (it did, silently, before the hooks' closures were sources of the guards); a graph
+    of the new values is captured once they settle."""
+
+    class Steer:
+        coef = 1.0
+
+    m, x = _model(), torch.randn(2, 4)
+    ctl, box = Steer(), [0.0]
+
+    def make(c, b):
+        def hook(mod, inp, out):
+            return out * c.coef + b[0]
+        return hook
+
+    m[0].register_forward_hook(make(ctl, box))
+    f = graphjit.graphed(m, tracer="eager")
+
+    def change(i):
+        if i == 4:
+            ctl.coef = 3.0
+        if i == 9:
+            box[0] = 0.5
+
+    with torch.no_grad():
+        for i in range(14):
+            change(i)
+            got, want = f(x), m(x)
+            assert torch.allclose(got, want), (i, got, want, f.report())
+    st = f.stats()
+    assert st["graphs"] >= 2 and st["replays"] >= 4, f.report()
