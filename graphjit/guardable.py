@@ -10,8 +10,10 @@ type (:class:`~graphjit.reach.ByType` says why).
 
 from __future__ import annotations
 
+import array
 import collections
 import enum
+import itertools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -178,3 +180,22 @@ def plain(v: Any, depth: int) -> bool:
     if depth >= 4 or tp not in (list, tuple, dict) or len(v) > MAX_ITEMS:
         return False
     return all(plain(e, depth + 1) for e in (v.values() if tp is dict else v))
+
+
+_SEQUENCES = (collections.deque, bytearray, array.array)
+
+
+def sequence_items(obj: Any) -> list[tuple[Any, Any]] | None:
+    """``(key, item)`` of a deque, a bytearray, an ``array.array`` or a numeric numpy array, each keyed by what reads it
+    back (``obj[key]``: an index, a tuple of indices for an array), for a scan that guards them one by one (an edit in
+    place: ``window[0] = 2``, ``scales[1] = 0.5``); empty where it holds more than :data:`MAX_ITEMS`; None for any
+    other value."""
+    tp = type(obj)
+    if tp in _SEQUENCES:
+        return list(enumerate(obj)) if len(obj) <= MAX_ITEMS else []
+    if tp.__name__ != "ndarray" or tp.__module__ != "numpy":
+        return None
+    if obj.size > MAX_ITEMS or obj.dtype.kind not in "biufc":
+        return []
+    keys = range(obj.shape[0]) if obj.ndim == 1 else itertools.product(*map(range, obj.shape))
+    return [(k, obj[k]) for k in keys]

@@ -54,6 +54,8 @@ which a replay would not do: :mod:`graphjit.py_writes`); never on the replay pat
 
 from __future__ import annotations
 
+import array
+import collections
 import functools
 import operator
 import types
@@ -65,7 +67,7 @@ from . import absences, backends
 from .guard_links import Place
 from .guard_set import DELETED, GuardSet, HasKey, note_rebind, same, show
 from .guard_sources import LINKED, Sources, pinnable, sources
-from .guardable import MAX_ITEMS, SCALAR_TYPES, by_identity, guardable, opaque, settings, snapshot
+from .guardable import MAX_ITEMS, SCALAR_TYPES, by_identity, guardable, opaque, sequence_items, settings, snapshot
 from .module_hooks import collect_hooks
 from .names import NO_PROBES, Probes, class_names
 from .reach import (
@@ -315,7 +317,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
             tp = type(obj)
             pins = id(obj) not in unpinned
-            if isinstance(obj, list):
+            if isinstance(obj, (list, collections.deque, bytearray, array.array)):
                 out.length(obj, path)
             if tp is dict and not obj and keys_of is None and absences.probed_dict(obj, path, through):
                 for k in probes.keys:  # an empty dict: the keys its code probes stay absent
@@ -346,6 +348,15 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         out.pin(obj, "item", i, child, (*path, ("[]", i)))
                     if not guardable(child):
                         _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, out, (obj, "item", i))
+                continue
+            if (items := sequence_items(obj)) is not None:  # a deque, a numpy array: its items, read in place
+                for k, child in items:
+                    if guardable(child) or by_identity(child, is_tensor):
+                        out.add(obj, "item", k, child, (*path, ("[]", k)))
+                    elif pins and pinnable(child):
+                        out.pin(obj, "item", k, child, (*path, ("[]", k)))
+                    if not guardable(child):
+                        _push(stack, unpinned, pins, child, (*path, ("[]", k)), depth + 1, out, (obj, "item", k))
                 continue
             if isinstance(obj, dict):
                 holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding

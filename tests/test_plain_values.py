@@ -158,3 +158,39 @@ def test_an_argument_that_holds_itself_or_nests_too_deep_is_a_signature_error_na
             extra = [extra]
     with pytest.raises(graphjit.SignatureError, match="argument 'extra' nests containers more than 256 deep"):
         f(x, extra)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kind", ["deque", "bytearray", "array", "numpy 1-d", "numpy 2-d"])
+def test_a_sequence_edited_in_place_is_a_changed_value(emu, kind):
+    """A deque, a bytearray, an ``array.array`` or a small numpy array the function reads items of, edited in place
+    between calls (``window[0] = 3``, ``scales[1, 0] = 5``): the graph froze the old items, so it must not replay.
+    Before, the object was compared by identity only: the old graph replayed, silently."""
+    import array
+    import collections
+
+    np = pytest.importorskip("numpy")
+    import torch
+
+    made = {"deque": lambda: collections.deque([1.0, 2.0]), "bytearray": lambda: bytearray(b"\x01\x02"),
+            "array": lambda: array.array("d", [1.0, 2.0]), "numpy 1-d": lambda: np.array([1.0, 2.0]),
+            "numpy 2-d": lambda: np.array([[1.0, 2.0], [3.0, 4.0]])}
+    holder = {"seq": made[kind]()}
+    seq = holder["seq"]
+
+    def step(x):
+        s = holder["seq"]
+        first = s[0, 0] if kind == "numpy 2-d" else s[0]
+        return x * float(first)
+
+    g = graphjit.graphed(step, tracer="eager")
+    x = torch.ones(2)
+    for i in range(8):
+        if i == 4:
+            if kind == "numpy 2-d":
+                seq[0, 0] = 5
+            else:
+                seq[0] = 5
+        assert torch.equal(g(x), step(x)), (i, g.report())
+    st = g.stats()
+    assert st["captures"] == 2, g.report()  # a graph of the new items
