@@ -327,7 +327,8 @@ def _guard_scan(req: BuildRequest) -> Callable[[], guards.Scan] | None:
     is_tensor = _is_tensor_of(b)
     return lambda: guards.scan(src, is_tensor, warm.names, b.tensor_holders, warm.by_object, b.module_holders,
                                b.renewed_attributes, b.hook_holders, b.watch_loads, warm.probes,
-                               warm.probed_by_object, list((warm.read_globals or {}).values()))
+                               warm.probed_by_object, list((warm.read_globals or {}).values()), req.hooks_outside,
+                               b.global_hooks())
 
 
 def after_capture(req: BuildRequest, before: Any, where: dict[int, int], values: guards.Scan | None = None,

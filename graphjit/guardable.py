@@ -13,7 +13,7 @@ from __future__ import annotations
 import array
 import collections
 import enum
-import itertools
+import operator
 import types
 from collections.abc import Callable
 from typing import Any
@@ -182,20 +182,24 @@ def plain(v: Any, depth: int) -> bool:
     return all(plain(e, depth + 1) for e in (v.values() if tp is dict else v))
 
 
-_SEQUENCES = (collections.deque, bytearray, array.array)
+
+CONTENTS_BYTES = 4096
+"""A bytearray, ``array.array`` or numpy array of at most this many bytes is guarded by its contents."""
 
 
-def sequence_items(obj: Any) -> list[tuple[Any, Any]] | None:
-    """``(key, item)`` of a deque, a bytearray, an ``array.array`` or a numeric numpy array, each keyed by what reads it
-    back (``obj[key]``: an index, a tuple of indices for an array), for a scan that guards them one by one (an edit in
-    place: ``window[0] = 2``, ``scales[1] = 0.5``); empty where it holds more than :data:`MAX_ITEMS`; None for any
-    other value."""
+def contents_of(obj: Any) -> Callable[[Any], Any] | None:
+    """For a bytearray, an ``array.array`` or a numpy array of numbers, booleans or dates of at most
+    :data:`CONTENTS_BYTES`: the getter of its contents as bytes, which a guard compares whole (one C call, NaN equal to
+    itself: ``scales[1] = 0.5`` in place is a change); None for any other value (compared by identity where held)."""
     tp = type(obj)
-    if tp in _SEQUENCES:
-        return list(enumerate(obj)) if len(obj) <= MAX_ITEMS else []
-    if tp.__name__ != "ndarray" or tp.__module__ != "numpy":
-        return None
-    if obj.size > MAX_ITEMS or obj.dtype.kind not in "biufc":
-        return []
-    keys = range(obj.shape[0]) if obj.ndim == 1 else itertools.product(*map(range, obj.shape))
-    return [(k, obj[k]) for k in keys]
+    if isinstance(obj, bytearray):
+        return bytes if len(obj) <= CONTENTS_BYTES else None
+    if isinstance(obj, array.array):
+        return _TO_BYTES if len(obj) * obj.itemsize <= CONTENTS_BYTES else None
+    if tp.__name__ == "ndarray" and tp.__module__ == "numpy" and obj.dtype.kind in "biufcmM" and \
+            obj.nbytes <= CONTENTS_BYTES:
+        return _TO_BYTES
+    return None
+
+
+_TO_BYTES = operator.methodcaller("tobytes")

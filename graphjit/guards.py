@@ -54,7 +54,6 @@ which a replay would not do: :mod:`graphjit.py_writes`); never on the replay pat
 
 from __future__ import annotations
 
-import array
 import collections
 import functools
 import operator
@@ -67,7 +66,7 @@ from . import absences, backends
 from .guard_links import Place
 from .guard_set import DELETED, GuardSet, HasKey, note_rebind, same, show
 from .guard_sources import LINKED, Sources, pinnable, sources
-from .guardable import MAX_ITEMS, SCALAR_TYPES, by_identity, guardable, opaque, sequence_items, settings, snapshot
+from .guardable import MAX_ITEMS, SCALAR_TYPES, by_identity, contents_of, guardable, opaque, settings, snapshot
 from .module_hooks import collect_hooks
 from .names import NO_PROBES, Probes, class_names
 from .reach import (
@@ -75,9 +74,9 @@ from .reach import (
     PLAIN_CONTAINERS,
     Path,
     Visits,
+    class_methods,
     describe,
     instance_dict,
-    on_class,
     slots_of,
 )
 
@@ -252,7 +251,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
          renewed: tuple[tuple[type, str], ...] = (), hook_holders: tuple[str, ...] = (),
          watch_loads: Callable[[Any], bool] | None = None, probes: Probes = NO_PROBES,
          probed_by_object: dict[int, frozenset[str]] | None = None,
-         read_globals: Iterable[tuple[Any, str]] = ()) -> Scan:
+         read_globals: Iterable[tuple[Any, str]] = (), hooks_outside: bool = False,
+         global_hooks: Iterable[tuple[dict[Any, Any], Path]] = ()) -> Scan:
     """Every guardable value the sources reach (see the module docstring).  ``ran``: the names the code of the
     last warmup call used (:class:`NameRecorder`, the function run as Python); None where that is not known
     (a tracer that runs a program instead, a profiler in the way): then every name the methods of the classes
@@ -317,7 +317,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
             tp = type(obj)
             pins = id(obj) not in unpinned
-            if isinstance(obj, (list, collections.deque, bytearray, array.array)):
+            if isinstance(obj, (list, collections.deque)):
                 out.length(obj, path)
             if tp is dict and not obj and keys_of is None and absences.probed_dict(obj, path, through):
                 for k in probes.keys:  # an empty dict: the keys its code probes stay absent
@@ -339,7 +339,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     elif not guardable(child):
                         _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, out, (obj, "item", i))
                 continue
-            if isinstance(obj, list):
+            if isinstance(obj, (list, collections.deque)):
                 big = len(obj) > MAX_ITEMS
                 for i, child in enumerate(obj):
                     if (guardable(child) or by_identity(child, is_tensor)) and not big:
@@ -349,14 +349,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     if not guardable(child):
                         _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, out, (obj, "item", i))
                 continue
-            if (items := sequence_items(obj)) is not None:  # a deque, a numpy array: its items, read in place
-                for k, child in items:
-                    if guardable(child) or by_identity(child, is_tensor):
-                        out.add(obj, "item", k, child, (*path, ("[]", k)))
-                    elif pins and pinnable(child):
-                        out.pin(obj, "item", k, child, (*path, ("[]", k)))
-                    if not guardable(child):
-                        _push(stack, unpinned, pins, child, (*path, ("[]", k)), depth + 1, out, (obj, "item", k))
+            if (whole := contents_of(obj)) is not None:  # a bytearray, a numpy array: edited in place (``a[0] = 2``)
+                out.wholes.setdefault((id(obj), "contents"), (obj, whole, whole(obj), path))
                 continue
             if isinstance(obj, dict):
                 holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding
@@ -441,7 +435,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     out.pin(obj, "attr", name, child, (*path, (".", name)))
                 if not guardable(child):
                     _push(stack, unpinned, pins, child, (*path, (".", name)), depth + 1, out, (obj, "attr", name))
-        more = _hook_sources(out, hooked, by_name)
+        more = _hook_sources(out, hooked, by_name, hooks_outside, global_hooks)
         if more:  # what the hooks found so far hold: walked like the function's own
             stack.extend(more)
             continue
@@ -474,18 +468,28 @@ def _take_slots(out: Scan, slots: Iterable[tuple[Any, str, Any, Path]], by_name:
             by_name.add(value)
 
 
-def _hook_sources(out: Scan, taken: set[int], by_name: set[type]) -> list[tuple[Any, Path, int, Any]]:
+def _hook_sources(out: Scan, taken: set[int], by_name: set[type], outside: bool,
+                  global_hooks: Iterable[tuple[dict[Any, Any], Path]]) -> list[tuple[Any, Path, int, Any]]:
     """The closure cells and globals of the module hooks found so far (:attr:`Scan.hooks`), each hook once, as sources
     of the call's values: guarded (a steering hook's ``out * ctl.coef`` or ``scale[0]``), and the objects they hold
-    returned to walk.  A hook runs inside the call: what it reads is read by the graph as much as the function's own."""
+    returned to walk.  A hook runs inside the call: what it reads is read by the graph as much as the function's own.
+    ``outside``: the graphed function is the ``forward`` of the object the scan calls ``self``, whose own hooks run
+    outside it (:func:`graphjit.module_hooks.watch`): their closures are not the call's.  A hook whose code cannot be
+    read (an object whose ``__getattr__`` raises) is left out.  ``global_hooks``: the framework's hook dicts that run
+    around every module's call (torch's ``register_module_forward_hook``), taken where the scan reached a module."""
     stack: list[tuple[Any, Path, int, Any]] = []
-    for hooks, path in list(out.hooks.values()):
+    for hooks, path in [*out.hooks.values(), *(global_hooks if out.hooks else ())]:
+        if outside and len(path) == 2 and path[0] == "self":
+            continue
         for key, fn in list(hooks.items()):
             if not callable(fn) or id(fn) in taken:
                 continue
             taken.add(id(fn))
             where = describe((*path, ("[]", key)))
-            found = sources(fn, None)
+            try:
+                found = sources(fn, None)
+            except Exception:  # a user object's lookups may raise anything
+                continue
             out.names.update(found.names)
             _take_slots(out, [(c, k, n, (f"{where}: {p[0]}", *p[1:])) for c, k, n, p in found.slots], by_name)
             stack.extend((value, (f"{where}: {name}",), 0, None) for name, value in found.objects)
@@ -533,8 +537,7 @@ def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any
             if not isinstance(k, str) or k.startswith("__") or (read is not None and k not in read):
                 continue
             cpath: Path = (f"class {cls.__qualname__}", (".", k))
-            # a method too, the one instances find: patched on the class after the capture (``Attention.forward = f``)
-            if guardable(child) or (type(child) is types.FunctionType and on_class(tp, k) is child):
+            if guardable(child):
                 out.add(cls, "attr", k, child, cpath)
             elif isinstance(child, (list, tuple, dict)) and 0 < len(child) <= MAX_ITEMS:
                 out.link(child, cls, "attr", k, cpath)
@@ -542,5 +545,9 @@ def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any
                 out.class_containers.setdefault(id(cls), set()).add(k)
             elif isinstance(child, list):
                 out.length(child, cpath)
+    # the methods its instances find, read off ``tp`` itself: one patched after the capture on it or on any base
+    # (``Attention.forward = f``, ``Block.extra = f``) is a changed value, by identity
+    for k, method in class_methods(tp, read).items():
+        out.add(tp, "attr", k, method, (f"class {tp.__qualname__}", (".", k)))
 
 

@@ -52,6 +52,14 @@ class Invoker:
         """What the argument names come from: the module's bound forward, else the function."""
         return self.module.forward if self.module is not None else self.fn  # type: ignore[no-any-return]
 
+    def forward_of_self(self, instance: Any) -> bool:
+        """The graphed function is the ``forward`` of the object the guard scan calls ``self`` (a graphed ``forward``
+        method called on its module, or the bound ``model.forward`` itself, as ``graph_generation`` graphs it): that
+        object's own hooks run outside it (``Module.__call__`` runs them around ``forward``)."""
+        if getattr(self.target, "__name__", None) != "forward":
+            return False
+        return instance is not None or inspect.ismethod(self.fn)
+
     def tracer_name(self, backend: Backend) -> str:
         if backend.name in self.replaced:
             return "eager"

@@ -430,7 +430,7 @@ class KeyLifecycle(abc.ABC):
             copy_outputs=self.options.outputs == "copy" or settings.check_outputs, dump_dir=settings.dump_dir,
             pool=self.pool_for(backend, device), verify_budget=settings.verify_max_bytes, debug=settings.debug,
             no_adopt=no_adopt, dynamic=self.dynamic, method=instance is not None, fed=self.fed.get(sig.base or sig.key),
-            hooks_outside=instance is not None and getattr(inv.target, "__name__", None) == "forward",
+            hooks_outside=inv.forward_of_self(instance),
             guard_sources=lambda: self.guard_sources(instance, args, kwargs),
             tracer_guard=lambda sargs, skwargs: backend.tracer_guard(
                 inv.target, inv.tracer_name(backend), inv.frame_locals(instance, sargs, skwargs)),

@@ -489,7 +489,25 @@ def user_globals(g: dict[str, Any]) -> bool:
     return found
 
 
-def on_class(tp: type, name: str) -> Any:
-    """What ``tp.name`` finds along the MRO, read from the class dicts (no descriptor runs; None where no class of
-    it defines ``name``): a base class's method that a subclass overrides is not what its instances call."""
-    return next((c.__dict__[name] for c in tp.__mro__ if name in c.__dict__), None)
+
+def class_methods(tp: type, names: Iterable[str] | None = None) -> dict[str, types.FunctionType]:
+    """``name -> function`` of the plain methods (functions in a class ``__dict__``, not dunders) that instances of
+    ``tp`` find along its MRO, of ``names`` where given, each only where reading it off ``tp`` gives that very
+    function (a metaclass that wraps lookups: left out, a guard could not compare it)."""
+    out: dict[str, types.FunctionType] = {}
+    seen: set[str] = set()
+    wanted = None if names is None else set(names)
+    for cls in tp.__mro__:
+        if cls is object or cls.__module__ == "builtins":
+            continue
+        for k, child in list(vars(cls).items()):
+            if not isinstance(k, str) or k in seen or k.startswith("__") or (wanted is not None and k not in wanted):
+                continue
+            seen.add(k)
+            if type(child) is types.FunctionType:
+                try:
+                    if getattr(tp, k) is child:
+                        out[k] = child
+                except Exception:  # a class's own lookup may raise anything
+                    continue
+    return out

@@ -24,7 +24,20 @@ from .backends.base import Backend
 from .buffers import collect_tensors
 from .islands import IslandCall, collecting
 from .names import NO_PROBES, NameRecorder, Probes
-from .reach import ATOMS, OPAQUE, Path, Reach, added_tensors, addresses, describe, moved, rebinds, user_globals, walk
+from .reach import (
+    ATOMS,
+    FOREIGN_MODULES,
+    OPAQUE,
+    Path,
+    Reach,
+    added_tensors,
+    addresses,
+    describe,
+    moved,
+    rebinds,
+    user_globals,
+    walk,
+)
 from .sites import with_function
 from .writes import WriteProbe
 
@@ -89,6 +102,15 @@ def extra_run_raised(exc: Exception) -> Blocked:
 
 
 _NO_STATE = ATOMS | {set, frozenset}  # what a capture's walk and copy would find nothing in (sets: never put back)
+_ROOT_ITEMS = 4096  # a larger list or dict (a table, a log grown over a long run) costs a capture more than it tells
+
+
+def _no_root(value: Any) -> bool:
+    """``value`` is not worth a capture's walk and copy (:meth:`Warmup.read_roots`): a plain value, code, a class, a
+    module, a logger or a thread (:data:`~graphjit.reach.FOREIGN_MODULES`), a container of over ``_ROOT_ITEMS``."""
+    tp = type(value)
+    return tp in _NO_STATE or isinstance(value, OPAQUE) or tp.__module__.partition(".")[0] in FOREIGN_MODULES or \
+        (isinstance(value, (list, dict)) and len(value) > _ROOT_ITEMS)
 
 
 @dataclass
@@ -207,17 +229,19 @@ class Warmup:
         state kept by code the call runs without naming it, such as a module's forward hook that appends to a list.
         A capture walks and copies them with its roots, so that a capture whose Python code changes them fails with
         its reason and is undone (the call then runs once, not twice).  Containers and objects only: a plain value
-        there is guarded instead."""
+        there is guarded instead.  The closure values are handed over, not kept (an activation a comprehension closed
+        over would otherwise live as long as the key's graph)."""
         ids = {id(v) for _n, v in known}
         out: list[tuple[str, Any]] = []
         for g, name in (self.read_globals or {}).values():
             value = g.get(name)
-            if type(value) in _NO_STATE or isinstance(value, OPAQUE) or id(value) in ids or not user_globals(g):
+            if _no_root(value) or id(value) in ids or not user_globals(g):
                 continue
             ids.add(id(value))
             out.append((f"global {name!r}", value))
-        for name, value in (self.read_cells or {}).values():
-            if id(value) not in ids:
+        cells, self.read_cells = self.read_cells or {}, None  # taken once: a key's warmups' values are not kept alive
+        for name, value in cells.values():
+            if not _no_root(value) and id(value) not in ids:
                 ids.add(id(value))
                 out.append((f"closure variable {name!r}", value))
         return out

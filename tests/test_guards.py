@@ -1298,3 +1298,31 @@ def test_a_method_patched_on_its_class_after_the_capture_is_run(emu):
         Block.extra, Block.forward = original_extra, original_forward
     st = g.stats()
     assert st["graphs"] == 3 and st["replays"] >= 5, g.report()
+
+
+def test_an_inherited_method_patched_on_the_subclass_is_a_changed_value(emu):
+    """``Child.extra = f`` where ``extra`` is defined on ``Base``: the method is guarded as read off the instances'
+    class, so a patch on it or on any base is seen."""
+
+    class Base(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.lin(x) + self.extra(x)
+
+        def extra(self, x):
+            return x
+
+    class Child(Base):
+        pass
+
+    m = Child().eval()
+    g = graphjit.graphed(m)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        for i in range(8):
+            if i == 4:
+                Child.extra = lambda self, x: x * 3
+            assert torch.allclose(g(x), m(x)), (i, g.report())

@@ -350,3 +350,46 @@ def test_what_a_hook_reads_from_its_closure_is_guarded(emu):
             assert torch.allclose(got, want), (i, got, want, f.report())
     st = f.stats()
     assert st["graphs"] >= 2 and st["replays"] >= 4, f.report()
+
+
+def test_a_hook_of_the_graphed_forwards_own_module_keeps_its_state_outside_the_graph(emu):
+    """``model.forward = graphed(model.forward)`` (how ``graph_generation`` graphs a model) with a hook on ``model``
+    that records its outputs: ``Module.__call__`` runs that hook around the graphed forward, so its list is not a value
+    the graph reads; the forward replays and the hook runs once per call."""
+    m, x = _model(), torch.randn(2, 4)
+    seen: list = []
+
+    def make(store):
+        def hook(mod, inp, out):
+            store.append(out.detach().clone())
+        return hook
+
+    m.register_forward_hook(make(seen))
+    m.forward = graphjit.graphed(m.forward)
+    with torch.no_grad():
+        for i in range(10):
+            m(x)
+            assert len(seen) == i + 1
+    assert m.forward.stats()["replays"] >= 7, m.forward.report()
+
+
+def test_what_a_global_module_hook_reads_from_its_closure_is_guarded(emu):
+    """torch's ``register_module_forward_hook`` runs around every module's call: its closure is read by the graph as a
+    module's own hook's is."""
+
+    class Ctl:
+        coef = 1.0
+
+    ctl = Ctl()
+
+    def make(c):
+        def hook(mod, inp, out):
+            return out * c.coef if isinstance(mod, torch.nn.Linear) else out
+        return hook
+
+    m, x = _model(), torch.randn(2, 4)
+    handle = torch.nn.modules.module.register_module_forward_hook(make(ctl))
+    try:
+        _calls(m, graphjit.graphed(m), x, 12, change=lambda: setattr(ctl, "coef", 3.0), at=5)
+    finally:
+        handle.remove()

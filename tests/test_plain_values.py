@@ -194,3 +194,21 @@ def test_a_sequence_edited_in_place_is_a_changed_value(emu, kind):
         assert torch.equal(g(x), step(x)), (i, g.report())
     st = g.stats()
     assert st["captures"] == 2, g.report()  # a graph of the new items
+
+
+@pytest.mark.torch
+def test_a_numpy_array_holding_nan_keeps_its_graph(emu):
+    """A small numpy array is compared by its bytes: a NaN in it equals itself (read item by item, each read made a
+    new NaN scalar that differed from the last: the key ran uncaptured for good)."""
+    np = pytest.importorskip("numpy")
+    import torch
+
+    table = {"scales": np.array([1.0, float("nan")])}
+
+    def step(x):
+        return x * float(table["scales"][0])
+
+    g = graphjit.graphed(step, tracer="eager")
+    for _ in range(6):
+        assert torch.equal(g(torch.ones(2)), torch.ones(2))
+    assert g.stats()["replays"] >= 3 and not g.stats()["fallbacks"], g.report()
