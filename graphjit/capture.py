@@ -104,6 +104,9 @@ class BuildRequest:
     capture scope's call): the capture starts from it instead of walking them again (not where ``fed``)."""
     pystate: PyState | None = None
     """Likewise their Python state (:class:`~graphjit.pystate.PyState`), taken where it was as it is now."""
+    also_written: list[tuple[Any, str]] = field(default_factory=list)
+    """Tensors the capture's run wrote in place (their version counters moved) that no warmup found written: state
+    reached only through a global of the user's that code the function calls reads (verify copies them too)."""
 
 
 @dataclass
@@ -162,11 +165,16 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         # the capture's Python effects are undone where they are not the call's
         py = req.pystate if settled and req.pystate is not None else PyState(b, roots)
         st.state = State.CAPTURE
+        versions = {i: b.version(t) for i, (t, _p) in before.tensors.items()}
         try:
             graph, static_out, capture_ms = capture_graph(req, statics, before)
         except BaseException:
             py.restore()
             raise
+        known = {id(t) for t in req.warm.state(req.sig, b)[0]}
+        if req.fed is None:  # (a fed tensor's writes are renewals.py's: its own reason)
+            req.also_written = [(t, describe(p)) for i, (t, p) in before.tensors.items() if i not in known and
+                                versions[i] is not None and b.version(t) != versions[i]]
         if isinstance(graph, PiecewiseGraph):
             graph.dynamic = req.sig.dynamic
             st.segments, st.islands = len(graph.segments), len(graph.islands)
@@ -505,6 +513,7 @@ def _written_state(req: BuildRequest, statics: Statics) -> tuple[list[Any], list
     leaves each one's new value (an owned static buffer for an input that is not adopted)."""
     b, sig = req.backend, req.sig
     written, paths = req.warm.state(sig, b)
+    written, paths = written + [t for t, _p in req.also_written], paths + [p for _t, p in req.also_written]
     current = list(written)
     inputs = statics.inputs
     for k, i in enumerate(sorted(req.warm.mutated_leaves), start=len(req.warm.written)):

@@ -576,3 +576,37 @@ def test_a_padded_capturing_call_is_verified_on_its_real_rows(emu):
         assert torch.allclose(g(x), torch.tanh(x @ w) * 2)
     s = g.stats()
     assert s["graphs"] == 1 and s["keys"][0]["verify"] == "passed" and s["fallbacks"] == {}
+
+
+SHARED = {"acc": None}  # state the model's file keeps in a global, written by a submodule's forward
+
+
+class _Accumulates(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.lin(x)
+        SHARED["acc"].add_(y.sum(0))  # a global of this file, not of the graphed Sequential's code
+        return y
+
+
+def test_a_tensor_a_submodule_writes_through_its_files_global_is_written_once_a_call(emu):
+    """The warmups walk the graphed function's own roots, which do not hold ``SHARED``: the write was not known state,
+    and the capturing call's verify (its eager reference, then the replay) added twice.  The capture now finds it by
+    its version counter (in-place ops move it while capturing too) and verify copies it."""
+
+    def run(graph):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(_Accumulates()).eval()
+        SHARED["acc"] = torch.zeros(3)
+        f = graphjit.graphed(m) if graph else m
+        with torch.no_grad():
+            outs = [f(torch.ones(2, 3) * i) for i in range(8)]
+        return torch.stack(outs), SHARED["acc"].clone(), f
+
+    want, acc_want, _ = run(False)
+    got, acc_got, f = run(True)
+    assert torch.allclose(got, want) and torch.allclose(acc_got, acc_want), (acc_got, acc_want, f.report())
+    assert f.stats()["replays"] >= 5, f.report()
