@@ -235,3 +235,37 @@ def test_a_written_input_passed_twice_or_overlapping_another_acts_as_eager(dev):
         x, y = torch.ones(8, 8, device=dev), torch.full((8, 8), 3.0, device=dev)
         assert torch.equal(g(x, y), y @ y.T) and torch.equal(x, torch.full((8, 8), 2.0, device=dev))
     assert "a written input overlaps another input" in g.stats()["fallbacks"], g.report()
+
+
+SHARED = {"acc": None}  # state the model's file keeps in a global, written by a submodule's forward
+
+
+class _Accumulates(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        y = self.lin(x)
+        SHARED["acc"].add_(y.sum(0))  # a global of this file, not of the graphed Sequential's code
+        return y
+
+
+def test_a_tensor_a_submodule_writes_through_its_files_global_is_written_once_a_call(dev):
+    """The capture finds the write by the tensor's version counter (in-place ops move it while capturing) and verify
+    copies it: the capturing call writes it once, as every other call does."""
+
+    def run(graph):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(_Accumulates()).to(dev).eval()
+        SHARED["acc"] = torch.zeros(32, device=dev)
+        f = graphjit.graphed(m) if graph else m
+        with torch.no_grad():
+            outs = [f(x) for x in inputs(dev, 8)]
+        torch.cuda.synchronize()
+        return torch.cat(outs), SHARED["acc"].clone(), f
+
+    want, acc_want, _ = run(False)
+    got, acc_got, f = run(True)
+    assert rel(got, want) < 1e-5 and rel(acc_got, acc_want) < 1e-5, (rel(acc_got, acc_want), f.report())
+    assert f.stats()["replays"] >= 5, f.report()
