@@ -165,14 +165,15 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         # the capture's Python effects are undone where they are not the call's
         py = req.pystate if settled and req.pystate is not None else PyState(b, roots)
         st.state = State.CAPTURE
-        versions = {i: b.version(t) for i, (t, _p) in before.tensors.items()}
+        # version counters before the capture (not where fed: a fed tensor's writes are renewals.py's, its own reason)
+        versions = {i: b.version(t) for i, (t, _p) in before.tensors.items()} if req.fed is None else {}
         try:
             graph, static_out, capture_ms = capture_graph(req, statics, before)
         except BaseException:
             py.restore()
             raise
-        known = {id(t) for t in req.warm.state(req.sig, b)[0]}
-        if req.fed is None:  # (a fed tensor's writes are renewals.py's: its own reason)
+        if versions:
+            known = {id(t) for t in req.warm.state(req.sig, b)[0]}
             req.also_written = [(t, describe(p)) for i, (t, p) in before.tensors.items() if i not in known and
                                 versions[i] is not None and b.version(t) != versions[i]]
         if isinstance(graph, PiecewiseGraph):

@@ -182,24 +182,21 @@ def plain(v: Any, depth: int) -> bool:
     return all(plain(e, depth + 1) for e in (v.values() if tp is dict else v))
 
 
-
 CONTENTS_BYTES = 4096
 """A bytearray, ``array.array`` or numpy array of at most this many bytes is guarded by its contents."""
+_TO_BYTES = operator.methodcaller("tobytes")
 
 
 def contents_of(obj: Any) -> Callable[[Any], Any] | None:
     """For a bytearray, an ``array.array`` or a numpy array of numbers, booleans or dates of at most
     :data:`CONTENTS_BYTES`: the getter of its contents as bytes, which a guard compares whole (one C call, NaN equal to
     itself: ``scales[1] = 0.5`` in place is a change); None for any other value (compared by identity where held)."""
-    tp = type(obj)
     if isinstance(obj, bytearray):
         return bytes if len(obj) <= CONTENTS_BYTES else None
     if isinstance(obj, array.array):
         return _TO_BYTES if len(obj) * obj.itemsize <= CONTENTS_BYTES else None
+    tp = type(obj)
     if tp.__name__ == "ndarray" and tp.__module__ == "numpy" and obj.dtype.kind in "biufcmM" and \
             obj.nbytes <= CONTENTS_BYTES:
         return _TO_BYTES
     return None
-
-
-_TO_BYTES = operator.methodcaller("tobytes")

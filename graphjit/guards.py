@@ -67,7 +67,7 @@ from .guard_links import Place
 from .guard_set import DELETED, GuardSet, HasKey, note_rebind, same, show
 from .guard_sources import LINKED, Sources, pinnable, sources
 from .guardable import MAX_ITEMS, SCALAR_TYPES, by_identity, contents_of, guardable, opaque, settings, snapshot
-from .module_hooks import collect_hooks
+from .module_hooks import collect_hooks, of_self
 from .names import NO_PROBES, Probes, class_names
 from .reach import (
     FOREIGN_MODULES,
@@ -479,7 +479,7 @@ def _hook_sources(out: Scan, taken: set[int], by_name: set[type], outside: bool,
     around every module's call (torch's ``register_module_forward_hook``), taken where the scan reached a module."""
     stack: list[tuple[Any, Path, int, Any]] = []
     for hooks, path in [*out.hooks.values(), *(global_hooks if out.hooks else ())]:
-        if outside and len(path) == 2 and path[0] == "self":
+        if outside and of_self(path):
             continue
         for key, fn in list(hooks.items()):
             if not callable(fn) or id(fn) in taken:

@@ -113,10 +113,16 @@ def watch(found: dict[int, tuple[dict[Any, Any], Path]], backend: Any, outside: 
     and watches them)."""
     count = backend.hook_count()
     if outside:
-        found = {k: (d, p) for k, (d, p) in found.items() if not (len(p) == 2 and p[0] == "self")}
+        found = {k: (d, p) for k, (d, p) in found.items() if not of_self(p)}
     if count is None or not found:
         return None
     return HookWatch([*found.values(), *backend.global_hooks()], count)
+
+
+def of_self(path: Path) -> bool:
+    """``path`` (a hook dict's, as :func:`collect_hooks` found it) is a dict of the object the scan calls ``self``
+    itself, not of a module below it: where the graphed function is that object's ``forward``, its hooks run outside."""
+    return len(path) == 2 and path[0] == "self"
 
 
 def _hooks(keys: tuple[Any, ...]) -> str:

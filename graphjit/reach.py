@@ -489,7 +489,6 @@ def user_globals(g: dict[str, Any]) -> bool:
     return found
 
 
-
 def class_methods(tp: type, names: Iterable[str] | None = None) -> dict[str, types.FunctionType]:
     """``name -> function`` of the plain methods (functions in a class ``__dict__``, not dunders) that instances of
     ``tp`` find along its MRO, of ``names`` where given, each only where reading it off ``tp`` gives that very

@@ -1264,10 +1264,8 @@ def test_a_module_the_first_call_imports_adds_no_names_to_guard(emu, tmp_path, m
     assert torch.equal(g(x), x * 3.0)
 
 
-def test_a_method_patched_on_its_class_after_the_capture_is_run(emu):
-    """``Block.extra = f`` or ``Block.forward = f`` after the capture (how patches that swap a model's attention are
-    applied): the graph ran the old method, so it must not replay; a graph of the new one is captured, and the old
-    graph serves again once the method is put back."""
+def _block_class() -> type:
+    """A new Module class (each test patches its own) whose forward calls a method of its own, ``extra``."""
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -1280,6 +1278,14 @@ def test_a_method_patched_on_its_class_after_the_capture_is_run(emu):
         def extra(self, x):
             return x
 
+    return Block
+
+
+def test_a_method_patched_on_its_class_after_the_capture_is_run(emu):
+    """``Block.extra = f`` or ``Block.forward = f`` after the capture (how patches that swap a model's attention are
+    applied): the graph ran the old method, so it must not replay; a graph of the new one is captured, and the old
+    graph serves again once the method is put back."""
+    Block = _block_class()
     m = Block().eval()
     g = graphjit.graphed(m)
     x = torch.randn(2, 3)
@@ -1304,18 +1310,7 @@ def test_an_inherited_method_patched_on_the_subclass_is_a_changed_value(emu):
     """``Child.extra = f`` where ``extra`` is defined on ``Base``: the method is guarded as read off the instances'
     class, so a patch on it or on any base is seen."""
 
-    class Base(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(3, 3)
-
-        def forward(self, x):
-            return self.lin(x) + self.extra(x)
-
-        def extra(self, x):
-            return x
-
-    class Child(Base):
+    class Child(_block_class()):
         pass
 
     m = Child().eval()
