@@ -131,6 +131,62 @@ def test_a_default_device_set_after_the_capture_is_another_key(emu):
     assert "default device meta" in f.report(), f.report()
 
 
+@pytest.mark.parametrize("flag, off, label", [
+    ("cuda.matmul.allow_bf16_reduced_precision_reduction", False, "cuBLAS bf16 reduction off"),
+    ("cuda.matmul.allow_fp16_reduced_precision_reduction", False, "cuBLAS fp16 reduction off"),
+    ("cudnn.allow_tf32", False, "cuDNN tf32 off"),
+    ("cudnn.deterministic", True, "cuDNN deterministic on"),
+    ("cudnn.enabled", False, "cuDNN off"),
+])
+def test_a_kernel_flag_set_after_the_capture_is_another_key(emu, flag, off, label):
+    """A graph froze the kernels its capture chose (a bf16 GEMM's reduction, cuDNN's algorithm): a call after
+    ``torch.backends...`` changed the flag is another key (its own warmup and graph), never the old graph; back to
+    the flag of the first capture, the first graph replays again."""
+    import graphjit
+
+    owner_name, _, attr = flag.rpartition(".")
+    owner = torch.backends
+    for part in owner_name.split("."):
+        owner = getattr(owner, part)
+    before = getattr(owner, attr)
+    f = graphjit.graphed(lambda x: x * 2)
+    x = torch.ones(3)
+    try:
+        for _ in range(4):
+            f(x)
+        assert f.stats()["graphs"] == 1
+        setattr(owner, attr, off)
+        for _ in range(4):
+            assert torch.equal(f(x), x * 2)
+        assert f.stats()["graphs"] == 2 and label in f.report(), f.report()
+    finally:
+        setattr(owner, attr, before)
+    replays = f.stats()["replays"]
+    f(x)
+    assert f.stats()["graphs"] == 2 and f.stats()["replays"] == replays + 1
+
+
+def test_the_lane_check_refuses_a_call_under_other_kernel_flags(lane_on):
+    """The replay lane's C check reads the same flags (a shortcut to the key the Python path gives, never looser)."""
+    from graphjit.keys import Signer
+
+    x = torch.ones(3)
+    signer = Signer(lambda x: x * 2, None, "auto", "f")
+    for _ in range(3):
+        key = signer.sign(None, (x,), {}).key
+    assert signer._fast, "the lane is loaded: the signer's layout has its C check"
+    check = signer._fast[0]
+    assert check(None, (x,)) is not None
+    before = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        assert check(None, (x,)) is None
+        assert signer.sign(None, (x,), {}).key != key
+    finally:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = before
+    assert check(None, (x,)) is not None
+
+
 def test_paddles_modes_hold_its_default_dtype():
     paddle = pytest.importorskip("paddle")
     from graphjit.backends import get

@@ -21,6 +21,26 @@ _default_dtype: Callable[[], Any] = torch.get_default_dtype  # what torch.ones(3
 _function_modes: Callable[[], int] = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
 
 
+def _flag(name: str) -> Callable[[], Any]:
+    """torch's C getter ``name``, or one that gives None where this torch has none."""
+    return getattr(torch._C, name, lambda: None)
+
+
+# The backend flags that choose the kernels a graph froze at its capture (cuBLAS's reduced-precision reductions for
+# fp16 and bf16 GEMMs, whether cuDNN runs, its TF32 and its deterministic algorithms: the ones Dynamo's global state
+# guard checks, and cuDNN's), and what ``describe`` calls them where they are not torch's defaults.  The fp32 matmul
+# TF32 flag is in the fp32 matmul precision already.
+_FLAGS: tuple[tuple[Callable[[], Any], str, Any], ...] = (
+    (_flag("_get_cublas_allow_fp16_reduced_precision_reduction"), "cuBLAS fp16 reduction", True),
+    (_flag("_get_cublas_allow_bf16_reduced_precision_reduction"), "cuBLAS bf16 reduction", True),
+    (_flag("_get_cudnn_enabled"), "cuDNN", True),
+    (_flag("_get_cudnn_allow_tf32"), "cuDNN tf32", True),
+    (_flag("_get_cudnn_deterministic"), "cuDNN deterministic", False),
+)
+_flag_getters = tuple(getter for getter, _, _ in _FLAGS)
+_fp16_reduction, _bf16_reduction, _cudnn, _cudnn_tf32, _cudnn_deterministic = _flag_getters
+
+
 @contextlib.contextmanager
 def autocast_cache_off() -> Iterator[None]:
     """Inside the block, autocast keeps no cache of its casts, where autocast is on or an autocast block is open: a
@@ -69,10 +89,13 @@ def _default_device() -> Any:
 def read() -> tuple[Any, ...]:
     """The modes a call is keyed on: grad mode, inference mode, autocast (None outside every autocast block), the fp32
     matmul precision, deterministic algorithms, the default dtype and the default device (what ``torch.ones(3)``
-    makes: a graph froze them; one C call where no torch function mode is active)."""
+    makes: a graph froze them; one C call where no torch function mode is active), and the kernel flags of
+    ``_FLAGS`` (a graph froze the kernels they chose: a call under other flags is another key, as Dynamo's global
+    state guard makes it another compile)."""
     autocast = _autocast_modes() if _any_autocast() else None
     return (_grad_enabled(), _inference_mode(), autocast, _matmul_precision(), _deterministic(), _default_dtype(),
-            _default_device() if _function_modes() else None)
+            _default_device() if _function_modes() else None,
+            (_fp16_reduction(), _bf16_reduction(), _cudnn(), _cudnn_tf32(), _cudnn_deterministic()))
 
 
 def probes(modes: tuple[Any, ...]) -> tuple[tuple[Callable[[], Any], ...], tuple[Any, ...]] | None:
@@ -81,16 +104,16 @@ def probes(modes: tuple[Any, ...]) -> tuple[tuple[Callable[[], Any], ...], tuple
     or a torch function mode (their reads are Python: the replay lane leaves such calls to the Python path).  A
     torch function mode active on a call makes its probe differ (the count is 0 here), so the probes refuse such a
     call where :func:`read` might not: never looser."""
-    grad, inference, autocast, precision, deterministic, dtype, device = modes
+    grad, inference, autocast, precision, deterministic, dtype, device, flags = modes
     if autocast is not None or device is not None:
         return None
     return ((_any_autocast, _grad_enabled, _inference_mode, _matmul_precision, _deterministic, _default_dtype,
-             _function_modes), (False, grad, inference, precision, deterministic, dtype, 0))
+             _function_modes, *_flag_getters), (False, grad, inference, precision, deterministic, dtype, 0, *flags))
 
 
 def describe(modes: tuple[Any, ...]) -> str:
     """The modes of :func:`read` as a key's label shows them (only those that are not the default)."""
-    grad, inference, autocast, precision, deterministic, dtype, device = modes
+    grad, inference, autocast, precision, deterministic, dtype, device, flags = modes
     parts = ["inference_mode" if inference else ("no_grad" if not grad else "")]
     for device_type, enabled, cast in autocast or ():
         if enabled:
@@ -103,4 +126,8 @@ def describe(modes: tuple[Any, ...]) -> str:
         parts.append(f"default dtype {str(dtype).replace('torch.', '')}")
     if device is not None:
         parts.append(f"default device {device}")
+    for (_, name, default), value in zip(_FLAGS, flags):
+        on = value[0] if isinstance(value, tuple) else value  # cuBLAS's (allowed, split-K allowed) in torch >= 2.10
+        if value is not None and bool(on) != default:
+            parts.append(f"{name} {'on' if on else 'off'}")
     return " ".join(p for p in parts if p)
