@@ -198,6 +198,10 @@ class EmulatedTorchBackend(TorchBackend):
     def synchronize(self, device: str) -> None:
         pass
 
+    def warmup_guard(self, device: str) -> contextlib.AbstractContextManager[Any]:
+        """No side stream on the CPU (graphed_layer's side warmup runs on the caller's thread as it is)."""
+        return contextlib.nullcontext()
+
     @contextlib.contextmanager
     def sync_watch(self, hits: list[str]) -> Iterator[None]:
         with _SyncWatch(hits):
