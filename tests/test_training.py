@@ -515,7 +515,9 @@ def test_strict_raises_instead_of_falling_back(monkeypatch):
     lenient = graphjit.graphed_layer(Counting(), warmup=1, strict=False, verify=False, _simulate=True)
     for _ in range(3):
         lenient(torch.randn(2, 3)).sum().backward()
-    assert lenient.stats()["replays"] == 2  # verify=False: nothing checks the frozen value (as documented)
+    # verify=False checks nothing at the recording, but the count its forward reads is guarded: the third call (the
+    # simulated replay ran the forward, so the count moved) is a call of another key, not a replay of the old count
+    assert lenient.stats()["replays"] == 1 and "self.calls=" in lenient.report(), lenient.report()
 
 
 def test_max_graphs_limits_the_graphed_signatures(gj_log):

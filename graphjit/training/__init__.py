@@ -67,10 +67,15 @@ Environment (read through :mod:`graphjit.env`) and Paddle's ``CUDAGraphedLayer``
 * ``GRAPHJIT_STRICT``, ``GRAPHJIT_VERIFY``, ``GRAPHJIT_MAX_GRAPHS`` (input signatures per layer) and
   ``GRAPHJIT_DUMP_DIR`` apply as for ``@graphed``.
 
+Values the forward reads (:mod:`graphjit.training.values`): its closure cells, globals and the attributes of the
+layer and of the Modules/Layers among its arguments that its code names, the parameters it holds among them, are
+read at a key's first recording and checked before each of its calls: a call after one changed is a call of the key
+of the current values (warmed up and recorded like any key; labelled with the change); one that cannot key a graph,
+or that changes on every call (8 such keys), runs eagerly with its reason.
+
 Restrictions (as for any CUDA graph): parameters are captured by address (an optimizer updates them
-in place, which is fine; after replacing parameter tensors, moving the layer, or changing which
-parameters require grad, call :meth:`reset`); Python side effects and forward hooks run during warmup
-and capture only; the layer must not synchronise the CPU with the GPU; tensors that require grad and
+in place, which is fine; after moving the layer, or changing which parameters require grad, call
+:meth:`reset`); Python side effects and forward hooks run during warmup and capture only; the layer must not synchronise the CPU with the GPU; tensors that require grad and
 that the layer uses must be its parameters or its inputs (torch: checked at capture); backward
 through one micro-batch twice (``retain_graph=True``) and double backward are not supported.
 """

@@ -29,6 +29,7 @@ from .slots import (
     recording,
     unsupported_leaf,
 )
+from .values import changed_key
 
 log = logging.getLogger("graphjit")
 
@@ -84,6 +85,21 @@ class GraphedLayerCore(Policy, SlotRecorder):
                     entry = self.new_entry(key, sig)
                     if entry is None:  # max_graphs reached: counted, runs eagerly
                         return self.eager_checked(args, kwargs, "max_graphs reached", None)
+        base, hops = entry, 0
+        while entry.guard is not None and not entry.guard.holds():  # a value its forward reads changed since
+            found = changed_key(key, entry.guard, hops, base.variants)
+            if isinstance(found, str):
+                return self.eager_checked(args, kwargs, found, entry)
+            key, shown = found
+            hops += 1
+            with self.lock:
+                other = self.entries.get(key)
+                if other is None:
+                    base.variants += 1
+                    other = self.new_entry(key, sig, shown)
+                    if other is None:  # max_graphs reached: counted, runs eagerly
+                        return self.eager_checked(args, kwargs, "max_graphs reached", None)
+            entry = other
         if entry.reason is not None:
             entry.stats.uncaptured += 1
             self.stats.fallback(entry.reason)
@@ -116,9 +132,11 @@ class GraphedLayerCore(Policy, SlotRecorder):
             return flat[0]
         return rebuild(slot.out_obj, list(flat), self.is_tensor)
 
-    def new_entry(self, key: tuple[Any, ...], sig: CallSignature) -> LayerKey | None:
+    def new_entry(self, key: tuple[Any, ...], sig: CallSignature, values: str = "") -> LayerKey | None:
+        """A new key (``values``: what its forward reads differently from the key of the same arguments, for its
+        label); None where ``max_graphs`` is reached."""
         b = self.backend
-        label = self.label(sig)
+        label = self.label(sig) + (f" [{values}]" if values else "")
         devices = sorted({b.device_str(t) for t in sig.tensors})
         if not devices:
             d = self.glue.default_device()

@@ -19,6 +19,7 @@ from ..stats import State
 from ..tree import collect_tensors
 from ..writes import tolerance
 from .slots import SIDE_WARMUPS, LayerKey, Slot, first_line, record_guard, simulated_capture
+from .values import layer_guard, recorder
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -96,9 +97,10 @@ class SlotRecorder:
             param_targets = params if self.simulate else glue.begin_capture_params(params)
             targets = [static_in[i] for i in in_targets] + param_targets
             snap = glue.snapshot()
+            names = recorder() if not entry.slots else None  # the first slot's: which values its code reads
             try:
                 expected_out, expected_shape, expected_diff, expected_grads = self.side_warmup(
-                    sargs, skwargs, targets, device, snap, st.label)
+                    sargs, skwargs, targets, device, snap, st.label, names)
             except BaseException:
                 glue.end_capture_params()
                 raise
@@ -162,6 +164,10 @@ class SlotRecorder:
                     b.synchronize(device)
                 if dump_dir is not None:
                     self.dump(slot, dump_dir, st.label)
+                if names is not None:  # read now: the values the graphs were captured with (the state restored)
+                    entry.guard = layer_guard(b, glue.layer, args, kwargs, names)
+                    if entry.guard is not None:
+                        st.guards = entry.guard.size
             except BaseException:
                 slot.release()
                 raise
@@ -208,8 +214,9 @@ class SlotRecorder:
         return lambda fn: b.capture(fn, device, pool, debug, operands=operands)
 
     def side_warmup(self, sargs: tuple[Any, ...], skwargs: dict[str, Any], targets: list[Any], device: str,
-                    snap: Any, label: str) -> tuple[list[Any], Any, list[int], list[Any]]:
-        """Eager forward+backward passes on the capture stream; returns what verify compares with."""
+                    snap: Any, label: str, names: Any = None) -> tuple[list[Any], Any, list[int], list[Any]]:
+        """Eager forward+backward passes on the capture stream; returns what verify compares with.  ``names``: a
+        :class:`~graphjit.names.NameRecorder` the first pass's forward runs under (the names its code uses)."""
         b, glue = self.backend, self.glue
         guard = contextlib.nullcontext() if self.simulate else b.warmup_guard(device)
         expected_out: list[Any] = []
@@ -217,9 +224,10 @@ class SlotRecorder:
         shape: Any = None
         diff: list[int] = []
         with guard, scope_mod.graphed_call("warmup"):
-            for _ in range(SIDE_WARMUPS):
+            for k in range(SIDE_WARMUPS):
                 glue.restore(snap)  # each pass starts from the state the real call will see
-                out = glue.run_layer(sargs, skwargs)
+                with names if names is not None and k == 0 else contextlib.nullcontext():
+                    out = glue.run_layer(sargs, skwargs)
                 flat = collect_tensors(out, self.is_tensor)
                 diff = [j for j, o in enumerate(flat) if b.requires_grad(o)]
                 if not diff:

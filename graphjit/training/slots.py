@@ -151,7 +151,7 @@ class MicroBatch:
 class LayerKey:
     """Everything graphjit knows about one input signature of the layer."""
 
-    __slots__ = ("backward_replays", "checked", "device", "reason", "slots", "stats")
+    __slots__ = ("backward_replays", "checked", "device", "guard", "reason", "slots", "stats", "variants")
 
     def __init__(self, stats: KeyStats, device: str) -> None:
         self.stats = stats
@@ -160,6 +160,8 @@ class LayerKey:
         self.reason: str | None = None  # set: this key runs eagerly (FALLBACK or EAGER state)
         self.backward_replays = 0
         self.checked = False  # outputs of the first call checked
+        self.guard: Any = None  # the values its forward reads (training/values.py), from its first slot's recording
+        self.variants = 0  # keys made for other values of those, from this key of the arguments
 
 
 def unsupported_leaf(x: Any, is_tensor: Callable[[Any], bool], path: str = "") -> tuple[str, type] | None:

@@ -1,0 +1,74 @@
+"""The Python values a graphed layer's forward reads without receiving them (a residual scale ``self.alpha``, a
+Dropout's ``p``, a flag that picks a branch, a global): found once per key when its first slot is recorded, checked
+before every call of that key, as ``@graphed`` checks them (:mod:`graphjit.guards`,
+:class:`~graphjit.guard_set.GuardSet`).
+
+A key's graphs were captured with the values of its recording; a call where one of them changed since is a call of
+the key of the current values (warmed up and recorded like any key; the old key's graphs replay again once the values
+are back), or runs eagerly with the change in its reason where the values cannot key a graph (an unhashable one).
+The names the recording's first side-warmup pass used (:class:`~graphjit.names.NameRecorder`) choose which attributes
+count, as a ``@graphed`` warmup's do; where they are not known (a profiler in the way) every name the code of the
+reached classes uses counts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import guards
+from ..guard_set import GuardSet
+from ..guards import READ_VALUES
+from ..names import NO_PROBES, NameRecorder
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
+
+__all__ = ["MAX_VARIANTS", "READ_VALUES", "changed_key", "layer_guard", "recorder"]
+
+MAX_VARIANTS = 8
+"""Keys of other values one key of the arguments makes before a change runs eagerly (the values drift)."""
+
+_HOPS = 4
+"""How many value keys a call follows from its arguments' key (each key's graphs may read values the last did not)."""
+
+
+def recorder() -> NameRecorder:
+    """A recorder of the names one run of the layer's code uses (entered around that run)."""
+    return NameRecorder()
+
+
+def layer_guard(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                names: NameRecorder | None) -> GuardSet | None:
+    """The guard of the values the layer's forward reads (its closure cells and globals, the layer and the Modules
+    among its arguments walked), read now; None where there is nothing to guard.  ``names``: the recorder of a run of
+    the layer (its names choose the attributes that count), or None."""
+    forward = getattr(layer, "forward", None)
+    fn = getattr(forward, "__func__", forward)
+    if fn is None:
+        return None
+    pairs = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+    src = guards.sources(fn, layer, pairs)
+    types = backend.tensor_types()
+    ran = names if names is not None and names.complete else None
+    scan = guards.scan(src, lambda x: isinstance(x, types), ran.names if ran else None, backend.tensor_holders,
+                       ran.by_object if ran else None, backend.module_holders, backend.renewed_attributes,
+                       backend.hook_holders, backend.watch_loads, ran.probes if ran else NO_PROBES,
+                       ran.probed_by_object if ran else None, list(ran.read_globals.values()) if ran else ())
+    guard = GuardSet(scan)
+    return guard if len(guard) else None
+
+
+def changed_key(key: tuple[Any, ...], guard: GuardSet, hops: int,
+                variants: int) -> tuple[tuple[Any, ...], str] | str:
+    """The key of a call whose values differ from ``guard``'s (its key ``key``), with the label of what changed; or
+    the reason it runs eagerly: values that cannot key a graph, ``hops`` keys followed already, or values that
+    change from call to call (``variants`` keys made for other values of the same arguments already: a counter
+    would make a key per call)."""
+    path, old, new = guard.change() or ("a value", "?", "?")
+    if variants >= MAX_VARIANTS:
+        return (f"a value it reads changes from call to call: {path} was {old}, now {new} (a graph per value would "
+                f"be recorded for every call; {MAX_VARIANTS} were made): pass it as an argument (a tensor) instead")
+    values = guard.values() if hops < _HOPS else None
+    if values is None:
+        return f"a value it reads changed and cannot key a graph: {path} was {old}, now {new}"
+    shown = ", ".join(f"{p}={now}" for p, (_was, now) in guard.shown().items())
+    return (*key, (READ_VALUES, values)), shown
