@@ -144,6 +144,51 @@ def test_torch_new_shape_records_new_graphs(tt):
 
 @pytest.mark.gpu
 @pytest.mark.torch
+def test_torch_a_residual_scale_changed_mid_training_trains_as_eager(tt):
+    """The value the forward reads (``self.alpha``) changes after the recording, and back: the steps after each
+    change are steps of the key of the current value (real CUDA graphs read no Python), losses and parameters as
+    the eager loop's; the first key's graphs replay again once the value is back (training/values.py)."""
+    torch = tt
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(64, 128), torch.nn.Linear(128, 64)
+            self.alpha = 1.0
+
+        def forward(self, x):
+            return x + self.alpha * self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+    def run(graph: bool):
+        torch.manual_seed(0)
+        model = Scaled().cuda()
+        layer = graphjit.graphed_layer(model, warmup=2) if graph else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        losses = []
+        for step in range(16):
+            model.alpha = {6: 0.25, 11: 1.0}.get(step, model.alpha)
+            x = torch.randn(32, 64, device="cuda", generator=gen)
+            opt.zero_grad()
+            loss = layer(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, [p.detach().clone() for p in model.parameters()], layer
+
+    want, want_params, _ = run(False)
+    got, got_params, layer = run(True)
+    np.testing.assert_allclose(got, want, rtol=LOSS_RTOL)
+    for g, w in zip(got_params, want_params):
+        torch.testing.assert_close(g, w, rtol=PARAM_RTOL, atol=1e-6)
+    keys = layer.stats()["keys"]
+    assert len(keys) == 2 and all(k["captures"] == 1 for k in keys), layer.report()
+    first = next(k for k in keys if "alpha" not in k["key"])
+    assert first["replays"] == 4 + 5, layer.report()  # steps 2-5 (the recording replays too) and 11-15
+
+
+@pytest.mark.gpu
+@pytest.mark.torch
 def test_torch_outputs_are_fresh_tensors(tt):
     torch = tt
     g = graphjit.graphed_layer(make_mlp(torch), warmup=1)
