@@ -170,3 +170,24 @@ def test_a_tensor_made_anew_on_the_model_is_fed_to_one_graph_and_never_written(t
     (key,) = st["keys"]
     assert st["graphs"] == 1 and key["captures"] == 2 and key["reason"].startswith(renewals.REASON), g.report()
     assert key["replays"] >= 45 and not st["fallbacks"], g.report()
+
+
+def test_a_cublas_reduction_flag_changed_after_the_capture_is_another_key():
+    """A bf16 GEMM's kernel is chosen at the capture under cuBLAS's reduced-precision-reduction flag: a call after
+    the caller switched it off is another key (its own graph, equal to eager under the new flag), never the old
+    graph; back to the first flag, the first graph replays (modes.py's kernel flags)."""
+    torch.manual_seed(0)
+    a = torch.randn(64, 4096, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(4096, 64, device=DEV, dtype=torch.bfloat16)
+    f = graphjit.graphed(lambda x, y: x @ y)
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_bf16_reduced_precision_reduction
+    try:
+        for flag in (True, True, True, True, False, False, False, False, True):
+            matmul.allow_bf16_reduced_precision_reduction = flag
+            assert torch.equal(f(a, b), a @ b), (flag, f.report())
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = before
+    stats = f.stats()
+    assert stats["graphs"] == 2 and "cuBLAS bf16 reduction off" in f.report(), f.report()
+    assert stats["replays"] >= 4, f.report()
