@@ -66,10 +66,9 @@ class GraphedLayerCore(Policy, SlotRecorder):
             return self.glue.call_layer(args, kwargs)
         self.stats.calls += 1
         self.forwards += 1
-        if recording() or scope_mod.phase() == "capture":
-            # Called inside another graph's warmup or capture (a graphed layer within a graphed layer):
-            # the outer graph records this layer's kernels.
-            self.stats.fallback("inside another capture")
+        outside = self.eager_context()
+        if outside is not None:
+            self.stats.fallback(outside)
             return self.glue.call_layer(args, kwargs)
         if not self.backend.grad_enabled():
             self.stats.fallback("grad disabled (inference; use @graphjit.graphed for inference graphs)")
@@ -115,6 +114,22 @@ class GraphedLayerCore(Policy, SlotRecorder):
         if slot.out_obj is None or self.is_tensor(slot.out_obj):
             return flat[0]
         return rebuild(slot.out_obj, list(flat), self.is_tensor)
+
+    def eager_context(self) -> str | None:
+        """Why this call must run the layer eagerly whatever its key, from what surrounds the call (None: nothing
+        does).  Refused, each with its own reason: a call inside another graph's recording (a graphed layer within a
+        graphed layer, or within a ``@graphed`` capture: the outer graph records this layer's kernels); a call that
+        re-enters this layer while its own graphs are being recorded; and whatever the framework's glue refuses
+        (:meth:`Glue.eager_reason`: torch's non-reentrant activation checkpointing)."""
+        owner = recording()
+        if owner == self.name:
+            return ("called again while its own graphs are being recorded (the layer calls itself, or something "
+                    "its backward runs calls it)")
+        if owner is not None:
+            return f"inside another capture (the recording of {owner})"
+        if scope_mod.phase() == "capture":
+            return "inside another capture (a @graphed function's capture)"
+        return self.glue.eager_reason()
 
     def new_entry(self, key: tuple[Any, ...], sig: CallSignature) -> LayerKey | None:
         b = self.backend
