@@ -123,3 +123,100 @@ def test_inside_another_capture_names_the_outer_recording():
     reasons = outer.inner.stats()["fallbacks"]
     assert reasons and all(r == f"inside another capture (the recording of {g._graphjit_core.name})"
                            for r in reasons)
+
+
+# -- calls that write state their arguments hold ---------------------------------------------------------------------
+class Cache:
+    """A cache that grows per call, as transformers' DynamicCache does: each layer's first call creates its entry,
+    later calls concatenate."""
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor | None] = [None]
+
+
+class CachingBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = block()
+
+    def forward(self, x, cache=None, acc=None):
+        h = self.body(x)
+        if cache is not None:
+            k = h.detach()
+            cache.keys[0] = k if cache.keys[0] is None else torch.cat([cache.keys[0], k])
+        if acc is not None:
+            acc.add_(1)
+        return h
+
+
+def test_a_call_that_stores_in_an_argument_runs_eagerly(graphs):
+    def run(graph: bool):
+        torch.manual_seed(0)
+        m = CachingBlock()
+        g = graphjit.graphed_layer(m, warmup=1, _simulate=graphs) if graph else m
+        caches: list[Cache] = []
+
+        def step(x):
+            caches.append(Cache())
+            return g(g(x, cache=caches[-1]), cache=caches[-1])  # the second call finds an entry: concatenates
+
+        return train(step, m, steps=4), caches, g
+
+    eager, eager_caches, _ = run(False)
+    got, caches, g = run(True)
+    assert_same(eager, got)
+    for a, b in zip(eager_caches, caches):
+        assert a.keys[0] is not None and b.keys[0] is not None and torch.equal(a.keys[0], b.keys[0])
+    s = g.stats()
+    assert s["captures"] == 0 and s["fallbacks"] == {"stores tensors in its argument 'cache'": 8}
+    key1, _second = s["keys"]  # the first call's key (an empty cache), the second's (a tensor in it)
+    assert "argument 'cache'.keys[0]" in key1["detail"] and "DynamicCache" in key1["detail"]
+
+
+def test_a_call_that_writes_a_tensor_argument_in_place_runs_eagerly(graphs):
+    def run(graph: bool):
+        torch.manual_seed(0)
+        m = CachingBlock()
+        g = graphjit.graphed_layer(m, warmup=1, _simulate=graphs) if graph else m
+        acc = torch.zeros(3)
+        return train(lambda x: g(x, acc=acc), m, steps=4), acc, g
+
+    eager, eager_acc, _ = run(False)
+    got, acc, g = run(True)
+    assert_same(eager, got)
+    assert torch.equal(acc, eager_acc) and acc.tolist() == [4.0, 4.0, 4.0]  # graphed: stayed at 1 (a static copy)
+    assert g.stats()["fallbacks"] == {"writes its argument 'acc' in place": 4}
+
+
+def test_hf_decoder_layers_with_the_default_cache_train_as_eager(emu):
+    """transformers passes a DynamicCache to every decoder layer in training (use_cache left at its default): the
+    recording's extra passes appended to it again and the capturing call crashed."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+
+    def run(graph: bool, **kw):
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(cfg).train()
+        if graph:
+            for i in range(len(model.model.layers)):
+                model.model.layers[i] = graphjit.graphed_layer(model.model.layers[i], warmup=1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(4):
+            ids = torch.randint(0, 64, (2, 12), generator=gen)
+            loss = model(input_ids=ids, labels=ids, **kw).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses, model
+
+    eager, _ = run(False)
+    got, model = run(True)
+    assert got == eager
+    (reason,) = model.model.layers[0].stats()["fallbacks"]
+    assert reason.startswith("stores tensors in its argument")
+    graphed, model = run(True, use_cache=False)  # without the cache: graphed
+    assert graphed == eager and model.model.layers[0].stats()["replays"] == 3

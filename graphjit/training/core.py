@@ -18,6 +18,7 @@ from ..keys import CallSignature, Signer, rebuild
 from ..policy import Policy
 from ..stats import FunctionStats, KeyStats, State
 from ..tree import collect_tensors
+from . import watch
 from .glue import Glue
 from .record import SlotRecorder
 from .slots import (
@@ -173,11 +174,24 @@ class GraphedLayerCore(Policy, SlotRecorder):
         return self.glue.call_layer(args, kwargs)
 
     def warmup_call(self, entry: LayerKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One eager call of a key before its recording, watched (:mod:`graphjit.training.watch`): a key whose call
+        stores tensors in an object it receives, or writes a tensor argument in place, runs eagerly from then on."""
         st = entry.stats
-        out = self.glue.call_layer(args, kwargs)
+        roots = watch.named_arguments(getattr(self.glue.layer, "forward", self.glue.layer), args, kwargs)
+        out, writes = watch.watched_call(self.backend, lambda: self.glue.call_layer(args, kwargs), roots,
+                                         env.settings().verify_max_bytes)
         if not entry.checked:
             entry.checked = True
             self.check_outputs(out)
+        if writes is not None:
+            st.state, st.reason, st.detail, entry.reason = State.FALLBACK, writes.reason, writes.message, writes.reason
+            st.uncaptured += 1
+            self.stats.fallback(writes.reason)
+            if self.strict():
+                raise CaptureError(f"{self.name} [{st.label}]: {writes.message}", reason=writes.reason)
+            self.say_once(logging.WARNING, "writes:" + writes.reason, "graphjit %s [%s]: %s", self.name, st.label,
+                          writes.message)
+            return out
         st.warmups += 1
         st.state = State.WARMUP
         if env.settings().debug:
