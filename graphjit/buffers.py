@@ -19,14 +19,16 @@ Either way, an output that is one of the call's inputs (the function returns the
 transformers' models return their cache object) is the caller's own tensor, as an eager call returns it, and an
 output object that is one of the call's arguments is the caller's own object (``tree.places``): never copied,
 whether the graph reads the tensor in place (adopted) or a copy of it, so passing it back in the next call keeps
-every address the graph was captured with, and Python values the replay advances are advanced on it.
+every address the graph was captured with, and Python values the replay advances are advanced on it.  An output
+that is a tensor of the function's state (a module buffer it returns) is that tensor, never copied; with ``"copy"``, an
+output that is a view of another output is the same view of that output's copy (:func:`_sub_views`).
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, GraphHandle
@@ -255,7 +257,7 @@ class StaticOutputs:
 
     def __init__(self, backend: Backend, obj: Any, is_tensor: Callable[[Any], bool],
                  bucket_dims: set[tuple[int, int]], inputs: StaticInputs | None = None,
-                 arguments: Call | None = None) -> None:
+                 arguments: Call | None = None, state: Container[int] = ()) -> None:
         self.backend = backend
         self.obj = obj
         self.is_tensor = is_tensor
@@ -271,11 +273,15 @@ class StaticOutputs:
             del index[k]
         # the call's input each output is (None: none), handed back as the call's own tensor
         self.source: list[int | None] = [index.get(id(t)) for t in self.tensors]
+        # outputs that are tensors the function's state holds (``state``: their ids; a module's buffer it updates in
+        # place and returns): handed back as that very tensor, as an eager call returns it, never copied
+        self.kept = [src is None and id(t) in state for t, src in zip(self.tensors, self.source)]
         # The return value's tree, planned once per mode (tree.rebuilder): copied, the outputs that are not the
         # call's inputs are fresh clones; aliased, the static outputs themselves; padded, views or clones of them
         # (the copy plan: it takes them in the same order).
         # (once each: an output returned twice, ``return h, h``, is one copy at both places, as eager's is one tensor)
-        self.fresh = list({id(t): t for t, src in zip(self.tensors, self.source) if src is None}.values())
+        self.fresh = list({id(t): t for t, src, kept in zip(self.tensors, self.source, self.kept)
+                           if src is None and not kept}.values())
         # those that are views of an input's buffer (``return x[0]``): (its index among them, the input's, where in
         # it, the buffer's strides); a call whose tensor there has the buffer's layout gets that view of its own
         # tensor, as eager does (else a copy)
@@ -289,16 +295,22 @@ class StaticOutputs:
         # the bucketed dims of each of those, sliced back to the call's real size where it is padded
         self.slice_dims = [[(d, n) for d, n in enumerate(backend.shape(t)) if (d, n) in bucket_dims]
                            for t in self.fresh]
+        # those that are views of another of them (``return logits, logits[:, -1]``), outside bucket padding: the
+        # same view of that one's copy, as eager's is a view of the tensor it returns (:func:`_sub_views`)
+        self.sub_views = [] if bucket_dims else _sub_views(backend, self.fresh, {j for j, *_ in self.views})
+        subs = {j for j, _i, _o in self.sub_views}
+        self.copied_at = [j for j in range(len(self.fresh)) if j not in subs]  # the outputs a replay copies
+        copied = self.copied = [self.fresh[j] for j in self.copied_at]
         self.batch: Batch | None = None
         if not self.single:
             argument = _arguments(statics, arguments, is_tensor) if arguments is not None else None
             inputs_at = [KEEP if src is None else src for src in self.source]
-            self.rebuild_copy = rebuilder(obj, [FRESH if src is None else src for src in self.source], is_tensor,
-                                          argument)
+            self.rebuild_copy = rebuilder(obj, [KEEP if kept else FRESH if src is None else src
+                                                for src, kept in zip(self.source, self.kept)], is_tensor, argument)
             self.rebuild_alias = rebuilder(obj, inputs_at, is_tensor, argument)
             # copies of several outputs: one launch of graphjit's batch copy (graphjit.batch_copy), where it can serve
             ops = backend.batch_operands()
-            self.batch = Batch.plan(ops, self.fresh, every=True) if ops is not None and ops.outputs else None
+            self.batch = Batch.plan(ops, copied, every=True) if ops is not None and ops.outputs else None
 
     def result(self, pads: Sequence[Pad], copy: bool, tensors: Sequence[Any] | None, call: Call | None) -> Any:
         """The call's return value: copies (or views) of the static outputs, padding sliced off; the call's own
@@ -312,7 +324,7 @@ class StaticOutputs:
                     return tensors[src] if tensors is not None else t
                 if copy and self.views and tensors is not None:
                     return self._viewed(tensors)[0]
-                return b.clone(t) if copy else t
+                return b.clone(t) if copy and not self.kept[0] else t
             if copy:
                 if self.views and tensors is not None:
                     return self.rebuild_copy(self._viewed(tensors), tensors, call)
@@ -320,7 +332,9 @@ class StaticOutputs:
                 outs = batch.out_of() if batch is not None else None
                 if outs is None:
                     clone = b.clone
-                    outs = [clone(t) for t in self.fresh]
+                    outs = [clone(self.fresh[j]) for j in self.copied_at]
+                if self.sub_views:
+                    outs = self._with_sub_views(outs)
                 return self.rebuild_copy(outs, tensors, call)
             return self.rebuild_alias((), tensors, call)
         padmap: dict[tuple[int, int], int] = {}
@@ -341,8 +355,24 @@ class StaticOutputs:
             out.append(b.clone(v) if copy else v)
         if self.single:
             src = self.source[0]
-            return out[0] if src is None else tensors[src]
+            return tensors[src] if src is not None else self.tensors[0] if self.kept[0] else out[0]
         return self.rebuild_copy(out, tensors, call)
+
+    def rebuild_from_copies(self, copied: list[Any], tensors: Sequence[Any] | None, call: Call | None) -> Any:
+        """:attr:`rebuild_copy` from copies of :attr:`copied` alone (the feed nodes' copies: :mod:`graphjit.handoff`),
+        the views of them made here."""
+        return self.rebuild_copy(self._with_sub_views(copied) if self.sub_views else copied, tensors, call)
+
+    def _with_sub_views(self, copied: list[Any]) -> list[Any]:
+        """The outputs for :attr:`fresh` from the copies of those that are not views of another (:attr:`copied_at`,
+        in order): each of the others the same view of its base's copy (:attr:`sub_views`)."""
+        outs: list[Any] = [None] * len(self.fresh)
+        for j, o in zip(self.copied_at, copied):
+            outs[j] = o
+        view_of, fresh = self.backend.view_of, self.fresh
+        for j, i, offset in self.sub_views:
+            outs[j] = view_of(outs[i], fresh[j], offset)
+        return outs
 
     def _viewed(self, tensors: Sequence[Any]) -> list[Any]:
         """Copies of the static outputs (:attr:`fresh`), but each that is a view of an input's buffer (:attr:`views`)
@@ -354,7 +384,38 @@ class StaticOutputs:
             base = tensors[i]
             if b.strides(base) == strides and not b.requires_grad(base):
                 viewed[j] = b.view_of(base, fresh[j], offset)
-        return [viewed[j] if j in viewed else b.clone(t) for j, t in enumerate(fresh)]
+        outs = [viewed[j] if j in viewed else b.clone(t) for j, t in enumerate(fresh)]
+        for j, i, offset in self.sub_views:  # (never one of the views above: those are views of an input)
+            outs[j] = b.view_of(outs[i], fresh[j], offset)
+        return outs
+
+
+def _sub_views(b: Backend, fresh: Sequence[Any], skip: set[int]) -> list[tuple[int, int, int]]:
+    """``(j, i, offset)`` for each output ``fresh[j]`` (not in ``skip``: a view of an input) whose elements lie
+    within another output ``fresh[i]``, a view of it of its dtype (``return logits, logits[:, -1]``), where a copy
+    of ``fresh[i]`` has its strides (``offset``: elements past its first).  ``i`` is the widest such output, the
+    first of equally wide ones, so it is never itself one of them.  Decided at capture: pairs are compared by the
+    bytes they span first (ints), :meth:`Backend.view_offset` only for those inside another's."""
+    spans = [b.extent(t) for t in fresh]
+    out: list[tuple[int, int, int]] = []
+    dense: dict[int, bool] = {}
+    for j, span in enumerate(spans):
+        if j in skip or span[0] == span[1]:
+            continue
+        best, widest = None, -1
+        for i, outer in enumerate(spans):
+            if i != j and _inside(span, outer) and outer[1] - outer[0] > widest:
+                best, widest = i, outer[1] - outer[0]
+        if best is None or (spans[best] == span and best > j):
+            continue  # none, or this one is the base of equally wide views
+        offset = b.view_offset(fresh[j], fresh[best])
+        if offset is None or offset < 0:
+            continue
+        if best not in dense:  # the copy a replay hands out has the base's strides (a dense base)
+            dense[best] = b.strides(b.clone(fresh[best])) == b.strides(fresh[best])
+        if dense[best]:
+            out.append((j, best, offset))
+    return out
 
 
 def _inside(span: tuple[int, int], outer: tuple[int, int]) -> bool:

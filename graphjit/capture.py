@@ -190,7 +190,7 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             if guard is not None:
                 st.guards = guard.size
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed},
-                                    statics.inputs, statics.layout)
+                                    statics.inputs, statics.layout, before.tensors if req.fed is None else ())
             executed = True  # from here on the Python state is what verify's eager reference leaves
             result = verify_and_replay(req, statics, graph, outputs, static_out, py)
         except BaseException:

@@ -99,7 +99,7 @@ class Handoff:
         self.ptr: Callable[[Any], int] = backend.data_ptr
         self.stride: Callable[[Any], Any] = backend.strides
         self.negated: Callable[[Any], bool] = feed.negated
-        self.empty = feed.empty_for(outputs.fresh)
+        self.empty = feed.empty_for(outputs.copied)
         h, m = feed.header, feed.entries
         self.in_dst, self.in_src, self.in_bytes = h, h + m, h + 2 * m
         self.out_dst = h + 3 * m
@@ -117,26 +117,31 @@ class Handoff:
         # the adopted ones, which never move for a key): the same address again needs no second look
         self.seen = [-1] * len(self.moved)  # -1: none yet (a null address is never served)
         self.outputs = outputs
-        # outputs copied out: the fixed side of each entry written once, here
-        self.fresh = [(t, self.ptr(t)) for t in outputs.fresh]
+        # outputs copied out (not one of the state's tensors, nor a view of another output): the fixed side of each
+        # entry written once, here
+        self.fresh = [(t, self.ptr(t)) for t in outputs.copied]
         table = self.table
         for j, (t, p) in enumerate(self.fresh):
             table[h + 4 * m + j] = p
             table[h + 5 * m + j] = backend.nbytes(t)
         self.single_source = outputs.source[0] if outputs.single else None  # the call's input it is, if one
-        self.rebuild: Callable[..., Any] | None = None if outputs.single else outputs.rebuild_copy
+        self.rebuild: Callable[..., Any] | None = (None if outputs.single else outputs.rebuild_from_copies
+                                                   if outputs.sub_views else outputs.rebuild_copy)
         self.broken = False  # the library refused a call for a reason that holds for the next ones too
 
     @classmethod
     def plan(cls, backend: Backend, feed: Feed | None, inputs: StaticInputs, outputs: StaticOutputs,
              stats: KeyStats) -> Handoff | None:
         """The plan for a key whose graph has feed nodes, where every buffer a call may copy fits them; else None."""
-        if feed is None or inputs.any_bucketed or not inputs.grad_free or outputs.views:
-            return None  # (an output that is a view of an input: StaticOutputs.result makes it, the copy path serves)
-        movable = [i for i in range(len(inputs.statics)) if not inputs.adopted[i] and i not in inputs.aliases]
-        if len(movable) > feed.entries or len(outputs.fresh) > feed.entries:
+        if feed is None or inputs.any_bucketed or not inputs.grad_free or outputs.views or \
+                (outputs.single and outputs.kept[0]):
+            # (an output that is a view of an input, or the one output a tensor of the function's state:
+            # StaticOutputs.result makes it, the copy path serves)
             return None
-        if not all(feed.usable(inputs.statics[i]) for i in movable) or not all(map(feed.usable, outputs.fresh)):
+        movable = [i for i in range(len(inputs.statics)) if not inputs.adopted[i] and i not in inputs.aliases]
+        if len(movable) > feed.entries or len(outputs.copied) > feed.entries:
+            return None
+        if not all(feed.usable(inputs.statics[i]) for i in movable) or not all(map(feed.usable, outputs.copied)):
             return None
         return cls(backend, feed, inputs, outputs, movable, stats)
 

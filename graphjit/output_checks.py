@@ -28,7 +28,11 @@ class OutputChecks:
         b = entry.inputs.backend
         self.poison_backend = b
         types = b.tensor_types()
-        own = {id(t) for t in sig.tensors}  # the caller's own tensors (a cache the function returns): never poisoned
+        # the caller's own tensors (a cache the function returns) and the function's state (a module buffer it
+        # returns): never poisoned
+        own = {id(t) for t in sig.tensors}
+        out = entry.outputs
+        own.update(id(t) for t, kept in zip(out.tensors, out.kept) if kept)
         self.handed_out = [t for t in collect_tensors(result, lambda x: isinstance(x, types)) if id(t) not in own]
 
     def poison_previous(self) -> None:

@@ -75,9 +75,11 @@ or that changes on every call (8 such keys), runs eagerly with its reason.
 
 Restrictions (as for any CUDA graph): parameters are captured by address (an optimizer updates them
 in place, which is fine; after moving the layer, or changing which parameters require grad, call
-:meth:`reset`); Python side effects and forward hooks run during warmup and capture only; the layer must not synchronise the CPU with the GPU; tensors that require grad and
-that the layer uses must be its parameters or its inputs (torch: checked at capture); backward
-through one micro-batch twice (``retain_graph=True``) and double backward are not supported.
+:meth:`reset`); a layer whose last warmup call writes a Python value its forward reads (a counter
+``self.calls += 1``) runs eagerly with its reason; forward hooks run during warmup and capture only; the layer
+must not synchronise the CPU with the GPU; tensors that require grad and that the layer uses must be its
+parameters or its inputs (torch: checked at capture); backward through one micro-batch twice
+(``retain_graph=True``) and double backward are not supported.
 """
 
 from __future__ import annotations

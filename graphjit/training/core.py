@@ -14,10 +14,13 @@ from typing import Any
 from .. import env
 from .. import scope as scope_mod
 from ..errors import BackwardOrderError, CaptureError, GraphjitError, UnsupportedOutputError
+from ..guards import WRITES
 from ..keys import CallSignature, Signer, rebuild
 from ..policy import Policy
 from ..stats import FunctionStats, KeyStats, State
 from ..tree import collect_tensors
+from . import values as layer_values
+from . import watch
 from .glue import Glue
 from .record import SlotRecorder
 from .slots import (
@@ -67,10 +70,9 @@ class GraphedLayerCore(Policy, SlotRecorder):
             return self.glue.call_layer(args, kwargs)
         self.stats.calls += 1
         self.forwards += 1
-        if recording() or scope_mod.phase() == "capture":
-            # Called inside another graph's warmup or capture (a graphed layer within a graphed layer):
-            # the outer graph records this layer's kernels.
-            self.stats.fallback("inside another capture")
+        outside = self.eager_context()
+        if outside is not None:
+            self.stats.fallback(outside)
             return self.glue.call_layer(args, kwargs)
         if not self.backend.grad_enabled():
             self.stats.fallback("grad disabled (inference; use @graphjit.graphed for inference graphs)")
@@ -132,6 +134,22 @@ class GraphedLayerCore(Policy, SlotRecorder):
             return flat[0]
         return rebuild(slot.out_obj, list(flat), self.is_tensor)
 
+    def eager_context(self) -> str | None:
+        """Why this call must run the layer eagerly whatever its key, from what surrounds the call (None: nothing
+        does).  Refused, each with its own reason: a call inside another graph's recording (a graphed layer within a
+        graphed layer, or within a ``@graphed`` capture: the outer graph records this layer's kernels); a call that
+        re-enters this layer while its own graphs are being recorded; and whatever the framework's glue refuses
+        (:meth:`Glue.eager_reason`: torch's non-reentrant activation checkpointing)."""
+        owner = recording()
+        if owner == self.name:
+            return ("called again while its own graphs are being recorded (the layer calls itself, or something "
+                    "its backward runs calls it)")
+        if owner is not None:
+            return f"inside another capture (the recording of {owner})"
+        if scope_mod.phase() == "capture":
+            return "inside another capture (a @graphed function's capture)"
+        return self.glue.eager_reason()
+
     def new_entry(self, key: tuple[Any, ...], sig: CallSignature, values: str = "") -> LayerKey | None:
         """A new key (``values``: what its forward reads differently from the key of the same arguments, for its
         label); None where ``max_graphs`` is reached."""
@@ -176,11 +194,40 @@ class GraphedLayerCore(Policy, SlotRecorder):
         return self.glue.call_layer(args, kwargs)
 
     def warmup_call(self, entry: LayerKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One eager call of a key before its recording, watched (:mod:`graphjit.training.watch`): a key whose call
+        stores tensors in an object it receives, or writes a tensor argument in place, runs eagerly from then on."""
         st = entry.stats
-        out = self.glue.call_layer(args, kwargs)
+        roots = watch.named_arguments(getattr(self.glue.layer, "forward", self.glue.layer), args, kwargs)
+        python: str | None = None
+
+        def run() -> Any:
+            nonlocal python
+            if st.warmups < self.warmup - 1 or (st.warmups and self.warmup == 1):
+                return self.glue.call_layer(args, kwargs)
+            # the last warmup call (the only one where warmup=1): a Python value it writes is written every call
+            out, python = layer_values.python_writes(self.backend, self.glue.layer, args, kwargs,
+                                                     lambda: self.glue.call_layer(args, kwargs))
+            return out
+
+        out, writes = watch.watched_call(self.backend, run, roots, env.settings().verify_max_bytes)
         if not entry.checked:
             entry.checked = True
             self.check_outputs(out)
+        if writes is None and python is not None:
+            writes = watch.ArgumentWrites(
+                WRITES, f"the layer's call writes a Python value its forward reads: {python}; graphed_layer records "
+                "its graphs with extra eager passes, which would write it again, and a replay runs no Python, so it "
+                "would not: calls of this input signature run the layer eagerly (keep such state outside the layer, "
+                "or in a tensor updated in place)")
+        if writes is not None:
+            st.state, st.reason, st.detail, entry.reason = State.FALLBACK, writes.reason, writes.message, writes.reason
+            st.uncaptured += 1
+            self.stats.fallback(writes.reason)
+            if self.strict():
+                raise CaptureError(f"{self.name} [{st.label}]: {writes.message}", reason=writes.reason)
+            self.say_once(logging.WARNING, "writes:" + writes.reason, "graphjit %s [%s]: %s", self.name, st.label,
+                          writes.message)
+            return out
         st.warmups += 1
         st.state = State.WARMUP
         if env.settings().debug:

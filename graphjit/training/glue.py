@@ -88,6 +88,12 @@ class Glue(abc.ABC):
         """Names of submodules with forward/backward hooks (they do not run on replays)."""
         return []
 
+    def eager_reason(self) -> str | None:
+        """Why the current call must run the layer eagerly, from the framework's state around it (a reason for
+        stats, naming what the user did), or None.  Checked on every call before the key: a replay there would
+        not act like the eager call.  Default: None."""
+        return None
+
     def default_device(self) -> str | None:
         """The device of the layer's first parameter (for layers called without tensors)."""
         return None

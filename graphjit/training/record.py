@@ -68,6 +68,9 @@ class SlotRecorder:
             st.uncaptured += 1
             self.say_once(logging.WARNING, "fail:" + exc.reason, "graphjit %s; running the layer eagerly", exc)
             return None
+        except BaseException:  # the layer's own exception (or an interrupt): the key is not left "capturing"
+            st.state = State.REPLAY if entry.slots else State.WARMUP
+            raise
         entry.slots.append(slot)
         st.state = State.REPLAY
         return slot
@@ -85,7 +88,7 @@ class SlotRecorder:
                 self.say_once(logging.WARNING, "hooks", "graphjit %s: hooks on %s run during warmup and capture only, "
                               "not on graph replays", self.name, ", ".join(hooked[:5]))
         t0 = time.perf_counter()
-        with CAPTURE_LOCK, b.device_guard(device), record_guard():
+        with CAPTURE_LOCK, b.device_guard(device), record_guard(self.name):
             st.state = State.CAPTURE
             if b.poisoned is not None:
                 raise UnrecoverableCaptureError(f"{self.name}: {b.poisoned}")

@@ -25,14 +25,17 @@ _SCALAR_LEAVES = (bool, int, float, complex, str, bytes, type(None))
 _tls = threading.local()
 
 
-def recording() -> bool:
-    return bool(getattr(_tls, "recording", False))
+def recording() -> str | None:
+    """The name of the graphed layer whose graphs this thread is recording (its side warmup or its capture), or
+    None."""
+    return getattr(_tls, "recording", None)
 
 
 @contextlib.contextmanager
-def record_guard() -> Iterator[None]:
+def record_guard(name: str) -> Iterator[None]:
+    """Mark this thread as recording the graphs of the graphed layer ``name`` (:func:`recording`)."""
     previous = recording()
-    _tls.recording = True
+    _tls.recording = name
     try:
         yield
     finally:

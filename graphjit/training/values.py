@@ -12,9 +12,10 @@ reached classes uses counts."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import guards
+from .. import guards, py_writes
 from ..guard_set import GuardSet
 from ..guards import READ_VALUES
 from ..names import NO_PROBES, NameRecorder
@@ -22,7 +23,7 @@ from ..names import NO_PROBES, NameRecorder
 if TYPE_CHECKING:
     from ..backends.base import Backend
 
-__all__ = ["MAX_VARIANTS", "READ_VALUES", "changed_key", "layer_guard", "recorder"]
+__all__ = ["MAX_VARIANTS", "READ_VALUES", "changed_key", "layer_guard", "layer_scan", "python_writes", "recorder"]
 
 MAX_VARIANTS = 8
 """Keys of other values one key of the arguments makes before a change runs eagerly (the values drift)."""
@@ -36,11 +37,11 @@ def recorder() -> NameRecorder:
     return NameRecorder()
 
 
-def layer_guard(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                names: NameRecorder | None) -> GuardSet | None:
-    """The guard of the values the layer's forward reads (its closure cells and globals, the layer and the Modules
-    among its arguments walked), read now; None where there is nothing to guard.  ``names``: the recorder of a run of
-    the layer (its names choose the attributes that count), or None."""
+def layer_scan(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               names: NameRecorder | None = None) -> guards.Scan | None:
+    """The values the layer's forward reads (its closure cells and globals, the layer and the Modules among its
+    arguments walked), read now; None where the layer has no Python forward.  ``names``: the recorder of a run of
+    the layer (its names choose the attributes that count), or None (every name of the reached classes' code)."""
     forward = getattr(layer, "forward", None)
     fn = getattr(forward, "__func__", forward)
     if fn is None:
@@ -49,12 +50,36 @@ def layer_guard(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dic
     src = guards.sources(fn, layer, pairs)
     types = backend.tensor_types()
     ran = names if names is not None and names.complete else None
-    scan = guards.scan(src, lambda x: isinstance(x, types), ran.names if ran else None, backend.tensor_holders,
+    return guards.scan(src, lambda x: isinstance(x, types), ran.names if ran else None, backend.tensor_holders,
                        ran.by_object if ran else None, backend.module_holders, backend.renewed_attributes,
                        backend.hook_holders, backend.watch_loads, ran.probes if ran else NO_PROBES,
                        ran.probed_by_object if ran else None, list(ran.read_globals.values()) if ran else ())
+
+
+def layer_guard(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                names: NameRecorder | None) -> GuardSet | None:
+    """The guard of the values :func:`layer_scan` reads; None where there is nothing to guard."""
+    scan = layer_scan(backend, layer, args, kwargs, names)
+    if scan is None:
+        return None
     guard = GuardSet(scan)
     return guard if len(guard) else None
+
+
+def python_writes(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  run: Callable[[], Any]) -> tuple[Any, str | None]:
+    """``run()`` (one eager call of the layer), and the Python value it changed of those the forward reads (an
+    attribute counter ``self.calls += 1``), as ``path (old -> new)``, or None.  A layer that writes one on every
+    call cannot be graphed: its recording's extra passes would write it again and a replay would not write it."""
+    before = layer_scan(backend, layer, args, kwargs)
+    out = run()
+    if before is None:
+        return out, None
+    changed = py_writes.writes(before, lambda: layer_scan(backend, layer, args, kwargs))  # type: ignore[arg-type]
+    if not changed:
+        return out, None
+    path, old, new = changed[0]
+    return out, f"{path} ({old} -> {new})" + (f" and {len(changed) - 1} more" if len(changed) > 1 else "")
 
 
 def changed_key(key: tuple[Any, ...], guard: GuardSet, hops: int,

@@ -58,6 +58,38 @@ def _autocast_key() -> tuple[Any, ...]:
     return ()
 
 
+_top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)  # torch >= 2.1
+
+CHECKPOINTING = "inside activation checkpointing (torch.utils.checkpoint, use_reentrant=False)"
+
+
+def saved_tensors_hooks_reason() -> str | None:
+    """Why a call cannot replay graphs under the saved-tensors hooks active now, or None where there are none.
+
+    Non-reentrant ``torch.utils.checkpoint`` (Hugging Face's gradient checkpointing default) runs the forward under
+    hooks that count the tensors autograd saves, and recomputes it in the backward under hooks that expect the same
+    count: a graph replay saves none, and the backward it replays reads the activations the graph kept, which is what
+    checkpointing is there to free.  Other hooks (``torch.autograd.graph.save_on_cpu``, a user's own) would not see
+    the graph's activations either.  So a call under any of them runs eagerly: ``CHECKPOINTING`` for
+    checkpointing's, one naming the hook's function otherwise.  Where torch cannot say which hooks are active
+    (before 2.1) this answers None."""
+    if _top_hooks is None:
+        return None
+    try:
+        hooks = _top_hooks(False)
+    except Exception:  # another signature: cannot tell
+        return None
+    if hooks is None:
+        return None
+    pack = hooks[0]
+    module = getattr(pack, "__module__", None) or "?"
+    name = getattr(pack, "__qualname__", None) or type(pack).__name__
+    if module == "torch.utils.checkpoint" or "_checkpoint_hook" in name or "_recomputation_hook" in name:
+        return CHECKPOINTING
+    where = name.split(".<locals>")[0]
+    return f"inside saved-tensors hooks ({module}.{where}: torch.autograd.graph.saved_tensors_hooks)"
+
+
 class TorchGlue(Glue):
     def __init__(self, layer: torch.nn.Module) -> None:
         self.backend = get("torch")
@@ -173,6 +205,9 @@ class TorchGlue(Glue):
                                                          "_backward_pre_hooks")):
                 found.append(name or type(m).__name__)
         return found
+
+    def eager_reason(self) -> str | None:
+        return saved_tensors_hooks_reason()
 
     def default_device(self) -> str | None:
         for p in self.layer.parameters():

@@ -1,0 +1,92 @@
+"""What a graphed layer's warmup call does to the state its arguments hold (:func:`watched_call`).
+
+A graphed layer records its graphs with extra eager passes of the layer (the side warmup, the capture, verify's
+replay) that start from a snapshot of the layer's own buffers and RNG, on graphjit's copies of the tensor arguments;
+its replays run kernels, no Python.  So a call that stores tensors in an object it receives (transformers'
+``DynamicCache`` passed to each decoder layer: ``past_key_values.layers[0].keys``), replaces or moves them, or
+writes a tensor argument (or one an argument holds) in place cannot be graphed: the recording passes would store
+again into the same object, and a replay would store nothing and write graphjit's copy of an argument instead of
+the caller's tensor.  Each warmup call of a key is watched; a key whose call does any of that runs the layer
+eagerly from then on, with a reason naming the argument (:class:`ArgumentWrites`).
+
+What it sees: tensors reachable from the arguments through containers and object attributes
+(:func:`graphjit.reach.walk`), written in place by version counter (contents for small ones), rebound, added or
+moved.  Not seen: plain Python values (an int counter) changed in such an object, and a write only some calls make
+(a key whose warmup calls did not make it is recorded).  Runs during warmup only, never on a replay.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.base import Backend
+from ..reach import ATOMS, Path, addresses, describe, moved, rebinds, walk
+from ..writes import WriteProbe
+
+
+@dataclass(frozen=True)
+class ArgumentWrites:
+    """Why a key's calls run the layer eagerly: ``reason`` (counted in stats, names the argument) and ``message``."""
+
+    reason: str
+    message: str
+
+
+def named_arguments(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(root name, value)`` of each argument of a call worth walking (not a plain number or string), named as
+    ``fn``'s parameters (``argument 'past_key_values'``), by position where the call does not bind."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs).arguments
+        items = list(bound.items())
+    except (TypeError, ValueError):
+        items = [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())
+    return [(f"argument {name!r}", value) for name, value in items if type(value) not in ATOMS]
+
+
+def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str, Any]],
+                 budget: int) -> tuple[Any, ArgumentWrites | None]:
+    """Run ``run()`` (the layer's eager call) once; return its result and what, if anything, it did to the
+    tensors ``roots`` hold that a graphed call could not do.  Exceptions of ``run`` propagate unchanged."""
+    if not roots:
+        return run(), None
+    b = backend
+    types = b.tensor_types()
+
+    def is_tensor(x: Any) -> bool:
+        return isinstance(x, types)
+
+    before = walk(roots, is_tensor)
+    where = addresses(before, b.data_ptr)
+    probe = WriteProbe(b, before, budget)
+    out = run()
+    after = walk(roots, is_tensor)
+    rebound, added = rebinds(before, after)
+    stored = rebound + added + moved(before, where, b.data_ptr)
+    if stored:
+        return out, _stored(stored)
+    written = [p for _t, p in probe.written()]
+    return out, _written(written) if written else None
+
+
+def _where(paths: list[Path]) -> str:
+    return ", ".join(describe(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+
+
+def _stored(paths: list[Path]) -> ArgumentWrites:
+    return ArgumentWrites(
+        f"stores tensors in its {paths[0][0]}",
+        f"the layer's call stores, replaces or moves tensors held by objects it receives ({_where(paths)}); "
+        "graphed_layer records its graphs with extra eager passes, which would store them again, and a replay runs "
+        "no Python, so it would store nothing: calls of this input signature run the layer eagerly. A cache that "
+        "grows per call does this (transformers' DynamicCache: pass use_cache=False in training)")
+
+
+def _written(paths: list[Path]) -> ArgumentWrites:
+    return ArgumentWrites(
+        f"writes its {paths[0][0]} in place",
+        f"the layer's call writes tensors it receives in place ({_where(paths)}); a replay would write graphjit's "
+        "copy of them instead of the caller's tensors: calls of this input signature run the layer eagerly (return "
+        "the new value instead, and write it outside the layer)")
