@@ -107,3 +107,15 @@ def test_a_guard_compares_the_type_and_the_zeros_sign_as_same_and_keys_do():
     assert same({1, 2}, guardable.snapshot({1, 2}))  # a set's snapshot holds for the set
     assert guardable.hashable(float("nan")) == guardable.hashable(float("nan"))  # by its bits: one key
 
+
+def test_a_float_argument_of_the_other_zero_sign_is_another_key(emu):
+    def inv(x, shift):
+        return 1.0 / torch.full_like(x, shift)
+
+    g = graphjit.graphed(inv)
+    x = torch.ones(2)
+    with torch.no_grad():
+        for shift in (0.0, 0.0, 0.0, 0.0, -0.0, -0.0, -0.0, -0.0, 0.0):
+            assert torch.equal(g(x, shift), inv(x, shift)), (shift, g.report())
+    st = g.stats()
+    assert st["graphs"] == 2 and len(st["keys"]) == 2, g.report()
