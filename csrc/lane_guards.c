@@ -2,8 +2,9 @@
  * from its container and compared with the value it had at capture, in one C call, without the tuple each getter
  * builds and the list the Python expression `list(map(operator.call, getters, containers)) != expected` builds.
  *
- * It gives that expression's answer, negated (1: every value holds), with one difference: it reads and compares value
- * by value and stops at the first that differs (the Python expression reads every value, then compares), so a read
+ * It gives GuardSet.holds's answer for those values (its expression compares the typed ones, guardable.typed, by
+ * marshal's bytes: typed_same here; 1, 1.0 and True differ, 0.0 and -0.0 too), with one difference: it reads and
+ * compares value by value and stops at the first that differs (the Python expression reads every value, then compares), so a read
  * after a differing value is not made, and Python code run by one comparison (an __eq__) may change what a later read
  * finds.  A read or
  * a comparison that raises an Exception is a value that does not hold (0), as GuardSet.holds's `except Exception`
@@ -20,6 +21,46 @@ enum { SCAN_ITEM = 0, SCAN_ATTR = 1, SCAN_CALL = 2, SCAN_HAS = 3 }; /* GuardSet.
                                                                        getter(c), getter.name in c (HasKey) */
 
 static PyObject *s_name; /* "name", interned by lane_guards_add */
+/* Whether want is a value GuardSet compares by type and bits (guardable.typed): an int, float, complex, bool, str or
+ * None of exactly that type, or an exact tuple of such values. */
+static int is_typed(PyObject *v) {
+  if (PyTuple_CheckExact(v)) {
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(v); j++)
+      if (!is_typed(PyTuple_GET_ITEM(v, j))) return 0;
+    return 1;
+  }
+  return PyLong_CheckExact(v) || PyFloat_CheckExact(v) || PyComplex_CheckExact(v) || PyBool_Check(v) ||
+         PyUnicode_CheckExact(v) || v == Py_None;
+}
+
+/* GuardSet's comparison of a value read (got) with the value at capture (want), guardable.same_value: a typed want
+ * holds for a value of exactly its type with the same bits (as marshal writes them: a float's or complex's doubles
+ * bit for bit, so 0.0 != -0.0 and a NaN equals the same NaN; an int's, a str's value; a tuple item by item), any
+ * other for the same object or an == one.  1 holds, 0 not, -1 error. */
+static int typed_same(PyObject *got, PyObject *want) {
+  if (got == want) return 1;
+  if (!is_typed(want)) return same(got, want);
+  PyTypeObject *tp = Py_TYPE(want);
+  if (Py_TYPE(got) != tp) return 0;
+  if (tp == &PyFloat_Type) {
+    double a = PyFloat_AS_DOUBLE(got), b = PyFloat_AS_DOUBLE(want);
+    return memcmp(&a, &b, sizeof a) == 0;
+  }
+  if (tp == &PyComplex_Type) {
+    Py_complex a = PyComplex_AsCComplex(got), b = PyComplex_AsCComplex(want);
+    return memcmp(&a.real, &b.real, sizeof a.real) == 0 && memcmp(&a.imag, &b.imag, sizeof a.imag) == 0;
+  }
+  if (tp == &PyTuple_Type) {
+    Py_ssize_t n = PyTuple_GET_SIZE(want);
+    if (PyTuple_GET_SIZE(got) != n) return 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+      int r = typed_same(PyTuple_GET_ITEM(got, j), PyTuple_GET_ITEM(want, j));
+      if (r != 1) return r;
+    }
+    return 1;
+  }
+  return same(got, want); /* an int, a str (exact types: == compares their values), a bool */
+}
 
 /* c[key] (kind SCAN_ITEM) or getattr(c, key) (SCAN_ATTR) compared with want: 1 holds, 0 not, -1 error. */
 static int read_same(int kind, PyObject *c, PyObject *key, PyObject *want) {
@@ -32,7 +73,7 @@ static int read_same(int kind, PyObject *c, PyObject *key, PyObject *want) {
     got = kind == SCAN_ITEM ? PyObject_GetItem(c, key) : PyObject_GetAttr(c, key);
     if (got == NULL) return swallowed();
   }
-  int r = same(got, want);
+  int r = typed_same(got, want);
   Py_DECREF(got);
   return r;
 }
@@ -51,7 +92,7 @@ static int container_same(int kind, PyObject *getter, PyObject *c, PyObject *key
   if (kind == SCAN_CALL) {
     PyObject *got = PyObject_CallOneArg(getter, c);
     if (got == NULL) return swallowed();
-    int r = same(got, want);
+    int r = typed_same(got, want);
     Py_DECREF(got);
     return r;
   }

@@ -5,13 +5,14 @@ checked there by kind, last, once everything else holds (:class:`graphjit.renewa
 
 from __future__ import annotations
 
+import marshal
 import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import backends, lane
 from .guard_links import DELETED, Links, columns
-from .guardable import hashable, snapshot
+from .guardable import hashable, same_value, snapshot, typed
 from .reach import Path, describe
 
 if TYPE_CHECKING:
@@ -54,11 +55,11 @@ class HasKey:
 
 
 def same(a: Any, b: Any) -> bool:
-    """``a is b or a == b``, False where the comparison raises or gives no truth value (arrays, tensors)."""
-    if a is b:
-        return True
+    """What a guard says of ``b`` at capture and ``a`` now (:func:`~graphjit.guardable.same_value`: ``1``, ``1.0`` and
+    ``True`` differ, so do ``0.0`` and ``-0.0``); False where the comparison raises or gives no truth value (arrays,
+    tensors)."""
     try:
-        return bool(a == b)
+        return same_value(a, b)
     except Exception:
         return False
 
@@ -93,6 +94,8 @@ class GuardSet:
         "pinned",
         "seen",
         "taken",
+        "typed",
+        "untyped",
         "where",
     )
 
@@ -117,30 +120,43 @@ class GuardSet:
         # each container's path and whether the code reads it as a value (a list, dict or tuple read by subscript,
         # which follows its link: Links) or in place (an object's __dict__, a module's globals, a cell, a class)
         places: list[tuple[Path, bool]] = []
-        for cid, keys in by_box.items():
+        # (typed, container, getter, keys, paths, expected, place): a container's typed values (guardable.typed: plain
+        # numbers, strings, None, tuples of these) apart from its others, the typed ones last (holds compares them in
+        # one C call, marshal's bytes: their types and bits too, 1 != 1.0 != True, 0.0 != -0.0)
+        rows: list[tuple[bool, Any, Callable[[Any], Any], list[Any], list[Path], Any, tuple[Path, bool]]] = []
+        for cid, all_keys in by_box.items():
             box = scan_.boxes[cid]
-            getter = operator.attrgetter(*keys) if box.kind in ("attr", "cell") else operator.itemgetter(*keys)
-            try:
-                expected = _each(snapshot, getter(box.container), len(keys))
-            except Exception:  # an entry gone since the scan (the function deleted it): not a value it reads
-                continue
-            self.containers.append(box.container)
-            self.getters.append(getter)
-            self.keys.append(keys)
-            self.paths.append([chosen[(cid, k)][1] for k in keys])
-            self.expected.append(expected)
-            first = self.paths[-1][0]
-            places.append((first[:-1], len(first) > 1 and first[-1][0] == "[]" and box.owner is None))
+            for group in (True, False):
+                keys = [k for k in all_keys if typed(chosen[(cid, k)][0]) is group]
+                if not keys:
+                    continue
+                getter: Callable[[Any], Any] = (operator.attrgetter(*keys) if box.kind in ("attr", "cell")
+                                                else operator.itemgetter(*keys))
+                try:
+                    expected = _each(snapshot, getter(box.container), len(keys))
+                except Exception:  # an entry gone since the scan (the function deleted it): not a value it reads
+                    continue
+                paths = [chosen[(cid, k)][1] for k in keys]
+                first = paths[0]
+                place = (first[:-1], len(first) > 1 and first[-1][0] == "[]" and box.owner is None)
+                rows.append((group and typed(expected if len(keys) > 1 else (expected,)), box.container, getter,
+                             keys, paths, expected, place))
         for what, container, whole, value, path in scan_.named_wholes():  # len(list), the keys of a dict
-            self.containers.append(container)
-            self.getters.append(whole)
-            self.keys.append([whole])
-            self.paths.append([(f"{what}({describe(path)})",)])
-            self.expected.append(value)
             # keys kept absent from a dict (a probe's, graphjit/absences.py) are read where the dict is now, as its
             # entries are; names kept absent from an object's __dict__ stay with that object
-            places.append((path, what not in ("own", "absent")))
+            rows.append((typed(value), container, whole, [whole], [(f"{what}({describe(path)})",)], value,
+                         (path, what not in ("own", "absent"))))
+        rows.sort(key=lambda r: r[0])  # (stable)
+        for _typed, container, getter, keys, paths, expected, place in rows:
+            self.containers.append(container)
+            self.getters.append(getter)
+            self.keys.append(keys)
+            self.paths.append(paths)
+            self.expected.append(expected)
+            places.append(place)
         self.kinds = bytes(_kind(g, k) for g, k in zip(self.getters, self.keys))
+        self.untyped = sum(not r[0] for r in rows)  # the first ones, compared by identity, then ==
+        self.typed = marshal.dumps(self.expected[self.untyped:], 2)
         self.extra = extra
         # held tensors: (container, key, path, the tensor or None at capture: kept, so its address stays its own)
         held = scan_.values(held=True)
@@ -268,8 +284,11 @@ class GuardSet:
             if scan is not None:  # the same comparison in one C call (csrc/lane_guards.c)
                 if not scan.guards_hold(self.kinds, self.getters, self.containers, self.keys, self.expected):
                     return False
-            elif list(map(operator.call, self.getters, self.containers)) != self.expected:
-                return False
+            else:
+                now = list(map(operator.call, self.getters, self.containers))
+                n = self.untyped
+                if now[:n] != self.expected[:n] or marshal.dumps(now[n:], 2) != self.typed:
+                    return False
         except Exception:  # a guarded entry was deleted (KeyError, IndexError, AttributeError)
             return False
         if self.pinned and not self._pinned_same():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import collections
 import enum
+import marshal
 import operator
 import types
 from collections.abc import Callable
@@ -123,6 +124,30 @@ def snapshot(v: Any) -> Any:
     return SetContents(v) if isinstance(v, set) else v
 
 
+TYPED = frozenset((int, float, complex, bool, str, type(None)))
+"""The exact types of the values a guard compares by type and bits as well as by value (:func:`typed`)."""
+
+
+def typed(v: Any) -> bool:
+    """``v`` is a plain number, bool, string or None (these exact types) or a tuple (exactly) of such values: a guard
+    compares it by its type and bits (``marshal``'s bytes, version 2: no references, so equal values give equal bytes),
+    so ``1``, ``1.0`` and ``True`` are three values (a result's dtype follows the Python type), ``0.0`` and ``-0.0``
+    two (``1 / x``), a NaN equal to the same NaN.  Any other value is compared by identity, then ``==``."""
+    tp = type(v)
+    if tp is tuple:
+        return all(map(typed, v))
+    return tp in TYPED
+
+
+def same_value(now: Any, was: Any) -> bool:
+    """A guard's comparison of a value read now with the value read at capture (see :func:`typed`); may raise."""
+    if now is was:
+        return True
+    if typed(was):
+        return typed(now) and marshal.dumps(now, 2) == marshal.dumps(was, 2)
+    return bool(now == was)
+
+
 def by_identity(v: Any, is_tensor: Callable[[Any], bool]) -> bool:
     """True for a value a guard compares as an object: by identity first, then by ``==``, where an exception counts as
     a change (a function, a class, a Module or Layer, a config object, whose ``==`` may compare its fields as a
@@ -142,7 +167,8 @@ _walked = ByType((list, dict, set, bytearray, collections.deque))
 
 
 def hashable(v: Any) -> Any:
-    """``v`` as part of a key of read values: itself where it hashes, a set as a frozen copy of its contents, a
+    """``v`` as part of a key of read values: itself where it hashes (a :func:`typed` one by its type and bits: values
+    a guard tells apart are keys apart), a set as a frozen copy of its contents, a
     tuple item by item (with its type), any other object by its type and identity (the guard holds it, so the
     identity is not reused while the key can be looked up; an equal object of another identity passes the guard's
     ``==`` without a key of its own)."""
@@ -151,7 +177,7 @@ def hashable(v: Any) -> Any:
     try:
         hash(v)
         if not backends.is_tensor(v):
-            return v
+            return ("typed", marshal.dumps(v, 2)) if typed(v) else v  # 1, 1.0 and True: three keys
     except TypeError:
         pass
     if isinstance(v, set):

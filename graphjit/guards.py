@@ -12,9 +12,11 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   it is bound to (``self``, a graphed Layer/Module object), a callable object's attributes, and the
   Layer/Module objects passed as arguments (keyed by identity); from there, containers (lists, tuples,
   dicts) and object attributes (``__dict__``, ``__slots__``): submodules, configs, optimizers and their
-  ``param_groups``, schedulers.  Tensors are captured by address; those a Module holds are held (below), the others
-  (a closure's, a global, an object's attribute, a list or dict entry) are pinned: compared by identity before every
-  replay (:meth:`Scan.pin`; one rebound to a tensor of the same kind may be fed instead: :mod:`graphjit.renewals`).
+  ``param_groups``, schedulers; through a graphed function or Module to what it wraps, never into graphjit's own
+  state (:class:`~graphjit.reach.OwnWrapper`).  Tensors are captured by address; those a Module holds are held
+  (below), the others (a closure's, a global, an object's attribute, a list or dict entry) are pinned: compared by
+  identity before every replay (:meth:`Scan.pin`; one rebound to a tensor of the same kind may be fed instead:
+  :mod:`graphjit.renewals`).
 * **Which values**: numbers, bools, strings, bytes, ``None``, enum members, other hashable atoms without
   attributes (``torch.dtype``, ``torch.device``), and tuples of these, compared by ``==``, sets by a frozen copy of
   their contents, tuples of these and of objects item by item (:mod:`graphjit.guardable`); and, by identity,
@@ -78,6 +80,7 @@ from .reach import (
     describe,
     instance_dict,
     slots_of,
+    unwrap_own,
 )
 
 __all__ = ["DELETED", "MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "READ_VALUES", "REASON", "WRITES", "GuardSet", "Scan",
@@ -315,6 +318,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
     while True:  # the objects reached, then the containers their classes hold, until no new class is reached
         while stack:
             obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
+            obj = unwrap_own(obj)  # a graphed function or Module: what it wraps, never graphjit's own state
             tp = type(obj)
             pins = id(obj) not in unpinned
             if isinstance(obj, (list, collections.deque)):

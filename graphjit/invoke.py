@@ -207,7 +207,7 @@ def tracer_error(exc: BaseException, message: str) -> TracerError:
     return cls(message)  # type: ignore[no-any-return]
 
 
-class KeepsWrapped:
+class KeepsWrapped(reach.OwnWrapper):
     """Paddle's SOT, binding a call's arguments to a function it inlines, deletes ``__wrapped__`` for a
     moment and sets it back; a wrapt proxy refuses that.  Here the deletion is a no-op (the setter then
     sets the same function), so that SOT inlines a graphed function called from another one (its code is

@@ -33,7 +33,7 @@ from .bucket_spec import Pad
 from .errors import SignatureError
 from .tree import MIRROR, Attr, dict_attrs, is_object, object_fields, rebuild, rebuild_call, subscripts
 
-_cached_backend = backends.cached_type_lookup  # read once: the signing's hot path looks it up on every call
+_cached_backend, _zero = backends.cached_type_lookup, walk_spec.part  # read once: looked up on the hot path
 _SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))
 TENSOR_MARK = ("<tensor>",)
 """A tensor's place in a plain call's layout (:meth:`Signer.sign_plain`); its metadata is the check's."""
@@ -303,7 +303,7 @@ class Signer:
                 tensors.append(a)
                 parts.append(_TENSOR)
             elif tp in scalars:
-                parts.append((tp, a))
+                parts.append((tp, a) if a or tp is not float else (tp, _zero(a)))
             else:
                 return None
         if not tensors:
@@ -389,7 +389,7 @@ class Signer:
             for i, a in enumerate(args):
                 tp = type(a)
                 if tp in scalars:
-                    parts.append((tp, a))
+                    parts.append((tp, a) if a or tp is not float else (tp, _zero(a)))
                     continue
                 b = by_type(tp, _MISSING)
                 if b is not _MISSING and b is not None and b is state.backend:
@@ -499,7 +499,7 @@ class _WalkState:
     def leaf(self, x: Any, label: tuple[Any, ...], tensors: list[Any], labels: list[tuple[Any, ...]]) -> Any:
         tp = type(x)
         if tp in _SCALARS:
-            return (tp, x)
+            return (tp, x) if x or tp is not float else (tp, _zero(x))
         if tp is slice:  # unhashable before Python 3.12: keyed by its bounds
             return (slice, (self.leaf(x.start, label, tensors, labels), self.leaf(x.stop, label, tensors, labels),
                             self.leaf(x.step, label, tensors, labels)))
@@ -582,7 +582,7 @@ class _WalkState:
             for name, v in object_fields(x):  # the common leaves inline: this is on the replay path
                 vt = type(v)
                 if vt in _SCALARS:
-                    parts.append((name, vt, v))
+                    parts.append((name, vt, v) if v or vt is not float else (name, vt, _zero(v)))
                     continue
                 b = by_type(vt, _MISSING)
                 if b is not _MISSING and b is not None and b is self.backend:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .backends.base import Backend
-from .reach import FOREIGN_MODULES, Visits, instance_dict, skipped, slots_of
+from .reach import FOREIGN_MODULES, Visits, instance_dict, skipped, slots_of, unwrap_own
 
 log = logging.getLogger("graphjit")
 
@@ -49,6 +49,7 @@ class PyState:
         stack: list[tuple[Any, int]] = [(value, 0) for _name, value in roots]
         while stack:
             obj, depth = stack.pop()
+            obj = unwrap_own(obj)  # a graphed Module: what it wraps, not graphjit's state
             if isinstance(obj, types_):
                 if id(obj) not in tensors:
                     tensors.add(id(obj))

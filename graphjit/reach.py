@@ -44,6 +44,34 @@ FOREIGN_MODULES = frozenset(("logging", "threading", "asyncio", "concurrent", "m
 changed by other threads: the guards' and the Python-state walks do not enter them."""
 
 
+class OwnWrapper:
+    """The base of graphjit's own wrappers (a graphed function, a graphed Layer/Module object): the walks of
+    graphjit (:func:`walk`, :func:`graphjit.guards.scan`, :class:`graphjit.pystate.PyState`) go through one to the
+    object it wraps, whose state the code it calls reads, and never into the wrapper's own (a graphed function's keys,
+    graphs and counters, which a nested call changes: graphjit's bookkeeping, never a value of the user's call)."""
+
+    __slots__ = ()
+
+
+_OWN: dict[type, bool] = {}
+
+
+def unwrap_own(obj: Any) -> Any:
+    """``obj``, or the object a graphjit wrapper (:class:`OwnWrapper`) around it wraps, unwrapped again where that is
+    one too.  Decided by ``type(obj)`` (a wrapper says its wrapped object's class is its own), once per type."""
+    for _ in range(16):
+        tp = type(obj)
+        own = _OWN.get(tp)
+        if own is None:
+            if len(_OWN) >= 4096:
+                _OWN.clear()
+            own = _OWN[tp] = issubclass(tp, OwnWrapper)
+        if not own:
+            return obj
+        obj = obj.__wrapped__
+    return obj
+
+
 PLAIN_CONTAINERS = frozenset((dict, list, tuple, set, frozenset, collections.OrderedDict))
 """Containers (these exact types: no ``__len__`` of a subclass is called) a walk skips when empty."""
 
@@ -203,6 +231,7 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
     empty = PLAIN_CONTAINERS
     while stack:
         obj, link, depth = stack.pop()
+        obj = unwrap_own(obj)  # a graphed Module: what it wraps, not graphjit's state
         if is_tensor(obj):
             path = _spelled(link)
             bindings[path] = id(obj)

@@ -18,12 +18,36 @@ than :data:`MAX_DEPTH` (containers and objects alike).  A dict subclass (transfo
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any
 
 from . import backends
 from .tree import MIRROR, dict_attrs, is_object, object_layout
 
 TENSOR, VALUE, SEQUENCE, DICT, OBJECT, FREE, MIRROR_SPEC = 0, 1, 2, 3, 4, 5, 6
+
+
+class SignedZero(float):
+    """A float zero as a key holds it (:func:`part`): equal only to a float zero of its sign and hashing by it
+    (``0.0 == -0.0`` in Python, but ``1 / x`` tells them apart, so they are two keys), shown as the float.  The C
+    checks (csrc/lane_checks.c) compare a call's float with it by ``==``, which asks this class first."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is float or type(other) is SignedZero) and float.__eq__(other, 0.0) is True and \
+            math.copysign(1.0, other) == math.copysign(1.0, self)  # type: ignore[arg-type]
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(("graphjit zero", math.copysign(1.0, self)))
+
+
+def part(x: float) -> float:
+    """A float argument's value as a key holds it: itself, but a zero as a :class:`SignedZero` (of its sign)."""
+    return SignedZero(x) if x == 0.0 else x
 MAX_DEPTH = 32  # csrc/lane.c SPEC_DEPTH
 _SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))  # keys._SCALARS: keyed without a hash
 
@@ -65,7 +89,7 @@ def _scalar(x: Any, tp: type, walk: _Walk, value_path: tuple[int, ...]) -> Any:
     if tp is int and value_path in walk.free:
         walk.found.append(value_path)
         return (FREE, int)
-    return (VALUE, tp, x, None)  # equal values of these types hash alike
+    return (VALUE, tp, part(x) if tp is float else x, None)  # equal values of these types hash alike
 
 
 def _spec(x: Any, walk: _Walk, kpath: tuple[int, ...], depth: int) -> Any:

@@ -139,6 +139,46 @@ def test_torch_nested_and_recursive_graphed_calls():
             assert countdown.stats()["replays"] == 2 and countdown.stats()["nested_calls"] >= 9
 
 
+@pytest.mark.torch
+def test_a_graphed_module_called_inside_a_graphed_call_is_captured_into_it_and_its_values_guarded(emu):
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.k = 2.0
+
+        def forward(self, x):
+            return x * self.k
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = graphjit.graphed(Scale())  # held as a submodule
+
+        def forward(self, x):
+            return self.inner(x) + 1
+
+    scale = Scale()
+    inner = graphjit.graphed(scale)  # in a closure cell
+
+    @graphjit.graphed
+    def outer(x):
+        return inner(x) + 1
+
+    held = Outer()
+    by_module = graphjit.graphed(held)
+    x = torch.ones(2)
+    with torch.no_grad():
+        for i in range(8):
+            if i == 5:  # a value the inner module reads, changed after the capture: another graph
+                scale.k = held.inner.k = 3.0
+            want = x * (3.0 if i >= 5 else 2.0) + 1
+            assert torch.equal(outer(x), want) and torch.equal(by_module(x), want)
+    for g in (outer, by_module):  # graphjit's own counters of the inner one are no value of the call
+        st = g.stats()
+        assert st["graphs"] == 2 and st["replays"] == 4 and not st["fallbacks"], g.report()
+    assert inner.stats()["nested_calls"] >= 3
+
+
 # -- what to_static refuses and SOT runs ---------------------------------------------------------------
 
 

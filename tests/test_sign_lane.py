@@ -96,6 +96,30 @@ def test_the_c_check_gives_every_call_the_key_the_python_comparison_gives(lane_o
 
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_a_float_zero_is_keyed_by_its_sign_by_the_c_check_and_the_python_comparison(lane_on):
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    fast, reference = _pair()
+    for zero, other in ((0.0, -0.0), (-0.0, 0.0)):  # 0.0 == -0.0, but 1 / x tells them apart: two keys
+        for _ in range(3):
+            _sign_both(fast, reference, None, (a, b, zero))
+        assert _sign_both(fast, reference, None, (a, b, zero))  # the C check serves the same zero
+        assert not _sign_both(fast, reference, None, (a, b, other))  # and refuses the other sign
+        assert reference.sign(None, (a, b, zero), {}).key != reference.sign(None, (a, b, other), {}).key
+    fast, reference = _walk_pair()  # a walked call (keyword arguments, an object's attribute): its spec's value
+    for zero, other in ((0.0, -0.0), (-0.0, 0.0)):
+        kwargs = {"cache": _Cache(3), "extra": {1: (torch.zeros(1), zero)}, "slotted": _Slotted(), "flag": zero}
+        args = (torch.randn(2, 4),)
+        for _ in range(2):
+            _walk_both(fast, reference, args, kwargs)
+        assert _walk_both(fast, reference, args, kwargs)
+        for where in ("extra", "flag"):
+            changed = dict(kwargs, **{where: {1: (torch.zeros(1), other)} if where == "extra" else other})
+            assert not _walk_both(fast, reference, args, changed), where
+            assert reference.sign(None, args, changed).key != reference.sign(None, args, kwargs).key
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_a_function_mode_the_probes_refuse_is_signed_by_the_python_comparison(lane_on):
     from torch.overrides import TorchFunctionMode
 
