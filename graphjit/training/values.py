@@ -56,6 +56,12 @@ def layer_scan(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict
                        ran.probed_by_object if ran else None, list(ran.read_globals.values()) if ran else ())
 
 
+def _scan(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> guards.Scan:
+    scan = layer_scan(backend, layer, args, kwargs)
+    assert scan is not None  # (it was not None before the call)
+    return scan
+
+
 def layer_guard(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 names: NameRecorder | None) -> GuardSet | None:
     """The guard of the values :func:`layer_scan` reads; None where there is nothing to guard."""
@@ -75,7 +81,7 @@ def python_writes(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: d
     out = run()
     if before is None:
         return out, None
-    changed = py_writes.writes(before, lambda: layer_scan(backend, layer, args, kwargs))  # type: ignore[arg-type]
+    changed = py_writes.writes(before, lambda: _scan(backend, layer, args, kwargs))
     if not changed:
         return out, None
     path, old, new = changed[0]

@@ -8,13 +8,16 @@ import copy
 import threading
 from typing import Any
 
+from ..reach import OwnWrapper
 from .core import GraphedLayerCore
 from .glue import Glue
 
 
-class GraphedLayerMixin:
+class GraphedLayerMixin(OwnWrapper):
     """The methods both frameworks' wrappers share (``GraphedModule`` for torch, ``GraphedPaddleLayer``
-    for Paddle); it comes first in their bases, before ``torch.nn.Module`` / ``paddle.nn.Layer``.
+    for Paddle); it comes first in their bases, before ``torch.nn.Module`` / ``paddle.nn.Layer``.  graphjit's walks
+    go through it to the wrapped layer (:class:`~graphjit.reach.OwnWrapper`, ``__wrapped__``), never into its core's
+    counters (an outer graphed layer or function calling it would find them written on every call).
 
     The wrapper keeps the wrapped layer as ``self.layer`` (a submodule: parameters, buffers and the
     train/eval mode are the layer's) and the :class:`GraphedLayerCore` outside the framework's
@@ -23,6 +26,10 @@ class GraphedLayerMixin:
 
     layer: Any
     _graphjit_core: GraphedLayerCore
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self.layer
 
     def _attach_core(self, glue: Glue, options: dict[str, Any]) -> None:
         core = GraphedLayerCore(glue, _layer_name(type(glue.layer).__name__), **options)
