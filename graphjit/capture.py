@@ -186,7 +186,8 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             after_capture(req, before, where, values, rescan)
             guard = None if values is None else GuardSet(
                 values, req.tracer_guard(statics.args, statics.kwargs), gated=b.counts_rebinds,
-                hooks=module_hooks.watch(values.hooks, b, req.hooks_outside), fed=req.fed, written=req.warm.written)
+                hooks=module_hooks.watch(values.hooks, b, req.hooks_outside), fed=req.fed, written=req.warm.written,
+                grad_flag=b.grad_flag if b.grad_enabled() else None)
             if guard is not None:
                 st.guards = guard.size
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed},

@@ -80,6 +80,9 @@ class GuardSet:
         "extra",
         "fed",
         "fed_which",
+        "flag_of",
+        "flag_tensors",
+        "flags",
         "gated",
         "getters",
         "held",
@@ -100,7 +103,8 @@ class GuardSet:
     )
 
     def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False,
-                 hooks: HookWatch | None = None, fed: Fed | None = None, written: Iterable[int] = ()) -> None:
+                 hooks: HookWatch | None = None, fed: Fed | None = None, written: Iterable[int] = (),
+                 grad_flag: Callable[[Any], Any] | None = None) -> None:
         """``gated``: the framework counts its modules' rebinding of parameters and buffers (:func:`note_rebind`),
         so the held tensors are compared only after the count moved; else before every replay.  ``hooks``: the
         module hooks of the capture (:mod:`graphjit.module_hooks`), one more part of the read values.  ``fed``: the
@@ -178,6 +182,9 @@ class GuardSet:
         self.pin_items = columns([e[:3] for e in self.pinned])
         self.pin_attrs = columns([e[:3] for e in by_attr])
         self.pinned += by_attr
+        self.flag_of = grad_flag
+        self.flag_tensors = [t for t in self.tensors() if backends.is_tensor(t)] if grad_flag is not None else []
+        self.flags = list(map(grad_flag, self.flag_tensors)) if grad_flag is not None else []
         self.loads = _LOADS[0] if scan_.loads else None  # the count of state loads at capture, where it is watched
         # where each list, dict or tuple read is found (its parent, up to an object, a cell, a module's globals or a
         # class), parents first: compared by identity before every replay, and read there again where one was rebound
@@ -209,7 +216,8 @@ class GuardSet:
         return [v for _c, _k, _p, v in self.held] + [v for _c, _k, v, _p in self.pinned]
 
     def __len__(self) -> int:
-        return sum(len(k) for k in self.keys) + len(self.held) + len(self.pinned) + len(self.fed_which)
+        return (sum(len(k) for k in self.keys) + len(self.held) + len(self.pinned) + len(self.fed_which)
+                + len(self.flag_tensors))
 
     def _held_same(self) -> bool:
         """Every held tensor is the one the graph was captured with, and every name held absent still is."""
@@ -302,6 +310,8 @@ class GuardSet:
             self.seen = count
         if self.hooks is not None and not self.hooks.holds():
             return False
+        if self.flag_tensors and list(map(self.flag_of, self.flag_tensors)) != self.flags:  # type: ignore[arg-type]
+            return False
         if self.extra is not None and self.extra() is not None:
             return False
         return not self.fed_which or self.fed.valid(self.fed_which, self.taken)  # type: ignore[union-attr]
@@ -325,6 +335,12 @@ class GuardSet:
             now = c.get(k, DELETED)
             if now is not was:
                 yield describe(path), _tensor(was), _tensor(now)
+        if self.flag_tensors:
+            paths = {id(v): p for _c, _k, p, v in self.held} | {id(v): p for _c, _k, v, p in self.pinned}
+            for t, was in zip(self.flag_tensors, self.flags):
+                now = self.flag_of(t)  # type: ignore[misc]
+                if now != was:
+                    yield f"the requires-grad flag of {describe(paths[id(t)])}", show(was), show(now)
         for now, (_c, _k, was, path) in zip(self._pinned_now(), self.pinned):
             if now is DELETED:
                 yield describe(path), _tensor(was), "(deleted)"
@@ -375,6 +391,8 @@ class GuardSet:
                 now = (*now, ("loads", _LOADS[0]))
             if self.hooks is not None:
                 now = (*now, self.hooks.state())
+            if self.flag_tensors:
+                now = (*now, ("requires grad", tuple(map(self.flag_of, self.flag_tensors))))  # type: ignore[arg-type]
             if self.fed_which:  # by kind (a tensor the graph holds otherwise by identity)
                 now = (*now, self.fed.state(self.fed_which, self.taken))  # type: ignore[union-attr]
             if self.links is not None and self.links.diverged is not None:

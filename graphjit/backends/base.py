@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import gc
+import operator
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -209,6 +210,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def requires_grad(self, t: Any) -> bool: ...
+
+    grad_flag: Callable[[Any], Any] = operator.attrgetter("requires_grad")
+    """A tensor's requires-grad flag, read fast (compared, never interpreted: Paddle's is ``stop_gradient``)."""
 
     @abc.abstractmethod
     def is_floating(self, t: Any) -> bool: ...

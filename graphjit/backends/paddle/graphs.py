@@ -15,6 +15,7 @@ import functools
 import hashlib
 import inspect
 import logging
+import operator
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -224,6 +225,8 @@ class PaddleBackend(Backend):
 
     def requires_grad(self, t: Any) -> bool:
         return not t.stop_gradient
+
+    grad_flag = operator.attrgetter("stop_gradient")
 
     def is_floating(self, t: Any) -> bool:
         return bool(t.is_floating_point())
