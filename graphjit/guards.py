@@ -249,6 +249,15 @@ def _push(stack: list[tuple[Any, Path, int, Any]], unpinned: set[int], pins: boo
 
 
 
+def _follow_method(out: Scan, stack: list[tuple[Any, Path, int, Any]], child: Any, path: Path, depth: int) -> None:
+    """Where ``child`` (a value guarded by identity) is a bound method, walk the object it is bound to next: what
+    its code reads off ``self`` (``self.post = pp.scale`` reads ``pp.temperature``) is a value of the call too (the
+    call reads ``__self__`` when it calls the method: a name of its code)."""
+    if type(child) is types.MethodType and not opaque(child.__self__):
+        out.names.add("__self__")
+        stack.append((child.__self__, (*path, (".", "__self__")), depth + 1, None))
+
+
 def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None, holders: Iterable[str] = (),
          by_object: dict[int, frozenset[str]] | None = None, transparent: Iterable[str] = (),
          renewed: tuple[tuple[type, str], ...] = (), hook_holders: tuple[str, ...] = (),
@@ -320,6 +329,9 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
             obj = unwrap_own(obj)  # a graphed function or Module: what it wraps, never graphjit's own state
             tp = type(obj)
+            if tp is types.MethodType:  # (guarded by identity where it was found) what it is bound to
+                _follow_method(out, stack, obj, path, depth - 1)
+                continue
             pins = id(obj) not in unpinned
             if isinstance(obj, (list, collections.deque)):
                 out.length(obj, path)
@@ -348,6 +360,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 for i, child in enumerate(obj):
                     if (guardable(child) or by_identity(child, is_tensor)) and not big:
                         out.add(obj, "item", i, child, (*path, ("[]", i)))
+                        _follow_method(out, stack, child, (*path, ("[]", i)), depth)
                     elif pins and pinnable(child) and not big:
                         out.pin(obj, "item", i, child, (*path, ("[]", i)))
                     if not guardable(child):
@@ -373,6 +386,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         continue
                     if (guardable(child) or by_identity(child, is_tensor)) and not big:
                         out.add(obj, "item", k, child, (*path, ("[]", k)))
+                        _follow_method(out, stack, child, (*path, ("[]", k)), depth)
                     elif pins and pinnable(child) and not big:
                         out.pin(obj, "item", k, child, (*path, ("[]", k)))
                     if not guardable(child):
@@ -382,6 +396,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 continue
             if isinstance(obj, functools.partial):  # what its call passes, read in C: ``p.keywords["scale"] = 2.0``
                 out.names.update(("args", "keywords"))
+                out.names.add("func")
+                _follow_method(out, stack, obj.func, (*path, (".", "func")), depth)
                 for name, child in (("args", obj.args), ("keywords", obj.keywords)):
                     if guardable(child):
                         out.add(obj, "attr", name, child, (*path, (".", name)))
@@ -415,6 +431,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         continue  # no code of the call reads it off this object
                     if guardable(child):
                         out.add(d, "item", k, child, (*path, (".", k)), obj)
+                        _follow_method(out, stack, child, (*path, (".", k)), depth)
                         continue
                     if by_identity(child, is_tensor):
                         out.add(d, "item", k, child, (*path, (".", k)), obj)
@@ -435,6 +452,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     continue
                 if guardable(child) or by_identity(child, is_tensor):
                     out.add(obj, "attr", name, child, (*path, (".", name)))
+                    _follow_method(out, stack, child, (*path, (".", name)), depth)
                 elif pins and pinnable(child):
                     out.pin(obj, "attr", name, child, (*path, (".", name)))
                 if not guardable(child):
