@@ -3,6 +3,7 @@ key and run alike; and which functions get their calls as written (:func:`wraps_
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from collections.abc import Callable
@@ -16,8 +17,11 @@ def wraps_another(fn: Callable[..., Any]) -> bool:
     ``functools.wraps`` sets it): it receives ``*args, **kwargs`` and may tell a keyword from a position, or a default
     from a value passed, whatever the signature ``inspect`` reports from the function it wraps.  transformers renames
     a deprecated keyword so (``past_key_values=`` to ``cache=``): bound with the defaults applied, the call would pass
-    both.  Its calls are passed as written (:class:`Binder` of None)."""
-    return getattr(getattr(fn, "__func__", fn), "__wrapped__", None) is not None
+    both.  Or ``fn`` is a ``functools.partial``: the signature ``inspect`` reports has its keywords as defaults, read
+    once, and a call bound with them would pass them explicitly, overriding the partial's keywords as they are when
+    it is called (``p.keywords["temperature"] = 4.0`` after the capture).  Their calls are passed as written
+    (:class:`Binder` of None)."""
+    return isinstance(fn, functools.partial) or getattr(getattr(fn, "__func__", fn), "__wrapped__", None) is not None
 
 
 class Binder:

@@ -45,3 +45,21 @@ def test_what_a_held_bound_method_reads_off_its_object_is_guarded(emu, how):
                 pp.temperature = 2.0  # the sampling temperature changed between calls
             assert torch.equal(f(x), head(x)), (i, f.report())
     assert f.stats()["graphs"] == 2 and "temperature=2.0" in f.report(), f.report()
+
+
+def test_a_graphed_partial_calls_with_its_keywords_as_they_are_now(emu):
+    """``graphed(functools.partial(f, temperature=2.0))``: the partial's keywords changed after the capture are
+    another key, and the call passes them as the partial holds them now (the signature's defaults were its keywords
+    read once: the call passed the old temperature explicitly)."""
+    def scale(x, temperature=1.0):
+        return x / temperature
+
+    p = functools.partial(scale, temperature=2.0)
+    f = graphjit.graphed(p)
+    x = torch.ones(2)
+    with torch.no_grad():
+        for i in range(8):
+            if i == 5:
+                p.keywords["temperature"] = 4.0
+            assert torch.equal(f(x), p(x)), (i, f.report())
+    assert f.stats()["graphs"] == 2, f.report()
