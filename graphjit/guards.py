@@ -249,11 +249,17 @@ def _push(stack: list[tuple[Any, Path, int, Any]], unpinned: set[int], pins: boo
 
 
 
+def _graphjits(obj: Any) -> bool:
+    """``obj`` is one of graphjit's own objects (a method graphjit put in a model's place, ``graph_generation``'s
+    ``_prepare_static_cache``): its state is graphjit's bookkeeping, never a value of the call."""
+    return type(obj).__module__.partition(".")[0] == "graphjit"
+
+
 def _follow_method(out: Scan, stack: list[tuple[Any, Path, int, Any]], child: Any, path: Path, depth: int) -> None:
     """Where ``child`` (a value guarded by identity) is a bound method, walk the object it is bound to next: what
     its code reads off ``self`` (``self.post = pp.scale`` reads ``pp.temperature``) is a value of the call too (the
     call reads ``__self__`` when it calls the method: a name of its code)."""
-    if type(child) is types.MethodType and not opaque(child.__self__):
+    if type(child) is types.MethodType and not opaque(child.__self__) and not _graphjits(child.__self__):
         out.names.add("__self__")
         stack.append((child.__self__, (*path, (".", "__self__")), depth + 1, None))
 
