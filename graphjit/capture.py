@@ -187,7 +187,7 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             guard = None if values is None else GuardSet(
                 values, req.tracer_guard(statics.args, statics.kwargs), gated=b.counts_rebinds,
                 hooks=module_hooks.watch(values.hooks, b, req.hooks_outside), fed=req.fed, written=req.warm.written,
-                grad_flag=b.grad_flag if b.grad_enabled() else None)
+                grad_flag=(b.grad_flag, b.requires_grad) if b.grad_enabled() else None)
             if guard is not None:
                 st.guards = guard.size
             outputs = StaticOutputs(b, static_out, _is_tensor_of(b), {(d, s) for (_l, d, s) in req.sig.bucketed},

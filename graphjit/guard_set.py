@@ -104,7 +104,7 @@ class GuardSet:
 
     def __init__(self, scan_: Scan, extra: Callable[[], str | None] | None = None, gated: bool = False,
                  hooks: HookWatch | None = None, fed: Fed | None = None, written: Iterable[int] = (),
-                 grad_flag: Callable[[Any], Any] | None = None) -> None:
+                 grad_flag: tuple[Callable[[Any], Any], Callable[[Any], bool]] | None = None) -> None:
         """``gated``: the framework counts its modules' rebinding of parameters and buffers (:func:`note_rebind`),
         so the held tensors are compared only after the count moved; else before every replay.  ``hooks``: the
         module hooks of the capture (:mod:`graphjit.module_hooks`), one more part of the read values.  ``fed``: the
@@ -182,9 +182,14 @@ class GuardSet:
         self.pin_items = columns([e[:3] for e in self.pinned])
         self.pin_attrs = columns([e[:3] for e in by_attr])
         self.pinned += by_attr
-        self.flag_of = grad_flag
-        self.flag_tensors = [t for t in self.tensors() if backends.is_tensor(t)] if grad_flag is not None else []
-        self.flags = list(map(grad_flag, self.flag_tensors)) if grad_flag is not None else []
+        # a frozen graph's only (no held tensor requires grad): a graph that holds trainable ones is a training
+        # step's, whose freezing its gradients' layout already refuses; one read per held tensor per replay
+        flag_of, trains = grad_flag if grad_flag is not None else (None, None)
+        flagged = [t for t in self.tensors() if backends.is_tensor(t)] if trains is not None else []
+        frozen = bool(flagged) and not any(map(trains, flagged))  # type: ignore[arg-type]
+        self.flag_of = flag_of
+        self.flag_tensors = flagged if frozen else []
+        self.flags = list(map(flag_of, self.flag_tensors)) if frozen else []  # type: ignore[arg-type]
         self.loads = _LOADS[0] if scan_.loads else None  # the count of state loads at capture, where it is watched
         # where each list, dict or tuple read is found (its parent, up to an object, a cell, a module's globals or a
         # class), parents first: compared by identity before every replay, and read there again where one was rebound

@@ -121,3 +121,29 @@ def test_a_parameter_replaced_after_the_recording_is_another_key(emu):
     got, got_grad, layer = loop(True)
     assert got == want, layer.report()
     assert torch.equal(got_grad, want_grad)
+
+
+def test_a_value_changed_once_an_epoch_keeps_getting_graphs(emu):
+    """Values that settle for a while each (a schedule stepped per epoch) are not a drift: ten epochs of one value
+    each, every epoch's later steps replay (only a change within a key's warmup of the last one counts toward
+    the eager fallback)."""
+    def per_epoch(block, step):
+        block.alpha = 1.0 + (step // 6) * 0.1
+
+    want, _, _ = _loop(False, per_epoch, steps=60)
+    got, _, layer = _loop(True, per_epoch, steps=60)
+    assert got == want, layer.report()
+    keys = layer.stats()["keys"]
+    assert len(keys) == 10 and all(k["replays"] == 4 for k in keys), layer.report()  # steps 2-5 of each epoch
+    assert not layer.stats()["fallbacks"], layer.report()
+
+
+def test_a_value_changed_on_every_step_runs_eagerly_with_its_reason(emu):
+    def every_step(block, step):
+        block.alpha = 1.0 + step * 0.01
+
+    want, _, _ = _loop(False, every_step, steps=30)
+    got, _, layer = _loop(True, every_step, steps=30)
+    assert got == want, layer.report()
+    fallbacks = layer.stats()["fallbacks"]
+    assert any("changes from call to call: self.alpha" in r for r in fallbacks), layer.report()

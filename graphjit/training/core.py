@@ -96,8 +96,9 @@ class GraphedLayerCore(Policy, SlotRecorder):
             hops += 1
             with self.lock:
                 other = self.entries.get(key)
-                if other is None:
-                    base.variants += 1
+                if other is None:  # (a change within a key's warmup of the last one: the values drift)
+                    quick = self.forwards - base.variant_at <= self.warmup + 1
+                    base.variants, base.variant_at = (base.variants + 1 if quick else 1), self.forwards
                     other = self.new_entry(key, sig, shown)
                     if other is None:  # max_graphs reached: counted, runs eagerly
                         return self.eager_checked(args, kwargs, "max_graphs reached", None)

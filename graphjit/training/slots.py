@@ -154,7 +154,8 @@ class MicroBatch:
 class LayerKey:
     """Everything graphjit knows about one input signature of the layer."""
 
-    __slots__ = ("backward_replays", "checked", "device", "guard", "reason", "slots", "stats", "variants")
+    __slots__ = ("backward_replays", "checked", "device", "guard", "reason", "slots", "stats", "variant_at",
+                 "variants")
 
     def __init__(self, stats: KeyStats, device: str) -> None:
         self.stats = stats
@@ -164,7 +165,8 @@ class LayerKey:
         self.backward_replays = 0
         self.checked = False  # outputs of the first call checked
         self.guard: Any = None  # the values its forward reads (training/values.py), from its first slot's recording
-        self.variants = 0  # keys made for other values of those, from this key of the arguments
+        self.variants = 0  # keys made for other values of those, from this key of the arguments, each soon after the
+        self.variant_at = -(1 << 30)  # last (``variant_at``: the call that made the last): values that drift
 
 
 def unsupported_leaf(x: Any, is_tensor: Callable[[Any], bool], path: str = "") -> tuple[str, type] | None:

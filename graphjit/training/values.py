@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["MAX_VARIANTS", "READ_VALUES", "changed_key", "layer_guard", "layer_scan", "python_writes", "recorder"]
 
 MAX_VARIANTS = 8
-"""Keys of other values one key of the arguments makes before a change runs eagerly (the values drift)."""
+"""Keys of other values one key of the arguments makes in a row, each within a key's warmup of the one before, before
+a change runs eagerly (the values drift)."""
 
 _HOPS = 4
 """How many value keys a call follows from its arguments' key (each key's graphs may read values the last did not)."""
@@ -92,8 +93,8 @@ def changed_key(key: tuple[Any, ...], guard: GuardSet, hops: int,
                 variants: int) -> tuple[tuple[Any, ...], str] | str:
     """The key of a call whose values differ from ``guard``'s (its key ``key``), with the label of what changed; or
     the reason it runs eagerly: values that cannot key a graph, ``hops`` keys followed already, or values that
-    change from call to call (``variants`` keys made for other values of the same arguments already: a counter
-    would make a key per call)."""
+    change from call to call (``variants`` keys made for other values of the same arguments, each within a key's
+    warmup of the one before: a counter would make a key per call; a value changed once an epoch never gets here)."""
     path, old, new = guard.change() or ("a value", "?", "?")
     if variants >= MAX_VARIANTS:
         return (f"a value it reads changes from call to call: {path} was {old}, now {new} (a graph per value would "
