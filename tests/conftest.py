@@ -82,6 +82,19 @@ def lane_on(monkeypatch: pytest.MonkeyPatch):
     env.refresh()
 
 
+@pytest.fixture(params=["python", "lane"])
+def scan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The guards compared by the Python expression (no lane loaded) or by the lane's C scan (csrc/lane_guards.c):
+    each test that takes it runs both ways."""
+    from graphjit import lane
+
+    if request.param == "lane":
+        request.getfixturevalue("lane_on")
+    else:
+        monkeypatch.setattr(lane, "_module", None)
+    return str(request.param)
+
+
 @pytest.fixture
 def python_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many calls graphjit's Python path handed to feed nodes (``Handoff.replay``), in a one-item list: those

@@ -18,18 +18,6 @@ pytestmark = pytest.mark.torch
 OFFSET: object = 1  # the global the "global" case reads
 
 
-@pytest.fixture(params=["python", "lane"])
-def scan(request, monkeypatch):
-    """The guards compared by the Python expression (no lane loaded) or by the lane's C scan (csrc/lane_guards.c)."""
-    from graphjit import lane
-
-    if request.param == "lane":
-        request.getfixturevalue("lane_on")
-    else:
-        monkeypatch.setattr(lane, "_module", None)
-    return request.param
-
-
 CHANGES = {  # before -> after: == says equal, eager says otherwise
     "int_to_float": (1, 1.0),
     "bool_to_int": (True, 1),

@@ -29,18 +29,6 @@ def _check(make, emu_device="cpu", **options):
     return g.stats(), g
 
 
-@pytest.fixture(params=["python", "lane"])
-def scan(request, monkeypatch):
-    """The guards compared by the Python expression (no lane loaded) or by the lane's C scan (csrc/lane_guards.c)."""
-    from graphjit import lane
-
-    if request.param == "lane":
-        request.getfixturevalue("lane_on")
-    else:
-        monkeypatch.setattr(lane, "_module", None)
-    return request.param
-
-
 @pytest.mark.parametrize("name", sorted(cases.VALUES))
 def test_a_changed_value_never_replays_a_stale_graph(emu, name, scan):
     make = cases.VALUES[name]
