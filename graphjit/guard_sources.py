@@ -31,6 +31,11 @@ class Sources:
     own_globals: frozenset[tuple[int, str]] = frozenset()  # (id(globals), name) of the globals visited here
 
 
+def argument_pairs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A call's arguments as :func:`sources` takes them: ``("argument 0", a)``, ``("argument 'mask'", m)``."""
+    return [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+
+
 def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] = ()) -> Sources:
     """The closure cells and globals of ``fn`` and of the Python functions it reaches through them (with what their
     code names of the user's own modules among those: ``config.SCALE``), the objects to walk (``bound``, a callable

@@ -25,6 +25,7 @@ from typing import Any
 from . import env, guards, reach
 from .backends.base import Backend
 from .errors import BackendError, TracerError
+from .guard_sources import argument_pairs
 
 log = logging.getLogger("graphjit")
 
@@ -173,7 +174,7 @@ class Invoker:
 
     def guard_sources(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> guards.Sources:
         """Where a call finds the Python values it reads without receiving them (:func:`graphjit.guards.sources`)."""
-        pairs = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+        pairs = argument_pairs(args, kwargs)
         if self.module is not None:
             return guards.sources(self.target, self.module, pairs)
         return guards.sources(self.fn, instance, pairs)

@@ -15,11 +15,12 @@ from .. import scope as scope_mod
 from ..backends.base import CAPTURE_LOCK, GraphHandle
 from ..errors import CaptureError, UnrecoverableCaptureError, VerifyError
 from ..keys import CallSignature, rebuild, rebuild_call
+from ..names import NameRecorder
 from ..stats import State
 from ..tree import collect_tensors
 from ..writes import tolerance
 from .slots import SIDE_WARMUPS, LayerKey, Slot, first_line, record_guard, simulated_capture
-from .values import layer_guard, recorder
+from .values import layer_guard
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -100,7 +101,7 @@ class SlotRecorder:
             param_targets = params if self.simulate else glue.begin_capture_params(params)
             targets = [static_in[i] for i in in_targets] + param_targets
             snap = glue.snapshot()
-            names = recorder() if not entry.slots else None  # the first slot's: which values its code reads
+            names = NameRecorder() if not entry.slots else None  # the first slot's: which values its code reads
             try:
                 expected_out, expected_shape, expected_diff, expected_grads = self.side_warmup(
                     sargs, skwargs, targets, device, snap, st.label, names)

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import guards, py_writes
 from ..guard_set import GuardSet
+from ..guard_sources import argument_pairs
 from ..guards import READ_VALUES
 from ..names import NO_PROBES, NameRecorder
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
 
-__all__ = ["MAX_VARIANTS", "READ_VALUES", "changed_key", "layer_guard", "layer_scan", "python_writes", "recorder"]
+__all__ = ["MAX_VARIANTS", "READ_VALUES", "changed_key", "layer_guard", "layer_scan", "layer_sources", "python_writes"]
 
 MAX_VARIANTS = 8
 """Keys of other values one key of the arguments makes in a row, each within a key's warmup of the one before, before
@@ -33,22 +34,17 @@ _HOPS = 4
 """How many value keys a call follows from its arguments' key (each key's graphs may read values the last did not)."""
 
 
-def recorder() -> NameRecorder:
-    """A recorder of the names one run of the layer's code uses (entered around that run)."""
-    return NameRecorder()
-
-
-def layer_scan(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               names: NameRecorder | None = None) -> guards.Scan | None:
-    """The values the layer's forward reads (its closure cells and globals, the layer and the Modules among its
-    arguments walked), read now; None where the layer has no Python forward.  ``names``: the recorder of a run of
-    the layer (its names choose the attributes that count), or None (every name of the reached classes' code)."""
+def layer_sources(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> guards.Sources | None:
+    """Where the layer's forward finds the values it reads (its closure cells and globals, the layer and the Modules
+    among its arguments to walk: :func:`graphjit.guards.sources`); None where the layer has no Python forward."""
     forward = getattr(layer, "forward", None)
     fn = getattr(forward, "__func__", forward)
-    if fn is None:
-        return None
-    pairs = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
-    src = guards.sources(fn, layer, pairs)
+    return None if fn is None else guards.sources(fn, layer, argument_pairs(args, kwargs))
+
+
+def layer_scan(backend: Backend, src: guards.Sources, names: NameRecorder | None = None) -> guards.Scan:
+    """The values ``src`` holds, read now.  ``names``: the recorder of a run of the layer (its names choose the
+    attributes that count), or None (every name of the reached classes' code)."""
     types = backend.tensor_types()
     ran = names if names is not None and names.complete else None
     return guards.scan(src, lambda x: isinstance(x, types), ran.names if ran else None, backend.tensor_holders,
@@ -57,19 +53,13 @@ def layer_scan(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict
                        ran.probed_by_object if ran else None, list(ran.read_globals.values()) if ran else ())
 
 
-def _scan(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> guards.Scan:
-    scan = layer_scan(backend, layer, args, kwargs)
-    assert scan is not None  # (it was not None before the call)
-    return scan
-
-
 def layer_guard(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 names: NameRecorder | None) -> GuardSet | None:
-    """The guard of the values :func:`layer_scan` reads; None where there is nothing to guard."""
-    scan = layer_scan(backend, layer, args, kwargs, names)
-    if scan is None:
+    """The guard of the values the layer's forward reads, read now; None where there is nothing to guard."""
+    src = layer_sources(layer, args, kwargs)
+    if src is None:
         return None
-    guard = GuardSet(scan)
+    guard = GuardSet(layer_scan(backend, src, names))
     return guard if len(guard) else None
 
 
@@ -77,12 +67,14 @@ def python_writes(backend: Backend, layer: Any, args: tuple[Any, ...], kwargs: d
                   run: Callable[[], Any]) -> tuple[Any, str | None]:
     """``run()`` (one eager call of the layer), and the Python value it changed of those the forward reads (an
     attribute counter ``self.calls += 1``), as ``path (old -> new)``, or None.  A layer that writes one on every
-    call cannot be graphed: its recording's extra passes would write it again and a replay would not write it."""
-    before = layer_scan(backend, layer, args, kwargs)
+    call cannot be graphed: its recording's extra passes would write it again and a replay would not write it.
+    The sources are found once, before the call, and read again after it (as a ``@graphed`` warmup's watch does)."""
+    src = layer_sources(layer, args, kwargs)
+    if src is None:
+        return run(), None
+    before = layer_scan(backend, src)
     out = run()
-    if before is None:
-        return out, None
-    changed = py_writes.writes(before, lambda: _scan(backend, layer, args, kwargs))
+    changed = py_writes.writes(before, lambda: layer_scan(backend, src))
     if not changed:
         return out, None
     path, old, new = changed[0]
