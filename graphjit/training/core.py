@@ -196,14 +196,15 @@ class GraphedLayerCore(Policy, SlotRecorder):
 
     def warmup_call(self, entry: LayerKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One eager call of a key before its recording, watched (:mod:`graphjit.training.watch`): a key whose call
-        stores tensors in an object it receives, or writes a tensor argument in place, runs eagerly from then on."""
+        stores tensors in an object it receives, or writes a tensor argument in place, runs eagerly from then on; so
+        does one whose last warmup call writes a Python value its forward reads (:func:`.values.python_writes`)."""
         st = entry.stats
         roots = watch.named_arguments(getattr(self.glue.layer, "forward", self.glue.layer), args, kwargs)
         python: str | None = None
 
         def run() -> Any:
             nonlocal python
-            if st.warmups < self.warmup - 1 or (st.warmups and self.warmup == 1):
+            if st.warmups < self.warmup - 1:  # (warmup_call runs only while st.warmups < self.warmup)
                 return self.glue.call_layer(args, kwargs)
             # the last warmup call (the only one where warmup=1): a Python value it writes is written every call
             out, python = layer_values.python_writes(self.backend, self.glue.layer, args, kwargs,
