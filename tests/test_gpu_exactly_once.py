@@ -192,6 +192,40 @@ def test_random_numbers_are_new_on_every_replay_and_follow_the_generator(dev):
         assert torch.equal(g(x), want[0])
 
 
+def test_a_users_own_cuda_generator_draws_as_in_eager(dev):
+    """A function drawing from a ``torch.Generator`` of its own (closed over, and passed as an argument): the numbers
+    of every call and the generator's state afterwards are eager's, whether graphjit graphs it or runs it uncaptured
+    (then with a reason)."""
+    x = torch.ones(1 << 12, device=dev)
+
+    def run(fn, gen):
+        gen.manual_seed(5)
+        with torch.no_grad():
+            outs = [fn(x) for _ in range(12)]
+        return outs, gen.get_state(), torch.rand(4, device=dev, generator=gen)
+
+    own = torch.Generator(device=dev)
+
+    def closed(x):
+        return x + torch.rand(x.shape, device=x.device, generator=own)
+
+    def passed(x, gen):
+        return x * torch.randn(x.shape, device=x.device, generator=gen)
+
+    for name, fn in (("closed", closed), ("passed", lambda x: passed(x, own))):
+        want, want_state, want_next = run(fn, own)
+        g = graphjit.graphed(closed) if name == "closed" else graphjit.graphed(passed)
+        call = g if name == "closed" else (lambda x, g=g: g(x, own))
+        got, state, after = run(call, own)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), (name, i)
+        assert torch.equal(state, want_state), name
+        assert torch.equal(after, want_next), name
+        s = g.stats()
+        if not s["replays"]:  # run uncaptured: it says why
+            assert s["fallbacks"], (name, s)
+
+
 def test_dynamic_cache_style_rebinding_runs_uncaptured_and_right(dev):
     class Growing:
         def __init__(self):
