@@ -469,7 +469,7 @@ class KeyEntry:
         self.no_adopt = no_adopt
         self.warm = warm  # what warmup found; holds the state tensors the graph writes, so they stay alive with it
         self.device = device
-        self.recheck: DynamicCheck | None = None  # still to verify on a call with other dynamic values
+        self.recheck: DynamicCheck | None = None  # still to verify on a call with other dynamic values or padding
         self.feeds: StepContext | None = None  # hyperparameters filled into device tensors around each call (feeds.py)
         self.advances: Advances | None = None  # scalars of its key each replay sets as the call would (advances.py)
         # the graph copies the call's tensors in and out itself where it has feed nodes (handoff.py)

@@ -240,10 +240,10 @@ class Families:
                 return failed[2]
             return None
         warm = warming.get(previous)
-        if warm is None or warm.advances is None or warm.blocked is not None or not fits(backend, sig, warm):
+        if warm is None or warm.advances is None or warm.blocked is not None:
             return None
         adv = rebased(warm.advances, old.leaves, new.leaves, args, kwargs)
-        if adv is None:
+        if adv is None or not fits(backend, sig, warm):  # fits reads the record's inputs at this call's: same layout
             return None
         warm.advances, warm.shared = adv, [*warm.shared, previous]
         warming[key] = warming.pop(previous)

@@ -467,8 +467,9 @@ class KeyLifecycle(abc.ABC):
             keys = self.variants.setdefault(sig.base, [sig.base])
             if sig.key not in keys:
                 keys.append(sig.key)
-        if sig.dynamic and st.verify == "passed":
-            entry.recheck = recheck_mod.DynamicCheck(recheck_mod.fingerprint(backend, sig.dynamic))
+        if (sig.dynamic or sig.bucketed) and st.verify == "passed":
+            entry.recheck = recheck_mod.DynamicCheck(recheck_mod.fingerprint(backend, sig.dynamic) if sig.dynamic
+                                                     else None, sig.pads if sig.bucketed else None)
         if st.verify is not None and st.verify.startswith("skipped"):
             self.stats.verify_skipped[st.verify.split(": ", 1)[-1]] += 1
             self.say_once(logging.INFO, "verify-skip:" + st.verify, "graphjit %s [%s]: captured without verify (%s)",
@@ -508,20 +509,19 @@ class KeyLifecycle(abc.ABC):
 
     def recheck(self, entry: KeyEntry, sig: CallSignature, instance: Any, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:
-        """A replayed call of a key with dynamic arguments not yet proven independent of them
-        (:mod:`graphjit.recheck`): replay, or verify against eager when its dynamic values are new."""
+        """A replayed call of a key with dynamic arguments or buckets not yet proven independent of them
+        (:mod:`graphjit.recheck`): replay, or verify against eager when its dynamic values or padding are new."""
         check = entry.recheck
         assert check is not None
         backend = entry.inputs.backend
         st = entry.stats
-        if recheck_mod.fingerprint(backend, sig.dynamic) == check.fingerprint:
-            check.left -= 1
-            if check.left <= 0:
+        if check.unchanged(backend, sig):
+            if check.settled():
                 entry.recheck = None
                 st.verify = (f"passed (the dynamic arguments did not change in {recheck_mod.CALLS} calls: "
                              "not re-checked)")
             return self.replay(entry, sig, env.settings(), instance, args, kwargs)
-        entry.recheck = None
+        entry.recheck = check.rest()
         written, paths = entry.warm.state(sig, backend)  # after the replay: the caller's own tensors
 
         def eager() -> Any:
@@ -542,7 +542,7 @@ class KeyLifecycle(abc.ABC):
                     before.restore()  # and its Python effects: the recapture runs the call
                 return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)
         if outcome.problem is None:
-            st.verify = "passed (and on a call with other dynamic values)"
+            st.verify = check.passed()
             return outcome.result
         post.restore()  # the state the eager reference left: the call ran exactly once
         backend.synchronize(entry.device)
@@ -550,10 +550,7 @@ class KeyLifecycle(abc.ABC):
         del self.entries[sig.key]
         self.families.forget(entry, self.entries)
         entry.release()
-        reason = recheck_mod.REASON
-        message = (f"on a call with other dynamic arguments ({', '.join(sig.dynamic)}) the graph's result differs from "
-                   f"eager: {outcome.problem}. A graphed segment reads them (or a value computed from them outside an "
-                   "island): move that code into an @graphjit.eager island, or pass the value as a plain argument")
+        reason, message = check.rejected(sig, outcome.problem)
         self.failed[sig.key] = reason
         st.state, st.reason, st.detail, st.verify = State.FALLBACK, reason, message, "failed"
         self.stats.fallback(reason)

@@ -1,39 +1,96 @@
 """Verify once more on a later call: the proof that a key's graph does not depend on its dynamic
-arguments (:mod:`graphjit.dynamic`).
+arguments (:mod:`graphjit.dynamic`), nor on how much of a bucketed dim is padding.
 
 The capture's verify compares the graph with an eager run of the capturing call, whose dynamic values
 the capture saw, so it cannot tell whether a segment read them.  So a key with dynamic arguments is
 checked again on the first replayed call whose dynamic values differ from the capturing call's (compared
-by contents; at most :data:`CALLS` calls are looked at, each copying its dynamic tensors to the host):
-that call's state is copied, the eager reference runs, the state is put back, the graph replays, and
-outputs, written state and the generator are compared.  Either way the call runs the function once: on
-a mismatch its result is the eager reference's, the state as that run left it, and the key runs
-uncaptured from then on (reason :data:`REASON`).
+by contents; at most :data:`CALLS` calls are looked at, each copying its dynamic tensors to the host).
+Likewise a key with bucketed dims is checked again on the first replayed call padded otherwise than the
+capturing call (a capture at the bucket's own size saw no padding: a mean over the padded dim passed its
+verify; compared by the real sizes, on every call until then): that call's state is copied, the eager
+reference runs, the state is put back, the graph replays, and outputs, written state and the generator
+are compared.  Either way the call runs the function once: on a mismatch its result is the eager
+reference's, the state as that run left it, and the key runs uncaptured from then on (reason
+:data:`REASON`, or :data:`PADDING` where only the padding changed).  One such call is checked: a result
+that mixes in the padding only for some values is not found.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend
+from .bucket_spec import Pad
 from .errors import GraphjitError
 from .pystate import PyState, second_run
 from .tree import collect_tensors, structure
 from .writes import Snapshot, compare_outputs
 
+if TYPE_CHECKING:
+    from .keys import CallSignature
+
 CALLS = 16
 """Replayed calls looked at for dynamic values that differ from the capturing call's."""
 REASON = "reads dynamic arguments outside islands"
+PADDING = "depends on the padding of a bucketed dim"
 
 
 @dataclass
 class DynamicCheck:
-    """A key still to be checked on a call with other dynamic values."""
+    """A key still to be checked on a call with other dynamic values (``fingerprint``: the capturing call's, None
+    once :data:`CALLS` calls had the same, or for a key without them) or padded otherwise (``pads``: the capturing
+    call's padded dims, None for a key without buckets or once checked).  :meth:`unchanged` says what the call
+    changed in ``padded`` and ``dynamic``."""
 
     fingerprint: Any
+    pads: tuple[Pad, ...] | None = None
     left: int = CALLS
+    padded: bool = False
+    dynamic: bool = False
+
+    def unchanged(self, b: Backend, sig: CallSignature) -> bool:
+        """Whether ``sig``'s call is like the capturing one in what is still to be checked; counts it."""
+        self.padded = self.pads is not None and sig.pads != self.pads
+        self.dynamic = self.fingerprint is not None and fingerprint(b, sig.dynamic) != self.fingerprint
+        if self.padded or self.dynamic:
+            return False
+        if self.fingerprint is not None:
+            self.left -= 1
+            if self.left <= 0:
+                self.fingerprint = None
+        return True
+
+    def settled(self) -> bool:
+        """Nothing left to check (the dynamic values did not change in :data:`CALLS` calls, and no buckets)."""
+        return self.fingerprint is None and self.pads is None
+
+    def rest(self) -> DynamicCheck | None:
+        """What is left to check once the call :meth:`unchanged` refused is checked."""
+        if self.padded:
+            self.pads = None
+        if self.dynamic:
+            self.fingerprint = None
+        return None if self.settled() else self
+
+    def passed(self) -> str:
+        """The key's verify status once that call's check passed."""
+        return f"passed (and on a call {'padded otherwise' if self.padded else 'with other dynamic values'})"
+
+    def rejected(self, sig: CallSignature, problem: str) -> tuple[str, str]:
+        """The reason and the message of a key whose graph differed from eager on that call, ``sig``'s."""
+        if not self.padded:
+            return REASON, (f"on a call with other dynamic arguments ({', '.join(sig.dynamic)}) the graph's result "
+                            f"differs from eager: {problem}. A graphed segment reads them (or a value computed from "
+                            "them outside an island): move that code into an @graphjit.eager island, or pass the value "
+                            "as a plain argument")
+        pads = ", ".join(f"{sig.paths[p.leaf]} dim {p.dim}: {p.real} of {p.padded}" for p in sig.pads) or "none"
+        also = f" and with other dynamic arguments ({', '.join(sig.dynamic)})" if self.dynamic else ""
+        return PADDING, (f"on a call padded otherwise than the capturing one (padded: {pads}){also} the graph's "
+                         f"result differs from eager: {problem}. The function mixes the padding into what it returns "
+                         "or writes (a mean or a softmax over the bucketed dim, a row read from its end): leave that "
+                         "dim unbucketed, or keep the padded rows out of it")
 
 
 def fingerprint(b: Backend, values: dict[str, Any]) -> Any:

@@ -257,3 +257,33 @@ def test_strict_mode_without_overflow_still_runs_on_cpu(monkeypatch):
     g = graphjit.graphed(step, buckets={"x": {0: SIZES}}, strict=True)
     x = paddle.ones([3, 2])
     np.testing.assert_array_equal(g(x).numpy(), np.full([3, 2], 2.0, dtype="float32"))
+
+
+# -- padding a replay sees (the CPU emulator) -------------------------------------------------
+
+
+@pytest.mark.torch
+def test_a_key_captured_unpadded_is_checked_on_its_first_padded_call(emu):
+    """A mean over the bucketed dim, captured at the bucket's own size (verify saw no padding): the first call padded
+    otherwise is checked against eager and the key runs uncaptured, with the reason; before, every padded call replayed
+    the mean over the zero rows too."""
+    f = graphjit.graphed(lambda x: x.mean(0), buckets={0: {0: [4, 8]}})
+    gen = torch.Generator().manual_seed(0)
+    for n in (4, 4, 4, 4, 3, 2, 4):
+        x = torch.rand(n, 3, generator=gen) + 1
+        torch.testing.assert_close(f(x), x.mean(0), rtol=0, atol=0)
+    (key,) = f.stats()["keys"]
+    assert key["reason"] == "depends on the padding of a bucketed dim", f.report()
+    assert "argument 'x' dim 0: 3 of 4" in key["detail"], key["detail"]
+
+
+@pytest.mark.torch
+def test_a_key_whose_padding_never_shows_keeps_replaying_after_its_check(emu):
+    """Row-wise work (the padded rows stay apart): the check on the first padded call passes and every call replays."""
+    f = graphjit.graphed(lambda x: torch.tanh(x) * 2, buckets={0: {0: [4, 8]}})
+    gen = torch.Generator().manual_seed(0)
+    for n in (4, 4, 4, 3, 2, 4, 1):
+        x = torch.randn(n, 3, generator=gen)
+        torch.testing.assert_close(f(x), torch.tanh(x) * 2, rtol=0, atol=0)
+    (key,) = f.stats()["keys"]
+    assert key["replays"] == 5 and key["verify"] == "passed (and on a call padded otherwise)", f.report()

@@ -575,7 +575,9 @@ def test_a_padded_capturing_call_is_verified_on_its_real_rows(emu):
     for x in xs:
         assert torch.allclose(g(x), torch.tanh(x @ w) * 2)
     s = g.stats()
-    assert s["graphs"] == 1 and s["keys"][0]["verify"] == "passed" and s["fallbacks"] == {}
+    # and once more on the first call padded otherwise (tests/test_buckets.py)
+    assert s["graphs"] == 1 and s["keys"][0]["verify"] == "passed (and on a call padded otherwise)"
+    assert s["fallbacks"] == {}
 
 
 SHARED = {"acc": None}  # state the model's file keeps in a global, written by a submodule's forward
