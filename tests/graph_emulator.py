@@ -90,6 +90,10 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in SYNC_OPS:
             raise RuntimeError(f"operation not permitted when stream is capturing (emulated CUDA graph: {func})")
+        if any(isinstance(a, torch.Generator) and a is not torch.default_generator
+               for a in (*args, *kwargs.values())):  # torch raises so for a generator not registered with the graph
+            raise RuntimeError("Attempt to increase offset for a CUDA generator not in capture mode (emulated CUDA "
+                               f"graph: {func} draws from a generator of its own)")
         kept, kept_kw = tree_map(_address, args), tree_map(_address, kwargs)
         if _writes(func):
             self.ops.append(("write", func, kept, kept_kw, None))

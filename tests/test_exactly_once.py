@@ -535,6 +535,36 @@ def test_random_numbers_are_drawn_anew_on_every_replay_as_eager_draws_them(emu):
     assert torch.equal(g(x), want[0])
 
 
+@pytest.mark.parametrize("how", ["closed", "passed"])
+def test_a_users_own_generator_draws_as_in_eager(emu, how):
+    """A ``torch.Generator`` of the user's own (torch's capture refuses one not registered with the graph, as the
+    emulator does): every call's numbers and the generator afterwards are eager's, and the reason is counted."""
+    own = torch.Generator()
+
+    def closed(x):
+        return x + torch.rand(x.shape, generator=own)
+
+    def passed(x, gen):
+        return x * torch.randn(x.shape, generator=gen)
+
+    fn = closed if how == "closed" else passed
+    x = torch.ones(64)
+
+    def run(f):
+        own.manual_seed(5)
+        outs = [f(x) if how == "closed" else f(x, own) for _ in range(12)]
+        return outs, own.get_state(), torch.rand(3, generator=own)
+
+    want, want_state, want_next = run(fn)
+    g = graphjit.graphed(fn)
+    got, state, after = run(g)
+    assert _same(got, want)
+    assert torch.equal(state, want_state) and torch.equal(after, want_next)
+    s = g.stats()
+    assert s["replays"] == 0 and sum(s["fallbacks"].values()) == 10, s
+    assert any("generator" in r for r in s["fallbacks"]), s
+
+
 def test_verify_over_its_memory_budget_is_skipped_and_counted(emu, monkeypatch):
     monkeypatch.setenv("GRAPHJIT_VERIFY_MAX_BYTES", "16")
     graphjit.refresh_env()
