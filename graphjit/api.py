@@ -413,7 +413,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
                 if (why := self.graphs_full()) is not None:
                     return self.uncaptured("max_graphs reached", why, backend, sig, instance, args, kwargs)
                 shares = previous is not None and sig.base is None and not sig.dynamic and self.dynamic is None \
-                    and scope_mod.current() is None and self.step_feeds.get(previous) is None
+                    and self.step_feeds.get(previous) is None
                 taken = shares and self.families.take_over(self.warming, self.history.records, self.stats.keys,
                                                            previous, sig, args, kwargs, backend, self.own_run_fits)
                 if isinstance(taken, str):  # the previous value of its counter's class failed (families.py)

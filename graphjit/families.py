@@ -31,13 +31,16 @@ dynamic arguments, a variant key of read values, a counter that is not an ``int`
 
 Before the capture, the keys of one class share their warmup runs (:func:`rebased`): a key whose call differs
 from the previous call's warming key only in such counters, each in the class it had there, takes that key's warmup
-record over, its advances moved to the new values.  A decode loop then warms up on its first two positions and
-captures on the third, as a key without counters does, where each position otherwise warmed up on its own (no graph
-before the third ``generate()``: every position is seen once per call).  The value that captures first runs once on
-its own, watched and undone (:meth:`graphjit.family_calls.FamilyCalls.own_value_run`): one that writes what the
-others did not is refused.  The capture's verify and the family's proof on the next value check the graph as
-before.  A failure (a sync, a refused capture) fails the class: the values whose warmups the record held, and the
-next values of the class, run uncaptured with its reason (:attr:`Families.failed_class`).
+record over, its advances moved to the new values.  So they do inside a capture scope, where each value's own call
+only warms its key up (a scope's extra runs would start from the next value): the class captures there as outside,
+and leaves no record per value that would keep its values from sharing after the scope.  A decode loop then warms
+up on its first two positions and captures on the third, as a key without counters does, where each position
+otherwise warmed up on its own (no graph before the third ``generate()``: every position is seen once per call).
+The value that captures first runs once on its own, watched and undone
+(:meth:`graphjit.family_calls.FamilyCalls.own_value_run`): one that writes what the others did not is refused.  The
+capture's verify and the family's proof on the next value check the graph as before.  A failure (a sync, a refused
+capture) fails the class: the values whose warmups the record held, and the next values of the class, run uncaptured
+with its reason (:attr:`Families.failed_class`).
 """
 
 from __future__ import annotations

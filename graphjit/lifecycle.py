@@ -385,15 +385,17 @@ class KeyLifecycle(abc.ABC):
         or the first call of the key inside a capture scope (the result is the call's own eager run)."""
         settings = env.settings()
         st = self.key_stats(backend, sig)
-        scope_run = scope_mod.current() is not None and warm.calls < self.options.warmup
+        active = scope_mod.current()
+        scope_run = active is not None and warm.calls < self.options.warmup
         own: Any = None
         walked: reach.Reach | None = None  # the roots' walk as the capture will find them, where known
         py: PyState | None = None  # and their Python state
         if scope_run:
             own, walked = self.watched(backend, device, sig, warm, instance, args, kwargs,
                                        sync_watch=warm.calls + 1 >= self.options.warmup)
-            if warm.blocked is None and warm.advances is not None:
-                return own  # extra runs would start where this run left its key's scalars: captured after the scope
+            if active is not None and warm.blocked is None and warm.advances is not None:  # extra runs would start
+                active.note_deferred(warm.advances.paths)  # where this run left its scalars: a later call captures
+                return own
             step = self.step_feeds.get(sig.key)
             if step is not None:  # what the call's own run made (its gradients) is the step's from the extra runs on
                 walked = None  # (the step's feeds may rebind them)
@@ -435,7 +437,6 @@ class KeyLifecycle(abc.ABC):
             tracer_guard=lambda sargs, skwargs: backend.tracer_guard(
                 inv.target, inv.tracer_name(backend), inv.frame_locals(instance, sargs, skwargs)),
             walked=None if more else walked, pystate=None if more else py)
-        active = scope_mod.current()
         holders = warm.advances.holders(args, kwargs) if warm.advances is not None else None
         try:
             entry, result = build(req)

@@ -23,7 +23,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 log = logging.getLogger("graphjit")
@@ -65,6 +65,7 @@ class CaptureScope:
         self.captures = 0
         self.failures = 0
         self.uncaptured: dict[str, int] = {}  # calls that could not capture at all (no CUDA here), by reason
+        self.deferred: dict[str, int] = {}  # calls of keys that advance their own scalars: warmed up only, by path
         self.capture_ms = 0.0
         self.started = 0.0
         self._pools: dict[tuple[str, str], Any] = {}
@@ -100,9 +101,17 @@ class CaptureScope:
         """Count one call in the scope that could not try to capture (no CUDA graphs on this machine)."""
         self.uncaptured[reason] = self.uncaptured.get(reason, 0) + 1
 
+    def note_deferred(self, paths: Sequence[str]) -> None:
+        """Count one call in the scope that only warmed its key up: the call advances Python scalars of its own key
+        (``paths``, :mod:`graphjit.advances`), so a run after it would be the next value's, not an extra warmup of
+        this key; the key is captured on a later call (a later value of its counter's class, or outside the
+        scope)."""
+        where = paths[0] + (" and more" if len(paths) > 1 else "")  # (which others moved may vary from call to call)
+        self.deferred[where] = self.deferred.get(where, 0) + 1
+
     def stats(self) -> dict[str, Any]:
         return {"captures": self.captures, "failures": self.failures, "capture_ms": round(self.capture_ms, 3),
-                "uncaptured": dict(self.uncaptured),
+                "uncaptured": dict(self.uncaptured), "deferred": dict(self.deferred),
                 "seconds": round(time.perf_counter() - self.started, 3) if self.started else 0.0}
 
     def __enter__(self) -> CaptureScope:
@@ -125,8 +134,9 @@ class CaptureScope:
             log.info("graphjit %s: %s", self.name, self.summary())
 
     def summary(self) -> str:
-        """What the scope did, plainly: the graphs captured (and those that failed), and the calls that ran
-        the traced function without a graph and why (``no CUDA graphs: ...`` on a machine without CUDA)."""
+        """What the scope did, plainly: the graphs captured (and those that failed), the calls that only warmed up a
+        key that advances its own scalars (:meth:`note_deferred`), and the calls that ran the traced function
+        without a graph and why (``no CUDA graphs: ...`` on a machine without CUDA)."""
         s = self.stats()
         captured = self.captures - self.failures
         parts = []
@@ -135,6 +145,10 @@ class CaptureScope:
             parts.append(f"{captured} graph(s) captured{failed} ({s['capture_ms']:.1f} ms capturing)")
         elif not self.uncaptured:
             parts.append("nothing captured")
+        for where, n in self.deferred.items():
+            parts.append(f"{n} call(s) only warmed up their key: each advances {where} of its own key, so it is "
+                         "captured on a later call (a later value of its counter's class, or the key's own after the "
+                         "scope)")
         for reason, n in self.uncaptured.items():
             parts.append(f"{'no graphs: ' if not self.captures else ''}{n} call(s) ran the traced function "
                          f"uncaptured ({reason})")

@@ -142,13 +142,15 @@ def test_a_counter_advanced_by_another_amount_on_another_call_runs_uncaptured(em
 def test_inside_a_capture_scope_a_key_that_advances_is_watched_and_captured_after_it(emu):
     """A scope captures a key on its first call after extra warmup runs that start where the call left the state:
     for a key whose call advances its own scalars that would be another key's run, so such a key is only watched
-    there (its call counts as a warmup) and is captured on a later call outside the scope."""
+    there (its call counts as a warmup) and is captured on a later call outside the scope; the scope's summary says
+    so (before, it said "nothing captured" and nothing more)."""
     want, want_counts = _loops(step, loops=3)
     g = graphjit.graphed(step, warmup=2)
     cache, got, counts = Cache(), [], []
+    scope = graphjit.capture_scope(progress=False)
     for loop in range(3):
         cache.reset()
-        with graphjit.capture_scope() if loop == 0 else contextlib.nullcontext():
+        with scope if loop == 0 else contextlib.nullcontext():
             for k in range(4):
                 got.append(g(torch.full((3,), float(k + 1)), cache).clone())
                 counts.append((tuple((la.n, la.full, la.scale) for la in cache.layers), dict(cache.seen)))
@@ -156,6 +158,10 @@ def test_inside_a_capture_scope_a_key_that_advances_is_watched_and_captured_afte
     s = g.stats()
     assert s["graphs"] == 4 and s["captures"] == 4 and s["fallbacks"] == {}, g.report()
     assert all(k["warmups"] == 2 for k in s["keys"]), s["keys"]
+    where = "argument 'cache'.layers[0].n and more"
+    assert scope.stats()["deferred"] == {where: 4} and scope.stats()["captures"] == 0, str(scope.stats())
+    assert scope.summary().startswith(f"nothing captured; 4 call(s) only warmed up their key: each advances {where} "
+                                      "of its own key, so it is captured on a later call"), scope.summary()
 
 
 def test_a_replay_sets_the_counter_in_the_objects_of_this_call(emu):

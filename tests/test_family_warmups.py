@@ -4,6 +4,7 @@ is test_families' stand-in for transformers' ``StaticSlidingWindowLayer``."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -165,28 +166,39 @@ def _script(seed: int) -> list[tuple]:
     return ops
 
 
-def _fuzz(fn, ops, warmup):
+def _fuzz(fn, ops, warmup, scoped=0):
+    """``scoped``: graphed ops ``k`` with ``(k // scoped) % 2 == 0`` run inside a capture scope (one per such run)."""
     layers = [StaticSlidingWindowLayer(window=6), StaticSlidingWindowLayer(window=6)]
     g = graphjit.graphed(fn, warmup=warmup) if warmup else fn
-    outs = []
-    for k, op in enumerate(ops):
-        if op[0] == "rewind":
-            layers[op[1]].cumulative_length_int = op[2]
-        elif op[0] == "reset":
-            if warmup:
-                g.reset()
-        else:
-            outs.append(g(torch.full((4,), float(k % 7 + 1)), layers[op[1]]))
+    outs, scope = [], None
+    with contextlib.ExitStack() as scopes:
+        for k, op in enumerate(ops):
+            inside = bool(warmup and scoped) and (k // max(scoped, 1)) % 2 == 0
+            if inside and scope is None:
+                scope = scopes.enter_context(graphjit.capture_scope(progress=False))
+            elif not inside and scope is not None:
+                scopes.close()
+                scope = None
+            if op[0] == "rewind":
+                layers[op[1]].cumulative_length_int = op[2]
+            elif op[0] == "reset":
+                if warmup:
+                    g.reset()
+            else:
+                outs.append(g(torch.full((4,), float(k % 7 + 1)), layers[op[1]]))
     return outs, layers, g
 
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("warmup", [1, 2, 3])
 @pytest.mark.parametrize("fn", [_branch_only, _reads_count, _syncs_when_full])
-def test_two_caches_rewinds_and_resets_in_random_order_act_as_eager(emu, seed, warmup, fn):
+@pytest.mark.parametrize("scoped", [0, 7])
+def test_two_caches_rewinds_and_resets_in_random_order_act_as_eager(emu, seed, warmup, fn, scoped):
+    """``scoped``: runs of 7 calls inside a capture scope in turn with 7 outside (the values of a class share their
+    warmups inside a scope too)."""
     ops = _script(seed)
     want, wl, _ = _fuzz(fn, ops, 0)
-    got, gl, g = _fuzz(fn, ops, warmup)
+    got, gl, g = _fuzz(fn, ops, warmup, scoped)
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b), (i, g.report())
     for a, b in zip(gl, wl):
@@ -259,3 +271,36 @@ def test_a_call_of_another_layout_after_a_warming_value_that_writes_an_input_is_
     (go, gx, gl), (wo, wx, wl) = play(graphjit.graphed(step)), play(step)
     assert all(torch.equal(a, b) for a, b in zip(go + gx, wo + wx))
     assert gl.cumulative_length_int == wl.cumulative_length_int and torch.equal(gl.keys, wl.keys)
+
+
+@pytest.mark.parametrize("warmup", [1, 2])
+def test_a_capture_scope_shares_a_classs_warmups_and_leaves_nothing_that_blocks_replays(emu, warmup):
+    """A counter's values called inside a ``capture_scope`` (a Gemma ``generate()`` there): a value's own call only
+    warms its key up (extra runs would start from the next value), but the values of its class share those warmups
+    there too, so the class captures inside the scope, and after the scope the same calls replay as they do without
+    it.  Before, each value warmed up on its own inside the scope (nothing captured, nothing said), and the records
+    it left kept the values from sharing afterwards: the same calls then ran eagerly, uncaptured, with no replay."""
+    plan = [(0, 12), (0, 12)]
+
+    def play(scoped: bool):
+        layer = StaticSlidingWindowLayer(window=6)
+        g = graphjit.graphed(_branch_only, warmup=warmup)
+        outs, replays, scope = [], [], None
+        for first, (_c, steps) in enumerate(plan):
+            layer.cumulative_length_int = 0
+            with graphjit.capture_scope(progress=False) if scoped and first == 0 else contextlib.nullcontext() as sc:
+                scope = sc or scope
+                for i in range(steps):
+                    outs.append(g(torch.full((4,), float(i + 1)), layer))
+            replays.append(g.stats()["replays"] - sum(replays))
+        return outs, layer, g, replays, scope
+
+    want = _play(_branch_only, plan)[0]
+    plain, scoped = play(False), play(True)
+    for outs, layer, g, _r, _s in (plain, scoped):
+        assert [i for i, (a, b) in enumerate(zip(outs, want)) if not torch.equal(a, b)] == [], g.report()
+        assert layer.cumulative_length_int == 12
+    g, replays, sc = scoped[2], scoped[3], scoped[4]
+    assert replays == plain[3] and replays[1] >= 11, (replays, plain[3], g.report())
+    assert g.stats()["graphs"] == plain[2].stats()["graphs"], g.report()
+    assert sc.stats()["captures"] >= 2 and sc.stats()["failures"] == 0, sc.stats()

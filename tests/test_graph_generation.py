@@ -5,6 +5,8 @@ reset in place), transformers' own compilation turned off, bad input refused."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -387,3 +389,38 @@ def test_graph_generation_again_returns_the_model_or_refuses_other_options():
     for options in ({"warmup": 3}, {"bogus_option": 1}, {"prefill_buckets": (16,)}):
         with pytest.raises(graphjit.ConfigError, match="prepared with other options"):
             graphjit.graph_generation(model, **options)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "llama"])
+def test_generate_inside_a_capture_scope_captures_there_and_replays_after_it_as_without(family):
+    """generate() for batches 4, 2 and 1 inside a ``capture_scope``, then again after it: tokens equal eager's, every
+    batch's decode graph is captured inside the scope (for Gemma, whose positions are keys of a counter's class, on
+    the third position, as outside a scope), and the calls after the scope replay as often as the same calls
+    without the scope.  Before, Gemma captured nothing inside the scope and the calls after it never replayed."""
+    prompts = {b: _prompt(b) for b in (4, 2, 1)}
+
+    def play(scoped: bool):
+        model = hf_families.build(torch, transformers, family)
+        with emulated_torch(), torch.no_grad():
+            graphjit.graph_generation(model)
+            with graphjit.capture_scope(progress=False) if scoped else contextlib.nullcontext() as sc:
+                first = {b: model.generate(p, **GREEDY) for b, p in prompts.items()}
+            inside = model.forward.stats()["captures"], model.forward.stats()["replays"]
+            second = {b: model.generate(p, **GREEDY) for b, p in reversed(prompts.items())}
+        return model, first, second, (*inside, model.forward.stats()["replays"] - inside[1]), sc
+
+    with torch.no_grad():
+        model = hf_families.build(torch, transformers, family)
+        want = {b: model.generate(p, cache_implementation="static", disable_compile=True, **GREEDY)
+                for b, p in prompts.items()}
+    plain, scoped = play(False), play(True)
+    for _model, first, second, _inside, _sc in (plain, scoped):
+        assert all(torch.equal(first[b], want[b]) and torch.equal(second[b], want[b]) for b in prompts)
+    fn, sc = scoped[0].forward, scoped[4]
+    (captures, replays, after), (_c, plain_replays, plain_after) = scoped[3], plain[3]
+    assert captures == 3 and sc.stats()["captures"] - sc.stats()["failures"] == 3, (sc.summary(), fn.report())
+    # (Llama captures each batch on its first decode step there, without warmups: more replays inside the scope)
+    assert after == plain_after and replays >= plain_replays, (scoped[3], plain[3], fn.report())
+    assert len(_decode_keys(fn)) == 3, fn.report()
+    if family != "llama":  # the positions that only warmed up their key before the class captured, said so
+        assert "call(s) only warmed up their key" in sc.summary(), sc.summary()
