@@ -43,6 +43,7 @@ from . import scope as scope_mod
 from .backends.base import Backend
 from .binder import as_written
 from .buffers import InputMoved, KeyEntry
+from .drops import KeyDrops
 from .dynamic import DynamicArgs
 from .errors import BucketOverflowError, GraphjitError, SignatureError, UnrecoverableCaptureError
 from .families import NOT_MEMBER, Families
@@ -79,7 +80,7 @@ class _Ran:
     result: Any
 
 
-class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
+class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants, KeyDrops):
     """Per-function state: options, keys, graphs, stats.  Shared by every binding of the wrapper."""
 
     def __init__(self, fn: Callable[..., Any], options: Options) -> None:
@@ -116,6 +117,7 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
         self.drift: dict[tuple[Any, ...], Drift] = {}  # per key of the arguments: how its read values change
         self.step_feeds: dict[tuple[Any, ...], StepContext | None] = {}  # per key: the hyperparameters fed to its graph
         self.fed: dict[tuple[Any, ...], renewals.Fed] = {}  # per key of the arguments: tensors rebound, fed
+        self.init_drops()
 
     @property
     def traced(self) -> dict[str, Callable[..., Any]]:
@@ -179,6 +181,8 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
         lane = self.lane
         if lane is not None and (lane.hits or lane.raised):
             self.flush_lane()
+        if self.gone:  # instances of a graphed method went: their keys go before any call is signed
+            self.drop_gone()
         settings = env.settings()
         if settings.disable:
             self.stats.disabled_calls += 1
@@ -333,6 +337,8 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
             if st is None:  # (another thread may have made it meanwhile)
                 st = KeyStats(label="", order=key_order(backend, sig))
                 self.stats.keys[sig.key] = st
+                if instance is not None:
+                    self.watch_owner(instance)
                 st.label = self.history.add(sig.key, head, modes, named, self.stats.keys)
                 self.note_new_key(sig, method)
                 if env.settings().debug:
@@ -490,29 +496,6 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants):
             return rebuild_call(args, kwargs, entry.inputs.statics, is_tensor)
         plain_args, plain_kwargs, values = dynamic.split(method, args, kwargs)  # handed back as they are
         return dynamic.merge(method, *rebuild_call(plain_args, plain_kwargs, entry.inputs.statics, is_tensor), values)
-
-    def reset(self) -> None:
-        with self.lock:
-            self.drop_lane()
-            for e in {id(e): e for e in self.entries.values()}.values():
-                e.release()
-            self.entries.clear()
-            self.families = Families()
-            self.warming.clear()
-            self.blocked_fn = None
-            self.failed.clear()
-            self.stats.keys.clear()
-            self.said.clear()
-            self.handed_out = []
-            self.last_new_key = None
-            self.scoped_keys = 0
-            self.last_key = None
-            self.history.clear()
-            self.variants.clear()
-            self.drift.clear()
-            self.step_feeds.clear()
-            self.fed.clear()
-
 
 class BoundGraphedFunction(KeepsWrapped, wrapt.BoundFunctionWrapper):  # type: ignore[misc]
     """A graphed method bound to an instance; ``stats()``/``reset()`` act on the whole function."""
