@@ -16,6 +16,7 @@ import enum
 import marshal
 import operator
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -185,6 +186,34 @@ def hashable(v: Any) -> Any:
     if isinstance(v, tuple):
         return (type(v), tuple(map(hashable, v)))
     return (type(v), "id", id(v))
+
+
+class Identity:
+    """An object as part of a call's key by identity (an unhashable value inside an argument object): equal only to
+    the same object while it lives.  It keeps a weak reference where the object takes one (the key keeps nothing
+    alive, and an object later born at the same address is another key); else the object itself (its address is
+    not reused while the key lives)."""
+
+    __slots__ = ("_hash", "_ref")
+
+    def __init__(self, obj: Any) -> None:
+        self._hash = id(obj)
+        try:
+            self._ref: Callable[[], Any] = weakref.ref(obj)
+        except TypeError:
+            self._ref = lambda: obj
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Identity) or other._hash != self._hash:
+            return False
+        obj = self._ref()
+        return obj is not None and obj is other._ref()
+
+    def __repr__(self) -> str:
+        return f"<identity {self._hash:#x}>"
 
 
 SCALAR_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))

@@ -26,7 +26,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import backends, bucket_spec, env, lane, sign_checks, walk_spec
+from . import backends, bucket_spec, env, guardable, lane, sign_checks, walk_spec
 from .backends.base import Backend
 from .binder import Binder, wraps_another
 from .bucket_spec import Pad
@@ -547,7 +547,7 @@ class _WalkState:
             hash(x)
         except TypeError:
             if self.visiting:  # inside an object that holds tensors: keyed by identity, like a closed-over value
-                return (tp, "id", id(x))
+                return (tp, "id", guardable.Identity(x))
             raise SignatureError(
                 f"{self.signer.fn_name}: {self.signer.describe(label)} is a {tp.__module__}.{tp.__qualname__}, "
                 "which is neither a tensor nor hashable. graphjit keys graphs on non-tensor arguments by value: pass "
