@@ -181,8 +181,8 @@ class _State(OutputChecks, LaneHolder, Policy, FamilyCalls, ValueVariants, KeyDr
         lane = self.lane
         if lane is not None and (lane.hits or lane.raised):
             self.flush_lane()
-        if self.gone:  # instances of a graphed method went: their keys go before any call is signed
-            self.drop_gone()
+        if self.gone:  # instances of a graphed method went: their keys go before any call is signed (drops.py)
+            self.drop_now()
         settings = env.settings()
         if settings.disable:
             self.stats.disabled_calls += 1
@@ -531,10 +531,12 @@ class GraphedFunction(KeepsWrapped, wrapt.FunctionWrapper):  # type: ignore[misc
 
     def stats(self) -> dict[str, Any]:
         """Counters per key: state, captures, replays, fallbacks and their reasons, capture ms, pool bytes."""
+        self._self_state.drop_now()
         return self._self_state.stats.as_dict()
 
     def report(self) -> str:
         """:meth:`stats` as a short table."""
+        self._self_state.drop_now()
         return self._self_state.stats.report()
 
     def reset(self) -> None:

@@ -5,10 +5,12 @@ A bound call's key holds its instance by id (``("self", id, training)``, :mod:`g
 checks it by address.  When the instance goes, its keys go with it (graphs released, counters and records dropped):
 nothing of it stays alive (its parameters, which the graph's guards hold), its graphs count no more against
 ``max_graphs``, and an object born later at the same address is never taken for it (it would replay the dead
-instance's graph, with the dead instance's weights).  The instance's weak reference only records that it went (a
-callback may run in the middle of any code, this function's own included) and drops its keys at once only where
-nothing holds the function's lock or the capture lock (a graph released during a capture invalidates the capture);
-else the next call that the lane does not serve drops them, and the lane serves no call before that.
+instance's graph, with the dead instance's weights).  The instance's weak reference only records that it went and
+retires the lane's plan (a callback may run in the middle of any code: this function's own, a loop over its stats, a
+capture), so the lane serves no call before the keys are dropped; they are dropped by the next call the lane does not
+serve, by ``stats()``, ``report()`` or ``reset()``, each time only where no thread holds the function's lock or the
+capture lock (a graph released during a capture invalidates the capture), else by the next of those.  An instance
+that takes no weak reference is held by the function (its address stays its own) until ``reset()``.
 """
 
 from __future__ import annotations
@@ -86,10 +88,13 @@ class KeyDrops:
             self.drift.clear()
             self.step_feeds.clear()
             self.fed.clear()
+            self.owners.clear()  # (the instances held for want of a weak reference go too: no key names them now)
+            self.gone.clear()
 
     def watch_owner(self, instance: Any) -> None:
-        """Drop ``instance``'s keys once it goes (called for each new key of a bound call).  An instance that takes no
-        weak reference is held by the function instead, so that its id stays its own while its keys live."""
+        """Drop ``instance``'s keys once it goes (called for each new key of a bound call; see the module docstring).
+        An instance that takes no weak reference is held by the function instead, so that its id stays its own, until
+        :meth:`reset`."""
         oid = id(instance)
         if oid in self.owners:
             return
@@ -102,7 +107,6 @@ class KeyDrops:
                 plan = s.lane
                 if plan is not None:  # it knows a bound call's instance by address: it serves nothing until the drop
                     plan.retire()
-                s.drop_now()
 
         with self.lock:
             try:
@@ -111,7 +115,10 @@ class KeyDrops:
                 self.owners.setdefault(oid, instance)
 
     def drop_now(self) -> None:
-        """:meth:`drop_gone` here, where no thread (this one included) holds the function's lock or the capture lock."""
+        """:meth:`drop_gone` here, where instances went and no thread (this one included) holds the function's lock or
+        the capture lock; else nothing (the next call, ``stats()``, ``report()`` or ``reset()`` tries again)."""
+        if not self.gone:
+            return
         lock = self.lock
         if lock._is_owned() or CAPTURE_LOCK._is_owned() or not lock.acquire(blocking=False):  # type: ignore[attr-defined]
             return
