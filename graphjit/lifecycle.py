@@ -516,13 +516,14 @@ class KeyLifecycle(abc.ABC):
         assert check is not None
         backend = entry.inputs.backend
         st = entry.stats
-        if check.unchanged(backend, sig):
+        change = check.changed(backend, sig)
+        if change is None:
             if check.settled():
                 entry.recheck = None
                 st.verify = (f"passed (the dynamic arguments did not change in {recheck_mod.CALLS} calls: "
                              "not re-checked)")
             return self.replay(entry, sig, env.settings(), instance, args, kwargs)
-        entry.recheck = check.rest()
+        entry.recheck = check.rest(change)
         written, paths = entry.warm.state(sig, backend)  # after the replay: the caller's own tensors
 
         def eager() -> Any:
@@ -543,7 +544,7 @@ class KeyLifecycle(abc.ABC):
                     before.restore()  # and its Python effects: the recapture runs the call
                 return self.recapture(entry, moved.leaf, sig, instance, args, kwargs)
         if outcome.problem is None:
-            st.verify = check.passed()
+            st.verify = check.passed(change)
             return outcome.result
         post.restore()  # the state the eager reference left: the call ran exactly once
         backend.synchronize(entry.device)
@@ -551,7 +552,7 @@ class KeyLifecycle(abc.ABC):
         del self.entries[sig.key]
         self.families.forget(entry, self.entries)
         entry.release()
-        reason, message = check.rejected(sig, outcome.problem)
+        reason, message = check.rejected(change, sig, outcome.problem)
         self.failed[sig.key] = reason
         st.state, st.reason, st.detail, st.verify = State.FALLBACK, reason, message, "failed"
         self.stats.fallback(reason)

@@ -37,56 +37,66 @@ REASON = "reads dynamic arguments outside islands"
 PADDING = "depends on the padding of a bucketed dim"
 
 
+@dataclass(frozen=True)
+class Change:
+    """What a call changed of what its key still checks: its padding (``padded``), its dynamic values
+    (``dynamic``)."""
+
+    padded: bool
+    dynamic: bool
+
+
 @dataclass
 class DynamicCheck:
     """A key still to be checked on a call with other dynamic values (``fingerprint``: the capturing call's, None
     once :data:`CALLS` calls had the same, or for a key without them) or padded otherwise (``pads``: the capturing
-    call's padded dims, None for a key without buckets or once checked).  :meth:`unchanged` says what the call
-    changed in ``padded`` and ``dynamic``."""
+    call's padded dims, None for a key without buckets or once checked).  :meth:`changed` says what a call changed;
+    the call's own :class:`Change` is what the rest of its check reads (another thread's call may be compared
+    meanwhile)."""
 
     fingerprint: Any
     pads: tuple[Pad, ...] | None = None
     left: int = CALLS
-    padded: bool = False
-    dynamic: bool = False
 
-    def unchanged(self, b: Backend, sig: CallSignature) -> bool:
-        """Whether ``sig``'s call is like the capturing one in what is still to be checked; counts it."""
-        self.padded = self.pads is not None and sig.pads != self.pads
-        self.dynamic = self.fingerprint is not None and fingerprint(b, sig.dynamic) != self.fingerprint
-        if self.padded or self.dynamic:
-            return False
+    def changed(self, b: Backend, sig: CallSignature) -> Change | None:
+        """What ``sig``'s call changed of what is still to be checked; None where nothing (the call is counted)."""
+        padded = self.pads is not None and sig.pads != self.pads
+        dynamic = self.fingerprint is not None and fingerprint(b, sig.dynamic) != self.fingerprint
+        if padded or dynamic:
+            return Change(padded, dynamic)
         if self.fingerprint is not None:
             self.left -= 1
             if self.left <= 0:
                 self.fingerprint = None
-        return True
+        return None
 
     def settled(self) -> bool:
         """Nothing left to check (the dynamic values did not change in :data:`CALLS` calls, and no buckets)."""
         return self.fingerprint is None and self.pads is None
 
-    def rest(self) -> DynamicCheck | None:
-        """What is left to check once the call :meth:`unchanged` refused is checked."""
-        if self.padded:
+    def rest(self, change: Change) -> DynamicCheck | None:
+        """What is left to check once the call that made ``change`` is checked."""
+        if change.padded:
             self.pads = None
-        if self.dynamic:
+        if change.dynamic:
             self.fingerprint = None
         return None if self.settled() else self
 
-    def passed(self) -> str:
-        """The key's verify status once that call's check passed."""
-        return f"passed (and on a call {'padded otherwise' if self.padded else 'with other dynamic values'})"
+    @staticmethod
+    def passed(change: Change) -> str:
+        """The key's verify status once the check of the call that made ``change`` passed."""
+        return f"passed (and on a call {'padded otherwise' if change.padded else 'with other dynamic values'})"
 
-    def rejected(self, sig: CallSignature, problem: str) -> tuple[str, str]:
-        """The reason and the message of a key whose graph differed from eager on that call, ``sig``'s."""
-        if not self.padded:
+    @staticmethod
+    def rejected(change: Change, sig: CallSignature, problem: str) -> tuple[str, str]:
+        """The reason and the message of a key whose graph differed from eager on ``sig``'s call (``change``)."""
+        if not change.padded:
             return REASON, (f"on a call with other dynamic arguments ({', '.join(sig.dynamic)}) the graph's result "
                             f"differs from eager: {problem}. A graphed segment reads them (or a value computed from "
                             "them outside an island): move that code into an @graphjit.eager island, or pass the value "
                             "as a plain argument")
         pads = ", ".join(f"{sig.paths[p.leaf]} dim {p.dim}: {p.real} of {p.padded}" for p in sig.pads) or "none"
-        also = f" and with other dynamic arguments ({', '.join(sig.dynamic)})" if self.dynamic else ""
+        also = f" and with other dynamic arguments ({', '.join(sig.dynamic)})" if change.dynamic else ""
         return PADDING, (f"on a call padded otherwise than the capturing one (padded: {pads}){also} the graph's "
                          f"result differs from eager: {problem}. The function mixes the padding into what it returns "
                          "or writes (a mean or a softmax over the bucketed dim, a row read from its end): leave that "
