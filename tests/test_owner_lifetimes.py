@@ -89,22 +89,13 @@ def test_a_model_gone_while_the_function_is_busy_is_dropped_at_the_next_call(emu
             assert torch.equal(b(x), torch.full((1, 4), 12.0))
 
 
-class Product(torch.nn.Module):
-    def __init__(self, value: float) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.full((4, 4), value))
-
-    @graphjit.graphed
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.w
-
-
 def test_a_model_gone_during_another_functions_capture_is_dropped_after_it(emu, monkeypatch):
     """A watched model that dies while another graphed function captures (here: inside it) has its graph released
     after that capture, never during it (a graph released during a capture invalidates the capture), even where a
     graphed call nested in the capture runs (before: that call released it)."""
     import graph_emulator
 
+    Scaled.forward.reset()
     capturing = [False]
     released_in_capture: list[bool] = []
     reset = graph_emulator.EmulatedGraph.reset
@@ -122,10 +113,10 @@ def test_a_model_gone_during_another_functions_capture_is_dropped_after_it(emu, 
     monkeypatch.setattr(type(emu), "capture_graph", watched_capture)
     with torch.no_grad():
         x = torch.ones(1, 4)
-        live = Product(1.0).eval()
+        live = Scaled(1.0).eval()
         doomed = []
         for v in range(8):
-            m = Product(float(v)).eval()
+            m = Scaled(float(v)).eval()
             for _ in range(4):
                 m(x)
             doomed.append(m)
@@ -140,7 +131,7 @@ def test_a_model_gone_during_another_functions_capture_is_dropped_after_it(emu, 
 
         for _ in range(4):
             outer(x)
-        Product.forward.stats()  # drops what is gone, outside every capture
+        Scaled.forward.stats()  # drops what is gone, outside every capture
     assert released_in_capture and not any(released_in_capture), released_in_capture
 
 
