@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import backends
+from . import backends, layouts
 from .backends.base import Backend
 from .keys import CallSignature, Signer
 from .tree import Attr, is_object, object_fields
@@ -146,9 +146,11 @@ class _Walk:
         for dim, size in self.padded.get(i, {}).items():
             if 0 <= dim < len(shape):
                 shape[dim] = size
-        dtype = str(backend.meta_key(t)[1]).replace("paddle.", "").replace("torch.", "")
+        meta = backend.meta_key(t)
+        dtype = str(meta[1]).replace("paddle.", "").replace("torch.", "")
         grad = " requires_grad" if backend.requires_grad(t) else ""
-        return f"{shape} {dtype} {backend.device_str(t)}{grad}"
+        layout = layouts.describe(meta[4], backend.strides(t)) if len(meta) > 4 else ""
+        return f"{shape}{layout} {dtype} {backend.device_str(t)}{grad}"
 
 
 def _at(x: Any) -> str:

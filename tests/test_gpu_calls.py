@@ -57,3 +57,31 @@ def test_a_nested_graphed_call_is_captured_into_the_outer_graph_inside_a_scope()
         for _ in range(3):  # called on its own, inner has its own graph
             assert rel(inner(a), torch.relu(a @ w)) < 1e-5
     assert inner.stats()["graphs"] == 1
+
+
+def test_an_input_in_another_layout_gets_its_own_graph_and_eagers_strides():
+    """A transposed or channels-last input is a key of its own (graphjit/layouts.py): a branch on contiguity, a
+    convolution's channels-last path and the outputs' strides follow the input, as in eager."""
+    conv = torch.nn.Conv2d(8, 8, 3, padding=1).cuda()
+
+    def f(x, m):
+        y = x * 2 if x.is_contiguous() else x * 3
+        return y @ m
+
+    def c(x):
+        return torch.relu(conv(x))
+
+    g, gc = graphjit.graphed(f), graphjit.graphed(c)
+    with torch.no_grad():
+        for i in range(8):
+            x, m = torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda")
+            arg = x.t() if i % 2 else x
+            out = g(arg, m)
+            assert rel(out, f(arg, m)) < 1e-6 and out.stride() == f(arg, m).stride(), i
+            img = torch.randn(2, 8, 16, 16, device="cuda")
+            img = img.to(memory_format=torch.channels_last) if i % 2 else img
+            got, want = gc(img), c(img)
+            assert rel(got, want) < 1e-5 and got.stride() == want.stride(), i
+    for h in (g, gc):
+        s = h.stats()
+        assert s["graphs"] == 2 and s["replays"] >= 4 and not s["fallbacks"], s

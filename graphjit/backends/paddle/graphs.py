@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import paddle
 
+from ... import layouts
 from ...errors import BackendError, CaptureError, UnrecoverableCaptureError
 from ...feeds import StepContext
 from ..base import Backend, GraphHandle, Segments, segments_open
@@ -112,6 +113,17 @@ def _dtypes_are_singletons() -> bool:
         return False
 
 
+_STRIDED = callable(getattr(paddle.Tensor, "is_contiguous", None))
+"""This Paddle has strided views (``transpose``, slices: 3.x), whose layout a function can see: keys hold it."""
+
+
+def _layout(t: Any) -> layouts.Layout:
+    """``t``'s layout class (:mod:`graphjit.layouts`); None where contiguous or this Paddle has no strided views."""
+    if not _STRIDED or t.is_contiguous():
+        return None
+    return layouts.of(t.shape, t.strides)
+
+
 def _places_hash_by_value() -> bool:
     """True if two Place objects for one device are equal and hash alike (Paddle 3.x; not 2.6)."""
     try:
@@ -164,11 +176,13 @@ class PaddleBackend(Backend):
         return (paddle.Tensor,)
 
     def meta_key(self, t: Any) -> tuple[Any, ...]:
+        """Shape, dtype, place, requires_grad and the layout class (:mod:`graphjit.layouts`: None where contiguous,
+        and on a Paddle without strided views)."""
         # str(place): Place objects of paddle 2.6 hash by identity, a new one per access
-        return (tuple(t.shape), t.dtype, str(t.place), not t.stop_gradient)
+        return (tuple(t.shape), t.dtype, str(t.place), not t.stop_gradient, _layout(t))
 
     def _meta_key_place(self, t: Any) -> tuple[Any, ...]:
-        return (tuple(t.shape), t.dtype, t.place, not t.stop_gradient)
+        return (tuple(t.shape), t.dtype, t.place, not t.stop_gradient, _layout(t))
 
     def meta_check(self, tensors: Sequence[Any]) -> Callable[..., bool] | None:
         """One Python loop over the tensors: each one's dtype (by identity where Paddle's dtypes are singletons, as in
@@ -179,9 +193,26 @@ class PaddleBackend(Backend):
             expected = [(t.shape, t.dtype, bool(t.stop_gradient), t.place) for t in tensors]
             if not all(callable(getattr(place, "_equals", None)) for _s, _d, _g, place in expected):
                 return None
+            shaped = [(i, _layout(t)) for i, t in enumerate(tensors)]
         except Exception:
             return None
         count = len(expected)
+        if _STRIDED:  # each tensor's layout class too (a transposed view is not the contiguous tensor it was keyed by)
+            inner = self._meta_check(expected, count)
+            if inner is None:
+                return None
+            contiguous = [i for i, layout in shaped if layout is None]
+            other = [(i, layout) for i, layout in shaped if layout is not None]
+
+            def laid_out(*ts: Any) -> bool:
+                return inner(*ts) and all(ts[i].is_contiguous() for i in contiguous) \
+                    and all(_layout(ts[i]) == want for i, want in other)
+            return laid_out
+        return self._meta_check(expected, count)
+
+    @staticmethod
+    def _meta_check(expected: list[Any], count: int) -> Callable[..., bool] | None:
+        """:meth:`meta_check` without layouts: ``expected``: each tensor's shape, dtype, stop_gradient, place."""
         if _dtypes_are_singletons():
             def check(*ts: Any) -> bool:
                 if len(ts) != count:

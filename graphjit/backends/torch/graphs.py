@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import operator
 import threading
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -20,12 +19,13 @@ from typing import Any
 
 import torch
 
+from ... import layouts
 from ...errors import BackendError, CaptureError
 from ...feeds import StepContext
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, LaneParts, Segments, collector_paused, segments_open
 from . import contents as contents_mod
 from . import device as cuda_device
-from . import dynamo, hooks, rebinds, versions, workspaces
+from . import dynamo, hooks, rebinds, tensor_checks, versions, workspaces
 from . import feed as feed_mod
 from . import modes as torch_modes
 from .breaks import dynamo_off, shield
@@ -168,7 +168,6 @@ class TorchBackend(Backend):
         self._unavailable: dict[str, str | None] = {}
         # The reads of every tensor on the replay path, as C callables (no Python frame per tensor): the
         # same values as the methods below, which document them.
-        self.meta_key = operator.attrgetter("shape", "dtype", "device", "requires_grad")  # type: ignore[method-assign,assignment]
         self.data_ptr = torch.Tensor.data_ptr  # type: ignore[method-assign,assignment]
         self.strides = torch.Tensor.stride  # type: ignore[method-assign,assignment]
 
@@ -181,19 +180,12 @@ class TorchBackend(Backend):
         return dynamo_off()
 
     def meta_key(self, t: Any) -> tuple[Any, ...]:
-        return (t.shape, t.dtype, t.device, t.requires_grad)
+        """Shape, dtype, device, requires_grad and the layout class (:mod:`graphjit.layouts`: None where contiguous)."""
+        return (t.shape, t.dtype, t.device, t.requires_grad, tensor_checks.layout(t))
 
     def meta_check(self, tensors: Sequence[Any]) -> Callable[..., bool] | None:
-        """Dynamo's ``TensorGuards`` (C++): each tensor's Python type, dispatch keys, dtype, device, sizes and
-        requires_grad against ``tensors``' (strides free, as ``meta_key`` leaves them); None on a torch without it."""
-        if _TensorGuards is None:
-            return None
-        try:
-            guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                                   dynamic_dims_strides=[[None] * t.dim() for t in tensors])
-            return guards.check  # type: ignore[no-any-return]
-        except Exception:  # a signature this torch does not take: each meta_key is read instead
-            return None
+        """:func:`.tensor_checks.meta_check`: Dynamo's ``TensorGuards`` with each tensor's layout class."""
+        return tensor_checks.meta_check(tensors)
 
     def mode_probes(self, modes: tuple[Any, ...]) -> tuple[tuple[Callable[[], Any], ...], tuple[Any, ...]]:
         """torch's C functions (:func:`.modes.probes`) where ``modes`` were read outside autocast and torch function
@@ -207,14 +199,10 @@ class TorchBackend(Backend):
         an autocast block or a ``torch.device`` context), ``TensorGuards`` with ``strides`` fixed too, and
         ``Tensor.data_ptr``; None on a torch without ``TensorGuards``."""
         probes = self.mode_probes(modes)
-        if _TensorGuards is None or len(strides) != len(tensors):
+        check = tensor_checks.fixed_check(tensors, strides)
+        if check is None:
             return None
-        try:
-            guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                                   dynamic_dims_strides=[list(s) for s in strides])
-        except Exception:
-            return None
-        return LaneParts(probes[0], probes[1], guards.check, torch.Tensor.data_ptr)
+        return LaneParts(probes[0], probes[1], check, torch.Tensor.data_ptr)
 
     def shape(self, t: Any) -> tuple[int, ...]:
         return tuple(t.shape)
@@ -244,14 +232,23 @@ class TorchBackend(Backend):
     def empty(self, shape: Sequence[int], like: Any) -> Any:
         return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
 
+    def empty_as(self, like: Any) -> Any:
+        layout = tensor_checks.layout(like)
+        if layout is None:
+            return self.empty(like.shape, like)
+        return torch.empty_strided(tuple(like.shape), layouts.dense_strides(like.shape, layout), dtype=like.dtype,
+                                   device=like.device)
+
     def zero_(self, t: Any) -> None:
         with torch.no_grad():
             t.zero_()
 
     def clone(self, t: Any) -> Any:
+        """A copy that needs no grad: contiguous (the strides of size-1 dims made so too) where ``t`` is, else dense
+        in ``t``'s order of dims, as eager's results of a transposed or channels-last tensor are."""
         if t.requires_grad:
             t = t.detach()
-        return t.clone(memory_format=torch.contiguous_format)
+        return t.clone(memory_format=torch.contiguous_format if t.is_contiguous() else torch.preserve_format)
 
     def view_offset(self, view: Any, base: Any) -> int | None:
         if view.dtype != base.dtype or view.device != base.device:
@@ -559,10 +556,6 @@ class TorchBackend(Backend):
 
 
 _SYNC_WATCHER = SyncWatcher(torch.cuda.get_sync_debug_mode, torch.cuda.set_sync_debug_mode)
-
-# Dynamo's C++ check of tensors' metadata (None on a torch without it): Backend.meta_check
-_TensorGuards: Any = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None)
-
 
 def _float64(t: Any) -> Any:
     """``t`` in float64; a complex tensor as its real and imaginary parts (``.double()`` drops the imaginary part)."""
