@@ -540,8 +540,8 @@ def test_paddle_walked_calls_get_the_key_the_walk_gives(lane_on):
 
 
 class _Config:
-    """A value type changed in place (its own __eq__ and __hash__, as an attrs class with hash=True has): an equal
-    value is found by its hash too, so a call whose value hashes otherwise is another key."""
+    """A value type (its own __eq__ and __hash__, as an attrs class with hash=True has): walked like any object, its
+    attributes the key, so one changed in place is another key."""
 
     def __init__(self, scale: float) -> None:
         self.scale = scale
@@ -574,13 +574,15 @@ def test_a_value_or_dict_key_that_hashes_otherwise_is_walked(lane_on):
             _walk_both(fast, reference, args, kwargs)
         assert _walk_both(fast, reference, args, kwargs)
         if mutate == "config":
-            kwargs["extra"] = {"c": _Config(2.0), "l": loose, loose: 1}  # equal and hashing alike: served
+            kwargs["extra"] = {"c": _Config(2.0), "l": loose, loose: 1}  # another object, equal attributes: served
             assert _walk_both(fast, reference, args, kwargs)
-            config.scale = 3.0  # in place: equal to itself, another hash
+            kwargs["extra"]["c"].scale = 3.0  # changed in place: another key
         elif mutate == "loose":
-            kwargs["extra"]["l"] = _Loose()  # equal, another hash: another key for a dict
+            kwargs["extra"]["l"] = _Loose()  # as a value: an object of the same class and attributes, served
+            assert _walk_both(fast, reference, args, kwargs)
+            kwargs["extra"]["l"].scale = 1.0  # another attribute: another key
         else:
-            kwargs["extra"] = {"c": config, "l": loose, _Loose(): 1}  # an equal key that hashes otherwise
+            kwargs["extra"] = {"c": config, "l": loose, _Loose(): 1}  # an equal dict key that hashes otherwise
         assert not _walk_both(fast, reference, args, kwargs), mutate
         config.scale = 2.0
 
