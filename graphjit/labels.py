@@ -88,7 +88,7 @@ def changed_argument(signer: Signer, method: bool, before: tuple[Any, ...], afte
 def _layout(backend: Backend, t: Any) -> str:
     """A tensor's layout where it is not contiguous (``strides=(1, 4)``), else nothing."""
     meta = backend.meta_key(t)
-    return layouts.describe(meta[4], backend.strides(t)) if len(meta) > 4 else ""
+    return layouts.describe(meta[4], backend.strides(t)) if len(meta) > 4 and meta[4] is not None else ""
 
 
 def _dtype(backend: Backend, t: Any) -> str:

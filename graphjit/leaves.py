@@ -149,7 +149,7 @@ class _Walk:
         meta = backend.meta_key(t)
         dtype = str(meta[1]).replace("paddle.", "").replace("torch.", "")
         grad = " requires_grad" if backend.requires_grad(t) else ""
-        layout = layouts.describe(meta[4], backend.strides(t)) if len(meta) > 4 else ""
+        layout = layouts.describe(meta[4], backend.strides(t)) if len(meta) > 4 and meta[4] is not None else ""
         return f"{shape}{layout} {dtype} {backend.device_str(t)}{grad}"
 
 

@@ -130,3 +130,14 @@ def test_paddle_keys_hold_the_layout() -> None:
         assert check(paddle.randn([4, 4])) and not check(paddle.randn([4, 4]).t())
         wide = b.meta_check([paddle.randn([4, 9])[:, :4]])
         assert wide is not None and wide(paddle.randn([4, 7])[:, :4]) and not wide(paddle.randn([4, 4]))
+
+
+@pytest.mark.torch
+def test_a_tensor_without_strides_runs_uncaptured_under_its_reason(emu) -> None:
+    """A sparse CSR tensor has neither ``is_contiguous()`` nor strides: its key and label are made without them, and
+    the call runs uncaptured as any unstrided input does (not a RuntimeError from reading its layout)."""
+    g = graphjit.graphed(lambda a, b: a @ b)
+    a, b = torch.randn(4, 4).to_sparse_csr(), torch.randn(4, 3)
+    for _ in range(3):
+        assert torch.allclose(g(a, b), a.to_dense() @ b)
+    assert g.stats()["fallbacks"] == {"an input is not a strided tensor": 3}

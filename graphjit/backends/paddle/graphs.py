@@ -119,9 +119,12 @@ _STRIDED = callable(getattr(paddle.Tensor, "is_contiguous", None))
 
 def _layout(t: Any) -> layouts.Layout:
     """``t``'s layout class (:mod:`graphjit.layouts`); None where contiguous or this Paddle has no strided views."""
-    if not _STRIDED or t.is_contiguous():
+    if not _STRIDED:
         return None
-    return layouts.of(t.shape, t.strides)
+    try:
+        return None if t.is_contiguous() else layouts.of(t.shape, t.strides)
+    except Exception:  # a tensor without strides (sparse): the check of unstrided inputs runs it uncaptured
+        return None
 
 
 def _places_hash_by_value() -> bool:

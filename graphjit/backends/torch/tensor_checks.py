@@ -15,8 +15,12 @@ _TensorGuards: Any = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards
 
 
 def layout(t: Any) -> layouts.Layout:
-    """``t``'s layout class: None where contiguous."""
-    return None if t.is_contiguous() else layouts.of(t.shape, t.stride())
+    """``t``'s layout class: None where contiguous, and for a tensor without strides (sparse, nested: the caller's
+    check of unstrided inputs runs those uncaptured)."""
+    try:
+        return None if t.is_contiguous() else layouts.of(t.shape, t.stride())
+    except RuntimeError:  # no strides (sparse COO), no is_contiguous (sparse CSR)
+        return None
 
 
 def meta_check(tensors: Sequence[Any]) -> Callable[..., bool] | None:
