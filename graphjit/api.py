@@ -549,7 +549,10 @@ class GraphedFunction(KeepsWrapped, wrapt.FunctionWrapper):  # type: ignore[misc
         Write the next call's data into these tensors and call the function with them: an input
         already at its static address is not copied (the zero-copy path for decode loops, like the
         persistent input buffers of vLLM's model runner).  Buffers of bucketed arguments have the
-        padded size.  Raises ``GraphjitError`` if no graph is captured for this signature yet."""
+        padded size.  A buffer is dense: contiguous, or transposed or channels-last where the key's tensor is; a key
+        made by a slice or an expansion (graphjit/layouts.py's ``strided``) has contiguous buffers, which are another
+        key's layout: pass such an argument contiguous for the zero-copy path.  Raises ``GraphjitError`` if no graph is
+        captured for this signature yet."""
         return self._self_state.static_inputs(None, args, kwargs)
 
     @property

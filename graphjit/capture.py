@@ -255,7 +255,7 @@ def static_buffers(req: BuildRequest) -> Statics:
         elif owner[i] != i:
             statics.append(statics[owner[i]])
         else:
-            statics.append(b.empty(full_shapes[i], t) if i in bucketed else b.empty_as(t))
+            statics.append(b.empty_as(full_shapes[i], t))
         adopted.append(adopt)
     inputs = StaticInputs(b, statics, adopted, mutated, bucketed,
                           grad_free=not any(b.requires_grad(t) for t in tensors))

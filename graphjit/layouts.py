@@ -10,7 +10,7 @@ old branch: a silently wrong result.  So a key holds each tensor's layout class:
   ``order`` lists the dims of size > 1 from the outermost to the innermost: with the shape, it fixes every stride
   that matters, so a key's tensors have one layout each;
 * ``("strided", order, zeros)``: anything else (a slice of a wider tensor, an expanded one; ``zeros``: the dims
-  of size > 1 with stride 0).  Such inputs are copied into a dense buffer of the same order, as before; the class
+  of size > 1 with stride 0).  Such inputs are copied into a contiguous buffer, as before; the class
   keeps them apart from dense inputs of any order, not from each other (the slice of a growing cache, whose outer
   stride changes every step, keeps its key).
 
@@ -40,18 +40,17 @@ def of(shape: Sequence[int], strides: Sequence[int]) -> Layout:
 
 
 def dense_strides(shape: Sequence[int], layout: Layout) -> tuple[int, ...]:
-    """The strides of a new dense tensor of ``shape`` in ``layout``'s order of dims (contiguous for None); a dim of
-    size 1 gets the stride a contiguous tensor would give it."""
+    """The strides of a new dense tensor of ``shape`` in ``layout``'s order of dims (contiguous for None).  ``shape``
+    may be another than the one ``layout`` was read from (a bucket's padded size): dims outside its order come first
+    (outermost), in their own order, and size-1 dims get what that order gives them."""
+    order = list(layout[1]) if layout is not None else []
+    placed = set(order)
+    full = [d for d in range(len(shape)) if d not in placed] + order
     strides = [1] * len(shape)
     step = 1
-    for d in reversed(range(len(shape))):  # contiguous: also what the size-1 dims keep below
+    for d in reversed(full):
         strides[d] = step
         step *= max(shape[d], 1)
-    if layout is not None:
-        step = 1
-        for d in reversed(layout[1]):
-            strides[d] = step
-            step *= shape[d]
     return tuple(strides)
 
 

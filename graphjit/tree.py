@@ -4,13 +4,14 @@ to take their tensors out (:func:`collect_tensors`) and put others in (:func:`re
 Containers are lists, tuples, dicts and deques, subclasses included (each rebuilt as its own type:
 NamedTuples, ``OrderedDict``, ``defaultdict`` with its factory, a ``deque`` with its ``maxlen``, a user's
 dict or list subclass with its attributes), and *objects that hold tensors*: dataclass instances and objects of
-Python classes (with ``__dict__`` or ``__slots__``), those that define their own ``__eq__`` and ``__hash__`` included
-(an ``__eq__`` may compare less than the function reads).  Their attributes
+Python classes (with ``__dict__`` or ``__slots__``), a user's class that defines its own ``__eq__`` and ``__hash__``
+included (an ``__eq__`` may compare less than the function reads).  Their attributes
 are walked like a dict's values, in the order :func:`object_fields` lists them.  A dict subclass's own attributes
 (:func:`dict_attrs`: transformers' ``ModelOutput`` after ``out.extra = t``) are walked after its items, an attribute
 that is its item of the same name standing for that item; a rebuilt one has them as the original had them, but for
 those its constructor makes anew for each instance (:func:`made_anew`).  Not walked: values of C types
-(``torch.dtype``, numpy scalars), enums and frozensets, the framework's stateful
+(``torch.dtype``, numpy scalars) and their subclasses (a ``str`` subclass), the standard library's value types
+(``pathlib.Path``, ``Fraction``), enums and frozensets, the framework's stateful
 objects (``nn.Module`` / ``paddle.nn.Layer``, optimizers, learning-rate schedulers, gradient scalers: their
 tensors are state, captured by address, and the key holds them by identity), functions, classes and
 modules.  A container that cannot be rebuilt as its own type raises a :class:`SignatureError`
@@ -27,6 +28,7 @@ import copy
 import dataclasses
 import enum
 import functools
+import sys
 import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -63,9 +65,22 @@ def _classify(tp: type) -> bool:
         return True
     has_dict = "__dict__" in dir(tp) and not tp.__dict__.get("__slots__")
     has_slots = any(c.__dict__.get("__slots__") for c in tp.__mro__ if c is not object)
-    # a C type (numpy arrays, locks, dtypes): hashed by value or identity as it says; a Python class is walked even
-    # where it defines __eq__ and __hash__: those may compare less than the function reads
-    return has_dict or has_slots
+    if not (has_dict or has_slots):
+        return False  # a C type (numpy arrays, locks, dtypes): hashed by value or identity as it says
+    return tp.__eq__ is object.__eq__ or tp.__hash__ is None or _users_value_type(tp)
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not a C type
+
+
+def _users_value_type(tp: type) -> bool:
+    """A value type (its own ``__eq__`` and ``__hash__``) walked all the same: a user's Python class, whose ``__eq__``
+    may compare less than the function reads.  Not one with a C base beside ``object`` (a ``str`` or ``date``
+    subclass: its value is no attribute) nor one of the standard library (``pathlib.Path``, ``Fraction``: they
+    compare all they hold, and fill caches lazily that would make every call another key)."""
+    if any(not b.__flags__ & _HEAPTYPE for b in tp.__mro__[1:-1]):
+        return False
+    return tp.__module__.partition(".")[0] not in sys.stdlib_module_names
 
 
 _LAYOUT: dict[type, tuple[bool, tuple[str, ...]]] = {}

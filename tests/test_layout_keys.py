@@ -141,3 +141,39 @@ def test_a_tensor_without_strides_runs_uncaptured_under_its_reason(emu) -> None:
     for _ in range(3):
         assert torch.allclose(g(a, b), a.to_dense() @ b)
     assert g.stats()["fallbacks"] == {"an input is not a strided tensor": 3}
+
+
+@pytest.mark.torch
+def test_an_expanded_input_keeps_a_contiguous_buffer_and_eagers_strides(emu) -> None:
+    """``arange(T)[None].expand(B, T)`` (position ids): its stride-0 dim is no order to lay a buffer out in."""
+    g = graphjit.graphed(lambda p: (p * 2 + 1).view(-1))
+    for _ in range(5):
+        pos = torch.arange(6.0)[None].expand(4, 6)
+        out = g(pos)
+        assert torch.equal(out, (pos * 2 + 1).view(-1)) and out.stride() == (1,)
+    assert g.stats()["replays"] >= 2 and not g.stats()["fallbacks"]
+
+
+@pytest.mark.torch
+def test_a_bucketed_transposed_input_gets_a_transposed_padded_buffer(emu) -> None:
+    g = graphjit.graphed(_branchy, buckets={"x": {0: [8]}})
+    for n in (5, 6, 7, 5, 6, 7):
+        x = torch.randn(4, n).t()
+        out = g(x)
+        assert torch.equal(out, x * 3) and out.stride() == (x * 3).stride(), n
+    assert g.stats()["replays"] >= 3 and not g.stats()["fallbacks"], g.stats()
+
+
+@pytest.mark.paddle
+def test_paddles_check_takes_the_tensors_it_was_made_from() -> None:
+    """A size-1 dim with an odd stride (``logits[:, -1]`` of a batch of one): contiguous for the key, not for
+    Paddle's ``is_contiguous()``; the check made from it must take it (or it is made again every call)."""
+    paddle = pytest.importorskip("paddle")
+    from graphjit.backends.paddle import graphs
+
+    if not graphs._STRIDED:
+        pytest.skip("this Paddle has no strided views")
+    t = paddle.randn([1, 5, 8])[:, -1]
+    assert not t.is_contiguous() and graphs._layout(t) is None
+    check = graphs.PaddleBackend().meta_check([t])
+    assert check is None or check(paddle.randn([1, 5, 8])[:, -1])

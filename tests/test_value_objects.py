@@ -64,3 +64,26 @@ def test_a_frozen_dataclass_field_left_out_of_its_eq_is_keyed(emu) -> None:
         for _ in range(3):
             assert torch.equal(g(x, Frozen(2.0, note)), x * 2 + note)
     assert g.stats()["graphs"] == 2
+
+
+class Mode(str):
+    """A str subclass: its value is no attribute (its __dict__ is empty)."""
+
+
+def _moded(x: torch.Tensor, mode: str, scale: float) -> torch.Tensor:
+    return x * scale if mode == "mul" else x + scale
+
+
+def test_subclasses_of_c_types_and_standard_value_types_stay_values(emu) -> None:
+    import fractions
+    import pathlib
+
+    g = graphjit.graphed(_moded)
+    x = torch.ones(3)
+    for _ in range(3):
+        g(x, Mode("mul"), 2.0)
+    assert torch.equal(g(x, Mode("add"), 5.0), x + 5)
+    h = graphjit.graphed(lambda x, p, f: x * len(str(p)) * float(f))
+    for _ in range(6):  # a new Path each call, its caches filled by str(): one key
+        assert torch.equal(h(x, pathlib.Path("/tmp/a"), fractions.Fraction(1, 2)), x * 3)
+    assert h.stats()["replays"] >= 3 and not h.stats()["fallbacks"], h.stats()

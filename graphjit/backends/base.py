@@ -237,11 +237,12 @@ class Backend(abc.ABC):
     def empty(self, shape: Sequence[int], like: Any) -> Any:
         """A new uninitialised tensor of ``like``'s dtype and device with ``shape``."""
 
-    def empty_as(self, like: Any) -> Any:
-        """A new uninitialised tensor of ``like``'s shape, dtype and device, dense in ``like``'s order of dims (a
-        transposed or channels-last input's buffer is transposed or channels-last: the function captured on it
-        sees the layout its key holds).  Contiguous where the framework cannot lay one out."""
-        return self.empty(self.shape(like), like)
+    def empty_as(self, shape: Sequence[int], like: Any) -> Any:
+        """A new uninitialised tensor of ``like``'s dtype and device with ``shape`` (``like``'s, or a bucket's padded
+        one), dense in ``like``'s order of dims where ``like`` is dense in another order than contiguous (a transposed
+        or channels-last input's buffer is transposed or channels-last: the function captured on it sees the layout
+        its key holds); contiguous otherwise (a slice, an expansion), and where the framework cannot lay one out."""
+        return self.empty(shape, like)
 
     @abc.abstractmethod
     def zero_(self, t: Any) -> None: ...

@@ -232,11 +232,11 @@ class TorchBackend(Backend):
     def empty(self, shape: Sequence[int], like: Any) -> Any:
         return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
 
-    def empty_as(self, like: Any) -> Any:
+    def empty_as(self, shape: Sequence[int], like: Any) -> Any:
         layout = tensor_checks.layout(like)
-        if layout is None:
-            return self.empty(like.shape, like)
-        return torch.empty_strided(tuple(like.shape), layouts.dense_strides(like.shape, layout), dtype=like.dtype,
+        if layout is None or layout[0] != "dense":
+            return self.empty(shape, like)
+        return torch.empty_strided(tuple(shape), layouts.dense_strides(shape, layout), dtype=like.dtype,
                                    device=like.device)
 
     def zero_(self, t: Any) -> None:
