@@ -73,6 +73,13 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 objects.append((path[0], value))
                 if isinstance(value, LINKED):
                     anchors.setdefault(id(value), (cell, "cell", "cell_contents", value, path))
+        if f is not fn:  # a helper's defaults (the graphed function's own are bound into the key)
+            for attr, value in (("__defaults__", f.__defaults__), ("__kwdefaults__", f.__kwdefaults__)):
+                if value is not None:
+                    where: Path = (f"{f.__qualname__}.{attr}",)
+                    slots.append((f, "attr", attr, where))
+                    if not guardable(value):  # a mutable default (``cfg={"s": 2.0}``): what it holds, walked
+                        objects.append((where[0], value))
         g = f.__globals__
         absences.of_function(f, probed, slots, absent)
         own.update((id(g), var) for var in probed.globals)

@@ -121,6 +121,7 @@ class Scan:
     held: dict[int, _Box] = field(default_factory=dict)  # a Module's parameter and buffer dicts: tensors by identity
     pinned: dict[int, _Box] = field(default_factory=dict)  # other tensors the code reads: by identity, every replay
     hooks: dict[int, tuple[dict[Any, Any], Path]] = field(default_factory=dict)  # the modules' hook dicts reached
+    functions: dict[int, tuple[Any, Path]] = field(default_factory=dict)  # Python functions reached in objects
     # whole containers: ``(id, what) -> (container, getter, value, path)``; what: "len" (lists, container modules'
     # dicts), "keys" (dicts of settings, their keys in order) or "has:NAME" (an instance dict without a class
     # attribute's name: :meth:`unshadowed`)
@@ -258,10 +259,14 @@ def _graphjits(obj: Any) -> bool:
 def _follow_method(out: Scan, stack: list[tuple[Any, Path, int, Any]], child: Any, path: Path, depth: int) -> None:
     """Where ``child`` (a value guarded by identity) is a bound method, walk the object it is bound to next: what
     its code reads off ``self`` (``self.post = pp.scale`` reads ``pp.temperature``) is a value of the call too (the
-    call reads ``__self__`` when it calls the method: a name of its code)."""
+    call reads ``__self__`` when it calls the method: a name of its code).  Where it is a Python function (``self.act
+    = lambda x: x * k``, ``fns[0]``), its closure cells, globals and defaults are sources of the call's values, taken
+    with the hooks' (:func:`_hook_sources`)."""
     if type(child) is types.MethodType and not opaque(child.__self__) and not _graphjits(child.__self__):
         out.names.add("__self__")
         stack.append((child.__self__, (*path, (".", "__self__")), depth + 1, None))
+    elif type(child) is types.FunctionType:
+        out.functions.setdefault(id(child), (child, path))
 
 
 def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None, holders: Iterable[str] = (),
@@ -335,8 +340,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             obj, path, depth, keys_of = stack.pop()  # keys_of: a held dict's keys count as its owner's attributes
             obj = unwrap_own(obj)  # a graphed function or Module: what it wraps, never graphjit's own state
             tp = type(obj)
-            if tp is types.MethodType:  # (guarded by identity where it was found) what it is bound to
-                _follow_method(out, stack, obj, path, depth - 1)
+            if tp is types.MethodType or tp is types.FunctionType:  # (guarded by identity where it was found) what
+                _follow_method(out, stack, obj, path, depth - 1)  # it is bound to, or its closure and globals
                 continue
             pins = id(obj) not in unpinned
             if isinstance(obj, (list, collections.deque)):
@@ -482,11 +487,12 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
 
 
 def _take_slots(out: Scan, slots: Iterable[tuple[Any, str, Any, Path]], by_name: set[type]) -> None:
-    """The values of closure cells and globals (:attr:`Sources.slots`): guarded, a tensor pinned, a class remembered."""
+    """The values of closure cells, globals and helpers' defaults (:attr:`Sources.slots`): guarded, a tensor pinned, a
+    class remembered."""
     for container, kind, key, path in slots:
         try:
-            value = container[key] if kind == "globals" else container.cell_contents
-        except (KeyError, ValueError):
+            value = container[key] if kind == "globals" else getattr(container, key)
+        except (KeyError, ValueError, AttributeError):
             continue
         if pinnable(value):
             out.pin(container, kind, key, value, path)
@@ -506,14 +512,15 @@ def _hook_sources(out: Scan, taken: set[int], by_name: set[type], outside: bool,
     read (an object whose ``__getattr__`` raises) is left out.  ``global_hooks``: the framework's hook dicts that run
     around every module's call (torch's ``register_module_forward_hook``), taken where the scan reached a module."""
     stack: list[tuple[Any, Path, int, Any]] = []
-    for hooks, path in [*out.hooks.values(), *(global_hooks if out.hooks else ())]:
+    reached = [({id(fn): fn}, path) for fn, path in out.functions.values()]  # keyed by id: no "[key]" in the label
+    for hooks, path in [*out.hooks.values(), *(global_hooks if out.hooks else ()), *reached]:
         if outside and of_self(path):
             continue
         for key, fn in list(hooks.items()):
             if not callable(fn) or id(fn) in taken:
                 continue
             taken.add(id(fn))
-            where = describe((*path, ("[]", key)))
+            where = describe(path if key == id(fn) else (*path, ("[]", key)))
             try:
                 found = sources(fn, None)
             except Exception:  # a user object's lookups may raise anything
@@ -567,14 +574,17 @@ def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any
             cpath: Path = (f"class {cls.__qualname__}", (".", k))
             if guardable(child):
                 out.add(cls, "attr", k, child, cpath)
+                if cls is not tp:  # read off ``tp`` too: one set on ``tp`` or a class between them shadows it
+                    out.add(tp, "attr", k, child, (f"class {tp.__qualname__}", (".", k)))
             elif isinstance(child, (list, tuple, dict)) and 0 < len(child) <= MAX_ITEMS:
                 out.link(child, cls, "attr", k, cpath)
                 stack.append((child, cpath, 1, None))
                 out.class_containers.setdefault(id(cls), set()).add(k)
             elif isinstance(child, list):
                 out.length(child, cpath)
-    # the methods its instances find, read off ``tp`` itself: one patched after the capture on it or on any base
-    # (``Attention.forward = f``, ``Block.extra = f``) is a changed value, by identity
+    # the methods and descriptors its instances find, read off ``tp`` itself: one patched after the capture on it or on
+    # any base (``Attention.forward = f``, ``Block.extra = f``, ``Block.scale = property(...)``) is a changed value, by
+    # identity
     for k, method in class_methods(tp, read).items():
         out.add(tp, "attr", k, method, (f"class {tp.__qualname__}", (".", k)))
 

@@ -518,11 +518,12 @@ def user_globals(g: dict[str, Any]) -> bool:
     return found
 
 
-def class_methods(tp: type, names: Iterable[str] | None = None) -> dict[str, types.FunctionType]:
-    """``name -> function`` of the plain methods (functions in a class ``__dict__``, not dunders) that instances of
-    ``tp`` find along its MRO, of ``names`` where given, each only where reading it off ``tp`` gives that very
-    function (a metaclass that wraps lookups: left out, a guard could not compare it)."""
-    out: dict[str, types.FunctionType] = {}
+def class_methods(tp: type, names: Iterable[str] | None = None) -> dict[str, Any]:
+    """``name -> object`` of the plain methods (functions in a class ``__dict__``, not dunders) and descriptors
+    (``property``, ``staticmethod``: its function, ``cached_property``) that instances of ``tp`` find along its MRO,
+    of ``names`` where given, each only where reading it off ``tp`` gives that very object (a metaclass that wraps
+    lookups, a ``classmethod``, bound anew at each read: left out, a guard could not compare it)."""
+    out: dict[str, Any] = {}
     seen: set[str] = set()
     wanted = None if names is None else set(names)
     for cls in tp.__mro__:
@@ -532,10 +533,14 @@ def class_methods(tp: type, names: Iterable[str] | None = None) -> dict[str, typ
             if not isinstance(k, str) or k in seen or k.startswith("__") or (wanted is not None and k not in wanted):
                 continue
             seen.add(k)
-            if type(child) is types.FunctionType:
+            found = child.__func__ if type(child) is staticmethod else child
+            if type(found) is types.FunctionType or isinstance(child, _DESCRIPTORS):
                 try:
-                    if getattr(tp, k) is child:
-                        out[k] = child
+                    if getattr(tp, k) is found:
+                        out[k] = found
                 except Exception:  # a class's own lookup may raise anything
                     continue
     return out
+
+
+_DESCRIPTORS = (property, functools.cached_property)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import guards, py_writes
+from . import guards, host_random, py_writes
 from .backends.base import Backend
 from .buffers import collect_tensors
 from .islands import IslandCall, collecting
@@ -80,6 +80,8 @@ class Observation:
     """The module globals that code loaded (``(globals, name)`` by ``(id(globals), name)``)."""
     read_cells: dict[int, tuple[str, Any]] | None = None
     """The closure values of the user's code that ran (``(name, value)`` by ``id(value)``)."""
+    host_random: str | None = None
+    """The host's global random generator the call drew from outside islands (:mod:`graphjit.host_random`)."""
     emitted: list[str] = field(default_factory=list)
     """What the call printed or logged outside islands, and where (a replay runs no Python, so it would not)."""
     after: Reach | None = None
@@ -275,6 +277,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     where = addresses(before, b.data_ptr)
     probe = WriteProbe(b, before, budget, b.unversioned_writes(roots))
     rng = b.rng_state(device)
+    host = host_random.state()
     syncs: list[str] = []
     values = (guards.scan(guard_src, is_tensor, None, b.tensor_holders, renewed=b.renewed_attributes)
               if guard_src is not None else None)
@@ -290,6 +293,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     obs = Observation(probe.written(), rebound, added, drew, [with_function(s) for s in syncs], probe.incomplete,
                       isl.calls, added_tensors(before, after), moved(before, where, b.data_ptr), after=after)
     obs.elsewhere = [p for t, p in obs.written if b.device_str(t) != device]
+    obs.host_random = host_random.drew(host) if not isl.calls else None  # (an island draws on every call)
     if guard_src is not None and values is not None:
         if recorder.complete:
             obs.names, obs.by_object, obs.probes = recorder.names, recorder.by_object, recorder.probes
@@ -312,6 +316,7 @@ def _by_object(seen: dict[int, frozenset[str]] | None,
 
 ELSEWHERE = "writes a tensor on another device"
 PRINTS = "prints or logs on every call"
+HOST_RANDOM = "draws host random numbers"
 
 
 def elsewhere(paths: list[Path]) -> Blocked:
@@ -375,6 +380,10 @@ def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked
                        "graph would not do that again on replay" + (f" ({_GRAD_HINT})" if _grads(obs.added) else ""))
     if obs.elsewhere and not first:
         return elsewhere(obs.elsewhere)
+    if obs.host_random is not None and not first:
+        return Blocked(HOST_RANDOM, f"the function draws numbers from {obs.host_random} on the CPU; a replay runs no "
+                       "Python and would hand back the capture's numbers every time. Draw them on the device "
+                       "(torch.rand, paddle.rand), pass them in, or mark the function that draws with @graphjit.eager")
     if obs.drew_random:
         why = b.rng_in_graphs()
         if why is not None:

@@ -1,0 +1,103 @@
+"""Values a call reads without receiving them, reached where the guards' walk did not look before (found by a probe
+of the emulator): a class attribute set on a subclass over its base's value, the closure cells of a function stored
+on an object or in a container, a helper's defaults, a property replaced on the class.  Each kept replaying the
+graph of the old value: silently wrong.  CPU lifecycle through tests/graph_emulator.py."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import graphjit  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _check(fn: Callable[[Any], Any], change: Callable[[], None]) -> dict[str, Any]:
+    """Six calls, ``change()``, four more; every output equal to the function's own eager call.  The stats after."""
+    g = graphjit.graphed(fn)
+    for i in range(10):
+        if i == 6:
+            change()
+        x = torch.arange(4.0) + 1
+        assert torch.equal(g(x), fn(x)), i
+    st = g.stats()
+    assert st["replays"] >= 4, st
+    return st
+
+
+class _Base(torch.nn.Module):
+    scale = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+class _Sub(_Base):
+    pass
+
+
+def test_a_class_attribute_set_on_a_subclass_over_its_bases(emu, scan) -> None:
+    _check(_Sub(), lambda: setattr(_Sub, "scale", 5.0))
+
+
+class _Prop:
+    @property
+    def s(self) -> float:
+        return 2.0
+
+
+def test_a_property_replaced_on_the_class(emu, scan) -> None:
+    o = _Prop()
+    _check(lambda x: x * o.s, lambda: setattr(_Prop, "s", property(lambda self: 5.0)))
+
+
+def _scaler() -> tuple[Callable[[Any], Any], Callable[[float], None], list[float]]:
+    k, box = 2.0, [2.0]
+
+    def set_k(v: float) -> None:
+        nonlocal k
+        k = v
+    return (lambda x: x * k * box[0]), set_k, box
+
+
+class _Holder(torch.nn.Module):
+    def __init__(self, act: Any) -> None:
+        super().__init__()
+        self.act = act
+        self.fns = [act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x) + self.fns[0](x)
+
+
+@pytest.mark.parametrize("how", ["rebound", "in place", "partial"])
+def test_the_closure_of_a_function_stored_on_an_object(emu, scan, how) -> None:
+    act, set_k, box = _scaler()
+    m = _Holder(functools.partial(act) if how == "partial" else act)
+    _check(m, (lambda: box.__setitem__(0, 3.0)) if how == "in place" else (lambda: set_k(5.0)))
+
+
+def _helper(x: torch.Tensor, s: float = 2.0, cfg: dict[str, float] = {"s": 1.0}) -> torch.Tensor:  # noqa: B006
+    return x * s * cfg["s"]
+
+
+@pytest.mark.parametrize("how", ["replaced", "in place"])
+def test_a_helpers_defaults(emu, scan, how) -> None:
+    defaults = _helper.__defaults__
+
+    def change() -> None:
+        if how == "replaced":
+            _helper.__defaults__ = (5.0, {"s": 1.0})
+        else:
+            _helper.__defaults__[1]["s"] = 3.0  # type: ignore[index]
+    try:
+        _check(lambda x: _helper(x) + 1, change)
+    finally:
+        _helper.__defaults__ = defaults
+        defaults[1]["s"] = 1.0  # type: ignore[index]
