@@ -60,6 +60,7 @@ import collections
 import functools
 import operator
 import types
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -261,12 +262,16 @@ def _follow_method(out: Scan, stack: list[tuple[Any, Path, int, Any]], child: An
     its code reads off ``self`` (``self.post = pp.scale`` reads ``pp.temperature``) is a value of the call too (the
     call reads ``__self__`` when it calls the method: a name of its code).  Where it is a Python function (``self.act
     = lambda x: x * k``, ``fns[0]``), its closure cells, globals and defaults are sources of the call's values, taken
-    with the hooks' (:func:`_hook_sources`)."""
+    with the hooks' (:func:`_hook_sources`); where it is a weak reference, the object it refers to is walked."""
     if type(child) is types.MethodType and not opaque(child.__self__) and not _graphjits(child.__self__):
         out.names.add("__self__")
         stack.append((child.__self__, (*path, (".", "__self__")), depth + 1, None))
     elif type(child) is types.FunctionType:
         out.functions.setdefault(id(child), (child, path))
+    elif type(child) is weakref.ReferenceType:  # what it refers to (``self._parent().scale``), read off that object
+        target = child()
+        if target is not None and not opaque(target):
+            stack.append((target, (*path, ("()", "")), depth + 1, None))
 
 
 def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | None = None, holders: Iterable[str] = (),

@@ -131,7 +131,7 @@ def describe(path: Path) -> str:
         if holder and kind == "[]" and isinstance(key, str) and key.isidentifier():
             out[-1] = f".{key}"  # (in place of the holder's own step)
         else:
-            out.append(f".{key}" if kind == "." else f"[{key!r}]")
+            out.append(f".{key}" if kind == "." else "()" if kind == "()" else f"[{key!r}]")
         holder = kind == "." and key in HOLDERS
     return "".join(out)
 

@@ -1,11 +1,12 @@
 """Values a call reads without receiving them, reached where the guards' walk did not look before (found by a probe
 of the emulator): a class attribute set on a subclass over its base's value, the closure cells of a function stored
-on an object or in a container, a helper's defaults, a property replaced on the class.  Each kept replaying the
-graph of the old value: silently wrong.  CPU lifecycle through tests/graph_emulator.py."""
+on an object or in a container, a helper's defaults, a property replaced on the class, what a weak reference refers
+to.  Each kept replaying the graph of the old value: silently wrong.  CPU lifecycle through tests/graph_emulator.py."""
 
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -101,3 +102,28 @@ def test_a_helpers_defaults(emu, scan, how) -> None:
     finally:
         _helper.__defaults__ = defaults
         defaults[1]["s"] = 1.0  # type: ignore[index]
+
+
+class _Parent(torch.nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+
+class _Child(torch.nn.Module):
+    """Holds its parent by a weak reference, as modules that must not keep their owner alive do."""
+
+    def __init__(self, parent: torch.nn.Module) -> None:
+        super().__init__()
+        self._parent = weakref.ref(parent)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self._parent().scale
+
+
+@pytest.mark.parametrize("how", ["attribute", "another parent"])
+def test_what_a_weak_reference_refers_to(emu, scan, how) -> None:
+    parent, other = _Parent(2.0), _Parent(5.0)
+    child = _Child(parent)
+    _check(child, (lambda: setattr(parent, "scale", 5.0)) if how == "attribute"
+           else (lambda: setattr(child, "_parent", weakref.ref(other))))
