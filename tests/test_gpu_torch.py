@@ -433,7 +433,9 @@ def test_garbage_collection_cannot_break_a_capture(dev):
         gc.callbacks.remove(watch)
     gc.collect()
     st = step.stats()
-    assert not st["fallbacks"] and st["captures"] == 1 and st["replays"] == 4, st  # the capturing call replays too
+    # the capturing call replays too; its run emptied the deque the function reads (its length a guarded value since
+    # 9c8429a), so the next call is another key, captured once too (with the collector at work) and replayed after
+    assert not st["fallbacks"] and st["captures"] == st["graphs"] == 2 and st["replays"] == 2, st
     for got, x in outs:
         assert rel(got, torch.sin(x) * 2 + x) < 1e-6
     ls = layer.stats()
