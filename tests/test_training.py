@@ -406,15 +406,17 @@ def test_reset_refused_while_micro_batches_wait():
 
 # -- fallbacks found at capture time -----------------------------------------------------------------
 class _HostRandom(torch.nn.Module):
-    """Scales by a number drawn on the host at each call: a value a CUDA graph freezes, which no guard reads
-    (Python's ``random``), so only verify can catch it."""
+    """Scales by a number drawn on the host at each call: a value a CUDA graph freezes, which no guard reads (a
+    ``random.Random`` of its own), so only verify can catch it; with ``global_rng``, Python's global generator, which
+    the warmup sees."""
 
-    def __init__(self) -> None:
+    def __init__(self, global_rng: bool = False) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(3, 3)
+        self.draw = random.random if global_rng else random.Random(0).random
 
     def forward(self, x):
-        return self.lin(x) * (1.0 + random.random())
+        return self.lin(x) * (1.0 + self.draw())
 
 
 def test_verify_catches_a_frozen_python_value():
@@ -424,6 +426,21 @@ def test_verify_catches_a_frozen_python_value():
     k = g.stats()["keys"][0]
     assert k["state"] == "fallback" and "verify failed" in k["reason"], k
     assert g.stats()["fallbacks"] == {"verify failed": 2}
+
+
+def test_a_layer_that_draws_from_the_global_random_generator_runs_eagerly():
+    """Its numbers and the generator's state as eager's: the warmup sees the draw, nothing is recorded."""
+    layer = _HostRandom(global_rng=True)
+    twin = copy.deepcopy(layer)
+    g = graphjit.graphed_layer(layer, warmup=1, _simulate=True)
+    for step in range(4):
+        x = torch.randn(2, 3)
+        random.seed(step)
+        got = g(x)
+        random.seed(step)
+        assert torch.equal(got, twin(x)), step
+    st = g.stats()
+    assert st["captures"] == 0 and st["fallbacks"] == {"draws host random numbers": 4}, st  # the watched call too
 
 
 def test_a_layer_that_writes_a_python_value_it_reads_runs_eagerly_with_its_reason():

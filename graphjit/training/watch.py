@@ -11,8 +11,9 @@ eagerly from then on, with a reason naming the argument (:class:`ArgumentWrites`
 
 What it sees: tensors reachable from the arguments through containers and object attributes
 (:func:`graphjit.reach.walk`), written in place by version counter (contents for small ones), rebound, added or
-moved.  Not seen: plain Python values (an int counter) changed in such an object, and a write only some calls make
-(a key whose warmup calls did not make it is recorded).  Runs during warmup only, never on a replay.
+moved; and a draw from the host's global random generators (Python's ``random``, numpy's: :mod:`graphjit.host_random`).
+Not seen: plain Python values (an int counter) changed in such an object, and a write only some calls make (a key
+whose warmup calls did not make it is recorded).  Runs during warmup only, never on a replay.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import host_random
 from ..backends.base import Backend
 from ..reach import ATOMS, Path, addresses, describe, moved, rebinds, walk
 from ..writes import WriteProbe
+
+HOST_RANDOM = "draws host random numbers"
 
 
 @dataclass(frozen=True)
@@ -50,8 +54,10 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
                  budget: int) -> tuple[Any, ArgumentWrites | None]:
     """Run ``run()`` (the layer's eager call) once; return its result and what, if anything, it did to the
     tensors ``roots`` hold that a graphed call could not do.  Exceptions of ``run`` propagate unchanged."""
+    host = host_random.state()
     if not roots:
-        return run(), None
+        out = run()
+        return out, _drew(host)
     b = backend
     types = b.tensor_types()
 
@@ -62,13 +68,25 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     where = addresses(before, b.data_ptr)
     probe = WriteProbe(b, before, budget)
     out = run()
+    drew = _drew(host)
     after = walk(roots, is_tensor)
     rebound, added = rebinds(before, after)
     stored = rebound + added + moved(before, where, b.data_ptr)
     if stored:
         return out, _stored(stored)
     written = [p for _t, p in probe.written()]
-    return out, _written(written) if written else None
+    return out, _written(written) if written else drew
+
+
+def _drew(before: tuple[Any, ...]) -> ArgumentWrites | None:
+    """Why a key whose call drew from the host's global random generators runs eagerly (the replays would hand back
+    the recording's numbers), or None (:mod:`graphjit.host_random`)."""
+    which = host_random.drew(before)
+    if which is None:
+        return None
+    return ArgumentWrites(HOST_RANDOM, f"the layer draws numbers from {which} on the CPU; a replay runs no Python and "
+                          "would hand back the recording's numbers: calls of this input signature run the layer "
+                          "eagerly (draw them on the device, torch.rand, or pass them in)")
 
 
 def _where(paths: list[Path]) -> str:
