@@ -59,6 +59,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
         names.update(code_names(code))
         probed = code_probes(code)
         probes.append(probed)
+        held: list[tuple[types.ModuleType, Path]] = []  # the user's own modules in closure cells (``c = config``)
         for var, cell in zip(code.co_freevars, f.__closure__ or ()):
             try:
                 value = cell.cell_contents
@@ -69,6 +70,8 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 slots.append((cell, "cell", "cell_contents", path))  # (a tensor: pinned by scan)
             if isinstance(value, (types.FunctionType, types.MethodType)) or island_of(value) is not None:
                 follow.append(value)
+            elif isinstance(value, types.ModuleType):
+                held.append((value, path))
             elif not guardable(value) and not opaque(value):
                 objects.append((path[0], value))
                 if isinstance(value, LINKED):
@@ -102,6 +105,11 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                     anchors.setdefault(id(value), (g, "globals", var, value, path))
         for var in (v for v in global_names(code) if v in g):
             place(g, var, (f"global {var!r}",))
+        for module, path in held:  # what the code names of it, as of a module held as a global
+            if user_module(module) and id(module) not in modules:
+                modules.add(id(module))
+                for attr in sorted(named.intersection(module.__dict__)):
+                    place(module.__dict__, attr, (*path, (".", attr)))
         return follow
 
     functions(fn, visit, objects, skip=lambda f: island_of(f) is not None, opaque=OPAQUE_VALUES)

@@ -6,6 +6,7 @@ to.  Each kept replaying the graph of the old value: silently wrong.  CPU lifecy
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -127,3 +128,22 @@ def test_what_a_weak_reference_refers_to(emu, scan, how) -> None:
     child = _Child(parent)
     _check(child, (lambda: setattr(parent, "scale", 5.0)) if how == "attribute"
            else (lambda: setattr(child, "_parent", weakref.ref(other))))
+
+
+def test_a_users_module_held_in_a_closure_cell(emu, scan, tmp_path, monkeypatch) -> None:
+    """``c = config`` then ``c.SCALE``: what the code names of a module of the user's own, as for one held as a
+    global.  (Held as an object's attribute, ``self.cfg = config``, it is not seen yet.)"""
+    import importlib
+
+    (tmp_path / "gj_reach_cfg.py").write_text("SCALE = 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = importlib.import_module("gj_reach_cfg")
+
+    def make() -> Callable[[Any], Any]:
+        c = cfg
+        return lambda x: x * c.SCALE
+
+    try:
+        _check(make(), lambda: setattr(cfg, "SCALE", 5.0))
+    finally:
+        sys.modules.pop("gj_reach_cfg", None)
