@@ -82,6 +82,7 @@ from .reach import (
     instance_dict,
     slots_of,
     unwrap_own,
+    user_module,
 )
 
 __all__ = ["DELETED", "MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "READ_VALUES", "REASON", "WRITES", "GuardSet", "Scan",
@@ -347,6 +348,10 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             tp = type(obj)
             if tp is types.MethodType or tp is types.FunctionType:  # (guarded by identity where it was found) what
                 _follow_method(out, stack, obj, path, depth - 1)  # it is bound to, or its closure and globals
+                continue
+            if tp is types.ModuleType:  # a user's module an object holds (``self.cfg = config``): its globals that
+                if user_module(obj):  # the call's code names, as of a module held as a global
+                    stack.append((vars(obj), path, depth + 1, frozenset(out.names)))
                 continue
             pins = id(obj) not in unpinned
             if isinstance(obj, (list, collections.deque)):

@@ -130,9 +130,10 @@ def test_what_a_weak_reference_refers_to(emu, scan, how) -> None:
            else (lambda: setattr(child, "_parent", weakref.ref(other))))
 
 
-def test_a_users_module_held_in_a_closure_cell(emu, scan, tmp_path, monkeypatch) -> None:
-    """``c = config`` then ``c.SCALE``: what the code names of a module of the user's own, as for one held as a
-    global.  (Held as an object's attribute, ``self.cfg = config``, it is not seen yet.)"""
+@pytest.mark.parametrize("held", ["closure cell", "attribute"])
+def test_a_users_module_held_otherwise_than_as_a_global(emu, scan, tmp_path, monkeypatch, held) -> None:
+    """``c = config`` then ``c.SCALE``, or ``self.cfg = config`` then ``self.cfg.SCALE``: what the code names of a
+    module of the user's own, as for one held as a global."""
     import importlib
 
     (tmp_path / "gj_reach_cfg.py").write_text("SCALE = 2.0\n")
@@ -143,7 +144,15 @@ def test_a_users_module_held_in_a_closure_cell(emu, scan, tmp_path, monkeypatch)
         c = cfg
         return lambda x: x * c.SCALE
 
+    class Holder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cfg = cfg
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.cfg.SCALE
+
     try:
-        _check(make(), lambda: setattr(cfg, "SCALE", 5.0))
+        _check(make() if held == "closure cell" else Holder(), lambda: setattr(cfg, "SCALE", 5.0))
     finally:
         sys.modules.pop("gj_reach_cfg", None)
