@@ -251,7 +251,6 @@ def _push(stack: list[tuple[Any, Path, int, Any]], unpinned: set[int], pins: boo
     stack.append((child, path, depth, None))
 
 
-
 def _graphjits(obj: Any) -> bool:
     """``obj`` is one of graphjit's own objects (a method graphjit put in a model's place, ``graph_generation``'s
     ``_prepare_static_cache``): its state is graphjit's bookkeeping, never a value of the call."""
@@ -349,8 +348,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
             if tp is types.MethodType or tp is types.FunctionType:  # (guarded by identity where it was found) what
                 _follow_method(out, stack, obj, path, depth - 1)  # it is bound to, or its closure and globals
                 continue
-            if tp is types.ModuleType:  # a user's module an object holds (``self.cfg = config``): its globals that
-                if user_module(obj):  # the call's code names, as of a module held as a global
+            if tp is types.ModuleType:  # a user's module an object holds (``self.cfg = config``): the globals the
+                if user_module(obj):  # call's code names, as of one held as a global (non-user modules: opaque)
                     stack.append((vars(obj), path, depth + 1, frozenset(out.names)))
                 continue
             pins = id(obj) not in unpinned
