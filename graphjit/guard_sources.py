@@ -76,7 +76,7 @@ def sources(fn: Callable[..., Any], bound: Any, args: Iterable[tuple[str, Any]] 
                 objects.append((path[0], value))
                 if isinstance(value, LINKED):
                     anchors.setdefault(id(value), (cell, "cell", "cell_contents", value, path))
-        if f is not fn:  # a helper's defaults (the graphed function's own are bound into the key)
+        if f is not getattr(fn, "__func__", fn):  # a helper's defaults (the graphed function's own: in the key)
             for attr, value in (("__defaults__", f.__defaults__), ("__kwdefaults__", f.__kwdefaults__)):
                 if value is not None:
                     where: Path = (f"{f.__qualname__}.{attr}",)

@@ -79,9 +79,11 @@ from .reach import (
     Visits,
     class_methods,
     describe,
+    inherited_values,
     instance_dict,
     slots_of,
     unwrap_own,
+    user_globals,
     user_module,
 )
 
@@ -266,7 +268,7 @@ def _follow_method(out: Scan, stack: list[tuple[Any, Path, int, Any]], child: An
     if type(child) is types.MethodType and not opaque(child.__self__) and not _graphjits(child.__self__):
         out.names.add("__self__")
         stack.append((child.__self__, (*path, (".", "__self__")), depth + 1, None))
-    elif type(child) is types.FunctionType:
+    elif type(child) is types.FunctionType and user_globals(child.__globals__):  # (not an installed package's)
         out.functions.setdefault(id(child), (child, path))
     elif type(child) is weakref.ReferenceType:  # what it refers to (``self._parent().scale``), read off that object
         target = child()
@@ -391,7 +393,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 continue
             if isinstance(obj, dict):
                 holder = len(path) > 1 and path[-1][0] == "." and path[-1][1] in holding
-                big = len(obj) > MAX_ITEMS or holder
+                big = (len(obj) > MAX_ITEMS and keys_of is None) or holder  # (named keys only: any size)
                 if iterates and not big and keys_of is None and settings(obj):
                     out.key_set(obj, path)
                 if not big and keys_of is None and absences.probed_dict(obj, path, through):
@@ -521,9 +523,10 @@ def _hook_sources(out: Scan, taken: set[int], by_name: set[type], outside: bool,
     read (an object whose ``__getattr__`` raises) is left out.  ``global_hooks``: the framework's hook dicts that run
     around every module's call (torch's ``register_module_forward_hook``), taken where the scan reached a module."""
     stack: list[tuple[Any, Path, int, Any]] = []
-    reached = [({id(fn): fn}, path) for fn, path in out.functions.values()]  # keyed by id: no "[key]" in the label
-    for hooks, path in [*out.hooks.values(), *(global_hooks if out.hooks else ()), *reached]:
-        if outside and of_self(path):
+    hooked = [(hooks, path, True) for hooks, path in [*out.hooks.values(), *(global_hooks if out.hooks else ())]]
+    reached = [({id(fn): fn}, path, False) for fn, path in out.functions.values()]  # by id: no "[key]" in the label
+    for hooks, path, hook in [*hooked, *reached]:
+        if hook and outside and of_self(path):  # (a function self holds runs inside the call: not skipped)
             continue
         for key, fn in list(hooks.items()):
             if not callable(fn) or id(fn) in taken:
@@ -583,18 +586,15 @@ def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any
             cpath: Path = (f"class {cls.__qualname__}", (".", k))
             if guardable(child):
                 out.add(cls, "attr", k, child, cpath)
-                if cls is not tp:  # read off ``tp`` too: one set on ``tp`` or a class between them shadows it
-                    out.add(tp, "attr", k, child, (f"class {tp.__qualname__}", (".", k)))
             elif isinstance(child, (list, tuple, dict)) and 0 < len(child) <= MAX_ITEMS:
                 out.link(child, cls, "attr", k, cpath)
                 stack.append((child, cpath, 1, None))
                 out.class_containers.setdefault(id(cls), set()).add(k)
             elif isinstance(child, list):
                 out.length(child, cpath)
-    # the methods and descriptors its instances find, read off ``tp`` itself: one patched after the capture on it or on
-    # any base (``Attention.forward = f``, ``Block.extra = f``, ``Block.scale = property(...)``) is a changed value, by
-    # identity
-    for k, method in class_methods(tp, read).items():
+    # what its instances find on a base, read off ``tp`` itself: one set later on it, a class between or the base
+    # (``Sub.scale = 5.0``, ``Attention.forward = f``, ``Block.s = property(...)``) is a changed value
+    for k, method in {**inherited_values(tp, guardable, read), **class_methods(tp, read)}.items():
         out.add(tp, "attr", k, method, (f"class {tp.__qualname__}", (".", k)))
 
 

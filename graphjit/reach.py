@@ -544,3 +544,22 @@ def class_methods(tp: type, names: Iterable[str] | None = None) -> dict[str, Any
 
 
 _DESCRIPTORS = (property, functools.cached_property)
+
+
+def inherited_values(tp: type, keep: Callable[[Any], bool], names: Iterable[str] | None = None) -> dict[str, Any]:
+    """``name -> value`` of the values ``keep`` accepts (the guardable ones: numbers, strings, ...) that instances of
+    ``tp`` find on one of its bases (not on ``tp`` itself), of ``names`` where given: a guard reads them off ``tp``, so
+    one set later on ``tp`` or on a class between shadows it."""
+    out: dict[str, Any] = {}
+    seen: set[str] = set(vars(tp))
+    wanted = None if names is None else set(names)
+    for cls in tp.__mro__[1:]:
+        if cls is object or cls.__module__ == "builtins":
+            continue
+        for k, child in list(vars(cls).items()):
+            if not isinstance(k, str) or k in seen or k.startswith("__") or (wanted is not None and k not in wanted):
+                continue
+            seen.add(k)
+            if keep(child):
+                out[k] = child
+    return out

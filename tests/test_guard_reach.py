@@ -156,3 +156,59 @@ def test_a_users_module_held_otherwise_than_as_a_global(emu, scan, tmp_path, mon
         _check(make() if held == "closure cell" else Holder(), lambda: setattr(cfg, "SCALE", 5.0))
     finally:
         sys.modules.pop("gj_reach_cfg", None)
+
+
+def test_a_function_on_self_when_the_graphed_function_is_the_bound_forward(emu, scan) -> None:
+    """``model.forward = graphed(model.forward)``, as for transformers: what ``self.act`` closes over is read inside
+    the call (its module's own hooks run outside it; its functions do not)."""
+    class ActOnly(torch.nn.Module):
+        def __init__(self, act: Any) -> None:
+            super().__init__()
+            self.act = act
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.act(x)
+
+    act, set_k, _box = _scaler()
+    _check(ActOnly(act).forward, lambda: set_k(5.0))
+
+
+class _SubA(_Base):
+    pass
+
+
+class _SubB(_Base):
+    pass
+
+
+def test_sibling_subclasses_each_see_a_value_set_on_them(emu, scan) -> None:
+    """Two classes reach one base: a value set later on either (whichever the walk met first) is a changed value."""
+    for sub in (_SubA, _SubB):
+        a, b = _SubA(), _SubB()
+        try:
+            _check(lambda x, a=a, b=b: a(x) + b(x), lambda sub=sub: setattr(sub, "scale", 5.0))
+        finally:
+            if "scale" in vars(sub):
+                delattr(sub, "scale")
+
+
+def test_a_users_big_module_held_by_an_object(emu, scan, tmp_path, monkeypatch) -> None:
+    """A module of more than 256 globals: the ones the code names are guarded all the same."""
+    import importlib
+
+    (tmp_path / "gj_reach_big.py").write_text("".join(f"V{i} = {i}\n" for i in range(400)) + "SCALE = 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = importlib.import_module("gj_reach_big")
+
+    class Holder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cfg = cfg
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.cfg.SCALE
+
+    try:
+        _check(Holder(), lambda: setattr(cfg, "SCALE", 5.0))
+    finally:
+        sys.modules.pop("gj_reach_big", None)

@@ -51,10 +51,11 @@ def named_arguments(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
 
 
 def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str, Any]],
-                 budget: int) -> tuple[Any, ArgumentWrites | None]:
+                 budget: int, first: bool = False) -> tuple[Any, ArgumentWrites | None]:
     """Run ``run()`` (the layer's eager call) once; return its result and what, if anything, it did to the
-    tensors ``roots`` hold that a graphed call could not do.  Exceptions of ``run`` propagate unchanged."""
-    host = host_random.state()
+    tensors ``roots`` hold that a graphed call could not do (``first``: the key's first call, whose draws from the
+    host's random generators may be a lazy initialisation's).  Exceptions of ``run`` propagate unchanged."""
+    host = None if first else host_random.state()
     if not roots:
         out = run()
         return out, _drew(host)
@@ -78,10 +79,10 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     return out, _written(written) if written else drew
 
 
-def _drew(before: tuple[Any, ...]) -> ArgumentWrites | None:
+def _drew(before: tuple[Any, ...] | None) -> ArgumentWrites | None:
     """Why a key whose call drew from the host's global random generators runs eagerly (the replays would hand back
-    the recording's numbers), or None (:mod:`graphjit.host_random`)."""
-    which = host_random.drew(before)
+    the recording's numbers), or None (:mod:`graphjit.host_random`; ``before`` None: not watched)."""
+    which = host_random.drew(before) if before is not None else None
     if which is None:
         return None
     return ArgumentWrites(HOST_RANDOM, f"the layer draws numbers from {which} on the CPU; a replay runs no Python and "
