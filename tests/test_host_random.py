@@ -57,28 +57,3 @@ def test_a_draw_inside_an_island_is_not_this_reason(emu) -> None:
     for _ in range(6):
         g(torch.ones(1))
     assert "draws host random numbers" not in g.stats()["fallbacks"], g.stats()
-
-
-def test_another_threads_draws_are_not_this_reason(emu) -> None:
-    """A thread drawing from ``random`` meanwhile: the generator's state cannot tell its draws from the call's, so
-    they block nothing (verify is what checks the call)."""
-    import threading
-
-    stop = threading.Event()
-
-    def draw() -> None:
-        while not stop.is_set():
-            random.random()
-            stop.wait(0.0005)
-
-    t = threading.Thread(target=draw)
-    t.start()
-    try:
-        g = graphjit.graphed(lambda x: x * 2 + 1)
-        for _ in range(6):
-            g(torch.ones(4))
-    finally:
-        stop.set()
-        t.join()
-    st = g.stats()
-    assert st["replays"] >= 3 and not st["fallbacks"], st
