@@ -13,6 +13,9 @@ import random
 import sys
 from typing import Any
 
+REASON = "draws host random numbers"
+"""The reason a key whose warmup call drew runs uncaptured (``@graphed``) or eagerly (``graphed_layer``)."""
+
 
 def state() -> tuple[Any, ...]:
     """The states of the global generators now (numpy's only where numpy is imported)."""

@@ -35,7 +35,7 @@ def label_parts(signer: Signer, backend: Backend, sig: CallSignature, method: bo
     parts = []
     pads = {p.leaf: p for p in sig.pads}
     for i, (label, t) in enumerate(zip(sig.labels, sig.tensors)):
-        text = f"{signer.short(label)}{list(backend.shape(t))}{_layout(backend, t)}"
+        text = f"{signer.short(label)}{list(backend.shape(t))}{layouts.note(backend, t)}"
         if i in pads:
             text += f"->{pads[i].dim}:{pads[i].padded}"
         parts.append(text if uniform else f"{text} {dtypes[i]}")
@@ -83,12 +83,6 @@ def changed_argument(signer: Signer, method: bool, before: tuple[Any, ...], afte
         if isinstance(part, tuple) and part and isinstance(part[0], str):
             return f"argument {part[0]!r}"
     return None
-
-
-def _layout(backend: Backend, t: Any) -> str:
-    """A tensor's layout where it is not contiguous (``strides=(1, 4)``), else nothing."""
-    meta = backend.meta_key(t)
-    return layouts.describe(meta[4], backend.strides(t)) if len(meta) > 4 and meta[4] is not None else ""
 
 
 def _dtype(backend: Backend, t: Any) -> str:

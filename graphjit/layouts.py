@@ -54,6 +54,13 @@ def dense_strides(shape: Sequence[int], layout: Layout) -> tuple[int, ...]:
     return tuple(strides)
 
 
+def note(backend: Any, t: Any) -> str:
+    """The note a label adds after ``t``'s shape: :func:`describe` of its layout class (from ``backend.meta_key``) and
+    its strides; empty where contiguous."""
+    meta = backend.meta_key(t)
+    return describe(meta[4], backend.strides(t)) if len(meta) > 4 and meta[4] is not None else ""
+
+
 def describe(layout: Layout, strides: Sequence[int]) -> str:
     """A label's note of a layout (empty for contiguous): ``strides=(1, 4)`` for a dense one, ``strided(15, 3, 1)``
     for another."""

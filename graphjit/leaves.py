@@ -146,11 +146,9 @@ class _Walk:
         for dim, size in self.padded.get(i, {}).items():
             if 0 <= dim < len(shape):
                 shape[dim] = size
-        meta = backend.meta_key(t)
-        dtype = str(meta[1]).replace("paddle.", "").replace("torch.", "")
+        dtype = str(backend.meta_key(t)[1]).replace("paddle.", "").replace("torch.", "")
         grad = " requires_grad" if backend.requires_grad(t) else ""
-        layout = layouts.describe(meta[4], backend.strides(t)) if len(meta) > 4 and meta[4] is not None else ""
-        return f"{shape}{layout} {dtype} {backend.device_str(t)}{grad}"
+        return f"{shape}{layouts.note(backend, t)} {dtype} {backend.device_str(t)}{grad}"
 
 
 def _at(x: Any) -> str:

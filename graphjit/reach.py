@@ -524,22 +524,14 @@ def class_methods(tp: type, names: Iterable[str] | None = None) -> dict[str, Any
     of ``names`` where given, each only where reading it off ``tp`` gives that very object (a metaclass that wraps
     lookups, a ``classmethod``, bound anew at each read: left out, a guard could not compare it)."""
     out: dict[str, Any] = {}
-    seen: set[str] = set()
-    wanted = None if names is None else set(names)
-    for cls in tp.__mro__:
-        if cls is object or cls.__module__ == "builtins":
-            continue
-        for k, child in list(vars(cls).items()):
-            if not isinstance(k, str) or k in seen or k.startswith("__") or (wanted is not None and k not in wanted):
+    for _cls, k, child in _found_on_classes(tp, names):
+        found = child.__func__ if type(child) is staticmethod else child
+        if type(found) is types.FunctionType or isinstance(child, _DESCRIPTORS):
+            try:
+                if getattr(tp, k) is found:
+                    out[k] = found
+            except Exception:  # a class's own lookup may raise anything
                 continue
-            seen.add(k)
-            found = child.__func__ if type(child) is staticmethod else child
-            if type(found) is types.FunctionType or isinstance(child, _DESCRIPTORS):
-                try:
-                    if getattr(tp, k) is found:
-                        out[k] = found
-                except Exception:  # a class's own lookup may raise anything
-                    continue
     return out
 
 
@@ -550,16 +542,19 @@ def inherited_values(tp: type, keep: Callable[[Any], bool], names: Iterable[str]
     """``name -> value`` of the values ``keep`` accepts (the guardable ones: numbers, strings, ...) that instances of
     ``tp`` find on one of its bases (not on ``tp`` itself), of ``names`` where given: a guard reads them off ``tp``, so
     one set later on ``tp`` or on a class between shadows it."""
-    out: dict[str, Any] = {}
-    seen: set[str] = set(vars(tp))
+    return {k: child for cls, k, child in _found_on_classes(tp, names) if cls is not tp and keep(child)}
+
+
+def _found_on_classes(tp: type, names: Iterable[str] | None) -> Iterator[tuple[type, str, Any]]:
+    """``(class, name, value)`` of each attribute (not a dunder; of ``names`` where given) that instances of ``tp`` find
+    on a class of its MRO, from the first class that defines it (``object`` and builtin classes left out)."""
+    seen: set[str] = set()
     wanted = None if names is None else set(names)
-    for cls in tp.__mro__[1:]:
+    for cls in tp.__mro__:
         if cls is object or cls.__module__ == "builtins":
             continue
         for k, child in list(vars(cls).items()):
             if not isinstance(k, str) or k in seen or k.startswith("__") or (wanted is not None and k not in wanted):
                 continue
             seen.add(k)
-            if keep(child):
-                out[k] = child
-    return out
+            yield cls, k, child

@@ -316,7 +316,6 @@ def _by_object(seen: dict[int, frozenset[str]] | None,
 
 ELSEWHERE = "writes a tensor on another device"
 PRINTS = "prints or logs on every call"
-HOST_RANDOM = "draws host random numbers"
 
 
 def elsewhere(paths: list[Path]) -> Blocked:
@@ -381,9 +380,10 @@ def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked
     if obs.elsewhere and not first:
         return elsewhere(obs.elsewhere)
     if obs.host_random is not None and not first:
-        return Blocked(HOST_RANDOM, f"the function draws numbers from {obs.host_random} on the CPU; a replay runs no "
-                       "Python and would hand back the capture's numbers every time. Draw them on the device "
-                       "(torch.rand, paddle.rand), pass them in, or mark the function that draws with @graphjit.eager")
+        return Blocked(host_random.REASON,
+                       f"the function draws numbers from {obs.host_random} on the CPU; a replay runs no Python and "
+                       "would hand back the capture's numbers every time. Draw them on the device (torch.rand, "
+                       "paddle.rand), pass them in, or mark the function that draws with @graphjit.eager")
     if obs.drew_random:
         why = b.rng_in_graphs()
         if why is not None:

@@ -28,8 +28,6 @@ from ..backends.base import Backend
 from ..reach import ATOMS, Path, addresses, describe, moved, rebinds, walk
 from ..writes import WriteProbe
 
-HOST_RANDOM = "draws host random numbers"
-
 
 @dataclass(frozen=True)
 class ArgumentWrites:
@@ -85,9 +83,10 @@ def _drew(before: tuple[Any, ...] | None) -> ArgumentWrites | None:
     which = host_random.drew(before) if before is not None else None
     if which is None:
         return None
-    return ArgumentWrites(HOST_RANDOM, f"the layer draws numbers from {which} on the CPU; a replay runs no Python and "
-                          "would hand back the recording's numbers: calls of this input signature run the layer "
-                          "eagerly (draw them on the device, torch.rand, or pass them in)")
+    return ArgumentWrites(host_random.REASON,
+                          f"the layer draws numbers from {which} on the CPU; a replay runs no Python and would hand "
+                          "back the recording's numbers: calls of this input signature run the layer eagerly (draw "
+                          "them on the device, torch.rand, or pass them in)")
 
 
 def _where(paths: list[Path]) -> str:

@@ -41,12 +41,10 @@ def meta_check(tensors: Sequence[Any]) -> Callable[..., bool] | None:
                 strides.append([None] * t.dim())
             else:
                 strides.append([None if n == 1 else s for n, s in zip(t.shape, t.stride())])
-        guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                               dynamic_dims_strides=strides)
-    except Exception:  # a signature this torch does not take: each meta_key is read instead
+    except Exception:  # a tensor without strides: each meta_key is read instead
         return None
-    check: Callable[..., bool] = guards.check
-    if not loose:
+    check = _guards(tensors, strides)
+    if check is None or not loose:
         return check
 
     def checked(*ts: Any) -> bool:
@@ -59,6 +57,12 @@ def fixed_check(tensors: Sequence[Any], strides: Sequence[Sequence[int]]) -> Cal
     or an adopted input's own); None on a torch without it or where it refuses them."""
     if _TensorGuards is None or len(strides) != len(tensors):
         return None
+    return _guards(tensors, [list(s) for s in strides])
+
+
+def _guards(tensors: Sequence[Any], strides: Sequence[Sequence[int | None]]) -> Callable[..., bool] | None:
+    """``TensorGuards(...).check`` of ``tensors`` with their sizes and ``strides`` (None: free); None where this
+    torch does not take that signature."""
     try:
         guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
                                dynamic_dims_strides=[list(s) for s in strides])
