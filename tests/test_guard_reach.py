@@ -134,28 +134,36 @@ def test_what_a_weak_reference_refers_to(emu, scan, how) -> None:
 def test_a_users_module_held_otherwise_than_as_a_global(emu, scan, tmp_path, monkeypatch, held) -> None:
     """``c = config`` then ``c.SCALE``, or ``self.cfg = config`` then ``self.cfg.SCALE``: what the code names of a
     module of the user's own, as for one held as a global."""
-    import importlib
-
-    (tmp_path / "gj_reach_cfg.py").write_text("SCALE = 2.0\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = importlib.import_module("gj_reach_cfg")
+    cfg = _users_module(tmp_path, monkeypatch, "gj_reach_cfg", "SCALE = 2.0\n")
 
     def make() -> Callable[[Any], Any]:
         c = cfg
         return lambda x: x * c.SCALE
 
-    class Holder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.cfg = cfg
+    _check(make() if held == "closure cell" else _ModuleHolder(cfg), lambda: setattr(cfg, "SCALE", 5.0))
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x * self.cfg.SCALE
 
-    try:
-        _check(make() if held == "closure cell" else Holder(), lambda: setattr(cfg, "SCALE", 5.0))
-    finally:
-        sys.modules.pop("gj_reach_cfg", None)
+def _users_module(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> Any:
+    """A module of the user's own, ``name`` with ``text``, imported from ``tmp_path`` (dropped from ``sys.modules``
+    after the test)."""
+    import importlib
+
+    (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    monkeypatch.setitem(sys.modules, name, module)  # (undone: the entry goes again)
+    return module
+
+
+class _ModuleHolder(torch.nn.Module):
+    """Holds a module as an attribute and reads its ``SCALE``."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.cfg = cfg
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.cfg.SCALE
 
 
 def test_a_function_on_self_when_the_graphed_function_is_the_bound_forward(emu, scan) -> None:
@@ -194,21 +202,6 @@ def test_sibling_subclasses_each_see_a_value_set_on_them(emu, scan) -> None:
 
 def test_a_users_big_module_held_by_an_object(emu, scan, tmp_path, monkeypatch) -> None:
     """A module of more than 256 globals: the ones the code names are guarded all the same."""
-    import importlib
-
-    (tmp_path / "gj_reach_big.py").write_text("".join(f"V{i} = {i}\n" for i in range(400)) + "SCALE = 2.0\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = importlib.import_module("gj_reach_big")
-
-    class Holder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.cfg = cfg
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x * self.cfg.SCALE
-
-    try:
-        _check(Holder(), lambda: setattr(cfg, "SCALE", 5.0))
-    finally:
-        sys.modules.pop("gj_reach_big", None)
+    text = "".join(f"V{i} = {i}\n" for i in range(400)) + "SCALE = 2.0\n"
+    cfg = _users_module(tmp_path, monkeypatch, "gj_reach_big", text)
+    _check(_ModuleHolder(cfg), lambda: setattr(cfg, "SCALE", 5.0))
