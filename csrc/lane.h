@@ -33,6 +33,9 @@ typedef struct {
   PyObject *training;          /* the owner's training flag, as keyed */
   PyObject *probes, *expected; /* the framework's modes: functions of no argument and what each must give */
   PyObject *check;             /* the tensors' metadata, called with the tensors */
+  /* where the dict has them: the backends by tensor type (graphjit.backends' cache), the tensor type looked up in it
+   * and the backend it must give (the framework's backend not replaced since); NULL: not checked */
+  PyObject *by_type, *probe, *backend;
 } Layout;
 
 /* 1 equal, 0 not (an Exception raised by __eq__ cleared: not equal), -1 with anything else set. */

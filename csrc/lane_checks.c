@@ -73,7 +73,15 @@ int owner_modes_init(Layout *l, PyObject *d) {
   l->method = method != 0;
   if ((o = item(d, "owner_id")) == NULL) return -1;
   l->owner_id = PyLong_AsUnsignedLongLong(o);
-  return PyErr_Occurred() ? -1 : 0;
+  if (PyErr_Occurred()) return -1;
+  l->by_type = PyDict_GetItemString(d, "by_type"); /* optional, all three or none */
+  l->probe = PyDict_GetItemString(d, "probe");
+  l->backend = PyDict_GetItemString(d, "backend");
+  if (l->by_type != NULL && (!PyDict_Check(l->by_type) || l->probe == NULL || l->backend == NULL)) {
+    PyErr_SetString(PyExc_TypeError, "graphjit lane layout: by_type a dict, with probe and backend");
+    return -1;
+  }
+  return 0;
 }
 
 /* Fills l from the dict d (kinds, types and what owner_modes_init reads; the objects stay d's); the number of tensors
@@ -104,7 +112,8 @@ Py_ssize_t layout_init(Layout *l, PyObject *d) {
 }
 
 /* Whether a call's owner and the framework's modes are l's: the owner the same object (a bound call: instance), its
- * training flag as keyed, each modes probe giving what it gave.  prebound: the graphed function is a bound method
+ * training flag as keyed, each modes probe giving what it gave, the backend cached for the probe type the one the
+ * layout was made with (where it holds by_type).  prebound: the graphed function is a bound method
  * itself (a call never hands it an instance).  1 yes, 0 no (no error set), -1 an error. */
 int owner_modes_match(const Layout *l, int prebound, PyObject *instance) {
   PyObject *owner = l->owner;
@@ -127,6 +136,11 @@ int owner_modes_match(const Layout *l, int prebound, PyObject *instance) {
     int ok = same(r, PyTuple_GET_ITEM(l->expected, k));
     Py_DECREF(r);
     if (ok <= 0) return ok;
+  }
+  if (l->by_type != NULL) { /* the framework's backend, as cached, still the one the layout was made with */
+    PyObject *b = PyDict_GetItemWithError(l->by_type, l->probe);
+    if (b == NULL && PyErr_Occurred()) return -1;
+    if (b != l->backend) return 0;
   }
   return 1;
 }

@@ -33,7 +33,7 @@ from .bucket_spec import Pad
 from .errors import SignatureError
 from .tree import MIRROR, Attr, dict_attrs, is_object, object_fields, rebuild, rebuild_call, subscripts
 
-_cached_backend, _zero = backends.cached_type_lookup, walk_spec.part  # read once: looked up on the hot path
+_zero = walk_spec.part  # read once: looked up on the hot path
 _SCALARS = frozenset((int, float, bool, str, bytes, type(None), complex))
 TENSOR_MARK = ("<tensor>",)
 """A tensor's place in a plain call's layout (:meth:`Signer.sign_plain`); its metadata is the check's."""
@@ -65,34 +65,33 @@ _NO_DYNAMIC: dict[str, Any] = {}
 
 
 class CallSignature:
-    """What :meth:`Signer.sign` found in one call (a slotted class: it is built on every call)."""
+    """What :meth:`Signer.sign` found in one call.  Built on every call: only the key, the tensors, the backend, the
+    labels and the signer are set there (slots); what few calls have (pads, dynamic arguments, guarded values) is the
+    class's default until a call sets its own."""
 
-    __slots__ = ("_paths", "backend", "base", "bucketed", "dynamic", "guarded", "key", "labels", "overflow", "pads",
-                 "signer", "tensors")
+    __slots__ = ("__dict__", "backend", "key", "labels", "signer", "tensors")
 
-    def __init__(self, key: tuple[Any, ...], tensors: list[Any], backend: Backend | None, pads: tuple[Pad, ...] = (),
-                 overflow: str | None = None, labels: list[tuple[Any, ...]] | None = None,
-                 bucketed: tuple[tuple[int, int, int], ...] = (), signer: Signer | None = None) -> None:
+    pads: tuple[Pad, ...] = ()  # bucketed dims of this call that are padded: real < padded
+    overflow: str | None = None
+    bucketed: tuple[tuple[int, int, int], ...] = ()  # (leaf, dim, padded size) of every bucketed dim
+    dynamic: dict[str, Any] = _NO_DYNAMIC  # the call's dynamic arguments (graphjit.dynamic), by name
+    _paths: list[str] | None = None
+    base: tuple[Any, ...] | None = None  # a key for other guarded values: the key of the arguments
+    guarded: dict[str, str] | None = None  # and the values (path -> value) that tell it apart
+
+    def __init__(self, key: tuple[Any, ...], tensors: list[Any], backend: Backend | None,
+                 labels: list[tuple[Any, ...]], signer: Signer | None = None) -> None:
         self.key = key
         self.tensors = tensors
         self.backend = backend
-        self.pads = pads  # bucketed dims of this call that are padded: real < padded
-        self.overflow = overflow
-        self.labels = labels if labels is not None else []  # raw; formatted on demand by .paths
-        self.bucketed = bucketed  # (leaf, dim, padded size) of every bucketed dim
+        self.labels = labels  # raw; formatted on demand by .paths
         self.signer = signer
-        self.dynamic: dict[str, Any] = _NO_DYNAMIC  # the call's dynamic arguments (graphjit.dynamic), by name
-        self._paths: list[str] | None = None
-        self.base: tuple[Any, ...] | None = None  # a key for other guarded values: the key of the arguments
-        self.guarded: dict[str, str] | None = None  # and the values (path -> value) that tell it apart
 
     def for_values(self, key: tuple[Any, ...], guarded: dict[str, str]) -> CallSignature:
         """This call's signature under ``key``: the key of the same arguments with other values of what the
         function reads (:mod:`graphjit.guards`); ``guarded`` names those values."""
-        sig = CallSignature(key, self.tensors, self.backend, self.pads, self.overflow, self.labels, self.bucketed,
-                            self.signer)
-        sig.dynamic = self.dynamic
-        sig._paths = self._paths
+        sig = CallSignature(key, self.tensors, self.backend, self.labels, self.signer)
+        sig.__dict__.update(self.__dict__)  # its pads, dynamic arguments and paths, where it has its own
         sig.base = self.key if self.base is None else self.base
         sig.guarded = guarded
         return sig
@@ -215,9 +214,9 @@ class Signer:
         object, its hash computed once, where the key is the same); any other call walks its arguments."""
         fast = self._fast  # sign_plain's first step, here too: one Python frame less for a call its C check serves
         if fast and not kwargs:
-            served = fast[0](instance, args)
-            if served is not None and _cached_backend(fast[1], None) is fast[2]:
-                return CallSignature(fast[3], served, fast[2], (), None, fast[4], (), self)
+            served = fast[0](instance, args)  # (it checks the backend is still the one cached for fast[1] too)
+            if served is not None:
+                return CallSignature(fast[3], served, fast[2], fast[4], self)
         sig = self.sign_plain(instance, args) if not kwargs else None
         return sig if sig is not None else self.sign_walk(instance, args, kwargs)
 
@@ -230,14 +229,14 @@ class Signer:
         that key without a walk; anything it refuses is walked (a ``training`` property or a mode then read twice)."""
         checks = self._walked
         for walked in checks:
-            served = walked[0](instance, args, kwargs)
-            if served is not None and backends.cached_type_lookup(walked[4], None) is walked[3]:
+            served = walked[0](instance, args, kwargs)  # (the backend still the one cached for walked[4] too)
+            if served is not None:
                 if walked is not checks[0]:  # the other key's turn (a prefill between decode steps): asked first now
                     self._walked = (walked, *(w for w in checks if w is not walked))
                 if walked[6] is None:
-                    return CallSignature(walked[1], served, walked[3], (), None, walked[2], (), self)
+                    return CallSignature(walked[1], served, walked[3], walked[2], self)
                 served, values = served  # a counter's values: the key made with them, as the walk would make it
-                return CallSignature(Key(walked[6](values)), served, walked[3], (), None, walked[2], (), self)
+                return CallSignature(Key(walked[6](values)), served, walked[3], walked[2], self)
         if checks and checks[0][5] is not env.settings():  # settings read again since: each made again under them
             self._walked, self._walk_tried, self._free_tried = (), None, None
         sig = self._sign(instance, args, kwargs)
@@ -283,9 +282,9 @@ class Signer:
         ``training`` property or a mode read twice on such a call)."""
         fast = self._fast
         if fast:
-            served = fast[0](instance, args)
-            if served is not None and _cached_backend(fast[1], None) is fast[2]:
-                return CallSignature(fast[3], served, fast[2], (), None, fast[4], (), self)
+            served = fast[0](instance, args)  # (it checks the backend is still the one cached for fast[1] too)
+            if served is not None:
+                return CallSignature(fast[3], served, fast[2], fast[4], self)
         plain = self._plain
         if plain is None:
             return None
@@ -318,18 +317,18 @@ class Signer:
                 made = sign_checks.layout_check(self, plain)
                 if self._plain is plain:  # not replaced by another thread meanwhile
                     self._fast = made
-            return CallSignature(last_key, tensors, backend, (), None, last_labels, (), self)
+            return CallSignature(last_key, tensors, backend, last_labels, self)
         meta = backend.meta_key
         it = iter(tensors)
         key = tuple(meta(next(it)) if p is _TENSOR else p for p in parts)
         if key != last_key:  # another key: checked in one call once it repeats (keys in turn never build a check)
-            sig = CallSignature(Key(key), tensors, backend, (), None,
-                                [(method, i) for i, a in enumerate(args) if type(a) in types], (), self)
+            sig = CallSignature(Key(key), tensors, backend,
+                                [(method, i) for i, a in enumerate(args) if type(a) in types], self)
             self._set_plain((backend, types, sig.key, sig.labels, method, probe, None, None))
             return sig
         # the same key again, without a check or with tensors the last one refused (a Parameter, then a tensor)
         self._set_plain((backend, types, last_key, last_labels, method, probe, parts, backend.meta_check(tensors)))
-        return CallSignature(last_key, tensors, backend, (), None, last_labels, (), self)
+        return CallSignature(last_key, tensors, backend, last_labels, self)
 
     def _set_plain(self, plain: tuple[Any, ...] | None) -> None:
         """The last plain call is ``plain`` now; its C check is made at its next call, where the lane is loaded."""
@@ -406,7 +405,7 @@ class Signer:
             if owner is not None:
                 parts.append(("self", id(owner), getattr(owner, "training", None)))
             parts.append(state.modes())
-            return CallSignature(Key(parts), tensors, state.backend, (), None, labels, (), self)
+            return CallSignature(Key(parts), tensors, state.backend, labels, self)
         pads: list[Pad] = []
         bucketed: list[tuple[int, int, int]] = []
         overflow: str | None = None
@@ -433,8 +432,9 @@ class Signer:
         if owner is not None:
             parts.append(("self", id(owner), getattr(owner, "training", None)))
         parts.append(state.modes())
-        return CallSignature(Key(parts), tensors, state.backend, tuple(pads), overflow, labels, tuple(bucketed),
-                             self)
+        sig = CallSignature(Key(parts), tensors, state.backend, labels, self)
+        sig.pads, sig.overflow, sig.bucketed = tuple(pads), overflow, tuple(bucketed)
+        return sig
 
     def _bucketed(self, a: Any, bucket: bucket_spec.Bucket, label: tuple[Any, ...], tensors: list[Any],
                   labels: list[tuple[Any, ...]], pads: list[Pad], bucketed: list[tuple[int, int, int]],

@@ -47,7 +47,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from . import env, scope
+from . import backends, env, scope
 from .errors import GraphjitError, UnrecoverableCaptureError
 
 if TYPE_CHECKING:
@@ -349,41 +349,46 @@ def plan(state: Any, entry: KeyEntry, sig: CallSignature) -> Any:
 
 def layout_check(mod: ModuleType, backend: Any, types: Any, method: bool, kinds: tuple[Any, ...],
                  owner_part: tuple[Any, ...] | None, modes: tuple[Any, ...], owner: Any,
-                 check: Any) -> Any:
+                 check: Any, probe: type | None = None) -> Any:
     """The C check of a plain call's layout (``csrc/lane_checks.c``'s ``LayoutCheck``) for
     :meth:`keys.Signer.sign_plain`: called with ``(instance, args)``, it gives the call's tensors where graphjit's
     settings are still the current ones (not read again since, ``GRAPHJIT_LANE=off`` included), the call has
     ``kinds`` (None: a tensor of one of ``types``; else the scalar's ``(type, value)``), a bound call's instance is
     the one of ``owner_part`` (else ``owner``) with its training flag, the backend's :meth:`~Backend.mode_probes`
-    give what they gave for ``modes`` and the tensors pass ``check`` (the key's :meth:`~Backend.meta_check`); else
+    give what they gave for ``modes``, the tensors pass ``check`` (the key's :meth:`~Backend.meta_check`) and, with
+    ``probe`` (a tensor type), :mod:`graphjit.backends` still gives ``backend`` for it (not replaced since); else
     None, having read only. None where there is no such check (no ``check``, more tensors than the lane takes, a
     layout it cannot hold)."""
     if not 0 < kinds.count(None) <= mod.MAX_TENSORS:
         return None
     return _check(mod.LayoutCheck, backend, method, owner_part, modes, owner, check,
-                  {"kinds": kinds, "types": tuple(types)})
+                  {"kinds": kinds, "types": tuple(types)}, probe)
 
 
 def walk_check(mod: ModuleType, backend: Any, spec: tuple[Any, ...], method: bool,
-               owner_part: tuple[Any, ...] | None, modes: tuple[Any, ...], owner: Any, check: Any) -> Any:
+               owner_part: tuple[Any, ...] | None, modes: tuple[Any, ...], owner: Any, check: Any,
+               probe: type | None = None) -> Any:
     """The C check of a walked call's structure (``csrc/lane_checks.c``'s ``WalkCheck``) for
     :meth:`keys.Signer.sign_walk`: called with ``(instance, args, kwargs)``, it gives the call's tensors in the
     walk's order where graphjit's settings are still the current ones, every argument matches ``spec``
     (:func:`walk_spec.spec_of_call`: its positional arguments' specs, its keyword arguments' by name, the key paths
-    of its free values), the owner and modes are as in :func:`layout_check`, and the tensors pass ``check``; with
-    free values, ``(tensors, free values)``; else None, having read only. None where there is no such check (no
-    ``check``, the lane switched off, a spec the lane refuses)."""
+    of its free values), the owner, modes and ``probe`` are as in :func:`layout_check`, and the tensors pass
+    ``check``; with free values, ``(tensors, free values)``; else None, having read only. None where there is no such
+    check (no ``check``, the lane switched off, a spec the lane refuses)."""
     return _check(mod.WalkCheck, backend, method, owner_part, modes, owner, check,
-                  {"args": spec[0], "kwargs": spec[1], "free": bool(spec[2])})
+                  {"args": spec[0], "kwargs": spec[1], "free": bool(spec[2])}, probe)
 
 
 def _check(kind: Any, backend: Any, method: bool, owner_part: tuple[Any, ...] | None, modes: tuple[Any, ...],
-           owner: Any, check: Any, parts: dict[str, Any]) -> Any:
+           owner: Any, check: Any, parts: dict[str, Any], probe: type | None = None) -> Any:
     """A check of ``kind`` (``LayoutCheck``, ``WalkCheck``) made of ``parts`` and what both hold (the settings, the
-    owner, the modes' probes, the tensors' ``check``); None where there is none: no ``check``, the lane switched off,
-    or an error while making it (a backend's probes that fail, parts the lane refuses: the Python path signs)."""
+    owner, the modes' probes, the tensors' ``check``; with ``probe``, the backend's registration for that type); None
+    where there is none: no ``check``, the lane switched off, or an error while making it (a backend's probes that
+    fail, parts the lane refuses: the Python path signs)."""
     if check is None or env.settings().lane == "off":
         return None
+    if probe is not None:
+        parts = {**parts, "by_type": backends.type_cache, "probe": probe, "backend": backend}
     try:
         probes, expected = backend.mode_probes(modes)
         return kind({

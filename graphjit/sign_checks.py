@@ -35,7 +35,7 @@ def layout_check(signer: Signer, plain: tuple[Any, ...]) -> tuple[Any, ...] | bo
         return False
     backend, types, key, method, kinds, owner_part, modes = made
     check = lane.layout_check(mod, backend, types, method, kinds, owner_part, modes,
-                              None if method else signer.owner, plain[7])
+                              None if method else signer.owner, plain[7], plain[5])
     return (check, plain[5], backend, key, plain[3], env.settings()) if check is not None else False
 
 
@@ -67,7 +67,7 @@ def walk_check(signer: Signer, instance: Any, args: tuple[Any, ...], kwargs: dic
         owner = instance if method else signer.owner
         owner_part = ("self", id(owner), getattr(owner, "training", None)) if owner is not None else None
         made_of = (backend, spec, method, owner_part, sig.key[-1][1], None if method else signer.owner)
-        check = lane.walk_check(mod, *made_of, backend.meta_check(sig.tensors))
+        check = lane.walk_check(mod, *made_of, backend.meta_check(sig.tensors), type(sig.tensors[0]))
         if check is None:
             return False
         served = check(instance, args, kwargs)

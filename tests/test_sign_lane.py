@@ -96,6 +96,34 @@ def test_the_c_check_gives_every_call_the_key_the_python_comparison_gives(lane_o
 
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_the_c_checks_refuse_a_call_once_the_frameworks_backend_is_replaced(lane_on):
+    """The layout and walk checks hold the backend they were made with: once graphjit.backends caches another one
+    for the tensor type (the graph emulator's way), a call is signed by the Python path with the new backend."""
+    from graphjit import backends
+
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    fast, _reference = _pair()
+    walked = Signer(_f, None, "auto", "f")
+    for _ in range(4):
+        fast.sign(None, (a, b, 2.0), {})
+        walked.sign(None, (a,), {"b": b, "scale": 2.0})
+    assert fast._fast and walked._walked, "both checks made"
+    old = backends.type_cache[torch.Tensor]
+    assert fast.sign(None, (a, b, 2.0), {}).backend is old
+    replacement = type(old)()
+    backends.type_cache[torch.Tensor] = replacement
+    try:
+        assert fast._fast[0](None, (a, b, 2.0)) is None  # the C check itself refuses
+        assert walked._walked[0][0](None, (a,), {"b": b, "scale": 2.0}) is None
+        assert fast.sign(None, (a, b, 2.0), {}).backend is replacement
+        assert walked.sign(None, (a,), {"b": b, "scale": 2.0}).backend is replacement
+    finally:
+        backends.type_cache[torch.Tensor] = old
+    assert fast.sign(None, (a, b, 2.0), {}).backend is old
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_a_float_zero_is_keyed_by_its_sign_by_the_c_check_and_the_python_comparison(lane_on):
     a, b = torch.randn(3, 4), torch.randn(3, 4)
     fast, reference = _pair()

@@ -74,6 +74,8 @@ def get(name: str) -> Backend:
 
 cached_type_lookup = _by_type.get
 """``cached_type_lookup(tp, default)``: the backend of an already seen type, without the slow path."""
+type_cache = _by_type
+"""The dict behind :data:`cached_type_lookup` (cleared, never replaced): the replay lane's C checks look it up."""
 
 
 def for_type(tp: type) -> Backend | None:
