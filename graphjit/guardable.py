@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import array
 import collections
+import contextvars
 import enum
 import marshal
 import operator
+import threading
 import types
 import weakref
 from collections.abc import Callable
@@ -29,6 +31,8 @@ MAX_ITEMS = 256
 the replay saves); the README's "What a graph remembers" says so."""
 
 SCALARS = (int, float, complex, str, bytes, bool, type(None))
+PER_CONTEXT = (contextvars.ContextVar, threading.local)
+"""Objects whose values depend on the thread or context reading them (:mod:`graphjit.context_values`)."""
 OPAQUE_VALUES = (*OPAQUE, types.CellType, BaseException)
 """Objects neither compared nor walked: code, classes, modules, cells, exceptions."""
 opaque = ByType(OPAQUE_VALUES)
@@ -73,8 +77,8 @@ def _kind(tp: type) -> str:
         kind = _YES
     elif issubclass(tp, (tuple, frozenset, set)):
         kind = _CONTENTS
-    elif issubclass(tp, (list, dict, bytearray)) or issubclass(tp, OPAQUE_VALUES):
-        kind = _NO
+    elif issubclass(tp, (list, dict, bytearray)) or issubclass(tp, OPAQUE_VALUES) or issubclass(tp, PER_CONTEXT):
+        kind = _NO  # (a ContextVar, a threading.local: walked, their values guarded where read: context_values.py)
     elif any("__dict__" in vars(c) or c.__dict__.get("__slots__") for c in tp.__mro__ if c is not object):
         kind = _NO  # an object: walked, its values guarded one by one
     else:

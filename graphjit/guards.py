@@ -35,6 +35,7 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
 * **Shadowing**: a class attribute an object reads (``self.temp`` where only the class sets ``temp``) is guarded on
   the class, and the object's ``__dict__`` is guarded to stay without that name (shown as ``own(self.temp)``): an
   instance attribute set after the capture would shadow the value the graph froze.
+* **Per context**: a ``ContextVar``'s value, a ``threading.local``'s attributes (:mod:`graphjit.context_values`).
 * **Module hooks**: the forward and backward hook dicts of the modules reached, and the framework's global ones
   (:mod:`graphjit.module_hooks`): a hook registered or removed after the capture is a changed read value.
 * **Which names**: every attribute step of a value's path must be named by code the call may run
@@ -43,15 +44,12 @@ What is guarded (decided once per key, at capture, by :func:`scan`):
   methods of the classes reached).  A value only the training loop names (``model.step_count``) is not read by the
   function and changes nothing.  Dict keys and list items below a named attribute always count.
 
-:class:`GuardSet` keeps one getter per container (``operator.itemgetter`` / ``attrgetter`` of the
-guarded names) and the values it returned at capture, and where each list, dict and tuple was found (its parent and
-key, :meth:`Scan.link`): a rebound one (``m.cfg = {...}``) is read there again before its values are compared.
-:meth:`GuardSet.holds` checks those parents by identity in one mapped pass (:class:`~graphjit.guard_links.Links`),
-calls every getter and compares the results with one list comparison (identity first, then ``==``): the per-replay
-cost is about 35 ns per container, 50 ns per linked one, plus a few ns per value, with no per-value Python code.
-
-:func:`scan` runs at capture and in watched warmup calls (to find a function that writes a Python value on every call,
-which a replay would not do: :mod:`graphjit.py_writes`); never on the replay path.
+:class:`GuardSet` keeps one getter per container (``operator.itemgetter`` / ``attrgetter`` of the guarded names), the
+values it returned at capture, and where each list, dict and tuple was found (:meth:`Scan.link`: a rebound one,
+``m.cfg = {...}``, is read there again).  :meth:`GuardSet.holds` checks those parents by identity in one pass
+(:class:`~graphjit.guard_links.Links`) and compares every getter's result in one list comparison (identity, then
+``==``): about 35 ns per container, 50 per linked one, a few per value.  :func:`scan` runs at capture and in watched
+warmup calls (a function that writes a Python value on every call: :mod:`graphjit.py_writes`), never on a replay.
 """
 
 from __future__ import annotations
@@ -65,7 +63,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import absences, backends
+from . import absences, backends, context_values
 from .guard_links import Place
 from .guard_set import DELETED, GuardSet, HasKey, note_rebind, same, show
 from .guard_sources import LINKED, Sources, pinnable, sources
@@ -81,6 +79,7 @@ from .reach import (
     describe,
     inherited_values,
     instance_dict,
+    own_class,
     slots_of,
     unwrap_own,
     user_globals,
@@ -244,12 +243,13 @@ def _attributes_named(path: Path, names: set[str]) -> bool:
 
 
 def _push(stack: list[tuple[Any, Path, int, Any]], unpinned: set[int], pins: bool, child: Any, path: Path, depth: int,
-          out: Scan, at: tuple[Any, str, Any]) -> None:
-    """Walk ``child`` next, read as ``at`` (``(parent, kind, key)``: :meth:`Scan.link`); where its parent pins nothing
-    (under an optimizer, a scheduler, a scaler), neither does it."""
+          out: Scan, at: tuple[Any, str, Any] | None) -> None:
+    """Walk ``child`` next, read as ``at`` (``(parent, kind, key)``: :meth:`Scan.link`; None: a ContextVar's value,
+    read whole); where its parent pins nothing (under an optimizer, a scheduler, a scaler), neither does it."""
     if not pins:
         unpinned.add(id(child))
-    out.link(child, *at, path)
+    if at is not None:
+        out.link(child, *at, path)
     stack.append((child, path, depth, None))
 
 
@@ -361,7 +361,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                 for k in probes.keys:  # an empty dict: the keys its code probes stay absent
                     out.kept_absent(obj, k, path, True)
             if (tp in PLAIN_CONTAINERS and not obj) or tp in SCALAR_TYPES or is_tensor(obj) or opaque(obj):
-                if _own_class(obj):  # a class held by an object or a container: its attributes, as below
+                if own_class(obj):  # a class held by an object or a container: its attributes, as below
                     by_name.add(obj)
                 continue  # (a module's dozen hook dicts are nearly always empty: nothing to guard in them)
             if not visits.first(obj, depth):
@@ -387,6 +387,10 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         out.pin(obj, "item", i, child, (*path, ("[]", i)))
                     if not guardable(child):
                         _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, out, (obj, "item", i))
+                continue
+            if context_values.per_context(obj):  # a ContextVar's value, a threading.local's attributes
+                context_values.scan_into(obj, path, names_for(obj), out, pins, is_tensor, functools.partial(
+                    _push, stack, unpinned, pins, depth=depth + 1, out=out))
                 continue
             if (whole := contents_of(obj)) is not None:  # a bytearray, a numpy array: edited in place (``a[0] = 2``)
                 out.wholes.setdefault((id(obj), "contents"), (obj, whole, whole(obj), path))
@@ -509,7 +513,7 @@ def _take_slots(out: Scan, slots: Iterable[tuple[Any, str, Any, Path]], by_name:
             out.pin(container, kind, key, value, path)
             continue
         out.add(container, kind, key, value, path)
-        if _own_class(value):  # a class the function names: its attributes are read values too (``Config.scale``)
+        if own_class(value):  # a class the function names: its attributes are read values too (``Config.scale``)
             by_name.add(value)
 
 
@@ -559,14 +563,6 @@ def _unshadowed(out: Scan, instances: list[tuple[type, dict[str, Any], Path, Any
             for k in read_off.get(id(cls), ()):
                 if k not in d and (named is None or k in named):
                     out.unshadowed(d, k, (*path, (".", k)))
-
-
-def _own_class(v: Any) -> bool:
-    """``v`` is a class whose attributes a walk reads: not a builtin one, nor one of :data:`FOREIGN_MODULES`."""
-    return isinstance(v, type) and v.__module__.partition(".")[0] not in _NOT_WALKED
-
-
-_NOT_WALKED = FOREIGN_MODULES | {"builtins", "typing", "abc", "collections", "enum", "types"}
 
 
 def _class_attributes(tp: type, out: Scan, stack: list[tuple[Any, Path, int, Any]], ran: Iterable[str] | None,

@@ -6,11 +6,11 @@ per-optimizer stage and ``found_inf`` tensors (made during the capture, from the
 lazily created attribute: after a capture that fails, they would describe a step that never ran, and the
 call's eager run would start from them (a GradScaler then reads a ``found_inf`` nobody computed).
 
-:class:`PyState` copies, shallowly, every container the call can reach (object ``__dict__`` and
-``__slots__``, dicts, lists) and every tensor-held binding (a leaf's ``.grad``) before the capture, and
-:meth:`PyState.restore` puts back each one whose contents changed: afterwards the objects hold what they
-held before, and whatever the run created is no longer referenced.  Tensor *contents* are not its job
-(:class:`graphjit.writes.Snapshot` copies those).
+:class:`PyState` copies, shallowly, every container the call can reach (object ``__dict__`` and ``__slots__``, dicts,
+lists, a ``threading.local``'s attributes of the calling thread, a ``ContextVar``'s value) and every tensor-held
+binding (a leaf's ``.grad``) before the capture, and :meth:`PyState.restore` puts back each one whose contents
+changed: afterwards the objects hold what they held before, and whatever the run created is no longer referenced.
+Tensor *contents* are not its job (:class:`graphjit.writes.Snapshot` copies those).
 
 Runs at capture only (a walk and a shallow copy of each container), never on the replay path.
 """
@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from . import context_values
 from .backends.base import Backend
 from .reach import FOREIGN_MODULES, Visits, instance_dict, skipped, slots_of, unwrap_own
 
@@ -43,6 +44,7 @@ class PyState:
         self.lists: list[tuple[list[Any], list[Any]]] = []
         self.slots: list[tuple[Any, str, Any]] = []
         self.bindings: list[tuple[Any, str, Any]] = []
+        self.contexts: list[tuple[Any, Any]] = []  # (ContextVar, its value or ABSENT)
         types_ = backend.tensor_types()
         tensors: set[int] = set()
         visits = Visits()
@@ -57,11 +59,20 @@ class PyState:
                         self.bindings.append((obj, name, child))
                 continue
             tp = type(obj)
-            if skipped(obj) or tp.__module__.partition(".")[0] in FOREIGN_MODULES:
+            per_context = context_values.per_context(obj)  # (a threading.local's type is _thread's)
+            if not per_context and (skipped(obj) or tp.__module__.partition(".")[0] in FOREIGN_MODULES):
                 continue
             if not visits.first(obj, depth):
                 if visits.full:
                     break
+                continue
+            if per_context:  # the calling thread's attributes (a dict, copied below); a ContextVar's value
+                d = context_values.attributes(obj)
+                value = context_values.current(obj) if d is None else d
+                if d is None:
+                    self.contexts.append((obj, value))
+                if value is not context_values.ABSENT:
+                    stack.append((value, depth + 1))
                 continue
             children: Iterable[Any]
             if isinstance(obj, dict):
@@ -117,6 +128,11 @@ class PyState:
                     object.__delattr__(obj, name)
                 else:
                     object.__setattr__(obj, name, value)
+        for var, value in self.contexts:  # set again (a variable the run set where it had no value keeps it)
+            if context_values.current(var) is not value:
+                n += 1
+                if value is not context_values.ABSENT:
+                    var.set(value)
         for t, name, value in self.bindings:
             if dict(self.backend.tensor_state(t)).get(name) is not value:
                 n += 1

@@ -558,3 +558,11 @@ def _found_on_classes(tp: type, names: Iterable[str] | None) -> Iterator[tuple[t
                 continue
             seen.add(k)
             yield cls, k, child
+
+
+def own_class(v: Any) -> bool:
+    """``v`` is a class whose attributes a walk reads: not a builtin one, nor one of :data:`FOREIGN_MODULES`."""
+    return isinstance(v, type) and v.__module__.partition(".")[0] not in _NOT_WALKED
+
+
+_NOT_WALKED = FOREIGN_MODULES | {"builtins", "typing", "abc", "collections", "enum", "types"}

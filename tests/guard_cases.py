@@ -9,8 +9,10 @@ tensors that must equal the eager run's after every call: parameters, buffers, o
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +22,8 @@ import torch
 import graphjit
 
 SCALE = 1.0  # a module global the "global" case's function reads
+CONTEXT_SCALE: contextvars.ContextVar[float] = contextvars.ContextVar("CONTEXT_SCALE", default=1.0)
+THREAD_STATE = threading.local()  # the "thread_local" case's
 
 
 @dataclass
@@ -74,6 +78,38 @@ def global_value(device: str) -> Case:
         SCALE = 2.0 if i % 2 else 0.5
 
     return Case(step, lambda i: (xs[i],), before)
+
+
+def context_variable(device: str) -> Case:
+    """A ``contextvars.ContextVar``'s value (``CONTEXT_SCALE.get()``), toggled between two values.  The eager tracer
+    only: whether Dynamo guards a ContextVar's value is Dynamo's to say."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    xs = _xs(device, 12, (4, 16))
+
+    def step(x):
+        return (x @ w) * CONTEXT_SCALE.get()
+
+    def before(i):
+        CONTEXT_SCALE.set(2.0 if i % 2 else 0.5)
+
+    return Case(step, lambda i: (xs[i],), before, extra={"tracers": ("eager",)})
+
+
+def thread_local(device: str) -> Case:
+    """A ``threading.local``'s attribute (``THREAD_STATE.k``), toggled between two values (eager tracer only, as
+    above)."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=device)
+    xs = _xs(device, 12, (4, 16))
+
+    def step(x):
+        return (x @ w) * THREAD_STATE.k
+
+    def before(i):
+        THREAD_STATE.k = 2.0 if i % 2 else 0.5
+
+    return Case(step, lambda i: (xs[i],), before, extra={"tracers": ("eager",)})
 
 
 def list_item(device: str) -> Case:
@@ -874,7 +910,8 @@ def submodule_global_dict(device: str) -> Case:
     return _submodule_global(device, "table")
 
 
-VALUES = {"attribute": attribute, "global": global_value, "list_item": list_item, "slice_bound": slice_bound,
+VALUES = {"attribute": attribute, "global": global_value, "context_variable": context_variable,
+          "thread_local": thread_local, "list_item": list_item, "slice_bound": slice_bound,
           "dict_item": dict_item, "set_closure": set_closure, "set_attribute": set_attribute,
           "set_in_argument": set_in_argument, "set_in_tuple": set_in_tuple, "tuple_rebound": tuple_rebound,
           "set_of_functions": set_of_functions, "dict_of_functions": dict_of_functions,

@@ -1,0 +1,201 @@
+"""Values a call reads per thread or per context (graphjit/context_values.py): a ``contextvars.ContextVar``'s value
+and a ``threading.local``'s attributes.  Before, the walk of objects saw nothing in either, and a replay after
+``SCALE.set(5.0)`` or ``tls.k = 7.0`` returned the old value's result: silently wrong.  CPU lifecycle through
+tests/graph_emulator.py, the guards compared both ways (``scan``: the Python expression and the lane's C scan)."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import graphjit  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+SCALE: contextvars.ContextVar[float] = contextvars.ContextVar("SCALE", default=2.0)
+UNSET: contextvars.ContextVar[float] = contextvars.ContextVar("UNSET")
+CONFIG: contextvars.ContextVar[Any] = contextvars.ContextVar("CONFIG")
+
+
+class _Config:
+    def __init__(self, bias: float) -> None:
+        self.bias = bias
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.k = 2.0
+
+
+TLS = threading.local()
+TLS.k = 2.0
+SUB = _Local()
+
+
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * SCALE.get()
+
+
+def _config(x: torch.Tensor) -> torch.Tensor:
+    return x + CONFIG.get().bias
+
+
+def _maybe(x: torch.Tensor) -> torch.Tensor:
+    return x * UNSET.get(3.0)
+
+
+def _tls(x: torch.Tensor) -> torch.Tensor:
+    return x * TLS.k
+
+
+def _sub(x: torch.Tensor) -> torch.Tensor:
+    return x * SUB.k
+
+
+def _calls(g: Any, fn: Callable[[Any], Any], n: int) -> None:
+    for _ in range(n):
+        x = torch.arange(4.0) + 1
+        assert torch.equal(g(x), fn(x))
+
+
+def test_a_context_variables_value_set_after_the_capture(emu, scan) -> None:
+    g = graphjit.graphed(_scaled)
+    token = SCALE.set(2.0)
+    try:
+        _calls(g, _scaled, 5)
+        assert g.stats()["replays"] >= 2
+        SCALE.set(5.0)
+        _calls(g, _scaled, 5)  # its own graph, warmed up and captured
+        SCALE.set(2.0)
+        replays = g.stats()["replays"]
+        _calls(g, _scaled, 2)  # the first value's graph again
+        assert g.stats()["replays"] == replays + 2 and g.stats()["graphs"] == 2, g.stats()
+    finally:
+        SCALE.reset(token)
+
+
+def test_a_context_variable_in_another_context(emu, scan) -> None:
+    g = graphjit.graphed(_scaled)
+    token = SCALE.set(2.0)
+    try:
+        _calls(g, _scaled, 5)
+        ctx = contextvars.copy_context()
+        ctx.run(SCALE.set, 7.0)
+        x = torch.arange(4.0) + 1
+        assert torch.equal(ctx.run(g, x), x * 7.0)
+        assert torch.equal(g(x), x * 2.0)
+    finally:
+        SCALE.reset(token)
+
+
+def test_an_unset_context_variable_set_later(emu, scan) -> None:
+    g = graphjit.graphed(_maybe)
+    _calls(g, _maybe, 5)
+    token = UNSET.set(6.0)
+    try:
+        _calls(g, _maybe, 2)
+    finally:
+        UNSET.reset(token)
+    _calls(g, _maybe, 2)
+
+
+def test_the_object_a_context_variable_holds(emu, scan) -> None:
+    g = graphjit.graphed(_config)
+    cfg = _Config(1.0)
+    token = CONFIG.set(cfg)
+    try:
+        _calls(g, _config, 5)
+        cfg.bias = 4.0  # changed in place
+        _calls(g, _config, 4)
+        CONFIG.set(_Config(9.0))  # another object
+        _calls(g, _config, 4)
+        assert g.stats()["replays"] >= 2
+    finally:
+        CONFIG.reset(token)
+
+
+@pytest.mark.parametrize("fn,holder", [(_tls, TLS), (_sub, SUB)], ids=["threading.local", "subclass"])
+def test_a_thread_locals_attribute(emu, scan, fn: Callable[[Any], Any], holder: Any) -> None:
+    g = graphjit.graphed(fn)
+    holder.k = 2.0
+    _calls(g, fn, 5)
+    assert g.stats()["replays"] >= 2
+    holder.k = 7.0
+    _calls(g, fn, 4)
+    got: dict[str, Any] = {}
+
+    def other() -> None:  # another thread's own value: its graph, or none, never this thread's
+        holder.k = 3.0
+        x = torch.arange(4.0) + 1
+        got["out"], got["want"] = g(x), x * 3.0
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert torch.equal(got["out"], got["want"])
+    _calls(g, fn, 2)  # this thread's 7.0 again
+    holder.k = 2.0
+
+
+_COUNTER = threading.local()
+
+
+def _counted(x: torch.Tensor) -> torch.Tensor:
+    _COUNTER.n = getattr(_COUNTER, "n", 0) + 1
+    return x * 2
+
+
+def test_a_counter_in_a_thread_local_runs_eagerly_once_per_call(emu, scan) -> None:
+    _COUNTER.n = 0
+    g = graphjit.graphed(_counted)
+    for i in range(6):
+        g(torch.ones(3))
+        assert _COUNTER.n == i + 1
+    with graphjit.capture_scope(progress=False):
+        g(torch.ones(5))
+    assert _COUNTER.n == 7
+    assert g.stats()["replays"] == 0
+    assert any("writes a Python value" in str(k.get("reason")) for k in g.stats()["keys"]), g.stats()["keys"]
+
+
+STEPS: contextvars.ContextVar[int] = contextvars.ContextVar("STEPS", default=0)
+
+
+def _stepped(x: torch.Tensor) -> torch.Tensor:
+    STEPS.set(STEPS.get() + 1)
+    return x * 2
+
+
+def test_a_counter_in_a_context_variable_advances_once_per_call(emu, scan) -> None:
+    token = STEPS.set(0)
+    try:
+        g = graphjit.graphed(_stepped)
+        for i in range(6):
+            g(torch.ones(3))
+            assert STEPS.get() == i + 1
+        with graphjit.capture_scope(progress=False):
+            g(torch.ones(5))
+        assert STEPS.get() == 7  # each call's own run, once: no replay skipped it, no extra run left it advanced
+        reasons = [str(k.get("reason")) for k in g.stats()["keys"]]
+        assert any("STEPS" in r for r in reasons), reasons
+    finally:
+        STEPS.reset(token)
+
+
+def test_a_changed_context_variable_is_named_in_the_keys_label(emu, scan) -> None:
+    g = graphjit.graphed(_scaled)
+    token = SCALE.set(2.0)
+    try:
+        _calls(g, _scaled, 4)
+        SCALE.set(3.5)
+        _calls(g, _scaled, 1)
+        labels = [k["key"] for k in g.stats()["keys"]]
+        assert any("value(global 'SCALE')" in label and "3.5" in label for label in labels), labels
+    finally:
+        SCALE.reset(token)
