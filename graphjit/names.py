@@ -19,6 +19,7 @@ import types
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+from . import host_clock
 from .backends.base import in_island
 from .reach import ATOMS, OPAQUE, unwrap, user_globals
 
@@ -232,6 +233,7 @@ class NameRecorder:
         self.read_globals: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}  # (globals, name) the code loaded
         self.read_cells: dict[int, tuple[str, Any]] = {}  # id(value) -> (name, value): closure values of user code
         self.emitted: list[str] = []  # what the call printed or logged outside islands, and where (a replay would not)
+        self.clocked: list[str] = []  # the host clocks the user's code read outside islands, and where
         self.importing: types.FrameType | None = None  # the body of a module being imported meanwhile (skipped)
 
     def __enter__(self) -> NameRecorder:
@@ -291,9 +293,13 @@ class NameRecorder:
                 self.importing = None
             return
         if event != "call":
-            if event == "c_call" and (arg is _PRINT or getattr(arg, "__name__", None) == "write") and \
-                    len(self.emitted) < MAX_EMITTED and not in_island():
+            if event != "c_call":
+                return
+            if (arg is _PRINT or getattr(arg, "__name__", None) == "write") and len(self.emitted) < MAX_EMITTED and \
+                    not in_island():
                 self._printed(frame, arg)
+            elif len(self.clocked) < MAX_EMITTED and (clock := host_clock.read(arg)) is not None:
+                self._clocked(frame, clock)
             return
         code = frame.f_code
         if code.co_name == "<module>" and getattr(frame.f_globals.get("__spec__"), "_initializing", False):
@@ -330,6 +336,15 @@ class NameRecorder:
             return  # a log handler (its record was weighed by _logged), a warning (not watched), a framework's own
         what = "print()" if fn is _PRINT else "a write to standard output"
         self.emitted.append(f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}")
+
+    def _clocked(self, frame: types.FrameType, clock: str) -> None:
+        """``clock`` (:func:`graphjit.host_clock.read`) is read from ``frame``: noted where that is the user's code, not
+        a framework's, graphjit's or the standard library's, nor an island's."""
+        module = frame.f_globals.get("__name__", "")
+        if in_island() or not isinstance(module, str) or module.startswith(_SKIP_CODE) or \
+                not user_globals(frame.f_globals):
+            return
+        self.clocked.append(f"{clock} at {frame.f_code.co_filename}:{frame.f_lineno}")
 
     def _logged(self, frame: types.FrameType) -> None:
         """A logger emits a record in the call that a handler writes (not a ``NullHandler``, not below its level; as

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import guards, host_random, py_writes
+from . import guards, host_clock, host_random, py_writes
 from .backends.base import Backend
 from .buffers import collect_tensors
 from .islands import IslandCall, collecting
@@ -84,6 +84,8 @@ class Observation:
     """The host's global random generator the call drew from outside islands (:mod:`graphjit.host_random`)."""
     emitted: list[str] = field(default_factory=list)
     """What the call printed or logged outside islands, and where (a replay runs no Python, so it would not)."""
+    clocked: list[str] = field(default_factory=list)
+    """The host clocks the user's code read outside islands, and where (:mod:`graphjit.host_clock`)."""
     after: Reach | None = None
     """The walk of the call's roots after it (what the next run may start from where nothing ran between)."""
 
@@ -299,7 +301,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
             obs.names, obs.by_object, obs.probes = recorder.names, recorder.by_object, recorder.probes
             obs.probed_by_object, obs.read_globals = recorder.probed_by_object, recorder.read_globals
             obs.read_cells = recorder.read_cells
-            obs.emitted = recorder.emitted
+            obs.emitted, obs.clocked = recorder.emitted, recorder.clocked
         obs.py_written = py_writes.writes(values, lambda: guards.scan(guard_src, is_tensor, None, b.tensor_holders,
                                                                    renewed=b.renewed_attributes))
     return out, obs
@@ -372,6 +374,10 @@ def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked
         return Blocked(PRINTS, f"the function prints or logs on every call ({where}); a replay runs no Python, so it "
                        "would not. Print or log outside the function, or mark the function that does with "
                        "@graphjit.eager (an island runs on every call)")
+    if obs.clocked and not first:
+        return Blocked(host_clock.REASON, f"the function reads the host clock ({'; '.join(obs.clocked)}); a replay "
+                       "runs no Python and would hand back the capture's reading every time. Read it outside the "
+                       "function and pass what it decides, or mark the function that reads it with @graphjit.eager")
     if obs.added and not first:
         where = ", ".join(describe(p) for p in obs.added[:3]) + (" ..." if len(obs.added) > 3 else "")
         return Blocked("adds tensors to an object on every call",

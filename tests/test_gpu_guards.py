@@ -111,6 +111,30 @@ def test_a_failed_capture_with_fused_adamw_and_a_grad_scaler_leaves_no_trace():
     assert cases.max_diff(got_state, want_state) <= TOL, f.report()
 
 
+def test_a_deadline_read_from_the_host_clock_is_eagers():
+    """A step that stops adding once ``time.monotonic()`` passes a deadline: it runs uncaptured under its reason
+    (graphjit/host_clock.py), every call equal to eager, on either side of the deadline (before, the graph kept its
+    capture's reading)."""
+    import time
+
+    from graphjit import host_clock
+
+    w = torch.randn(16, 16, device=DEV)
+    deadline = [time.monotonic() + 3600]
+
+    def step(x):
+        return x @ w + (1.0 if time.monotonic() < deadline[0] else 0.0)
+
+    g = graphjit.graphed(step)
+    x = torch.randn(4, 16, device=DEV)
+    with torch.no_grad():
+        for i in range(10):
+            if i == 6:
+                deadline[0] = 0.0  # passed (a guarded value too: its own key, watched again)
+            assert torch.allclose(g(x), step(x), rtol=1e-5, atol=1e-5), (i, g.report())
+    assert g.stats()["replays"] == 0 and host_clock.REASON in g.stats()["fallbacks"], g.report()
+
+
 def test_the_dynamo_guards_of_a_compiled_function_are_checked_before_a_replay():
     """tracer="compile": a value only Dynamo's guards see (a module attribute graphjit's walk does not reach) makes
     the call leave the old graph."""
