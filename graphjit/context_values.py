@@ -7,20 +7,21 @@ attributes apart from the object's own (empty) ``__dict__``, so the walk of obje
 after ``SCALE.set(5.0)`` or ``tls.k = 7.0`` returned the old value's result.  Guaranteed here: a ``ContextVar`` the
 call's code may ``get`` is guarded by its value in the context where the check runs (:func:`context_value`: a value a
 guard compares as it is, any other object by identity, an unset variable as :data:`ABSENT`), and the object it holds is
-walked as any other; a ``threading.local``'s attributes the code names are guarded by ``getattr`` on the object itself,
-so each check reads the calling thread's (another thread's values are another graph's, or no graph's).  Not seen: a
-tensor held only through either (its address is captured, a rebound one is not pinned).
+walked as any other; a ``threading.local`` is walked as any object, its ``__dict__`` read through
+:class:`ThreadAttributes`, so each check reads the calling thread's attributes (another thread's values are another
+graph's, or no graph's), names it finds absent stay absent there, and its class and slots are guarded as any class's.
+A function that sets a ``ContextVar`` on every call writes a value (:mod:`graphjit.py_writes`): it runs uncaptured.
+One passed as an argument is keyed by what it holds in the calling context or thread (:func:`held`).
 """
 
 from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .guard_sources import pinnable
-from .guardable import PER_CONTEXT, Identity, by_identity, guardable, snapshot
+from .guardable import PER_CONTEXT, Identity, guardable, snapshot
 
 if TYPE_CHECKING:
     from .guards import Scan
@@ -64,33 +65,74 @@ def attributes(obj: Any) -> dict[str, Any] | None:
     return d if isinstance(d, dict) else None
 
 
+def held(obj: Any) -> Any:
+    """What a ``ContextVar`` (its value, :data:`ABSENT`) or a ``threading.local`` (a copy of the calling thread's
+    attributes) passed as an argument is keyed by (:mod:`graphjit.keys`)."""
+    return current(obj) if isinstance(obj, contextvars.ContextVar) else dict(attributes(obj) or {})
+
+
 def per_context(obj: Any) -> bool:
     """``obj`` is a ``ContextVar`` or a ``threading.local`` (:data:`~graphjit.guardable.PER_CONTEXT`)."""
     return isinstance(obj, PER_CONTEXT)
 
 
-def scan_into(obj: Any, path: Path, named: frozenset[str] | None, out: Scan, pins: bool,
-              is_tensor: Callable[[Any], bool], push: Callable[..., None]) -> None:
-    """What the walk guards of ``obj`` (:func:`per_context`, met at ``path``), added to ``out``: a ``ContextVar``'s
-    value (where the code that ran names ``get``), shown as ``value(path)``, the object it holds handed to ``push``;
-    a ``threading.local``'s attributes of the calling thread that ``named`` allows (None: all), read by ``getattr``,
-    a tensor pinned where ``pins``, the objects handed to ``push`` (``push(child, path, at=(parent, kind, key) or
-    None)``)."""
-    if isinstance(obj, contextvars.ContextVar):
-        if "get" not in out.names:
-            return
+class ThreadAttributes:
+    """A ``threading.local``'s attributes as the guards read an object's ``__dict__``, in whichever thread reads them
+    (the object's own ``__dict__`` is empty): ``view[k]``, ``k in view``, ``get``, ``items``, ``keys`` (itself: a
+    live view, ``isdisjoint``), iteration.  Read only."""
+
+    __slots__ = ("local",)
+
+    def __init__(self, local: threading.local) -> None:
+        self.local = local
+
+    def _now(self) -> dict[str, Any]:
+        return attributes(self.local) or {}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._now()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._now()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._now()))
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._now().get(key, default)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self._now().items())
+
+    def keys(self) -> ThreadAttributes:
+        return self
+
+    def isdisjoint(self, names: Iterable[Any]) -> bool:
+        return self._now().keys().isdisjoint(names)
+
+
+def object_dict(obj: Any) -> Any:
+    """What the guards read as ``obj``'s ``__dict__``: a :class:`ThreadAttributes` of a ``threading.local``, else
+    None (the object's own, :func:`graphjit.reach.instance_dict`)."""
+    return ThreadAttributes(obj) if isinstance(obj, threading.local) else None
+
+
+_USED = frozenset(("get", "set", "reset"))
+
+
+def scan_into(obj: Any, path: Path, out: Scan, push: Callable[..., None]) -> bool:
+    """Where ``obj`` is a ``ContextVar`` (met at ``path``): its value, where the code that ran names ``get``, ``set`` or
+    ``reset``, added to
+    ``out`` (shown as ``value(path)``), the object it holds handed to ``push`` (``push(child, path, at=None)``); True.
+    False for anything else (a ``threading.local`` is walked as an object, through :func:`object_dict`)."""
+    if not isinstance(obj, contextvars.ContextVar):
+        return False
+    if not out.names.isdisjoint(_USED):  # (code that only sets it: its writes are a value too, py_writes.py)
         out.wholes.setdefault((id(obj), "value"), (obj, context_value, context_value(obj), path))
         value = current(obj)
         if value is not ABSENT and not guardable(value):  # what it holds, walked (``.get().bias``)
             push(value, (*path, (".", "get"), ("()", None)), at=None)
-        return
-    for k, child in list((attributes(obj) or {}).items()):
-        if not isinstance(k, str) or (named is not None and k not in named):
-            continue
-        where = (*path, (".", k))
-        if guardable(child) or by_identity(child, is_tensor):
-            out.add(obj, "attr", k, child, where)
-        elif pins and pinnable(child):
-            out.pin(obj, "attr", k, child, where)
-        if not guardable(child):
-            push(child, where, at=(obj, "attr", k))
+    return True

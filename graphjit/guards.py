@@ -388,9 +388,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     if not guardable(child):
                         _push(stack, unpinned, pins, child, (*path, ("[]", i)), depth + 1, out, (obj, "item", i))
                 continue
-            if context_values.per_context(obj):  # a ContextVar's value, a threading.local's attributes
-                context_values.scan_into(obj, path, names_for(obj), out, pins, is_tensor, functools.partial(
-                    _push, stack, unpinned, pins, depth=depth + 1, out=out))
+            if context_values.scan_into(obj, path, out, functools.partial(  # a ContextVar: its value
+                    _push, stack, unpinned, pins, depth=depth + 1, out=out)):
                 continue
             if (whole := contents_of(obj)) is not None:  # a bytearray, a numpy array: edited in place (``a[0] = 2``)
                 out.wholes.setdefault((id(obj), "contents"), (obj, whole, whole(obj), path))
@@ -418,7 +417,7 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                     if not guardable(child):
                         _push(stack, unpinned, pins, child, (*path, ("[]", k)), depth + 1, out, (obj, "item", k))
                 continue
-            if tp.__module__.partition(".")[0] in FOREIGN_MODULES:
+            if tp.__module__.partition(".")[0] in FOREIGN_MODULES and not context_values.per_context(obj):
                 continue
             if isinstance(obj, functools.partial):  # what its call passes, read in C: ``p.keywords["scale"] = 2.0``
                 out.names.update(("args", "keywords"))
@@ -431,7 +430,8 @@ def scan(src: Sources, is_tensor: Callable[[Any], bool], ran: Iterable[str] | No
                         _push(stack, unpinned, pins, child, (*path, (".", name)), depth + 1, out, (obj, "attr", name))
             classes.add(tp)
             named = names_for(obj)
-            d = instance_dict(obj)
+            d = context_values.object_dict(obj)  # a threading.local's: the calling thread's attributes
+            d = instance_dict(obj) if d is None else d
             if backends.identity_keyed(tp) and (d is None or holding.isdisjoint(d)):  # not a Module: its state
                 pins = False
                 if watch_loads is not None and watch_loads(obj):

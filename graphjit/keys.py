@@ -5,17 +5,15 @@ objects that hold tensors, walked attribute by attribute: see :mod:`graphjit.tre
 modes of the call (grad mode, inference mode, autocast / AMP: ``Backend.modes``) and, for each leaf:
 
 * a tensor: shape (after bucket padding), dtype, device and whether it requires grad;
-* any other value: its type and the value itself, which must be hashable (a new value is a new
-  key, because the graph froze the old one).  Inside an object, an unhashable leaf is keyed by
-  identity, as a value the function closes over would be.  An object whose class is unhashable
-  (``__hash__ = None``, a dataclass with ``eq`` and without ``frozen``) is walked only when it holds
-  tensors; passed directly without any, it is refused like any other unhashable value.
+* any other value: its type and the value itself, which must be hashable (a new value is a new key, because the
+  graph froze the old one).  Inside an object, an unhashable leaf is keyed by identity, as a value the function
+  closes over would be.  An object whose class is unhashable (``__hash__ = None``, a dataclass with ``eq`` and
+  without ``frozen``) is walked only when it holds tensors; passed directly without any, it is refused like any
+  other unhashable value.  A ``ContextVar`` or a ``threading.local``: by what the calling context or thread holds.
 
-Bucket padding: a dimension listed in ``buckets`` is rounded up to the next bucket size, so calls of
-nearby sizes share one graph.  A size beyond the largest bucket is reported in
-:attr:`CallSignature.overflow` (the caller runs it uncaptured, or raises in strict mode).
-
-The cost of :meth:`Signer.sign` is on the replay hot path: a few hundred nanoseconds per tensor.
+Bucket padding: a dimension listed in ``buckets`` is rounded up to the next bucket size, so calls of nearby sizes
+share one graph.  A size beyond the largest bucket is reported in :attr:`CallSignature.overflow` (the caller runs it
+uncaptured, or raises in strict mode).  :meth:`Signer.sign` is on the replay hot path (a C check where it can).
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import backends, bucket_spec, env, guardable, lane, sign_checks, walk_spec
+from . import backends, bucket_spec, context_values, env, guardable, lane, sign_checks, walk_spec
 from .backends.base import Backend
 from .binder import Binder, wraps_another
 from .bucket_spec import Pad
@@ -530,6 +528,8 @@ class _WalkState:
                 # (type, key): {True: v} and {1: v} are equal dict keys in Python but different calls
                 items.append(((type(k), k), self.leaf(v, (*label, k), tensors, labels)))
             return (tp, tuple(items)) if tp is dict else (tp, tuple(items), self._dict_attrs(x, label, tensors, labels))
+        if isinstance(x, guardable.PER_CONTEXT):  # what the calling context or thread holds
+            return (tp, guardable.Identity(x), self.leaf(context_values.held(x), (*label, "get()"), tensors, labels))
         if is_object(tp):
             if tp.__hash__ is not None or self.visiting:
                 return self._object(x, tp, label, tensors, labels)

@@ -342,7 +342,7 @@ class NameRecorder:
         a framework's, graphjit's or the standard library's, nor an island's."""
         module = frame.f_globals.get("__name__", "")
         if in_island() or not isinstance(module, str) or module.startswith(_SKIP_CODE) or \
-                not user_globals(frame.f_globals):
+                not (user_globals(frame.f_globals) or module == "__main__"):  # (a notebook's: no __file__)
             return
         self.clocked.append(f"{clock} at {frame.f_code.co_filename}:{frame.f_lineno}")
 

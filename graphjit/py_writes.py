@@ -35,6 +35,16 @@ def written(before: Scan, after: Scan) -> list[tuple[str, str, str]]:
         box = after.boxes.get(cid)
         if box is not None and key not in box.entries:  # deleted, or now a value no guard compares
             out.append((describe(path), show(value), "(deleted)"))
+    return out + _values_set(before)
+
+
+def _values_set(before: Scan) -> list[tuple[str, str, str]]:
+    """``(path, old, new)`` of the ``ContextVar`` values (:mod:`graphjit.context_values`) that differ from ``before``'s
+    now (the call set them)."""
+    out = []
+    for (_oid, what), (var, getter, value, path) in before.wholes.items():
+        if what == "value" and not same(value, now := getter(var)):
+            out.append((f"value({describe(path)})", show(value), show(now)))
     return out
 
 
@@ -58,7 +68,7 @@ def writes(before: Scan, rescan: Callable[[], Scan]) -> list[tuple[str, str, str
     is "none" without walking.  The walk compares only containers both scans reach, and stores a value by its type,
     so such a call would find nothing either; anything else takes the walk, whose answer is the one given.  Two
     walks per watched call were most of a call's warmup for a model with many keys (Gemma's graph per position)."""
-    if _reads_same(before):
+    if _reads_same(before) and not _values_set(before):
         return []
     return written(before, rescan())
 

@@ -18,7 +18,9 @@ Runs at capture only (a walk and a shallow copy of each container), never on the
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -66,11 +68,9 @@ class PyState:
                 if visits.full:
                     break
                 continue
-            if per_context:  # the calling thread's attributes (a dict, copied below); a ContextVar's value
-                d = context_values.attributes(obj)
-                value = context_values.current(obj) if d is None else d
-                if d is None:
-                    self.contexts.append((obj, value))
+            if isinstance(obj, contextvars.ContextVar):  # its value (set back where it had one)
+                value = context_values.current(obj)
+                self.contexts.append((obj, value))
                 if value is not context_values.ABSENT:
                     stack.append((value, depth + 1))
                 continue
@@ -86,7 +86,7 @@ class PyState:
                 children = list(obj) if isinstance(obj, tuple) else ()
             else:
                 children = []
-                d = instance_dict(obj)
+                d = context_values.attributes(obj) if per_context else instance_dict(obj)  # (a threading.local's)
                 if d is not None:
                     stack.append((d, depth + 1))
                 for name in slots_of(type(obj)):
@@ -123,11 +123,12 @@ class PyState:
             if now is value:
                 continue
             n += 1
+            base = threading.local if isinstance(obj, threading.local) else object  # (its C __setattr__: no bypass)
             with contextlib.suppress(AttributeError, TypeError):
                 if value is _UNSET:
-                    object.__delattr__(obj, name)
+                    base.__delattr__(obj, name)
                 else:
-                    object.__setattr__(obj, name, value)
+                    base.__setattr__(obj, name, value)
         for var, value in self.contexts:  # set again (a variable the run set where it had no value keeps it)
             if context_values.current(var) is not value:
                 n += 1

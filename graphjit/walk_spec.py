@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 from . import backends
+from .guardable import PER_CONTEXT
 from .tree import MIRROR, dict_attrs, is_object, object_layout
 
 TENSOR, VALUE, SEQUENCE, DICT, OBJECT, FREE, MIRROR_SPEC = 0, 1, 2, 3, 4, 5, 6
@@ -117,6 +118,8 @@ def _spec(x: Any, walk: _Walk, kpath: tuple[int, ...], depth: int) -> Any:
         if tp is dict:
             return (DICT, tp, keys, hashes, values)
         return (DICT, tp, keys, hashes, values, *_attrs(x, walk, kpath, depth))
+    if isinstance(x, PER_CONTEXT):
+        raise _Unsupported("a ContextVar or a threading.local (keyed by what the calling one holds)")
     if is_object(tp):
         return _object(x, tp, walk, kpath, depth)
     try:

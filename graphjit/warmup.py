@@ -374,7 +374,7 @@ def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked
         return Blocked(PRINTS, f"the function prints or logs on every call ({where}); a replay runs no Python, so it "
                        "would not. Print or log outside the function, or mark the function that does with "
                        "@graphjit.eager (an island runs on every call)")
-    if obs.clocked and not first:
+    if obs.clocked:  # (a first call's too: with warmup=1 it is the only one watched)
         return Blocked(host_clock.REASON, f"the function reads the host clock ({'; '.join(obs.clocked)}); a replay "
                        "runs no Python and would hand back the capture's reading every time. Read it outside the "
                        "function and pass what it decides, or mark the function that reads it with @graphjit.eager")

@@ -172,7 +172,7 @@ def _stepped(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
-def test_a_counter_in_a_context_variable_advances_once_per_call(emu, scan) -> None:
+def test_a_counter_in_a_context_variable_runs_eagerly_once_per_call(emu, scan) -> None:
     token = STEPS.set(0)
     try:
         g = graphjit.graphed(_stepped)
@@ -182,8 +182,9 @@ def test_a_counter_in_a_context_variable_advances_once_per_call(emu, scan) -> No
         with graphjit.capture_scope(progress=False):
             g(torch.ones(5))
         assert STEPS.get() == 7  # each call's own run, once: no replay skipped it, no extra run left it advanced
-        reasons = [str(k.get("reason")) for k in g.stats()["keys"]]
-        assert any("STEPS" in r for r in reasons), reasons
+        keys = g.stats()["keys"]
+        assert g.stats()["replays"] == 0 and all(k["reason"] == "writes a Python value on every call" for k in keys)
+        assert all("value(global 'STEPS')" in str(k["detail"]) for k in keys), keys
     finally:
         STEPS.reset(token)
 
@@ -199,3 +200,112 @@ def test_a_changed_context_variable_is_named_in_the_keys_label(emu, scan) -> Non
         assert any("value(global 'SCALE')" in label and "3.5" in label for label in labels), labels
     finally:
         SCALE.reset(token)
+
+
+class _SlottedLocal(threading.local):
+    __slots__ = ("k", "n")
+
+
+class _ClassValueLocal(threading.local):
+    scale = 2.0
+
+
+SLOTTED, CLASS_VALUED, BARE = _SlottedLocal(), _ClassValueLocal(), threading.local()
+SLOTTED.k = 2.0
+
+
+def _slotted(x: torch.Tensor) -> torch.Tensor:
+    return x * SLOTTED.k
+
+
+def _class_valued(x: torch.Tensor) -> torch.Tensor:
+    return x * CLASS_VALUED.scale
+
+
+def _absent(x: torch.Tensor) -> torch.Tensor:
+    return x * getattr(BARE, "k", 2.0)
+
+
+@pytest.mark.parametrize("fn,change", [
+    (_slotted, lambda: setattr(SLOTTED, "k", 5.0)),
+    (_class_valued, lambda: setattr(_ClassValueLocal, "scale", 5.0)),
+    (_class_valued, lambda: setattr(CLASS_VALUED, "scale", 5.0)),  # this thread's attribute over the class's value
+    (_absent, lambda: setattr(BARE, "k", 5.0)),  # absent at capture, set later
+], ids=["slot", "class attribute", "shadowed", "absent"])
+def test_a_thread_local_subclass_keeps_its_class_slot_and_absence_guards(emu, scan, fn: Callable[[Any], Any],
+                                                                        change: Callable[[], None]) -> None:
+    g = graphjit.graphed(fn)
+    _calls(g, fn, 5)
+    assert g.stats()["replays"] >= 2
+    change()
+    _calls(g, fn, 4)
+
+
+def _slot_counted(x: torch.Tensor) -> torch.Tensor:
+    SLOTTED.n += 1
+    return x * 2
+
+
+def test_a_slot_counter_of_a_thread_local_advances_once_per_call_in_a_scope(emu, scan) -> None:
+    SLOTTED.n = 0
+    g = graphjit.graphed(_slot_counted)
+    with graphjit.capture_scope(progress=False):
+        g(torch.ones(5))
+    assert SLOTTED.n == 1  # the extra warmup run's increment undone
+    for i in range(3):
+        g(torch.ones(5))
+        assert SLOTTED.n == i + 2
+    assert g.stats()["replays"] == 0
+
+
+MODE: contextvars.ContextVar[str] = contextvars.ContextVar("MODE", default="idle")
+
+
+def _sets_mode(x: torch.Tensor) -> torch.Tensor:
+    MODE.set("ran")
+    return x * 2
+
+
+def test_a_function_that_sets_a_context_variable_runs_it_on_every_call(emu, scan) -> None:
+    g = graphjit.graphed(_sets_mode)
+    for _ in range(6):
+        MODE.set("idle")
+        g(torch.ones(3))
+        assert MODE.get() == "ran"
+    assert g.stats()["replays"] == 0, g.stats()
+
+
+class _Holder:
+    def __init__(self, var: contextvars.ContextVar[float]) -> None:
+        self.var = var
+
+
+def _by_argument(x: torch.Tensor, var: contextvars.ContextVar[float]) -> torch.Tensor:
+    return x * var.get()
+
+
+def _by_holder(x: torch.Tensor, holder: _Holder) -> torch.Tensor:
+    return x * holder.var.get()
+
+
+def _by_local(x: torch.Tensor, tls: threading.local) -> torch.Tensor:
+    return x * tls.k
+
+
+@pytest.mark.parametrize("kind", ["ContextVar", "holder", "threading.local"])
+def test_one_passed_as_an_argument_is_keyed_by_what_it_holds(emu, scan, kind: str) -> None:
+    """An argument is keyed, not guarded: a ContextVar or threading.local there is keyed by its value in the calling
+    context or thread (before, by identity: the old value's graph replayed)."""
+    var: contextvars.ContextVar[float] = contextvars.ContextVar("arg", default=2.0)
+    tls = threading.local()
+    tls.k = 2.0
+    fn, arg = {"ContextVar": (_by_argument, var), "holder": (_by_holder, _Holder(var)),
+               "threading.local": (_by_local, tls)}[kind]
+    g = graphjit.graphed(fn)
+    for i in range(10):
+        if i == 5:
+            var.set(5.0)
+            tls.k = 5.0
+        x = torch.arange(4.0) + 1
+        assert torch.equal(g(x, arg), fn(x, arg)), i
+    assert g.stats()["replays"] >= 4 and g.stats()["graphs"] == 2, g.stats()

@@ -94,3 +94,12 @@ def test_what_reads_a_clock() -> None:
     assert host_clock.read(datetime.date.today) == "date.today()"
     assert host_clock.read(len) is None and host_clock.read(time.sleep) is None
     assert host_clock.read(datetime.datetime.fromtimestamp) is None
+
+
+def test_a_clock_read_with_one_warmup_call(emu) -> None:
+    """``warmup=1``: its one watched call is the first, and a clock read there is the reason all the same."""
+    g = graphjit.graphed(_hours, warmup=1)
+    for _ in range(5):
+        x = torch.ones(3)
+        assert torch.equal(g(x), _hours(x))
+    assert g.stats()["replays"] == 0 and host_clock.REASON in g.stats()["fallbacks"], g.stats()
