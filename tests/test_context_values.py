@@ -58,40 +58,40 @@ def _sub(x: torch.Tensor) -> torch.Tensor:
     return x * SUB.k
 
 
+@pytest.fixture
+def scale() -> Any:
+    """SCALE set to 2.0 in this context for the test, reset after."""
+    token = SCALE.set(2.0)
+    yield
+    SCALE.reset(token)
+
+
 def _calls(g: Any, fn: Callable[[Any], Any], n: int) -> None:
     for _ in range(n):
         x = torch.arange(4.0) + 1
         assert torch.equal(g(x), fn(x))
 
 
-def test_a_context_variables_value_set_after_the_capture(emu, scan) -> None:
+def test_a_context_variables_value_set_after_the_capture(emu, scan, scale) -> None:
     g = graphjit.graphed(_scaled)
-    token = SCALE.set(2.0)
-    try:
-        _calls(g, _scaled, 5)
-        assert g.stats()["replays"] >= 2
-        SCALE.set(5.0)
-        _calls(g, _scaled, 5)  # its own graph, warmed up and captured
-        SCALE.set(2.0)
-        replays = g.stats()["replays"]
-        _calls(g, _scaled, 2)  # the first value's graph again
-        assert g.stats()["replays"] == replays + 2 and g.stats()["graphs"] == 2, g.stats()
-    finally:
-        SCALE.reset(token)
+    _calls(g, _scaled, 5)
+    assert g.stats()["replays"] >= 2
+    SCALE.set(5.0)
+    _calls(g, _scaled, 5)  # its own graph, warmed up and captured
+    SCALE.set(2.0)
+    replays = g.stats()["replays"]
+    _calls(g, _scaled, 2)  # the first value's graph again
+    assert g.stats()["replays"] == replays + 2 and g.stats()["graphs"] == 2, g.stats()
 
 
-def test_a_context_variable_in_another_context(emu, scan) -> None:
+def test_a_context_variable_in_another_context(emu, scan, scale) -> None:
     g = graphjit.graphed(_scaled)
-    token = SCALE.set(2.0)
-    try:
-        _calls(g, _scaled, 5)
-        ctx = contextvars.copy_context()
-        ctx.run(SCALE.set, 7.0)
-        x = torch.arange(4.0) + 1
-        assert torch.equal(ctx.run(g, x), x * 7.0)
-        assert torch.equal(g(x), x * 2.0)
-    finally:
-        SCALE.reset(token)
+    _calls(g, _scaled, 5)
+    ctx = contextvars.copy_context()
+    ctx.run(SCALE.set, 7.0)
+    x = torch.arange(4.0) + 1
+    assert torch.equal(ctx.run(g, x), x * 7.0)
+    assert torch.equal(g(x), x * 2.0)
 
 
 def test_an_unset_context_variable_set_later(emu, scan) -> None:
@@ -189,17 +189,13 @@ def test_a_counter_in_a_context_variable_runs_eagerly_once_per_call(emu, scan) -
         STEPS.reset(token)
 
 
-def test_a_changed_context_variable_is_named_in_the_keys_label(emu, scan) -> None:
+def test_a_changed_context_variable_is_named_in_the_keys_label(emu, scan, scale) -> None:
     g = graphjit.graphed(_scaled)
-    token = SCALE.set(2.0)
-    try:
-        _calls(g, _scaled, 4)
-        SCALE.set(3.5)
-        _calls(g, _scaled, 1)
-        labels = [k["key"] for k in g.stats()["keys"]]
-        assert any("value(global 'SCALE')" in label and "3.5" in label for label in labels), labels
-    finally:
-        SCALE.reset(token)
+    _calls(g, _scaled, 4)
+    SCALE.set(3.5)
+    _calls(g, _scaled, 1)
+    labels = [k["key"] for k in g.stats()["keys"]]
+    assert any("value(global 'SCALE')" in label and "3.5" in label for label in labels), labels
 
 
 class _SlottedLocal(threading.local):
