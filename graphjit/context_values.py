@@ -5,9 +5,9 @@ A graph froze what its capture read through them (``x * SCALE.get()``, ``x * tls
 an object's ``__dict__``: a ``ContextVar`` holds no attributes at all and a ``threading.local`` keeps each thread's
 attributes apart from the object's own (empty) ``__dict__``, so the walk of objects saw nothing to guard and a replay
 after ``SCALE.set(5.0)`` or ``tls.k = 7.0`` returned the old value's result.  Guaranteed here: a ``ContextVar`` the
-call's code may ``get`` is guarded by its value in the context where the check runs (:func:`context_value`: a value a
-guard compares as it is, any other object by identity, an unset variable as :data:`ABSENT`), and the object it holds is
-walked as any other; a ``threading.local`` is walked as any object, its ``__dict__`` read through
+call's code may ``get`` or ``set`` is guarded by its value in the context where the check runs (:func:`context_value`:
+a value a guard compares as it is, any other object by identity, an unset variable as :data:`ABSENT`), and the object
+it holds is walked as any other; a ``threading.local`` is walked as any object, its ``__dict__`` read through
 :class:`ThreadAttributes`, so each check reads the calling thread's attributes (another thread's values are another
 graph's, or no graph's), names it finds absent stay absent there, and its class and slots are guarded as any class's.
 A function that sets a ``ContextVar`` on every call writes a value (:mod:`graphjit.py_writes`): it runs uncaptured.
@@ -21,11 +21,12 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .guardable import PER_CONTEXT, Identity, guardable, snapshot
+from .guardable import PER_CONTEXT, Identity, guardable, hashable, snapshot
 
 if TYPE_CHECKING:
     from .guards import Scan
     from .reach import Path
+
 
 class _Absent:
     __slots__ = ()
@@ -66,9 +67,16 @@ def attributes(obj: Any) -> dict[str, Any] | None:
 
 
 def held(obj: Any) -> Any:
-    """What a ``ContextVar`` (its value, :data:`ABSENT`) or a ``threading.local`` (a copy of the calling thread's
-    attributes) passed as an argument is keyed by (:mod:`graphjit.keys`)."""
-    return current(obj) if isinstance(obj, contextvars.ContextVar) else dict(attributes(obj) or {})
+    """What a ``ContextVar`` (its value) or a ``threading.local`` (the calling thread's attributes) passed as an
+    argument is keyed by (:mod:`graphjit.keys`): each value as a guard compares it, a value by itself, any other object
+    (a tensor, a config) by its identity, never walked (a tensor there is no input: the graph reads it where it is)."""
+    if isinstance(obj, contextvars.ContextVar):
+        return _key_of(current(obj))
+    return tuple((k, _key_of(v)) for k, v in sorted((attributes(obj) or {}).items(), key=lambda kv: str(kv[0])))
+
+
+def _key_of(value: Any) -> Any:
+    return hashable(value) if value is ABSENT or guardable(value) else Identity(value)
 
 
 def per_context(obj: Any) -> bool:

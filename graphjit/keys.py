@@ -529,7 +529,7 @@ class _WalkState:
                 items.append(((type(k), k), self.leaf(v, (*label, k), tensors, labels)))
             return (tp, tuple(items)) if tp is dict else (tp, tuple(items), self._dict_attrs(x, label, tensors, labels))
         if isinstance(x, guardable.PER_CONTEXT):  # what the calling context or thread holds
-            return (tp, guardable.Identity(x), self.leaf(context_values.held(x), (*label, "get()"), tensors, labels))
+            return (tp, guardable.Identity(x), context_values.held(x))
         if is_object(tp):
             if tp.__hash__ is not None or self.visiting:
                 return self._object(x, tp, label, tensors, labels)

@@ -305,3 +305,25 @@ def test_one_passed_as_an_argument_is_keyed_by_what_it_holds(emu, scan, kind: st
         x = torch.arange(4.0) + 1
         assert torch.equal(g(x, arg), fn(x, arg)), i
     assert g.stats()["replays"] >= 4 and g.stats()["graphs"] == 2, g.stats()
+
+
+def _plus_held(x: torch.Tensor, var: contextvars.ContextVar[Any]) -> torch.Tensor:
+    return x + var.get()
+
+
+def test_a_tensor_in_a_context_variable_passed_as_an_argument(emu, scan) -> None:
+    """Keyed by the tensor's identity (not an input the graph copies: it reads it where it is): the same tensor
+    changed in place replays, a new one each call is a new key (uncaptured once they keep changing)."""
+    var: contextvars.ContextVar[Any] = contextvars.ContextVar("held")
+    t = torch.zeros(3)
+    var.set(t)
+    g = graphjit.graphed(_plus_held)
+    for i in range(6):
+        t.fill_(float(i))
+        x = torch.ones(3)
+        assert torch.equal(g(x, var), x + i)
+    assert g.stats()["replays"] >= 2
+    for i in range(6):
+        var.set(torch.full((3,), 10.0 + i))
+        x = torch.ones(3)
+        assert torch.equal(g(x, var), x + 10 + i)
