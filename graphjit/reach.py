@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import backends
+from . import backends, iterators
 
 Path = tuple[Any, ...]
 """A root name followed by steps: ``("argument 'x'", (".", "layers"), ("[]", 0))``."""
@@ -115,6 +115,8 @@ class Reach:
     """``path -> id(tensor)`` for every path that ends at a tensor."""
     truncated: bool = False
     """The walk stopped at :data:`MAX_NODES` or :data:`MAX_DEPTH`: some tensors may be missing."""
+    iterators: list[tuple[Any, str]] = field(default_factory=list)
+    """``(iterator, path)`` of the iterators met (:mod:`graphjit.iterators`): a watched call reads their positions."""
 
 
 HOLDERS = frozenset(("_modules", "_parameters", "_buffers", "_sub_layers"))
@@ -228,6 +230,8 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
     # (object, link, depth); a link is (None, root name) or (the parent's link, step)
     stack: list[tuple[Any, tuple[Any, Any], int]] = [(value, (None, name), 0) for name, value in reversed(roots_)
                                                       if not skip(value)]
+    found = reach.iterators
+    found.extend((v, name) for name, v in roots_ if type(v) is types.GeneratorType)  # (skipped: opaque)
     empty = PLAIN_CONTAINERS
     while stack:
         obj, link, depth = stack.pop()
@@ -247,11 +251,15 @@ def walk(roots_: list[tuple[str, Any]], is_tensor: Callable[[Any], bool],
             if visits.full:
                 break
             continue
+        if iterators.kind(type(obj)) is not None:
+            found.append((obj, describe(_spelled(link))))
         depth += 1
         kept: list[tuple[Any, tuple[Any, Any], int]] = []
         for kind, items in _items(obj):
             for key, child in items:
                 if (type(child) in empty and not child) or skip(child):
+                    if type(child) is types.GeneratorType and first(child, depth):
+                        found.append((child, describe(_spelled((link, (kind, key))))))
                     continue
                 kept.append((child, (link, (kind, key)), depth))
         kept.reverse()  # popped in their own order: a tensor's path is the first that leads to it

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import guards, host_clock, host_random, py_writes
+from . import guards, host_clock, host_random, iterators, py_writes
 from .backends.base import Backend
 from .buffers import collect_tensors
 from .islands import IslandCall, collecting
@@ -86,6 +86,8 @@ class Observation:
     """What the call printed or logged outside islands, and where (a replay runs no Python, so it would not)."""
     clocked: list[str] = field(default_factory=list)
     """The host clocks the user's code read outside islands, and where (:mod:`graphjit.host_clock`)."""
+    advanced: list[str] = field(default_factory=list)
+    """The iterators the call advanced outside islands (:mod:`graphjit.iterators`), by path."""
     after: Reach | None = None
     """The walk of the call's roots after it (what the next run may start from where nothing ran between)."""
 
@@ -280,6 +282,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     probe = WriteProbe(b, before, budget, b.unversioned_writes(roots))
     rng = b.rng_state(device)
     host = host_random.state()
+    places = iterators.positions(before.iterators)
     syncs: list[str] = []
     values = (guards.scan(guard_src, is_tensor, None, b.tensor_holders, renewed=b.renewed_attributes)
               if guard_src is not None else None)
@@ -296,6 +299,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
                       isl.calls, added_tensors(before, after), moved(before, where, b.data_ptr), after=after)
     obs.elsewhere = [p for t, p in obs.written if b.device_str(t) != device]
     obs.host_random = host_random.drew(host) if not isl.calls else None  # (an island draws on every call)
+    obs.advanced = iterators.advanced(before.iterators, places) if not isl.calls else []
     if guard_src is not None and values is not None:
         if recorder.complete:
             obs.names, obs.by_object, obs.probes = recorder.names, recorder.by_object, recorder.probes
@@ -374,6 +378,11 @@ def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked
         return Blocked(PRINTS, f"the function prints or logs on every call ({where}); a replay runs no Python, so it "
                        "would not. Print or log outside the function, or mark the function that does with "
                        "@graphjit.eager (an island runs on every call)")
+    if obs.advanced:  # (a first call's too: a capture, or a scope's extra run, would take one item more)
+        where = ", ".join(obs.advanced)
+        return Blocked(iterators.REASON, f"the function advances an iterator on every call ({where}); a replay runs "
+                       "no Python and would not, and a capture's run would take an item the calls never see. Pass the "
+                       "item in as an argument, or take it in an @graphjit.eager function")
     if obs.clocked:  # (a first call's too: with warmup=1 it is the only one watched)
         return Blocked(host_clock.REASON, f"the function reads the host clock ({'; '.join(obs.clocked)}); a replay "
                        "runs no Python and would hand back the capture's reading every time. Read it outside the "

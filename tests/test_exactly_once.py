@@ -86,10 +86,11 @@ def test_inside_capture_scope_one_call_does_everything_once(emu):
 def test_a_scope_runs_the_function_as_often_as_a_capture_by_hand_and_still_verifies(emu):
     """In a scope the last undone warmup run is verify's eager reference: warmup=2 costs the call's own run, one
     undone run and the capture (as by hand), and verify still compares a replay with an eager run."""
-    import itertools
     import random
 
-    runs = itertools.count()  # counts the Python runs of the function, invisible to graphjit's guards
+    from unseen import Unseen
+
+    runs = Unseen()  # counts the Python runs of the function, invisible to graphjit's guards
     counter = torch.zeros(())
 
     def step(x):
@@ -206,11 +207,11 @@ def test_a_root_bound_by_an_extra_run_before_the_last_makes_the_capture_take_the
     """warmup=3 in a scope: two extra runs. The first binds a global (a root) the call's own run did not have: the
     Python state taken before the extra runs does not cover it, so the capture takes its own (two snapshots a key, not
     one) while the last run's walk, of unchanged roots, still serves."""
-    import itertools
+    from unseen import Unseen
 
     global _LATE
     _LATE = None
-    runs = itertools.count()  # the runs, invisible to graphjit's guards
+    runs = Unseen()  # the runs, invisible to graphjit's guards
     states = _counted_python_states(monkeypatch)
 
     def step(x):
@@ -259,10 +260,10 @@ def test_a_scopes_extra_run_that_writes_an_input_the_call_left_alone_is_undone(e
     """A scope's extra warmup run may write what the call's own run did not (a flag flips the branch): an input the
     call passes is copied before it and put back, so the state after the call is one eager call's; the key is not
     captured (its calls write different tensors)."""
-    import itertools
+    from unseen import Unseen
 
     def make():
-        runs = itertools.count(1)  # Python state invisible to the guards: each run takes the other branch
+        runs = Unseen(1)  # Python state invisible to the guards: each run takes the other branch
 
         def step(x, y):
             if next(runs) % 2:
@@ -311,9 +312,9 @@ def test_a_scopes_extra_run_that_writes_a_reached_tensor_the_call_left_alone_is_
     """What no copy covers (a tensor the function reaches, not one it is passed: copying every reachable tensor before
     each scope call would copy a model's weights): the write stays, and graphjit says so at WARNING level, naming it;
     the key is not captured."""
-    import itertools
+    from unseen import Unseen
 
-    runs = itertools.count(1)
+    runs = Unseen(1)
     w = torch.ones(4) if held == "closure" else torch.nn.Parameter(torch.ones(4))
 
     def step(x):

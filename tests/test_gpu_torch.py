@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from unseen import Unseen
 
 import graphjit
 
@@ -187,7 +187,7 @@ def test_alias_outputs_are_the_static_buffers(dev):
 
 
 def test_verify_catches_a_stale_output(dev):
-    turns = itertools.count(1)  # a host value no guard sees (C state): verify is what catches it
+    turns = Unseen(1)  # a host value no guard sees: verify is what catches it
     seen: list[int] = []
 
     def leaky(x):
@@ -402,7 +402,7 @@ def test_garbage_collection_cannot_break_a_capture(dev):
     del victim
     # which call this is, from an object graphjit does not read into a key or a guard (a list the function appended
     # to and read back is a value it changes on every call: the function would run uncaptured, rightly)
-    calls = itertools.count(1)
+    calls = Unseen(1)
 
     def body(x):
         if next(calls) == 3 and victims:  # the capturing call (2 warmups first): drop the graph in a cycle

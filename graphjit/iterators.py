@@ -1,0 +1,70 @@
+"""Whether a call advanced an iterator it reaches without receiving it: a generator, a ``list``/``dict``/``range``
+iterator, ``itertools.count()``, held in a global, a closure cell or an object (``next(batches)`` in a step).  A
+replay runs no Python, so it would not advance it, and a capture's run would take one item more than the calls made
+(before, such a key's capture took an item, verify failed, and the function ran uncaptured one item ahead for good).
+Such a key runs uncaptured from its first watched call on (:data:`REASON`), before any capture or extra run.
+
+Framework-free.  The walk of the function's state (:func:`graphjit.reach.walk`) lists the iterators it meets
+(:func:`kind`: generators, and iterators written in C that pickle their position); :func:`position` reads each one's
+place before and after every watched call.  Not seen: an iterator class written in Python (its attributes are values
+the guards compare: :mod:`graphjit.py_writes`), one that does not say its position (a ``map`` or ``zip`` over another
+iterator: the inner one's place is not in it), one an island advances (it runs on every call).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+REASON = "advances an iterator on every call"
+
+_SCALARS = (int, float, str, bytes, bool, type(None))
+_KINDS: dict[type, str | None] = {}
+
+
+def kind(tp: type) -> str | None:
+    """``"generator"``, ``"reduce"`` (an iterator written in C: ``__next__`` and no ``__dict__``), or None."""
+    found = _KINDS.get(tp, "")
+    if found == "":
+        if len(_KINDS) > 4096:
+            _KINDS.clear()
+        found = _KINDS[tp] = "generator" if tp is types.GeneratorType else (
+            "reduce" if hasattr(tp, "__next__") and not tp.__dictoffset__ and not tp.__flags__ & (1 << 9) else None)
+    return found
+
+
+def _atom(v: Any) -> Any:
+    """A part of a position: a plain value as it is, a list or tuple by its length (a ``dict`` iterator's remaining
+    items are a new list each time), any other object by its identity."""
+    if type(v) in _SCALARS:
+        return v
+    if type(v) in (list, tuple):
+        return (type(v).__name__, len(v))
+    return ("id", id(v))
+
+
+def position(it: Any) -> Any:
+    """Where ``it`` stands now, as a value that differs once it has advanced (None where it cannot say)."""
+    try:
+        if type(it) is types.GeneratorType:
+            frame = it.gi_frame
+            if frame is None:
+                return ("done",)
+            inner = it.gi_yieldfrom  # (``yield from data``: the place is the inner iterator's)
+            return ("at", frame.f_lasti, tuple(_atom(v) for v in frame.f_locals.values()),
+                    None if inner is None else position(inner))
+        reduced = it.__reduce__()
+        parts = [reduced[0], *reduced[1], *reduced[2:]] if len(reduced) > 1 else list(reduced)
+        return tuple(_atom(p) for p in parts)
+    except Exception:  # (a C iterator that does not pickle)
+        return None
+
+
+def positions(found: list[tuple[Any, str]]) -> list[Any]:
+    """:func:`position` of each iterator in ``found`` (``(iterator, path)``), in order."""
+    return [position(it) for it, _path in found]
+
+
+def advanced(found: list[tuple[Any, str]], before: list[Any]) -> list[str]:
+    """The paths of the iterators of ``found`` whose position differs from ``before`` (:func:`positions`)."""
+    return [path for (it, path), was in zip(found, before) if was is not None and position(it) != was]
