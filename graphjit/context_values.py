@@ -43,7 +43,12 @@ def context_value(var: contextvars.ContextVar[Any]) -> Any:
     """``var``'s value in the calling context as a guard compares it: a value :func:`guardable` accepts as itself (a
     set as a frozen copy), any other object by its identity (:class:`~graphjit.guardable.Identity`), :data:`ABSENT`
     where it has none."""
-    value = current(var)
+    return _compared(current(var))
+
+
+def _compared(value: Any) -> Any:
+    """``value`` as a guard compares it: itself (a set as a frozen copy) where :func:`guardable` accepts it,
+    :data:`ABSENT` as it is, any other object by its identity."""
     return value if value is ABSENT else snapshot(value) if guardable(value) else Identity(value)
 
 
@@ -71,12 +76,9 @@ def held(obj: Any) -> Any:
     argument is keyed by (:mod:`graphjit.keys`): each value as a guard compares it, a value by itself, any other object
     (a tensor, a config) by its identity, never walked (a tensor there is no input: the graph reads it where it is)."""
     if isinstance(obj, contextvars.ContextVar):
-        return _key_of(current(obj))
-    return tuple((k, _key_of(v)) for k, v in sorted((attributes(obj) or {}).items(), key=lambda kv: str(kv[0])))
-
-
-def _key_of(value: Any) -> Any:
-    return hashable(value) if value is ABSENT or guardable(value) else Identity(value)
+        return hashable(_compared(current(obj)))
+    return tuple((k, hashable(_compared(v))) for k, v in sorted((attributes(obj) or {}).items(),
+                                                               key=lambda kv: str(kv[0])))
 
 
 def per_context(obj: Any) -> bool:

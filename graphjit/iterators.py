@@ -19,6 +19,7 @@ from typing import Any
 REASON = "advances an iterator on every call"
 
 _SCALARS = (int, float, str, bytes, bool, type(None))
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (as graphjit.tree reads it)
 _KINDS: dict[type, str | None] = {}
 
 
@@ -29,7 +30,7 @@ def kind(tp: type) -> str | None:
         if len(_KINDS) > 4096:
             _KINDS.clear()
         found = _KINDS[tp] = "generator" if tp is types.GeneratorType else (
-            "reduce" if hasattr(tp, "__next__") and not tp.__dictoffset__ and not tp.__flags__ & (1 << 9) else None)
+            "reduce" if hasattr(tp, "__next__") and not tp.__dictoffset__ and not tp.__flags__ & _HEAPTYPE else None)
     return found
 
 

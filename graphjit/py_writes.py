@@ -67,9 +67,10 @@ def writes(before: Scan, rescan: Callable[[], Scan]) -> list[tuple[str, str, str
     cell, a module's globals) and no list or dict of the walk grew past what a scan reads item by item, the answer
     is "none" without walking.  The walk compares only containers both scans reach, and stores a value by its type,
     so such a call would find nothing either; anything else takes the walk, whose answer is the one given.  Two
-    walks per watched call were most of a call's warmup for a model with many keys (Gemma's graph per position)."""
-    if _reads_same(before) and not _values_set(before):
-        return []
+    walks per watched call were most of a call's warmup for a model with many keys (Gemma's graph per position).
+    The ``ContextVar`` values ``before`` holds are read again either way (:func:`_values_set`: no walk needed)."""
+    if _reads_same(before):
+        return _values_set(before)
     return written(before, rescan())
 
 
