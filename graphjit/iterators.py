@@ -6,9 +6,10 @@ Such a key runs uncaptured from its first watched call on (:data:`REASON`), befo
 
 Framework-free.  The walk of the function's state (:func:`graphjit.reach.walk`) lists the iterators it meets
 (:func:`kind`: generators, and iterators written in C that pickle their position); :func:`position` reads each one's
-place before and after every watched call.  Not seen: an iterator class written in Python (its attributes are values
-the guards compare: :mod:`graphjit.py_writes`), one that does not say its position (a ``map`` or ``zip`` over another
-iterator: the inner one's place is not in it), one an island advances (it runs on every call).
+place before and after every watched call; an iterator over another (``map``, ``zip``, ``itertools.cycle``,
+``chain``, ``islice``) by the places of the iterators it holds, :data:`MAX_NESTING` deep.  Not seen: an iterator class
+written in Python (its attributes are values the guards compare: :mod:`graphjit.py_writes`), one that does not say its
+position (a C iterator that does not pickle), one an island advances (it runs on every call).
 """
 
 from __future__ import annotations
@@ -34,29 +35,40 @@ def kind(tp: type) -> str | None:
     return found
 
 
-def _atom(v: Any) -> Any:
+MAX_NESTING = 4
+"""How many iterators deep a position looks into the iterators an iterator holds (``zip(map(f, a), b)``: two)."""
+
+
+def _atom(v: Any, depth: int) -> Any:
     """A part of a position: a plain value as it is, a list or tuple by its length (a ``dict`` iterator's remaining
-    items are a new list each time), any other object by its identity."""
-    if type(v) in _SCALARS:
+    items are a new list each time), an iterator by its own position (a ``map``'s or a ``cycle``'s inner iterator,
+    :data:`MAX_NESTING` deep), any other object by its identity."""
+    tp = type(v)
+    if tp in _SCALARS:
         return v
-    if type(v) in (list, tuple):
-        return (type(v).__name__, len(v))
+    if tp in (list, tuple):
+        return (tp.__name__, len(v))
+    if depth < MAX_NESTING and kind(tp) is not None:
+        return ("in", position(v, depth + 1))
     return ("id", id(v))
 
 
-def position(it: Any) -> Any:
-    """Where ``it`` stands now, as a value that differs once it has advanced (None where it cannot say)."""
+def position(it: Any, depth: int = 0) -> Any:
+    """Where ``it`` stands now, as a value that differs once it has advanced (None where it cannot say; ``depth``:
+    how deep inside another iterator ``it`` is)."""
     try:
         if type(it) is types.GeneratorType:
             frame = it.gi_frame
             if frame is None:
                 return ("done",)
             inner = it.gi_yieldfrom  # (``yield from data``: the place is the inner iterator's)
-            return ("at", frame.f_lasti, tuple(_atom(v) for v in frame.f_locals.values()),
-                    None if inner is None else position(inner))
+            return ("at", frame.f_lasti, tuple(_atom(v, depth) for v in frame.f_locals.values()),
+                    None if inner is None else position(inner, depth + 1))
         reduced = it.__reduce__()
-        parts = [reduced[0], *reduced[1], *reduced[2:]] if len(reduced) > 1 else list(reduced)
-        return tuple(_atom(p) for p in parts)
+        parts = [reduced[0], *reduced[1]] if len(reduced) > 1 else list(reduced)
+        for state in reduced[2:]:  # (a state tuple, as ``chain``'s (source, active), by its members)
+            parts.extend(state if type(state) is tuple else (state,))
+        return tuple(_atom(p, depth) for p in parts)
     except Exception:  # (a C iterator that does not pickle)
         return None
 

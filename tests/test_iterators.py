@@ -33,7 +33,20 @@ def _sources() -> dict[str, Callable[[], Iterator[Any]]]:
         "itertools.count": lambda: itertools.count(0.0),
         "dict iterator": lambda: iter(dict.fromkeys(data)),
         "range iterator": lambda: iter(range(40)),
+        # iterators over another: each by the place of the one it holds (iterators.MAX_NESTING)
+        "map over a list": lambda: map(float, data),
+        "map over a zip of two": lambda: map(sum, zip(iter(data), iter(data))),
+        "itertools.cycle past its first pass": lambda: _cycled(data[:3]),
+        "itertools.chain": lambda: itertools.chain(data[:2], data[2:]),
+        "itertools.islice of a count": lambda: itertools.islice(itertools.count(0.0), 0, None),
     }
+
+
+def _cycled(data: list[float]) -> Iterator[float]:
+    cycle = itertools.cycle(data)
+    for _ in range(len(data)):  # past the first pass: the place is an index into the saved items
+        next(cycle)
+    return cycle
 
 
 def _numbers(data: list[float]) -> Iterator[float]:

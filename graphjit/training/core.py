@@ -197,18 +197,26 @@ class GraphedLayerCore(Policy, SlotRecorder):
     def warmup_call(self, entry: LayerKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One eager call of a key before its recording, watched (:mod:`graphjit.training.watch`): a key whose call
         stores tensors in an object it receives, or writes a tensor argument in place, runs eagerly from then on; so
-        does one whose last warmup call writes a Python value its forward reads (:func:`.values.python_writes`)."""
+        does one whose last warmup call writes a Python value its forward reads (:func:`.values.python_writes`), or
+        reads the clock, advances an iterator or prints (:func:`.watch.host_reads`)."""
         st = entry.stats
         roots = watch.named_arguments(getattr(self.glue.layer, "forward", self.glue.layer), args, kwargs)
         python: str | None = None
+        host: watch.ArgumentWrites | None = None
 
-        def run() -> Any:
+        def last() -> Any:
             nonlocal python
-            if st.warmups < self.warmup - 1:  # (warmup_call runs only while st.warmups < self.warmup)
-                return self.glue.call_layer(args, kwargs)
-            # the last warmup call (the only one where warmup=1): a Python value it writes is written every call
             out, python = layer_values.python_writes(self.backend, self.glue.layer, args, kwargs,
                                                      lambda: self.glue.call_layer(args, kwargs))
+            return out
+
+        def run() -> Any:
+            nonlocal host
+            if st.warmups < self.warmup - 1:  # (warmup_call runs only while st.warmups < self.warmup)
+                return self.glue.call_layer(args, kwargs)
+            # the last warmup call (the only one where warmup=1): a Python value it writes is written every call, and
+            # what it reads from the host (the clock, an iterator's item, a print) is read every call
+            out, host = watch.host_reads(self.backend, self.glue.layer, roots, last, st.warmups == 0)
             return out
 
         first = st.warmups == 0 and self.warmup > 1  # (a later warmup call sees a draw every call makes)
@@ -216,6 +224,8 @@ class GraphedLayerCore(Policy, SlotRecorder):
         if not entry.checked:
             entry.checked = True
             self.check_outputs(out)
+        if writes is None:
+            writes = host
         if writes is None and python is not None:
             writes = watch.ArgumentWrites(
                 WRITES, f"the layer's call writes a Python value its forward reads: {python}; graphed_layer records "

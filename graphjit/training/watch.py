@@ -12,8 +12,12 @@ eagerly from then on, with a reason naming the argument (:class:`ArgumentWrites`
 What it sees: tensors reachable from the arguments through containers and object attributes
 (:func:`graphjit.reach.walk`), written in place by version counter (contents for small ones), rebound, added or
 moved; and a draw from the host's global random generators (Python's ``random``, numpy's: :mod:`graphjit.host_random`).
-Not seen: plain Python values (an int counter) changed in such an object, and a write only some calls make (a key
-whose warmup calls did not make it is recorded).  Runs during warmup only, never on a replay.
+The last warmup call of a key (:func:`host_reads`) is also watched for what it reads from the host on every call that
+no tensor shows: the clock (:mod:`graphjit.host_clock`), an item of an iterator the layer or an argument holds
+(:mod:`graphjit.iterators`), a print or log line (the key's first call excepted).  Not seen here: plain Python
+values (an int counter) changed in such an object (:func:`graphjit.training.values.python_writes` sees those the
+forward reads), and a write only some calls make (a key whose warmup calls did not make it is recorded).  Runs during
+warmup only, never on a replay.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import host_random
+from .. import host_clock, host_random, iterators
 from ..backends.base import Backend
+from ..names import NameRecorder
 from ..reach import ATOMS, Path, addresses, describe, moved, rebinds, walk
+from ..warmup import PRINTS
 from ..writes import WriteProbe
 
 
@@ -75,6 +81,39 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
         return out, _stored(stored)
     written = [p for _t, p in probe.written()]
     return out, _written(written) if written else drew
+
+
+def host_reads(backend: Backend, layer: Any, roots: list[tuple[str, Any]], run: Callable[[], Any],
+               first: bool) -> tuple[Any, ArgumentWrites | None]:
+    """Run ``run()`` (the key's last warmup call) under graphjit's name recorder, with the positions of the iterators
+    ``layer`` and the arguments ``roots`` hold read before and after it; return its result and why the key must run
+    eagerly, or None.  A replay runs no Python: a clock reading would stay the recording's, an iterator would not
+    advance (and the recording's extra passes would each take an item the calls never see), a print would not print.
+    ``first``: the key's first call (a lazy initialisation may print once).  Where a profiler of the user's is set the
+    recorder cannot run: the clock and prints are then not seen (the iterators still are)."""
+    types = backend.tensor_types()
+    found = walk([("self", layer), *roots], lambda x: isinstance(x, types)).iterators
+    places = iterators.positions(found)
+    recorder = NameRecorder()
+    with recorder:
+        out = run()
+    advanced = iterators.advanced(found, places)
+    if advanced:
+        return out, ArgumentWrites(iterators.REASON, f"the layer advances an iterator on every call "
+                                   f"({', '.join(advanced)}); graphed_layer records its graphs with extra eager "
+                                   "passes, each of which would take an item the calls never see, and a replay runs "
+                                   "no Python, so it would take none: calls of this input signature run the layer "
+                                   "eagerly (pass the item in as an argument)")
+    if recorder.clocked:
+        return out, ArgumentWrites(host_clock.REASON, f"the layer reads the host clock ({'; '.join(recorder.clocked)});"
+                                   " a replay runs no Python and would hand back the recording's reading every time: "
+                                   "calls of this input signature run the layer eagerly (read it outside the layer "
+                                   "and pass what it decides)")
+    if recorder.emitted and not first:
+        return out, ArgumentWrites(PRINTS, f"the layer prints or logs on every call ({'; '.join(recorder.emitted)}); "
+                                   "a replay runs no Python, so it would not: calls of this input signature run the "
+                                   "layer eagerly (print or log outside the layer)")
+    return out, None
 
 
 def _drew(before: tuple[Any, ...] | None) -> ArgumentWrites | None:
