@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import guards, module_hooks, py_writes, scope
+from . import guards, host_random, module_hooks, py_writes, scope
 from .backends.base import CAPTURE_LOCK, Backend, GraphHandle
 from .buffers import (
     OVERLAP,
@@ -163,15 +163,26 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         rescan = _guard_scan(req)  # the values the capture reads, found the same way before and after it
         values = rescan() if rescan is not None else None
         # the capture's Python effects are undone where they are not the call's
-        py = req.pystate if settled and req.pystate is not None else PyState(b, roots)
+        py = req.pystate if settled and req.pystate is not None else PyState(b, roots, req.device)
         st.state = State.CAPTURE
         # version counters before the capture (not where fed: a fed tensor's writes are renewals.py's, its own reason)
         versions = {i: b.version(t) for i, (t, _p) in before.tensors.items()} if req.fed is None else {}
+        gens = b.host_generators(req.device)
+        host = host_random.state(gens)  # a capture runs no island: a draw during it is the segments'
         try:
             graph, static_out, capture_ms = capture_graph(req, statics, before)
         except BaseException:
             py.restore()
             raise
+        drew = host_random.drew(host, gens)
+        if drew is not None:
+            graph.reset()
+            py.restore()  # (the generators too: the call's eager run draws what it would have)
+            raise CaptureError(f"{req.fn_name} {st.label}: the function draws numbers from {drew} on the CPU outside "
+                               "its @graphjit.eager functions (its capture did); a replay runs no Python and would "
+                               "hand back the capture's numbers every time. Draw them on the device (torch.rand, "
+                               "paddle.rand), pass them in, or mark the function that draws with @graphjit.eager",
+                               reason=host_random.REASON)
         if versions:
             known = {id(t) for t in req.warm.state(req.sig, b)[0]}
             req.also_written = [(t, describe(p)) for i, (t, p) in before.tensors.items() if i not in known and
@@ -454,8 +465,8 @@ def verify_and_replay(req: BuildRequest, statics: Statics, graph: GraphHandle, o
     # the reference ran the islands, the call's once; the replay runs them again (py: the state the reference began in)
     islands = ref_ran and isinstance(graph, PiecewiseGraph) and bool(graph.islands)
     try:
-        with second_run(py if islands else None, lambda: copy_or_none(b, lambda: [*req.roots(),
-                                                                                 *dynamic_roots(sig.dynamic)])):
+        with second_run(py if islands else None, lambda: copy_or_none(
+                b, lambda: [*req.roots(), *dynamic_roots(sig.dynamic)], req.device)):
             graph.replay()
             b.synchronize(req.device)
         problem = _compare(b, outputs.result(sig.pads, False, None, None), expected, expected_shape, is_tensor)

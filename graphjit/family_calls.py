@@ -103,7 +103,7 @@ class FamilyCalls(KeyLifecycle):
             warm.blocked = Blocked("cannot undo a warmup run", f"copying what the run of its own value may write "
                                    f"failed ({type(exc).__name__}: {exc})")
             return False, None
-        py = PyState(backend, self.roots(instance, args, kwargs))
+        py = PyState(backend, self.roots(instance, args, kwargs), device)
         out = self.watched(backend, device, sig, warm, instance, args, kwargs, sync_watch=True)[0]
         outside = [reach.describe(p) for t, p in warm.written_tensors() if id(t) not in known]
         new = outside + [sig.paths[i] for i in sorted(warm.mutated_leaves - leaves)]

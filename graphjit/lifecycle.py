@@ -346,7 +346,7 @@ class KeyLifecycle(abc.ABC):
         record = self.verify() and verify_fits(sum(backend.nbytes(t) for t in written), budget)  # verify's reference
         snap = Snapshot(backend, undoable, device)
         start = self.roots(instance, args, kwargs)
-        py = PyState(backend, start)
+        py = PyState(backend, start, device)
         own, known, mutated = {id(t) for t in written}, {id(t) for t in undoable}, set(warm.mutated_leaves)
         after: reach.Reach | None = None
         for k in range(count):
@@ -533,12 +533,12 @@ class KeyLifecycle(abc.ABC):
         def roots() -> list[tuple[str, Any]]:
             return [*self.roots(instance, args, kwargs), *dynamic_roots(sig.dynamic)]
 
-        before = copy_or_none(backend, roots)  # the Python state the eager run starts from
+        before = copy_or_none(backend, roots, entry.device)  # the Python state the eager run starts from
         with self.lock:
             try:
                 outcome, post = recheck_mod.against_eager(
                     backend, entry.device, written, paths, eager, lambda: entry.replay(sig, True, (args, kwargs)),
-                    before if entry.piecewise else None, lambda: copy_or_none(backend, roots))
+                    before if entry.piecewise else None, lambda: copy_or_none(backend, roots, entry.device))
             except InputMoved as moved:  # nothing replayed; the eager run's tensor writes were undone
                 if before is not None:
                     before.restore()  # and its Python effects: the recapture runs the call

@@ -8,8 +8,10 @@ call's eager run would start from them (a GradScaler then reads a ``found_inf`` 
 
 :class:`PyState` copies, shallowly, every container the call can reach (object ``__dict__`` and ``__slots__``, dicts,
 lists, a ``threading.local``'s attributes of the calling thread, a ``ContextVar``'s value) and every tensor-held
-binding (a leaf's ``.grad``) before the capture, and :meth:`PyState.restore` puts back each one whose contents
-changed: afterwards the objects hold what they held before, and whatever the run created is no longer referenced.
+binding (a leaf's ``.grad``) before the capture, with the states of the host's global random generators
+(:class:`graphjit.host_random.Saved`), and :meth:`PyState.restore` puts back each one whose contents changed:
+afterwards the objects hold what they held before, the generators draw what they would have, and whatever the run
+created is no longer referenced.
 Tensor *contents* are not its job (:class:`graphjit.writes.Snapshot` copies those).
 
 Runs at capture only (a walk and a shallow copy of each container), never on the replay path.
@@ -25,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from . import context_values
+from . import context_values, host_random
 from .backends.base import Backend
 from .reach import FOREIGN_MODULES, Visits, instance_dict, skipped, slots_of, unwrap_own
 
@@ -40,13 +42,16 @@ class PyState:
     Containers the walk did not reach (past its size limit, or only C code holds them) are not touched.
     """
 
-    def __init__(self, backend: Backend, roots: Iterable[tuple[str, Any]]) -> None:
+    def __init__(self, backend: Backend, roots: Iterable[tuple[str, Any]], device: str | None = None) -> None:
+        """``device``: the call's, where its framework's host generators count (``Backend.host_generators``)."""
         self.backend = backend
         self.dicts: list[tuple[dict[Any, Any], dict[Any, Any]]] = []
         self.lists: list[tuple[list[Any], list[Any]]] = []
         self.slots: list[tuple[Any, str, Any]] = []
         self.bindings: list[tuple[Any, str, Any]] = []
         self.contexts: list[tuple[Any, Any]] = []  # (ContextVar, its value or ABSENT)
+        # Python's and numpy's global generators, the framework's host ones for a call on a device (an island's draws)
+        self.host = host_random.Saved(backend.host_generators(device) if device is not None else ())
         types_ = backend.tensor_types()
         tensors: set[int] = set()
         visits = Visits()
@@ -101,9 +106,11 @@ class PyState:
                 stack.append((child, depth + 1))
 
     def restore(self) -> int:
-        """Put back every container and binding that changed; returns how many had changed (put back or not).  A
-        container that refuses (a dict subclass that forbids updates) is left as it is, and the others are still put
-        back."""
+        """Put back every container and binding that changed, and the host's global random generators; returns how
+        many containers and bindings had changed (put back or not: the generators are not counted, no walk of the
+        objects depends on them).  A container that refuses (a dict subclass that forbids updates) is left as it is,
+        and the others are still put back."""
+        self.host.put_back()
         n = 0
         for d, saved in self.dicts:
             if not _same_dict(d, saved):
@@ -151,12 +158,13 @@ def dynamic_roots(dynamic: dict[str, Any]) -> list[tuple[str, Any]]:
     return [(f"dynamic argument {name!r}", value) for name, value in dynamic.items()]
 
 
-def copy_or_none(backend: Backend, roots: Callable[[], Iterable[tuple[str, Any]]]) -> PyState | None:
+def copy_or_none(backend: Backend, roots: Callable[[], Iterable[tuple[str, Any]]],
+                 device: str | None = None) -> PyState | None:
     """:class:`PyState` of what ``roots()`` gives, or None where listing the roots or the copy failed (logged at debug
     level): for a copy whose only job is to undo a run graphjit adds (a replay's islands, run a second time to verify
     them), which must never fail the call."""
     try:
-        return PyState(backend, roots())
+        return PyState(backend, roots(), device)
     except Exception as exc:
         log.debug("graphjit: the Python state could not be copied (%s: %s)", type(exc).__name__, exc)
         return None

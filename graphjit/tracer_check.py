@@ -102,7 +102,7 @@ def traced_run(backend: Backend, device: str, roots: list[tuple[str, Any]], run:
     if fits:
         tensors += params
     snap = Snapshot(b, [t for t, _p in tensors], device)
-    py = PyState(b, roots)  # the Python state too: a counter the call advances moves once, in the call
+    py = PyState(b, roots, device)  # the Python state too: a counter the call advances moves once, in the call
     try:
         out = run()
         b.synchronize(device)

@@ -225,6 +225,44 @@ def test_a_users_own_cuda_generator_draws_as_in_eager(dev):
             assert s["fallbacks"], (name, s)
 
 
+@pytest.mark.parametrize("scope", [False, True], ids=["calls", "scope"])
+@pytest.mark.parametrize("warmup", [1, 2])
+@pytest.mark.parametrize("copy", ["pageable", "pinned"])
+def test_a_draw_from_torchs_cpu_generator_acts_as_in_eager(dev, copy, warmup, scope):
+    """A CUDA function that draws on the host from torch's CPU generator (``torch.rand(n)`` without a device) and
+    copies the numbers over (a pageable copy synchronises; a pinned, non-blocking one can be captured): every call's
+    numbers and the CPU generator's state afterwards are eager's, with the key run uncaptured under a reason.  Before,
+    the capture's run (``warmup=1``) or a scope's extra run drew numbers no call saw, and every later call was a draw
+    ahead of eager's."""
+
+    def step(x):
+        noise = torch.rand(x.shape[0])
+        noise = noise.to(dev) if copy == "pageable" else noise.pin_memory().to(dev, non_blocking=True)
+        return x * 2 + noise
+
+    def run(fn):
+        torch.manual_seed(3)
+        outs = []
+        with torch.no_grad():
+            for i in range(8):
+                x = torch.full((16,), float(i), device=dev)
+                if scope and i == 0:
+                    with graphjit.capture_scope(progress=False):
+                        outs.append(fn(x).clone())
+                else:
+                    outs.append(fn(x).clone())
+        torch.cuda.synchronize()
+        return outs, torch.default_generator.get_state()
+
+    g = graphjit.graphed(step, warmup=warmup)
+    (got, got_state), (want, want_state) = run(g), run(step)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), i
+    assert torch.equal(got_state, want_state)
+    s = g.stats()
+    assert not s["replays"] and s["fallbacks"], s
+
+
 def test_dynamic_cache_style_rebinding_runs_uncaptured_and_right(dev):
     class Growing:
         def __init__(self):

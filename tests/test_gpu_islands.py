@@ -135,6 +135,42 @@ def test_exactly_once_state_in_segments_and_islands(dev):
     assert [float(o[0]) for o in out] == [2.0 * n for n in range(1, 13)]
 
 
+@pytest.mark.parametrize("scope", [False, True], ids=["calls", "scope"])
+def test_an_island_that_draws_host_random_numbers_draws_once_a_call(dev, scope):
+    """An island sampling on the host (``random.random()``): the key is captured, each call draws one number as
+    eagerly (verify's runs and a scope's extra run put the generator back), results and the generator's state equal to
+    eager's."""
+    import random
+
+    @graphjit.eager
+    def jitter(h):
+        return h + random.random()
+
+    def step(x):
+        return jitter(x * 3) * 2
+
+    def run(f):
+        random.seed(11)
+        xs = [torch.full((64,), float(i), device=dev) for i in range(10)]
+        outs = []
+        with torch.no_grad():
+            for i, x in enumerate(xs):
+                if scope and i == 0:
+                    with graphjit.capture_scope(progress=False):
+                        outs.append(f(x).clone())
+                else:
+                    outs.append(f(x).clone())
+        return outs, random.getstate()
+
+    g = graphjit.graphed(step)
+    (got, got_state), (want, want_state) = run(g), run(step)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), i
+    assert got_state == want_state
+    s = g.stats()
+    assert s["graphs"] == 1 and s["keys"][0]["islands"] == 1 and not s["fallbacks"], s
+
+
 def test_capture_scope_piecewise(dev):
     counter = torch.zeros(1, device=dev)
 

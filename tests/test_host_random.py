@@ -1,7 +1,9 @@
 """A function that draws from the host's global random generators (Python's ``random``, numpy's legacy global one)
 runs uncaptured under its reason, its numbers and the generators' states eager's.  Before, verify compared one call
-and could pass by chance (``random.randint(0, 3)``), and every replay handed back the capture's number.  CPU
-lifecycle through tests/graph_emulator.py."""
+and could pass by chance (``random.randint(0, 3)``), and every replay handed back the capture's number; with
+``warmup=1``, or inside a capture scope, the capture's and verify's runs (or the scope's extra run) drew numbers the
+calls never saw, and every later call ran a number ahead of eager's.  One drawn in an island (``@graphjit.eager``)
+is drawn on every call, once, as eagerly: the key is captured.  CPU lifecycle through tests/graph_emulator.py."""
 
 from __future__ import annotations
 
@@ -34,26 +36,76 @@ def _with_island(x: torch.Tensor) -> torch.Tensor:
     return x * 2 + _island_noise()
 
 
+@graphjit.eager
+def _np_island_noise() -> torch.Tensor:
+    return torch.full((1,), float(np.random.rand()))
+
+
+def _with_np_island(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + _np_island_noise()
+
+
+def _run(f, scope: bool, calls: int = 10) -> tuple[list[float], object, bytes]:
+    """``calls`` calls of ``f`` from seeded generators (the first inside a capture scope where ``scope``): the numbers,
+    and the generators' states after them."""
+    random.seed(7)
+    np.random.seed(7)
+    outs = []
+    for i in range(calls):
+        if scope and i == 0:
+            with graphjit.capture_scope(progress=False):
+                outs.append(float(f(torch.zeros(1))[0]))
+        else:
+            outs.append(float(f(torch.zeros(1))[0]))
+    return outs, random.getstate(), np.random.get_state()[1].tobytes()
+
+
+@pytest.mark.parametrize("scope", [False, True], ids=["calls", "scope"])
+@pytest.mark.parametrize("warmup", [1, 2])
 @pytest.mark.parametrize("fn", [_coin, _np_coin], ids=["random", "numpy"])
-def test_host_random_draws_run_uncaptured_with_eagers_numbers(emu, fn) -> None:
-    def run(f):
-        random.seed(7)
-        np.random.seed(7)
-        outs = [float(f(torch.zeros(1))[0]) for _ in range(10)]
-        return outs, random.getstate(), np.random.get_state()[1].tobytes()
-
-    g = graphjit.graphed(fn)
-    got, want = run(g), run(fn)
-    assert got == want
+def test_host_random_draws_run_uncaptured_with_eagers_numbers(emu, fn, warmup: int, scope: bool) -> None:
+    g = graphjit.graphed(fn, warmup=warmup)
+    got, want = _run(g, scope), _run(fn, scope)
+    assert got == want  # the numbers and the generators' states after them
     st = g.stats()
-    assert st["replays"] == 0 and st["fallbacks"] == {"draws host random numbers": 9}, st
+    assert st["replays"] == 0 and set(st["fallbacks"]) == {"draws host random numbers"}, st
 
 
-def test_a_draw_inside_an_island_is_not_this_reason(emu) -> None:
-    """An island runs on every call: its draws are no reason to run uncaptured.  (Verify, which runs the island once
-    more than eager would, then sees other numbers and keeps the key uncaptured: a limit of islands that draw on the
-    host, not checked here.)"""
-    g = graphjit.graphed(_with_island)
-    for _ in range(6):
-        g(torch.ones(1))
-    assert "draws host random numbers" not in g.stats()["fallbacks"], g.stats()
+@pytest.mark.parametrize("scope", [False, True], ids=["calls", "scope"])
+@pytest.mark.parametrize("warmup", [1, 2])
+@pytest.mark.parametrize("fn", [_with_island, _with_np_island], ids=["random", "numpy"])
+def test_a_draw_inside_an_island_is_drawn_once_a_call_and_the_key_captured(emu, fn, warmup: int, scope: bool) -> None:
+    """An island runs on every call: its draws are no reason to run uncaptured, and the runs graphjit adds (the
+    capture, verify's reference and replay, a scope's extra run) put the generators back, so each call draws one
+    number, as eagerly, and verify sees the numbers eager would."""
+    g = graphjit.graphed(fn, warmup=warmup)
+    got, want = _run(g, scope), _run(fn, scope)
+    assert got == want
+    assert len(set(got[0])) == len(got[0])  # a fresh number every call: no replay hands back the capture's
+    st = g.stats()
+    assert st["graphs"] == 1 and st["replays"] >= 10 - warmup - 1 and not st["fallbacks"], st
+
+
+def test_torchs_cpu_generator_counts_for_a_call_on_a_gpu() -> None:
+    """torch's backend names its CPU generator as a host generator of a call on a GPU (not of one on the CPU, whose
+    generator is the device's); a draw from it is seen, and a saved Python state puts it back."""
+    from graphjit import backends, host_random
+    from graphjit.pystate import PyState
+
+    b = backends.get("torch")
+    assert b.host_generators("cpu") == ()
+    gens = b.host_generators("cuda:0")
+    assert [g.name for g in gens] == ["torch's CPU generator"]
+    before = host_random.state(gens)
+    assert host_random.drew(before, gens) is None
+    torch.rand(3)
+    assert host_random.drew(before, gens) == "torch's CPU generator"
+    py = PyState(b, [], "cuda:0")
+    want = torch.rand(4)
+    py.restore()
+    assert torch.equal(torch.rand(4), want)  # drawn again from the state the copy kept
+    cpu_only = PyState(b, [], "cpu")  # a call on the CPU: Snapshot puts its generator back, not PyState
+    torch.rand(2)
+    state = torch.default_generator.get_state()
+    cpu_only.restore()
+    assert torch.equal(torch.default_generator.get_state(), state)

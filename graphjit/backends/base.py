@@ -417,6 +417,13 @@ class Backend(abc.ABC):
         """True if two states of :meth:`rng_state` are the same (nothing was drawn in between)."""
         return True
 
+    def host_generators(self, device: str) -> tuple[Any, ...]:
+        """The framework's own generators a call on ``device`` may draw from on the host, other than
+        :meth:`rng_state`'s (:class:`graphjit.host_random.Generator` each: torch's CPU generator for a CUDA device): a
+        replay draws nothing from them, so they count as the host's global generators do (:mod:`graphjit.host_random`).
+        None here."""
+        return ()
+
     def rng_in_graphs(self) -> str | None:
         """None if a replay draws new random numbers and advances the generator as eager does;
         else why not (a key that draws random numbers then runs uncaptured with this reason)."""

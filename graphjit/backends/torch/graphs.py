@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ... import layouts
+from ... import host_random, layouts
 from ...errors import BackendError, CaptureError
 from ...feeds import StepContext
 from ..base import CAPTURE_LOCK, Backend, GraphHandle, LaneParts, Segments, collector_paused, segments_open
@@ -413,6 +413,11 @@ class TorchBackend(Backend):
     def rng_equal(self, a: Any, b: Any) -> bool:
         return bool(torch.equal(a, b))
 
+    def host_generators(self, device: str) -> tuple[Any, ...]:
+        """torch's CPU generator (``torch.rand(3)``, ``torch.randperm(n)`` without a device) for a call on a GPU; none
+        for a call on the CPU, whose generator is :meth:`rng_state`'s."""
+        return _CPU_GENERATOR if not device.startswith("cpu") else ()
+
     # -- tracing ---------------------------------------------------------------------------
     def trace(self, fn: Callable[..., Any], tracer: str) -> Callable[..., Any]:
         if tracer == "eager":
@@ -556,6 +561,8 @@ class TorchBackend(Backend):
 
 
 _SYNC_WATCHER = SyncWatcher(torch.cuda.get_sync_debug_mode, torch.cuda.set_sync_debug_mode)
+_CPU_GENERATOR = (host_random.Generator("torch's CPU generator", torch.default_generator.get_state,
+                                        torch.default_generator.set_state, lambda a, b: bool(torch.equal(a, b))),)
 
 def _float64(t: Any) -> Any:
     """``t`` in float64; a complex tensor as its real and imaginary parts (``.double()`` drops the imaginary part)."""
