@@ -220,7 +220,8 @@ class GraphedLayerCore(Policy, SlotRecorder):
             return out
 
         first = st.warmups == 0 and self.warmup > 1  # (a later warmup call sees a draw every call makes)
-        out, writes = watch.watched_call(self.backend, run, roots, env.settings().verify_max_bytes, first)
+        out, writes = watch.watched_call(self.backend, run, roots, env.settings().verify_max_bytes, first,
+                                         entry.device)
         if not entry.checked:
             entry.checked = True
             self.check_outputs(out)

@@ -55,14 +55,16 @@ def named_arguments(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
 
 
 def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str, Any]],
-                 budget: int, first: bool = False) -> tuple[Any, ArgumentWrites | None]:
+                 budget: int, first: bool = False, device: str | None = None) -> tuple[Any, ArgumentWrites | None]:
     """Run ``run()`` (the layer's eager call) once; return its result and what, if anything, it did to the
     tensors ``roots`` hold that a graphed call could not do (``first``: the key's first call, whose draws from the
-    host's random generators may be a lazy initialisation's).  Exceptions of ``run`` propagate unchanged."""
-    host = None if first else host_random.state()
+    host's random generators may be a lazy initialisation's; ``device``: the key's, whose framework's host generators
+    count too, ``Backend.host_generators``).  Exceptions of ``run`` propagate unchanged."""
+    gens = backend.host_generators(device) if device is not None else ()
+    host = None if first else host_random.state(gens)
     if not roots:
         out = run()
-        return out, _drew(host)
+        return out, _drew(host, gens)
     b = backend
     types = b.tensor_types()
 
@@ -73,7 +75,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     where = addresses(before, b.data_ptr)
     probe = WriteProbe(b, before, budget)
     out = run()
-    drew = _drew(host)
+    drew = _drew(host, gens)
     after = walk(roots, is_tensor)
     rebound, added = rebinds(before, after)
     stored = rebound + added + moved(before, where, b.data_ptr)
@@ -116,10 +118,10 @@ def host_reads(backend: Backend, layer: Any, roots: list[tuple[str, Any]], run: 
     return out, None
 
 
-def _drew(before: tuple[Any, ...] | None) -> ArgumentWrites | None:
-    """Why a key whose call drew from the host's global random generators runs eagerly (the replays would hand back
-    the recording's numbers), or None (:mod:`graphjit.host_random`; ``before`` None: not watched)."""
-    which = host_random.drew(before) if before is not None else None
+def _drew(before: tuple[Any, ...] | None, gens: tuple[Any, ...] = ()) -> ArgumentWrites | None:
+    """Why a key whose call drew from the host's global random generators (and ``gens``) runs eagerly (the replays
+    would hand back the recording's numbers), or None (:mod:`graphjit.host_random`; ``before`` None: not watched)."""
+    which = host_random.drew(before, gens) if before is not None else None
     if which is None:
         return None
     return ArgumentWrites(host_random.REASON,
