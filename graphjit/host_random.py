@@ -92,8 +92,8 @@ class Saved:
         if random.getstate() != self.python:
             random.setstate(self.python)
             moved = True
-        if self.numpy is not None:
-            np = sys.modules["numpy"]
+        np = sys.modules.get("numpy")
+        if self.numpy is not None and np is not None:
             try:
                 now = np.random.get_state()
                 if not _same_numpy(now, self.numpy):

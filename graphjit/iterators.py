@@ -48,6 +48,8 @@ def _atom(v: Any, depth: int) -> Any:
         return v
     if tp in (list, tuple):
         return (tp.__name__, len(v))
+    if tp is range:  # (a range iterator's pickle makes a new range each time: by its bounds, not its identity)
+        return ("range", v.start, v.stop, v.step)
     if depth < MAX_NESTING and kind(tp) is not None:
         return ("in", position(v, depth + 1))
     return ("id", id(v))

@@ -97,9 +97,13 @@ def host_reads(backend: Backend, layer: Any, roots: list[tuple[str, Any]], run: 
     found = walk([("self", layer), *roots], lambda x: isinstance(x, types)).iterators
     places = iterators.positions(found)
     recorder = NameRecorder()
-    with recorder:
+    with backend.compiles_unwatched(recorder.pause, recorder.resume), recorder:  # (a compile: off the hook)
         out = run()
     advanced = iterators.advanced(found, places)
+    if recorder.emitted and not first:  # (the order of @graphed's reasons: warmup.py)
+        return out, ArgumentWrites(PRINTS, f"the layer prints or logs on every call ({'; '.join(recorder.emitted)}); "
+                                   "a replay runs no Python, so it would not: calls of this input signature run the "
+                                   "layer eagerly (print or log outside the layer)")
     if advanced:
         return out, ArgumentWrites(iterators.REASON, f"the layer advances an iterator on every call "
                                    f"({', '.join(advanced)}); graphed_layer records its graphs with extra eager "
@@ -111,10 +115,6 @@ def host_reads(backend: Backend, layer: Any, roots: list[tuple[str, Any]], run: 
                                    " a replay runs no Python and would hand back the recording's reading every time: "
                                    "calls of this input signature run the layer eagerly (read it outside the layer "
                                    "and pass what it decides)")
-    if recorder.emitted and not first:
-        return out, ArgumentWrites(PRINTS, f"the layer prints or logs on every call ({'; '.join(recorder.emitted)}); "
-                                   "a replay runs no Python, so it would not: calls of this input signature run the "
-                                   "layer eagerly (print or log outside the layer)")
     return out, None
 
 
