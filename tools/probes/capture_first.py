@@ -34,9 +34,13 @@ def main() -> int:
     p.add_argument("--switch-interval", type=float, default=None)
     p.add_argument("--old-prime", action="store_true", help="prime cuBLAS as graphjit did up to f4ff8e2 (fp32 and "
                    "bf16 products of each library per capture)")
-    p.add_argument("--time-step", action="store_true", help="time each eager run of the step (both variants)")
+    p.add_argument("--time-step", action="store_true", help="time each eager run of the step (both variants; the "
+                   "timing list the step then appends to is Python state it writes on every call, so graphjit's "
+                   "variant runs it uncaptured: graphs 0, its times are not a capture's)")
     p.add_argument("--time-fns", default="", help="comma-separated module:qualname of functions to time per run "
-                   "(cumulative seconds and calls; nested calls count once per outermost call)")
+                   "(cumulative seconds and calls; nested calls count once per outermost call; a wrapper can change "
+                   "what graphjit does: one run with 36 functions wrapped, torch.cuda.synchronize and "
+                   "graphjit.invoke:Invoker.run among them, captured nothing, so check the runs' graphs)")
     a = p.parse_args()
     t_import = time.perf_counter()
     import torch
