@@ -81,8 +81,8 @@ def global_value(device: str) -> Case:
 
 
 def context_variable(device: str) -> Case:
-    """A ``contextvars.ContextVar``'s value (``CONTEXT_SCALE.get()``), toggled between two values.  The eager tracer
-    only: whether Dynamo guards a ContextVar's value is Dynamo's to say."""
+    """A ``contextvars.ContextVar``'s value (``CONTEXT_SCALE.get()``), toggled between two values (under
+    ``tracer="compile"`` too: tests/test_context_values.py runs Dynamo's front end on the CPU)."""
     torch.manual_seed(0)
     w = torch.randn(16, 16, device=device)
     xs = _xs(device, 12, (4, 16))
@@ -93,12 +93,11 @@ def context_variable(device: str) -> Case:
     def before(i):
         CONTEXT_SCALE.set(2.0 if i % 2 else 0.5)
 
-    return Case(step, lambda i: (xs[i],), before, extra={"tracers": ("eager",)})
+    return Case(step, lambda i: (xs[i],), before)
 
 
 def thread_local(device: str) -> Case:
-    """A ``threading.local``'s attribute (``THREAD_STATE.k``), toggled between two values (eager tracer only, as
-    above)."""
+    """A ``threading.local``'s attribute (``THREAD_STATE.k``), toggled between two values (both tracers, as above)."""
     torch.manual_seed(0)
     w = torch.randn(16, 16, device=device)
     xs = _xs(device, 12, (4, 16))
@@ -109,7 +108,7 @@ def thread_local(device: str) -> Case:
     def before(i):
         THREAD_STATE.k = 2.0 if i % 2 else 0.5
 
-    return Case(step, lambda i: (xs[i],), before, extra={"tracers": ("eager",)})
+    return Case(step, lambda i: (xs[i],), before)
 
 
 def list_item(device: str) -> Case:

@@ -327,3 +327,19 @@ def test_a_tensor_in_a_context_variable_passed_as_an_argument(emu, scan) -> None
         var.set(torch.full((3,), 10.0 + i))
         x = torch.ones(3)
         assert torch.equal(g(x, var), x + 10 + i)
+
+
+@pytest.mark.parametrize("name", ["context_variable", "thread_local"])
+def test_under_the_compile_tracer(emu, monkeypatch, name: str) -> None:
+    """``tracer="compile"``: Dynamo's front end (its ``eager`` back end on the CPU), each value toggled between calls:
+    every output eager's, a graph per value, replayed."""
+    import guard_cases as cases
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **_kw: real(fn, backend="eager"))
+    make = cases.VALUES[name]
+    want, _state, _ = cases.run(make, "cpu", graph=False)
+    got, _state, g = cases.run(make, "cpu", graph=True, tracer="compile")
+    assert cases.max_diff(got, want) == 0.0, g.report()
+    st = g.stats()
+    assert st["graphs"] == 2 and st["replays"] >= 6 and not st["fallbacks"], g.report()
