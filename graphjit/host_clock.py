@@ -1,7 +1,8 @@
 """Whether a call read the host's clock: ``time.time()``, ``time.perf_counter()``, ``time.monotonic()`` (and their
 ``_ns`` forms), ``time.process_time()``, ``time.thread_time()``, ``time.clock_gettime()``, ``datetime.now()`` /
-``utcnow()`` / ``today()``; not ``time.localtime()``, ``gmtime()``, ``ctime()`` or ``strftime()``, which read it only
-without an argument (a conversion of a given time is no read).
+``utcnow()`` / ``today()``; ``time.localtime()``, ``gmtime()``, ``ctime()``, ``asctime()`` and ``strftime(format)``
+where the call passes no time to convert (the caller's ``CALL`` instruction counts its arguments; a call it cannot
+count, ``f(*args)``, is taken as a read; an explicit ``None`` is not seen).
 A replay runs no Python, so it would hand back the capture's reading every time: a deadline, a timestamp or a decay
 computed from it would stay frozen, and verify, which compares one replay right after the capture, may pass.  Such a
 key runs uncaptured (:data:`REASON`).
@@ -17,6 +18,7 @@ program (``tracer="compile"``, Paddle's), a profiler of the user's already set. 
 from __future__ import annotations
 
 import datetime
+import dis
 import time
 import types
 from typing import Any
@@ -29,14 +31,35 @@ _FUNCTIONS = frozenset(getattr(time, name) for name in (
     "process_time_ns", "thread_time", "thread_time_ns", "clock_gettime", "clock_gettime_ns") if hasattr(time, name))
 _METHODS = frozenset(("now", "utcnow", "today"))
 _CLASSES = (datetime.datetime, datetime.date)
+_CONVERSIONS = {getattr(time, name): most for name, most in (
+    ("localtime", 0), ("gmtime", 0), ("ctime", 0), ("asctime", 0), ("strftime", 1)) if hasattr(time, name)}
+"""The conversions that read the clock when called with at most this many arguments (no time of the caller's)."""
+_CALLS = frozenset(dis.opmap[name] for name in ("CALL", "CALL_KW", "CALL_FUNCTION", "CALL_METHOD")
+                   if name in dis.opmap)
 
 
-def read(fn: Any) -> str | None:
-    """The name of the clock ``fn`` (a C function a ``c_call`` event names) reads, or None."""
+def read(fn: Any, frame: types.FrameType | None = None) -> str | None:
+    """The name of the clock ``fn`` (a C function a ``c_call`` event names, called from ``frame``) reads, or None."""
     if type(fn) is types.BuiltinFunctionType:
         if fn in _FUNCTIONS:
             return f"time.{fn.__name__}()"
+        most = _CONVERSIONS.get(fn)
+        if most is not None:
+            n = _arguments(frame)
+            return f"time.{fn.__name__}() without a time" if n is None or n <= most else None
         owner = getattr(fn, "__self__", None)  # a classmethod of datetime bound to its class: a builtin method
         if isinstance(owner, type) and issubclass(owner, _CLASSES) and fn.__name__ in _METHODS:
             return f"{owner.__name__}.{fn.__name__}()"
     return None
+
+
+def _arguments(frame: types.FrameType | None) -> int | None:
+    """How many arguments the call ``frame`` is making passes (its ``CALL`` instruction's count), or None where the
+    instruction does not say (``f(*args)``, no frame)."""
+    if frame is None:
+        return None
+    try:
+        code, at = frame.f_code.co_code, frame.f_lasti
+        return code[at + 1] if code[at] in _CALLS else None
+    except (IndexError, AttributeError):
+        return None

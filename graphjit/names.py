@@ -298,7 +298,7 @@ class NameRecorder:
             if (arg is _PRINT or getattr(arg, "__name__", None) == "write") and len(self.emitted) < MAX_EMITTED and \
                     not in_island():
                 self._printed(frame, arg)
-            elif len(self.clocked) < MAX_EMITTED and (clock := host_clock.read(arg)) is not None:
+            elif len(self.clocked) < MAX_EMITTED and (clock := host_clock.read(arg, frame)) is not None:
                 self._clocked(frame, clock)
             return
         code = frame.f_code

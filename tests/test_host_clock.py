@@ -51,7 +51,20 @@ def _with_island(x: torch.Tensor) -> torch.Tensor:
     return x * 2 + _island_clock()
 
 
-@pytest.mark.parametrize("fn", [_hours, _today, _through_a_helper], ids=["perf_counter", "datetime.now", "helper"])
+def _this_year(x: torch.Tensor) -> torch.Tensor:  # a conversion of now: reads the clock
+    return x + time.localtime().tm_year
+
+
+def _year_string(x: torch.Tensor) -> torch.Tensor:
+    return x + float(time.strftime("%Y"))
+
+
+def _epoch_year(x: torch.Tensor) -> torch.Tensor:  # a conversion of a given time: no read
+    return x + time.gmtime(0).tm_year + float(time.strftime("%Y", time.gmtime(0)))
+
+
+@pytest.mark.parametrize("fn", [_hours, _today, _through_a_helper, _this_year, _year_string],
+                         ids=["perf_counter", "datetime.now", "helper", "localtime()", "strftime(format)"])
 def test_a_clock_read_runs_uncaptured_with_eagers_results(emu, fn: Callable[[Any], Any]) -> None:
     g = graphjit.graphed(fn)
     for i in range(8):
@@ -60,6 +73,16 @@ def test_a_clock_read_runs_uncaptured_with_eagers_results(emu, fn: Callable[[Any
     st = g.stats()
     assert st["replays"] == 0 and host_clock.REASON in st["fallbacks"], st
     assert "time" in str(g.stats()["keys"][0]["detail"]) or "now" in str(g.stats()["keys"][0]["detail"])
+
+
+def test_a_conversion_of_a_given_time_keeps_the_graph(emu) -> None:
+    """``time.gmtime(0)``, ``time.strftime(format, t)``: the caller passed the time, no clock is read."""
+    g = graphjit.graphed(_epoch_year)
+    for _ in range(6):
+        x = torch.ones(3)
+        assert torch.equal(g(x), _epoch_year(x))
+    st = g.stats()
+    assert st["replays"] >= 3 and host_clock.REASON not in st["fallbacks"], st
 
 
 def test_a_deadline_passed_after_the_warmups_is_eagers(emu) -> None:
