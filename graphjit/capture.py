@@ -167,14 +167,13 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
         st.state = State.CAPTURE
         # version counters before the capture (not where fed: a fed tensor's writes are renewals.py's, its own reason)
         versions = {i: b.version(t) for i, (t, _p) in before.tensors.items()} if req.fed is None else {}
-        gens = b.host_generators(req.device)
-        host = host_random.state(gens)  # a capture runs no island: a draw during it is the segments'
+        host = host_random.Saved(b.host_generators(req.device))  # a capture runs no island: its draws are the segments'
         try:
             graph, static_out, capture_ms = capture_graph(req, statics, before)
         except BaseException:
             py.restore()
             raise
-        drew = host_random.drew(host, gens)
+        drew = host.moved()
         if drew is not None:
             graph.reset()
             py.restore()  # (the generators too: the call's eager run draws what it would have)

@@ -39,51 +39,32 @@ class Generator(NamedTuple):
     same: Callable[[Any, Any], bool]
 
 
-def state(extra: Sequence[Generator] = ()) -> tuple[Any, ...]:
-    """The states of the global generators now (numpy's only where numpy is imported), and of ``extra``."""
-    np = sys.modules.get("numpy")
-    numpy: Any = None
-    if np is not None:
-        try:
-            kind, keys, pos, has_gauss, cached = np.random.get_state()
-            numpy = (kind, keys.tobytes(), pos, has_gauss, cached)
-        except Exception:  # a numpy without the legacy global generator
-            numpy = None
-    return (random.getstate(), numpy, tuple(g.get() for g in extra))
-
-
-def drew(before: tuple[Any, ...], extra: Sequence[Generator] = ()) -> str | None:
-    """Which generator moved since ``before`` (:func:`state` with the same ``extra``), or None.  The states cannot
-    tell the call's draws from another thread's made meanwhile: such a draw runs the key uncaptured too, under the
-    same reason (``reset()`` tries it again)."""
-    after = state(extra)
-    if after[0] != before[0]:
-        return "Python's random module"
-    if after[1] != before[1] and before[1] is not None:
-        return "numpy's global random generator"
-    for g, was, now in zip(extra, before[2], after[2]):
-        if not g.same(was, now):
-            return g.name
-    return None
-
-
 class Saved:
-    """The global generators' states, and those of ``extra``, as :meth:`put_back` sets them again (numpy's where numpy
-    was imported)."""
+    """The states of the global generators (numpy's where numpy is imported) and of ``extra``, taken now:
+    :meth:`moved` says which one has moved since, :meth:`put_back` sets them back."""
 
     __slots__ = ("extra", "numpy", "python", "states")
 
     def __init__(self, extra: Sequence[Generator] = ()) -> None:
         self.python = random.getstate()
-        np = sys.modules.get("numpy")
-        self.numpy: Any = None
-        if np is not None:
-            try:
-                self.numpy = np.random.get_state()
-            except Exception:  # a numpy without the legacy global generator
-                self.numpy = None
+        self.numpy = _numpy_state()
         self.extra = tuple(extra)
         self.states = [g.get() for g in self.extra]
+
+    def moved(self) -> str | None:
+        """Which generator moved since this copy, or None (numpy's only where it was imported then).  The states
+        cannot tell the call's draws from another thread's made meanwhile: such a draw runs the key uncaptured too,
+        under the same reason (``reset()`` tries it again)."""
+        if random.getstate() != self.python:
+            return "Python's random module"
+        if self.numpy is not None:
+            now = _numpy_state()
+            if now is None or not _same_numpy(now, self.numpy):
+                return "numpy's global random generator"
+        for g, was in zip(self.extra, self.states):
+            if not g.same(was, g.get()):
+                return g.name
+        return None
 
     def put_back(self) -> bool:
         """Set each generator that moved since this copy back to its state then; True where one had moved (put back
@@ -109,6 +90,18 @@ class Saved:
             except Exception:
                 pass
         return moved
+
+
+def _numpy_state() -> Any:
+    """numpy's legacy global generator's state (``np.random.get_state()``), or None where numpy is not imported or has
+    no such generator."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    try:
+        return np.random.get_state()
+    except Exception:  # a numpy without the legacy global generator
+        return None
 
 
 def _same_numpy(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:

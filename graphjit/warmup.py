@@ -281,8 +281,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     where = addresses(before, b.data_ptr)
     probe = WriteProbe(b, before, budget, b.unversioned_writes(roots))
     rng = b.rng_state(device)
-    gens = b.host_generators(device)
-    host = host_random.state(gens)
+    host = host_random.Saved(b.host_generators(device))
     places = iterators.positions(before.iterators)
     syncs: list[str] = []
     values = (guards.scan(guard_src, is_tensor, None, b.tensor_holders, renewed=b.renewed_attributes)
@@ -299,7 +298,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     obs = Observation(probe.written(), rebound, added, drew, [with_function(s) for s in syncs], probe.incomplete,
                       isl.calls, added_tensors(before, after), moved(before, where, b.data_ptr), after=after)
     obs.elsewhere = [p for t, p in obs.written if b.device_str(t) != device]
-    obs.host_random = host_random.drew(host, gens) if not isl.calls else None  # (an island draws on every call)
+    obs.host_random = host.moved() if not isl.calls else None  # (an island draws on every call)
     obs.advanced = iterators.advanced(before.iterators, places) if not isl.calls else []
     if guard_src is not None and values is not None:
         if recorder.complete:

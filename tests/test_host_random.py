@@ -96,10 +96,10 @@ def test_torchs_cpu_generator_counts_for_a_call_on_a_gpu() -> None:
     assert b.host_generators("cpu") == ()
     gens = b.host_generators("cuda:0")
     assert [g.name for g in gens] == ["torch's CPU generator"]
-    before = host_random.state(gens)
-    assert host_random.drew(before, gens) is None
+    before = host_random.Saved(gens)
+    assert before.moved() is None
     torch.rand(3)
-    assert host_random.drew(before, gens) == "torch's CPU generator"
+    assert before.moved() == "torch's CPU generator"
     py = PyState(b, [], "cuda:0")
     want = torch.rand(4)
     py.restore()

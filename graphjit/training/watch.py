@@ -60,11 +60,10 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     tensors ``roots`` hold that a graphed call could not do (``first``: the key's first call, whose draws from the
     host's random generators may be a lazy initialisation's; ``device``: the key's, whose framework's host generators
     count too, ``Backend.host_generators``).  Exceptions of ``run`` propagate unchanged."""
-    gens = backend.host_generators(device) if device is not None else ()
-    host = None if first else host_random.state(gens)
+    host = None if first else host_random.Saved(backend.host_generators(device) if device is not None else ())
     if not roots:
         out = run()
-        return out, _drew(host, gens)
+        return out, _drew(host)
     b = backend
     types = b.tensor_types()
 
@@ -75,7 +74,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     where = addresses(before, b.data_ptr)
     probe = WriteProbe(b, before, budget)
     out = run()
-    drew = _drew(host, gens)
+    drew = _drew(host)
     after = walk(roots, is_tensor)
     rebound, added = rebinds(before, after)
     stored = rebound + added + moved(before, where, b.data_ptr)
@@ -118,10 +117,10 @@ def host_reads(backend: Backend, layer: Any, roots: list[tuple[str, Any]], run: 
     return out, None
 
 
-def _drew(before: tuple[Any, ...] | None, gens: tuple[Any, ...] = ()) -> ArgumentWrites | None:
-    """Why a key whose call drew from the host's global random generators (and ``gens``) runs eagerly (the replays
-    would hand back the recording's numbers), or None (:mod:`graphjit.host_random`; ``before`` None: not watched)."""
-    which = host_random.drew(before, gens) if before is not None else None
+def _drew(before: host_random.Saved | None) -> ArgumentWrites | None:
+    """Why a key whose call drew from the host's random generators runs eagerly (the replays would hand back the
+    recording's numbers), or None (:mod:`graphjit.host_random`; ``before`` None: not watched)."""
+    which = before.moved() if before is not None else None
     if which is None:
         return None
     return ArgumentWrites(host_random.REASON,
