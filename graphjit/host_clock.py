@@ -10,8 +10,9 @@ key runs uncaptured (:data:`REASON`).
 Framework-free.  The reads are seen by the name recorder's profile hook (:class:`graphjit.names.NameRecorder`, the
 ``c_call`` events of the last warmup call, the only one where ``warmup=1``), in the user's code only (a script's, a
 notebook's ``__main__``): a framework's, graphjit's or the standard library's own timing (a log record's timestamp:
-printing is its own reason) is not the call's.  Not seen where no name recorder runs: a tracer that runs a compiled
-program (``tracer="compile"``, Paddle's), a profiler of the user's already set.  An island
+printing is its own reason) is not the call's.  Under ``tracer="compile"`` the recorder watches the Python Dynamo
+runs between its graphs (a clock read is a graph break), with ``names=False``.  Not seen where no recorder runs: a
+Paddle tracer's program, a profiler of the user's already set.  An island
 (``@graphjit.eager``) runs on every call and may read it.
 """
 

@@ -168,9 +168,11 @@ class KeyLifecycle(abc.ABC):
         holders = warm.advances.holders(args, kwargs) if warm.advances is not None else None
         with scope_mod.graphed_call("warmup"):
             run, traced = self.runner(backend, device, sig.key, instance, args, kwargs, roots)
+            tracer = self.invoker.tracer_name(backend)
             out, obs = watched_call(backend, run, roots, device, budget, sync_watch=sync_watch, guard_src=guard_src,
-                                    runs_python=traced is not None or self.invoker.tracer_name(backend) == "eager",
-                                    before=before if traced is None else None)
+                                    runs_python=traced is not None or tracer == "eager",
+                                    before=before if traced is None else None,
+                                    host_calls=tracer in backend.host_watched_tracers)
         if traced is not None:
             self.check_tracer(backend, traced, out)
         warm.sync_watched = warm.sync_watched or sync_watch

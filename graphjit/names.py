@@ -217,9 +217,15 @@ class NameRecorder:
     profile hook makes each of them several times slower (a Dynamo compile of a transformers model took 3-4x as
     long under it): :meth:`pause` and :meth:`resume`, called by the backend where its compiler starts and ends
     (:meth:`~graphjit.backends.base.Backend.compiles_unwatched`), take the hook off for the compile.  A block left
-    paused (its compile ended on another thread) is not complete: its names are then not known."""
+    paused (its compile ended on another thread) is not complete: its names are then not known.
 
-    def __init__(self) -> None:
+    ``names=False``: only what the call does to the host that a replay would not do again (:attr:`emitted`,
+    :attr:`clocked`), for a run a tracer translates where the Python it leaves out of its program still runs (Dynamo's
+    graph breaks): the names such a run uses are not the function's (its compiled parts use none here), so none is
+    recorded."""
+
+    def __init__(self, names: bool = True) -> None:
+        self.record_names = names
         self.names: set[str] = set()
         self.codes: dict[types.CodeType, dict[str, Any]] = {}  # the code that ran -> the module globals it ran with
         self.active = False
@@ -309,6 +315,8 @@ class NameRecorder:
             return
         if code is _EMIT:
             self._logged(frame)
+            return
+        if not self.record_names:
             return
         module = frame.f_globals.get("__name__", "")
         if isinstance(module, str) and module.startswith(_SKIP_CODE):

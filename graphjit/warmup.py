@@ -264,11 +264,14 @@ class Warmup:
 
 def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str, Any]], device: str, budget: int,
                  sync_watch: bool, guard_src: guards.Sources | None = None,
-                 runs_python: bool = True, before: Reach | None = None) -> tuple[Any, Observation]:
+                 runs_python: bool = True, before: Reach | None = None,
+                 host_calls: bool = False) -> tuple[Any, Observation]:
     """Run ``run()`` once and observe it (see the module docstring).  Exceptions of ``run`` propagate
     unchanged; the observation is then lost with them.  ``guard_src``: also record the Python values it
     changes (:mod:`graphjit.guards`) and, where ``runs_python`` (the tracer runs the function as Python), the
-    names its code uses.  ``before``: the walk of ``roots`` as they are now (the last run's
+    names its code uses; where not, but ``host_calls`` (the tracer runs the Python it leaves out of its program:
+    Dynamo's graph breaks), only what that Python does to the host (a clock read, a print, a log record).
+    ``before``: the walk of ``roots`` as they are now (the last run's
     :attr:`Observation.after`, where nothing ran since that could rebind what they hold), instead of a new one."""
     b = backend
     types = b.tensor_types()
@@ -286,8 +289,10 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     syncs: list[str] = []
     values = (guards.scan(guard_src, is_tensor, None, b.tensor_holders, renewed=b.renewed_attributes)
               if guard_src is not None else None)
-    recorder = NameRecorder()
-    record = guard_src is not None and runs_python  # a run translated by a tracer uses no names of its own here
+    # a run translated by a tracer uses no names of its own here; where the tracer runs what it leaves out of its
+    # program as Python (``host_calls``: Dynamo's graph breaks), that Python is watched for host reads alone
+    recorder = NameRecorder(names=runs_python)
+    record = guard_src is not None and (runs_python or host_calls)
     with b.sync_watch(syncs) if sync_watch else contextlib.nullcontext(), collecting(b, device) as isl, \
             b.compiles_unwatched(recorder.pause, recorder.resume) if record else contextlib.nullcontext(), \
             recorder if record else contextlib.nullcontext():
@@ -301,11 +306,11 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
     obs.host_random = host.moved() if not isl.calls else None  # (an island draws on every call)
     obs.advanced = iterators.advanced(before.iterators, places) if not isl.calls else []
     if guard_src is not None and values is not None:
-        if recorder.complete:
+        if recorder.complete and runs_python:
             obs.names, obs.by_object, obs.probes = recorder.names, recorder.by_object, recorder.probes
             obs.probed_by_object, obs.read_globals = recorder.probed_by_object, recorder.read_globals
             obs.read_cells = recorder.read_cells
-            obs.emitted, obs.clocked = recorder.emitted, recorder.clocked
+        obs.emitted, obs.clocked = recorder.emitted, recorder.clocked  # (a paused part unseen: what was seen holds)
         obs.py_written = py_writes.writes(values, lambda: guards.scan(guard_src, is_tensor, None, b.tensor_holders,
                                                                    renewed=b.renewed_attributes))
     return out, obs

@@ -1,7 +1,8 @@
 """Warmup runs watch the Python code they run with a ``sys.setprofile`` hook (graphjit/names.py); a compiler
 translating inside such a run is not watched, since a profile hook made a Dynamo compile of a transformers model
-3-4x slower on the CPU.  The compile tracer's runs are not watched at all (its warmup runs the compiled function,
-whose names are Dynamo's to guard); a function traced ``eager`` that calls a ``torch.compile``'d function has the
+3-4x slower on the CPU.  The compile tracer's warmup is watched for what it does to the host alone (the Python of
+Dynamo's graph breaks: a clock read, a print), not for names (those of the compiled function are Dynamo's to guard),
+its compiles unwatched likewise; a function traced ``eager`` that calls a ``torch.compile``'d function has the
 hook taken off for that compile and put back after it, so the names its own code reads are still guarded."""
 
 from __future__ import annotations
@@ -129,24 +130,32 @@ def test_a_watched_warmup_compiles_unwatched_and_records_the_names_its_own_code_
     assert sys.getprofile() is None
 
 
-def test_the_compile_tracers_warmups_are_not_watched(monkeypatch, emu):
-    """The compile tracer's warmup runs the compiled function, whose Python Dynamo translates: no profile hook
-    around it (its names were never used, and the hook slowed every compilation under it)."""
-    from graph_emulator import record_compile_tracer
+def test_the_compile_tracers_warmup_compiles_unwatched_and_watches_its_graph_breaks_for_the_host_alone(profiled):
+    """The compile tracer's warmup (:func:`graphjit.warmup.watched_call` with ``runs_python=False, host_calls=True``,
+    as lifecycle.py calls it for torch's ``compile``): Dynamo compiles both graphs around the graph break without the
+    hook, the break's clock read, which Dynamo runs as Python, is seen, and no names are recorded (they are Dynamo's
+    to guard)."""
+    import time
 
-    seen: list[bool] = []
-    record_compile_tracer(monkeypatch)
+    from graphjit import backends, guards
+    from graphjit.warmup import watched_call
 
-    @graphjit.graphed(tracer="compile")
+    b = backends.get("torch")
+
     def f(x):
-        seen.append(sys.getprofile() is not None)
-        return x * 2
+        y = x * 3
+        stamp = time.time()  # Dynamo does not trace it: a graph break
+        return y + 1 + stamp * 0
 
+    compiled = profiled.compile(f)
     x = torch.ones(4)
-    for _ in range(4):
-        f(x)
-    assert f.stats()["replays"] >= 1
-    assert seen and not any(seen), seen
+    out, obs = watched_call(b, lambda: compiled(x), [("argument 'x'", x)], "cpu", 1 << 30, sync_watch=False,
+                            guard_src=guards.sources(f, None), runs_python=False, host_calls=True)
+    assert torch.equal(out, x * 3 + 1)
+    assert profiled.seen and not any(profiled.seen), profiled.seen
+    assert obs.clocked and "time.time() at " in obs.clocked[0], obs.clocked
+    assert obs.names is None
+    assert sys.getprofile() is None
 
 
 def test_a_process_that_never_imported_dynamo_does_not_import_it_for_the_watch():

@@ -166,6 +166,11 @@ class Backend(abc.ABC):
     checked_tracers: tuple[str, ...] = ()
     """Tracers whose program is checked against the Python function on the first call of every key
     (:mod:`graphjit.tracer_check`): translators known to compute wrong results for some functions."""
+    host_watched_tracers: tuple[str, ...] = ()
+    """Tracers that run a program of their own but run the Python they leave out of it (a graph break) as Python,
+    between its parts: a warmup watches that Python for host reads a replay would not repeat (a clock read, a print,
+    a log record; :class:`graphjit.names.NameRecorder` with ``names=False``), with the backend's compiler kept out of
+    the watch (:meth:`compiles_unwatched`)."""
     captures_recoverable: bool = True
     """False where a capture broken by a CPU-GPU sync leaves the framework unusable (Paddle 2.6): graphjit
     then captures a key only after a warmup run watched for syncs."""

@@ -159,6 +159,7 @@ class TorchBackend(Backend):
     name = "torch"
     tracers = ("eager", "compile")
     default_tracer = "eager"
+    host_watched_tracers = ("compile",)  # Dynamo runs a graph break's code as Python
 
     def __init__(self) -> None:
         shield()
