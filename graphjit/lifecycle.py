@@ -155,11 +155,10 @@ class KeyLifecycle(abc.ABC):
         """One eager run of the function as a warmup, observed (:func:`graphjit.warmup.watched_call`): its result and
         the walk of its roots after it, from which a run that follows with nothing between that could rebind what
         they hold (graphjit's bookkeeping only, in the same call) starts (``before``) instead of walking them again;
-        None where the run rebound a root itself (a global or closure variable set at its first call): the walk
-        after it is of the roots it started with.
+        None where the run rebound a root itself (a global or closure variable set at its first call).
 
-        ``sync_watch``: also look for CPU-GPU syncs (the last warmup run before a capture; not the first
-        of several, in which tracers translate and compilers may synchronise for themselves)."""
+        ``sync_watch``: also look for CPU-GPU syncs (the last warmup run before a capture; not the first of several,
+        in which tracers translate and compilers may synchronise for themselves)."""
         st = self.key_stats(backend, sig)
         st.state = State.WARMUP
         budget = env.settings().verify_max_bytes

@@ -14,7 +14,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import graphjit  # noqa: E402
 from graphjit.backends.torch import dynamo  # noqa: E402
 from graphjit.names import NameRecorder  # noqa: E402
 
