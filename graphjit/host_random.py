@@ -2,11 +2,12 @@
 numpy is imported, numpy's legacy global generator (``np.random.rand``).  A replay runs no Python, so it would hand
 back the capture's numbers every time (verify compares once and may pass by chance): such a key runs uncaptured.
 
-Framework-free, read around warmup calls only (a state is a few microseconds to read and compare), never on a
-replay.  A framework's own host generator where the function runs on a device (torch's CPU generator, ``torch.rand(3)``
-in a CUDA function) counts too: the backend names it (:class:`Generator`, ``Backend.host_generators``).  A generator of
-the user's own (``random.Random()``, ``np.random.default_rng()``, a ``torch.Generator``) is not seen here: verify is
-what checks it.
+Framework-free, read around warmup calls and the runs graphjit adds only, never on a replay: Python's state is read
+(10-20 us) and set back unread, numpy's read whole once per copy (50-100 us) and after that by its generator's struct
+where it can be (:class:`_Numpy`).  A framework's own host generator where the function runs on a device (torch's
+CPU generator, ``torch.rand(3)`` in a CUDA function) counts too: the backend names it (:class:`Generator`,
+``Backend.host_generators``).  A generator of the user's own (``random.Random()``, ``np.random.default_rng()``, a
+``torch.Generator``) is not seen here: verify is what checks it.
 
 The runs graphjit adds to a call (a capture, verify's eager reference and its replay of the islands, a scope's extra
 warmup runs) put the global generators back with the rest of the Python state (:class:`Saved`, kept by
@@ -20,6 +21,7 @@ same numbers again), and during a watched call or a capture they count as the ca
 
 from __future__ import annotations
 
+import ctypes
 import random
 import sys
 from collections.abc import Callable, Sequence
@@ -47,7 +49,7 @@ class Saved:
 
     def __init__(self, extra: Sequence[Generator] = ()) -> None:
         self.python = random.getstate()
-        self.numpy = _numpy_state()
+        self.numpy = _Numpy.now()
         self.extra = tuple(extra)
         self.states = [g.get() for g in self.extra]
 
@@ -57,51 +59,102 @@ class Saved:
         under the same reason (``reset()`` tries it again)."""
         if random.getstate() != self.python:
             return "Python's random module"
-        if self.numpy is not None:
-            now = _numpy_state()
-            if now is None or not _same_numpy(now, self.numpy):
-                return "numpy's global random generator"
+        if self.numpy is not None and self.numpy.moved():
+            return "numpy's global random generator"
         for g, was in zip(self.extra, self.states):
             if not g.same(was, g.get()):
                 return g.name
         return None
 
-    def put_back(self) -> bool:
-        """Set each generator that moved since this copy back to its state then; True where one had moved (put back
-        or not: a generator that refuses its own state is left as it is)."""
-        moved = False
-        if random.getstate() != self.python:
-            random.setstate(self.python)
-            moved = True
-        np = sys.modules.get("numpy")
-        if self.numpy is not None and np is not None:
-            try:
-                now = np.random.get_state()
-                if not _same_numpy(now, self.numpy):
-                    moved = True
-                    np.random.set_state(self.numpy)
-            except Exception:
-                pass
+    def put_back(self) -> None:
+        """Set each generator back to its state in this copy (Python's unread: setting it costs less than reading it;
+        the others where they moved; one that refuses its own state is left as it is)."""
+        random.setstate(self.python)
+        if self.numpy is not None:
+            self.numpy.put_back()
         for g, was in zip(self.extra, self.states):
             try:
                 if not g.same(g.get(), was):
-                    moved = True
                     g.set(was)
             except Exception:
                 pass
-        return moved
 
 
-def _numpy_state() -> Any:
-    """numpy's legacy global generator's state (``np.random.get_state()``), or None where numpy is not imported or has
-    no such generator."""
-    np = sys.modules.get("numpy")
-    if np is None:
-        return None
-    try:
-        return np.random.get_state()
-    except Exception:  # a numpy without the legacy global generator
-        return None
+class _Numpy:
+    """numpy's legacy global generator's state (``np.random.get_state()``: the MT19937 key words and position, and the
+    Gaussian ``standard_normal`` cached), with the generator's MT19937 struct as bytes where its ``ctypes`` interface
+    gives its address and those bytes are the state's key and position (checked here).
+
+    ``np.random.get_state()`` takes 50-100 us (it copies the key through Python objects); the struct's bytes take one
+    microsecond.  So where no Gaussian was cached, :meth:`moved` and :meth:`put_back` compare the bytes alone: every
+    draw of the legacy generator then advances the key's position (a Gaussian without a cached one draws two doubles),
+    and a seed or ``set_state`` rewrites the struct.  What the bytes miss: a ``set_state`` back to the very key and
+    position the generator is at, with a cached Gaussian (a state saved from this one where it cached one, put back
+    after that Gaussian was drawn).  Where one was cached, the whole state is compared, as without the bytes."""
+
+    __slots__ = ("address", "bits", "raw", "state")
+
+    def __init__(self, state: tuple[Any, ...], bits: Any, address: int | None, raw: bytes | None) -> None:
+        self.state, self.address, self.raw = state, address, raw
+        self.bits = bits  # the bit generator whose struct is at address (held: the address stays its)
+
+    @classmethod
+    def now(cls) -> _Numpy | None:
+        """The state now, or None where numpy is not imported or has no legacy global generator."""
+        np = sys.modules.get("numpy")
+        if np is None:
+            return None
+        try:
+            state = np.random.get_state()
+        except Exception:  # a numpy without the legacy global generator
+            return None
+        bits = address = raw = None
+        if not state[3]:  # no Gaussian cached: the struct's bytes say whether it moved
+            try:
+                bits = np.random.mtrand._rand._bit_generator
+                address = bits.ctypes.state_address
+                raw = ctypes.string_at(address, _MT_BYTES)
+                if raw[:_MT_KEY] != state[1].tobytes() or int.from_bytes(raw[_MT_KEY:], sys.byteorder,
+                                                                           signed=True) != state[2]:
+                    bits = address = raw = None  # not numpy's mt19937_state {uint32 key[624]; int pos;}
+            except Exception:
+                bits = address = raw = None
+        return cls(state, bits, address, raw)
+
+    def _bytes_moved(self, np: Any) -> bool | None:
+        """Whether the struct's bytes changed, or None where they cannot say (no bytes kept, or the global generator
+        holds another bit generator now)."""
+        if self.address is None or np.random.mtrand._rand._bit_generator is not self.bits:
+            return None
+        return ctypes.string_at(self.address, _MT_BYTES) != self.raw
+
+    def moved(self) -> bool:
+        np = sys.modules.get("numpy")
+        if np is None:
+            return True
+        try:
+            by_bytes = self._bytes_moved(np)
+        except Exception:
+            by_bytes = None
+        if by_bytes is not None:
+            return by_bytes
+        now = _Numpy.now()
+        return now is None or not _same_numpy(now.state, self.state)
+
+    def put_back(self) -> None:
+        np = sys.modules.get("numpy")
+        if np is None:
+            return
+        try:
+            by_bytes = self._bytes_moved(np)
+            if by_bytes or (by_bytes is None and not _same_numpy(np.random.get_state(), self.state)):
+                np.random.set_state(self.state)
+        except Exception:
+            pass
+
+
+_MT_KEY = 624 * 4
+_MT_BYTES = _MT_KEY + 4  # numpy's mt19937_state: uint32_t key[624]; int pos
 
 
 def _same_numpy(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:

@@ -8,6 +8,7 @@ is drawn on every call, once, as eagerly: the key is captured.  CPU lifecycle th
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -109,3 +110,56 @@ def test_torchs_cpu_generator_counts_for_a_call_on_a_gpu() -> None:
     state = torch.default_generator.get_state()
     cpu_only.restore()
     assert torch.equal(torch.default_generator.get_state(), state)
+
+
+def _numpy_draws() -> list[Callable[[], object]]:
+    return [lambda: np.random.rand(), lambda: np.random.randint(5), lambda: np.random.standard_normal(),
+            lambda: np.random.seed(123), lambda: np.random.set_state(np.random.RandomState(7).get_state())]
+
+
+@pytest.mark.parametrize("draw", range(5), ids=["rand", "randint", "standard_normal", "seed", "set_state"])
+def test_numpys_generator_read_by_its_struct_sees_every_draw_and_is_put_back(draw: int) -> None:
+    """Without a cached Gaussian the copy compares the MT19937 struct's bytes (graphjit/host_random.py ``_Numpy``):
+    each kind of draw or reseeding is seen, and :meth:`Saved.put_back` puts the whole state back."""
+    from graphjit import host_random
+
+    np.random.seed(0)
+    want = np.random.get_state()
+    saved = host_random.Saved()
+    assert saved.numpy is not None and saved.numpy.address is not None  # the bytes' path, layout checked
+    assert saved.moved() is None
+    _numpy_draws()[draw]()
+    assert saved.moved() == "numpy's global random generator"
+    saved.put_back()
+    got = np.random.get_state()
+    assert got[0] == want[0] and got[2:] == want[2:] and np.array_equal(got[1], want[1])
+    assert saved.moved() is None
+
+
+def test_numpys_generator_with_a_cached_gaussian_is_compared_whole() -> None:
+    """After an odd number of Gaussians the next one comes from the cache without moving the key: the bytes cannot see
+    it, so such a copy compares the whole state (and sees that draw)."""
+    from graphjit import host_random
+
+    np.random.seed(1)
+    np.random.standard_normal()  # draws two, caches one
+    want = np.random.get_state()
+    assert want[3] == 1
+    saved = host_random.Saved()
+    assert saved.numpy is not None and saved.numpy.address is None
+    assert saved.moved() is None
+    np.random.standard_normal()  # the cached one: the key did not move
+    assert np.random.get_state()[1].tobytes() == want[1].tobytes()
+    assert saved.moved() == "numpy's global random generator"
+    saved.put_back()
+    assert np.random.get_state()[3:] == want[3:]
+
+
+def test_a_global_generator_given_another_bit_generator_is_compared_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphjit import host_random
+
+    np.random.seed(2)
+    saved = host_random.Saved()
+    assert saved.numpy is not None and saved.numpy.address is not None
+    monkeypatch.setattr(np.random.mtrand._rand, "_bit_generator", np.random.MT19937(5))
+    assert saved.moved() == "numpy's global random generator"  # its state is another's now (by get_state)
