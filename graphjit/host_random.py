@@ -94,22 +94,23 @@ class _Numpy:
 
     __slots__ = ("address", "bits", "raw", "state")
 
-    def __init__(self, state: tuple[Any, ...], bits: Any, address: int | None, raw: bytes | None) -> None:
+    def __init__(self, state: Any, bits: Any, address: int | None, raw: bytes | None) -> None:
         self.state, self.address, self.raw = state, address, raw
         self.bits = bits  # the bit generator whose struct is at address (held: the address stays its)
 
     @classmethod
     def now(cls) -> _Numpy | None:
-        """The state now, or None where numpy is not imported or has no legacy global generator."""
+        """The state now, or None where numpy is not imported or has no legacy global generator.  Where the global
+        generator was given another bit generator (``np.random.set_bit_generator(PCG64())``) its state is numpy's
+        dict form, compared whole."""
         np = sys.modules.get("numpy")
         if np is None:
             return None
-        try:
-            state = np.random.get_state()
-        except Exception:  # a numpy without the legacy global generator
+        state = _numpy_state(np)
+        if state is None:
             return None
         bits = address = raw = None
-        if not state[3]:  # no Gaussian cached: the struct's bytes say whether it moved
+        if isinstance(state, tuple) and not state[3]:  # MT19937 without a cached Gaussian: its struct's bytes
             try:
                 bits = np.random.mtrand._rand._bit_generator
                 address = bits.ctypes.state_address
@@ -138,8 +139,8 @@ class _Numpy:
             by_bytes = None
         if by_bytes is not None:
             return by_bytes
-        now = _Numpy.now()
-        return now is None or not _same_numpy(now.state, self.state)
+        now = _numpy_state(np)
+        return now is None or not _same_numpy(now, self.state)
 
     def put_back(self) -> None:
         np = sys.modules.get("numpy")
@@ -147,7 +148,7 @@ class _Numpy:
             return
         try:
             by_bytes = self._bytes_moved(np)
-            if by_bytes or (by_bytes is None and not _same_numpy(np.random.get_state(), self.state)):
+            if by_bytes or (by_bytes is None and not _same_numpy(_numpy_state(np), self.state)):
                 np.random.set_state(self.state)
         except Exception:
             pass
@@ -157,7 +158,28 @@ _MT_KEY = 624 * 4
 _MT_BYTES = _MT_KEY + 4  # numpy's mt19937_state: uint32_t key[624]; int pos
 
 
-def _same_numpy(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    """Two legacy numpy states (``np.random.get_state()``) are the same: kind, key words, position, the cached
-    Gaussian."""
-    return a[0] == b[0] and a[2:] == b[2:] and a[1].tobytes() == b[1].tobytes()
+def _numpy_state(np: Any) -> Any:
+    """``np.random.get_state()``: the legacy tuple for MT19937 (the global generator's own), numpy's dict form for
+    another bit generator (asked for so, without the warning the legacy form gives there); None where numpy has no
+    legacy global generator."""
+    try:
+        legacy = type(np.random.mtrand._rand._bit_generator).__name__ == "MT19937"
+    except Exception:  # a numpy before bit generators: the legacy tuple alone
+        legacy = True
+    try:
+        return np.random.get_state(legacy=legacy) if not legacy else np.random.get_state()
+    except Exception:
+        return None
+
+
+def _same_numpy(a: Any, b: Any) -> bool:
+    """Two numpy generator states (``np.random.get_state()``'s tuple or dict form) are the same: every value, arrays
+    by their bytes."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_numpy(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, type(a)) and len(a) == len(b) and all(_same_numpy(x, y) for x, y in zip(a, b))
+    if hasattr(a, "tobytes") and hasattr(a, "dtype"):
+        return hasattr(b, "tobytes") and getattr(b, "dtype", None) == a.dtype and getattr(b, "shape", None) == \
+            a.shape and a.tobytes() == b.tobytes()
+    return type(a) is type(b) and bool(a == b)

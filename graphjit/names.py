@@ -217,7 +217,8 @@ class NameRecorder:
     profile hook makes each of them several times slower (a Dynamo compile of a transformers model took 3-4x as
     long under it): :meth:`pause` and :meth:`resume`, called by the backend where its compiler starts and ends
     (:meth:`~graphjit.backends.base.Backend.compiles_unwatched`), take the hook off for the compile.  A block left
-    paused (its compile ended on another thread) is not complete: its names are then not known.
+    paused (its compile ended on another thread) is not complete: its names are then not known, and what it saw of the
+    host (:attr:`emitted`, :attr:`clocked`) is what ran before the pause.
 
     ``names=False``: only what the call does to the host that a replay would not do again (:attr:`emitted`,
     :attr:`clocked`), for a run a tracer translates where the Python it leaves out of its program still runs (Dynamo's

@@ -163,3 +163,23 @@ def test_a_global_generator_given_another_bit_generator_is_compared_whole(monkey
     assert saved.numpy is not None and saved.numpy.address is not None
     monkeypatch.setattr(np.random.mtrand._rand, "_bit_generator", np.random.MT19937(5))
     assert saved.moved() == "numpy's global random generator"  # its state is another's now (by get_state)
+
+
+def test_a_global_generator_on_another_bit_generator_is_read_in_numpys_dict_form() -> None:
+    """``np.random.set_bit_generator(PCG64())``: the legacy tuple does not exist there (before, reading the state
+    failed every copy, so every warmup raised); its dict form is compared and put back whole."""
+    from graphjit import host_random
+
+    original = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(3))
+    try:
+        saved = host_random.Saved()
+        assert saved.numpy is not None and isinstance(saved.numpy.state, dict)
+        assert saved.moved() is None
+        want = np.random.rand(3)
+        assert saved.moved() == "numpy's global random generator"
+        saved.put_back()
+        assert saved.moved() is None
+        assert np.array_equal(np.random.rand(3), want)  # drawn again from the state put back
+    finally:
+        np.random.set_bit_generator(original)
