@@ -86,9 +86,10 @@ class _Numpy:
     gives its address and those bytes are the state's key and position (checked here).
 
     ``np.random.get_state()`` takes 50-100 us (it copies the key through Python objects); the struct's bytes take one
-    microsecond.  So where no Gaussian was cached, :meth:`moved` and :meth:`put_back` compare the bytes alone: every
-    draw of the legacy generator then advances the key's position (a Gaussian without a cached one draws two doubles),
-    and a seed or ``set_state`` rewrites the struct.  What the bytes miss: a ``set_state`` back to the very key and
+    microsecond.  So where no Gaussian was cached, :meth:`moved` and :meth:`put_back` compare the bytes alone, and a
+    new copy whose bytes are those of the last one read whole is that one (:data:`_last`): every draw of the legacy
+    generator then advances the key's position (a Gaussian without a cached one draws two doubles), and a seed or
+    ``set_state`` rewrites the struct.  What the bytes miss: a ``set_state`` back to the very key and
     position the generator is at, with a cached Gaussian (a state saved from this one where it cached one, put back
     after that Gaussian was drawn).  Where one was cached, the whole state is compared, as without the bytes."""
 
@@ -103,9 +104,16 @@ class _Numpy:
         """The state now, or None where numpy is not imported or has no legacy global generator.  Where the global
         generator was given another bit generator (``np.random.set_bit_generator(PCG64())``) its state is numpy's
         dict form, compared whole."""
+        global _last
         np = sys.modules.get("numpy")
         if np is None:
             return None
+        last = _last
+        try:
+            if last is not None and last._bytes_moved(np) is False:
+                return last  # the bytes the last full read had: that state (a copy never changes)
+        except Exception:
+            pass
         state = _numpy_state(np)
         if state is None:
             return None
@@ -120,7 +128,10 @@ class _Numpy:
                     bits = address = raw = None  # not numpy's mt19937_state {uint32 key[624]; int pos;}
             except Exception:
                 bits = address = raw = None
-        return cls(state, bits, address, raw)
+        made = cls(state, bits, address, raw)
+        if address is not None:
+            _last = made
+        return made
 
     def _bytes_moved(self, np: Any) -> bool | None:
         """Whether the struct's bytes changed, or None where they cannot say (no bytes kept, or the global generator
@@ -154,6 +165,8 @@ class _Numpy:
             pass
 
 
+_last: _Numpy | None = None
+"""The last :class:`_Numpy` read whole with its struct's bytes: a later copy whose bytes are still these is it."""
 _MT_KEY = 624 * 4
 _MT_BYTES = _MT_KEY + 4  # numpy's mt19937_state: uint32_t key[624]; int pos
 

@@ -183,3 +183,20 @@ def test_a_global_generator_on_another_bit_generator_is_read_in_numpys_dict_form
         assert np.array_equal(np.random.rand(3), want)  # drawn again from the state put back
     finally:
         np.random.set_bit_generator(original)
+
+
+def test_a_copy_of_numpys_unmoved_generator_reuses_the_last_whole_read() -> None:
+    """``np.random.get_state()`` is read once while the struct's bytes stay the same: a scope's many copies of an
+    unmoved generator share it; a draw makes the next copy read it again."""
+    from graphjit import host_random
+
+    np.random.seed(4)
+    first = host_random.Saved()
+    again = host_random.Saved()
+    assert first.numpy is not None and again.numpy is first.numpy
+    np.random.rand()
+    after = host_random.Saved()
+    assert after.numpy is not first.numpy and first.moved() == "numpy's global random generator"
+    assert after.moved() is None
+    first.put_back()
+    assert after.moved() == "numpy's global random generator" and first.moved() is None
