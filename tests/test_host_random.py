@@ -200,3 +200,23 @@ def test_a_copy_of_numpys_unmoved_generator_reuses_the_last_whole_read() -> None
     assert after.moved() is None
     first.put_back()
     assert after.moved() == "numpy's global random generator" and first.moved() is None
+
+
+@pytest.mark.parametrize("fn", [_np_coin, _with_np_island], ids=["draws", "island draws"])
+def test_graphed_calls_with_numpys_generator_on_pcg64_act_as_eager(emu, fn) -> None:
+    """The user-visible side of the dict-form read: with ``set_bit_generator(PCG64())`` every warmup raised before;
+    now a drawing function runs uncaptured and an island's draws are drawn once a call, each equal to eager's."""
+    original = np.random.get_bit_generator()
+    try:
+        results = []
+        for f in (fn, graphjit.graphed(fn)):
+            np.random.set_bit_generator(np.random.PCG64(11))
+            results.append([float(f(torch.zeros(1))[0]) for _ in range(8)])
+        assert results[0] == results[1]
+        st = f.stats()
+        if fn is _np_coin:
+            assert st["replays"] == 0 and set(st["fallbacks"]) == {"draws host random numbers"}, st
+        else:
+            assert st["graphs"] == 1 and st["replays"] >= 5 and not st["fallbacks"], st
+    finally:
+        np.random.set_bit_generator(original)
