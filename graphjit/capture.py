@@ -178,9 +178,7 @@ def _build(req: BuildRequest) -> tuple[KeyEntry, Any]:
             graph.reset()
             py.restore()  # (the generators too: the call's eager run draws what it would have)
             raise CaptureError(f"{req.fn_name} {st.label}: the function draws numbers from {drew} on the CPU outside "
-                               "its @graphjit.eager functions (its capture did); a replay runs no Python and would "
-                               "hand back the capture's numbers every time. Draw them on the device (torch.rand, "
-                               "paddle.rand), pass them in, or mark the function that draws with @graphjit.eager",
+                               f"its @graphjit.eager functions (its capture did); {host_random.HINT}",
                                reason=host_random.REASON)
         if versions:
             known = {id(t) for t in req.warm.state(req.sig, b)[0]}

@@ -3,11 +3,11 @@ numpy is imported, numpy's legacy global generator (``np.random.rand``).  A repl
 back the capture's numbers every time (verify compares once and may pass by chance): such a key runs uncaptured.
 
 Framework-free, read around warmup calls and the runs graphjit adds only, never on a replay: Python's state is read
-(10-20 us) and set back unread, numpy's read whole once per copy (50-100 us) and after that by its generator's struct
-where it can be (:class:`_Numpy`).  A framework's own host generator where the function runs on a device (torch's
-CPU generator, ``torch.rand(3)`` in a CUDA function) counts too: the backend names it (:class:`Generator`,
-``Backend.host_generators``).  A generator of the user's own (``random.Random()``, ``np.random.default_rng()``, a
-``torch.Generator``) is not seen here: verify is what checks it.
+(10-20 us) and set back unread, numpy's read whole where its generator's struct changed since the last whole read
+(50-100 us) and else by that struct's bytes (:class:`_Numpy`).  A framework's own host generator where the function runs
+on a device (torch's CPU generator, ``torch.rand(3)`` in a CUDA function) counts too: the backend names it
+(:class:`Generator`, ``Backend.host_generators``).  A generator of the user's own (``random.Random()``,
+``np.random.default_rng()``, a ``torch.Generator``) is not seen here: verify is what checks it.
 
 The runs graphjit adds to a call (a capture, verify's eager reference and its replay of the islands, a scope's extra
 warmup runs) put the global generators back with the rest of the Python state (:class:`Saved`, kept by
@@ -29,6 +29,9 @@ from typing import Any, NamedTuple
 
 REASON = "draws host random numbers"
 """The reason a key whose warmup call drew runs uncaptured (``@graphed``) or eagerly (``graphed_layer``)."""
+HINT = ("a replay runs no Python and would hand back the capture's numbers every time. Draw them on the device "
+        "(torch.rand, paddle.rand), pass them in, or mark the function that draws with @graphjit.eager")
+"""What ``@graphed``'s message under :data:`REASON` says after which generator moved."""
 
 
 class Generator(NamedTuple):
@@ -154,14 +157,10 @@ class _Numpy:
         return now is None or not _same_numpy(now, self.state)
 
     def put_back(self) -> None:
-        np = sys.modules.get("numpy")
-        if np is None:
-            return
         try:
-            by_bytes = self._bytes_moved(np)
-            if by_bytes or (by_bytes is None and not _same_numpy(_numpy_state(np), self.state)):
-                np.random.set_state(self.state)
-        except Exception:
+            if self.moved():
+                sys.modules["numpy"].random.set_state(self.state)
+        except Exception:  # a numpy that refuses its own state: left as it is
             pass
 
 
@@ -180,7 +179,7 @@ def _numpy_state(np: Any) -> Any:
     except Exception:  # a numpy before bit generators: the legacy tuple alone
         legacy = True
     try:
-        return np.random.get_state(legacy=legacy) if not legacy else np.random.get_state()
+        return np.random.get_state() if legacy else np.random.get_state(legacy=False)
     except Exception:
         return None
 

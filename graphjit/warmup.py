@@ -401,9 +401,7 @@ def _blocked(obs: Observation, b: Backend, outputs: Any, first: bool) -> Blocked
         return elsewhere(obs.elsewhere)
     if obs.host_random is not None and not first:
         return Blocked(host_random.REASON,
-                       f"the function draws numbers from {obs.host_random} on the CPU; a replay runs no Python and "
-                       "would hand back the capture's numbers every time. Draw them on the device (torch.rand, "
-                       "paddle.rand), pass them in, or mark the function that draws with @graphjit.eager")
+                       f"the function draws numbers from {obs.host_random} on the CPU; {host_random.HINT}")
     if obs.drew_random:
         why = b.rng_in_graphs()
         if why is not None:
