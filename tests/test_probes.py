@@ -66,3 +66,15 @@ def test_first_call_profile_takes_the_compile_tracers_first_call_apart(tmp_path:
     assert res["first_s"] > 0 and res["compile_s"] is not None and 0 < res["compile_s"] < res["first_s"]
     assert res["outside_compile_s"] > 0 and len(res["gc_count_by_generation"]) == 3
     assert res["stats"]["captures"] >= 1 and "generation.py" in res["top_cumulative"]
+
+
+def test_capture_scope_emulated_splits_graphjits_own_time_from_the_step_and_the_emulator(tmp_path: Path):
+    out = tmp_path / "scope.json"
+    _run(["tools/probes/capture_scope_emulated.py", "--layers", "1", "--hidden", "8", "--sizes", "1,2,3",
+          "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["graphs"] == 3 and data["fallbacks"] == {}
+    parts = data["parts_ms_per_size"]
+    assert data["total_ms_per_size"] > data["emulator_ms_per_size"] > 0 and data["graphjit_own_ms_per_size"] > 0
+    assert parts["write probes: what a run wrote"] > 0 and parts["the key's guard set"] > 0
+    assert data["calls_per_size"]["watched runs (the step's own run included)"] == 2  # the call's own, the extra run
