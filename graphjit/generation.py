@@ -59,6 +59,14 @@ _KEPT_MAX = 8
 """Kept caches at most (one per batch size, length and encoder length): the oldest go first."""
 
 
+
+class _Running(threading.local):
+    """What a thread's running ``generate()`` took (``taken``: the caches; ``first``: its prefill still to come); the
+    class's values are what a thread reads before its first call (no AttributeError raised and caught)."""
+
+    taken: list[Any] | None = None
+    first = False
+
 class _Generation:
     """What :func:`graph_generation` puts around one model's ``generate()``: the per-call defaults (transformers'
     compilation off, a static cache where the call names no cache), and the static caches earlier calls built,
@@ -84,7 +92,7 @@ class _Generation:
         self.lock = threading.Lock()
         self.kept: dict[tuple[Any, ...], Any] = {}
         self.busy: set[int] = set()  # id() of the kept caches running generate() calls hold
-        self.local = threading.local()  # the caches this thread's running generate() took
+        self.local = _Running()  # the caches this thread's running generate() took
         self.reused = 0
         try:  # where generate() takes its generation_config positionally (after the inputs)
             names = list(inspect.signature(generate).parameters)
@@ -109,8 +117,7 @@ class _Generation:
         if self.bucketing is not None and not getattr(given, "is_assistant", False):
             args, kwargs, pad = self.bucketing.pad(args, kwargs, config)
         taken: list[Any] = []
-        outer = getattr(self.local, "taken", None)
-        outer_first = getattr(self.local, "first", False)
+        outer, outer_first = self.local.taken, self.local.first
         self.local.taken = taken
         self.local.first = True  # the call's first forward is its prefill (take_first)
         out: Any = None
@@ -134,7 +141,7 @@ class _Generation:
         """True for the first forward call of this thread's running ``generate()`` (its prefill, as transformers
         counts it: an encoder-decoder's first decoder step too, whose cross-attention cache is still empty), False
         for every later one and outside ``generate()``."""
-        first = getattr(self.local, "first", False)
+        first = self.local.first
         if first:
             self.local.first = False
         return bool(first)
@@ -163,7 +170,7 @@ class _Generation:
     def prepare_call(self, *args: Any, **kwargs: Any) -> Any:
         """``model._prepare_static_cache``: a kept cache, reset, where one fits and is free; else the model's."""
         key = self.key(args, kwargs)
-        taken = getattr(self.local, "taken", None)
+        taken = self.local.taken
         with self.lock:
             old = self.kept.get(key) if key is not None and taken is not None else None
             if old is not None and (id(old) in self.busy or not callable(getattr(old, "reset", None))):

@@ -35,22 +35,29 @@ _CLASSES = (datetime.datetime, datetime.date)
 _CONVERSIONS = {getattr(time, name): most for name, most in (
     ("localtime", 0), ("gmtime", 0), ("ctime", 0), ("asctime", 0), ("strftime", 1)) if hasattr(time, name)}
 """The conversions that read the clock when called with at most this many arguments (no time of the caller's)."""
+MODULE = time
+"""The module whose functions :func:`read` names; its other clocks are classmethods (bound to a class)."""
 _CALLS = frozenset(dis.opmap[name] for name in ("CALL", "CALL_KW", "CALL_FUNCTION", "CALL_METHOD")
                    if name in dis.opmap)
 
 
 def read(fn: Any, frame: types.FrameType | None = None) -> str | None:
-    """The name of the clock ``fn`` (a C function a ``c_call`` event names, called from ``frame``) reads, or None."""
-    if type(fn) is types.BuiltinFunctionType:
+    """The name of the clock ``fn`` (a C function a ``c_call`` event names, called from ``frame``) reads, or None.
+    Every clock it names is a function of the ``time`` module (:data:`MODULE`) or a classmethod of a class: a
+    function bound to anything else (a tensor's method) is answered without hashing it (hashing a bound method hashes
+    its object, a tensor's ``__hash__`` is Python)."""
+    if type(fn) is not types.BuiltinFunctionType:
+        return None
+    owner = fn.__self__
+    if owner is time:
         if fn in _FUNCTIONS:
             return f"time.{fn.__name__}()"
         most = _CONVERSIONS.get(fn)
         if most is not None:
             n = _arguments(frame)
             return f"time.{fn.__name__}() without a time" if n is None or n <= most else None
-        owner = getattr(fn, "__self__", None)  # a classmethod of datetime bound to its class: a builtin method
-        if isinstance(owner, type) and issubclass(owner, _CLASSES) and fn.__name__ in _METHODS:
-            return f"{owner.__name__}.{fn.__name__}()"
+    elif isinstance(owner, type) and issubclass(owner, _CLASSES) and fn.__name__ in _METHODS:
+        return f"{owner.__name__}.{fn.__name__}()"  # a classmethod of datetime bound to its class
     return None
 
 

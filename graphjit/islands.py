@@ -57,7 +57,11 @@ from .tree import collect_tensors, rebuild, structure
 
 log = logging.getLogger("graphjit")
 F = TypeVar("F", bound=Callable[..., Any])
-_tls = threading.local()
+class _Sink(threading.local):
+    sink: Recorder | None = None  # a thread's default: read without an AttributeError raised and caught
+
+
+_tls = _Sink()
 
 __all__ = ["Island", "IslandCall", "Recorder", "collecting", "eager", "island_of", "recording"]
 
@@ -70,7 +74,7 @@ class Island:
         self.name = name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        sink = getattr(_tls, "sink", None)
+        sink = _tls.sink
         if sink is None:
             if backends.translating():
                 raise ConfigError(f"island {self.name} was called while Paddle translates a static program "

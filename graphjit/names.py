@@ -34,8 +34,10 @@ _SKIP_CODE = ("torch.nn.modules.module", "paddle.nn.layer.layers", "torch._dynam
 """Modules whose running code adds no names: the Module/Layer call machinery (it reads every module's hooks and
 compile slot: a ``module.compile()`` after the capture needs ``reset()``), tracers and compilers, graphjit, the
 standard library's machinery.  A Module's own code counts (``Dropout.forward`` reads ``self.p``)."""
+_SKIPPED: dict[str, bool] = {}  # module name -> whether it is one of _SKIP_CODE's (asked once a module)
 
 _PRINT = builtins.print
+_CLOCKS = host_clock.MODULE
 _EMIT = logging.Logger.callHandlers.__code__  # runs where a logger emits a record (it passed level and filters)
 MAX_EMITTED = 3
 _OWN_LOGGERS = frozenset(("graphjit", "torch", "paddle", "py"))  # py.warnings: warnings are not watched (once a place)
@@ -228,12 +230,14 @@ class NameRecorder:
     def __init__(self, names: bool = True) -> None:
         self.record_names = names
         self.names: set[str] = set()
-        self.codes: dict[types.CodeType, dict[str, Any]] = {}  # the code that ran -> the module globals it ran with
+        # id(code) -> (the code that ran, the module globals it ran with): keyed by id, as a code object's hash is
+        # computed from its contents on every call
+        self.codes: dict[int, tuple[types.CodeType, dict[str, Any]]] = {}
         self.active = False
         self.paused = False
         self.thread = threading.get_ident()
         self.complete = False  # the whole call ran under the hook (no profiler of the user's was in the way)
-        self.arguments: dict[int, set[types.CodeType]] = {}  # id(object) -> code that ran with it as an argument
+        self.arguments: dict[int, set[int]] = {}  # id(object) -> id() of the codes that ran with it as an argument
         self.by_object: dict[int, frozenset[str]] = {}
         self.probes = NO_PROBES  # what the code that ran may find absent (:func:`code_probes`; its globals unused)
         self.probed_by_object: dict[int, frozenset[str]] = {}  # id(object) -> the attribute probes of its code
@@ -257,7 +261,8 @@ class NameRecorder:
             self.paused = False
         probes = [self.probes]
         env = os.environ
-        for code, g in self.codes.items():
+        codes = self.codes
+        for code, g in codes.values():
             self.names.update(code_names(code))
             found = code_probes(code)
             probes.append(found)
@@ -268,11 +273,12 @@ class NameRecorder:
                 for key in found.keys | {v for v in named if isinstance(v, str)}:
                     self.read_globals.setdefault((id(env), key), (env, key))  # type: ignore[arg-type]
         self.probes = Probes.union(probes)
-        self.codes.clear()
-        for oid, codes in self.arguments.items():
+        self.codes = {}
+        for oid, ran in self.arguments.items():
             names: set[str] = set()
             probed: set[str] = set()
-            for code in codes:
+            for key in ran:
+                code = codes[key][0]
                 names |= code_names(code)
                 probed |= code_probes(code).attributes
             self.by_object[oid] = frozenset(names)
@@ -302,10 +308,13 @@ class NameRecorder:
         if event != "call":
             if event != "c_call":
                 return
-            if (arg is _PRINT or getattr(arg, "__name__", None) == "write") and len(self.emitted) < MAX_EMITTED and \
-                    not in_island():
-                self._printed(frame, arg)
-            elif len(self.clocked) < MAX_EMITTED and (clock := host_clock.read(arg, frame)) is not None:
+            # most C calls are a framework's (a tensor's methods): told apart by the object they are bound to alone
+            owner = getattr(arg, "__self__", None)
+            if arg is _PRINT or owner is sys.stdout or owner is sys.stderr:
+                if len(self.emitted) < MAX_EMITTED and not in_island():
+                    self._printed(frame, arg)
+            elif (owner is _CLOCKS or isinstance(owner, type)) and len(self.clocked) < MAX_EMITTED and \
+                    (clock := host_clock.read(arg, frame)) is not None:
                 self._clocked(frame, clock)
             return
         code = frame.f_code
@@ -319,12 +328,18 @@ class NameRecorder:
             return
         if not self.record_names:
             return
-        module = frame.f_globals.get("__name__", "")
-        if isinstance(module, str) and module.startswith(_SKIP_CODE):
+        g = frame.f_globals
+        module = g.get("__name__", "")
+        skip = _SKIPPED.get(module) if type(module) is str else False
+        if skip is None:
+            skip = _SKIPPED[module] = module.startswith(_SKIP_CODE)
+        if skip:
             return
-        self.codes.setdefault(code, frame.f_globals)
+        key = id(code)
+        if key not in self.codes:
+            self.codes[key] = (code, g)
         local = frame.f_locals
-        if code.co_freevars and user_globals(frame.f_globals):  # a hook's list in its closure: state a capture copies
+        if code.co_freevars and user_globals(g):  # a hook's list in its closure: state a capture copies
             for name in code.co_freevars:
                 value = local.get(name)
                 if type(value) not in ATOMS and not isinstance(value, OPAQUE):
@@ -333,12 +348,13 @@ class NameRecorder:
             tp = type(value)  # only the type is asked (an object's own __getattr__ could do anything here)
             if tp not in _ATOMS and not issubclass(tp, _NOT_STATE) and (tp.__dictoffset__
                                                                          or "__slots__" in tp.__dict__):
-                self.arguments.setdefault(id(value), set()).add(code)
+                self.arguments.setdefault(id(value), set()).add(key)
 
     def _printed(self, frame: types.FrameType, fn: Any) -> None:
         """``fn`` (``print``, or a ``write`` method) is called from ``frame``: noted where it writes to the process's
         standard output or error."""
-        if fn is not _PRINT and getattr(fn, "__self__", None) not in (sys.stdout, sys.stderr):
+        if fn is not _PRINT and (getattr(fn, "__self__", None) not in (sys.stdout, sys.stderr) or
+                                 getattr(fn, "__name__", None) != "write"):
             return
         module = frame.f_globals.get("__name__", "")
         if isinstance(module, str) and module.partition(".")[0] in _OWN_WRITERS:

@@ -97,13 +97,21 @@ class Segments(abc.ABC):
         """Begin capturing the next segment (same stream, same pool).  Only right after :meth:`cut`."""
 
 
-_segments_tls = threading.local()
-_island_tls = threading.local()
+class _Segments(threading.local):
+    current: Segments | None = None  # what a thread that never opened one reads (no AttributeError raised and caught)
+
+
+class _Islands(threading.local):
+    depth = 0
+
+
+_segments_tls = _Segments()
+_island_tls = _Islands()
 
 
 def in_island() -> bool:
     """True inside :meth:`Backend.island_guard` on this thread."""
-    return getattr(_island_tls, "depth", 0) > 0
+    return _island_tls.depth > 0
 
 
 @contextlib.contextmanager
@@ -125,7 +133,7 @@ def segments_open(segments: Segments) -> contextlib.AbstractContextManager[Segme
 
 def open_segments() -> Segments | None:
     """The capture in progress on this thread that an island may cut, or None."""
-    return getattr(_segments_tls, "current", None)
+    return _segments_tls.current
 
 
 class LaneParts(NamedTuple):
@@ -526,7 +534,7 @@ class Backend(abc.ABC):
         """Around an island's run inside a watched warmup: CPU-GPU syncs inside the block are allowed
         (an island runs eagerly on every call), so :meth:`sync_watch` does not report them
         (:func:`in_island` is True in the block; watchers that record per call check it)."""
-        _island_tls.depth = getattr(_island_tls, "depth", 0) + 1
+        _island_tls.depth += 1
         try:
             yield
         finally:

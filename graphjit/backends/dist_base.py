@@ -22,13 +22,18 @@ from typing import Any, NamedTuple
 from ..errors import BackendError
 from . import load as framework_module
 
-_compiled = threading.local()
+
+class _Compiled(threading.local):
+    depth = 0  # a thread's default: read without an AttributeError raised and caught
+
+
+_compiled = _Compiled()
 
 
 @contextlib.contextmanager
 def from_compiled_graph() -> Iterator[None]:
     """Marks swap calls made by a compiler's graph (torch's ``graphjit::all_reduce_`` op) on this thread."""
-    depth = getattr(_compiled, "depth", 0)
+    depth = _compiled.depth
     _compiled.depth = depth + 1
     try:
         yield
@@ -38,7 +43,7 @@ def from_compiled_graph() -> Iterator[None]:
 
 def in_compiled_graph() -> bool:
     """True inside :func:`from_compiled_graph` on this thread."""
-    return getattr(_compiled, "depth", 0) > 0
+    return _compiled.depth > 0
 
 
 class Call(NamedTuple):

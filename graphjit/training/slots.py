@@ -22,13 +22,17 @@ SIDE_WARMUPS = 2  # eager forward+backward passes on the capture stream right be
 OUTPUTS = ("copy", "alias")
 _SCALAR_LEAVES = (bool, int, float, complex, str, bytes, type(None))
 
-_tls = threading.local()
+class _Recording(threading.local):
+    recording: str | None = None  # a thread's default: read without an AttributeError raised and caught
+
+
+_tls = _Recording()
 
 
 def recording() -> str | None:
     """The name of the graphed layer whose graphs this thread is recording (its side warmup or its capture), or
     None."""
-    return getattr(_tls, "recording", None)
+    return _tls.recording
 
 
 @contextlib.contextmanager

@@ -54,18 +54,27 @@ def _keep(p: torch.Tensor, buf: torch.Tensor) -> None:
         _BUFFERS.pop(key, None)
 
     _BUFFERS[key] = (weakref.ref(p, gone), buf)
-_LOCAL = threading.local()  # depth: graphjit calls running on this thread; zeroed: id(param) -> (p, buf, version,
-# whether the function's own zero_grad() zeroed it, rather than graphjit at the call's start)
+class _Local(threading.local):
+    """depth: graphjit calls running on this thread; zeroed: id(param) -> (p, buf, version, whether the function's own
+    zero_grad() zeroed it, rather than graphjit at the call's start); stepped.  The class's values are what a thread
+    reads before it sets its own (no AttributeError raised and caught on every read)."""
+
+    depth = 0
+    zeroed: dict[int, tuple[torch.Tensor, torch.Tensor, int, bool, int]] | None = None
+    stepped: set[int] | None = None
+
+
+_LOCAL = _Local()
 _INSTALL_LOCK = threading.Lock()
 _installed = False
 
 
 def _depth() -> int:
-    return getattr(_LOCAL, "depth", 0)
+    return _LOCAL.depth
 
 
 def _zeroed() -> dict[int, tuple[torch.Tensor, torch.Tensor, int, bool, int]]:
-    z = getattr(_LOCAL, "zeroed", None)
+    z = _LOCAL.zeroed
     if z is None:
         z = _LOCAL.zeroed = {}
     return z
@@ -118,7 +127,7 @@ def _before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     that no backward wrote goes back to None."""
     if not _depth():
         return
-    stepped = getattr(_LOCAL, "stepped", None)
+    stepped = _LOCAL.stepped
     if stepped is not None:
         stepped.add(id(opt))
     zeroed = _zeroed()
@@ -197,7 +206,7 @@ class CallMark(StepPart):
             zeroed.clear()
 
     def learn(self) -> bool:
-        self.stepped = set(getattr(_LOCAL, "stepped", None) or ())
+        self.stepped = set(_LOCAL.stepped or ())
         zeroed = _zeroed()  # (a buffer set back to None before the step counts: a replay leaves it zeroed)
         self.left = [rec[0] for rec in zeroed.values() if rec[3] and (rec[0].grad is None or _unwritten(rec[0], rec))]
         return False
@@ -311,7 +320,7 @@ class GradLayout(StepPart):
 
     def captured(self) -> None:
         owned = {id(p) for p, _b in self.owned.pairs} if self.owned is not None else set()
-        stepped = self.mark.stepped or getattr(_LOCAL, "stepped", None)
+        stepped = self.mark.stepped or _LOCAL.stepped
         if not stepped and not owned:  # no backward, no step (an evaluation function holding a trainer): no check
             self.expected = []
             return
