@@ -48,3 +48,15 @@ def test_the_graphjit_variant_captures_every_size_once_and_replays_right(emu):
     res = CaptureBench(args, on_gpu=False).measure("graphjit")
     assert res["graphs"] == 4, res  # one graph per size, made inside the scope
     assert res["equal_eager"] is True and res["max_abs_diff"] == 0.0, res
+
+
+def test_profile_writes_the_whole_profile_beside_the_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    import pstats
+
+    rc = main(["bench", "capture", "--allow-cpu", "--profile", "--no-plot", "--out", str(tmp_path), "--tag", "ci"])
+    assert rc == 0, capsys.readouterr().out
+    data = json.loads((tmp_path / "capture_torch_ci.json").read_text())
+    prof = data["profile"]
+    assert prof["status"] == "ok" and prof["dump"] == "capture_torch_ci.pstats", prof
+    stats = pstats.Stats(str(tmp_path / prof["dump"]))
+    assert any(name == "step" for _file, _line, name in stats.stats), "the step's runs are in the profile"  # type: ignore[attr-defined]

@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--profile", action="store_true",
                    help="also run the graphjit variant again under cProfile and keep its 40 costliest functions (by "
-                        "own time) in the JSON: where graphjit's time above by hand goes")
+                        "own time) in the JSON, the whole profile beside it (.pstats, for pstats): where graphjit's "
+                        "time above by hand goes")
     g.add_argument("--allow-cpu", action="store_true", help="without a CUDA GPU, a tiny smoke run (for CI)")
 
 
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         common.write_json(json_path, data)
     if args.profile:
         say("capture: graphjit under cProfile ...")
-        data["profile"] = common.guarded(lambda: bench.profile("graphjit"))
+        data["profile"] = common.guarded(lambda: bench.profile("graphjit", json_path.with_suffix(".pstats")))
     data["ratios"] = _ratios(data["results"])
     data["summary"] = _summary(data, on_gpu)
     data["complete"] = True

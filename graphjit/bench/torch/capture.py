@@ -10,6 +10,7 @@ import gc
 import io
 import pstats
 import time
+from pathlib import Path
 from typing import Any, cast
 
 
@@ -87,9 +88,10 @@ class CaptureBench:
         del run
         return res
 
-    def profile(self, variant: str) -> dict[str, Any]:
+    def profile(self, variant: str, dump: Path | None = None) -> dict[str, Any]:
         """:meth:`measure` of ``variant`` under cProfile: its 40 costliest functions by own time, and graphjit's own 40
-        by time including what they call (the step and the benchmark left out), as text."""
+        by time including what they call (the step and the benchmark left out), as text; the whole profile written to
+        ``dump`` (``pstats.Stats(dump)`` reads it) where given, its name in ``dump``."""
         prof = cProfile.Profile()
         prof.enable()
         try:
@@ -99,8 +101,12 @@ class CaptureBench:
         text, own = io.StringIO(), io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
         pstats.Stats(prof, stream=own).sort_stats("cumtime").print_stats(r"graphjit/(?!bench/)", 40)
-        return {"status": "ok", "seconds_profiled": res.get("seconds"), "top_by_own_time": text.getvalue(),
-                "graphjit_by_cumulative_time": own.getvalue()}
+        out = {"status": "ok", "seconds_profiled": res.get("seconds"), "top_by_own_time": text.getvalue(),
+               "graphjit_by_cumulative_time": own.getvalue()}
+        if dump is not None:
+            prof.dump_stats(dump)
+            out["dump"] = dump.name
+        return out
 
     def _by_hand(self) -> tuple[Any, int]:
         torch = self.torch
