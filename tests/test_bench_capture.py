@@ -38,6 +38,7 @@ def test_cpu_smoke_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFix
     for variant in ("by_hand", "graphjit"):
         res = data["results"][variant]
         assert res["status"] == "ok" and res["equal_eager"] is True and res["seconds"] > 0, res
+        assert len(res["gc"]["collections"]) == 3 and res["gc"]["total_s"] >= 0, res
     assert "time" in data["ratios"] and (tmp_path / "capture_torch_ci.png").exists()
 
 

@@ -425,6 +425,40 @@ class TimeBudget:
             self.longest = max(self.longest, time.perf_counter() - t0)
 
 
+class GcClock:
+    """The cyclic collector's automatic collections while the block runs (``gc.callbacks``): how many of each
+    generation (``collections``: young, middle, old) and the seconds they took (``seconds``), as :meth:`record`
+    gives them.  A benchmark's time includes these pauses; this says how much of it they were."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        g = int(info.get("generation", 2))
+        self.collections[g] += 1
+        self.seconds[g] += time.perf_counter() - self._t0
+
+    def __enter__(self) -> GcClock:
+        import gc
+
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import gc
+
+        gc.callbacks.remove(self._callback)
+
+    def record(self) -> dict[str, Any]:
+        return {"collections": list(self.collections), "seconds": [round(s, 6) for s in self.seconds],
+                "total_s": round(sum(self.seconds), 6)}
+
+
 def guarded(fn: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """Run one variant; an exception becomes ``{"status": "error", "error": ..., "traceback": ...}``."""
     try:

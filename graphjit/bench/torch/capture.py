@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from ..common import GcClock
+
 
 def make_step(torch: Any, weights: list[tuple[Any, Any, Any]]) -> Any:
     """The decode-like step over ``weights``: per layer RMSNorm, a SiLU-gated MLP and a residual add."""
@@ -68,11 +70,12 @@ class CaptureBench:
         reserved0 = torch.cuda.memory_reserved() if self.on_gpu else 0
         allocated0 = torch.cuda.memory_allocated() if self.on_gpu else 0
         t0 = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), GcClock() as collector:
             run, graphs = self._by_hand() if variant == "by_hand" else self._graphjit()
-        self.sync()
+            self.sync()
         seconds = time.perf_counter() - t0
-        res: dict[str, Any] = {"status": "ok", "seconds": seconds, "graphs": graphs}
+        # gc: the collector's automatic collections inside ``seconds`` (the run's own garbage: collected before it)
+        res: dict[str, Any] = {"status": "ok", "seconds": seconds, "graphs": graphs, "gc": collector.record()}
         if self.on_gpu:
             res["reserved_bytes"] = torch.cuda.memory_reserved() - reserved0
             res["allocated_bytes"] = torch.cuda.memory_allocated() - allocated0
