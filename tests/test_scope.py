@@ -195,3 +195,59 @@ def test_an_extra_warmup_run_that_raises_is_undone_and_the_call_keeps_its_own_re
     for i in range(3):
         assert step(x).item() == i + 2.0
     assert "a warmup run raised" in step.stats()["fallbacks"], step.report()
+
+
+# -- the collector inside a scope ------------------------------------------------------------------
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_a_scope_freezes_the_objects_before_it_and_puts_them_back_after():
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    before = _Cycle()
+    with graphjit.capture_scope(progress=False):
+        frozen = gc.get_freeze_count()
+        assert frozen > 0 and gc.is_tracked(before)
+        with graphjit.capture_scope(progress=False):  # an inner scope leaves it to the outer one
+            assert gc.get_freeze_count() >= frozen
+        assert gc.get_freeze_count() >= frozen
+    assert gc.get_freeze_count() == 0
+
+
+def test_garbage_made_inside_a_scope_is_collected_there_and_older_garbage_after():
+    import gc
+    import weakref
+
+    old = _Cycle()
+    old_ref = weakref.ref(old)
+    del old  # a cycle: only the collector frees it
+    with graphjit.capture_scope(progress=False):
+        new = _Cycle()
+        new_ref = weakref.ref(new)
+        del new
+        gc.collect()
+        assert new_ref() is None, "a cycle the scope made is collected inside it"
+        assert old_ref() is not None, "the objects from before the scope are left out of its collections"
+    gc.collect()
+    assert old_ref() is None
+
+
+def test_a_scope_that_raises_unfreezes_and_a_program_s_own_freeze_is_left_alone():
+    import gc
+
+    with pytest.raises(RuntimeError), graphjit.capture_scope(progress=False):
+        raise RuntimeError("boom")
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        with graphjit.capture_scope(progress=False):
+            pass
+        assert gc.get_freeze_count() == mine, "the program's frozen objects stay frozen"
+    finally:
+        gc.unfreeze()
