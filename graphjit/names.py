@@ -277,8 +277,8 @@ class NameRecorder:
         for oid, ran in self.arguments.items():
             names: set[str] = set()
             probed: set[str] = set()
-            for key in ran:
-                code = codes[key][0]
+            for code_id in ran:
+                code = codes[code_id][0]
                 names |= code_names(code)
                 probed |= code_probes(code).attributes
             self.by_object[oid] = frozenset(names)
