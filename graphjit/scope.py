@@ -44,6 +44,7 @@ class _ThreadState(threading.local):
 
     phase: str | None = None
     capture: int = 0
+    run: int = 0
     scopes: list[CaptureScope] | None = None
 
 
@@ -175,28 +176,28 @@ def capture_scope(progress: bool = True, total: int | None = None) -> CaptureSco
 
 
 def _thread_stack() -> list[CaptureScope]:
-    stack = getattr(_tls, "scopes", None)
+    stack = _tls.scopes
     if stack is None:
         stack = _tls.scopes = []
-    return stack  # type: ignore[no-any-return]
+    return stack
 
 
 def current() -> CaptureScope | None:
     """The innermost capture scope active on this thread, or None."""
-    stack = getattr(_tls, "scopes", None)
+    stack = _tls.scopes
     return stack[-1] if stack else None
 
 
 def in_capture_scope() -> bool:
     """True inside ``capture_scope()`` on this thread (user code may branch on it, e.g. to skip a debug
     print); other threads do not see this thread's scope."""
-    return bool(getattr(_tls, "scopes", None))
+    return bool(_tls.scopes)
 
 
 @contextlib.contextmanager
 def graphed_call(phase: str) -> Iterator[None]:
     """Mark the calling thread as inside a graphed call (``phase``: "warmup", "capture" or "replay")."""
-    previous = getattr(_tls, "phase", None)
+    previous = _tls.phase
     _tls.phase = phase
     _tls.run = next(_capture_ids)  # each run of the function its own number (run_id)
     if phase == "capture":
@@ -210,7 +211,7 @@ def graphed_call(phase: str) -> Iterator[None]:
 def enter_phase(phase: str) -> str | None:
     """:func:`graphed_call` without a context manager, for the replay path (a piecewise graph's islands): mark the
     thread as in ``phase`` ("replay" or "island" only) and return the phase to give :func:`leave_phase` after."""
-    previous = getattr(_tls, "phase", None)
+    previous = _tls.phase
     _tls.phase = phase
     return previous
 
@@ -228,18 +229,18 @@ def thread_state() -> threading.local:
 def phase() -> str | None:
     """The graphed-call phase of this thread ("warmup", "capture", "replay", "island": a piecewise graph's replay
     loop, its islands' code), or None."""
-    return getattr(_tls, "phase", None)
+    return _tls.phase
 
 
 def run_id() -> int:
     """A number identifying the graphed-call run (a warmup, capture or reference run of the function) this thread is
     in or was in last (0: none yet)."""
-    return getattr(_tls, "run", 0)
+    return _tls.run
 
 
 def last_capture() -> int:
     """A number identifying the most recent graphed-call capture begun on this thread (0: none yet)."""
-    return getattr(_tls, "capture", 0)
+    return _tls.capture
 
 
 def collective_mode() -> str | None:
@@ -251,6 +252,6 @@ def collective_mode() -> str | None:
     p = phase()
     if p == "capture":
         return "capture"
-    if p is not None or getattr(_tls, "scopes", None):
+    if p is not None or _tls.scopes:
         return "graphed"
     return None
