@@ -44,8 +44,8 @@ _CALLS = frozenset(dis.opmap[name] for name in ("CALL", "CALL_KW", "CALL_FUNCTIO
 def read(fn: Any, frame: types.FrameType | None = None) -> str | None:
     """The name of the clock ``fn`` (a C function a ``c_call`` event names, called from ``frame``) reads, or None.
     Every clock it names is a function of the ``time`` module (:data:`MODULE`) or a classmethod of a class: a
-    function bound to anything else (a tensor's method) is answered without hashing it (hashing a bound method hashes
-    its object, a tensor's ``__hash__`` is Python)."""
+    function bound to anything else (a tensor's method, most of what a step calls) is answered by that alone, before
+    any set lookup."""
     if type(fn) is not types.BuiltinFunctionType:
         return None
     owner = fn.__self__
@@ -56,7 +56,7 @@ def read(fn: Any, frame: types.FrameType | None = None) -> str | None:
         if most is not None:
             n = _arguments(frame)
             return f"time.{fn.__name__}() without a time" if n is None or n <= most else None
-    elif isinstance(owner, type) and issubclass(owner, _CLASSES) and fn.__name__ in _METHODS:
+    elif issubclass(type(owner), type) and issubclass(owner, _CLASSES) and fn.__name__ in _METHODS:
         return f"{owner.__name__}.{fn.__name__}()"  # a classmethod of datetime bound to its class
     return None
 

@@ -309,11 +309,12 @@ class NameRecorder:
             if event != "c_call":
                 return
             # most C calls are a framework's (a tensor's methods): told apart by the object they are bound to alone
+            # (its type's type, not isinstance: that asks the object for its __class__)
             owner = getattr(arg, "__self__", None)
             if arg is _PRINT or owner is sys.stdout or owner is sys.stderr:
                 if len(self.emitted) < MAX_EMITTED and not in_island():
                     self._printed(frame, arg)
-            elif (owner is _CLOCKS or isinstance(owner, type)) and len(self.clocked) < MAX_EMITTED and \
+            elif (owner is _CLOCKS or issubclass(type(owner), type)) and len(self.clocked) < MAX_EMITTED and \
                     (clock := host_clock.read(arg, frame)) is not None:
                 self._clocked(frame, clock)
             return

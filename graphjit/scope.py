@@ -8,13 +8,7 @@ traces, warms up and captures right there (as it would outside), but:
 * collectives are in capture mode (:func:`collective_mode`), so that tracing and warmup see the same
   collective path as the captured graph will (the FastDeploy lesson: tracing before the scope froze
   the eager branch into the program);
-* progress is logged, one line per capture (``progress=True``), with ``k/total`` when ``total`` is given;
-* the cyclic garbage collector leaves the objects that existed when the outermost scope began out of its
-  collections until it ends (``gc.freeze()``, as vLLM and SGLang do around their captures): each capture keeps
-  objects alive, and the full collections they bring about would otherwise scan the whole program's heap (tens of
-  milliseconds each with a framework loaded) between captures.  Garbage the scope's calls make is still collected;
-  garbage that already existed is collected after the scope.  Where the program froze objects itself
-  (``gc.get_freeze_count()`` not 0) the scope leaves the collector as it is.
+* progress is logged, one line per capture (``progress=True``), with ``k/total`` when ``total`` is given.
 
 Scopes nest; the outermost one owns the pool.  A scope belongs to the thread that entered it: other
 threads do not see it (:func:`in_capture_scope` is per thread), and entering one scope object twice is
@@ -25,7 +19,6 @@ warmed up at decoration time.
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import logging
 import threading
@@ -78,7 +71,6 @@ class CaptureScope:
         self.started = 0.0
         self._pools: dict[tuple[str, str], Any] = {}
         self.parent: CaptureScope | None = None
-        self._froze = False  # this scope froze the collector's objects (and unfreezes them when it ends)
 
     def pool_for(self, backend: Any, device: str) -> Any:
         """The shared memory pool of this scope (of its outermost parent) for ``backend`` on ``device``."""
@@ -133,18 +125,12 @@ class CaptureScope:
         self.parent = stack[-1] if stack else None
         stack.append(self)
         self.started = time.perf_counter()
-        if self.parent is None and gc.get_freeze_count() == 0:
-            gc.freeze()
-            self._froze = True
         return self
 
     def __exit__(self, *exc: object) -> None:
         stack = _thread_stack()
         if self in stack:
             stack.remove(self)
-        if self._froze:
-            self._froze = False
-            gc.unfreeze()
         if self.progress:
             log.info("graphjit %s: %s", self.name, self.summary())
 

@@ -1252,6 +1252,35 @@ def test_a_module_the_first_call_imports_adds_no_names_to_guard(emu, tmp_path, m
     assert torch.equal(g(x), x * 3.0)
 
 
+def test_two_modules_with_the_same_code_each_have_their_globals_guarded(emu, tmp_path, monkeypatch):
+    """Code objects compare by their contents, not by their module: two modules whose functions are written alike
+    have equal codes.  The name recorder keeps each one apart (by identity), so the globals each reads, in its own
+    module, are both guarded."""
+    import importlib
+    import sys
+
+    text = "SCALE = 2.0\n\n\ndef scaled(x):\n    return x * SCALE\n"
+    for name in ("gj_twin_a", "gj_twin_b"):
+        (tmp_path / f"{name}.py").write_text(text)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    a, b = importlib.import_module("gj_twin_a"), importlib.import_module("gj_twin_b")
+    assert a.scaled.__code__ == b.scaled.__code__ and a.scaled.__code__ is not b.scaled.__code__
+
+    def step(x):
+        return a.scaled(x) + b.scaled(x)
+
+    g = graphjit.graphed(step)
+    x = torch.ones(3)
+    for _ in range(4):
+        assert torch.equal(g(x), x * 4.0)
+    assert g.stats()["replays"] >= 1, g.report()
+    b.SCALE = 5.0
+    assert torch.equal(g(x), x * 7.0), g.report()
+    a.SCALE = 3.0
+    assert torch.equal(g(x), x * 8.0), g.report()
+
+
 def _block_class() -> type:
     """A new Module class (each test patches its own) whose forward calls a method of its own, ``extra``."""
 
