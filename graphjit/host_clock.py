@@ -48,7 +48,7 @@ def read(fn: Any, frame: types.FrameType | None = None) -> str | None:
     any set lookup."""
     if type(fn) is not types.BuiltinFunctionType:
         return None
-    owner = fn.__self__
+    owner: Any = fn.__self__
     if owner is time:
         if fn in _FUNCTIONS:
             return f"time.{fn.__name__}()"
