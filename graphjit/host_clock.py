@@ -11,8 +11,10 @@ Framework-free.  The reads are seen by the name recorder's profile hook (:class:
 ``c_call`` events of the last warmup call, the only one where ``warmup=1``), in the user's code only (a script's, a
 notebook's ``__main__``): a framework's, graphjit's or the standard library's own timing (a log record's timestamp:
 printing is its own reason) is not the call's.  Under ``tracer="compile"`` the recorder watches the Python Dynamo
-runs between its graphs (a clock read is a graph break), with ``names=False``.  Not seen where no recorder runs: a
-Paddle tracer's program, a profiler of the user's already set.  An island
+runs between its graphs (a clock read is a graph break), with ``names=False``; under Paddle's ``sot`` the code it
+generates from the function's calls the clock through the tracer's own frames (``Backend.simulator_modules``), which
+the recorder takes as the function's.  Not seen where no recorder runs: Paddle's ``ast`` program (no Python runs), a
+profiler of the user's already set.  An island
 (``@graphjit.eager``) runs on every call and may read it.
 """
 

@@ -208,6 +208,20 @@ def _functions_of(attr: Any) -> Iterator[types.FunctionType]:
         yield f
 
 
+def _simulated_line(frame: types.FrameType | None, simulators: tuple[str, ...]) -> str:
+    """Where in the function's code a simulating tracer's ``frame`` called a C function for it: the nearest frame up
+    outside the tracer's modules (Paddle's SOT: the code it generated from the function's, which keeps its file and
+    lines); "the function's code" where there is none."""
+    for _ in range(24):
+        if frame is None:
+            break
+        module = frame.f_globals.get("__name__", "")
+        if not (isinstance(module, str) and module.startswith(simulators)):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "the function's code"
+
+
 class NameRecorder:
     """Collects the names used by the Python code a call runs (a ``sys.setprofile`` hook on this thread,
     for the block), outside the frameworks', graphjit's and the standard library's own modules, outside
@@ -225,10 +239,13 @@ class NameRecorder:
     ``names=False``: only what the call does to the host that a replay would not do again (:attr:`emitted`,
     :attr:`clocked`), for a run a tracer translates where the Python it leaves out of its program still runs (Dynamo's
     graph breaks): the names such a run uses are not the function's (its compiled parts use none here), so none is
-    recorded."""
+    recorded.  ``simulators``: module prefixes of a tracer that runs that Python by simulating it and calls the C
+    functions it calls from its own frames (Paddle's SOT; ``Backend.simulator_modules``): a clock read from them is the
+    function's."""
 
-    def __init__(self, names: bool = True) -> None:
+    def __init__(self, names: bool = True, simulators: tuple[str, ...] = ()) -> None:
         self.record_names = names
+        self.simulators = simulators  # module prefixes of a tracer that calls C functions for the function's code
         self.names: set[str] = set()
         # id(code) -> (the code that ran, the module globals it ran with): keyed by id, as a code object's hash is
         # computed from its contents on every call
@@ -365,11 +382,16 @@ class NameRecorder:
 
     def _clocked(self, frame: types.FrameType, clock: str) -> None:
         """``clock`` (:func:`graphjit.host_clock.read`) is read from ``frame``: noted where that is the user's code, not
-        a framework's, graphjit's or the standard library's, nor an island's."""
+        a framework's, graphjit's or the standard library's, nor an island's; or where ``frame`` is a simulating
+        tracer's (:attr:`simulators`), which calls it for the function's code."""
         module = frame.f_globals.get("__name__", "")
-        if in_island() or not isinstance(module, str) or module.startswith(_SKIP_CODE) or \
-                not (user_globals(frame.f_globals) or module == "__main__"):  # (a notebook's: no __file__)
+        if in_island() or not isinstance(module, str):
             return
+        if self.simulators and module.startswith(self.simulators):
+            self.clocked.append(f"{clock} at {_simulated_line(frame, self.simulators)} (as its tracer runs it)")
+            return
+        if module.startswith(_SKIP_CODE) or not (user_globals(frame.f_globals) or module == "__main__"):
+            return  # (a notebook's: no __file__)
         self.clocked.append(f"{clock} at {frame.f_code.co_filename}:{frame.f_lineno}")
 
     def _logged(self, frame: types.FrameType) -> None:

@@ -291,7 +291,7 @@ def watched_call(backend: Backend, run: Callable[[], Any], roots: list[tuple[str
               if guard_src is not None else None)
     # a run translated by a tracer uses no names of its own here; where the tracer runs what it leaves out of its
     # program as Python (``host_calls``: Dynamo's graph breaks), that Python is watched for host reads alone
-    recorder = NameRecorder(names=runs_python)
+    recorder = NameRecorder(names=runs_python, simulators=b.simulator_modules if host_calls else ())
     record = guard_src is not None and (runs_python or host_calls)
     with b.sync_watch(syncs) if sync_watch else contextlib.nullcontext(), collecting(b, device) as isl, \
             b.compiles_unwatched(recorder.pause, recorder.resume) if record else contextlib.nullcontext(), \

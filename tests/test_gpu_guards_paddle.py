@@ -6,12 +6,13 @@ where it changes on every call.  Paddle 2.6.2 computes only matmul and copies ri
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
 
 import graphjit
-from graphjit import guards
+from graphjit import guards, host_clock
 
 pytestmark = [pytest.mark.gpu, pytest.mark.paddle]
 
@@ -147,3 +148,29 @@ def test_a_tensor_set_on_the_layer_anew_equals_numpy_and_is_never_fed(tracer):
     for t, w in zip(kept, ws_np):
         assert np.array_equal(t.numpy(), w)
     assert not any((k["reason"] or "").startswith(renewals.REASON) for k in g.stats()["keys"]), g.report()
+
+
+_DEADLINE = [0.0]
+
+
+@pytest.mark.parametrize("tracer", ["eager", "sot"])
+def test_a_deadline_read_from_the_host_clock_runs_uncaptured(tracer):
+    """A branch on ``time.monotonic()`` (a deadline) picks the weight: a replay would keep the capture's branch after
+    the deadline passed.  The key runs uncaptured under its reason, every call equal to numpy on either side of the
+    deadline; under sot the read is seen where the tracer calls the clock for the function's code."""
+    rng = np.random.default_rng(3)
+    ws_np = _weights(rng, 2)
+    WS[:] = [T(w) for w in ws_np]
+
+    def step(x):
+        return paddle.matmul(x, WS[0] if time.monotonic() < _DEADLINE[0] else WS[1])
+
+    g = graphjit.graphed(step, tracer=tracer)
+    with paddle.no_grad():
+        for i in range(8):
+            before = i < 4
+            _DEADLINE[0] = time.monotonic() + (3600.0 if before else -3600.0)
+            x = rng.standard_normal((4, N)).astype(np.float32)
+            assert rel(g(T(x)).numpy(), x @ ws_np[0 if before else 1]) < TF32, (tracer, i, g.report())
+    st = g.stats()
+    assert st["replays"] == 0 and host_clock.REASON in st["fallbacks"], g.report()

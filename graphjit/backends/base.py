@@ -179,6 +179,10 @@ class Backend(abc.ABC):
     between its parts: a warmup watches that Python for host reads a replay would not repeat (a clock read, a print,
     a log record; :class:`graphjit.names.NameRecorder` with ``names=False``), with the backend's compiler kept out of
     the watch (:meth:`compiles_unwatched`)."""
+    simulator_modules: tuple[str, ...] = ()
+    """Module prefixes of a tracer that runs the function's Python by simulating it (Paddle's SOT): a C function that
+    code of theirs calls in a watched run of a :attr:`host_watched_tracers` tracer is called on the function's behalf,
+    so a clock it reads is the function's (:class:`graphjit.names.NameRecorder`).  The tracer itself reads none."""
     captures_recoverable: bool = True
     """False where a capture broken by a CPU-GPU sync leaves the framework unusable (Paddle 2.6): graphjit
     then captures a key only after a warmup run watched for syncs."""

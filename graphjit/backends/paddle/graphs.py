@@ -156,6 +156,10 @@ class PaddleBackend(Backend):
     tracers = ("sot", "ast", "eager")
     default_tracer = "sot"
     captures_recoverable = False  # 2.6 stays in capture mode after a capture a sync broke
+    # SOT runs what it cannot translate by simulating the function's bytecode and calling the C functions the code
+    # calls from its own frames: a watched run sees the clocks the function reads there
+    host_watched_tracers = ("sot",)
+    simulator_modules = ("paddle.jit.sot.opcode_translator.",)  # (its executor; not its logging utilities)
 
     def __init__(self) -> None:
         # Paddle 2.x's SOT drops an in-place paddle.assign(value, state) into state reached through a global
@@ -163,7 +167,6 @@ class PaddleBackend(Backend):
         # (graphjit.tracer_check).  3.x computes that right; its tracers are not checked.
         self.checked_tracers = ("sot",) if int(paddle.__version__.split(".")[0]) < 3 else ()
         self._unavailable: dict[str, str | None] = {}
-        self._sync_thread = threading.local()
         self._flags_set = False
         import paddle.device.cuda.graphs as _graphs  # not imported by `import paddle` in 2.6
 

@@ -1,0 +1,59 @@
+"""Paddle's sot tracer runs what it cannot translate by simulating the function's bytecode, calling the C functions
+the code calls from its own frames (graphjit/host_clock.py, ``Backend.simulator_modules``): a warmup's name recorder
+sees a clock read there as the function's, with the line the tracer was at, and sees none of the tracer's own.  On a
+CPU Paddle makes no graphs, so the recorder is run directly around the tracer's calls; the GPU test of the whole
+path (the key uncaptured, every call eager's) is tests/test_gpu_guards_paddle.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from graphjit.names import NameRecorder
+
+pytestmark = pytest.mark.paddle
+
+paddle = pytest.importorskip("paddle")
+
+
+def _clock_step(x):
+    return x * 2 + (time.perf_counter() // 3600 + 1) * 0  # a reading that moves slower than the test: a stable key
+
+
+def _plain_step(x):
+    return paddle.nn.functional.relu(x * 2) + 1
+
+
+def _simulators() -> tuple[str, ...]:
+    from graphjit.backends.paddle.graphs import PaddleBackend
+
+    return PaddleBackend.simulator_modules
+
+
+def _watched(fn, calls: int = 3) -> list[list[str]]:
+    translated = paddle.jit.to_static(fn, full_graph=False)  # what tracer="sot" runs
+    x = paddle.ones([3])
+    seen = []
+    for _ in range(calls):
+        with NameRecorder(names=False, simulators=_simulators()) as rec:
+            translated(x)
+        seen.append(list(rec.clocked))
+    return seen
+
+
+def test_a_clock_the_sot_tracer_reads_for_the_function_is_the_function_s():
+    seen = _watched(_clock_step)
+    assert all(len(c) == 1 for c in seen), seen
+    assert all("time.perf_counter()" in c[0] and __file__ in c[0] for c in seen), seen  # the line in this file
+
+
+def test_the_sot_tracer_itself_reads_no_clock():
+    assert _watched(_plain_step) == [[], [], []]
+
+
+def test_without_the_simulators_the_read_is_not_seen():
+    translated = paddle.jit.to_static(_clock_step, full_graph=False)
+    with NameRecorder(names=False) as rec:
+        translated(paddle.ones([3]))
+    assert rec.clocked == []  # what the warmup saw before: the tracer's frame is not the user's code
