@@ -31,12 +31,26 @@ def _simulators() -> tuple[str, ...]:
     return PaddleBackend.simulator_modules
 
 
-def _watched(fn, calls: int = 3) -> list[list[str]]:
+def _watched(fn, calls: int = 3, paused: list[str] | None = None) -> list[list[str]]:
+    """The clocks a warmup's recorder sees in each of ``calls`` calls of ``fn`` through SOT (the first translates),
+    with the backend's watch off while SOT translates, as a warmup keeps it (``paused``: "pause"/"resume" as called)."""
+    from graphjit.backends.paddle.graphs import PaddleBackend
+
     translated = paddle.jit.to_static(fn, full_graph=False)  # what tracer="sot" runs
     x = paddle.ones([3])
     seen = []
     for _ in range(calls):
-        with NameRecorder(names=False, simulators=_simulators()) as rec:
+        rec = NameRecorder(names=False, simulators=_simulators())
+
+        def pause(rec=rec):
+            (paused if paused is not None else []).append("pause")
+            rec.pause()
+
+        def resume(rec=rec):
+            (paused if paused is not None else []).append("resume")
+            rec.resume()
+
+        with PaddleBackend.compiles_unwatched(None, pause, resume), rec:  # type: ignore[arg-type]
             translated(x)
         seen.append(list(rec.clocked))
     return seen
@@ -52,8 +66,21 @@ def test_the_sot_tracer_itself_reads_no_clock():
     assert _watched(_plain_step) == [[], [], []]
 
 
+def _step_translated_here(x):  # translated by this test alone: SOT keeps a translation per code object
+    return paddle.nn.functional.relu(x * 3) - 1
+
+
+def test_the_watch_is_off_while_sot_translates_and_not_for_the_code_it_made():
+    paused: list[str] = []
+    _watched(_step_translated_here, calls=1, paused=paused)
+    first = len(paused)
+    assert first >= 2 and paused == ["pause", "resume"] * (first // 2), paused  # the first call translates
+    _watched(_step_translated_here, calls=2, paused=paused)
+    assert len(paused) == first, paused  # later calls run the cached code, watched throughout
+
+
 def test_without_the_simulators_the_read_is_not_seen():
     translated = paddle.jit.to_static(_clock_step, full_graph=False)
     with NameRecorder(names=False) as rec:
         translated(paddle.ones([3]))
-    assert rec.clocked == []  # what the warmup saw before: the tracer's frame is not the user's code
+    assert rec.clocked == []  # what a warmup saw before: the tracer's frame is not the user's code

@@ -29,7 +29,7 @@ from ... import layouts
 from ...errors import BackendError, CaptureError, UnrecoverableCaptureError
 from ...feeds import StepContext
 from ..base import Backend, GraphHandle, Segments, segments_open
-from . import hooks, syncs
+from . import hooks, sot, syncs
 from . import modes as paddle_modes
 from .sot import PACKAGE_DIR, SotFunction
 
@@ -409,6 +409,10 @@ class PaddleBackend(Backend):
 
     def translating(self) -> bool:
         return not paddle.in_dynamic_mode()
+
+    def compiles_unwatched(self, pause: Callable[[], None],
+                           resume: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
+        return sot.translations_unwatched(pause, resume)
 
     def tracer_rereads_values(self, tracer: str) -> bool:
         """The AST tracer builds a static program once per input spec, with the Python values it read then (a call

@@ -1,11 +1,13 @@
 """Paddle's SOT tracer as graphjit runs it: :class:`SotFunction` (a function translated by SOT without
-``to_static``'s argument handling) and :func:`skip_graphjit_in_sot` (graphjit's own files are never translated)."""
+``to_static``'s argument handling), :func:`skip_graphjit_in_sot` (graphjit's own files are never translated) and
+:func:`translations_unwatched` (a warmup's watch off while SOT translates)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +71,32 @@ class SotFunction:
         if instance is not None:
             pre = (instance, *pre)
         return traced(*pre, *args, **{**kw, **kwargs})
+
+
+@contextlib.contextmanager
+def translations_unwatched(pause: Callable[[], None], resume: Callable[[], None]) -> Iterator[None]:
+    """In the block, ``pause()`` where SOT starts translating a frame and ``resume()`` where it ends (its executor
+    cache's ``start_translate``, Paddle 2.6 and 3.x, wrapped for the block): a warmup's profile hook made a
+    translation two to three times slower, and the translating Python is SOT's own, not the function's (the code it
+    generates runs after, watched).  A Paddle without that function is watched throughout."""
+    try:
+        from paddle.jit.sot.opcode_translator.executor import executor_cache as cache
+
+        original = cache.start_translate
+    except (ImportError, AttributeError):
+        yield
+        return
+
+    def unwatched(*args: Any, **kwargs: Any) -> Any:
+        pause()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            resume()
+
+    cache.start_translate = unwatched
+    try:
+        yield
+    finally:
+        if cache.start_translate is unwatched:  # (a block of another thread's that began meanwhile keeps its own)
+            cache.start_translate = original
