@@ -375,9 +375,12 @@ class NameRecorder:
                                  getattr(fn, "__name__", None) != "write"):
             return
         module = frame.f_globals.get("__name__", "")
+        what = "print()" if fn is _PRINT else "a write to standard output"
+        if self.simulators and isinstance(module, str) and module.startswith(self.simulators):
+            self.emitted.append(f"{what} at {_simulated_line(frame, self.simulators)} (as its tracer runs it)")
+            return  # a simulating tracer's call for the function's code (its translation is not watched)
         if isinstance(module, str) and module.partition(".")[0] in _OWN_WRITERS:
             return  # a log handler (its record was weighed by _logged), a warning (not watched), a framework's own
-        what = "print()" if fn is _PRINT else "a write to standard output"
         self.emitted.append(f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}")
 
     def _clocked(self, frame: types.FrameType, clock: str) -> None:

@@ -174,3 +174,28 @@ def test_a_deadline_read_from_the_host_clock_runs_uncaptured(tracer):
             assert rel(g(T(x)).numpy(), x @ ws_np[0 if before else 1]) < TF32, (tracer, i, g.report())
     st = g.stats()
     assert st["replays"] == 0 and host_clock.REASON in st["fallbacks"], g.report()
+
+
+@pytest.mark.parametrize("tracer", ["eager", "sot"])
+def test_a_print_in_the_function_runs_uncaptured_and_prints_on_every_call(tracer, capsys):
+    """A replay runs no Python and would not print: the key runs uncaptured under its reason and every call prints,
+    its result equal to numpy; under sot the print is seen where the tracer calls it for the function's code."""
+    from graphjit.warmup import PRINTS
+
+    rng = np.random.default_rng(4)
+    ws_np = _weights(rng, 1)
+    WS[:] = [T(w) for w in ws_np]
+
+    def step(x):
+        print("step")
+        return paddle.matmul(x, WS[0])
+
+    g = graphjit.graphed(step, tracer=tracer)
+    capsys.readouterr()
+    with paddle.no_grad():
+        for i in range(6):
+            x = rng.standard_normal((4, N)).astype(np.float32)
+            assert rel(g(T(x)).numpy(), x @ ws_np[0]) < TF32, (tracer, i, g.report())
+    assert capsys.readouterr().out.count("step\n") == 6
+    st = g.stats()
+    assert st["replays"] == 0 and PRINTS in st["fallbacks"], g.report()

@@ -1,6 +1,7 @@
-"""Paddle's sot tracer runs what it cannot translate by simulating the function's bytecode, calling the C functions
-the code calls from its own frames (graphjit/host_clock.py, ``Backend.simulator_modules``): a warmup's name recorder
-sees a clock read there as the function's, with the line the tracer was at, and sees none of the tracer's own.  On a
+"""Paddle's sot tracer runs what it leaves out of its program from code it generates, calling the C functions the
+function's code calls from its own executor's frames (graphjit/host_clock.py, ``Backend.simulator_modules``): a
+warmup's name recorder sees a clock read or a print there as the function's, with the line of the function's code,
+and sees none of the tracer's own (its translation is not watched).  On a
 CPU Paddle makes no graphs, so the recorder is run directly around the tracer's calls; the GPU test of the whole
 path (the key uncaptured, every call eager's) is tests/test_gpu_guards_paddle.py."""
 
@@ -25,14 +26,20 @@ def _plain_step(x):
     return paddle.nn.functional.relu(x * 2) + 1
 
 
+def _printing_step(x):
+    print("step")  # a replay would not print
+    return x * 2
+
+
 def _simulators() -> tuple[str, ...]:
     from graphjit.backends.paddle.graphs import PaddleBackend
 
     return PaddleBackend.simulator_modules
 
 
-def _watched(fn, calls: int = 3, paused: list[str] | None = None) -> list[list[str]]:
-    """The clocks a warmup's recorder sees in each of ``calls`` calls of ``fn`` through SOT (the first translates),
+def _watched(fn, calls: int = 3, paused: list[str] | None = None, what: str = "clocked") -> list[list[str]]:
+    """The clocks (``what``: or the prints, "emitted") a warmup's recorder sees in each of ``calls`` calls of ``fn``
+    through SOT (the first translates),
     with the backend's watch off while SOT translates, as a warmup keeps it (``paused``: "pause"/"resume" as called)."""
     from graphjit.backends.paddle.graphs import PaddleBackend
 
@@ -52,7 +59,7 @@ def _watched(fn, calls: int = 3, paused: list[str] | None = None) -> list[list[s
 
         with PaddleBackend.compiles_unwatched(None, pause, resume), rec:  # type: ignore[arg-type]
             translated(x)
-        seen.append(list(rec.clocked))
+        seen.append(list(getattr(rec, what)))
     return seen
 
 
@@ -62,8 +69,15 @@ def test_a_clock_the_sot_tracer_reads_for_the_function_is_the_function_s():
     assert all("time.perf_counter()" in c[0] and __file__ in c[0] for c in seen), seen  # the line in this file
 
 
-def test_the_sot_tracer_itself_reads_no_clock():
+def test_the_sot_tracer_itself_reads_no_clock_and_prints_nothing():
     assert _watched(_plain_step) == [[], [], []]
+    assert _watched(_plain_step, what="emitted") == [[], [], []]
+
+
+def test_a_print_the_sot_tracer_makes_for_the_function_is_the_function_s(capsys):
+    seen = _watched(_printing_step, what="emitted")
+    assert capsys.readouterr().out == "step\n" * 3
+    assert all(len(c) == 1 and c[0].startswith("print() at " + __file__) for c in seen), seen
 
 
 def _step_translated_here(x):  # translated by this test alone: SOT keeps a translation per code object
