@@ -43,11 +43,12 @@ _CALLS = frozenset(dis.opmap[name] for name in ("CALL", "CALL_KW", "CALL_FUNCTIO
                    if name in dis.opmap)
 
 
-def read(fn: Any, frame: types.FrameType | None = None) -> str | None:
+def read(fn: Any, frame: types.FrameType | None = None, arguments: int | None = None) -> str | None:
     """The name of the clock ``fn`` (a C function a ``c_call`` event names, called from ``frame``) reads, or None.
     Every clock it names is a function of the ``time`` module (:data:`MODULE`) or a classmethod of a class: a
     function bound to anything else (a tensor's method, most of what a step calls) is answered by that alone, before
-    any set lookup."""
+    any set lookup.  ``arguments``: how many the call passes, where the caller knows (a simulating tracer's frame
+    unpacks them: ``f(*args)``); else counted from ``frame``'s call instruction."""
     if type(fn) is not types.BuiltinFunctionType:
         return None
     owner: Any = fn.__self__
@@ -56,7 +57,7 @@ def read(fn: Any, frame: types.FrameType | None = None) -> str | None:
             return f"time.{fn.__name__}()"
         most = _CONVERSIONS.get(fn)
         if most is not None:
-            n = _arguments(frame)
+            n = arguments if arguments is not None else _arguments(frame)
             return f"time.{fn.__name__}() without a time" if n is None or n <= most else None
     elif issubclass(type(owner), type) and issubclass(owner, _CLASSES) and fn.__name__ in _METHODS:
         return f"{owner.__name__}.{fn.__name__}()"  # a classmethod of datetime bound to its class

@@ -208,18 +208,34 @@ def _functions_of(attr: Any) -> Iterator[types.FunctionType]:
         yield f
 
 
-def _simulated_line(frame: types.FrameType | None, simulators: tuple[str, ...]) -> str:
+def _simulated_line(frame: types.FrameType | None, simulators: tuple[str, ...]) -> str | None:
     """Where in the function's code a simulating tracer's ``frame`` called a C function for it: the nearest frame up
-    outside the tracer's modules (Paddle's SOT: the code it generated from the function's, which keeps its file and
-    lines); "the function's code" where there is none."""
+    outside the tracer's modules (Paddle's SOT: the code it generated from the function's, which keeps the function's
+    module, file and lines).  None where that frame is not the user's code (the tracer's own, such as its debug
+    logging, or a framework's): then the call was not made for the function."""
     for _ in range(24):
         if frame is None:
             break
-        module = frame.f_globals.get("__name__", "")
+        g = frame.f_globals
+        module = g.get("__name__", "")
         if not (isinstance(module, str) and module.startswith(simulators)):
+            if not isinstance(module, str) or module.startswith(_SKIP_CODE) or \
+                    not (user_globals(g) or module == "__main__"):
+                return None
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
-    return "the function's code"
+    return None
+
+
+def _simulated_arguments(frame: types.FrameType, fn: Any) -> int | None:
+    """How many arguments a simulating tracer's ``frame`` passes ``fn``, where it holds them as SOT's
+    ``NullVariable.__call__`` does (``args``: the function, then its arguments; ``kwargs``), else None.  Its own call
+    of ``fn`` unpacks them (``f(*args[1:], **kwargs)``), which :func:`graphjit.host_clock.read` cannot count."""
+    local = frame.f_locals
+    args, kwargs = local.get("args"), local.get("kwargs")
+    if type(args) is tuple and args and args[0] is fn and (kwargs is None or type(kwargs) is dict):
+        return len(args) - 1 + len(kwargs or ())
+    return None
 
 
 class NameRecorder:
@@ -332,7 +348,7 @@ class NameRecorder:
                 if len(self.emitted) < MAX_EMITTED and not in_island():
                     self._printed(frame, arg)
             elif (owner is _CLOCKS or issubclass(type(owner), type)) and len(self.clocked) < MAX_EMITTED and \
-                    (clock := host_clock.read(arg, frame)) is not None:
+                    (clock := host_clock.read(arg, frame, self._passed(frame, arg))) is not None:
                 self._clocked(frame, clock)
             return
         code = frame.f_code
@@ -368,6 +384,16 @@ class NameRecorder:
                                                                          or "__slots__" in tp.__dict__):
                 self.arguments.setdefault(id(value), set()).add(key)
 
+    def _passed(self, frame: types.FrameType, fn: Any) -> int | None:
+        """The arguments a simulating tracer's ``frame`` passes ``fn`` (:func:`_simulated_arguments`); None for any
+        other frame (:func:`graphjit.host_clock.read` counts them from its call instruction)."""
+        if not self.simulators:
+            return None
+        module = frame.f_globals.get("__name__", "")
+        if not (isinstance(module, str) and module.startswith(self.simulators)):
+            return None
+        return _simulated_arguments(frame, fn)
+
     def _printed(self, frame: types.FrameType, fn: Any) -> None:
         """``fn`` (``print``, or a ``write`` method) is called from ``frame``: noted where it writes to the process's
         standard output or error."""
@@ -377,8 +403,10 @@ class NameRecorder:
         module = frame.f_globals.get("__name__", "")
         what = "print()" if fn is _PRINT else "a write to standard output"
         if self.simulators and isinstance(module, str) and module.startswith(self.simulators):
-            self.emitted.append(f"{what} at {_simulated_line(frame, self.simulators)} (as its tracer runs it)")
-            return  # a simulating tracer's call for the function's code (its translation is not watched)
+            line = _simulated_line(frame, self.simulators)  # a simulating tracer's call, for the function's code
+            if line is not None:
+                self.emitted.append(f"{what} at {line} (as its tracer runs it)")
+            return
         if isinstance(module, str) and module.partition(".")[0] in _OWN_WRITERS:
             return  # a log handler (its record was weighed by _logged), a warning (not watched), a framework's own
         self.emitted.append(f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}")
@@ -391,7 +419,9 @@ class NameRecorder:
         if in_island() or not isinstance(module, str):
             return
         if self.simulators and module.startswith(self.simulators):
-            self.clocked.append(f"{clock} at {_simulated_line(frame, self.simulators)} (as its tracer runs it)")
+            line = _simulated_line(frame, self.simulators)
+            if line is not None:
+                self.clocked.append(f"{clock} at {line} (as its tracer runs it)")
             return
         if module.startswith(_SKIP_CODE) or not (user_globals(frame.f_globals) or module == "__main__"):
             return  # (a notebook's: no __file__)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -73,30 +74,61 @@ class SotFunction:
         return traced(*pre, *args, **{**kw, **kwargs})
 
 
+_watch_lock = threading.Lock()
+_watchers: dict[int, list[tuple[Callable[[], None], Callable[[], None]]]] = {}  # thread -> its open blocks' callbacks
+_original: Callable[..., Any] | None = None  # SOT's start_translate, as found when the wrapper was first installed
+_installed = False
+
+
+def _unwatched_translate(*args: Any, **kwargs: Any) -> Any:
+    """SOT's ``start_translate`` with the innermost open block of this thread paused around it (SOT's frame hook is
+    off while its callback runs: translations do not nest on a thread)."""
+    original = _original
+    assert original is not None  # set before the wrapper is first installed, never unset
+    blocks = _watchers.get(threading.get_ident())
+    if not blocks:
+        return original(*args, **kwargs)
+    pause, resume = blocks[-1]
+    pause()
+    try:
+        return original(*args, **kwargs)
+    finally:
+        resume()
+
+
 @contextlib.contextmanager
 def translations_unwatched(pause: Callable[[], None], resume: Callable[[], None]) -> Iterator[None]:
-    """In the block, ``pause()`` where SOT starts translating a frame and ``resume()`` where it ends (its executor
-    cache's ``start_translate``, Paddle 2.6 and 3.x, wrapped for the block): a warmup's profile hook made a
-    translation two to three times slower, and the translating Python is SOT's own, not the function's (the code it
-    generates runs after, watched).  A Paddle without that function is watched throughout."""
+    """In the block, ``pause()`` where SOT starts translating a frame on this thread and ``resume()`` where it ends
+    (its executor cache's ``start_translate``, Paddle 2.6 and 3.x): a warmup's profile hook made a translation two to
+    three times slower, and the translating Python is SOT's own, not the function's (the code it generates runs after,
+    watched).  One wrapper serves every thread's blocks, installed by the first to open and removed by the last to
+    close.  A Paddle without that function is watched throughout."""
+    global _original, _installed
     try:
-        from paddle.jit.sot.opcode_translator.executor import executor_cache as cache
+        from paddle.jit.sot.opcode_translator.executor import executor_cache
 
-        original = cache.start_translate
+        cache: Any = executor_cache
+        found = cache.start_translate
     except (ImportError, AttributeError):
         yield
         return
-
-    def unwatched(*args: Any, **kwargs: Any) -> Any:
-        pause()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            resume()
-
-    cache.start_translate = unwatched
+    me = threading.get_ident()
+    with _watch_lock:
+        if not _installed:
+            if _original is None:  # SOT's own, as first found: the wrapper always calls it (never another wrapper)
+                _original = found
+            cache.start_translate = _unwatched_translate
+            _installed = True
+        _watchers.setdefault(me, []).append((pause, resume))
     try:
         yield
     finally:
-        if cache.start_translate is unwatched:  # (a block of another thread's that began meanwhile keeps its own)
-            cache.start_translate = original
+        with _watch_lock:
+            blocks = _watchers[me]
+            blocks.pop()
+            if not blocks:
+                del _watchers[me]
+            if not _watchers and _installed:
+                if cache.start_translate is _unwatched_translate:  # (not where another library replaced it meanwhile)
+                    cache.start_translate = _original
+                _installed = False
