@@ -182,7 +182,8 @@ class Backend(abc.ABC):
     simulator_modules: tuple[str, ...] = ()
     """Module prefixes of a tracer that runs the function's Python by simulating it (Paddle's SOT): a C function that
     code of theirs calls in a watched run of a :attr:`host_watched_tracers` tracer is called on the function's behalf,
-    so a clock it reads is the function's (:class:`graphjit.names.NameRecorder`).  The tracer itself reads none."""
+    so a clock it reads or a print it makes is the function's (:class:`graphjit.names.NameRecorder`), where the frame
+    that runs the tracer's code is the function's (not the tracer's own logging)."""
     captures_recoverable: bool = True
     """False where a capture broken by a CPU-GPU sync leaves the framework unusable (Paddle 2.6): graphjit
     then captures a key only after a warmup run watched for syncs."""
