@@ -256,8 +256,8 @@ class NameRecorder:
     :attr:`clocked`), for a run a tracer translates where the Python it leaves out of its program still runs (Dynamo's
     graph breaks): the names such a run uses are not the function's (its compiled parts use none here), so none is
     recorded.  ``simulators``: module prefixes of a tracer that runs that Python by simulating it and calls the C
-    functions it calls from its own frames (Paddle's SOT; ``Backend.simulator_modules``): a clock read from them is the
-    function's."""
+    functions it calls from its own frames (Paddle's SOT; ``Backend.simulator_modules``): a clock read or a print from
+    them is the function's, where the frame the tracer runs for is the user's code."""
 
     def __init__(self, names: bool = True, simulators: tuple[str, ...] = ()) -> None:
         self.record_names = names
