@@ -26,28 +26,13 @@ import io
 import json
 import pstats
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from graphjit.bench.common import GcClock
 from graphjit.bench.torch import generate as bench_generate
-
-
-def _gc_clock() -> tuple[dict[str, Any], Any]:
-    """A ``gc.callbacks`` entry summing each collection's seconds by generation, and its record."""
-    rec: dict[str, Any] = {"seconds": [0.0, 0.0, 0.0], "count": [0, 0, 0], "_t": 0.0}
-
-    def cb(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            rec["_t"] = time.perf_counter()
-        else:
-            g = info["generation"]
-            rec["seconds"][g] += time.perf_counter() - rec["_t"]
-            rec["count"][g] += 1
-
-    return rec, cb
 
 
 def profile_first(bench: Any, family: str, batch: int, variant: str, top: int, no_gc: bool = False,
@@ -60,22 +45,21 @@ def profile_first(bench: Any, family: str, batch: int, variant: str, top: int, n
     model = copy.deepcopy(bench.model(family))
     prompt = bench.prompt(batch)
     extra = bench_generate._set_up(model, variant)
-    rec, cb = _gc_clock()
+    collector = GcClock()
     clock = bench_generate._CompileClock()
     prof = cProfile.Profile()
     gc.collect()
-    gc.callbacks.append(cb)
-    if no_gc:
-        gc.disable()
-    try:
-        with clock:
-            prof.enable()
-            _out, seconds = bench._generate(model, prompt, collect=False, **extra)  # collected above, unwatched
-            prof.disable()
-    finally:
-        gc.callbacks.remove(cb)
+    with collector:
         if no_gc:
-            gc.enable()
+            gc.disable()
+        try:
+            with clock:
+                prof.enable()
+                _out, seconds = bench._generate(model, prompt, collect=False, **extra)  # collected above, unwatched
+                prof.disable()
+        finally:
+            if no_gc:
+                gc.enable()
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
         prof.dump_stats(str(dump / f"{variant}.pstats"))
@@ -85,7 +69,7 @@ def profile_first(bench: Any, family: str, batch: int, variant: str, top: int, n
     own = io.StringIO()
     pstats.Stats(prof, stream=own).sort_stats("tottime").print_stats(top)
     res = {"first_s": seconds, "compile_s": clock.seconds, "by_trigger": clock.by_trigger,
-           "gc_s_by_generation": rec["seconds"], "gc_count_by_generation": rec["count"],
+           "gc_s_by_generation": collector.seconds, "gc_count_by_generation": collector.collections,
            "outside_compile_s": None if clock.seconds is None else seconds - clock.seconds,
            "top_cumulative": text.getvalue(), "top_own": own.getvalue()}
     if variant.startswith("graphed"):
