@@ -384,15 +384,17 @@ class NameRecorder:
                                                                          or "__slots__" in tp.__dict__):
                 self.arguments.setdefault(id(value), set()).add(key)
 
+    def _simulating(self, frame: types.FrameType) -> bool:
+        """``frame`` is a simulating tracer's (:attr:`simulators`): it calls C functions for the function's code."""
+        if not self.simulators:
+            return False
+        module = frame.f_globals.get("__name__", "")
+        return isinstance(module, str) and module.startswith(self.simulators)
+
     def _passed(self, frame: types.FrameType, fn: Any) -> int | None:
         """The arguments a simulating tracer's ``frame`` passes ``fn`` (:func:`_simulated_arguments`); None for any
         other frame (:func:`graphjit.host_clock.read` counts them from its call instruction)."""
-        if not self.simulators:
-            return None
-        module = frame.f_globals.get("__name__", "")
-        if not (isinstance(module, str) and module.startswith(self.simulators)):
-            return None
-        return _simulated_arguments(frame, fn)
+        return _simulated_arguments(frame, fn) if self._simulating(frame) else None
 
     def _printed(self, frame: types.FrameType, fn: Any) -> None:
         """``fn`` (``print``, or a ``write`` method) is called from ``frame``: noted where it writes to the process's
@@ -402,7 +404,7 @@ class NameRecorder:
             return
         module = frame.f_globals.get("__name__", "")
         what = "print()" if fn is _PRINT else "a write to standard output"
-        if self.simulators and isinstance(module, str) and module.startswith(self.simulators):
+        if self._simulating(frame):
             line = _simulated_line(frame, self.simulators)  # a simulating tracer's call, for the function's code
             if line is not None:
                 self.emitted.append(f"{what} at {line} (as its tracer runs it)")
@@ -418,7 +420,7 @@ class NameRecorder:
         module = frame.f_globals.get("__name__", "")
         if in_island() or not isinstance(module, str):
             return
-        if self.simulators and module.startswith(self.simulators):
+        if self._simulating(frame):
             line = _simulated_line(frame, self.simulators)
             if line is not None:
                 self.clocked.append(f"{clock} at {line} (as its tracer runs it)")

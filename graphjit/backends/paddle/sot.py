@@ -77,7 +77,6 @@ class SotFunction:
 _watch_lock = threading.Lock()
 _watchers: dict[int, list[tuple[Callable[[], None], Callable[[], None]]]] = {}  # thread -> its open blocks' callbacks
 _original: Callable[..., Any] | None = None  # SOT's start_translate, as found when the wrapper was first installed
-_installed = False
 
 
 def _unwatched_translate(*args: Any, **kwargs: Any) -> Any:
@@ -103,7 +102,7 @@ def translations_unwatched(pause: Callable[[], None], resume: Callable[[], None]
     three times slower, and the translating Python is SOT's own, not the function's (the code it generates runs after,
     watched).  One wrapper serves every thread's blocks, installed by the first to open and removed by the last to
     close.  A Paddle without that function is watched throughout."""
-    global _original, _installed
+    global _original
     try:
         from paddle.jit.sot.opcode_translator.executor import executor_cache
 
@@ -114,11 +113,10 @@ def translations_unwatched(pause: Callable[[], None], resume: Callable[[], None]
         return
     me = threading.get_ident()
     with _watch_lock:
-        if not _installed:
+        if not _watchers:  # the first open block installs the wrapper
             if _original is None:  # SOT's own, as first found: the wrapper always calls it (never another wrapper)
                 _original = found
             cache.start_translate = _unwatched_translate
-            _installed = True
         _watchers.setdefault(me, []).append((pause, resume))
     try:
         yield
@@ -128,7 +126,6 @@ def translations_unwatched(pause: Callable[[], None], resume: Callable[[], None]
             blocks.pop()
             if not blocks:
                 del _watchers[me]
-            if not _watchers and _installed:
-                if cache.start_translate is _unwatched_translate:  # (not where another library replaced it meanwhile)
-                    cache.start_translate = _original
-                _installed = False
+            # the last one to close removes it (not where another library replaced it meanwhile)
+            if not _watchers and cache.start_translate is _unwatched_translate:
+                cache.start_translate = _original
