@@ -455,10 +455,14 @@ class LaneHolder:
                 if entry.lane_tries >= PLAN_TRIES:
                     plan_ = False
         with self.lock:  # type: ignore[attr-defined]
-            if self.entries.get(sig.key) is not entry or entry.handoff is None:  # type: ignore[attr-defined]
+            if self.entries.get(sig.key) is not entry:  # type: ignore[attr-defined]
                 if fresh and plan_:
                     plan_.retire()  # released meanwhile: nothing may keep its buffers
                 return
+            if entry.handoff is None and plan_ is not False:  # no handoff (none ever, or broken since): never a plan,
+                if fresh and plan_:  # noted once, so that its replays stop asking (a Paddle key, a piecewise one)
+                    plan_.retire()
+                plan_, fresh = False, True
             if fresh:
                 old = entry.lane
                 if old:

@@ -602,3 +602,27 @@ def test_a_key_signed_inside_an_autocast_block_is_served_by_the_lane(emu, lane_o
     fed = [sum(k["fed_replays"] for k in stats["keys"]) for stats in (off, on)]
     served = fed[1] - (python_replays[0] - fed[0])
     assert served >= 3  # capture at call 3, two Python replays, then the lane
+
+
+def test_a_key_without_a_handoff_is_told_once_that_it_never_has_a_plan(emu, lane_on, monkeypatch):
+    """A piecewise key (an island cuts its graph) has no handoff, so no plan: its replays ask for one once, not on
+    every call (each asking cost a plan's checks and the function's lock on the call's host time)."""
+
+    @graphjit.eager
+    def shift(h: torch.Tensor) -> torch.Tensor:
+        return h + 1
+
+    def step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return shift(a @ b) * 2
+
+    asked: list[int] = []
+    planned = lane.plan
+    monkeypatch.setattr(lane, "plan", lambda *a: asked.append(1) or planned(*a))
+    g = graphjit.graphed(step)
+    a, b = torch.randn(3, 4), torch.randn(4, 4)
+    with torch.no_grad():
+        outs = [g(a, b) for _ in range(12)]
+    assert all(torch.equal(o, shift(a @ b) * 2) for o in outs)
+    entry = only_entry(g)
+    assert entry.handoff is None and entry.stats.replays == 12 - 2  # two warmups (the capture replays)
+    assert entry.lane is False and len(asked) == 1, asked
