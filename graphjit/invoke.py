@@ -131,7 +131,9 @@ class Invoker:
             with backend.traced_call_guard():  # Paddle's translators are not thread-safe
                 return fn(*args, **kwargs)
         except Exception as exc:
-            why = backend.tracer_failure(exc)
+            why = backend.tracer_failure(exc, self.tracer_name(backend))
+            if why is not None and self._signature_refuses(instance, args, kwargs):
+                why = None  # a missing or unexpected argument: the caller's error, as Python raises it for the call
             if why is None:
                 original = backend.original_error(exc)
                 if original is not None and original is not exc:
@@ -150,15 +152,33 @@ class Invoker:
         return (f"{self.name}: {backend.name}'s tracer (tracer=\"{tracer}\") failed inside itself ({why}); this is a "
                 f"limitation of {backend.name}'s {tracer}, not of graphjit's capture: {way}")
 
+    def _frame_signature(self, instance: Any) -> tuple[Any, Any]:
+        """``(the code's own function, the object a call binds to it or None)``: what :meth:`frame_locals` binds."""
+        bound = self.module if self.module is not None else instance
+        target = self.target if self.module is not None else getattr(self.fn, "__func__", self.fn)
+        if inspect.ismethod(self.fn):
+            bound = self.fn.__self__
+        return target, bound
+
+    def _signature_refuses(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether the function's own signature, where it can be read, refuses a call with these arguments."""
+        target, bound = self._frame_signature(instance)
+        try:
+            sig = inspect.signature(target, follow_wrapped=False)
+        except (TypeError, ValueError):
+            return False
+        try:
+            sig.bind(*((bound,) if bound is not None else ()), *args, **kwargs)
+        except TypeError:
+            return True
+        return False
+
     def frame_locals(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The locals a call with these arguments starts the traced function's frame with (parameters by name,
         defaults applied); empty where the signature cannot be read or the call does not bind.  The frame is the
         target's own code: a function a decorator wrapped (``functools.wraps``: transformers' ``forward`` wrappers,
         whose frame holds ``args`` and ``kwargs``) is bound by its own signature, not the one ``__wrapped__`` names."""
-        bound = self.module if self.module is not None else instance
-        target = self.target if self.module is not None else getattr(self.fn, "__func__", self.fn)
-        if inspect.ismethod(self.fn):
-            bound = self.fn.__self__
+        target, bound = self._frame_signature(instance)
         try:
             sig = inspect.signature(target, follow_wrapped=False)
             call = sig.bind(*((bound,) if bound is not None else ()), *args, **kwargs)

@@ -280,6 +280,25 @@ def test_the_functions_own_exceptions_reach_the_caller_unchanged(framework, trac
     assert type(mine.value) is Mine
 
 
+def _adds(a, b):
+    return a + b
+
+
+@pytest.mark.parametrize(("framework", "tracer"), FRAMEWORK_TRACERS)
+def test_a_call_that_does_not_bind_raises_pythons_error(framework, tracer):
+    """A missing or an unexpected argument is the caller's error, whichever tracer runs the call (Paddle's tracers
+    raise it from their own frames, which once read as the tracer failing)."""
+    x = paddle.ones([2]) if framework == "paddle" else torch.ones(2)
+    g = graphjit.graphed(_adds, tracer=tracer)
+    for args, kwargs, text in (((x,), {}, "missing 1 required positional argument: 'b'"),
+                               ((x, x, x), {}, "takes 2 positional arguments but 3 were given"),
+                               ((x, x), {"c": x}, "unexpected keyword argument 'c'")):
+        with pytest.raises(TypeError, match=text) as info:
+            g(*args, **kwargs)
+        assert type(info.value) is TypeError, info.value
+    assert bool((g(x, x) == x + x).all())
+
+
 @pytest.mark.paddle
 def test_a_tracer_failure_is_catchable_as_what_the_framework_raised():
     from paddle.jit.sot.utils.exceptions import InnerError

@@ -512,8 +512,9 @@ class Backend(abc.ABC):
         (checked before each replay, beside graphjit's own guards).  None where there is nothing to check."""
         return None
 
-    def tracer_failure(self, exc: BaseException) -> str | None:
-        """A one-line description if ``exc`` is the tracer's own internal failure, else None."""
+    def tracer_failure(self, exc: BaseException, tracer: str) -> str | None:
+        """A one-line description if ``exc``, raised by a call through ``tracer``, is a tracer's own internal failure,
+        else None."""
         return None
 
     def original_error(self, exc: BaseException) -> BaseException | None:

@@ -423,7 +423,7 @@ class PaddleBackend(Backend):
     def traced_call_guard(self) -> contextlib.AbstractContextManager[Any]:
         return _TRACE_LOCK
 
-    def tracer_failure(self, exc: BaseException) -> str | None:
+    def tracer_failure(self, exc: BaseException, tracer: str) -> str | None:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         text = lines[-1][:300] if lines else type(exc).__name__
         # SOT's InnerError: SOT failed inside itself (e.g. Paddle 2.6 cannot translate float(tensor)).
@@ -431,8 +431,9 @@ class PaddleBackend(Backend):
             return text
         # to_static's own argument handling or transformation raised: no frame of the call ran outside Paddle
         # and graphjit (the function's own errors come from its own frames, or from its transformed code,
-        # which Paddle marks with its error data).
-        if isinstance(exc, (TypeError, ValueError, AttributeError, NotImplementedError)) \
+        # which Paddle marks with its error data).  Not under the eager tracer, which translates nothing: there a
+        # Paddle function graphed itself raises its own errors from no Python frame
+        if tracer != "eager" and isinstance(exc, (TypeError, ValueError, AttributeError, NotImplementedError)) \
                 and getattr(exc, _DY2ST_ERROR_DATA, None) is None and not _foreign_frames(exc):
             return f"{type(exc).__name__} in paddle: {text}"
         return None
