@@ -143,3 +143,22 @@ def test_grad_mode_is_part_of_the_key(emu):
     with paddle.enable_grad():
         out = g(*xs)
     assert _equal(out, _step(*xs)) and len(g.stats()["keys"]) == 2
+
+
+def test_the_paddle_host_cost_probe_measures_every_path(tmp_path):
+    """tools/probes/host_cost_paddle_emulated.py (CI prints it) runs and every timed call replayed."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "paddle_host.json"
+    done = subprocess.run([sys.executable, "tools/probes/host_cost_paddle_emulated.py", "--iters", "100",
+                           "--out", str(out)], cwd=root,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert all(v > 0 for v in data["us"].values()), data["us"]
+    assert all(s["replays"] > 0 and not s["fallbacks"] for s in data["stats"].values()), data["stats"]

@@ -18,6 +18,7 @@ import logging
 import operator
 import os
 import threading
+import types
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,9 @@ class PaddleBackend(Backend):
         self.shared_pools = "pool_id" in params and hasattr(core_graph, "gen_new_memory_pool_id")
         if _places_hash_by_value():  # Paddle 3.x: the Place itself is a key (0.6 us less per tensor than str)
             self.meta_key = self._meta_key_place  # type: ignore[method-assign]
+        if isinstance(getattr(paddle.Tensor, "data_ptr", None), types.MethodDescriptorType):
+            # the C method itself on the replay path (it returns an int in 2.6 and 3.x): no Python frame per tensor
+            self.data_ptr = paddle.Tensor.data_ptr  # type: ignore[method-assign,assignment]
 
     # -- tensors ---------------------------------------------------------------------------
     def tensor_types(self) -> tuple[type, ...]:
@@ -285,8 +289,11 @@ class PaddleBackend(Backend):
             t.zero_()
 
     def clone(self, t: Any) -> Any:
-        with paddle.no_grad():
-            out = t.clone()  # one copy kernel (computes right on every GPU, Hopper with 2.6.2 included)
+        if paddle_modes.grad_enabled():
+            with paddle.no_grad():  # (entering it costs about a microsecond: not where grad is off already)
+                out = t.clone()  # one copy kernel (computes right on every GPU, Hopper with 2.6.2 included)
+        else:
+            out = t.clone()
         out.stop_gradient = True
         return out
 
@@ -474,7 +481,7 @@ class PaddleBackend(Backend):
         return prepare(roots)
 
     def grad_enabled(self) -> bool:
-        return bool(paddle.is_grad_enabled())
+        return paddle_modes.grad_enabled()
 
     def new_pool(self, device: str) -> Any:
         if not self.shared_pools:

@@ -61,6 +61,14 @@ _first_place = _place_at_import()
 """The default place when graphjit's Paddle backend was imported: labels name another one."""
 
 
+def grad_enabled() -> bool:
+    """``paddle.is_grad_enabled()`` without its Python call (3.x's C function, or what 2.6's reads)."""
+    if _has_grad is not None:
+        return bool(_has_grad())
+    tracer = _GLOBALS._dygraph_tracer_ if _GLOBALS is not None else None
+    return bool(tracer._has_grad) if tracer is not None else False
+
+
 def read() -> tuple[Any, ...]:
     """The modes a call is keyed on (see the module docstring)."""
     tracer = _GLOBALS._dygraph_tracer_ if _GLOBALS is not None else None  # thread-local, as Paddle keeps it

@@ -1,0 +1,106 @@
+"""The host cost of a replayed ``@graphed`` call with Paddle tensors on the CPU, graphjit's own part only: the Paddle
+graph emulator (tests/graph_emulator_paddle.py) with its replay stubbed (a replay does no tensor work), so what is
+timed is the wrapper, the signing (Paddle's tensor attributes read once a tensor), the guards, the input copies and
+the output copy; beside it the Paddle operations those are made of, timed alone.  Paddle keys take graphjit's Python
+path (the replay lane serves graphs with feed nodes, which only torch's have).
+
+Diagnostic only: a GPU host runs this Python at another speed, and Paddle's own operations cost more there
+(``bench decode --backend paddle``'s host-cost part is the claim).  Usage (repo root, paddle installed):
+``python tools/probes/host_cost_paddle_emulated.py [--iters N] [--out FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import graph_emulator_paddle  # noqa: E402
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+
+import graphjit  # noqa: E402
+import graphjit.backends as registry  # noqa: E402
+
+
+def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
+    return a + b + c + d
+
+
+def timed_us(fn: Callable[[], Any], iters: int, repeats: int = 9) -> float:
+    for _ in range(200):
+        fn()
+    samples = []
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter_ns()
+            for _ in range(iters):
+                fn()
+            samples.append((time.perf_counter_ns() - t0) / iters / 1000)
+    finally:
+        gc.enable()
+    return round(statistics.median(samples), 3)
+
+
+def measure(inputs: list[Any], iters: int) -> dict[str, Any]:
+    """Per call: eager, the default call (inputs copied, output copied), aliased outputs, static inputs with aliased
+    outputs, the signing alone; and Paddle's own operations for the same work."""
+    default = graphjit.graphed(tiny, tracer="eager")
+    alias = graphjit.graphed(tiny, tracer="eager", outputs="alias")
+    for _ in range(default.graphjit_options.warmup + 3):
+        default(*inputs)
+        alias(*inputs)
+    static, _ = alias.static_inputs(*inputs)
+    for _ in range(3):
+        alias(*static)
+    st = alias._self_state
+    backend = registry.get("paddle")
+    targets = [t.clone() for t in inputs]
+
+    def per_call_us(fn: Callable[[], Any]) -> float:
+        return timed_us(fn, iters)
+
+    us = {
+        "eager": per_call_us(lambda: tiny(*inputs)),
+        "default": per_call_us(lambda: default(*inputs)),
+        "alias": per_call_us(lambda: alias(*inputs)),
+        "static_alias": per_call_us(lambda: alias(*static)),
+        "part_sign": per_call_us(lambda: st.signer.sign_plain(None, static)),
+        "part_modes": per_call_us(backend.modes),
+        "paddle_copy_4_inputs": per_call_us(lambda: [t.copy_(x, False) for t, x in zip(targets, inputs)]),
+        "paddle_clone_output": per_call_us(lambda: backend.clone(inputs[0])),
+    }
+    stats = {g.stats()["function"] + (" alias" if g is alias else ""): {k: g.stats()[k] for k in ("replays",
+             "fallbacks")} for g in (default, alias)}
+    return {"us": us, "stats": stats}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--iters", type=int, default=5000, help="calls per timing (nine timings, the median kept)")
+    args = p.parse_args()
+    graph_emulator_paddle.RerunGraph.replay = lambda self: None  # the launch stubbed: graphjit's part only
+    paddle.set_device("cpu")
+    rng = np.random.default_rng(0)
+    inputs = [paddle.to_tensor(rng.standard_normal((8, 256)).astype("float32")) for _ in range(4)]
+    result: dict[str, Any] = {"paddle": paddle.__version__, "inputs": "4 x float32[8, 256]"}
+    with graph_emulator_paddle.emulated_paddle(), paddle.no_grad():
+        result.update(measure(inputs, args.iters))
+    print(json.dumps(result, indent=2))
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
