@@ -132,8 +132,12 @@ class Invoker:
                 return fn(*args, **kwargs)
         except Exception as exc:
             why = backend.tracer_failure(exc, self.tracer_name(backend))
-            if why is not None and self._signature_refuses(instance, args, kwargs):
-                why = None  # a missing or unexpected argument: the caller's error, as Python raises it for the call
+            if why is not None:
+                refused = self._signature_refuses(instance, args, kwargs)
+                if refused is not None:  # a missing or unexpected argument: the caller's error, not the tracer's
+                    if isinstance(exc, TypeError):
+                        raise  # Python's own error for the call, raised as the tracer called the function
+                    raise refused from None  # (a tracer that wrapped it): the signature's own
             if why is None:
                 original = backend.original_error(exc)
                 if original is not None and original is not exc:
@@ -160,18 +164,19 @@ class Invoker:
             bound = self.fn.__self__
         return target, bound
 
-    def _signature_refuses(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """Whether the function's own signature, where it can be read, refuses a call with these arguments."""
+    def _signature_refuses(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TypeError | None:
+        """The ``TypeError`` the function's own signature, where it can be read, gives a call with these arguments
+        (a decorator's wrapper by its own: ``*args, **kwargs`` refuses nothing); None where it binds."""
         target, bound = self._frame_signature(instance)
         try:
             sig = inspect.signature(target, follow_wrapped=False)
         except (TypeError, ValueError):
-            return False
+            return None
         try:
             sig.bind(*((bound,) if bound is not None else ()), *args, **kwargs)
-        except TypeError:
-            return True
-        return False
+        except TypeError as exc:
+            return exc
+        return None
 
     def frame_locals(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The locals a call with these arguments starts the traced function's frame with (parameters by name,

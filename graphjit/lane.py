@@ -459,8 +459,11 @@ class LaneHolder:
                 if fresh and plan_:
                     plan_.retire()  # released meanwhile: nothing may keep its buffers
                 return
-            if entry.handoff is None and plan_ is not False:  # no handoff (none ever, or broken since): never a plan,
-                if fresh and plan_:  # noted once, so that its replays stop asking (a Paddle key, a piecewise one)
+            handoff = entry.handoff
+            # no handoff (none ever: a Paddle key, a piecewise one; or broken since): never a plan, noted once so
+            # that its replays stop asking
+            if (handoff is None or handoff.broken) and plan_ is not False:
+                if fresh and plan_:
                     plan_.retire()
                 plan_, fresh = False, True
             if fresh:

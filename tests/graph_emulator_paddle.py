@@ -8,14 +8,16 @@ What it keeps of a real capture and replay:
 * Capture runs the function once and then puts back the contents of every Paddle tensor the function can reach
   (its closures and globals, followed as graphjit's own walk follows them) that the run changed: a capture leaves
   the state as it found it, as a CUDA capture, which launches nothing.  The tensors the run made are the graph's
-  outputs.
+  outputs, filled with NaN (or -1) after it: a capture computes no values, so nothing may read them before a replay.
 * Replay runs the captured function again on the same static buffers and copies its results into the capture's
   outputs (an output that is the same tensor as at capture, a state tensor, is left as it is): what the graph would
   compute, where the function computes the same on every run.
 
 What it does not keep: a replay runs Python, so Python values are read again instead of staying as the capture
-saw them (test frozen values with the torch emulator or on a GPU), random numbers are drawn anew, and an island
-cannot cut a capture (a piecewise capture raises ``CaptureError``).
+saw them, and Python side effects (an attribute rebound, a counter advanced) happen again (test frozen values with
+the torch emulator or on a GPU); a replay follows the tensor objects the function reaches now, where a graph reads
+the memory it captured; graphs share no memory pool; random numbers are drawn anew; and an island cannot cut a
+capture (a piecewise capture raises ``CaptureError``).
 """
 
 from __future__ import annotations
@@ -98,7 +100,13 @@ class EmulatedPaddleBackend(PaddleBackend):
             for t, before in saved:  # what the run wrote, put back: a capture launches nothing
                 if not np.array_equal(t.numpy(), before, equal_nan=True):
                     t.set_value(before)
-        return RerunGraph(fn, collect_tensors(out, _is_tensor)), out
+        outputs = collect_tensors(out, _is_tensor)
+        state = {id(t) for t, _before in saved}
+        for t in outputs:
+            if id(t) not in state:  # made by the capture: no values until a replay writes them
+                filled = np.full(t.shape, np.nan if t.is_floating_point() else -1).astype(t.numpy().dtype)
+                t.set_value(filled)
+        return RerunGraph(fn, outputs), out
 
 
 @contextlib.contextmanager

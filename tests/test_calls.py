@@ -300,6 +300,20 @@ def test_a_call_that_does_not_bind_raises_pythons_error(framework, tracer):
 
 
 @pytest.mark.paddle
+def test_a_paddle_functions_own_error_is_a_tracer_failure_only_where_a_tracer_translates():
+    """``paddle.reshape`` graphed itself runs no Python frame outside Paddle: its ValueError for a bad shape reaches the
+    caller unchanged under the eager tracer (nothing translates there), and under ``sot``, whose translator cannot be
+    told apart from the function, as a TracerError that is also the ValueError Paddle raised."""
+    x = paddle.ones([2, 2])
+    with pytest.raises(ValueError, match="shape") as eager:
+        graphjit.graphed(paddle.reshape, tracer="eager")(x, "bad")
+    assert type(eager.value) is ValueError
+    with pytest.raises(ValueError, match="shape") as sot:
+        graphjit.graphed(paddle.reshape, tracer="sot")(x, "bad")
+    assert isinstance(sot.value, graphjit.TracerError)
+
+
+@pytest.mark.paddle
 def test_a_tracer_failure_is_catchable_as_what_the_framework_raised():
     from paddle.jit.sot.utils.exceptions import InnerError
 

@@ -141,8 +141,19 @@ def test_grad_mode_is_part_of_the_key(emu):
     for _ in range(3):
         g(*xs)
     with paddle.enable_grad():
-        out = g(*xs)
-    assert _equal(out, _step(*xs)) and len(g.stats()["keys"]) == 2
+        outs = [g(*xs) for _ in range(4)]
+    assert all(_equal(out, _step(*xs)) and out.stop_gradient for out in outs) and len(g.stats()["keys"]) == 2
+    assert g.stats()["replays"] == 2 * (4 - 2) - 1  # (the third call of the first key was its capture's replay)
+
+
+def test_a_paddle_key_is_told_once_that_the_lane_has_no_plan_for_it(emu, lane_on):
+    """A Paddle graph has no feed nodes, so no handoff and no plan: the key is marked once, not asked every call."""
+    g = graphjit.graphed(_step)
+    xs = _inputs(5)
+    for _ in range(8):
+        assert _equal(g(*xs), _step(*xs))
+    (entry,) = g._self_state.entries.values()
+    assert entry.handoff is None and entry.lane is False and g.stats()["replays"] == 8 - 2
 
 
 def test_the_paddle_host_cost_probe_measures_every_path(tmp_path):
@@ -161,4 +172,5 @@ def test_the_paddle_host_cost_probe_measures_every_path(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.read_text())
     assert all(v > 0 for v in data["us"].values()), data["us"]
-    assert all(s["replays"] > 0 and not s["fallbacks"] for s in data["stats"].values()), data["stats"]
+    for s in data["stats"].values():  # every call replayed but the key's two warmups
+        assert s["replays"] == s["calls"] - 2 and not s["fallbacks"], data["stats"]

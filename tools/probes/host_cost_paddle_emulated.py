@@ -1,8 +1,10 @@
-"""The host cost of a replayed ``@graphed`` call with Paddle tensors on the CPU, graphjit's own part only: the Paddle
+"""The host cost of a replayed ``@graphed`` call with Paddle tensors on the CPU, the graph's work left out: the Paddle
 graph emulator (tests/graph_emulator_paddle.py) with its replay stubbed (a replay does no tensor work), so what is
-timed is the wrapper, the signing (Paddle's tensor attributes read once a tensor), the guards, the input copies and
-the output copy; beside it the Paddle operations those are made of, timed alone.  Paddle keys take graphjit's Python
-path (the replay lane serves graphs with feed nodes, which only torch's have).
+timed is graphjit's wrapper, the signing (Paddle's tensor attributes read once a tensor), the guards, and the
+Paddle copies the call makes (``default``: four inputs in and the output out; ``alias``: the inputs; ``static_alias``:
+none); beside it those Paddle operations timed alone (``paddle_*``), and the signing and Paddle's modes apart
+(``part_*``).  Paddle keys take graphjit's Python path (the replay lane serves graphs with feed nodes, which only
+torch's have).
 
 Diagnostic only: a GPU host runs this Python at another speed, and Paddle's own operations cost more there
 (``bench decode --backend paddle``'s host-cost part is the claim).  Usage (repo root, paddle installed):
@@ -63,6 +65,7 @@ def measure(inputs: list[Any], iters: int) -> dict[str, Any]:
     static, _ = alias.static_inputs(*inputs)
     for _ in range(3):
         alias(*static)
+    graph_emulator_paddle.RerunGraph.replay = lambda self: None  # captured and verified: the launch stubbed from now
     st = alias._self_state
     backend = registry.get("paddle")
     targets = [t.clone() for t in inputs]
@@ -80,7 +83,7 @@ def measure(inputs: list[Any], iters: int) -> dict[str, Any]:
         "paddle_copy_4_inputs": per_call_us(lambda: [t.copy_(x, False) for t, x in zip(targets, inputs)]),
         "paddle_clone_output": per_call_us(lambda: backend.clone(inputs[0])),
     }
-    stats = {g.stats()["function"] + (" alias" if g is alias else ""): {k: g.stats()[k] for k in ("replays",
+    stats = {g.stats()["function"] + (" alias" if g is alias else ""): {k: g.stats()[k] for k in ("calls", "replays",
              "fallbacks")} for g in (default, alias)}
     return {"us": us, "stats": stats}
 
@@ -90,7 +93,6 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--iters", type=int, default=5000, help="calls per timing (nine timings, the median kept)")
     args = p.parse_args()
-    graph_emulator_paddle.RerunGraph.replay = lambda self: None  # the launch stubbed: graphjit's part only
     paddle.set_device("cpu")
     rng = np.random.default_rng(0)
     inputs = [paddle.to_tensor(rng.standard_normal((8, 256)).astype("float32")) for _ in range(4)]
