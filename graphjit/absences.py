@@ -26,12 +26,29 @@ from .guardable import guardable, plain, settings
 from .names import Probes
 from .reach import Path
 
-__all__ = ["ENVIRONMENT", "attribute_probes", "of_environment", "of_function", "of_globals", "on_class", "probed_dict"]
+__all__ = ["ENVIRONMENT", "attribute_probes", "environment_entry", "of_environment", "of_function", "of_globals",
+           "on_class", "probed_dict"]
 
 
 ENVIRONMENT = "os.environ["
 """How the guards' paths of environment variables start (``os.environ['FLAG']``)."""
 _ENVIRONMENT = ENVIRONMENT + "{!r}]"
+
+
+def environment_entry(key: Any) -> tuple[dict[Any, Any], Any] | None:
+    """``(store, stored key)``: ``os.environ``'s own dict of its entries and ``key`` as that dict holds it, where this
+    Python keeps one (CPython: ``_data``, keys made by ``encodekey``; bytes on POSIX).  ``os.environ[key]``, ``key in
+    os.environ`` and every write through ``os.environ`` go through that dict, so a guard reads it there: one dict
+    lookup in C, where the mapping's Python methods cost a microsecond or more a replay (an absent key's check raised
+    and caught a ``KeyError``).  None where there is no such dict or the key has no stored form."""
+    env = os.environ
+    store, encode = getattr(env, "_data", None), getattr(env, "encodekey", None)
+    if type(store) is not dict or not callable(encode):
+        return None
+    try:
+        return store, encode(key)
+    except Exception:  # a key the environment cannot hold (a lone surrogate): read through the mapping
+        return None
 
 
 def of_function(f: types.FunctionType, probed: Probes, slots: list[tuple[Any, str, Any, Path]],

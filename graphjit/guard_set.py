@@ -47,10 +47,10 @@ class HasKey:
 
     __slots__ = ("name",)
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: Any) -> None:
+        self.name = name  # a str, or os.environ's stored key (bytes: absences.environment_entry)
 
-    def __call__(self, d: dict[str, Any]) -> bool:
+    def __call__(self, d: dict[Any, Any]) -> bool:
         return self.name in d
 
 

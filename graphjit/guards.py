@@ -57,6 +57,7 @@ from __future__ import annotations
 import collections
 import functools
 import operator
+import os
 import types
 import weakref
 from collections.abc import Callable, Iterable
@@ -141,6 +142,11 @@ class Scan:
         return bool(self.renewed) and any(key == n and isinstance(owner, t) for t, n in self.renewed)
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
+        if container is os.environ:  # read where os.environ keeps it (absences.environment_entry)
+            stored = absences.environment_entry(key)
+            if stored is not None and stored[1] in stored[0]:
+                container, key = stored
+                value = container[key]
         box = self.boxes.get(id(container))
         if box is None:
             box = self.boxes[id(container)] = _Box(container, kind, owner=owner)
@@ -173,7 +179,12 @@ class Scan:
         ``__dict__`` without a class attribute the instance reads (an instance attribute set after the capture would
         shadow the class's value the graph froze), or without a name the code probes (``getattr`` with a default,
         ``hasattr``), a dict without a key it probes (``get``, ``in``), a module's globals without a name it loads."""
-        self.wholes.setdefault((id(d), "has:" + name), (d, HasKey(name), False, path))
+        key: Any = name
+        if d is os.environ:  # checked where os.environ keeps its entries (absences.environment_entry): in C
+            stored = absences.environment_entry(name)
+            if stored is not None and stored[1] not in stored[0]:
+                d, key = stored
+        self.wholes.setdefault((id(d), "has:" + name), (d, HasKey(key), False, path))
 
     def kept_absent(self, d: dict[str, Any], name: str, path: Path, keys: bool) -> None:
         """``name`` is not in ``d`` (found at ``path``), looked up with a fallback: the guard that it stays out, one C

@@ -91,3 +91,27 @@ def test_a_name_the_object_has_is_a_value_not_an_absence():
 
     out = guards.scan(guards.sources(fn, None), lambda v: False, set(), by_object={})
     assert "closure variable 'o'.cfg.scale" not in _kept_absent(out)
+
+
+def test_an_environment_variable_is_guarded_where_os_environ_keeps_it(monkeypatch):
+    """An absent and a present environment variable are checked in the dict ``os.environ`` reads and writes through
+    (one C lookup each, not the mapping's Python methods), and both guards see a change made through ``os.environ``."""
+    other = FLAG + "_SET"
+    monkeypatch.delenv(FLAG, raising=False)
+    monkeypatch.setenv(other, "1")
+
+    def fn(x):
+        return x * (2.0 if os.environ.get(FLAG) else 1.0) * float(os.environ.get(other, "0"))
+
+    guard = guards.GuardSet(guards.scan(guards.sources(fn, None), lambda v: False, set(), by_object={}))
+    at = {guards.describe(p): c for c, paths in zip(guard.containers, guard.paths) for p in paths}
+    for name in (FLAG, other):
+        found = [c for p, c in at.items() if f"os.environ[{name!r}]" in p]
+        assert found and all(type(c) is dict for c in found), at  # os.environ's own dict, not the mapping
+    assert guard.holds()
+    monkeypatch.setenv(FLAG, "1")
+    assert not guard.holds() and FLAG in guard.change()[0]
+    monkeypatch.delenv(FLAG)
+    assert guard.holds()
+    monkeypatch.setenv(other, "2")
+    assert not guard.holds() and other in guard.change()[0]
