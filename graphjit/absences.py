@@ -27,7 +27,7 @@ from .names import Probes
 from .reach import Path
 
 __all__ = ["ENVIRONMENT", "attribute_probes", "environment_entry", "of_environment", "of_function", "of_globals",
-           "on_class", "probed_dict"]
+           "on_class", "probed_dict", "where_absent", "where_stored"]
 
 
 ENVIRONMENT = "os.environ["
@@ -49,6 +49,26 @@ def environment_entry(key: Any) -> tuple[dict[Any, Any], Any] | None:
         return store, encode(key)
     except Exception:  # a key the environment cannot hold (a lone surrogate): read through the mapping
         return None
+
+
+def where_stored(container: Any, key: Any, value: Any) -> tuple[Any, Any, Any]:
+    """Where a guard reads ``container[key]`` (``value`` now): for a present environment variable, in the dict
+    ``os.environ`` keeps (:func:`environment_entry`), with the value stored there; anything else as it is."""
+    if container is os.environ:
+        stored = environment_entry(key)
+        if stored is not None and stored[1] in stored[0]:
+            return stored[0], stored[1], stored[0][stored[1]]
+    return container, key, value
+
+
+def where_absent(d: Any, name: Any) -> tuple[Any, Any]:
+    """``(container, key)`` where a guard checks that ``name`` stays out of ``d``: for an environment variable, the
+    dict ``os.environ`` keeps (:func:`environment_entry`); anything else as it is."""
+    if d is os.environ:
+        stored = environment_entry(name)
+        if stored is not None and stored[1] not in stored[0]:
+            return stored
+    return d, name
 
 
 def of_function(f: types.FunctionType, probed: Probes, slots: list[tuple[Any, str, Any, Path]],

@@ -57,7 +57,6 @@ from __future__ import annotations
 import collections
 import functools
 import operator
-import os
 import types
 import weakref
 from collections.abc import Callable, Iterable
@@ -142,11 +141,7 @@ class Scan:
         return bool(self.renewed) and any(key == n and isinstance(owner, t) for t, n in self.renewed)
 
     def add(self, container: Any, kind: str, key: Any, value: Any, path: Path, owner: Any = None) -> None:
-        if container is os.environ:  # read where os.environ keeps it (absences.environment_entry)
-            stored = absences.environment_entry(key)
-            if stored is not None and stored[1] in stored[0]:
-                container, key = stored
-                value = container[key]
+        container, key, value = absences.where_stored(container, key, value)  # (os.environ's: its own dict)
         box = self.boxes.get(id(container))
         if box is None:
             box = self.boxes[id(container)] = _Box(container, kind, owner=owner)
@@ -179,11 +174,7 @@ class Scan:
         ``__dict__`` without a class attribute the instance reads (an instance attribute set after the capture would
         shadow the class's value the graph froze), or without a name the code probes (``getattr`` with a default,
         ``hasattr``), a dict without a key it probes (``get``, ``in``), a module's globals without a name it loads."""
-        key: Any = name
-        if d is os.environ:  # checked where os.environ keeps its entries (absences.environment_entry): in C
-            stored = absences.environment_entry(name)
-            if stored is not None and stored[1] not in stored[0]:
-                d, key = stored
+        d, key = absences.where_absent(d, name)  # (os.environ's: its own dict)
         self.wholes.setdefault((id(d), "has:" + name), (d, HasKey(key), False, path))
 
     def kept_absent(self, d: dict[str, Any], name: str, path: Path, keys: bool) -> None:
