@@ -196,6 +196,9 @@ def test_a_print_in_the_function_runs_uncaptured_and_prints_on_every_call(tracer
         for i in range(6):
             x = rng.standard_normal((4, N)).astype(np.float32)
             assert rel(g(T(x)).numpy(), x @ ws_np[0]) < TF32, (tracer, i, g.report())
-    assert capsys.readouterr().out.count("step\n") == 6
+    # Paddle 2.x's SOT is checked (graphjit.tracer_check): a key's first call runs the translated program once more,
+    # its state put back but not what it printed (seen on an H100 at 13af2a9 with 2.6.2: seven prints for six calls)
+    checked = tracer in graphjit.backends.get("paddle").checked_tracers
+    assert capsys.readouterr().out.count("step\n") == 6 + int(checked)
     st = g.stats()
     assert st["replays"] == 0 and PRINTS in st["fallbacks"], g.report()
