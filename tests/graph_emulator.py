@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from backend_swap import swapped
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-import graphjit.backends as registry
 from graphjit.backends.base import GraphHandle, Segments, in_island, segments_open
 from graphjit.backends.torch import feed as feed_mod
 from graphjit.backends.torch.copies import _plain_bytes
@@ -285,13 +285,5 @@ def record_compile_tracer(monkeypatch: Any) -> list[tuple[tuple[Any, ...], dict[
 @contextlib.contextmanager
 def emulated_torch() -> Iterator[EmulatedTorchBackend]:
     """graphjit's torch backend replaced by :class:`EmulatedTorchBackend` for the block."""
-    registry.get("torch")
-    saved = registry._instances["torch"]
-    emulated = EmulatedTorchBackend()
-    registry._instances["torch"] = emulated
-    registry._by_type.clear()
-    try:
+    with swapped("torch", EmulatedTorchBackend()) as emulated:
         yield emulated
-    finally:
-        registry._instances["torch"] = saved
-        registry._by_type.clear()

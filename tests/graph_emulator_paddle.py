@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 import paddle
+from backend_swap import swapped
 
-import graphjit.backends as registry
 from graphjit import reach
 from graphjit.backends.base import GraphHandle, Segments, segments_open
 from graphjit.backends.paddle.graphs import PaddleBackend
@@ -112,13 +112,5 @@ class EmulatedPaddleBackend(PaddleBackend):
 @contextlib.contextmanager
 def emulated_paddle() -> Iterator[EmulatedPaddleBackend]:
     """graphjit's Paddle backend replaced by :class:`EmulatedPaddleBackend` for the block (CPU tensors)."""
-    registry.get("paddle")
-    saved = registry._instances["paddle"]
-    emulated = EmulatedPaddleBackend()
-    registry._instances["paddle"] = emulated
-    registry._by_type.clear()
-    try:
+    with swapped("paddle", EmulatedPaddleBackend()) as emulated:
         yield emulated
-    finally:
-        registry._instances["paddle"] = saved
-        registry._by_type.clear()

@@ -10,13 +10,9 @@ claim).  Usage (repo root, torch installed): ``python tools/probes/host_cost_emu
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import graph_emulator  # noqa: E402
 import torch  # noqa: E402
+from call_timer import per_call_us  # noqa: E402  # (re-exported: hf_decode_host_emulated.py imports it from here)
 
 import graphjit  # noqa: E402
 from graphjit import env, lane  # noqa: E402
@@ -32,20 +29,6 @@ from graphjit import env, lane  # noqa: E402
 
 def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
     return a + b + c + d
-
-
-def per_call_us(fn: Callable[[], Any], iters: int = 20000, repeats: int = 9) -> float:
-    samples = []
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            t0 = time.perf_counter_ns()
-            for _ in range(iters):
-                fn()
-            samples.append((time.perf_counter_ns() - t0) / iters / 1000)
-    finally:
-        gc.enable()
-    return round(statistics.median(samples), 3)
 
 
 def measure(inputs: list[Any]) -> dict[str, float]:

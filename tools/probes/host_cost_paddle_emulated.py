@@ -14,11 +14,8 @@ Diagnostic only: a GPU host runs this Python at another speed, and Paddle's own 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import graph_emulator_paddle  # noqa: E402
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
+from call_timer import per_call_us as timed_us  # noqa: E402
 
 import graphjit  # noqa: E402
 import graphjit.backends as registry  # noqa: E402
@@ -36,22 +34,6 @@ import graphjit.backends as registry  # noqa: E402
 
 def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
     return a + b + c + d
-
-
-def timed_us(fn: Callable[[], Any], iters: int, repeats: int = 9) -> float:
-    for _ in range(200):
-        fn()
-    samples = []
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            t0 = time.perf_counter_ns()
-            for _ in range(iters):
-                fn()
-            samples.append((time.perf_counter_ns() - t0) / iters / 1000)
-    finally:
-        gc.enable()
-    return round(statistics.median(samples), 3)
 
 
 def measure(inputs: list[Any], iters: int) -> dict[str, Any]:
@@ -71,7 +53,7 @@ def measure(inputs: list[Any], iters: int) -> dict[str, Any]:
     targets = [t.clone() for t in inputs]
 
     def per_call_us(fn: Callable[[], Any]) -> float:
-        return timed_us(fn, iters)
+        return timed_us(fn, iters, warm=200)
 
     us = {
         "eager": per_call_us(lambda: tiny(*inputs)),
