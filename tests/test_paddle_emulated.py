@@ -174,3 +174,24 @@ def test_the_paddle_host_cost_probe_measures_every_path(tmp_path):
     assert all(v > 0 for v in data["us"].values()), data["us"]
     for s in data["stats"].values():  # every call replayed but the key's two warmups
         assert s["replays"] == s["calls"] - 2 and not s["fallbacks"], data["stats"]
+
+
+def test_the_paddle_host_profile_probe_profiles_replayed_calls(tmp_path):
+    """tools/probes/host_profile_paddle.py --emulate runs, every timed and profiled call replayed, and its profiles
+    name graphjit's own functions."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "tools/probes/host_profile_paddle.py", "--emulate", "--iters", "50",
+                           "--calls", "200", "--out", str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads((tmp_path / "host_profile_paddle.json").read_text())
+    assert all(v > 0 for v in data["us"].values()), data["us"]
+    for s in data["stats"].values():
+        assert s["replays"] == s["calls"] - 2 and not s["fallbacks"], data["stats"]
+    assert "graphjit/keys.py" in data["profile_static_alias"] and "buffers.py" in data["profile_default"]

@@ -1,0 +1,132 @@
+"""Where the host time of a replayed ``@graphed`` call with Paddle tensors goes: ``bench decode --backend paddle``'s
+host-cost call (four 8x256 inputs, three matrix products) graphed with the eager tracer, default and with static
+inputs and aliased outputs, each timed and then run under cProfile, the costliest functions by own time kept; beside
+them Paddle's own operations the call is made of (the replay alone, the tensors' attributes signing reads, Paddle's
+modes).
+
+Why: on the GPU host at 13af2a9 the static-and-alias call cost 77.9 us, the signing 23.5 and the raw replay 4.0, where
+the Paddle graph emulator on a CPU puts graphjit's part of the same call at 6.5 us beside the signing: what is the
+rest?  Diagnostic only (``bench decode --backend paddle`` makes the claims).
+
+Usage (repo root): on the GPU machine ``python tools/probes/host_profile_paddle.py --out DIR``; on a CPU
+``--emulate`` (the Paddle graph emulator, its replay stubbed: for the probe's own test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import json
+import pstats
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
+
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+from call_timer import per_call_us  # noqa: E402
+
+import graphjit  # noqa: E402
+import graphjit.backends as registry  # noqa: E402
+
+
+def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
+    return paddle.matmul(paddle.matmul(paddle.matmul(a, b, transpose_y=True), c), d, transpose_y=True)
+
+
+@contextlib.contextmanager
+def emulated() -> Iterator[None]:
+    """The Paddle graph emulator with its replay stubbed once a graph is verified (set by :func:`main`)."""
+    import graph_emulator_paddle
+
+    with graph_emulator_paddle.emulated_paddle():
+        yield
+
+
+def profiled(fn: Callable[[], Any], calls: int, top: int) -> str:
+    """``calls`` calls of ``fn`` under cProfile: the ``top`` costliest functions by own time, as text."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def measure(inputs: list[Any], iters: int, calls: int, top: int, stub: Callable[[], None] | None) -> dict[str, Any]:
+    default = graphjit.graphed(tiny, tracer="eager")
+    alias = graphjit.graphed(tiny, tracer="eager", outputs="alias")
+    for _ in range(default.graphjit_options.warmup + 3):
+        default(*inputs)
+        alias(*inputs)
+    static, _ = alias.static_inputs(*inputs)
+    for _ in range(3):
+        alias(*static)
+    if stub is not None:
+        stub()
+    st = alias._self_state
+    graph = st.entries[st.signer.sign_plain(None, static).key].graph
+    t = inputs[0]
+    backend = registry.get("paddle")
+    us: dict[str, float] = {
+        "eager": per_call_us(lambda: tiny(*inputs), iters, warm=100),
+        "default": per_call_us(lambda: default(*inputs), iters, warm=100),
+        "static_alias": per_call_us(lambda: alias(*static), iters, warm=100),
+        "part_sign": per_call_us(lambda: st.signer.sign_plain(None, static), iters, warm=100),
+        "part_modes": per_call_us(backend.modes, iters, warm=100),
+        "attr_place": per_call_us(lambda: t.place, iters),
+        "attr_dtype": per_call_us(lambda: t.dtype, iters),
+        "attr_shape": per_call_us(lambda: t.shape, iters),
+        "attr_stop_gradient": per_call_us(lambda: t.stop_gradient, iters),
+        "attr_data_ptr": per_call_us(t.data_ptr, iters),
+    }
+    us["raw_replay"] = per_call_us(graph.replay, iters, warm=100)  # graphjit's handle: Paddle's replay, one frame more
+    return {"us": us, "profile_default": profiled(lambda: default(*inputs), calls, top),
+            "profile_static_alias": profiled(lambda: alias(*static), calls, top),
+            "stats": {name: {k: g.stats()[k] for k in ("calls", "replays", "fallbacks")}
+                      for name, g in (("default", default), ("alias", alias))}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, default=None, help="folder for host_profile_paddle.json")
+    p.add_argument("--iters", type=int, default=2000, help="calls per timing (nine timings, the median kept)")
+    p.add_argument("--calls", type=int, default=2000, help="calls under cProfile per variant")
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--emulate", action="store_true", help="on a CPU: the Paddle graph emulator")
+    args = p.parse_args()
+    rng = np.random.default_rng(0)
+    where = contextlib.nullcontext() if not args.emulate else emulated()
+    with where:
+        if args.emulate:
+            paddle.set_device("cpu")
+        inputs = [paddle.to_tensor(rng.standard_normal((8, 256)).astype("float32")) for _ in range(4)]
+        stub = None
+        if args.emulate:
+            import graph_emulator_paddle
+
+            def stub() -> None:
+                graph_emulator_paddle.RerunGraph.replay = lambda self: None
+        with paddle.no_grad():
+            result: dict[str, Any] = {"paddle": paddle.__version__, "emulated": args.emulate,
+                                      "device": str(inputs[0].place), **measure(inputs, args.iters, args.calls,
+                                                                                 args.top, stub)}
+    for key in ("profile_default", "profile_static_alias"):
+        print(f"== {key}\n{result[key]}")
+    print(json.dumps({"us": result["us"], "stats": result["stats"]}, indent=1))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "host_profile_paddle.json").write_text(json.dumps(result, indent=1) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
