@@ -89,10 +89,22 @@ def measure(inputs: list[Any], iters: int, calls: int, top: int, stub: Callable[
         "attr_data_ptr": per_call_us(t.data_ptr, iters),
     }
     us["raw_replay"] = per_call_us(graph.replay, iters, warm=100)  # graphjit's handle: Paddle's replay, one frame more
-    return {"us": us, "profile_default": profiled(lambda: default(*inputs), calls, top),
-            "profile_static_alias": profiled(lambda: alias(*static), calls, top),
-            "stats": {name: {k: g.stats()[k] for k in ("calls", "replays", "fallbacks")}
-                      for name, g in (("default", default), ("alias", alias))}}
+    profiles = {"profile_default": profiled(lambda: default(*inputs), calls, top),
+                "profile_static_alias": profiled(lambda: alias(*static), calls, top)}
+    stats = {name: {k: g.stats()[k] for k in ("calls", "replays", "fallbacks")}
+             for name, g in (("default", default), ("alias", alias))}  # (before the parts below replay the key)
+    sig = default._self_state.signer.sign_plain(None, tuple(inputs))
+    entry = default._self_state.entries[sig.key]
+    # the default call's input copies (on a GPU one launch of graphjit's batch copy, where it serves), and its replay
+    # with the output copied
+    us["part_load_inputs"] = per_call_us(lambda: entry.inputs.load(sig.tensors), iters, warm=100)
+    us["part_replay_copies"] = per_call_us(lambda: entry.replay_copies(sig, True, (tuple(inputs), {})), iters, warm=100)
+    if t.place.is_gpu_place():
+        from graphjit.backends.paddle import device as cuda_device
+
+        index = int(t.place.gpu_device_id())
+        us["part_current_stream"] = per_call_us(lambda: cuda_device.current_stream(index), iters)
+    return {"us": us, "batch_copy": entry.inputs.batch is not None, **profiles, "stats": stats}
 
 
 def main() -> None:
