@@ -26,8 +26,8 @@ from .guardable import guardable, plain, settings
 from .names import Probes
 from .reach import Path
 
-__all__ = ["ENVIRONMENT", "attribute_probes", "environment_entry", "of_environment", "of_function", "of_globals",
-           "on_class", "probed_dict", "where_absent", "where_stored"]
+__all__ = ["ENVIRONMENT", "as_set", "attribute_probes", "environment_entry", "of_environment", "of_function",
+           "of_globals", "on_class", "probed_dict", "where_absent", "where_stored"]
 
 
 ENVIRONMENT = "os.environ["
@@ -59,6 +59,18 @@ def where_stored(container: Any, key: Any, value: Any) -> tuple[Any, Any, Any]:
         if stored is not None and stored[1] in stored[0]:
             return stored[0], stored[1], stored[0][stored[1]]
     return container, key, value
+
+
+def as_set(container: Any, value: Any) -> Any:
+    """``value`` as the program set it: read from the dict ``os.environ`` keeps (:func:`where_stored`), decoded as
+    ``os.environ[key]`` gives it (a str, not the bytes kept on POSIX), for what a guard shows; anything else as it
+    is."""
+    if type(value) is bytes and container is getattr(os.environ, "_data", None):
+        try:
+            return os.environ.decodevalue(value)  # type: ignore[attr-defined,arg-type]
+        except Exception:
+            return value
+    return value
 
 
 def where_absent(d: Any, name: Any) -> tuple[Any, Any]:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import backends, lane
+from .absences import as_set
 from .guard_links import DELETED, Links, columns
 from .guardable import hashable, same_value, snapshot, typed
 from .reach import Path, describe
@@ -328,14 +329,15 @@ class GuardSet:
             yield self.links.diverged, "the container found at its other place too", "another one"
         for i, keys in enumerate(self.keys):
             want = self.expected[i] if len(keys) > 1 else (self.expected[i],)
+            c = self.containers[i]
             for j, key in enumerate(keys):
                 try:
                     now = self._one(i, key)
                 except Exception:
-                    yield describe(self.paths[i][j]), show(want[j]), "(deleted)"
+                    yield describe(self.paths[i][j]), show(as_set(c, want[j])), "(deleted)"
                     continue
-                if not same(now, want[j]):
-                    yield describe(self.paths[i][j]), show(want[j]), show(now)
+                if not same(now, want[j]):  # (an environment variable's value shown as os.environ gives it)
+                    yield describe(self.paths[i][j]), show(as_set(c, want[j])), show(as_set(c, now))
         for c, k, path, was in self.held:
             now = c.get(k, DELETED)
             if now is not was:

@@ -115,3 +115,4 @@ def test_an_environment_variable_is_guarded_where_os_environ_keeps_it(monkeypatc
     assert guard.holds()
     monkeypatch.setenv(other, "2")
     assert not guard.holds() and other in guard.change()[0]
+    assert guard.change()[1:] == ("'1'", "'2'")  # shown as os.environ gives them (str), not as kept (bytes)
