@@ -177,3 +177,26 @@ def test_paddles_check_takes_the_tensors_it_was_made_from() -> None:
     assert not t.is_contiguous() and graphs._layout(t) is None
     check = graphs.PaddleBackend().meta_check([t])
     assert check is None or check(paddle.randn([1, 5, 8])[:, -1])
+
+
+@pytest.mark.paddle
+def test_paddles_check_refuses_each_part_of_the_key_it_was_made_from() -> None:
+    """Paddle's one-loop check takes tensors with every part of the key it was made from, and refuses a change of any
+    one: the count, a dtype, stop_gradient, a shape and (where Paddle has strided views) the layout."""
+    paddle = pytest.importorskip("paddle")
+    from graphjit.backends.paddle import graphs
+
+    a, b = paddle.randn([4, 4]), paddle.randn([4, 3])
+    check = graphs.PaddleBackend().meta_check([a, b])
+    if check is None:
+        pytest.skip("this Paddle's Place has no _equals")
+    assert check(paddle.randn([4, 4]), paddle.randn([4, 3]))
+    grad = paddle.randn([4, 3])
+    grad.stop_gradient = False
+    refused = [(paddle.randn([4, 4]),), (paddle.randn([4, 4]), paddle.randn([4, 3]), paddle.randn([1])),
+               (paddle.randn([4, 4]).astype("float64"), paddle.randn([4, 3])), (paddle.randn([4, 4]), grad),
+               (paddle.randn([4, 4]), paddle.randn([3, 4]))]
+    if graphs._STRIDED:
+        refused.append((paddle.randn([4, 4]).t(), paddle.randn([4, 3])))
+    for args in refused:
+        assert not check(*args), [list(t.shape) for t in args]

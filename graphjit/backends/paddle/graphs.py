@@ -128,6 +128,25 @@ def _layout(t: Any) -> layouts.Layout:
         return None
 
 
+def _fused_check(expected: list[tuple[Any, ...]], singletons: bool, strided: bool) -> Callable[..., bool]:
+    """:meth:`PaddleBackend.meta_check`'s loop: ``expected`` holds each tensor's shape, dtype (its int where
+    ``singletons`` is False), stop_gradient, place and layout class (checked where ``strided``)."""
+    count = len(expected)
+
+    def check(*ts: Any) -> bool:
+        if len(ts) != count:
+            return False
+        for t, (shape, dtype, stop, place, shaped) in zip(ts, expected):
+            if (t.dtype is not dtype if singletons else int(t.dtype) != dtype) or t.stop_gradient is not stop \
+                    or t.shape != shape or not place._equals(t.place):
+                return False
+            if strided and ((not t.is_contiguous() and _layout(t) is not None) if shaped is None
+                            else _layout(t) != shaped):
+                return False
+        return True
+    return check
+
+
 def _places_hash_by_value() -> bool:
     """True if two Place objects for one device are equal and hash alike (Paddle 3.x; not 2.6)."""
     try:
@@ -196,58 +215,19 @@ class PaddleBackend(Backend):
 
     def meta_check(self, tensors: Sequence[Any]) -> Callable[..., bool] | None:
         """One Python loop over the tensors: each one's dtype (by identity where Paddle's dtypes are singletons, as in
-        3.x), stop_gradient, shape and place (``Place._equals``, no string made nor Place compared through ``==``)
-        against ``tensors``'; about half of reading and comparing every ``meta_key``.  None where this Paddle's Place
-        has no ``_equals``."""
+        3.x; else its int), stop_gradient, shape, place (``Place._equals``, no string made nor Place compared through
+        ``==``) and, where this Paddle has strided views, layout class (``is_contiguous()`` for one keyed contiguous)
+        against ``tensors``'; about half of reading and comparing every ``meta_key``.  Never looser than
+        :meth:`meta_key`.  None where this Paddle's Place has no ``_equals``."""
         try:
-            expected = [(t.shape, t.dtype, bool(t.stop_gradient), t.place) for t in tensors]
-            if not all(callable(getattr(place, "_equals", None)) for _s, _d, _g, place in expected):
+            expected = [(t.shape, t.dtype, bool(t.stop_gradient), t.place, _layout(t)) for t in tensors]
+            if not all(callable(getattr(place, "_equals", None)) for _s, _d, _g, place, _l in expected):
                 return None
-            shaped = [(i, _layout(t)) for i, t in enumerate(tensors)]
+            if not _dtypes_are_singletons():  # Paddle 2.6: a new dtype object per read, whose == costs 0.9 us; its int
+                expected = [(shape, int(d), stop, place, shaped) for shape, d, stop, place, shaped in expected]
         except Exception:
             return None
-        count = len(expected)
-        if _STRIDED:  # each tensor's layout class too (a transposed view is not the contiguous tensor it was keyed by)
-            inner = self._meta_check(expected, count)
-            if inner is None:
-                return None
-            contiguous = [i for i, layout in shaped if layout is None]
-            other = [(i, layout) for i, layout in shaped if layout is not None]
-
-            def laid_out(*ts: Any) -> bool:
-                return inner(*ts) and all(ts[i].is_contiguous() or _layout(ts[i]) is None for i in contiguous) \
-                    and all(_layout(ts[i]) == want for i, want in other)
-            return laid_out
-        return self._meta_check(expected, count)
-
-    @staticmethod
-    def _meta_check(expected: list[Any], count: int) -> Callable[..., bool] | None:
-        """:meth:`meta_check` without layouts: ``expected``: each tensor's shape, dtype, stop_gradient, place."""
-        if _dtypes_are_singletons():
-            def check(*ts: Any) -> bool:
-                if len(ts) != count:
-                    return False
-                for t, (shape, dtype, stop, place) in zip(ts, expected):
-                    if t.dtype is not dtype or t.stop_gradient is not stop or t.shape != shape \
-                            or not place._equals(t.place):
-                        return False
-                return True
-        else:  # Paddle 2.6: a new dtype object per read, whose == costs 0.9 us; its int, 0.4
-            try:
-                codes = [int(d) for _s, d, _g, _p in expected]
-            except (TypeError, ValueError):
-                return None
-            expected = [(shape, code, stop, place) for (shape, _d, stop, place), code in zip(expected, codes)]
-
-            def check(*ts: Any) -> bool:
-                if len(ts) != count:
-                    return False
-                for t, (shape, code, stop, place) in zip(ts, expected):
-                    if t.stop_gradient is not stop or t.shape != shape or int(t.dtype) != code \
-                            or not place._equals(t.place):
-                        return False
-                return True
-        return check
+        return _fused_check(expected, _dtypes_are_singletons(), _STRIDED)
 
     def shape(self, t: Any) -> tuple[int, ...]:
         return tuple(t.shape)
