@@ -18,5 +18,7 @@ tag=${tag:-gpu}
   echo "== bench decode (paddle; timings only, numerics unverified on Hopper with 2.6.2)"
   timeout 240 $PY311 -m graphjit bench decode --backend paddle --iters 50 --repeats 3 --out "$out" --tag "$tag" --hard-exit \
     2>&1 | grep -v '^[WI][0-9]' | tail -25
+  echo "== host profile (paddle): where a replayed call's host time goes"
+  timeout 120 $PY311 tools/probes/host_profile_paddle.py --out "$out" 2>&1 | grep -v '^[WI][0-9]' | tail -110
 } > "$log" 2>&1
 tail -100 "$log"

@@ -19,6 +19,7 @@ import contextlib
 import cProfile
 import io
 import json
+import os
 import pstats
 import sys
 from collections.abc import Callable, Iterator
@@ -138,6 +139,8 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "host_profile_paddle.json").write_text(json.dumps(result, indent=1) + "\n")
     sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # Paddle can hang at interpreter exit on a GPU machine
 
 
 if __name__ == "__main__":
