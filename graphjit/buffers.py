@@ -143,14 +143,14 @@ class StaticInputs:
 
         Raises :class:`InputMoved` (before copying anything) if an adopted input moved.
         """
-        b = self.backend
-        ptr, stride = b.data_ptr, b.strides
-        ptrs, strides = self.ptrs, self.strides
         if self.plain:  # each input the buffer itself, at its address and strides, or copied in (most keys)
             into, sources = self._moved(tensors)
             if into:
                 self._copy_in(into, sources)
             return
+        b = self.backend
+        ptr, stride = b.data_ptr, b.strides
+        ptrs, strides = self.ptrs, self.strides
         if self.written_copied:
             shared = self.overlap(tensors)
             if shared is not None:  # uncaptured: a graph of one buffer for both would be recaptured at every switch

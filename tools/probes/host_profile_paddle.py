@@ -108,7 +108,7 @@ def measure(inputs: list[Any], iters: int, calls: int, top: int, stub: Callable[
     return {"us": us, "batch_copy": entry.inputs.batch is not None, **profiles, "stats": stats}
 
 
-def main() -> None:
+def run() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=None, help="folder for host_profile_paddle.json")
     p.add_argument("--iters", type=int, default=2000, help="calls per timing (nine timings, the median kept)")
@@ -138,9 +138,25 @@ def main() -> None:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "host_profile_paddle.json").write_text(json.dumps(result, indent=1) + "\n")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # Paddle can hang at interpreter exit on a GPU machine
+
+
+def main() -> None:
+    """:func:`run`, then ``os._exit`` with its status, failed or not (Paddle can hang at interpreter exit on a GPU
+    machine)."""
+    status = 1
+    try:
+        run()
+        status = 0
+    except SystemExit as exc:  # argparse's
+        status = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 if __name__ == "__main__":
