@@ -131,8 +131,6 @@ class StaticInputs:
         ops = backend.batch_operands()
         self.batch = (Batch.plan(ops, [None if adopted[i] else st for i, st in enumerate(statics)])
                       if ops is not None and ops.inputs else None)
-        # no adopted, aliased or bucketed input and none written in place: load() only finds the inputs to copy in
-        self.plain = not (self.adopted_idx or self.alias_pairs or self.any_bucketed or self.written_copied)
 
     def load(self, tensors: Sequence[Any]) -> None:
         """Bring the caller's tensors into the static buffers (hot path).
@@ -143,11 +141,6 @@ class StaticInputs:
 
         Raises :class:`InputMoved` (before copying anything) if an adopted input moved.
         """
-        if self.plain:  # each input the buffer itself, at its address and strides, or copied in (most keys)
-            into, sources = self._moved(tensors)
-            if into:
-                self._copy_in(into, sources)
-            return
         b = self.backend
         ptr, stride = b.data_ptr, b.strides
         ptrs, strides = self.ptrs, self.strides
@@ -191,38 +184,10 @@ class StaticInputs:
                 which.append(i)
                 srcs.append(b.clone(t))
         if which:
-            self._copy_in(which, srcs)
-
-    def _moved(self, tensors: Sequence[Any]) -> tuple[list[int], list[Any]]:
-        """:meth:`load`'s pass over a :attr:`plain` key's inputs: those not in their buffer (``which``) and what to
-        copy into it (``srcs``: the input, or a clone of it where it lies inside one of graphjit's own buffers or
-        is the buffer in another layout)."""
-        b = self.backend
-        ptr, stride, clone = b.data_ptr, b.strides, b.clone
-        ptrs, strides, statics = self.ptrs, self.strides, self.statics
-        starts, ends = self.owned_starts, self.owned_ends
-        which: list[int] = []
-        srcs: list[Any] = []
-        for i, t in enumerate(tensors):
-            if t is statics[i]:
-                continue
-            p = ptr(t)
-            if p != ptrs[i]:
-                which.append(i)
-                k = bisect.bisect_right(starts, p) - 1  # (inside_owned, inline: read before it is written)
-                srcs.append(clone(t) if k >= 0 and p < ends[k] else t)
-            elif stride(t) != strides[i] and not self._same_layout(i, t):
-                which.append(i)
-                srcs.append(clone(t))
-        return which, srcs
-
-    def _copy_in(self, which: list[int], srcs: list[Any]) -> None:
-        """Copy ``srcs`` into the buffers ``which``: one launch of the batch copy where it serves, else pairwise."""
-        batch = self.batch
-        if batch is None or not batch.into(which, srcs):
-            statics = self.statics
-            self.backend.copy_many([statics[i] for i in which], srcs, self.grad_free)
-        self.copies += len(which)
+            batch = self.batch
+            if batch is None or not batch.into(which, srcs):
+                b.copy_many([statics[i] for i in which], srcs, self.grad_free)
+            self.copies += len(which)
 
     def overlap(self, tensors: Sequence[Any]) -> tuple[int, int] | None:
         """``(i, j)``: input ``i`` is one the graph writes in place in a buffer of graphjit's, and the call also passes
