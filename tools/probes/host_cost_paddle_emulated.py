@@ -36,18 +36,30 @@ def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
     return a + b + c + d
 
 
-def measure(inputs: list[Any], iters: int) -> dict[str, Any]:
-    """Per call: eager, the default call (inputs copied, output copied), aliased outputs, static inputs with aliased
-    outputs, the signing alone; and Paddle's own operations for the same work."""
-    default = graphjit.graphed(tiny, tracer="eager")
-    alias = graphjit.graphed(tiny, tracer="eager", outputs="alias")
+def graphed_pair(fn: Callable[..., Any], inputs: list[Any]) -> tuple[Any, Any, tuple[Any, ...]]:
+    """``fn`` graphed with the eager tracer twice, by default and with aliased outputs, each key captured and replayed
+    (``host_profile_paddle.py`` shares it), and the aliased one's static inputs, replayed too."""
+    default = graphjit.graphed(fn, tracer="eager")
+    alias = graphjit.graphed(fn, tracer="eager", outputs="alias")
     for _ in range(default.graphjit_options.warmup + 3):
         default(*inputs)
         alias(*inputs)
     static, _ = alias.static_inputs(*inputs)
     for _ in range(3):
         alias(*static)
-    graph_emulator_paddle.RerunGraph.replay = lambda self: None  # captured and verified: the launch stubbed from now
+    return default, alias, static
+
+
+def stub_replay() -> None:
+    """The emulator's replay stubbed (graphs captured and verified: a replay does no tensor work from now)."""
+    graph_emulator_paddle.RerunGraph.replay = lambda self: None
+
+
+def measure(inputs: list[Any], iters: int) -> dict[str, Any]:
+    """Per call: eager, the default call (inputs copied, output copied), aliased outputs, static inputs with aliased
+    outputs, the signing alone; and Paddle's own operations for the same work."""
+    default, alias, static = graphed_pair(tiny, inputs)
+    stub_replay()
     st = alias._self_state
     backend = registry.get("paddle")
     targets = [t.clone() for t in inputs]

@@ -22,32 +22,24 @@ import json
 import os
 import pstats
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
+import graph_emulator_paddle  # noqa: E402  # (imported only: it emulates inside emulated_paddle() alone)
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 from call_timer import per_call_us  # noqa: E402
+from host_cost_paddle_emulated import graphed_pair, stub_replay  # noqa: E402
 
-import graphjit  # noqa: E402
 import graphjit.backends as registry  # noqa: E402
 
 
 def tiny(a: Any, b: Any, c: Any, d: Any) -> Any:
     return paddle.matmul(paddle.matmul(paddle.matmul(a, b, transpose_y=True), c), d, transpose_y=True)
-
-
-@contextlib.contextmanager
-def emulated() -> Iterator[None]:
-    """The Paddle graph emulator with its replay stubbed once a graph is verified (set by :func:`main`)."""
-    import graph_emulator_paddle
-
-    with graph_emulator_paddle.emulated_paddle():
-        yield
 
 
 def profiled(fn: Callable[[], Any], calls: int, top: int) -> str:
@@ -63,14 +55,7 @@ def profiled(fn: Callable[[], Any], calls: int, top: int) -> str:
 
 
 def measure(inputs: list[Any], iters: int, calls: int, top: int, stub: Callable[[], None] | None) -> dict[str, Any]:
-    default = graphjit.graphed(tiny, tracer="eager")
-    alias = graphjit.graphed(tiny, tracer="eager", outputs="alias")
-    for _ in range(default.graphjit_options.warmup + 3):
-        default(*inputs)
-        alias(*inputs)
-    static, _ = alias.static_inputs(*inputs)
-    for _ in range(3):
-        alias(*static)
+    default, alias, static = graphed_pair(tiny, inputs)
     if stub is not None:
         stub()
     st = alias._self_state
@@ -117,21 +102,15 @@ def run() -> None:
     p.add_argument("--emulate", action="store_true", help="on a CPU: the Paddle graph emulator")
     args = p.parse_args()
     rng = np.random.default_rng(0)
-    where = contextlib.nullcontext() if not args.emulate else emulated()
-    with where:
+    with graph_emulator_paddle.emulated_paddle() if args.emulate else contextlib.nullcontext():
         if args.emulate:
             paddle.set_device("cpu")
         inputs = [paddle.to_tensor(rng.standard_normal((8, 256)).astype("float32")) for _ in range(4)]
-        stub = None
-        if args.emulate:
-            import graph_emulator_paddle
-
-            def stub() -> None:
-                graph_emulator_paddle.RerunGraph.replay = lambda self: None
         with paddle.no_grad():
             result: dict[str, Any] = {"paddle": paddle.__version__, "emulated": args.emulate,
-                                      "device": str(inputs[0].place), **measure(inputs, args.iters, args.calls,
-                                                                                 args.top, stub)}
+                                      "device": str(inputs[0].place),
+                                      **measure(inputs, args.iters, args.calls, args.top,
+                                                stub_replay if args.emulate else None)}
     for key in ("profile_default", "profile_static_alias"):
         print(f"== {key}\n{result[key]}")
     print(json.dumps({"us": result["us"], "stats": result["stats"]}, indent=1))
